@@ -1,0 +1,21 @@
+"""Process entry for ``jobmesh`` and ``python -m jobmesh``.
+
+gevent's monkey-patching happens here, first, before any other import, exactly once
+per process (docs/ARCHITECTURE.md, "Greenlets and patching"). No library module patches.
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import sys  # noqa: E402
+
+
+def main(argv=None):
+    from jobmesh.cli import main as cli_main
+
+    return cli_main(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

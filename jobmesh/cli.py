@@ -1,0 +1,234 @@
+"""The ``jobmesh`` command line (docopt). The only module that prints usage or exits.
+
+Each command has its own usage text, so ``jobmesh COMMAND --help`` explains that
+command alone. Exit codes are the contract's (see ``EXIT_*``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from docopt import DocoptExit, docopt
+
+from jobmesh import __version__
+from jobmesh.errors import ConfigError
+
+EXIT_OK = 0
+EXIT_FAILED = 1        # job ended FAILED/CANCELLED, submit rejected, coordinator answered ERROR
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_TIMEOUT = 4
+
+MAIN_DOC = """jobmesh - a durable distributed job coordinator.
+
+Usage:
+  jobmesh <command> [<args>...]
+  jobmesh (-h | --help)
+  jobmesh --version
+
+Commands:
+  up           run a coordinator and local workers together, until Ctrl-C
+  coordinator  run the coordinator (the scheduling authority)
+  worker       run a worker that executes tasks
+  submit       submit a job
+  status       show one job
+  list         list jobs, newest first
+  workers      list live workers
+  cancel       cancel a job
+  wait         wait for a job to finish
+
+Run 'jobmesh <command> --help' for a command's options.
+"""
+
+COORDINATOR_OPTIONS = """
+Coordinator options:
+  --bind=ADDR                    address to listen on [default: 127.0.0.1]
+  --worker-port=PORT             worker port (0 = pick a free one) [default: 7070]
+  --client-port=PORT             client port (0 = pick a free one) [default: 7071]
+  --periodic-port=PORT           Periodic-protocol port, off unless given
+  --db=PATH                      SQLite database file [default: jobmesh.db]
+  --heartbeat-timeout-millis=N   worker presumed dead after this [default: 6000]
+  --task-timeout-millis=N        per-attempt execution deadline [default: 600000]
+  --max-active-jobs=N            admission limit on non-terminal jobs [default: 100000]
+  --aging-step-millis=N          priority aging step [default: 60000]
+  --retry-base-millis=N          retry backoff base [default: 1000]
+  --retry-cap-millis=N           retry backoff cap [default: 30000]
+  --default-max-attempts=N       used when a submit says <= 0 [default: 3]
+  --sweep-interval-millis=N      period of the sweep [default: 500]
+  --db-synchronous=MODE          SQLite synchronous mode: FULL survives power loss,
+                                 NORMAL survives a process crash [default: FULL]
+  --log-level=LEVEL              DEBUG, INFO, WARNING or ERROR [default: INFO]
+  -h --help                      show this help
+"""
+
+COORDINATOR_DOC = """Run the jobmesh coordinator.
+
+It listens on a worker port and a client port, keeps every job in a SQLite file and
+recovers them on start. When ready it prints one line to stdout:
+
+  jobmesh coordinator listening worker=HOST:PORT client=HOST:PORT [periodic=HOST:PORT]
+
+SIGTERM or SIGINT stops it gracefully. It speaks plaintext and authenticates nobody:
+keep it on a trusted network (it binds 127.0.0.1 unless told otherwise).
+
+Usage:
+  jobmesh coordinator [options]
+""" + COORDINATOR_OPTIONS
+
+UP_DOC = """Run a coordinator and N local worker processes as one supervised unit.
+
+A worker that dies is restarted. Ctrl-C or SIGTERM stops everything (exit 0).
+
+Usage:
+  jobmesh up [--workers=N] [--capacity=N] [options]
+
+Options:
+  --workers=N                    local worker processes [default: 2]
+  --capacity=N                   concurrent tasks per worker [default: 4]
+""" + COORDINATOR_OPTIONS
+
+WORKER_DOC = """Run a jobmesh worker: register with the coordinator and execute tasks.
+
+It reconnects with capped backoff when the coordinator goes away. SIGTERM or SIGINT
+stops it.
+
+Usage:
+  jobmesh worker [options]
+
+Options:
+  --coordinator=HOST:PORT          the coordinator's worker port [default: 127.0.0.1:7070]
+  --id=ID                          worker id (default: a generated one)
+  --capacity=N                     concurrent tasks, 1..1024 [default: 4]
+  --heartbeat-interval-millis=N    heartbeat period [default: 2000]
+  --log-level=LEVEL                DEBUG, INFO, WARNING or ERROR [default: INFO]
+  -h --help                        show this help
+"""
+
+CLIENT_OPTIONS = """
+  --coordinator=HOST:PORT   the coordinator's client port [default: 127.0.0.1:7071]
+  --json                    print one JSON document instead of text
+  -h --help                 show this help
+"""
+
+SUBMIT_DOC = """Submit a job.
+
+TASK_TYPE is one of SLEEP, WORD_COUNT, SHA256, PRIME_COUNT, FAIL. PAYLOAD_JSON is the
+task's payload as JSON, or - to read it from stdin (default: {}).
+
+Usage:
+  jobmesh submit TASK_TYPE [PAYLOAD_JSON] [options]
+
+Options:
+  --max-attempts=N          attempt budget; 0 uses the coordinator's default [default: 0]
+  --priority=LEVEL          HIGH, NORMAL or LOW [default: NORMAL]
+  --idempotency-key=KEY     submit at most once per key
+  --submit-retries=N        resubmit up to N times when the coordinator is overloaded [default: 0]
+  --wait                    wait for the job to finish and print its final state
+  --timeout-millis=N        with --wait: give up after this long (0 = never) [default: 0]
+""" + CLIENT_OPTIONS
+
+STATUS_DOC = """Show one job.
+
+Usage:
+  jobmesh status JOB_ID [options]
+
+Options:""" + CLIENT_OPTIONS
+
+LIST_DOC = """List jobs, newest first.
+
+Usage:
+  jobmesh list [options]
+
+Options:
+  --state=STATE             only jobs in this state
+  --limit=N                 at most this many jobs [default: 100]
+""" + CLIENT_OPTIONS
+
+WORKERS_DOC = """List the live workers.
+
+Usage:
+  jobmesh workers [options]
+
+Options:""" + CLIENT_OPTIONS
+
+CANCEL_DOC = """Cancel a job (QUEUED, RETRY_WAIT or RUNNING). A finished job is reported as it is.
+
+Usage:
+  jobmesh cancel JOB_ID [options]
+
+Options:""" + CLIENT_OPTIONS
+
+WAIT_DOC = """Wait for a job to finish. Exits 0 only if it COMPLETED; 4 on timeout.
+
+Usage:
+  jobmesh wait JOB_ID [options]
+
+Options:
+  --timeout-millis=N        give up after this long (0 = never) [default: 0]
+""" + CLIENT_OPTIONS
+
+DOCS = {
+    "coordinator": COORDINATOR_DOC,
+    "up": UP_DOC,
+    "worker": WORKER_DOC,
+    "submit": SUBMIT_DOC,
+    "status": STATUS_DOC,
+    "list": LIST_DOC,
+    "workers": WORKERS_DOC,
+    "cancel": CANCEL_DOC,
+    "wait": WAIT_DOC,
+}
+CLIENT_COMMANDS = ("submit", "status", "list", "workers", "cancel", "wait")
+
+
+def parse(argv: list[str]) -> tuple[str, dict]:
+    """Parse argv into (command, docopt dict). Raises DocoptExit or SystemExit (help)."""
+    top = docopt(MAIN_DOC, argv=argv, version="jobmesh " + __version__, options_first=True)
+    command = top["<command>"]
+    if command not in DOCS:
+        raise DocoptExit("unknown command %r\n\n%s" % (command, MAIN_DOC.split("Commands:")[0].strip()))
+    args = docopt(DOCS[command], argv=[command] + list(top["<args>"]), version="jobmesh " + __version__)
+    return command, args
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def main(argv: list[str]) -> int:
+    try:
+        command, args = parse(argv)
+    except DocoptExit as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if command == "coordinator":
+            from jobmesh.config import coordinator_config
+            from jobmesh.coordinator.runtime import run_coordinator
+
+            cfg = coordinator_config(args)
+            setup_logging(cfg.log_level)
+            return run_coordinator(cfg)
+        if command == "up":
+            from jobmesh.up import run_up
+
+            return run_up(args)
+        if command == "worker":
+            from jobmesh.config import worker_config
+            from jobmesh.worker.agent import run_worker
+
+            cfg = worker_config(args)
+            setup_logging(cfg.log_level)
+            return run_worker(cfg)
+        from jobmesh.client.commands import run_client_command
+
+        setup_logging("WARNING")
+        return run_client_command(command, args)
+    except ConfigError as exc:
+        print("jobmesh %s: %s" % (command, exc), file=sys.stderr)
+        return EXIT_USAGE

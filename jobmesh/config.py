@@ -1,0 +1,126 @@
+"""Frozen configuration per command, built and validated once from docopt's dict.
+
+All durations are integers in milliseconds. Every builder raises ``ConfigError`` with a
+message that names the flag, so the CLI can print it and exit 2.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from jobmesh.errors import ConfigError
+
+SYNC_MODES = ("FULL", "NORMAL", "OFF")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    bind: str = "127.0.0.1"
+    worker_port: int = 7070
+    client_port: int = 7071
+    periodic_port: int | None = None
+    db: str = "jobmesh.db"
+    heartbeat_timeout_millis: int = 6000
+    task_timeout_millis: int = 600_000
+    max_active_jobs: int = 100_000
+    aging_step_millis: int = 60_000
+    retry_base_millis: int = 1000
+    retry_cap_millis: int = 30_000
+    default_max_attempts: int = 3
+    sweep_interval_millis: int = 500
+    db_synchronous: str = "FULL"
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    coordinator_host: str = "127.0.0.1"
+    coordinator_port: int = 7070
+    worker_id: str = ""
+    capacity: int = 4
+    heartbeat_interval_millis: int = 2000
+    log_level: str = "INFO"
+
+
+def _int(args: dict[str, Any], flag: str, low: int, high: int | None = None) -> int:
+    raw = args[flag]
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ConfigError("%s must be an integer, got %r" % (flag, raw)) from None
+    if value < low or (high is not None and value > high):
+        bound = "%d..%d" % (low, high) if high is not None else ">= %d" % low
+        raise ConfigError("%s must be %s, got %d" % (flag, bound, value))
+    return value
+
+
+def parse_hostport(value: str, flag: str = "--coordinator") -> tuple[str, int]:
+    """Split ``HOST:PORT`` (IPv6 as ``[::1]:PORT``); ConfigError if malformed."""
+    host, sep, port = str(value).rpartition(":")
+    if not sep or not host:
+        raise ConfigError("%s must be HOST:PORT, got %r" % (flag, value))
+    host = host.strip("[]")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError("%s must be HOST:PORT with a numeric port, got %r" % (flag, value)) from None
+    if not 1 <= number <= 65535:
+        raise ConfigError("%s port must be 1..65535, got %d" % (flag, number))
+    return host, number
+
+
+def _choice(args: dict[str, Any], flag: str, choices: tuple[str, ...]) -> str:
+    value = str(args.get(flag) or "").upper()
+    if value not in choices:
+        raise ConfigError("%s must be one of %s, got %r" % (flag, ", ".join(choices), args.get(flag)))
+    return value
+
+
+def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
+    """Build from docopt's dict for ``jobmesh coordinator`` / ``jobmesh up``."""
+    periodic = args.get("--periodic-port")
+    db = str(args["--db"])
+    if not db.strip():
+        raise ConfigError("--db must name a file")
+    bind = str(args["--bind"]).strip()
+    if not bind:
+        raise ConfigError("--bind must name an address")
+    cfg = CoordinatorConfig(
+        bind=bind,
+        worker_port=_int(args, "--worker-port", 0, 65535),
+        client_port=_int(args, "--client-port", 0, 65535),
+        periodic_port=None if periodic in (None, "") else _int(args, "--periodic-port", 0, 65535),
+        db=db,
+        heartbeat_timeout_millis=_int(args, "--heartbeat-timeout-millis", 1),
+        task_timeout_millis=_int(args, "--task-timeout-millis", 1),
+        max_active_jobs=_int(args, "--max-active-jobs", 1),
+        aging_step_millis=_int(args, "--aging-step-millis", 1),
+        retry_base_millis=_int(args, "--retry-base-millis", 0),
+        retry_cap_millis=_int(args, "--retry-cap-millis", 0),
+        default_max_attempts=_int(args, "--default-max-attempts", 1),
+        sweep_interval_millis=_int(args, "--sweep-interval-millis", 1),
+        db_synchronous=_choice(args, "--db-synchronous", SYNC_MODES),
+        log_level=_choice(args, "--log-level", LOG_LEVELS),
+    )
+    if cfg.retry_cap_millis < cfg.retry_base_millis:
+        raise ConfigError("--retry-cap-millis must be >= --retry-base-millis")
+    return cfg
+
+
+def worker_config(args: dict[str, Any]) -> WorkerConfig:
+    """Build from docopt's dict for ``jobmesh worker``."""
+    host, port = parse_hostport(args["--coordinator"])
+    worker_id = args.get("--id") or "worker-" + uuid.uuid4().hex[:8]
+    if not str(worker_id).strip():
+        raise ConfigError("--id must not be empty")
+    return WorkerConfig(
+        coordinator_host=host,
+        coordinator_port=port,
+        worker_id=str(worker_id),
+        capacity=_int(args, "--capacity", 1, 1024),
+        heartbeat_interval_millis=_int(args, "--heartbeat-interval-millis", 1),
+        log_level=_choice(args, "--log-level", LOG_LEVELS),
+    )

@@ -1,0 +1,128 @@
+"""Length-prefixed JSON frames, as both coordinator ports speak them.
+
+::
+
+    +--------------------+------------------------------------+
+    | length: u32 big-   | payload: `length` bytes of UTF-8   |
+    | endian, 1..1 MiB   | JSON text encoding one object      |
+    +--------------------+------------------------------------+
+
+A clean EOF between frames means the peer closed normally (``read_frame`` returns
+``None``); an EOF inside a frame, a length of 0 or above ``MAX_FRAME``, bytes that are
+not UTF-8, text that is not JSON, or JSON that is not an object raise ``ProtocolError``.
+
+``FrameDecoder`` is the pure parser (feed bytes, take whole payloads); ``FrameReader``
+drives it from any ``recv``-like callable, so it works on stdlib sockets, gevent
+sockets and test doubles alike.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Callable
+
+import ujson
+
+from jobmesh.errors import ProtocolError
+
+MAX_FRAME = 1024 * 1024
+HEADER = struct.Struct(">I")
+RECV_SIZE = 65536
+
+
+def encode_frame(obj: dict[str, Any]) -> bytes:
+    """Encode one JSON object as a frame (header and payload in one bytes object)."""
+    body = ujson.dumps(obj, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8")
+    if len(body) > MAX_FRAME:
+        raise ProtocolError("frame of %d bytes exceeds the %d-byte limit" % (len(body), MAX_FRAME))
+    return HEADER.pack(len(body)) + body
+
+
+def decode_payload(body: bytes) -> dict[str, Any]:
+    """Parse one frame payload into a JSON object, or raise ``ProtocolError``."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError("frame payload is not valid UTF-8") from exc
+    try:
+        obj = ujson.loads(text)
+    except (ValueError, OverflowError) as exc:
+        raise ProtocolError("frame payload is not valid JSON: %s" % exc) from exc
+    if not isinstance(obj, dict):
+        raise ProtocolError("frame payload must be a JSON object, got %s" % type(obj).__name__)
+    return obj
+
+
+class FrameDecoder:
+    """Incremental parser: ``feed`` bytes in any chunking, ``next_payload`` out whole frames."""
+
+    def __init__(self, max_frame: int = MAX_FRAME):
+        self._buf = bytearray()
+        self._pos = 0
+        self._max = max_frame
+
+    def feed(self, data: bytes) -> None:
+        if self._pos and self._pos > len(self._buf) // 2:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def pending(self) -> int:
+        """Bytes received but not yet returned as a frame."""
+        return len(self._buf) - self._pos
+
+    def next_body(self) -> bytes | None:
+        """The next whole payload's bytes, or None if more input is needed."""
+        avail = len(self._buf) - self._pos
+        if avail < 4:
+            return None
+        (length,) = HEADER.unpack_from(self._buf, self._pos)
+        if length <= 0 or length > self._max:
+            raise ProtocolError("invalid frame length %d (must be 1..%d)" % (length, self._max))
+        if avail < 4 + length:
+            return None
+        start = self._pos + 4
+        body = bytes(self._buf[start : start + length])
+        self._pos = start + length
+        if self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        return body
+
+    def next_payload(self) -> dict[str, Any] | None:
+        body = self.next_body()
+        return None if body is None else decode_payload(body)
+
+
+class FrameReader:
+    """Read whole frames from a ``recv(n) -> bytes`` callable."""
+
+    def __init__(self, recv: Callable[[int], bytes], max_frame: int = MAX_FRAME):
+        self._recv = recv
+        self._decoder = FrameDecoder(max_frame)
+
+    def has_buffered_frame(self) -> bool:
+        """True when a whole frame is already buffered (read_frame will not block)."""
+        d = self._decoder
+        if d.pending < 4:
+            return False
+        (length,) = HEADER.unpack_from(d._buf, d._pos)
+        return d.pending >= 4 + length or length <= 0 or length > d._max
+
+    def read_frame(self) -> dict[str, Any] | None:
+        """The next frame's object; None on a clean EOF between frames.
+
+        Raises ``ProtocolError`` on a bad frame or an EOF inside a frame; socket errors
+        (``OSError``) propagate.
+        """
+        while True:
+            obj = self._decoder.next_payload()
+            if obj is not None:
+                return obj
+            data = self._recv(RECV_SIZE)
+            if not data:
+                if self._decoder.pending:
+                    raise ProtocolError("connection closed inside a frame")
+                return None
+            self._decoder.feed(data)

@@ -1,0 +1,58 @@
+"""Task types, their payload bounds, and the one validator both coordinator and worker use.
+
+| task        | payload                      | bounds                     |
+|-------------|------------------------------|----------------------------|
+| SLEEP       | {"durationMillis": n}        | 0 .. 600 000               |
+| WORD_COUNT  | {"text": "..."}              | at most 200 000 characters |
+| SHA256      | {"text": "..."}              | at most 200 000 characters |
+| PRIME_COUNT | {"limit": n}                 | 2 .. 50 000 000            |
+| FAIL        | {"failUntilAttempt": n}      | 0 .. 1000                  |
+
+Unknown fields inside a payload are ignored, like unknown fields in messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobmesh.errors import PayloadError
+
+MAX_TEXT_CHARS = 200_000
+
+# task type -> (field, python type, minimum, maximum); for text, the bounds are on length.
+TASK_SPECS: dict[str, tuple[str, type, int, int]] = {
+    "SLEEP": ("durationMillis", int, 0, 600_000),
+    "WORD_COUNT": ("text", str, 0, MAX_TEXT_CHARS),
+    "SHA256": ("text", str, 0, MAX_TEXT_CHARS),
+    "PRIME_COUNT": ("limit", int, 2, 50_000_000),
+    "FAIL": ("failUntilAttempt", int, 0, 1000),
+}
+
+TASK_TYPES: tuple[str, ...] = tuple(TASK_SPECS)
+
+
+def validate_payload(task_type: Any, payload: Any) -> dict[str, Any]:
+    """Return ``payload`` if it is valid for ``task_type``; raise ``PayloadError`` otherwise."""
+    if not isinstance(task_type, str) or task_type not in TASK_SPECS:
+        raise PayloadError(
+            "unknown task type %r (known: %s)" % (task_type, ", ".join(TASK_TYPES))
+        )
+    if not isinstance(payload, dict):
+        raise PayloadError("%s payload must be a JSON object" % task_type)
+    field, kind, low, high = TASK_SPECS[task_type]
+    if field not in payload:
+        raise PayloadError("%s payload needs field %r" % (task_type, field))
+    value = payload[field]
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PayloadError("%s field %r must be an integer, got %r" % (task_type, field, value))
+        if not low <= value <= high:
+            raise PayloadError("%s field %r must be in %d..%d, got %d" % (task_type, field, low, high, value))
+    else:
+        if not isinstance(value, str):
+            raise PayloadError("%s field %r must be a string" % (task_type, field))
+        if len(value) > high:
+            raise PayloadError(
+                "%s field %r is %d characters, the limit is %d" % (task_type, field, len(value), high)
+            )
+    return payload

@@ -1,0 +1,1 @@
+"""Shared fixtures. The test process is never monkey-patched (docs/ARCHITECTURE.md)."""
