@@ -1,0 +1,139 @@
+"""Every command's docopt usage accepts the flags CONTRACT.md names (parsing only, no subprocess)."""
+
+from __future__ import annotations
+
+import pytest
+from docopt import DocoptExit
+
+from jobmesh.cli import CLIENT_COMMANDS, DOCS, parse
+
+COORDINATOR_FLAGS = {
+    "--bind": ("127.0.0.1", "0.0.0.0"),
+    "--worker-port": ("7070", "0"),
+    "--client-port": ("7071", "0"),
+    "--periodic-port": (None, "5000"),
+    "--db": ("jobmesh.db", "/tmp/j.db"),
+    "--heartbeat-timeout-millis": ("6000", "600"),
+    "--task-timeout-millis": ("600000", "300"),
+    "--max-active-jobs": ("100000", "3"),
+    "--aging-step-millis": ("60000", "200"),
+    "--retry-base-millis": ("1000", "20"),
+    "--retry-cap-millis": ("30000", "200"),
+    "--default-max-attempts": ("3", "5"),
+    "--sweep-interval-millis": ("500", "20"),
+}
+
+
+def test_commands_are_the_contracts():
+    assert set(DOCS) == {"up", "coordinator", "worker", "submit", "status", "list", "workers", "cancel", "wait"}
+    assert set(CLIENT_COMMANDS) == {"submit", "status", "list", "workers", "cancel", "wait"}
+
+
+@pytest.mark.parametrize("command", ["coordinator", "up"])
+def test_coordinator_option_defaults(command):
+    cmd, args = parse([command])
+    assert cmd == command
+    for flag, (default, _given) in COORDINATOR_FLAGS.items():
+        assert args[flag] == default, flag
+
+
+@pytest.mark.parametrize("command", ["coordinator", "up"])
+def test_coordinator_options_given(command):
+    argv = [command] + ["%s=%s" % (flag, given) for flag, (_d, given) in COORDINATOR_FLAGS.items()]
+    _cmd, args = parse(argv)
+    for flag, (_default, given) in COORDINATOR_FLAGS.items():
+        assert args[flag] == given, flag
+
+
+def test_coordinator_options_with_space_separated_values():
+    _cmd, args = parse(["coordinator", "--worker-port", "0", "--client-port", "0", "--db", "x.db"])
+    assert (args["--worker-port"], args["--client-port"], args["--db"]) == ("0", "0", "x.db")
+
+
+def test_up_workers():
+    assert parse(["up"])[1]["--workers"] == "2"
+    assert parse(["up", "--workers=5"])[1]["--workers"] == "5"
+    assert parse(["up", "--workers=1", "--db=u.db", "--worker-port=0"])[1]["--db"] == "u.db"
+
+
+def test_worker_options():
+    _cmd, args = parse(["worker"])
+    assert args["--coordinator"] == "127.0.0.1:7070"
+    assert args["--id"] is None
+    assert args["--capacity"] == "4"
+    assert args["--heartbeat-interval-millis"] == "2000"
+    _cmd, args = parse(["worker", "--coordinator=h:1", "--id=w-1", "--capacity=8",
+                        "--heartbeat-interval-millis=100"])
+    assert (args["--coordinator"], args["--id"], args["--capacity"], args["--heartbeat-interval-millis"]) == (
+        "h:1", "w-1", "8", "100")
+
+
+def test_submit():
+    _cmd, args = parse(["submit", "SLEEP"])
+    assert args["TASK_TYPE"] == "SLEEP"
+    assert args["PAYLOAD_JSON"] is None
+    assert args["--wait"] is False and args["--json"] is False
+    assert args["--idempotency-key"] is None
+    assert args["--coordinator"] == "127.0.0.1:7071"
+    _cmd, args = parse(["submit", "SHA256", '{"text": "hi"}', "--max-attempts=5", "--priority=HIGH",
+                        "--idempotency-key=k-1", "--submit-retries=3", "--wait", "--json",
+                        "--coordinator=c:9"])
+    assert args["TASK_TYPE"] == "SHA256"
+    assert args["PAYLOAD_JSON"] == '{"text": "hi"}'
+    assert (args["--max-attempts"], args["--priority"], args["--idempotency-key"], args["--submit-retries"]) == (
+        "5", "HIGH", "k-1", "3")
+    assert args["--wait"] is True and args["--json"] is True
+    assert args["--coordinator"] == "c:9"
+
+
+def test_submit_options_before_positionals():
+    _cmd, args = parse(["submit", "--priority=LOW", "SLEEP", '{"durationMillis": 1}'])
+    assert (args["TASK_TYPE"], args["PAYLOAD_JSON"], args["--priority"]) == ("SLEEP", '{"durationMillis": 1}', "LOW")
+
+
+@pytest.mark.parametrize("command", ["status", "cancel", "wait"])
+def test_job_id_commands(command):
+    _cmd, args = parse([command, "job-42"])
+    assert args["JOB_ID"] == "job-42"
+    assert args["--json"] is False
+    assert args["--coordinator"] == "127.0.0.1:7071"
+    _cmd, args = parse([command, "job-42", "--json", "--coordinator=h:2"])
+    assert args["--json"] is True and args["--coordinator"] == "h:2"
+
+
+def test_wait_timeout():
+    assert parse(["wait", "j", "--timeout-millis=250"])[1]["--timeout-millis"] == "250"
+
+
+@pytest.mark.parametrize("command", ["list", "workers"])
+def test_listing_commands(command):
+    _cmd, args = parse([command, "--json", "--coordinator=h:3"])
+    assert args["--json"] is True and args["--coordinator"] == "h:3"
+
+
+@pytest.mark.parametrize("command", sorted(CLIENT_COMMANDS))
+def test_every_client_command_takes_coordinator(command):
+    argv = [command] + {"submit": ["SLEEP"], "status": ["j"], "cancel": ["j"], "wait": ["j"]}.get(command, [])
+    _cmd, args = parse(argv + ["--coordinator=example:1234"])
+    assert args["--coordinator"] == "example:1234"
+
+
+@pytest.mark.parametrize("argv", [
+    ["frobnicate"],
+    ["coordinator", "--no-such-flag=1"],
+    ["status"],                # JOB_ID required
+    ["cancel"],
+    ["wait"],
+    ["submit"],                # TASK_TYPE required
+    ["status", "a", "b"],
+    ["worker", "extra"],
+])
+def test_usage_errors(argv):
+    with pytest.raises(DocoptExit):
+        parse(argv)
+
+
+@pytest.mark.parametrize("command", sorted(DOCS))
+def test_help_exits(command):
+    with pytest.raises(SystemExit):
+        parse([command, "--help"])

@@ -1,0 +1,121 @@
+"""Job state machine, priorities and snapshots (PROTOCOL.md snapshot; the lease/deadline PR's CANCELLED)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from jobmesh.errors import IllegalTransition, JobmeshError
+from jobmesh.protocol.jobs import (
+    MAX_LEVEL, TERMINAL, TRANSITIONS, JobSnapshot, JobState, Priority, check_transition,
+)
+
+S = JobState
+
+# The moves the seeds allow, written out independently of the table under test:
+# assign, success, failure with/without budget, restart requeue, due retry, cancel.
+EXPECTED_MOVES = {
+    (S.QUEUED, S.RUNNING),
+    (S.QUEUED, S.CANCELLED),
+    (S.RUNNING, S.COMPLETED),
+    (S.RUNNING, S.RETRY_WAIT),
+    (S.RUNNING, S.FAILED),
+    (S.RUNNING, S.QUEUED),        # restart during a non-final attempt requeues
+    (S.RUNNING, S.CANCELLED),
+    (S.RETRY_WAIT, S.QUEUED),
+    (S.RETRY_WAIT, S.CANCELLED),
+}
+
+
+def test_state_names_are_the_wire_spellings():
+    assert [s.value for s in JobState] == ["QUEUED", "RUNNING", "RETRY_WAIT", "COMPLETED", "FAILED", "CANCELLED"]
+    for s in JobState:
+        assert s == s.value and JobState(s.value) is s
+
+
+def test_terminal_states():
+    assert TERMINAL == {S.COMPLETED, S.FAILED, S.CANCELLED}
+
+
+def test_table_covers_every_state():
+    assert set(TRANSITIONS) == set(JobState)
+
+
+@pytest.mark.parametrize("current,target", list(itertools.product(JobState, JobState)))
+def test_every_pair(current, target):
+    if (current, target) in EXPECTED_MOVES:
+        assert target in TRANSITIONS[current]
+        check_transition(current, target)  # does not raise
+    else:
+        assert target not in TRANSITIONS[current]
+        with pytest.raises(IllegalTransition):
+            check_transition(current, target)
+
+
+@pytest.mark.parametrize("state", sorted(TERMINAL))
+def test_terminal_states_have_no_exits(state):
+    assert TRANSITIONS[state] == frozenset()
+    for target in JobState:
+        with pytest.raises(IllegalTransition):
+            check_transition(state, target)
+
+
+def test_no_self_loops():
+    for s in JobState:
+        assert s not in TRANSITIONS[s]
+
+
+def test_every_non_terminal_state_can_be_cancelled():
+    for s in set(JobState) - TERMINAL:
+        check_transition(s, S.CANCELLED)
+
+
+def test_illegal_transition_is_a_jobmesh_error():
+    assert issubclass(IllegalTransition, JobmeshError)
+
+
+def test_priority_parse():
+    assert Priority.parse(None) is Priority.NORMAL
+    assert Priority.parse("HIGH") is Priority.HIGH
+    assert Priority.parse("NORMAL") is Priority.NORMAL
+    assert Priority.parse("LOW") is Priority.LOW
+
+
+@pytest.mark.parametrize("bad", ["high", "URGENT", "", "2", " HIGH", "MEDIUM"])
+def test_priority_parse_rejects_other_names(bad):
+    with pytest.raises(ValueError):
+        Priority.parse(bad)
+
+
+def test_priority_levels():
+    assert (Priority.LOW.level, Priority.NORMAL.level, Priority.HIGH.level) == (0, 1, 2)
+    assert MAX_LEVEL == Priority.HIGH.level
+
+
+def _snapshot(**over):
+    base = dict(job_id="j-1", task_type="SLEEP", state=S.RUNNING, attempts=1, max_attempts=3,
+                worker_id="w-1", result=None, error="boom", created_at_millis=1_700_000_000_000,
+                updated_at_millis=1_700_000_000_500, priority=Priority.LOW)
+    base.update(over)
+    return JobSnapshot(**base)
+
+
+def test_snapshot_wire_fields_are_the_protocols():
+    wire = _snapshot().to_wire()
+    assert wire == {
+        "jobId": "j-1", "taskType": "SLEEP", "state": "RUNNING", "attempts": 1, "maxAttempts": 3,
+        "workerId": "w-1", "result": None, "error": "boom", "createdAtMillis": 1_700_000_000_000,
+        "updatedAtMillis": 1_700_000_000_500, "priority": "LOW",
+    }
+
+
+def test_snapshot_round_trip():
+    snap = _snapshot(state=S.COMPLETED, worker_id=None, result={"sleptMillis": 3})
+    assert JobSnapshot.from_wire(snap.to_wire()) == snap
+
+
+def test_snapshot_from_wire_without_priority_is_normal():
+    wire = _snapshot().to_wire()
+    del wire["priority"]
+    assert JobSnapshot.from_wire(wire).priority is Priority.NORMAL

@@ -1,0 +1,226 @@
+"""Message codec: every type round-trips; bad messages raise ProtocolError (PROTOCOL.md, "Messages")."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobmesh.errors import ProtocolError
+from jobmesh.protocol import messages as m
+from jobmesh.protocol.framing import decode_payload, encode_frame
+
+SNAPSHOT = {
+    "jobId": "j-1", "taskType": "SLEEP", "state": "RUNNING", "attempts": 1, "maxAttempts": 3,
+    "workerId": "w-1", "result": None, "error": None, "createdAtMillis": 1_700_000_000_000,
+    "updatedAtMillis": 1_700_000_000_001, "priority": "NORMAL",
+}
+
+# One fully populated sample of every message type, keyed by its wire type.
+SAMPLES: dict[str, m.Message] = {
+    "WORKER_REGISTER": m.WorkerRegister(worker_id="w-1", capacity=4),
+    "WORKER_REGISTERED": m.WorkerRegistered(worker_id="w-1"),
+    "HEARTBEAT": m.Heartbeat(worker_id="w-1"),
+    "TASK_ASSIGN": m.TaskAssign(job_id="j-1", attempt_id="a-1", attempt_number=2, task_type="SLEEP",
+                                payload={"durationMillis": 5}),
+    "TASK_CANCEL": m.TaskCancel(job_id="j-1", attempt_id="a-1"),
+    "TASK_RESULT": m.TaskResult(worker_id="w-1", job_id="j-1", attempt_id="a-1", success=True,
+                                result={"sleptMillis": 5}, error=None),
+    "ERROR": m.Error(message="nope ✓"),
+    "SUBMIT_JOB": m.SubmitJob(task_type="SHA256", payload={"text": "héllo"}, max_attempts=2,
+                              idempotency_key="k-1", priority="HIGH"),
+    "JOB_SUBMITTED": m.JobSubmitted(job_id="j-1"),
+    "SUBMIT_REJECTED": m.SubmitRejected(reason="at limit", active_count=3, limit=3, retryable=True),
+    "GET_JOB_STATUS": m.GetJobStatus(job_id="j-1"),
+    "JOB_STATUS": m.JobStatus(job=SNAPSHOT),
+    "LIST_JOBS": m.ListJobs(limit=10, state="QUEUED", cursor="c-1"),
+    "JOB_LIST": m.JobList(jobs=[SNAPSHOT], next_cursor="c-2"),
+    "LIST_WORKERS": m.ListWorkers(),
+    "WORKER_LIST": m.WorkerList(workers=[{"workerId": "w-1", "capacity": 4, "activeJobs": 0,
+                                          "lastHeartbeatMillis": 1_700_000_000_000}]),
+    "CANCEL_JOB": m.CancelJob(job_id="j-1"),
+    "JOB_CANCEL": m.JobCancel(cancelled=True, job=SNAPSHOT),
+}
+
+
+def test_samples_cover_every_message_type():
+    assert set(SAMPLES) == {cls.TYPE for cls in m.ALL_MESSAGES}
+    assert set(m.BY_TYPE) == set(SAMPLES)
+    for type_name, msg in SAMPLES.items():
+        assert type(msg) is m.BY_TYPE[type_name]
+
+
+@pytest.mark.parametrize("type_name", sorted(SAMPLES))
+def test_round_trip_through_wire_dict(type_name):
+    msg = SAMPLES[type_name]
+    wire = msg.to_wire()
+    assert wire["type"] == type_name
+    assert m.decode(wire) == msg
+
+
+@pytest.mark.parametrize("type_name", sorted(SAMPLES))
+def test_round_trip_through_frame_bytes(type_name):
+    msg = SAMPLES[type_name]
+    frame = encode_frame(msg.to_wire())
+    assert m.decode(decode_payload(frame[4:])) == msg
+
+
+@pytest.mark.parametrize("type_name", sorted(SAMPLES))
+def test_wire_uses_camel_case_names_from_the_protocol(type_name):
+    expected = {
+        "WORKER_REGISTER": {"workerId", "capacity"},
+        "WORKER_REGISTERED": {"workerId"},
+        "HEARTBEAT": {"workerId"},
+        "TASK_ASSIGN": {"jobId", "attemptId", "attemptNumber", "taskType", "payload"},
+        "TASK_CANCEL": {"jobId", "attemptId"},
+        "TASK_RESULT": {"workerId", "jobId", "attemptId", "success", "result", "error"},
+        "ERROR": {"message"},
+        "SUBMIT_JOB": {"taskType", "payload", "maxAttempts", "idempotencyKey", "priority"},
+        "JOB_SUBMITTED": {"jobId"},
+        "SUBMIT_REJECTED": {"reason", "activeCount", "limit", "retryable"},
+        "GET_JOB_STATUS": {"jobId"},
+        "JOB_STATUS": {"job"},
+        "LIST_JOBS": {"limit", "state", "cursor"},
+        "JOB_LIST": {"jobs", "nextCursor"},
+        "LIST_WORKERS": set(),
+        "WORKER_LIST": {"workers"},
+        "CANCEL_JOB": {"jobId"},
+        "JOB_CANCEL": {"cancelled", "job"},
+    }[type_name]
+    assert set(SAMPLES[type_name].to_wire()) == expected | {"type"}
+
+
+def test_optional_fields_default_when_absent():
+    # SUBMIT_JOB from an older client: no maxAttempts, idempotencyKey or priority.
+    msg = m.decode({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1}})
+    assert msg == m.SubmitJob(task_type="SLEEP", payload={"durationMillis": 1}, max_attempts=0,
+                              idempotency_key=None, priority=None)
+    assert m.decode({"type": "LIST_JOBS"}) == m.ListJobs(limit=None, state=None, cursor=None)
+    res = m.decode({"type": "TASK_RESULT", "workerId": "w", "jobId": "j", "attemptId": "a", "success": False})
+    assert res.result is None and res.error is None
+
+
+def test_nullable_fields_accept_null():
+    msg = m.decode({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {}, "maxAttempts": 0,
+                    "idempotencyKey": None, "priority": None})
+    assert msg.idempotency_key is None and msg.priority is None
+    assert m.decode({"type": "JOB_LIST", "jobs": [], "nextCursor": None}).next_cursor is None
+
+
+def test_unknown_fields_are_ignored():
+    wire = dict(SAMPLES["HEARTBEAT"].to_wire(), v=1, extra={"nested": [1, 2]})
+    assert m.decode(wire) == SAMPLES["HEARTBEAT"]
+    wire = dict(SAMPLES["SUBMIT_JOB"].to_wire(), futureField="x")
+    assert m.decode(wire) == SAMPLES["SUBMIT_JOB"]
+
+
+@pytest.mark.parametrize("obj", [
+    {"type": "NOPE"},
+    {"type": "heartbeat", "workerId": "w"},     # type names are case-sensitive
+    {"type": "", "workerId": "w"},
+])
+def test_unknown_type_is_rejected(obj):
+    with pytest.raises(ProtocolError):
+        m.decode(obj)
+
+
+@pytest.mark.parametrize("obj", [{}, {"workerId": "w-1"}])
+def test_missing_type_is_rejected(obj):
+    with pytest.raises(ProtocolError):
+        m.decode(obj)
+
+
+@pytest.mark.parametrize("bad_type", [None, 1, ["HEARTBEAT"], {"t": 1}, True])
+def test_non_string_type_is_rejected(bad_type):
+    with pytest.raises(ProtocolError):
+        m.decode({"type": bad_type, "workerId": "w"})
+
+
+@pytest.mark.parametrize("obj", [
+    {"type": "WORKER_REGISTER", "workerId": "w", "capacity": "4"},
+    {"type": "WORKER_REGISTER", "workerId": "w", "capacity": 4.0},
+    {"type": "WORKER_REGISTER", "workerId": "w", "capacity": True},
+    {"type": "WORKER_REGISTER", "workerId": 7, "capacity": 4},
+    {"type": "WORKER_REGISTER", "workerId": None, "capacity": 4},
+    {"type": "HEARTBEAT", "workerId": ["w"]},
+    {"type": "TASK_RESULT", "workerId": "w", "jobId": "j", "attemptId": "a", "success": "yes"},
+    {"type": "TASK_RESULT", "workerId": "w", "jobId": "j", "attemptId": "a", "success": 1},
+    {"type": "TASK_RESULT", "workerId": "w", "jobId": "j", "attemptId": "a", "success": True, "result": []},
+    {"type": "TASK_RESULT", "workerId": "w", "jobId": "j", "attemptId": "a", "success": False, "error": 5},
+    {"type": "TASK_ASSIGN", "jobId": "j", "attemptId": "a", "attemptNumber": "1", "taskType": "SLEEP",
+     "payload": {}},
+    {"type": "TASK_ASSIGN", "jobId": "j", "attemptId": "a", "attemptNumber": 1, "taskType": "SLEEP",
+     "payload": []},
+    {"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": []},
+    {"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": "{}"},
+    {"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": None},
+    {"type": "SUBMIT_JOB", "taskType": 1, "payload": {}},
+    {"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {}, "maxAttempts": "3"},
+    {"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {}, "maxAttempts": 1.5},
+    {"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {}, "idempotencyKey": 5},
+    {"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {}, "priority": 2},
+    {"type": "GET_JOB_STATUS", "jobId": 1},
+    {"type": "CANCEL_JOB", "jobId": None},
+    {"type": "LIST_JOBS", "limit": "10"},
+    {"type": "LIST_JOBS", "state": 3},
+    {"type": "LIST_JOBS", "cursor": {}},
+    {"type": "JOB_CANCEL", "cancelled": "true", "job": {}},
+    {"type": "SUBMIT_REJECTED", "reason": "r", "activeCount": 3, "limit": 3, "retryable": "true"},
+])
+def test_wrong_field_types_are_rejected(obj):
+    with pytest.raises(ProtocolError):
+        m.decode(obj)
+
+
+@pytest.mark.parametrize("obj", [
+    {"type": "WORKER_REGISTER", "workerId": "w"},
+    {"type": "WORKER_REGISTER", "capacity": 4},
+    {"type": "HEARTBEAT"},
+    {"type": "TASK_RESULT", "workerId": "w", "jobId": "j", "attemptId": "a"},
+    {"type": "TASK_ASSIGN", "jobId": "j", "attemptId": "a", "attemptNumber": 1, "taskType": "SLEEP"},
+    {"type": "SUBMIT_JOB", "taskType": "SLEEP"},
+    {"type": "SUBMIT_JOB", "payload": {}},
+    {"type": "GET_JOB_STATUS"},
+    {"type": "CANCEL_JOB"},
+    {"type": "ERROR"},
+])
+def test_missing_required_fields_are_rejected(obj):
+    with pytest.raises(ProtocolError):
+        m.decode(obj)
+
+
+def test_port_tables_match_the_protocol():
+    assert m.WORKER_PORT_REQUESTS == {"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"}
+    assert m.CLIENT_PORT_REQUESTS == {"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB"}
+    assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR"}
+    assert m.TO_CLIENT == {"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST",
+                           "JOB_CANCEL", "ERROR"}
+
+
+@pytest.mark.parametrize("type_name", sorted(SAMPLES))
+def test_port_legality(type_name):
+    wire = SAMPLES[type_name].to_wire()
+    for allowed in (m.WORKER_PORT_REQUESTS, m.CLIENT_PORT_REQUESTS, m.TO_WORKER, m.TO_CLIENT):
+        if type_name in allowed:
+            assert m.decode(wire, allowed) == SAMPLES[type_name]
+        else:
+            with pytest.raises(ProtocolError):
+                m.decode(wire, allowed)
+
+
+def test_client_port_refuses_worker_messages():
+    with pytest.raises(ProtocolError):
+        m.decode({"type": "HEARTBEAT", "workerId": "w-1"}, m.CLIENT_PORT_REQUESTS)
+    with pytest.raises(ProtocolError):
+        m.decode({"type": "WORKER_REGISTER", "workerId": "w-1", "capacity": 1}, m.CLIENT_PORT_REQUESTS)
+
+
+def test_worker_port_refuses_client_messages():
+    with pytest.raises(ProtocolError):
+        m.decode({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {}}, m.WORKER_PORT_REQUESTS)
+    with pytest.raises(ProtocolError):
+        m.decode({"type": "LIST_WORKERS"}, m.WORKER_PORT_REQUESTS)
+
+
+def test_messages_are_frozen():
+    msg = SAMPLES["HEARTBEAT"]
+    with pytest.raises(Exception):
+        msg.worker_id = "other"  # type: ignore[misc]
