@@ -1,0 +1,1 @@
+"""The coordinator: the scheduling authority (core, store, servers, runtime)."""

@@ -1,0 +1,462 @@
+"""CoordinatorCore: the single writer of all coordinator state.
+
+A plain class: no gevent, no sockets, no clock. Every method takes ``now_millis`` from
+its caller (the runtime reads the clock once per event). The core
+
+* owns every active job, the recently finished ones it still caches, the worker
+  registry, the queued/retry/deadline indexes and the submission sequence;
+* marks each changed job dirty; the runtime commits all dirty rows of a batch in one
+  transaction *before* it releases the batch's replies and outbound frames, so nothing
+  is observable before it is durable;
+* "sends" by appending ``(conn, message)`` to ``outbound`` (``message`` None = close
+  that connection after what is queued for it); it never writes a socket itself.
+
+Request methods (``submit_job``, ``get_job_status``, ``list_jobs``, ``list_workers``,
+``cancel_job``) return the reply message. Event methods (``on_worker_registered``,
+``on_heartbeat``, ``on_task_result``, ``on_worker_disconnected``, ``sweep``) return
+nothing. ``schedule_queued_jobs`` runs after each batch and inside each sweep.
+
+Nothing here scans all jobs: queued jobs live in per-priority heaps, retries and
+deadlines in time-ordered heaps, finished jobs leave memory through an LRU and are read
+back from the store on demand.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import ujson
+
+from jobmesh.coordinator import scheduler
+from jobmesh.coordinator.job import Job
+from jobmesh.coordinator.registry import Session, WorkerRegistry
+from jobmesh.coordinator.store import JobStore
+from jobmesh.errors import PayloadError
+from jobmesh.protocol import messages as m
+from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
+from jobmesh.protocol.payloads import validate_payload
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS_LIMIT = 1_000_000
+MAX_KEY_CHARS = 1024
+MAX_RESULT_BYTES = 64 * 1024
+MAX_ERROR_CHARS = 4096
+LIST_DEFAULT = 100
+LIST_MAX = 1000
+LIST_MAX_BYTES = 900 * 1024  # keep JOB_LIST below the 1 MiB frame limit
+FINISHED_CACHE = 20_000
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    heartbeat_timeout_millis: int = 6000
+    task_timeout_millis: int = 600_000
+    max_active_jobs: int = 100_000
+    aging_step_millis: int = 60_000
+    retry_base_millis: int = 1000
+    retry_cap_millis: int = 30_000
+    default_max_attempts: int = 3
+
+
+class CoordinatorCore:
+    def __init__(self, store: JobStore, config: CoreConfig, new_id=None) -> None:
+        self.store = store
+        self.config = config
+        self._new_id = new_id or (lambda: str(uuid.uuid4()))
+        self.jobs: dict[str, Job] = {}  # every non-terminal job
+        self.finished: OrderedDict[str, Job] = OrderedDict()  # LRU of terminal jobs
+        self.keys: dict[str, str] = {}  # idempotency key -> job id, for jobs held in memory
+        self.queued = scheduler.QueuedJobs()
+        self.retry_heap: list[tuple[int, str]] = []
+        self.deadline_heap: list[tuple[int, str, str]] = []
+        self.workers = WorkerRegistry()
+        self.next_seq = 1
+        self.outbound: list[tuple[Any, m.Message | None]] = []
+        self._dirty: dict[str, Job] = {}
+        self._new: set[str] = set()
+
+    # ---- bookkeeping -------------------------------------------------------------
+
+    @property
+    def active_count(self) -> int:
+        """Non-terminal jobs: the admission-control counter (O(1))."""
+        return len(self.jobs)
+
+    def _touch(self, job: Job) -> None:
+        self._dirty[job.job_id] = job
+
+    def take_dirty(self) -> tuple[list[tuple], list[tuple]]:
+        """Rows to commit for everything changed since the last call: (inserts, updates)."""
+        from jobmesh.coordinator.store import insert_row, update_row
+
+        inserts, updates = [], []
+        for job_id, job in self._dirty.items():
+            if job_id in self._new:
+                inserts.append(insert_row(job))
+            else:
+                updates.append(update_row(job))
+        self._dirty = {}
+        self._new = set()
+        return inserts, updates
+
+    def take_outbound(self) -> list[tuple[Any, m.Message | None]]:
+        out, self.outbound = self.outbound, []
+        return out
+
+    def _send(self, conn: Any, msg: m.Message | None) -> None:
+        self.outbound.append((conn, msg))
+
+    def _retire(self, job: Job) -> None:
+        """The single chokepoint for active -> terminal: frees the admission slot."""
+        self.jobs.pop(job.job_id, None)
+        self.queued.discard(job.job_id)
+        self._remember_finished(job)
+
+    def _remember_finished(self, job: Job) -> None:
+        self.finished[job.job_id] = job
+        self.finished.move_to_end(job.job_id)
+        if job.idempotency_key is not None:
+            self.keys[job.idempotency_key] = job.job_id
+        while len(self.finished) > FINISHED_CACHE:
+            _, old = self.finished.popitem(last=False)
+            if old.idempotency_key is not None and self.keys.get(old.idempotency_key) == old.job_id:
+                del self.keys[old.idempotency_key]
+
+    def _lookup(self, job_id: str) -> Job | None:
+        """Any job by id: active, recently finished, or read back from the store."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            return job
+        job = self.finished.get(job_id)
+        if job is not None:
+            return job
+        job = self.store.get(job_id)
+        if job is not None and job.state in TERMINAL:
+            self._remember_finished(job)
+        return job
+
+    def _lookup_key(self, key: str) -> Job | None:
+        job_id = self.keys.get(key)
+        if job_id is not None:
+            return self._lookup(job_id)
+        job = self.store.find_by_key(key)
+        if job is not None and job.state in TERMINAL:
+            self._remember_finished(job)
+        return job
+
+    # ---- recovery ------------------------------------------------------------------
+
+    def recover(self, now_millis: int) -> dict[str, int]:
+        """Load non-terminal jobs from the store (before any listener opens).
+
+        RUNNING jobs lost their worker and their attempt's outcome is unknown: requeue
+        them if budget remains, else fail them. Their old deadline is discarded; the next
+        assignment stamps a fresh one.
+        """
+        stats = {"queued": 0, "retry_wait": 0, "requeued": 0, "failed": 0}
+        for job in self.store.load_active():
+            if job.state is JobState.RUNNING:
+                if job.attempts < job.max_attempts:
+                    job.move_to(JobState.QUEUED, now_millis)
+                    stats["requeued"] += 1
+                else:
+                    job.move_to(JobState.FAILED, now_millis)
+                    job.error = "coordinator restarted during the final attempt (%d of %d)" % (
+                        job.attempts, job.max_attempts)
+                    self._touch(job)
+                    self._remember_finished(job)
+                    stats["failed"] += 1
+                    continue
+                self._touch(job)
+            self.jobs[job.job_id] = job
+            if job.idempotency_key is not None:
+                self.keys[job.idempotency_key] = job.job_id
+            if job.state is JobState.QUEUED:
+                self.queued.add(job.job_id, job.priority.level, job.seq, job.created_at)
+                stats["queued"] += 1
+            else:  # RETRY_WAIT
+                heapq.heappush(self.retry_heap, (job.retry_at or now_millis, job.job_id))
+                stats["retry_wait"] += 1
+        self.next_seq = self.store.max_seq() + 1
+        return stats
+
+    # ---- client requests -------------------------------------------------------------
+
+    def submit_job(self, now_millis: int, req: m.SubmitJob) -> m.Message:
+        try:
+            priority = Priority.parse(req.priority)
+        except ValueError as exc:
+            return m.Error(str(exc))
+        max_attempts = req.max_attempts if req.max_attempts > 0 else self.config.default_max_attempts
+        if max_attempts > MAX_ATTEMPTS_LIMIT:
+            return m.Error("maxAttempts must be at most %d, got %d" % (MAX_ATTEMPTS_LIMIT, max_attempts))
+        try:
+            validate_payload(req.task_type, req.payload)
+        except PayloadError as exc:
+            return m.Error(str(exc))
+        key = req.idempotency_key
+        if key is not None:
+            if len(key) > MAX_KEY_CHARS:
+                return m.Error("idempotencyKey must be at most %d characters" % MAX_KEY_CHARS)
+            existing = self._lookup_key(key)
+            if existing is not None:
+                if existing.same_request(req.task_type, req.payload, max_attempts, priority):
+                    return m.JobSubmitted(existing.job_id)
+                log.warning("idempotency conflict key=%r job=%s", key, existing.job_id)
+                return m.Error(
+                    "idempotencyKey %r is already bound to job %s with a different request "
+                    "(taskType, payload, maxAttempts or priority differ)" % (key, existing.job_id)
+                )
+        if self.active_count >= self.config.max_active_jobs:
+            return m.SubmitRejected(
+                "coordinator is at its active-job limit; retry later",
+                self.active_count, self.config.max_active_jobs, True,
+            )
+        job = Job(
+            job_id=self._new_id(), seq=self.next_seq, task_type=req.task_type, payload=req.payload,
+            max_attempts=max_attempts, priority=priority, created_at=now_millis, idempotency_key=key,
+            execution_timeout=self.config.task_timeout_millis,
+        )
+        self.next_seq += 1
+        self.jobs[job.job_id] = job
+        if key is not None:
+            self.keys[key] = job.job_id
+        self._new.add(job.job_id)
+        self._touch(job)
+        self.queued.add(job.job_id, priority.level, job.seq, now_millis)
+        log.debug("submitted job=%s type=%s priority=%s", job.job_id, job.task_type, priority.value)
+        return m.JobSubmitted(job.job_id)
+
+    def get_job_status(self, now_millis: int, job_id: str) -> m.Message:
+        job = self._lookup(job_id)
+        if job is None:
+            return m.Error("unknown job %s" % job_id)
+        return m.JobStatus(job.snapshot())
+
+    def list_workers(self, now_millis: int) -> m.Message:
+        return m.WorkerList([s.snapshot() for s in self.workers])
+
+    def list_jobs(self, now_millis: int, req: m.ListJobs) -> m.Message:
+        limit = LIST_DEFAULT if req.limit is None else req.limit
+        if limit < 1:
+            return m.Error("limit must be at least 1, got %d" % limit)
+        limit = min(limit, LIST_MAX)
+        state = req.state
+        if state is not None and state not in JobState.__members__:
+            return m.Error("unknown state %r (one of %s)" % (state, ", ".join(JobState.__members__)))
+        before = None
+        if req.cursor is not None:
+            try:
+                before = int(req.cursor)
+                if before < 1:
+                    raise ValueError
+            except ValueError:
+                return m.Error("invalid cursor %r" % req.cursor)
+        rows = self.store.list_page(limit + 1, state, before)
+        jobs: list[dict[str, Any]] = []
+        size = 0
+        next_cursor = None
+        for i, (rowid, stored) in enumerate(rows):
+            if i == limit:
+                next_cursor = str(rows[i - 1][0])
+                break
+            live = self.jobs.get(stored.job_id) or self.finished.get(stored.job_id) or stored
+            snap = live.snapshot()
+            size += len(ujson.dumps(snap)) + 1
+            if size > LIST_MAX_BYTES and jobs:
+                next_cursor = str(rows[i - 1][0])
+                break
+            jobs.append(snap)
+        return m.JobList(jobs, next_cursor)
+
+    def cancel_job(self, now_millis: int, job_id: str) -> m.Message:
+        job = self.jobs.get(job_id)
+        if job is None:
+            done = self._lookup(job_id)
+            if done is None:
+                return m.Error("unknown job %s" % job_id)
+            return m.JobCancel(False, done.snapshot())
+        if job.state is JobState.RUNNING:
+            self._revoke_lease(job, "cancelled")
+        job.move_to(JobState.CANCELLED, now_millis)
+        self._touch(job)
+        self._retire(job)
+        log.info("cancelled job=%s", job.job_id)
+        return m.JobCancel(True, job.snapshot())
+
+    # ---- worker events -------------------------------------------------------------------
+
+    def on_worker_registered(self, now_millis: int, conn: Any, worker_id: str, capacity: int) -> None:
+        if not 1 <= capacity <= 1024:
+            self._refuse(conn, "capacity must be 1..1024, got %d" % capacity)
+            return
+        if self.workers.by_conn(conn) is not None:
+            self._refuse(conn, "this connection is already registered")
+            return
+        if self.workers.get(worker_id) is not None:
+            log.warning("refused duplicate registration worker=%s", worker_id)
+            self._refuse(conn, "worker id %r belongs to a live session" % worker_id)
+            return
+        session = Session(worker_id, capacity, conn, now_millis)
+        self.workers.add(session)
+        self._send(conn, m.WorkerRegistered(worker_id))
+        log.info("worker registered worker=%s capacity=%d", worker_id, capacity)
+
+    def _refuse(self, conn: Any, reason: str) -> None:
+        self._send(conn, m.Error(reason))
+        self._send(conn, None)
+
+    def on_heartbeat(self, now_millis: int, conn: Any, worker_id: str) -> None:
+        session = self.workers.by_conn(conn)
+        if session is not None and session.worker_id == worker_id:
+            session.last_heartbeat = now_millis
+
+    def on_task_result(self, now_millis: int, conn: Any, res: m.TaskResult) -> None:
+        session = self.workers.by_conn(conn)
+        job = self.jobs.get(res.job_id)
+        if (
+            session is None
+            or session.worker_id != res.worker_id
+            or job is None
+            or job.state is not JobState.RUNNING
+            or job.attempt_id != res.attempt_id
+            or job.worker_id != res.worker_id
+        ):
+            log.warning("stale result dropped job=%s attempt=%s worker=%s", res.job_id, res.attempt_id, res.worker_id)
+            return
+        session.running.discard(job.job_id)
+        if res.success:
+            result = res.result if res.result is not None else {}
+            if len(ujson.dumps(result)) > MAX_RESULT_BYTES:
+                self._retry_or_fail(job, now_millis, "result larger than %d bytes" % MAX_RESULT_BYTES)
+                return
+            job.result = result
+            job.move_to(JobState.COMPLETED, now_millis)
+            self._touch(job)
+            self._retire(job)
+            log.debug("completed job=%s attempt=%d", job.job_id, job.attempts)
+        else:
+            error = (res.error or "task failed without an error message")[:MAX_ERROR_CHARS]
+            self._retry_or_fail(job, now_millis, error)
+
+    def on_worker_disconnected(self, now_millis: int, conn: Any) -> None:
+        session = self.workers.by_conn(conn)
+        if session is None:
+            return
+        log.warning("worker disconnected worker=%s running=%d", session.worker_id, len(session.running))
+        self._drop_session(session, now_millis, "worker %s disconnected" % session.worker_id)
+
+    def _drop_session(self, session: Session, now_millis: int, reason: str) -> None:
+        self.workers.remove(session)
+        for job_id in sorted(session.running):
+            job = self.jobs.get(job_id)
+            if job is not None and job.state is JobState.RUNNING and job.worker_id == session.worker_id:
+                self._retry_or_fail(job, now_millis, "attempt %d lost: %s" % (job.attempts, reason))
+        session.running.clear()
+
+    # ---- transitions ------------------------------------------------------------------
+
+    def _revoke_lease(self, job: Job, why: str) -> None:
+        """Tell the owning worker to stop this attempt (best effort) and free its slot."""
+        session = self.workers.get(job.worker_id) if job.worker_id else None
+        if session is not None:
+            session.running.discard(job.job_id)
+            self._send(session.conn, m.TaskCancel(job.job_id, job.attempt_id))
+        log.debug("revoked lease job=%s attempt=%s why=%s", job.job_id, job.attempt_id, why)
+
+    def _retry_or_fail(self, job: Job, now_millis: int, error: str) -> None:
+        job.error = error
+        if job.attempts < job.max_attempts:
+            delay = scheduler.retry_delay_millis(job.attempts, self.config.retry_base_millis, self.config.retry_cap_millis)
+            job.move_to(JobState.RETRY_WAIT, now_millis)
+            job.retry_at = now_millis + delay
+            heapq.heappush(self.retry_heap, (job.retry_at, job.job_id))
+            self._touch(job)
+            log.info("retry job=%s attempt=%d/%d in=%dms error=%s", job.job_id, job.attempts, job.max_attempts, delay, error)
+        else:
+            job.move_to(JobState.FAILED, now_millis)
+            self._touch(job)
+            self._retire(job)
+            log.info("failed job=%s attempts=%d error=%s", job.job_id, job.attempts, error)
+
+    def _assign(self, job: Job, session: Session, now_millis: int) -> None:
+        job.move_to(JobState.RUNNING, now_millis)
+        job.attempts += 1
+        job.attempt_id = self._new_id()
+        job.worker_id = session.worker_id
+        timeout = job.execution_timeout or self.config.task_timeout_millis
+        job.deadline = now_millis + timeout
+        heapq.heappush(self.deadline_heap, (job.deadline, job.job_id, job.attempt_id))
+        session.running.add(job.job_id)
+        self._touch(job)
+        self._send(session.conn, m.TaskAssign(job.job_id, job.attempt_id, job.attempts, job.task_type, job.payload))
+        log.debug("assigned job=%s attempt=%s n=%d worker=%s", job.job_id, job.attempt_id, job.attempts, session.worker_id)
+
+    # ---- sweep -----------------------------------------------------------------------
+
+    def sweep(self, now_millis: int) -> None:
+        """Dead workers, then expired deadlines, then due retries, then scheduling."""
+        self.detect_dead_workers(now_millis)
+        self.detect_expired_deadlines(now_millis)
+        self.promote_due_retries(now_millis)
+        self.schedule_queued_jobs(now_millis)
+
+    def detect_dead_workers(self, now_millis: int) -> None:
+        limit = self.config.heartbeat_timeout_millis
+        for session in self.workers:
+            silent = now_millis - session.last_heartbeat
+            if silent > limit:
+                log.warning("worker presumed dead worker=%s silent=%dms running=%d",
+                            session.worker_id, silent, len(session.running))
+                self._send(session.conn, None)
+                self._drop_session(
+                    session, now_millis, "worker %s presumed dead (no heartbeat for %d ms)" % (session.worker_id, silent)
+                )
+
+    def detect_expired_deadlines(self, now_millis: int) -> None:
+        heap = self.deadline_heap
+        while heap and heap[0][0] <= now_millis:
+            _, job_id, attempt_id = heapq.heappop(heap)
+            job = self.jobs.get(job_id)
+            if job is None or job.state is not JobState.RUNNING or job.attempt_id != attempt_id:
+                continue  # that lease already ended
+            timeout = job.execution_timeout or self.config.task_timeout_millis
+            log.warning("deadline expired job=%s attempt=%s worker=%s", job_id, attempt_id, job.worker_id)
+            self._revoke_lease(job, "deadline")
+            self._retry_or_fail(
+                job, now_millis, "attempt %d exceeded its execution deadline of %d ms" % (job.attempts, timeout)
+            )
+
+    def promote_due_retries(self, now_millis: int) -> None:
+        heap = self.retry_heap
+        while heap and heap[0][0] <= now_millis:
+            retry_at, job_id = heapq.heappop(heap)
+            job = self.jobs.get(job_id)
+            if job is None or job.state is not JobState.RETRY_WAIT or job.retry_at != retry_at:
+                continue
+            job.move_to(JobState.QUEUED, now_millis)
+            self._touch(job)
+            self.queued.add(job.job_id, job.priority.level, job.seq, job.created_at)
+
+    def schedule_queued_jobs(self, now_millis: int) -> int:
+        """Assign queued jobs, best first, each to the least-loaded worker with room."""
+        assigned = 0
+        step = self.config.aging_step_millis
+        while len(self.queued):
+            session = scheduler.least_loaded(
+                self.workers.with_free_capacity(), lambda s: len(s.running), lambda s: s.capacity
+            )
+            if session is None:
+                break
+            job_id = self.queued.pop(now_millis, step)
+            if job_id is None:
+                break
+            self._assign(self.jobs[job_id], session, now_millis)
+            assigned += 1
+        return assigned

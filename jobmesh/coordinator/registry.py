@@ -1,0 +1,68 @@
+"""Worker sessions: identity, advertised capacity, running attempts, last heartbeat.
+
+Owned by the core (plain dicts, safe by confinement to the core greenlet). ``conn`` is
+an opaque handle the runtime gave the core; the core only uses it as a key and as the
+address of outbound frames.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+
+class Session:
+    __slots__ = ("worker_id", "capacity", "conn", "last_heartbeat", "connected_at", "running")
+
+    def __init__(self, worker_id: str, capacity: int, conn: Any, now_millis: int) -> None:
+        self.worker_id = worker_id
+        self.capacity = capacity
+        self.conn = conn
+        self.last_heartbeat = now_millis
+        self.connected_at = now_millis
+        self.running: set[str] = set()  # job ids whose current lease this worker holds
+
+    @property
+    def free(self) -> int:
+        return self.capacity - len(self.running)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "workerId": self.worker_id,
+            "capacity": self.capacity,
+            "activeJobs": len(self.running),
+            "lastHeartbeatMillis": self.last_heartbeat,
+            "connectedAtMillis": self.connected_at,
+        }
+
+
+class WorkerRegistry:
+    """Live sessions by worker id and by connection."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, Session] = {}
+        self._by_conn: dict[Any, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(list(self._by_id.values()))
+
+    def get(self, worker_id: str) -> Session | None:
+        return self._by_id.get(worker_id)
+
+    def by_conn(self, conn: Any) -> Session | None:
+        return self._by_conn.get(conn)
+
+    def add(self, session: Session) -> None:
+        self._by_id[session.worker_id] = session
+        self._by_conn[session.conn] = session
+
+    def remove(self, session: Session) -> None:
+        if self._by_id.get(session.worker_id) is session:
+            del self._by_id[session.worker_id]
+        if self._by_conn.get(session.conn) is session:
+            del self._by_conn[session.conn]
+
+    def with_free_capacity(self) -> Iterator[Session]:
+        return (s for s in self._by_id.values() if len(s.running) < s.capacity)

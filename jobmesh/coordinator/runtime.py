@@ -1,0 +1,295 @@
+"""Coordinator: the impure shell around ``CoordinatorCore``.
+
+Start order: recover from the store (inline, before any listener) → core greenlet →
+sweep timer → listeners → the "listening" line. Stop order: core (commits its batch,
+answers what it took, fails what is still queued) → listeners → database.
+
+The core greenlet takes a batch of up to ``MAX_BATCH`` inbox items, applies each with
+one clock read, schedules, commits every changed row in one SQLite transaction on a
+one-thread pool (group commit), and only then releases the batch's replies and
+outbound frames. It starts no new batch while a commit is in flight, so no client or
+worker ever observes a state that is not on disk. A failed commit stops the process:
+memory would be ahead of disk, and recovery on the next start repairs it.
+
+The sweep is armed by ``gevent.spawn_later``: the callback re-arms itself on a fixed
+cadence and only posts a SWEEP marker; the sweep itself runs inside the core loop,
+under the same try/except as every event, so an error can kill neither.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import signal
+import sys
+import time
+from typing import Any
+
+import gevent
+import gevent.event
+import gevent.pool
+import gevent.server
+from gevent.queue import Empty, Queue, UnboundQueue
+from gevent.threadpool import ThreadPool
+
+from jobmesh.config import CoordinatorConfig
+from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+from jobmesh.coordinator.server import Servers, ShuttingDown
+from jobmesh.coordinator.store import JobStore
+from jobmesh.errors import ConfigError
+from jobmesh.protocol import messages as m
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 512
+BACKLOG = 4096
+FD_MARGIN = 256
+STOP = object()
+SWEEP = object()
+
+
+def now_millis() -> int:
+    return int(time.time() * 1000)
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft open-files limit to the hard one; returns the limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = max(soft, 65536)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-files limit from %d to %d: %s", soft, hard, exc)
+    return soft
+
+
+class Coordinator:
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        self.inbox: Queue = UnboundQueue()
+        self.store: JobStore | None = None
+        self.core: CoordinatorCore | None = None
+        self.dbpool: ThreadPool | None = None
+        self.servers: list[gevent.server.StreamServer] = []
+        self.handlers = Servers(self.inbox.put)
+        self._core_greenlet: gevent.Greenlet | None = None
+        self._sweep_timer: gevent.Greenlet | None = None
+        self._next_sweep = 0.0
+        self._sweep_pending = False
+        self._stopping = False
+        self.stopped = gevent.event.Event()
+
+    # ---- start --------------------------------------------------------------------
+
+    def start(self) -> str:
+        """Recover, start the core and the listeners; returns the "listening" line."""
+        cfg = self.config
+        fd_limit = raise_fd_limit()
+        self.store = JobStore(cfg.db, cfg.db_synchronous)
+        if self.store.migrated:
+            log.info("migrated database %s: added columns %s", cfg.db, ", ".join(self.store.migrated))
+        self.core = CoordinatorCore(
+            self.store,
+            CoreConfig(
+                heartbeat_timeout_millis=cfg.heartbeat_timeout_millis,
+                task_timeout_millis=cfg.task_timeout_millis,
+                max_active_jobs=cfg.max_active_jobs,
+                aging_step_millis=cfg.aging_step_millis,
+                retry_base_millis=cfg.retry_base_millis,
+                retry_cap_millis=cfg.retry_cap_millis,
+                default_max_attempts=cfg.default_max_attempts,
+            ),
+        )
+        stats = self.core.recover(now_millis())
+        inserts, updates = self.core.take_dirty()
+        self.store.write(inserts, updates)
+        log.info(
+            "recovered db=%s active=%d queued=%d retry_wait=%d requeued=%d failed_on_restart=%d next_seq=%d",
+            cfg.db, self.core.active_count, stats["queued"], stats["retry_wait"], stats["requeued"],
+            stats["failed"], self.core.next_seq,
+        )
+        self.dbpool = ThreadPool(1)
+        self._core_greenlet = gevent.spawn(self._run_core)
+        self._core_greenlet.link_exception(self._core_died)
+        self._next_sweep = time.monotonic()
+        self._arm_sweep()
+
+        per_server = max(64, (fd_limit - FD_MARGIN) // 2)
+        worker_srv = gevent.server.StreamServer(
+            (cfg.bind, cfg.worker_port), self.handlers.handle_worker, backlog=BACKLOG,
+            spawn=gevent.pool.Pool(per_server),
+        )
+        client_srv = gevent.server.StreamServer(
+            (cfg.bind, cfg.client_port), self.handlers.handle_client, backlog=BACKLOG,
+            spawn=gevent.pool.Pool(per_server),
+        )
+        for srv in (worker_srv, client_srv):
+            srv.start()
+            self.servers.append(srv)
+        line = "jobmesh coordinator listening worker=%s:%d client=%s:%d" % (
+            cfg.bind, worker_srv.server_port, cfg.bind, client_srv.server_port)
+        log.info("listening worker=%s:%d client=%s:%d fd_limit=%d", cfg.bind, worker_srv.server_port,
+                 cfg.bind, client_srv.server_port, fd_limit)
+        return line
+
+    def _core_died(self, greenlet: gevent.Greenlet) -> None:
+        log.critical("the core greenlet died; stopping the coordinator", exc_info=greenlet.exc_info)
+        sys.stderr.flush()
+        os._exit(70)
+
+    # ---- sweep timer ----------------------------------------------------------------
+
+    def _arm_sweep(self) -> None:
+        interval = self.config.sweep_interval_millis / 1000.0
+        now = time.monotonic()
+        self._next_sweep += interval
+        if self._next_sweep < now:  # skip missed periods rather than bunching up
+            self._next_sweep = now + interval
+        self._sweep_timer = gevent.spawn_later(self._next_sweep - now, self._sweep_tick)
+
+    def _sweep_tick(self) -> None:
+        if self._stopping:
+            return
+        self._arm_sweep()
+        if not self._sweep_pending:
+            self._sweep_pending = True
+            self.inbox.put(SWEEP)
+
+    # ---- the core loop -----------------------------------------------------------------
+
+    def _run_core(self) -> None:
+        core = self.core
+        inbox = self.inbox
+        handlers = {
+            "register": lambda now, it: core.on_worker_registered(now, it[1], it[2], it[3]),
+            "heartbeat": lambda now, it: core.on_heartbeat(now, it[1], it[2]),
+            "result": lambda now, it: core.on_task_result(now, it[1], it[2]),
+            "disconnected": lambda now, it: core.on_worker_disconnected(now, it[1]),
+        }
+        requests = {
+            m.SubmitJob: lambda now, r: core.submit_job(now, r),
+            m.GetJobStatus: lambda now, r: core.get_job_status(now, r.job_id),
+            m.ListJobs: lambda now, r: core.list_jobs(now, r),
+            m.ListWorkers: lambda now, r: core.list_workers(now),
+            m.CancelJob: lambda now, r: core.cancel_job(now, r.job_id),
+        }
+        while True:
+            batch = [inbox.get()]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(inbox.get_nowait())
+                except Empty:
+                    break
+            replies: list[tuple[Any, m.Message]] = []
+            stop = False
+            now = now_millis()
+            for item in batch:
+                if item is STOP:
+                    stop = True
+                    continue
+                if stop:
+                    self._fail(item)
+                    continue
+                now = now_millis()
+                try:
+                    if item is SWEEP:
+                        self._sweep_pending = False
+                        core.sweep(now)
+                    elif isinstance(item[0], str):
+                        handlers[item[0]](now, item)
+                    else:
+                        req, result = item
+                        replies.append((result, requests[type(req)](now, req)))
+                except Exception:
+                    log.exception("error while handling %r; continuing", item[0] if isinstance(item, tuple) else item)
+                    if isinstance(item, tuple) and not isinstance(item[0], str):
+                        replies.append((item[1], m.Error("internal coordinator error; see the coordinator log")))
+            try:
+                core.schedule_queued_jobs(now)
+            except Exception:
+                log.exception("error while scheduling; continuing")
+            committed = self._commit()
+            for result, reply in replies:
+                result.set(reply)
+            for conn, msg in core.take_outbound():
+                conn.send(msg)
+            if stop:
+                while True:
+                    try:
+                        self._fail(inbox.get_nowait())
+                    except Empty:
+                        return
+            if not committed:
+                gevent.sleep(0)  # get() on a non-empty queue never yields
+
+    def _commit(self) -> bool:
+        inserts, updates = self.core.take_dirty()
+        if not inserts and not updates:
+            return False
+        try:
+            self.dbpool.apply(self.store.write, (inserts, updates))
+        except Exception:
+            log.critical("database commit failed; stopping so that recovery can repair state", exc_info=True)
+            sys.stderr.flush()
+            os._exit(71)
+        return True
+
+    @staticmethod
+    def _fail(item: Any) -> None:
+        if isinstance(item, tuple) and len(item) == 2 and not isinstance(item[0], str):
+            item[1].set_exception(ShuttingDown())
+
+    # ---- stop -----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Graceful stop; idempotent. Leaves the database exactly as a crash would."""
+        if self._stopping:
+            self.stopped.wait()
+            return
+        self._stopping = True
+        log.info("stopping")
+        if self._sweep_timer is not None:
+            self._sweep_timer.kill(block=False)
+        if self._core_greenlet is not None:
+            self._core_greenlet.unlink(self._core_died)
+            self.inbox.put(STOP)
+            self._core_greenlet.join(10)
+            self._core_greenlet.kill(block=False)
+        for srv in self.servers:
+            srv.close()  # stop accepting first
+        for conn in list(self.handlers.worker_conns):
+            conn.abort()
+        for srv in self.servers:
+            try:
+                srv.stop(timeout=0.5)
+            except Exception:
+                log.exception("error while stopping a listener")
+        if self.dbpool is not None:
+            self.dbpool.kill()
+        if self.store is not None:
+            self.store.close()
+        log.info("stopped")
+        self.stopped.set()
+
+
+def run_coordinator(config: CoordinatorConfig) -> int:
+    """``jobmesh coordinator``: run until SIGTERM/SIGINT; exit code 0 on a graceful stop."""
+    if config.periodic_port is not None:
+        raise ConfigError("--periodic-port: the Periodic protocol port is not available in this version")
+    coordinator = Coordinator(config)
+    try:
+        line = coordinator.start()
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        print("jobmesh coordinator: cannot start: %s" % exc, file=sys.stderr)
+        return 1
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(sig, lambda: gevent.spawn(coordinator.stop))
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    coordinator.stopped.wait()
+    return 0

@@ -1,0 +1,277 @@
+"""The worker process: connect, register, read assignments, heartbeat, reconnect.
+
+One connection at a time (a *session*), with three greenlets of its own besides the
+task pool (seeds/jobmesh-ARCHITECTURE.md, "Worker"):
+
+- the reader (the agent's greenlet): TASK_ASSIGN starts an attempt in the pool,
+  TASK_CANCEL stops the attempt holding exactly that lease, ERROR is logged;
+- the heartbeat greenlet: HEARTBEAT every ``heartbeat_interval_millis``, whatever the
+  tasks do (CPU-heavy tasks yield, see ``tasks.prime_count``);
+- the writer: the only greenlet that writes to the socket, draining the session's
+  outbox one frame per ``sendall``, so frames from several greenlets never interleave.
+
+When the connection ends, for whatever reason, every in-flight attempt is abandoned
+(its lease dies with the session; the coordinator retries the job) and the agent
+reconnects with capped exponential backoff, registering under the same id. A refused
+registration (typically: the coordinator still holds our previous session) is retried
+the same way.
+
+This module uses gevent's socket explicitly, so it works whether or not the process is
+monkey-patched; it patches nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Any, Callable
+
+import gevent
+from gevent import socket
+from gevent.queue import Queue
+
+from jobmesh.config import WorkerConfig
+from jobmesh.errors import PayloadError, ProtocolError
+from jobmesh.protocol.framing import FrameReader, encode_frame
+from jobmesh.protocol.messages import (
+    TO_WORKER,
+    Error,
+    Heartbeat,
+    Message,
+    TaskAssign,
+    TaskCancel,
+    TaskResult,
+    WorkerRegister,
+    WorkerRegistered,
+    decode,
+)
+from jobmesh.worker import tasks
+from jobmesh.worker.running import Attempt, InFlight
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 5.0
+REGISTER_TIMEOUT = 10.0
+BACKOFF_INITIAL = 0.1
+BACKOFF_CAP = 5.0
+# Unacknowledged data (our heartbeats) fails the connection after this long, so a silent
+# network partition is noticed even though the coordinator never writes unprompted.
+MIN_USER_TIMEOUT_MILLIS = 10_000
+
+
+class RegistrationRefused(Exception):
+    """The coordinator answered WORKER_REGISTER with ERROR (e.g. the id is still in use)."""
+
+
+class ConnectionLost(Exception):
+    """The connection ended; the message says how."""
+
+
+class WorkerAgent:
+    """Run ``run()`` in a greenlet; kill that greenlet to stop the worker."""
+
+    def __init__(self, cfg: WorkerConfig, pause: Callable[[], Any] = gevent.idle):
+        self.cfg = cfg
+        self.worker_id = cfg.worker_id
+        self.address = (cfg.coordinator_host, cfg.coordinator_port)
+        self.in_flight = InFlight(cfg.capacity)
+        self._pause = pause
+        self.registrations = 0
+
+    # ---- connection lifecycle ---------------------------------------------------------
+
+    def run(self) -> None:
+        """Connect, register and serve until killed; never returns on its own."""
+        delay = BACKOFF_INITIAL
+        target = "%s:%d" % self.address
+        while True:
+            try:
+                sock, reader = self._connect_and_register()
+            except RegistrationRefused as exc:
+                log.warning("registration refused worker=%s coordinator=%s reason=%r retry_in=%.1fs",
+                            self.worker_id, target, str(exc), delay)
+            except (OSError, ProtocolError, ConnectionLost) as exc:
+                log.info("cannot register worker=%s coordinator=%s reason=%r retry_in=%.1fs",
+                         self.worker_id, target, str(exc) or type(exc).__name__, delay)
+            else:
+                delay = BACKOFF_INITIAL
+                reason = self._serve(sock, reader)
+                log.info("connection lost worker=%s coordinator=%s reason=%r reconnecting_in=%.1fs",
+                         self.worker_id, target, reason, delay)
+            gevent.sleep(delay)
+            delay = min(delay * 2, BACKOFF_CAP)
+
+    def _connect_and_register(self) -> tuple[socket.socket, FrameReader]:
+        sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT)
+        try:
+            _tune(sock, self.cfg.heartbeat_interval_millis)
+            log.info("connected worker=%s coordinator=%s:%d", self.worker_id, *self.address)
+            sock.settimeout(REGISTER_TIMEOUT)
+            sock.sendall(encode_frame(WorkerRegister(self.worker_id, self.cfg.capacity).to_wire()))
+            # The same reader serves the session: an assignment may share the reply's packet.
+            reader = FrameReader(sock.recv)
+            obj = reader.read_frame()
+            if obj is None:
+                raise ConnectionLost("closed before acknowledging registration")
+            reply = decode(obj, TO_WORKER)
+            if isinstance(reply, Error):
+                raise RegistrationRefused(reply.message)
+            if not isinstance(reply, WorkerRegistered):
+                raise ProtocolError("expected WORKER_REGISTERED, got %s" % reply.TYPE)
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
+        self.registrations += 1
+        log.info("registered worker=%s capacity=%d heartbeat_millis=%d",
+                 self.worker_id, self.cfg.capacity, self.cfg.heartbeat_interval_millis)
+        return sock, reader
+
+    def _serve(self, sock: socket.socket, reader: FrameReader) -> str:
+        """Run one session until the connection ends; returns why it ended."""
+        outbox: Queue = Queue()
+        writer = gevent.spawn(self._write_loop, sock, outbox)
+        heart = gevent.spawn(self._heartbeat_loop, outbox)
+        try:
+            return self._read_loop(reader, outbox)
+        except ProtocolError as exc:
+            log.warning("bad frame from coordinator worker=%s error=%r", self.worker_id, str(exc))
+            return "protocol error: %s" % exc
+        except OSError as exc:
+            return str(exc) or type(exc).__name__
+        finally:
+            abandoned = self.in_flight.abandon_all()
+            if abandoned:
+                log.info("abandoned in-flight attempts worker=%s count=%d", self.worker_id, abandoned)
+            gevent.killall([heart, writer])
+            sock.close()
+
+    # ---- session greenlets ------------------------------------------------------------
+
+    def _read_loop(self, reader: FrameReader, outbox: Queue) -> str:
+        while True:
+            obj = reader.read_frame()
+            if obj is None:
+                return "coordinator closed the connection"
+            msg = decode(obj, TO_WORKER)
+            if isinstance(msg, TaskAssign):
+                self._on_assign(msg, outbox)
+            elif isinstance(msg, TaskCancel):
+                self._on_cancel(msg)
+            elif isinstance(msg, Error):
+                log.warning("coordinator error worker=%s message=%r", self.worker_id, msg.message)
+            else:
+                log.warning("unexpected message worker=%s type=%s", self.worker_id, msg.TYPE)
+
+    def _write_loop(self, sock: socket.socket, outbox: Queue) -> None:
+        try:
+            for frame in outbox:
+                sock.sendall(frame)
+        except OSError as exc:
+            log.info("send failed worker=%s error=%r", self.worker_id, str(exc))
+            # Wake the reader: shutdown makes its recv return EOF.
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _heartbeat_loop(self, outbox: Queue) -> None:
+        frame = encode_frame(Heartbeat(self.worker_id).to_wire())
+        interval = self.cfg.heartbeat_interval_millis / 1000.0
+        next_beat = time.monotonic()
+        while True:
+            # A fixed cadence: a late beat does not push the following ones back.
+            next_beat += interval
+            gevent.sleep(max(0.0, next_beat - time.monotonic()))
+            outbox.put(frame)
+            log.debug("heartbeat worker=%s", self.worker_id)
+
+    # ---- assignments ------------------------------------------------------------------
+
+    def _on_assign(self, msg: TaskAssign, outbox: Queue) -> None:
+        key = (msg.job_id, msg.attempt_id)
+        if key in self.in_flight:
+            log.warning("duplicate assignment ignored job=%s attempt=%s", *key)
+            return
+        attempt = self.in_flight.start(
+            msg.job_id, msg.attempt_id,
+            lambda a: self._run_attempt(msg, a),
+            lambda a, result: self._report(outbox, result),
+        )
+        if attempt is None:
+            log.warning("assignment over capacity job=%s attempt=%s capacity=%d",
+                        msg.job_id, msg.attempt_id, self.cfg.capacity)
+            self._report(outbox, self._result(msg, error="worker at capacity (%d running)" % len(self.in_flight)))
+            return
+        log.debug("task started job=%s attempt=%s number=%d type=%s",
+                  msg.job_id, msg.attempt_id, msg.attempt_number, msg.task_type)
+
+    def _on_cancel(self, msg: TaskCancel) -> None:
+        if self.in_flight.cancel(msg.job_id, msg.attempt_id):
+            log.info("task cancelled job=%s attempt=%s", msg.job_id, msg.attempt_id)
+        else:
+            log.debug("cancel for no running attempt job=%s attempt=%s", msg.job_id, msg.attempt_id)
+
+    def _run_attempt(self, msg: TaskAssign, attempt: Attempt) -> TaskResult | None:
+        """The attempt greenlet's body: the TASK_RESULT to send, or None if cancelled."""
+        started = time.monotonic()
+        try:
+            result = tasks.execute(msg.task_type, msg.payload, msg.attempt_number,
+                                   attempt.cancel_event, self._pause)
+            reply = self._result(msg, result=result)
+        except tasks.TaskCancelled:
+            return None
+        except PayloadError as exc:
+            reply = self._result(msg, error="invalid payload: %s" % exc)
+        except tasks.TaskFailed as exc:
+            reply = self._result(msg, error=str(exc))
+        except Exception as exc:  # a bug in a task body must not take the worker down
+            log.exception("task crashed job=%s attempt=%s", msg.job_id, msg.attempt_id)
+            reply = self._result(msg, error="worker error: %s: %s" % (type(exc).__name__, exc))
+        log.debug("task finished job=%s attempt=%s success=%s millis=%d", msg.job_id, msg.attempt_id,
+                  reply.success, (time.monotonic() - started) * 1000)
+        return reply
+
+    def _result(self, msg: TaskAssign, result: dict | None = None, error: str | None = None) -> TaskResult:
+        return TaskResult(self.worker_id, msg.job_id, msg.attempt_id, error is None, result, error)
+
+    def _report(self, outbox: Queue, reply: Message | None) -> None:
+        if reply is not None:
+            outbox.put(encode_frame(reply.to_wire()))
+
+
+def _tune(sock: socket.socket, heartbeat_interval_millis: int) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    user_timeout = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if user_timeout is not None:  # Linux
+        millis = max(MIN_USER_TIMEOUT_MILLIS, 5 * heartbeat_interval_millis)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, user_timeout, millis)
+        except OSError:
+            pass
+
+
+def run_worker(cfg: WorkerConfig) -> int:
+    """Run a worker until SIGTERM/SIGINT (exit 0); 1 if the agent dies of a bug."""
+    agent = WorkerAgent(cfg)
+    main = gevent.spawn(agent.run)
+    stopping = []
+
+    def stop(signum: int) -> None:
+        if not stopping:
+            stopping.append(signum)
+            log.info("stopping worker=%s signal=%s", cfg.worker_id, signal.Signals(signum).name)
+            main.kill(block=False)
+
+    handlers = [gevent.signal_handler(s, stop, s) for s in (signal.SIGTERM, signal.SIGINT)]
+    try:
+        main.join()
+    finally:
+        for handler in handlers:
+            handler.cancel()
+    if not main.successful():
+        log.error("worker crashed worker=%s", cfg.worker_id, exc_info=main.exc_info)
+        return 1
+    log.info("worker stopped worker=%s", cfg.worker_id)
+    return 0
