@@ -263,11 +263,8 @@ class Coordinator:
             srv.close()  # stop accepting first
         for conn in list(self.handlers.worker_conns):
             conn.abort()
-        for srv in self.servers:
-            try:
-                srv.stop(timeout=0.5)
-            except Exception:
-                log.exception("error while stopping a listener")
+        # Handlers get a moment to finish writing replies the core already released.
+        gevent.joinall([gevent.spawn(srv.stop, 0.3) for srv in self.servers], timeout=5)
         if self.dbpool is not None:
             self.dbpool.kill()
         if self.store is not None:
