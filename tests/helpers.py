@@ -461,3 +461,73 @@ class Client:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def read_until_closed(conn: RawConn, timeout: float = 5.0):
+    """Collect frames until the peer closes; returns ``(frames, closed)``.
+
+    A reset or a malformed frame counts as closed; ``closed`` is False if the
+    connection is still open after ``timeout``.
+    """
+    frames: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return frames, False
+        conn.sock.settimeout(left)
+        try:
+            frame = conn.reader.read_frame()
+        except (socket.timeout, TimeoutError):
+            return frames, False
+        except Exception:
+            return frames, True
+        if frame is None:
+            return frames, True
+        frames.append(frame)
+
+
+def assert_stays(predicate, duration: float, interval: float = 0.02, message: str = "condition"):
+    """Fail if ``predicate`` is ever falsy during ``duration`` seconds (a bounded negative check)."""
+    deadline = time.monotonic() + duration
+    while True:
+        value = predicate()
+        if not value:
+            raise AssertionError("%s stopped holding" % message)
+        if time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+class Peers:
+    """Scripted workers and clients made by a test, all closed at teardown."""
+
+    def __init__(self):
+        self._all: list = []
+
+    def worker(self, coord, worker_id: str = "w-1", capacity: int = 1, heartbeat_millis: int = 100,
+               register: bool = True) -> ScriptedWorker:
+        w = ScriptedWorker(coord.worker_addr, worker_id=worker_id, capacity=capacity,
+                           heartbeat_millis=heartbeat_millis)
+        self._all.append(w)
+        if register:
+            w.register()
+        return w
+
+    def client(self, coord) -> Client:
+        c = Client(coord.client_addr)
+        self._all.append(c)
+        return c
+
+    def raw(self, addr) -> RawConn:
+        r = RawConn(addr)
+        self._all.append(r)
+        return r
+
+    def close_all(self) -> None:
+        for p in reversed(self._all):
+            try:
+                p.close()
+            except Exception:
+                pass
+        self._all.clear()

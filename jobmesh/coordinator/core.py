@@ -267,6 +267,8 @@ class CoordinatorCore:
                 next_cursor = str(rows[i - 1][0])
                 break
             live = self.jobs.get(stored.job_id) or self.finished.get(stored.job_id) or stored
+            if state is not None and live.state.value != state:
+                continue  # moved on since its last commit; it belongs to another state now
             snap = live.snapshot()
             size += len(ujson.dumps(snap)) + 1
             if size > LIST_MAX_BYTES and jobs:

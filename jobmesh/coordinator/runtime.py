@@ -118,7 +118,8 @@ class Coordinator:
         self._next_sweep = time.monotonic()
         self._arm_sweep()
 
-        per_server = max(64, (fd_limit - FD_MARGIN) // 2)
+        # A Pool caps handlers, it reserves nothing: each port may use nearly every fd.
+        per_server = max(64, fd_limit - FD_MARGIN)
         worker_srv = gevent.server.StreamServer(
             (cfg.bind, cfg.worker_port), self.handlers.handle_worker, backlog=BACKLOG,
             spawn=gevent.pool.Pool(per_server),
