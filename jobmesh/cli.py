@@ -215,8 +215,10 @@ def main(argv: list[str]) -> int:
             setup_logging(cfg.log_level)
             return run_coordinator(cfg)
         if command == "up":
+            from jobmesh.config import coordinator_config
             from jobmesh.up import run_up
 
+            setup_logging(coordinator_config(args).log_level)
             return run_up(args)
         if command == "worker":
             from jobmesh.config import worker_config

@@ -1,0 +1,243 @@
+"""CoordinatorClient: a small blocking client for the coordinator's client port.
+
+One socket, connected lazily, many requests on it, exactly one reply per request
+(seeds/jobmesh-PROTOCOL.md, "Client port"). It uses the stdlib ``socket`` module, so it
+works from a plain script, from threads (a lock serializes requests on the shared
+socket) and from a gevent-patched process alike.
+
+What each failure means for the caller (STYLE.md section 4):
+
+- ``CoordinatorUnavailable``: connecting failed, the connection broke mid-request, the
+  reply timed out or made no sense. The outcome is unknown (a submit may have created a
+  job), so nothing is retried automatically, except that a read-only request which finds
+  a reused connection dead is sent once more on a fresh one. The socket is discarded;
+  the next call reconnects.
+- ``RequestFailed``: the coordinator answered ERROR (unknown job, invalid payload,
+  idempotency conflict). The connection stays usable.
+- ``SubmitRejected``: the coordinator is at its active-job limit. ``submit_retries``
+  backs off and resubmits, for this and nothing else.
+- ``WaitTimeout`` (also a ``TimeoutError``): ``wait`` gave up; ``.job`` is the last
+  snapshot seen.
+
+Snapshots are returned as the wire dicts (``jobId``, ``state``, ``result`` ...).
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+import time
+from typing import Any, Iterator
+
+from jobmesh.errors import ClientError, CoordinatorUnavailable, ProtocolError, RequestFailed, SubmitRejected
+from jobmesh.protocol import messages as m
+from jobmesh.protocol.framing import FrameReader, encode_frame
+from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
+
+DEFAULT_PORT = 7071
+RETRY_BASE = 0.05
+RETRY_CAP = 2.0
+POLL_INITIAL = 0.01
+POLL_CAP = 0.5
+_TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
+
+
+class WaitTimeout(ClientError, TimeoutError):
+    """``wait`` ran out of time; ``job`` is the snapshot as it last stood."""
+
+    def __init__(self, job_id: str, timeout: float, job: dict[str, Any]):
+        super().__init__("job %s still %s after %.3gs" % (job_id, job.get("state"), timeout))
+        self.job_id = job_id
+        self.job = job
+
+
+def submit_backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP) -> float:
+    """Seconds to wait before resubmit number ``retry`` (1-based): full jitter on a capped doubling."""
+    ceiling = min(cap, base * (2 ** (retry - 1)))
+    return random.uniform(ceiling / 2, ceiling)
+
+
+class CoordinatorClient:
+    """Blocking client; use as a context manager or call ``close()``.
+
+    ``connect_timeout`` and ``timeout`` are seconds; ``timeout`` bounds each reply.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        connect_timeout: float = 5.0,
+        timeout: float = 30.0,
+    ):
+        self.host = host
+        self.port = port
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._reader: FrameReader | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> "CoordinatorClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "CoordinatorClient(%s:%d)" % (self.host, self.port)
+
+    def close(self) -> None:
+        with self._lock:
+            self._discard()
+
+    # ---- requests ---------------------------------------------------------------------
+
+    def submit(
+        self,
+        task_type: str,
+        payload: dict[str, Any],
+        max_attempts: int = 0,
+        priority: str | Priority | None = None,
+        idempotency_key: str | None = None,
+        submit_retries: int = 0,
+    ) -> str:
+        """Submit a job and return its jobId.
+
+        ``max_attempts <= 0`` takes the coordinator's default. With ``submit_retries=N``, a
+        retryable SUBMIT_REJECTED is retried up to N times with jittered, capped backoff;
+        the last rejection is raised. Raises ``RequestFailed`` for an invalid request.
+        """
+        if isinstance(priority, Priority):
+            priority = priority.value
+        request = m.SubmitJob(task_type, payload, max_attempts, idempotency_key, priority)
+        retry = 0
+        while True:
+            try:
+                reply = self._request(request, m.JobSubmitted)
+                return reply.job_id
+            except SubmitRejected as exc:
+                if not exc.retryable or retry >= submit_retries:
+                    raise
+                retry += 1
+                time.sleep(submit_backoff(retry))
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        """The job's snapshot; ``RequestFailed`` for an unknown id."""
+        return self._request(m.GetJobStatus(job_id), m.JobStatus, idempotent=True).job
+
+    def list_jobs(
+        self, limit: int | None = None, state: str | JobState | None = None, cursor: str | None = None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of snapshots, newest first, and the cursor of the next page (None at the end)."""
+        if isinstance(state, JobState):
+            state = state.value
+        reply = self._request(m.ListJobs(limit, state, cursor), m.JobList, idempotent=True)
+        return reply.jobs, reply.next_cursor
+
+    def iter_jobs(self, state: str | JobState | None = None, page_size: int | None = None) -> Iterator[dict[str, Any]]:
+        """Every job (optionally in one state), newest first, fetched page by page."""
+        cursor = None
+        while True:
+            jobs, cursor = self.list_jobs(page_size, state, cursor)
+            yield from jobs
+            if cursor is None:
+                return
+
+    def workers(self) -> list[dict[str, Any]]:
+        """The live workers: ``workerId``, ``capacity``, ``activeJobs``, ``lastHeartbeatMillis``."""
+        return self._request(m.ListWorkers(), m.WorkerList, idempotent=True).workers
+
+    def cancel(self, job_id: str) -> tuple[bool, dict[str, Any]]:
+        """Cancel a job: (True, snapshot) if this call cancelled it, (False, snapshot) if it had ended."""
+        reply = self._request(m.CancelJob(job_id), m.JobCancel)
+        return reply.cancelled, reply.job
+
+    def wait(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
+        """Poll until the job is COMPLETED, FAILED or CANCELLED and return that snapshot.
+
+        Polls every 10 ms at first, doubling to 500 ms. Raises ``WaitTimeout`` (a
+        ``TimeoutError``) after ``timeout`` seconds, with the last snapshot attached.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = POLL_INITIAL
+        while True:
+            job = self.status(job_id)
+            if job.get("state") in _TERMINAL_NAMES:
+                return job
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout(job_id, timeout, job)
+                time.sleep(min(delay, left))
+            else:
+                time.sleep(delay)
+            delay = min(delay * 2, POLL_CAP)
+
+    # ---- transport --------------------------------------------------------------------
+
+    def _request(self, request: m.Message, expect: type, idempotent: bool = False) -> Any:
+        with self._lock:
+            reused = self._sock is not None
+            try:
+                obj = self._exchange(request)
+            except CoordinatorUnavailable:
+                # A reused socket may have died while idle (e.g. the coordinator restarted);
+                # a read can safely go again on a fresh one. A write's outcome is unknown.
+                if not (reused and idempotent):
+                    raise
+                obj = self._exchange(request)
+        try:
+            reply = m.decode(obj, m.TO_CLIENT)
+        except ProtocolError as exc:
+            self.close()
+            raise CoordinatorUnavailable("unintelligible reply from %s:%d: %s" % (self.host, self.port, exc)) from exc
+        if isinstance(reply, expect):
+            return reply
+        if isinstance(reply, m.Error):
+            raise RequestFailed(reply.message)
+        if isinstance(reply, m.SubmitRejected):
+            raise SubmitRejected(reply.reason, reply.active_count, reply.limit, reply.retryable)
+        self.close()
+        raise CoordinatorUnavailable("unexpected %s reply to %s" % (reply.TYPE, request.TYPE))
+
+    def _exchange(self, request: m.Message) -> dict[str, Any]:
+        """Send one frame, read one frame; any transport trouble discards the socket."""
+        frame = encode_frame(request.to_wire())
+        where = "%s:%d" % (self.host, self.port)
+        if self._sock is None:
+            self._connect(where)
+        assert self._sock is not None and self._reader is not None
+        try:
+            self._sock.sendall(frame)
+            obj = self._reader.read_frame()
+        except socket.timeout as exc:
+            self._discard()
+            raise CoordinatorUnavailable("no reply from %s within %.3gs" % (where, self.timeout)) from exc
+        except (OSError, ProtocolError) as exc:
+            self._discard()
+            raise CoordinatorUnavailable("connection to %s lost: %s" % (where, exc)) from exc
+        if obj is None:
+            self._discard()
+            raise CoordinatorUnavailable("%s closed the connection without replying" % where)
+        return obj
+
+    def _connect(self, where: str) -> None:
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+        except OSError as exc:
+            raise CoordinatorUnavailable("cannot connect to %s: %s" % (where, exc)) from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self.timeout)
+        self._sock = sock
+        self._reader = FrameReader(sock.recv)
+
+    def _discard(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+        self._sock = None
+        self._reader = None
