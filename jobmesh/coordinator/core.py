@@ -39,7 +39,7 @@ from jobmesh.coordinator.store import JobStore
 from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
-from jobmesh.protocol.payloads import validate_payload
+from jobmesh.protocol.payloads import is_finite_json, validate_payload
 
 log = logging.getLogger(__name__)
 
@@ -335,6 +335,9 @@ class CoordinatorCore:
         session.running.discard(job.job_id)
         if res.success:
             result = res.result if res.result is not None else {}
+            if not is_finite_json(result):
+                self._retry_or_fail(job, now_millis, "result holds NaN or Infinity, which JSON does not allow")
+                return
             if len(ujson.dumps(result)) > MAX_RESULT_BYTES:
                 self._retry_or_fail(job, now_millis, "result larger than %d bytes" % MAX_RESULT_BYTES)
                 return

@@ -31,6 +31,22 @@ TASK_SPECS: dict[str, tuple[str, type, int, int]] = {
 TASK_TYPES: tuple[str, ...] = tuple(TASK_SPECS)
 
 
+def is_finite_json(value: Any) -> bool:
+    """False if ``value`` holds NaN or an infinity anywhere (the JSON parser lets them in,
+    but they are not JSON and peers in other languages cannot read them back)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                return False
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return True
+
+
 def validate_payload(task_type: Any, payload: Any) -> dict[str, Any]:
     """Return ``payload`` if it is valid for ``task_type``; raise ``PayloadError`` otherwise."""
     if not isinstance(task_type, str) or task_type not in TASK_SPECS:
@@ -39,6 +55,8 @@ def validate_payload(task_type: Any, payload: Any) -> dict[str, Any]:
         )
     if not isinstance(payload, dict):
         raise PayloadError("%s payload must be a JSON object" % task_type)
+    if not is_finite_json(payload):
+        raise PayloadError("%s payload holds NaN or Infinity, which JSON does not allow" % task_type)
     field, kind, low, high = TASK_SPECS[task_type]
     if field not in payload:
         raise PayloadError("%s payload needs field %r" % (task_type, field))
