@@ -1,0 +1,367 @@
+"""A misbehaving peer costs only its own connection (PROTOCOL.md "Error handling"; MalformedProtocolIT).
+
+Framing and protocol violations (bad length, bad UTF-8/JSON, non-object JSON, missing or
+unknown type, wrong field types, EOF inside a frame, a first worker message that is not
+WORKER_REGISTER, a bad capacity, a workerId that is not the session's) get a best-effort
+ERROR and that connection closes. Meanwhile an already-open client connection and a
+registered worker keep working, and the coordinator keeps serving.
+
+Well-formed requests that cannot be served (unknown jobId, invalid payload, bad priority
+name, idempotency conflict) get ERROR and the connection stays open (CONTRACT.md).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from jobmesh.protocol.framing import HEADER, MAX_FRAME, encode_frame
+from tests.helpers import Peers, RawConn, RegistrationRefused, ScriptedWorker, read_until_closed, wait_until
+
+
+@pytest.fixture
+def peers():
+    p = Peers()
+    yield p
+    p.close_all()
+
+
+def frame_of(body: bytes) -> bytes:
+    return HEADER.pack(len(body)) + body
+
+
+def eof_after(data: bytes):
+    def step(conn: RawConn):
+        conn.send_raw(data)
+        conn.sock.shutdown(socket.SHUT_WR)
+    return step
+
+
+def raw(data: bytes):
+    return lambda conn: conn.send_raw(data)
+
+
+def msg(obj: dict):
+    return lambda conn: conn.send(obj)
+
+
+def registered_then(obj_or_bytes, worker_id: str = "w-bad"):
+    """Register properly first (expect WORKER_REGISTERED), then misbehave."""
+    def step(conn: RawConn):
+        conn.send({"type": "WORKER_REGISTER", "workerId": worker_id, "capacity": 1})
+        reply = conn.recv()
+        assert reply is not None and reply["type"] == "WORKER_REGISTERED", reply
+        if isinstance(obj_or_bytes, bytes):
+            conn.send_raw(obj_or_bytes)
+        else:
+            conn.send(obj_or_bytes)
+    return step
+
+
+def served_then(obj_or_bytes):
+    """Make one valid client request first (expect its reply), then misbehave."""
+    def step(conn: RawConn):
+        reply = conn.request({"type": "LIST_WORKERS"})
+        assert reply["type"] == "WORKER_LIST", reply
+        if isinstance(obj_or_bytes, bytes):
+            conn.send_raw(obj_or_bytes)
+        else:
+            conn.send(obj_or_bytes)
+    return step
+
+
+# (case id, step, expect an ERROR frame before the close)
+FRAMING_CASES = [
+    ("length-0", raw(HEADER.pack(0)), True),
+    ("length-over-1MiB", raw(HEADER.pack(MAX_FRAME + 1)), True),
+    ("length-4GiB", raw(HEADER.pack(0xFFFFFFFF)), True),
+    ("bad-utf8", raw(frame_of(b'{"type": "\xff\xfe"}')), True),
+    ("non-json", raw(frame_of(b"this is not json")), True),
+    ("truncated-json", raw(frame_of(b'{"type": "LIST_WORKERS"')), True),
+    ("json-array", raw(frame_of(b'[{"type": "LIST_WORKERS"}]')), True),
+    ("json-string", raw(frame_of(b'"LIST_WORKERS"')), True),
+    ("json-number", raw(frame_of(b"42")), True),
+    ("missing-type", msg({"workerId": "w-x", "capacity": 1}), True),
+    ("unknown-type", msg({"type": "NOPE"}), True),
+    ("type-not-a-string", msg({"type": 7}), True),
+    ("eof-mid-frame", eof_after(HEADER.pack(100) + b'{"type": "LI'), False),
+    ("eof-mid-header", eof_after(b"\x00\x00"), False),
+]
+
+WORKER_CASES = [
+    ("first-message-heartbeat", msg({"type": "HEARTBEAT", "workerId": "w-x"}), True),
+    ("first-message-task-result", msg({"type": "TASK_RESULT", "workerId": "w-x", "jobId": "j", "attemptId": "a",
+                                       "success": True, "result": {}, "error": None}), True),
+    ("client-message-on-worker-port", msg({"type": "SUBMIT_JOB", "taskType": "SLEEP",
+                                           "payload": {"durationMillis": 1}}), True),
+    ("coordinator-message-from-worker", msg({"type": "TASK_ASSIGN", "jobId": "j", "attemptId": "a",
+                                             "attemptNumber": 1, "taskType": "SLEEP", "payload": {}}), True),
+    ("capacity-string", msg({"type": "WORKER_REGISTER", "workerId": "w-x", "capacity": "4"}), True),
+    ("capacity-float", msg({"type": "WORKER_REGISTER", "workerId": "w-x", "capacity": 4.5}), True),
+    ("capacity-bool", msg({"type": "WORKER_REGISTER", "workerId": "w-x", "capacity": True}), True),
+    ("capacity-missing", msg({"type": "WORKER_REGISTER", "workerId": "w-x"}), True),
+    ("worker-id-number", msg({"type": "WORKER_REGISTER", "workerId": 5, "capacity": 1}), True),
+    ("capacity-0", msg({"type": "WORKER_REGISTER", "workerId": "w-x", "capacity": 0}), True),
+    ("capacity-1025", msg({"type": "WORKER_REGISTER", "workerId": "w-x", "capacity": 1025}), True),
+    ("capacity-negative", msg({"type": "WORKER_REGISTER", "workerId": "w-x", "capacity": -1}), True),
+    ("heartbeat-other-worker-id", registered_then({"type": "HEARTBEAT", "workerId": "w-someone-else"}), True),
+    ("result-other-worker-id", registered_then({"type": "TASK_RESULT", "workerId": "w-someone-else", "jobId": "j",
+                                                "attemptId": "a", "success": True, "result": {},
+                                                "error": None}), True),
+    ("registered-then-wrong-field-type", registered_then({"type": "TASK_RESULT", "workerId": "w-bad", "jobId": "j",
+                                                          "attemptId": "a", "success": "yes"}), True),
+    ("registered-then-unknown-type", registered_then({"type": "NOPE"}), True),
+    ("registered-then-non-json", registered_then(frame_of(b"{{{")), True),
+    ("registered-then-length-0", registered_then(HEADER.pack(0)), True),
+]
+
+CLIENT_CASES = [
+    ("worker-message-on-client-port", msg({"type": "HEARTBEAT", "workerId": "w-x"}), True),
+    ("register-on-client-port", msg({"type": "WORKER_REGISTER", "workerId": "w-x", "capacity": 1}), True),
+    ("reply-type-as-request", msg({"type": "JOB_SUBMITTED", "jobId": "j"}), True),
+    ("submit-payload-array", msg({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": []}), True),
+    ("submit-payload-missing", msg({"type": "SUBMIT_JOB", "taskType": "SLEEP"}), True),
+    ("submit-task-type-number", msg({"type": "SUBMIT_JOB", "taskType": 3, "payload": {}}), True),
+    ("submit-max-attempts-string", msg({"type": "SUBMIT_JOB", "taskType": "SLEEP",
+                                        "payload": {"durationMillis": 1}, "maxAttempts": "3"}), True),
+    ("submit-priority-number", msg({"type": "SUBMIT_JOB", "taskType": "SLEEP",
+                                    "payload": {"durationMillis": 1}, "priority": 2}), True),
+    ("submit-idempotency-key-object", msg({"type": "SUBMIT_JOB", "taskType": "SLEEP",
+                                           "payload": {"durationMillis": 1}, "idempotencyKey": {"k": 1}}), True),
+    ("status-job-id-number", msg({"type": "GET_JOB_STATUS", "jobId": 12}), True),
+    ("status-job-id-missing", msg({"type": "GET_JOB_STATUS"}), True),
+    ("cancel-job-id-null", msg({"type": "CANCEL_JOB", "jobId": None}), True),
+    ("list-limit-string", msg({"type": "LIST_JOBS", "limit": "10"}), True),
+    ("served-then-non-json", served_then(frame_of(b"nope")), True),
+    ("served-then-unknown-type", served_then({"type": "NOPE"}), True),
+]
+
+
+@pytest.fixture
+def bystanders(coordinator, peers):
+    """An open client connection and a registered worker, made before the bad peer arrives."""
+    client = peers.client(coordinator)
+    worker = peers.worker(coordinator, "w-bystander", capacity=2)
+    assert client.workers()[0]["workerId"] == "w-bystander"
+    return client, worker
+
+
+def assert_still_serving(coordinator, peers, client, worker):
+    # The already-open client connection still answers
+    ids = [w["workerId"] for w in client.workers()]
+    assert "w-bystander" in ids
+    # The registered worker is still alive and receives and completes work
+    job_id = client.submit_ok("WORD_COUNT", {"text": "still serving"})
+    assign = worker.await_assign()
+    assert assign["jobId"] == job_id
+    worker.complete(assign, {"words": 2})
+    assert client.wait_state(job_id, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
+    assert not worker.closed.is_set()
+    # And new connections are accepted
+    fresh = peers.client(coordinator)
+    assert fresh.status(job_id)["result"] == {"words": 2}
+
+
+def check_violation(conn: RawConn, expect_error: bool, allowed_before=()):
+    frames, closed = read_until_closed(conn, timeout=5)
+    assert closed, "the coordinator kept the connection open after a protocol violation (frames %r)" % frames
+    types = [f.get("type") for f in frames]
+    assert all(t in set(allowed_before) | {"ERROR"} for t in types), frames
+    if expect_error:
+        assert types and types[-1] == "ERROR", "no best-effort ERROR before the close: %r" % frames
+        assert isinstance(frames[-1].get("message"), str) and frames[-1]["message"], frames[-1]
+
+
+@pytest.mark.parametrize("case,step,expect_error", FRAMING_CASES + WORKER_CASES,
+                         ids=[c[0] for c in FRAMING_CASES + WORKER_CASES])
+def test_worker_port_violation_closes_only_that_connection(coordinator, peers, bystanders, case, step,
+                                                           expect_error):
+    client, worker = bystanders
+    # Given a bad peer on the worker port
+    bad = peers.raw(coordinator.worker_addr)
+    # When it misbehaves
+    step(bad)
+    # Then it gets a best-effort ERROR and its connection is closed
+    check_violation(bad, expect_error)
+    # And any session it had registered is gone
+    wait_until(lambda: "w-bad" not in [w["workerId"] for w in client.workers()], timeout=3,
+               message="the bad worker's session to be removed")
+    # And everybody else is unaffected
+    assert_still_serving(coordinator, peers, client, worker)
+
+
+@pytest.mark.parametrize("case,step,expect_error", FRAMING_CASES + CLIENT_CASES,
+                         ids=[c[0] for c in FRAMING_CASES + CLIENT_CASES])
+def test_client_port_violation_closes_only_that_connection(coordinator, peers, bystanders, case, step,
+                                                           expect_error):
+    client, worker = bystanders
+    # Given a bad peer on the client port
+    bad = peers.raw(coordinator.client_addr)
+    # When it misbehaves
+    step(bad)
+    # Then it gets a best-effort ERROR and its connection is closed
+    check_violation(bad, expect_error)
+    # And no job was created by it
+    assert client.list_jobs()["jobs"] == []
+    # And everybody else is unaffected
+    assert_still_serving(coordinator, peers, client, worker)
+
+
+# ---- well-formed but unservable: ERROR, connection stays open ---------------------------------
+
+UNSERVABLE = [
+    ("status-unknown-job", {"type": "GET_JOB_STATUS", "jobId": "no-such-job"}),
+    ("cancel-unknown-job", {"type": "CANCEL_JOB", "jobId": "no-such-job"}),
+    ("unknown-task-type", {"type": "SUBMIT_JOB", "taskType": "EXEC", "payload": {"cmd": "rm -rf /"}}),
+    ("lowercase-task-type", {"type": "SUBMIT_JOB", "taskType": "sleep", "payload": {"durationMillis": 1}}),
+    ("sleep-over-bound", {"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 600_001}}),
+    ("sleep-negative", {"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": -1}}),
+    ("prime-under-bound", {"type": "SUBMIT_JOB", "taskType": "PRIME_COUNT", "payload": {"limit": 1}}),
+    ("prime-over-bound", {"type": "SUBMIT_JOB", "taskType": "PRIME_COUNT", "payload": {"limit": 50_000_001}}),
+    ("fail-over-bound", {"type": "SUBMIT_JOB", "taskType": "FAIL", "payload": {"failUntilAttempt": 1001}}),
+    ("text-too-long", {"type": "SUBMIT_JOB", "taskType": "WORD_COUNT", "payload": {"text": "x" * 200_001}}),
+    ("payload-field-missing", {"type": "SUBMIT_JOB", "taskType": "SHA256", "payload": {}}),
+    ("payload-field-wrong-type", {"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": "5"}}),
+    ("payload-field-bool", {"type": "SUBMIT_JOB", "taskType": "FAIL", "payload": {"failUntilAttempt": True}}),
+    ("priority-unknown-name", {"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1},
+                               "priority": "URGENT"}),
+    ("priority-lowercase", {"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1},
+                            "priority": "high"}),
+]
+
+
+@pytest.mark.parametrize("case,request_", UNSERVABLE, ids=[c[0] for c in UNSERVABLE])
+def test_unservable_request_gets_error_and_the_connection_stays_open(coordinator, peers, case, request_):
+    client = peers.client(coordinator)
+    # When a well-formed request cannot be served
+    reply = client.request(request_)
+    # Then the reply is ERROR with a message
+    assert reply["type"] == "ERROR", reply
+    assert isinstance(reply["message"], str) and reply["message"]
+    # And no job was created
+    assert client.list_jobs()["jobs"] == []
+    # And the same connection keeps serving
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1})
+    assert client.status(job_id)["state"] == "QUEUED"
+    assert [j["jobId"] for j in client.list_jobs()["jobs"]] == [job_id]
+
+
+def test_text_at_the_bound_is_accepted(coordinator, peers):
+    client = peers.client(coordinator)
+    job_id = client.submit_ok("WORD_COUNT", {"text": "x" * 200_000})
+    assert client.status(job_id)["taskType"] == "WORD_COUNT"
+
+
+def test_idempotency_conflict_keeps_the_connection_open(coordinator, peers):
+    client = peers.client(coordinator)
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey="k-conflict")
+    reply = client.submit("SLEEP", {"durationMillis": 2}, idempotencyKey="k-conflict")
+    assert reply["type"] == "ERROR" and reply["message"]
+    assert client.status(job_id)["state"] == "QUEUED"
+
+
+# ---- registration ---------------------------------------------------------------------------------
+
+def test_duplicate_register_of_a_live_id_is_refused(coordinator, peers):
+    # Given a live worker session "w-dup"
+    client = peers.client(coordinator)
+    first = peers.worker(coordinator, "w-dup", capacity=1)
+    # When a second connection registers the same id
+    second = peers.raw(coordinator.worker_addr)
+    second.send({"type": "WORKER_REGISTER", "workerId": "w-dup", "capacity": 5})
+    # Then it is refused with ERROR and closed
+    frames, closed = read_until_closed(second, timeout=5)
+    assert [f["type"] for f in frames] == ["ERROR"], frames
+    assert closed
+    # And the first session is untouched: listed once with its own capacity, still gets work
+    items = [w for w in client.workers() if w["workerId"] == "w-dup"]
+    assert len(items) == 1 and items[0]["capacity"] == 1
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1})
+    assign = first.await_assign()
+    assert assign["jobId"] == job_id
+    first.complete(assign, {"sleptMillis": 1})
+    assert client.wait_state(job_id, "COMPLETED")["attempts"] == 1
+
+
+def test_an_id_can_register_again_after_its_session_ended(coordinator, peers):
+    client = peers.client(coordinator)
+    first = peers.worker(coordinator, "w-again", capacity=1)
+    first.close()
+    wait_until(lambda: client.workers() == [], timeout=3, message="session removed after close")
+    again = peers.worker(coordinator, "w-again", capacity=2)
+    assert [(w["workerId"], w["capacity"]) for w in client.workers()] == [("w-again", 2)]
+    assert not again.closed.is_set()
+
+
+def test_scripted_worker_raises_on_refusal(coordinator, peers):
+    w = ScriptedWorker(coordinator.worker_addr, worker_id="w-zero", capacity=0)
+    try:
+        with pytest.raises(RegistrationRefused) as info:
+            w.register()
+        assert info.value.reply["type"] == "ERROR"
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize("capacity", [1, 1024])
+def test_capacity_bounds_are_inclusive(coordinator, peers, capacity):
+    client = peers.client(coordinator)
+    peers.worker(coordinator, "w-cap", capacity=capacity)
+    assert [(w["workerId"], w["capacity"]) for w in client.workers()] == [("w-cap", capacity)]
+
+
+# ---- forward compatibility and framing on a healthy connection ------------------------------------
+
+def test_unknown_fields_are_ignored_on_both_ports(coordinator, peers):
+    # Given a worker whose every message carries extra fields
+    client = peers.client(coordinator)
+    w = peers.raw(coordinator.worker_addr)
+    w.send({"type": "WORKER_REGISTER", "workerId": "w-fwd", "capacity": 1, "v": 1, "labels": {"zone": "a"}})
+    assert w.recv()["type"] == "WORKER_REGISTERED"
+    w.send({"type": "HEARTBEAT", "workerId": "w-fwd", "load": [0.1, 0.2]})
+    # When a client submits with extra fields too
+    reply = client.request({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1},
+                            "maxAttempts": 1, "v": 1, "trace": {"id": "t"}})
+    assert reply["type"] == "JOB_SUBMITTED"
+    job_id = reply["jobId"]
+    # Then everything works as if they were absent
+    assign = w.recv()
+    assert assign["type"] == "TASK_ASSIGN" and assign["jobId"] == job_id
+    w.send({"type": "TASK_RESULT", "workerId": "w-fwd", "jobId": job_id, "attemptId": assign["attemptId"],
+            "success": True, "result": {"sleptMillis": 1}, "error": None, "durationMillis": 3})
+    done = client.wait_state(job_id, "COMPLETED")
+    assert done["result"] == {"sleptMillis": 1}
+    status = client.request({"type": "GET_JOB_STATUS", "jobId": job_id, "verbose": True})
+    assert status["type"] == "JOB_STATUS" and status["job"]["jobId"] == job_id
+    assert client.request({"type": "LIST_WORKERS", "extra": 1})["type"] == "WORKER_LIST"
+    assert client.request({"type": "LIST_JOBS", "sort": "asc"})["type"] == "JOB_LIST"
+
+
+def test_a_frame_split_into_single_bytes_is_assembled(coordinator, peers):
+    conn = peers.raw(coordinator.client_addr)
+    data = encode_frame({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1}})
+    for i in range(len(data)):
+        conn.send_raw(data[i:i + 1])
+        if i % 7 == 0:
+            time.sleep(0.001)
+    reply = conn.recv()
+    assert reply["type"] == "JOB_SUBMITTED"
+
+
+def test_several_frames_in_one_write_each_get_a_reply(coordinator, peers):
+    conn = peers.raw(coordinator.client_addr)
+    conn.send_raw(b"".join(encode_frame({"type": "LIST_WORKERS"}) for _ in range(5)))
+    assert [conn.recv()["type"] for _ in range(5)] == ["WORKER_LIST"] * 5
+
+
+def test_clean_close_between_frames_is_harmless(coordinator, peers):
+    client = peers.client(coordinator)
+    for _ in range(5):
+        c = RawConn(coordinator.client_addr)
+        assert c.request({"type": "LIST_WORKERS"})["type"] == "WORKER_LIST"
+        c.close()
+        w = RawConn(coordinator.worker_addr)
+        w.close()
+    assert client.workers() == []
