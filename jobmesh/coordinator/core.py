@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-import uuid
+import random
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +42,7 @@ from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.payloads import is_finite_json, validate_payload
 
 log = logging.getLogger(__name__)
+_random = random.Random()
 
 MAX_ATTEMPTS_LIMIT = 1_000_000
 MAX_KEY_CHARS = 1024
@@ -68,7 +69,9 @@ class CoordinatorCore:
     def __init__(self, store: JobStore, config: CoreConfig, new_id=None) -> None:
         self.store = store
         self.config = config
-        self._new_id = new_id or (lambda: str(uuid.uuid4()))
+        # 128 random bits per job id: unique for the life of any database in practice,
+        # without a syscall per id (the generator is seeded from the OS once).
+        self._new_id = new_id or (lambda: "%032x" % _random.getrandbits(128))
         self.jobs: dict[str, Job] = {}  # every non-terminal job
         self.finished: OrderedDict[str, Job] = OrderedDict()  # LRU of terminal jobs
         self.keys: dict[str, str] = {}  # idempotency key -> job id, for jobs held in memory
@@ -393,7 +396,8 @@ class CoordinatorCore:
     def _assign(self, job: Job, session: Session, now_millis: int) -> None:
         job.move_to(JobState.RUNNING, now_millis)
         job.attempts += 1
-        job.attempt_id = self._new_id()
+        # Unique per assignment: attempts only grows, and is durable before any send.
+        job.attempt_id = "%s.%d" % (job.job_id, job.attempts)
         job.worker_id = session.worker_id
         timeout = job.execution_timeout or self.config.task_timeout_millis
         job.deadline = now_millis + timeout

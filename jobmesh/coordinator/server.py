@@ -43,9 +43,16 @@ def _nodelay(sock) -> None:
         pass
 
 
+def send_all(sock, data: bytes) -> None:
+    """``sendall`` without its per-call getsockopt: one ``send`` usually takes it all."""
+    sent = sock.send(data)
+    if sent < len(data):
+        sock.sendall(memoryview(data)[sent:])
+
+
 def _best_effort_send(sock, data: bytes) -> None:
     try:
-        sock.sendall(data)
+        send_all(sock, data)
     except OSError:
         pass
 
@@ -86,7 +93,7 @@ class WorkerConn:
                 frames.append(encode_frame(msg.to_wire()))
             if frames:
                 try:
-                    self.sock.sendall(b"".join(frames))
+                    send_all(self.sock, b"".join(frames))
                 except OSError:
                     close = True
             if close:
@@ -191,7 +198,7 @@ class Servers:
                         replies.append(encode_frame(m.Error("coordinator is shutting down").to_wire()))
                         _best_effort_send(sock, b"".join(replies))
                         return
-                sock.sendall(b"".join(replies))
+                send_all(sock, b"".join(replies))
                 if error is not None:
                     raise error
         except ProtocolError as exc:
