@@ -69,9 +69,7 @@ class CoordinatorCore:
     def __init__(self, store: JobStore, config: CoreConfig, new_id=None) -> None:
         self.store = store
         self.config = config
-        # 128 random bits per job id: unique for the life of any database in practice,
-        # without a syscall per id (the generator is seeded from the OS once).
-        self._new_id = new_id or (lambda: "%032x" % _random.getrandbits(128))
+        self._new_id = new_id
         self.jobs: dict[str, Job] = {}  # every non-terminal job
         self.finished: OrderedDict[str, Job] = OrderedDict()  # LRU of terminal jobs
         self.keys: dict[str, str] = {}  # idempotency key -> job id, for jobs held in memory
@@ -85,6 +83,14 @@ class CoordinatorCore:
         self._new: set[str] = set()
 
     # ---- bookkeeping -------------------------------------------------------------
+
+    def _job_id(self, seq: int) -> str:
+        """A new job id: the sequence (so ids sort, and inserts append to the primary-key
+        index) followed by 96 random bits (so ids never collide with rows of an older
+        database, whatever their sequence). No syscall: the generator was seeded once."""
+        if self._new_id is not None:
+            return self._new_id()
+        return "%08x%024x" % (seq, _random.getrandbits(96))
 
     @property
     def active_count(self) -> int:
@@ -222,7 +228,7 @@ class CoordinatorCore:
                 self.active_count, self.config.max_active_jobs, True,
             )
         job = Job(
-            job_id=self._new_id(), seq=self.next_seq, task_type=req.task_type, payload=req.payload,
+            job_id=self._job_id(self.next_seq), seq=self.next_seq, task_type=req.task_type, payload=req.payload,
             max_attempts=max_attempts, priority=priority, created_at=now_millis, idempotency_key=key,
             execution_timeout=self.config.task_timeout_millis,
         )

@@ -108,6 +108,7 @@ class JobStore:
         self.path = path
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA cache_size=-65536")  # 64 MiB: keeps hot index pages of big tables
         self.conn.execute("PRAGMA synchronous=%s" % {"FULL": "FULL", "NORMAL": "NORMAL", "OFF": "OFF"}[synchronous])
         self.migrated: list[str] = []
         self._migrate()
