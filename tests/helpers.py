@@ -531,3 +531,90 @@ class Peers:
             except Exception:
                 pass
         self._all.clear()
+
+
+# ---- real worker processes and the CLI as a subprocess ------------------------------
+
+
+class WorkerProc:
+    """A real ``jobmesh worker`` subprocess; stdout and stderr (its log) go to files."""
+
+    def __init__(self, tmp_path: Path, target: str, worker_id: str = "w-1", capacity: int = 2,
+                 heartbeat_millis: int = 100, log_level: str = "DEBUG"):
+        self.tmp_path = Path(tmp_path)
+        self.target = target
+        self.worker_id = worker_id
+        self.capacity = capacity
+        self.heartbeat_millis = heartbeat_millis
+        self.log_level = log_level
+        self.proc: subprocess.Popen | None = None
+        self.err_path = self.tmp_path / ("worker-%s.err" % worker_id)
+
+    def start(self) -> "WorkerProc":
+        args = [sys.executable, "-m", "jobmesh", "worker", "--coordinator=%s" % self.target,
+                "--id=%s" % self.worker_id, "--capacity=%d" % self.capacity,
+                "--heartbeat-interval-millis=%d" % self.heartbeat_millis, "--log-level=%s" % self.log_level]
+        out_path = self.tmp_path / ("worker-%s.out" % self.worker_id)
+        with open(out_path, "ab") as out, open(self.err_path, "ab") as err:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env())
+        return self
+
+    def log(self) -> str:
+        return self.err_path.read_text(errors="replace") if self.err_path.exists() else ""
+
+    def count(self, text: str) -> int:
+        """How often ``text`` occurs in the worker's log so far."""
+        return self.log().count(text)
+
+    def terminate(self, timeout: float = 10.0) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+class WorkerProcs:
+    """Real workers started by a test (``start(coord, ...)``), all stopped at teardown."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp_path = Path(tmp_path)
+        self._all: list[WorkerProc] = []
+
+    def start(self, coord, worker_id: str = "w-1", **kwargs) -> WorkerProc:
+        w = WorkerProc(self.tmp_path, coord.worker_target, worker_id=worker_id, **kwargs)
+        self._all.append(w)
+        return w.start()
+
+    def cleanup(self) -> None:
+        for w in self._all:
+            w.cleanup()
+
+
+def wait_registered(client, worker_ids, timeout: float = 10.0) -> list[dict]:
+    """Wait until every id in ``worker_ids`` is in the coordinator's live worker list."""
+    wanted = set(worker_ids)
+
+    def check():
+        found = client.workers()
+        return found if wanted <= {w["workerId"] for w in found} else None
+
+    return wait_until(check, timeout=timeout, message="workers %s registered" % sorted(wanted))
+
+
+def run_cli(*args: str, coordinator: str | None = None, stdin: str | None = None,
+            timeout: float = 20.0) -> subprocess.CompletedProcess:
+    """Run ``python -m jobmesh ARGS`` to completion; text stdout/stderr, never raises on rc."""
+    argv = [sys.executable, "-m", "jobmesh"] + list(args)
+    if coordinator is not None:
+        argv.append("--coordinator=%s" % coordinator)
+    return subprocess.run(argv, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout, env=child_env())

@@ -1,0 +1,243 @@
+"""``jobmesh up``: a coordinator and N local workers as one supervised unit.
+
+The coordinator and every worker are child processes (``python -m jobmesh ...``, started
+with ``gevent.subprocess``, never multiprocessing, see GEVENT.md section 1), so
+``--worker-port=0`` works: the workers are pointed at the port from the coordinator's
+"listening" line, which is relayed to our stdout. Children inherit stderr; the
+coordinator's stdout is read continuously so its pipe never fills.
+
+Supervision: a worker that exits is restarted after a backoff (0.5 s doubling to 10 s,
+reset once a worker has run for 30 s). If the coordinator exits, everything stops and
+``up`` exits 1. SIGINT/SIGTERM stop the workers and then the coordinator (SIGTERM, a
+bounded wait, then SIGKILL for leftovers) and exit 0. On Linux each child also gets
+SIGTERM if ``up`` itself dies, so no worker is left orphaned.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import sys
+import time
+from typing import Any, Callable
+
+import gevent
+from gevent import subprocess
+from gevent.event import AsyncResult, Event
+
+from jobmesh.config import CoordinatorConfig, coordinator_config
+from jobmesh.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+LISTENING = re.compile(r"jobmesh coordinator listening worker=(?P<host>\S+):(?P<port>\d+) ")
+START_TIMEOUT = 30.0
+POLL_INTERVAL = 0.2
+RESTART_INITIAL = 0.5
+RESTART_CAP = 10.0
+HEALTHY_AFTER = 30.0
+STOP_TIMEOUT = 10.0
+# A coordinator that exits within this long of our own stop signal exited because of it
+# (Ctrl-C reaches the whole process group at once).
+STOP_GRACE = 0.5
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """Linux: have the kernel send SIGTERM to the child when ``up`` dies (prctl PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+    return preexec
+
+
+def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
+    flags: dict[str, Any] = {
+        "bind": cfg.bind,
+        "worker-port": cfg.worker_port,
+        "client-port": cfg.client_port,
+        "db": cfg.db,
+        "heartbeat-timeout-millis": cfg.heartbeat_timeout_millis,
+        "task-timeout-millis": cfg.task_timeout_millis,
+        "max-active-jobs": cfg.max_active_jobs,
+        "aging-step-millis": cfg.aging_step_millis,
+        "retry-base-millis": cfg.retry_base_millis,
+        "retry-cap-millis": cfg.retry_cap_millis,
+        "default-max-attempts": cfg.default_max_attempts,
+        "sweep-interval-millis": cfg.sweep_interval_millis,
+        "db-synchronous": cfg.db_synchronous,
+        "log-level": cfg.log_level,
+    }
+    if cfg.periodic_port is not None:
+        flags["periodic-port"] = cfg.periodic_port
+    return [sys.executable, "-m", "jobmesh", "coordinator"] + ["--%s=%s" % kv for kv in flags.items()]
+
+
+def worker_target(host: str, port: int) -> str:
+    """Where a local worker connects, given the coordinator's listening address."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+
+
+def _count(args: dict[str, Any], flag: str, low: int, high: int) -> int:
+    try:
+        value = int(str(args[flag]).strip())
+    except ValueError:
+        raise ConfigError("%s must be an integer, got %r" % (flag, args[flag])) from None
+    if not low <= value <= high:
+        raise ConfigError("%s must be %d..%d, got %d" % (flag, low, high, value))
+    return value
+
+
+class WorkerSlot:
+    """One supervised worker process and its restart bookkeeping."""
+
+    def __init__(self, worker_id: str, argv: list[str]):
+        self.worker_id = worker_id
+        self.argv = argv
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+        self.failures = 0
+        self.restart_at: float | None = None
+
+
+class Supervisor:
+    def __init__(self, cfg: CoordinatorConfig, workers: int, capacity: int):
+        self.cfg = cfg
+        self.workers = workers
+        self.capacity = capacity
+        self.stop_requested = Event()
+        self.coordinator: subprocess.Popen | None = None
+        self.slots: list[WorkerSlot] = []
+        self._preexec = _die_with_parent()
+
+    def _spawn(self, argv: list[str], **kwargs: Any) -> subprocess.Popen:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=self._preexec, **kwargs)
+
+    def run(self) -> int:
+        handlers = [gevent.signal_handler(s, self.request_stop, s) for s in (signal.SIGTERM, signal.SIGINT)]
+        try:
+            target = self._start_coordinator()
+            if target is None:
+                return 1
+            for n in range(1, self.workers + 1):
+                argv = [sys.executable, "-m", "jobmesh", "worker", "--coordinator=%s" % target,
+                        "--id=local-%d" % n, "--capacity=%d" % self.capacity, "--log-level=%s" % self.cfg.log_level]
+                slot = WorkerSlot("local-%d" % n, argv)
+                self.slots.append(slot)
+                self._start_worker(slot)
+            log.info("up coordinator_pid=%d workers=%d capacity=%d worker_port=%s",
+                     self.coordinator.pid, self.workers, self.capacity, target)
+            return self._supervise()
+        finally:
+            self._stop_children()
+            for handler in handlers:
+                handler.cancel()
+
+    def request_stop(self, signum: int) -> None:
+        if not self.stop_requested.is_set():
+            log.info("stopping signal=%s", signal.Signals(signum).name)
+            self.stop_requested.set()
+
+    # ---- children ---------------------------------------------------------------------
+
+    def _start_coordinator(self) -> str | None:
+        """Start the coordinator and return the worker target from its listening line."""
+        self.coordinator = self._spawn(coordinator_argv(self.cfg), stdout=subprocess.PIPE)
+        listening: AsyncResult = AsyncResult()
+        gevent.spawn(self._relay_stdout, self.coordinator.stdout, listening)
+        waiter = gevent.spawn(self.stop_requested.wait)
+        try:
+            gevent.wait([listening, waiter], timeout=START_TIMEOUT, count=1)
+        finally:
+            waiter.kill()
+        match = listening.get() if listening.ready() else None
+        if match is None:
+            if not self.stop_requested.is_set():
+                log.error("coordinator did not start rc=%s", self.coordinator.poll())
+            return None
+        return worker_target(match["host"], int(match["port"]))
+
+    def _relay_stdout(self, stream: Any, listening: AsyncResult) -> None:
+        """Copy the coordinator's stdout to ours, line by line, and spot the listening line."""
+        for raw in stream:
+            line = raw.decode("utf-8", "replace")
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if not listening.ready():
+                match = LISTENING.search(line)
+                if match:
+                    listening.set(match)
+        if not listening.ready():
+            listening.set(None)
+
+    def _start_worker(self, slot: WorkerSlot) -> None:
+        slot.proc = self._spawn(slot.argv)
+        slot.started_at = time.monotonic()
+        slot.restart_at = None
+        log.info("worker started worker=%s pid=%d", slot.worker_id, slot.proc.pid)
+
+    def _supervise(self) -> int:
+        while not self.stop_requested.wait(POLL_INTERVAL):
+            rc = self.coordinator.poll()
+            if rc is not None:
+                if self.stop_requested.wait(STOP_GRACE):
+                    return 0
+                log.error("coordinator exited rc=%s; stopping the workers", rc)
+                return 1
+            now = time.monotonic()
+            for slot in self.slots:
+                self._check_worker(slot, now)
+        return 0
+
+    def _check_worker(self, slot: WorkerSlot, now: float) -> None:
+        if slot.restart_at is not None:
+            if now >= slot.restart_at:
+                self._start_worker(slot)
+            return
+        rc = slot.proc.poll()
+        if rc is None:
+            return
+        if now - slot.started_at >= HEALTHY_AFTER:
+            slot.failures = 0
+        delay = min(RESTART_CAP, RESTART_INITIAL * 2 ** slot.failures)
+        slot.failures += 1
+        slot.restart_at = now + delay
+        log.warning("worker exited worker=%s pid=%d rc=%s restart_in=%.1fs", slot.worker_id, slot.proc.pid, rc, delay)
+
+    def _stop_children(self) -> None:
+        """SIGTERM the workers, then the coordinator; wait (bounded); SIGKILL what is left."""
+        procs = [s.proc for s in self.slots if s.proc is not None] + [self.coordinator]
+        procs = [p for p in procs if p is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    proc.terminate()
+                except OSError:
+                    pass
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("child did not stop in time, killing pid=%d", proc.pid)
+                proc.kill()
+                proc.wait()
+
+
+def run_up(args: dict[str, Any]) -> int:
+    """Run ``jobmesh up`` until SIGINT/SIGTERM (exit 0) or the coordinator dies (exit 1)."""
+    cfg = coordinator_config(args)
+    workers = _count(args, "--workers", 0, 1024)
+    capacity = _count(args, "--capacity", 1, 1024)
+    return Supervisor(cfg, workers, capacity).run()

@@ -1,0 +1,241 @@
+"""CoordinatorClient's error mapping, against a tiny scripted server on 127.0.0.1 (stdlib threads).
+
+Each scripted step answers one request: a dict is sent as a frame, ``CLOSE`` closes the
+connection without a reply, ``HANG`` never answers, ``bytes`` are sent raw.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from jobmesh.client.api import CoordinatorClient, WaitTimeout, submit_backoff
+from jobmesh.errors import CoordinatorUnavailable, RequestFailed, SubmitRejected
+from jobmesh.protocol.framing import FrameReader, encode_frame
+
+CLOSE = "close"
+HANG = "hang"
+
+SNAP = {"jobId": "j-1", "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "maxAttempts": 3,
+        "workerId": None, "result": None, "error": None, "createdAtMillis": 1, "updatedAtMillis": 1,
+        "priority": "NORMAL"}
+
+
+class ScriptedServer:
+    """Accepts connections one after another and plays ``steps`` across them in order."""
+
+    def __init__(self, steps):
+        self.steps = list(steps)
+        self.requests: list[dict] = []
+        self.connections = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._release = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        self.listener.settimeout(0.05)
+        while self.steps and not self._release.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            conn.settimeout(None)
+            self.connections += 1
+            with conn:
+                reader = FrameReader(conn.recv)
+                while self.steps:
+                    try:
+                        request = reader.read_frame()
+                    except OSError:
+                        break
+                    if request is None:
+                        break
+                    self.requests.append(request)
+                    step = self.steps.pop(0)
+                    if step == CLOSE:
+                        break
+                    if step == HANG:
+                        self._release.wait(10)
+                        break
+                    conn.sendall(step if isinstance(step, bytes) else encode_frame(step))
+
+    def close(self):
+        self._release.set()
+        self.listener.close()
+        self._thread.join(5)
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def make(*steps, **client_kwargs):
+        server = ScriptedServer(steps)
+        servers.append(server)
+        client = CoordinatorClient("127.0.0.1", server.port, **client_kwargs)
+        servers.append(client)
+        return server, client
+
+    yield make
+    for s in reversed(servers):
+        s.close()
+
+
+def test_submit_returns_job_id_and_sends_every_field(serve):
+    server, client = serve({"type": "JOB_SUBMITTED", "jobId": "j-9"})
+    assert client.submit("SLEEP", {"durationMillis": 1}, max_attempts=2, priority="HIGH",
+                         idempotency_key="k1") == "j-9"
+    assert server.requests == [{"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1},
+                                "maxAttempts": 2, "idempotencyKey": "k1", "priority": "HIGH"}]
+
+
+def test_many_requests_share_one_connection(serve):
+    server, client = serve({"type": "JOB_STATUS", "job": SNAP}, {"type": "WORKER_LIST", "workers": []},
+                           {"type": "JOB_LIST", "jobs": [SNAP], "nextCursor": "c2"})
+    assert client.status("j-1") == SNAP
+    assert client.workers() == []
+    assert client.list_jobs(limit=1, state="QUEUED") == ([SNAP], "c2")
+    assert server.connections == 1
+    assert server.requests[2] == {"type": "LIST_JOBS", "limit": 1, "state": "QUEUED", "cursor": None}
+
+
+def test_error_reply_is_request_failed_and_keeps_the_connection(serve):
+    server, client = serve({"type": "ERROR", "message": "unknown job j-x"}, {"type": "JOB_STATUS", "job": SNAP})
+    with pytest.raises(RequestFailed) as info:
+        client.status("j-x")
+    assert info.value.message == "unknown job j-x"
+    assert client.status("j-1") == SNAP
+    assert server.connections == 1
+
+
+def test_submit_rejected_carries_its_fields(serve):
+    _, client = serve({"type": "SUBMIT_REJECTED", "reason": "at capacity", "activeCount": 5, "limit": 5,
+                       "retryable": True})
+    with pytest.raises(SubmitRejected) as info:
+        client.submit("SLEEP", {"durationMillis": 1})
+    exc = info.value
+    assert (exc.reason, exc.active_count, exc.limit, exc.retryable) == ("at capacity", 5, 5, True)
+
+
+def test_submit_retries_only_retryable_rejections(serve):
+    rejected = {"type": "SUBMIT_REJECTED", "reason": "full", "activeCount": 1, "limit": 1, "retryable": True}
+    server, client = serve(rejected, rejected, {"type": "JOB_SUBMITTED", "jobId": "j-3"})
+    assert client.submit("SLEEP", {"durationMillis": 1}, submit_retries=5) == "j-3"
+    assert len(server.requests) == 3
+
+
+def test_submit_retries_give_up_after_n(serve):
+    rejected = {"type": "SUBMIT_REJECTED", "reason": "full", "activeCount": 1, "limit": 1, "retryable": True}
+    server, client = serve(rejected, rejected, rejected)
+    with pytest.raises(SubmitRejected):
+        client.submit("SLEEP", {"durationMillis": 1}, submit_retries=2)
+    assert len(server.requests) == 3
+
+
+def test_non_retryable_rejection_is_not_retried(serve):
+    server, client = serve({"type": "SUBMIT_REJECTED", "reason": "no", "activeCount": 1, "limit": 1,
+                            "retryable": False}, {"type": "JOB_SUBMITTED", "jobId": "never"})
+    with pytest.raises(SubmitRejected):
+        client.submit("SLEEP", {"durationMillis": 1}, submit_retries=3)
+    assert len(server.requests) == 1
+
+
+def test_error_reply_to_submit_is_never_retried(serve):
+    server, client = serve({"type": "ERROR", "message": "bad payload"}, {"type": "JOB_SUBMITTED", "jobId": "x"})
+    with pytest.raises(RequestFailed):
+        client.submit("SLEEP", {"durationMillis": -1}, submit_retries=3)
+    assert len(server.requests) == 1
+
+
+def test_connect_refused_is_unavailable():
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()
+    with CoordinatorClient("127.0.0.1", port) as client:
+        with pytest.raises(CoordinatorUnavailable) as info:
+            client.status("j-1")
+    assert "cannot connect" in str(info.value)
+
+
+def test_connection_closed_mid_submit_is_unavailable_and_not_retried(serve):
+    server, client = serve(CLOSE, {"type": "JOB_SUBMITTED", "jobId": "j-2"})
+    with pytest.raises(CoordinatorUnavailable):
+        client.submit("SLEEP", {"durationMillis": 1}, submit_retries=3)
+    assert len(server.requests) == 1
+    # the socket was discarded: the next call reconnects
+    assert client.submit("SLEEP", {"durationMillis": 1}) == "j-2"
+    assert server.connections == 2
+
+
+def test_reply_timeout_is_unavailable(serve):
+    _, client = serve(HANG, timeout=0.2)
+    with pytest.raises(CoordinatorUnavailable) as info:
+        client.cancel("j-1")
+    assert "no reply" in str(info.value)
+
+
+def test_garbage_reply_is_unavailable(serve):
+    _, client = serve(b"\x00\x00\x00\x03abc")
+    with pytest.raises(CoordinatorUnavailable):
+        client.workers()
+
+
+def test_wrong_reply_type_is_unavailable(serve):
+    _, client = serve({"type": "WORKER_LIST", "workers": []})
+    with pytest.raises(CoordinatorUnavailable) as info:
+        client.status("j-1")
+    assert "unexpected WORKER_LIST" in str(info.value)
+
+
+def test_read_is_resent_once_when_a_reused_connection_is_dead(serve):
+    # The first connection serves one request and then dies while idle; a status call
+    # notices on the reused socket and goes again on a fresh connection.
+    server, client = serve({"type": "JOB_STATUS", "job": SNAP}, CLOSE, {"type": "JOB_STATUS", "job": SNAP})
+    assert client.status("j-1") == SNAP
+    assert client.status("j-1") == SNAP
+    assert server.connections == 2
+
+
+def test_cancel_returns_flag_and_snapshot(serve):
+    _, client = serve({"type": "JOB_CANCEL", "cancelled": True, "job": dict(SNAP, state="CANCELLED")})
+    cancelled, job = client.cancel("j-1")
+    assert cancelled is True and job["state"] == "CANCELLED"
+
+
+def test_wait_returns_terminal_snapshot(serve):
+    running = dict(SNAP, state="RUNNING", workerId="w")
+    done = dict(SNAP, state="COMPLETED", result={"sleptMillis": 1})
+    server, client = serve({"type": "JOB_STATUS", "job": SNAP}, {"type": "JOB_STATUS", "job": running},
+                           {"type": "JOB_STATUS", "job": done})
+    assert client.wait("j-1", timeout=5) == done
+    assert len(server.requests) == 3
+
+
+def test_wait_timeout_carries_last_snapshot(serve):
+    running = dict(SNAP, state="RUNNING", workerId="w")
+    _, client = serve(*[{"type": "JOB_STATUS", "job": running}] * 50)
+    with pytest.raises(WaitTimeout) as info:
+        client.wait("j-1", timeout=0.05)
+    assert isinstance(info.value, TimeoutError)
+    assert info.value.job == running
+
+
+def test_iter_jobs_follows_cursors(serve):
+    a, b, c = (dict(SNAP, jobId=i) for i in "abc")
+    server, client = serve({"type": "JOB_LIST", "jobs": [a, b], "nextCursor": "n1"},
+                           {"type": "JOB_LIST", "jobs": [c], "nextCursor": None})
+    assert [j["jobId"] for j in client.iter_jobs(page_size=2)] == ["a", "b", "c"]
+    assert server.requests[1]["cursor"] == "n1"
+
+
+def test_submit_backoff_is_capped_and_jittered():
+    for retry in range(1, 20):
+        delay = submit_backoff(retry)
+        ceiling = min(2.0, 0.05 * 2 ** (retry - 1))
+        assert ceiling / 2 <= delay <= ceiling

@@ -1,0 +1,120 @@
+"""Human and --json output of the client commands: pure functions of wire dicts and a clock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jobmesh.client import render
+from jobmesh.client.commands import parse_payload
+from jobmesh.errors import ConfigError
+
+NOW = 1_700_000_000_000
+
+
+def job(**over):
+    base = {"jobId": "j-1", "taskType": "SLEEP", "state": "COMPLETED", "attempts": 1, "maxAttempts": 3,
+            "workerId": None, "result": {"sleptMillis": 5}, "error": None,
+            "createdAtMillis": NOW - 65_000, "updatedAtMillis": NOW - 3_000, "priority": "NORMAL"}
+    base.update(over)
+    return base
+
+
+@pytest.mark.parametrize("delta_ms,text", [
+    (0, "just now"), (999, "just now"), (-5000, "just now"), (1000, "1s ago"), (59_999, "59s ago"),
+    (60_000, "1m ago"), (3_599_000, "59m ago"), (3_600_000, "1h ago"), (86_400_000 * 2 + 5, "2d ago"),
+])
+def test_age(delta_ms, text):
+    assert render.age(NOW - delta_ms, NOW) == text
+
+
+def test_age_of_missing_time():
+    assert render.age(None, NOW) == "-"
+
+
+def test_table_aligns_columns_and_shows_missing_as_dash():
+    out = render.table(("A", "LONGER", "C"), [("xxxx", None, "z"), ("y", "1", "")])
+    lines = out.splitlines()
+    assert lines == ["A     LONGER  C", "xxxx  -       z", "y     1"]
+
+
+def test_job_detail_lists_every_field():
+    out = render.job_detail(job(state="FAILED", error="attempt 1 failed", result=None), NOW)
+    fields = dict(line.split(None, 1) for line in out.splitlines())
+    assert fields["job"] == "j-1"
+    assert fields["type"] == "SLEEP"
+    assert fields["state"] == "FAILED"
+    assert fields["priority"] == "NORMAL"
+    assert fields["attempts"] == "1 of 3"
+    assert fields["worker"] == "-"
+    assert fields["result"] == "-"
+    assert fields["error"] == "attempt 1 failed"
+    assert fields["created"].startswith("1m ago (")
+    assert fields["updated"].startswith("3s ago (")
+
+
+def test_job_detail_shows_result_as_compact_json():
+    out = render.job_detail(job(workerId="w-7", state="RUNNING"), NOW)
+    assert 'result    {"sleptMillis": 5}' in out
+    assert "worker    w-7" in out
+
+
+def test_job_table():
+    out = render.job_table([job(), job(jobId="j-2222", taskType="PRIME_COUNT", state="RUNNING",
+                                       workerId="w-1", attempts=2)], NOW)
+    header, first, second = out.splitlines()
+    assert header.split() == ["JOB", "TYPE", "STATE", "PRIORITY", "ATTEMPTS", "WORKER", "UPDATED"]
+    assert first.split() == ["j-1", "SLEEP", "COMPLETED", "NORMAL", "1/3", "-", "3s", "ago"]
+    assert second.split() == ["j-2222", "PRIME_COUNT", "RUNNING", "NORMAL", "2/3", "w-1", "3s", "ago"]
+    # aligned: every row's STATE column starts at the same offset
+    col = header.index("STATE")
+    assert first[col:].startswith("COMPLETED") and second[col:].startswith("RUNNING")
+
+
+def test_empty_tables():
+    assert render.job_table([], NOW) == "no jobs"
+    assert render.worker_table([], NOW) == "no live workers"
+
+
+def test_worker_table():
+    out = render.worker_table([{"workerId": "w-1", "capacity": 4, "activeJobs": 2,
+                                "lastHeartbeatMillis": NOW - 1500}], NOW)
+    header, row = out.splitlines()
+    assert header.split() == ["WORKER", "CAPACITY", "ACTIVE", "LAST", "HEARTBEAT"]
+    assert row.split() == ["w-1", "4", "2", "1s", "ago"]
+
+
+def test_json_is_one_document_with_wire_names():
+    doc = render.to_json(job(result={"sha256": "ab"}, taskType="SHA256"))
+    assert "\n" not in doc
+    assert json.loads(doc) == job(result={"sha256": "ab"}, taskType="SHA256")
+
+
+def test_cancel_messages():
+    assert render.cancelled(True, job(state="CANCELLED")) == "cancelled job j-1"
+    assert render.cancelled(False, job()) == "job j-1 already COMPLETED; nothing to cancel"
+
+
+class FakeStdin:
+    def __init__(self, text):
+        self.text = text
+
+    def read(self):
+        return self.text
+
+
+def test_payload_defaults_to_empty_object():
+    assert parse_payload(None) == {}
+
+
+def test_payload_from_argument_and_stdin():
+    assert parse_payload('{"limit": 10}') == {"limit": 10}
+    assert parse_payload("-", FakeStdin('{"text": "from stdin"}\n')) == {"text": "from stdin"}
+
+
+@pytest.mark.parametrize("text", ["{bad", "", "[1, 2]", "42", '"text"', "null"])
+def test_payload_must_be_a_json_object(text):
+    with pytest.raises(ConfigError) as info:
+        parse_payload(text)
+    assert "PAYLOAD_JSON" in str(info.value)
