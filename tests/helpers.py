@@ -616,5 +616,7 @@ def run_cli(*args: str, coordinator: str | None = None, stdin: str | None = None
     argv = [sys.executable, "-m", "jobmesh"] + list(args)
     if coordinator is not None:
         argv.append("--coordinator=%s" % coordinator)
+    env = child_env()
+    env.pop("GEVENT_MONITOR_THREAD_ENABLE", None)  # its warnings would muddy stderr checks
     return subprocess.run(argv, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout, env=child_env())
+                          capture_output=True, text=True, timeout=timeout, env=env)

@@ -1,0 +1,225 @@
+"""The client commands as subprocesses: output shapes (text and --json) and every exit code.
+
+Exit codes (CONTRACT.md): 0 ok; 1 job ended FAILED/CANCELLED, submit rejected, or the
+coordinator answered ERROR; 2 usage; 3 coordinator unreachable; 4 wait timed out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import socket
+
+import pytest
+
+from tests.helpers import WorkerProcs, run_cli, wait_registered
+from jobmesh.client import CoordinatorClient
+
+SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
+                   "createdAtMillis", "updatedAtMillis", "priority"}
+
+
+@pytest.fixture
+def workers(tmp_path):
+    procs = WorkerProcs(tmp_path)
+    yield procs
+    procs.cleanup()
+
+
+@pytest.fixture
+def live(coordinator, workers):
+    """A coordinator with one real worker attached; yields the coordinator."""
+    workers.start(coordinator, "w-cli", capacity=2)
+    with CoordinatorClient(*coordinator.client_addr) as client:
+        wait_registered(client, ["w-cli"])
+    return coordinator
+
+
+def jm(coord, *args, **kwargs):
+    return run_cli(*args, coordinator=coord.client_target, **kwargs)
+
+
+def json_out(result):
+    assert result.stdout.count("\n") == 1, result.stdout  # one document, one line
+    return json.loads(result.stdout)
+
+
+def test_submit_wait_status_list_workers_with_json(live):
+    # submit prints {"jobId": ...}
+    r = jm(live, "submit", "SHA256", '{"text": "hello"}', "--json")
+    assert r.returncode == 0, r.stderr
+    submitted = json_out(r)
+    assert set(submitted) == {"jobId"}
+    job_id = submitted["jobId"]
+
+    # wait prints the final snapshot and exits 0 for COMPLETED
+    r = jm(live, "wait", job_id, "--timeout-millis=10000", "--json")
+    assert r.returncode == 0, r.stderr
+    snap = json_out(r)
+    assert set(snap) == SNAPSHOT_FIELDS
+    assert snap["result"] == {"sha256": hashlib.sha256(b"hello").hexdigest()}
+
+    # status prints the same snapshot
+    r = jm(live, "status", job_id, "--json")
+    assert r.returncode == 0 and json_out(r) == snap
+
+    # submit --wait --json prints the final snapshot
+    r = jm(live, "submit", "WORD_COUNT", '{"text": "a b  c"}', "--wait", "--json", "--priority=HIGH",
+           "--max-attempts=2")
+    assert r.returncode == 0, r.stderr
+    done = json_out(r)
+    assert (done["state"], done["result"], done["priority"], done["maxAttempts"]) == (
+        "COMPLETED", {"words": 3}, "HIGH", 2)
+
+    # list prints an array of snapshots, newest first; --state and --limit filter
+    r = jm(live, "list", "--json")
+    assert r.returncode == 0
+    listed = json_out(r)
+    assert [j["jobId"] for j in listed] == [done["jobId"], job_id]
+    assert all(set(j) == SNAPSHOT_FIELDS for j in listed)
+    assert [j["jobId"] for j in json_out(jm(live, "list", "--json", "--limit=1"))] == [done["jobId"]]
+    assert json_out(jm(live, "list", "--json", "--state=failed")) == []
+
+    # workers prints an array of live workers
+    r = jm(live, "workers", "--json")
+    assert r.returncode == 0
+    (worker,) = json_out(r)
+    assert {"workerId", "capacity", "activeJobs", "lastHeartbeatMillis"} <= set(worker)
+    assert (worker["workerId"], worker["capacity"]) == ("w-cli", 2)
+
+
+def test_human_output(live):
+    r = jm(live, "submit", "SLEEP", '{"durationMillis": 1}', "--wait")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("submitted job ")
+    job_id = lines[0].split()[-1]
+    assert "state     COMPLETED" in r.stdout
+    assert 'result    {"sleptMillis": 1}' in r.stdout
+
+    r = jm(live, "status", job_id)
+    assert r.returncode == 0
+    assert r.stdout.splitlines()[0] == "job       %s" % job_id
+    assert "attempts  1 of 3" in r.stdout
+    assert re.search(r"^created   (just now|\d+s ago) \(\d{4}-\d\d-\d\d ", r.stdout, re.M)
+
+    r = jm(live, "list")
+    header, row = r.stdout.splitlines()
+    assert header.split() == ["JOB", "TYPE", "STATE", "PRIORITY", "ATTEMPTS", "WORKER", "UPDATED"]
+    assert row.split()[:5] == [job_id, "SLEEP", "COMPLETED", "NORMAL", "1/3"]
+
+    r = jm(live, "workers")
+    header, row = r.stdout.splitlines()
+    assert header.split() == ["WORKER", "CAPACITY", "ACTIVE", "LAST", "HEARTBEAT"]
+    assert row.split()[:3] == ["w-cli", "2", "0"]
+
+
+def test_payload_from_stdin(live):
+    r = jm(live, "submit", "PRIME_COUNT", "-", "--wait", "--json", stdin='{"limit": 100}\n')
+    assert r.returncode == 0, r.stderr
+    assert json_out(r)["result"] == {"primes": 25}
+
+
+def test_failed_job_exits_1(live):
+    r = jm(live, "submit", "FAIL", '{"failUntilAttempt": 9}', "--max-attempts=1", "--wait", "--json")
+    assert r.returncode == 1
+    snap = json_out(r)
+    assert snap["state"] == "FAILED"
+    assert "FAILED" in r.stderr and "attempt 1 failed on purpose" in r.stderr
+    r = jm(live, "wait", snap["jobId"])
+    assert r.returncode == 1 and "state     FAILED" in r.stdout
+
+
+def test_cancel_wait_timeout_and_errors_without_workers(coordinator):
+    # Given no worker, a job stays QUEUED
+    job_id = json_out(jm(coordinator, "submit", "SLEEP", '{"durationMillis": 5}', "--json"))["jobId"]
+
+    # wait times out: exit 4, the snapshot as it stood
+    r = jm(coordinator, "wait", job_id, "--timeout-millis=150", "--json")
+    assert r.returncode == 4
+    assert json_out(r)["state"] == "QUEUED"
+    assert "timed out" in r.stderr
+    r = jm(coordinator, "submit", "SLEEP", '{"durationMillis": 5}', "--wait", "--timeout-millis=100")
+    assert r.returncode == 4 and "state     QUEUED" in r.stdout
+
+    # cancel: the snapshot with "cancelled"; a second cancel reports the job as it is
+    r = jm(coordinator, "cancel", job_id, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json_out(r)
+    assert doc["cancelled"] is True and doc["state"] == "CANCELLED"
+    assert set(doc) == SNAPSHOT_FIELDS | {"cancelled"}
+    r = jm(coordinator, "cancel", job_id)
+    assert r.returncode == 0
+    assert "already CANCELLED" in r.stdout
+    assert json_out(jm(coordinator, "cancel", job_id, "--json"))["cancelled"] is False
+
+    # wait on a cancelled job exits 1
+    r = jm(coordinator, "wait", job_id, "--json")
+    assert r.returncode == 1 and json_out(r)["state"] == "CANCELLED"
+
+    # the coordinator answering ERROR exits 1 with its reason on stderr
+    for args in (("status", "no-such-job"), ("cancel", "no-such-job"), ("wait", "no-such-job"),
+                 ("submit", "NOT_A_TASK", "{}"), ("submit", "SLEEP", '{"durationMillis": -1}')):
+        r = jm(coordinator, *args)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert r.stdout == "" and r.stderr.startswith("jobmesh %s: the coordinator refused: " % args[0]), args
+
+
+def test_idempotency_key_returns_the_same_job(coordinator):
+    def submit():
+        r = jm(coordinator, "submit", "SHA256", '{"text": "once"}', "--idempotency-key=k-1", "--json")
+        assert r.returncode == 0, r.stderr
+        return json_out(r)["jobId"]
+
+    first = submit()
+    assert submit() == first
+    assert len(json_out(jm(coordinator, "list", "--json"))) == 1
+
+
+def test_rejected_submit_exits_1(coordinator_factory):
+    coord = coordinator_factory(max_active_jobs=1)
+    assert jm(coord, "submit", "SLEEP", '{"durationMillis": 5}').returncode == 0
+    r = jm(coord, "submit", "SLEEP", '{"durationMillis": 5}')
+    assert r.returncode == 1
+    assert "rejected" in r.stderr and "--submit-retries" in r.stderr
+    r = jm(coord, "submit", "SLEEP", '{"durationMillis": 5}', "--submit-retries=2")
+    assert r.returncode == 1 and "rejected" in r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("submit", "SLEEP", "{not json"),
+    ("submit", "SLEEP", "[1, 2]"),
+    ("submit", "SLEEP", "{}", "--priority=URGENT"),
+    ("submit", "SLEEP", "{}", "--max-attempts=lots"),
+    ("submit",),
+    ("status",),
+    ("list", "--state=DONE"),
+    ("list", "--limit=0"),
+    ("wait", "j", "--timeout-millis=-5"),
+    ("status", "j", "--coordinator=nowhere"),
+    ("frobnicate",),
+])
+def test_usage_errors_exit_2(args):
+    # Usage is checked before anything is sent: no coordinator needed
+    r = run_cli(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.strip()
+    assert r.stdout == ""
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("args", [
+    ("submit", "SLEEP", '{"durationMillis": 1}'), ("status", "j"), ("list",), ("workers",), ("cancel", "j"),
+    ("wait", "j"),
+])
+def test_unreachable_coordinator_exits_3(args):
+    r = run_cli(*args, "--json", coordinator="127.0.0.1:%d" % _free_port())
+    assert r.returncode == 3
+    assert "unreachable" in r.stderr
+    assert r.stdout == ""

@@ -1,0 +1,129 @@
+"""CoordinatorClient against a real coordinator: every method, the error tree, retries, threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from jobmesh.client import CoordinatorClient, WaitTimeout
+from jobmesh.errors import CoordinatorUnavailable, RequestFailed, SubmitRejected
+from jobmesh.protocol.jobs import JobState, Priority
+from tests.helpers import WorkerProcs, wait_registered
+
+
+@pytest.fixture
+def workers(tmp_path):
+    procs = WorkerProcs(tmp_path)
+    yield procs
+    procs.cleanup()
+
+
+def test_submit_status_wait_cancel(coordinator, workers):
+    with CoordinatorClient(*coordinator.client_addr) as client:
+        # Given a queued job (no worker yet)
+        job_id = client.submit("SLEEP", {"durationMillis": 10}, max_attempts=2, priority=Priority.HIGH)
+        job = client.status(job_id)
+        assert (job["jobId"], job["state"], job["maxAttempts"], job["priority"]) == (job_id, "QUEUED", 2, "HIGH")
+        # wait times out with the snapshot as it stood
+        with pytest.raises(WaitTimeout) as info:
+            client.wait(job_id, timeout=0.1)
+        assert info.value.job["state"] == "QUEUED"
+
+        # When a worker arrives, the job completes
+        workers.start(coordinator, "w-api", capacity=2)
+        assert client.wait(job_id, timeout=10)["result"] == {"sleptMillis": 10}
+        assert [w["workerId"] for w in client.workers()] == ["w-api"]
+
+        # cancel of a finished job changes nothing; of a running one cancels it
+        assert client.cancel(job_id) == (False, client.status(job_id))
+        long_id = client.submit("SLEEP", {"durationMillis": 600_000})
+        cancelled, snap = client.cancel(long_id)
+        assert cancelled is True and snap["state"] == "CANCELLED"
+        assert client.wait(long_id, timeout=1)["state"] == "CANCELLED"
+
+
+def test_list_pages_and_filters(coordinator):
+    with CoordinatorClient(*coordinator.client_addr) as client:
+        ids = [client.submit("SHA256", {"text": str(i)}) for i in range(7)]
+        client.cancel(ids[0])
+        jobs, cursor = client.list_jobs(limit=3)
+        assert [j["jobId"] for j in jobs] == ids[::-1][:3]
+        assert cursor is not None
+        assert [j["jobId"] for j in client.iter_jobs(page_size=2)] == ids[::-1]
+        assert [j["jobId"] for j in client.iter_jobs(state=JobState.CANCELLED)] == [ids[0]]
+        assert len(list(client.iter_jobs(state="QUEUED"))) == 6
+
+
+def test_error_replies(coordinator):
+    with CoordinatorClient(*coordinator.client_addr) as client:
+        with pytest.raises(RequestFailed):
+            client.status("no-such-job")
+        with pytest.raises(RequestFailed):
+            client.cancel("no-such-job")
+        with pytest.raises(RequestFailed):
+            client.submit("PRIME_COUNT", {"limit": 1})
+        with pytest.raises(RequestFailed):
+            client.submit("NOPE", {})
+        first = client.submit("SHA256", {"text": "a"}, idempotency_key="key-1")
+        assert client.submit("SHA256", {"text": "a"}, idempotency_key="key-1") == first
+        with pytest.raises(RequestFailed):
+            client.submit("SHA256", {"text": "different"}, idempotency_key="key-1")
+        # the connection survived every ERROR
+        assert client.status(first)["jobId"] == first
+
+
+def test_submit_retries_wait_out_an_overload(coordinator_factory, workers):
+    coord = coordinator_factory(max_active_jobs=1)
+    with CoordinatorClient(*coord.client_addr) as client:
+        # Given the coordinator full with one job
+        client.submit("SLEEP", {"durationMillis": 300})
+        # Then a plain submit is rejected with the numbers
+        with pytest.raises(SubmitRejected) as info:
+            client.submit("SLEEP", {"durationMillis": 1})
+        assert (info.value.active_count, info.value.limit, info.value.retryable) == (1, 1, True)
+        # When a worker drains it, a submit with retries gets through
+        workers.start(coord, "w-drain", capacity=1)
+        started = time.monotonic()
+        job_id = client.submit("SLEEP", {"durationMillis": 1}, submit_retries=30)
+        assert client.wait(job_id, timeout=10)["state"] == "COMPLETED"
+        assert time.monotonic() - started < 8
+
+
+def test_unavailable_then_reconnects(coordinator):
+    client = CoordinatorClient(*coordinator.client_addr, connect_timeout=1, timeout=2)
+    worker_port, client_port = coordinator.worker_addr[1], coordinator.client_addr[1]
+    try:
+        job_id = client.submit("SHA256", {"text": "kept"})
+        coordinator.kill()
+        with pytest.raises(CoordinatorUnavailable):
+            client.submit("SHA256", {"text": "lost"})
+        with pytest.raises(CoordinatorUnavailable):
+            client.status(job_id)
+        # the same client object works again once a coordinator is back on the port
+        coordinator.start(worker_port=worker_port, client_port=client_port)
+        assert client.status(job_id)["state"] == "QUEUED"
+    finally:
+        client.close()
+
+
+def test_one_client_shared_by_threads(coordinator):
+    ids: list[str] = []
+    errors: list[BaseException] = []
+    with CoordinatorClient(*coordinator.client_addr) as client:
+        def submit_many():
+            try:
+                for i in range(25):
+                    ids.append(client.submit("SHA256", {"text": str(i)}))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=submit_many) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert not errors
+        assert len(set(ids)) == 100
+        assert len(list(client.iter_jobs())) == 100
