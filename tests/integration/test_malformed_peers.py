@@ -365,3 +365,29 @@ def test_clean_close_between_frames_is_harmless(coordinator, peers):
         w = RawConn(coordinator.worker_addr)
         w.close()
     assert client.workers() == []
+
+
+def test_a_submission_too_big_to_assign_does_not_wedge_a_worker(coordinator, peers):
+    # Given a live worker with room for two tasks
+    client = peers.client(coordinator)
+    worker = peers.worker(coordinator, "w-victim", capacity=2)
+    # When a client submits a valid SLEEP whose payload carries an (ignored) extra field so large that
+    # the SUBMIT_JOB frame fits in 1 MiB but a TASK_ASSIGN carrying the payload would not
+    pad = "p" * (MAX_FRAME - 150)
+    reply = client.submit("SLEEP", {"durationMillis": 1, "pad": pad})
+    # Then the coordinator either refuses it (ERROR, connection open) or accepts it...
+    assert reply["type"] in ("JOB_SUBMITTED", "ERROR"), reply
+    # ...but no reply and no frame to the worker may exceed the frame limit, and the worker's session
+    # must keep working: a normal job submitted next is assigned to it and completes
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 2})
+    deadline = time.monotonic() + 3
+    got = None
+    while time.monotonic() < deadline and got is None:
+        a = worker.poll_assign(0.1)
+        if a is not None and a["jobId"] == job_id:
+            got = a
+    assert got is not None, "the worker received no further work after the oversized job (session wedged)"
+    worker.complete(got, {"sleptMillis": 2})
+    assert client.wait_state(job_id, "COMPLETED")["attempts"] == 1
+    assert worker.bad_frames == []
+    assert not worker.closed.is_set()

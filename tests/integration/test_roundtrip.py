@@ -283,3 +283,50 @@ def test_result_with_a_wrong_lease_is_dropped(coordinator, peers):
     done = client.wait_state(job_id, "COMPLETED")
     assert done["result"] == {"sleptMillis": 1}
     assert done["attempts"] == 1
+
+
+def test_unicode_payload_reaches_the_worker_unchanged(coordinator, peers):
+    # Given text with accents, symbols, non-BMP characters, quotes, slashes and newlines
+    text = 'é✓😀 "quoted" back\\slash / 日本語\n\ttab'
+    client = peers.client(coordinator)
+    worker = peers.worker(coordinator, "w-utf8", capacity=1)
+    job_id = client.submit_ok("SHA256", {"text": text})
+    # Then the worker receives exactly the submitted text, and the result comes back exactly too
+    assign = worker.await_assign()
+    assert assign["payload"] == {"text": text}
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    worker.complete(assign, {"sha256": digest, "echo": text})
+    assert client.wait_state(job_id, "COMPLETED")["result"] == {"sha256": digest, "echo": text}
+
+
+def test_largest_text_payload_is_assigned_whole(coordinator, peers):
+    # 200 000 four-byte characters: an 800 KB frame, within the 1 MiB limit
+    text = "😀" * 200_000
+    client = peers.client(coordinator)
+    worker = peers.worker(coordinator, "w-big", capacity=1)
+    job_id = client.submit_ok("WORD_COUNT", {"text": text})
+    assign = worker.await_assign()
+    assert assign["jobId"] == job_id and assign["payload"]["text"] == text
+    worker.complete(assign, {"words": 1})
+    assert client.wait_state(job_id, "COMPLETED")["result"] == {"words": 1}
+
+
+def test_a_huge_result_never_produces_an_oversized_reply(coordinator, peers):
+    # Given a worker that reports a result as large as a TASK_RESULT frame can carry
+    from jobmesh.protocol.framing import MAX_FRAME
+    client = peers.client(coordinator)
+    worker = peers.worker(coordinator, "w-huge", capacity=1)
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=1)
+    assign = worker.await_assign()
+    blob = "x" * (MAX_FRAME - 400)
+    worker.result(assign, True, result={"blob": blob}, error=None)
+    # Then the job ends, and status and listing replies are valid frames (no reply exceeds 1 MiB)
+    done = client.wait_state(job_id, ("COMPLETED", "FAILED"))
+    assert client.list_jobs()["type"] == "JOB_LIST"
+    # And the connection and the worker keep working
+    nxt = client.submit_ok("SLEEP", {"durationMillis": 1})
+    a2 = worker.await_assign()
+    assert a2["jobId"] == nxt
+    worker.complete(a2, {"sleptMillis": 1})
+    assert client.wait_state(nxt, "COMPLETED")
+    assert done["state"] in ("COMPLETED", "FAILED")
