@@ -1,0 +1,156 @@
+"""``jobmesh up`` as a subprocess: starts, runs jobs, restarts workers, stops cleanly.
+
+Child pids are read from up's log ("worker started ... pid=N", "coordinator_pid=N") so
+the test can check none is left behind and kill any that would be, by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from jobmesh.client import CoordinatorClient
+from tests.helpers import LISTENING, child_env, wait_registered, wait_until
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+class UpProc:
+    def __init__(self, tmp_path, *extra: str, new_session: bool = False):
+        self.out_path = tmp_path / "up.out"
+        self.err_path = tmp_path / "up.err"
+        args = [sys.executable, "-m", "jobmesh", "up", "--worker-port=0", "--client-port=0",
+                "--db=%s" % (tmp_path / "up.db"), "--heartbeat-timeout-millis=1500",
+                "--sweep-interval-millis=50", "--db-synchronous=NORMAL", *extra]
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env(),
+                                         start_new_session=new_session)
+        self.seen_pids: set[int] = set()
+
+    def log(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def listening(self):
+        if self.proc.poll() is not None:
+            raise AssertionError("up exited rc=%s\n%s" % (self.proc.returncode, self.log()))
+        return LISTENING.search(self.out_path.read_text(errors="replace"))
+
+    def worker_pids(self) -> dict[str, int]:
+        """The latest pid of each worker slot."""
+        pids = {wid: int(pid) for wid, pid in re.findall(r"worker started worker=(\S+) pid=(\d+)", self.log())}
+        self.seen_pids.update(pids.values())
+        return pids
+
+    def coordinator_pid(self) -> int:
+        pid = int(wait_until(lambda: re.search(r"coordinator_pid=(\d+)", self.log()), timeout=10)[1])
+        self.seen_pids.add(pid)
+        return pid
+
+    def cleanup(self) -> None:
+        self.worker_pids()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        for pid in self.seen_pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def start_up(tmp_path):
+    started = []
+
+    def make(*extra, new_session=False):
+        up = UpProc(tmp_path, *extra, new_session=new_session)
+        started.append(up)
+        m = wait_until(up.listening, timeout=15, message="up's listening line")
+        up.client_addr = (m["c"], int(m["cp"]))
+        return up
+
+    yield make
+    for up in started:
+        up.cleanup()
+
+
+def assert_all_gone(up: UpProc) -> None:
+    pids = set(up.worker_pids().values()) | {up.coordinator_pid()} | up.seen_pids
+    left = [pid for pid in pids if alive(pid)]
+    assert not left, "orphaned children %s" % left
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to up", "SIGINT to the process group (Ctrl-C)"])
+def test_up_runs_jobs_and_stops_cleanly(start_up, how):
+    # Given jobmesh up with two workers
+    up = start_up("--workers=2", "--capacity=2", new_session=how.startswith("SIGINT"))
+    with CoordinatorClient(*up.client_addr) as client:
+        wait_registered(client, ["local-1", "local-2"])
+
+        # When a job is submitted, it runs
+        job_id = client.submit("PRIME_COUNT", {"limit": 100_000})
+        assert client.wait(job_id, timeout=10)["result"] == {"primes": 9592}
+    assert len(up.worker_pids()) == 2
+
+    # Then a stop signal ends everything with exit 0 and no child left
+    if how.startswith("SIGTERM"):
+        up.proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(up.proc.pid, signal.SIGINT)
+    assert up.proc.wait(12) == 0, up.log()
+    assert_all_gone(up)
+
+
+def test_up_restarts_a_dead_worker(start_up):
+    up = start_up("--workers=1", "--capacity=1")
+    with CoordinatorClient(*up.client_addr) as client:
+        wait_registered(client, ["local-1"])
+        first = up.worker_pids()["local-1"]
+
+        # When the worker is killed
+        os.kill(first, signal.SIGKILL)
+
+        # Then up starts a new one under the same id, which runs new work
+        wait_until(lambda: up.worker_pids()["local-1"] != first, timeout=10, message="worker restarted")
+        assert "worker exited worker=local-1" in up.log()
+        wait_registered(client, ["local-1"])
+        job_id = client.submit("SHA256", {"text": "again"})
+        assert client.wait(job_id, timeout=10)["state"] == "COMPLETED"
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.proc.wait(12) == 0
+    assert_all_gone(up)
+
+
+def test_up_exits_nonzero_when_the_coordinator_dies(start_up):
+    up = start_up("--workers=2", "--capacity=1")
+    with CoordinatorClient(*up.client_addr) as client:
+        wait_registered(client, ["local-1", "local-2"])
+    os.kill(up.coordinator_pid(), signal.SIGKILL)
+    assert up.proc.wait(12) == 1
+    assert "coordinator exited" in up.log()
+    assert_all_gone(up)
+
+
+def test_children_stop_when_up_itself_is_killed(start_up):
+    # Given a running unit
+    up = start_up("--workers=2", "--capacity=1")
+    with CoordinatorClient(*up.client_addr) as client:
+        wait_registered(client, ["local-1", "local-2"])
+    pids = set(up.worker_pids().values()) | {up.coordinator_pid()}
+
+    # When up dies without a chance to clean up
+    up.proc.kill()
+    up.proc.wait(5)
+
+    # Then the kernel's parent-death signal stops every child anyway (Linux)
+    wait_until(lambda: not any(alive(pid) for pid in pids), timeout=10, message="children gone")

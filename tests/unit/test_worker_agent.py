@@ -1,0 +1,198 @@
+"""The worker agent in-process against a scripted coordinator (a gevent server on 127.0.0.1).
+
+The agent uses gevent's socket explicitly, so it runs here without monkey-patching the
+test process: the scripted coordinator and the agent share this process's hub. These
+cover what a real coordinator never does on purpose: over-assigning, cancelling a
+superseded attempt, an invalid payload on the wire, refusing a registration.
+"""
+
+from __future__ import annotations
+
+import time
+
+import gevent
+import pytest
+from gevent.queue import Empty, Queue
+from gevent.server import StreamServer
+
+from jobmesh.config import WorkerConfig
+from jobmesh.protocol.framing import FrameReader, encode_frame
+from jobmesh.worker.agent import WorkerAgent
+
+
+class ScriptedCoordinator:
+    """Accepts worker connections; ``next_conn()`` hands each over as a ``Conn``."""
+
+    def __init__(self):
+        self.conns: Queue = Queue()
+        self.server = StreamServer(("127.0.0.1", 0), self._handle)
+        self.server.start()
+
+    def _handle(self, sock, _addr):
+        conn = Conn(sock)
+        self.conns.put(conn)
+        conn.read_all()
+
+    def next_conn(self, timeout=5.0) -> "Conn":
+        return self.conns.get(timeout=timeout)
+
+    def stop(self):
+        self.server.stop(timeout=1)
+
+
+class Conn:
+    def __init__(self, sock):
+        self.sock = sock
+        self.frames: Queue = Queue()
+        self.closed = gevent.event.Event()
+
+    def read_all(self):
+        reader = FrameReader(self.sock.recv)
+        try:
+            while True:
+                frame = reader.read_frame()
+                if frame is None:
+                    break
+                self.frames.put(frame)
+        except OSError:
+            pass
+        finally:
+            self.closed.set()
+
+    def send(self, obj):
+        self.sock.sendall(encode_frame(obj))
+
+    def next(self, type_, timeout=2.0) -> dict:
+        """The next frame of this type, skipping heartbeats."""
+        while True:
+            frame = self.frames.get(timeout=timeout)
+            if frame["type"] == type_:
+                return frame
+            assert frame["type"] == "HEARTBEAT", frame
+
+    def no_result(self, duration) -> None:
+        """Assert nothing but heartbeats arrives for ``duration`` seconds."""
+        deadline = time.monotonic() + duration
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                frame = self.frames.get(timeout=left)
+            except Empty:
+                return
+            assert frame["type"] == "HEARTBEAT", "unexpected %r" % (frame,)
+
+    def accept_registration(self) -> dict:
+        register = self.next("WORKER_REGISTER")
+        self.send({"type": "WORKER_REGISTERED", "workerId": register["workerId"]})
+        return register
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def coordinator():
+    c = ScriptedCoordinator()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def start_agent(coordinator):
+    running = []
+
+    def start(capacity=1, heartbeat_millis=50):
+        cfg = WorkerConfig("127.0.0.1", coordinator.server.server_port, "w-t", capacity, heartbeat_millis)
+        agent = WorkerAgent(cfg)
+        running.append(gevent.spawn(agent.run))
+        return agent
+
+    yield start
+    gevent.killall(running, timeout=5)
+
+
+def assign(conn, job, attempt, task_type, payload, number=1):
+    conn.send({"type": "TASK_ASSIGN", "jobId": job, "attemptId": attempt, "attemptNumber": number,
+               "taskType": task_type, "payload": payload})
+
+
+def test_registers_then_heartbeats_on_its_own(coordinator, start_agent):
+    start_agent(capacity=3, heartbeat_millis=30)
+    conn = coordinator.next_conn()
+    assert conn.accept_registration() == {"type": "WORKER_REGISTER", "workerId": "w-t", "capacity": 3}
+    beats = [conn.frames.get(timeout=1) for _ in range(3)]
+    assert beats == [{"type": "HEARTBEAT", "workerId": "w-t"}] * 3
+
+
+def test_result_echoes_the_lease(coordinator, start_agent):
+    start_agent()
+    conn = coordinator.next_conn()
+    conn.accept_registration()
+    assign(conn, "j1", "a1", "FAIL", {"failUntilAttempt": 3}, number=2)
+    assert conn.next("TASK_RESULT") == {"type": "TASK_RESULT", "workerId": "w-t", "jobId": "j1", "attemptId": "a1",
+                                        "success": False, "result": None,
+                                        "error": "attempt 2 failed on purpose (failUntilAttempt=3)"}
+    assign(conn, "j2", "a2", "WORD_COUNT", {"text": "two words"})
+    assert conn.next("TASK_RESULT") == {"type": "TASK_RESULT", "workerId": "w-t", "jobId": "j2", "attemptId": "a2",
+                                        "success": True, "result": {"words": 2}, "error": None}
+
+
+def test_invalid_payload_on_the_wire_fails_the_attempt(coordinator, start_agent):
+    start_agent()
+    conn = coordinator.next_conn()
+    conn.accept_registration()
+    assign(conn, "j1", "a1", "PRIME_COUNT", {"limit": 10**12})
+    result = conn.next("TASK_RESULT")
+    assert result["success"] is False and result["error"].startswith("invalid payload: ")
+    assign(conn, "j2", "a2", "RUN_SHELL", {"cmd": "true"})
+    assert "unknown task type" in conn.next("TASK_RESULT")["error"]
+
+
+def test_over_assignment_is_refused_at_once_and_cancel_matches_both_ids(coordinator, start_agent):
+    agent = start_agent(capacity=1)
+    conn = coordinator.next_conn()
+    conn.accept_registration()
+    # Given the only slot busy
+    assign(conn, "j1", "a1", "SLEEP", {"durationMillis": 60_000})
+    # When the coordinator over-assigns, the reply is immediate
+    assign(conn, "j2", "a2", "SHA256", {"text": "x"})
+    refused = conn.next("TASK_RESULT", timeout=1)
+    assert (refused["jobId"], refused["success"]) == ("j2", False)
+    assert "worker at capacity" in refused["error"]
+    # A cancel for another attempt of the same job touches nothing
+    conn.send({"type": "TASK_CANCEL", "jobId": "j1", "attemptId": "a0"})
+    conn.no_result(0.1)
+    assert ("j1", "a1") in agent.in_flight
+    # The matching cancel stops it silently and frees the slot for the very next assignment
+    conn.send({"type": "TASK_CANCEL", "jobId": "j1", "attemptId": "a1"})
+    assign(conn, "j3", "a3", "SHA256", {"text": ""})
+    result = conn.next("TASK_RESULT", timeout=1)
+    assert (result["jobId"], result["success"]) == ("j3", True)
+    conn.no_result(0.1)
+    assert len(agent.in_flight) == 0
+
+
+def test_refused_registration_is_retried(coordinator, start_agent):
+    start_agent()
+    first = coordinator.next_conn()
+    first.next("WORKER_REGISTER")
+    first.send({"type": "ERROR", "message": "worker w-t is already registered"})
+    first.close()
+    second = coordinator.next_conn(timeout=3)
+    assert second.accept_registration()["workerId"] == "w-t"
+
+
+def test_connection_loss_abandons_attempts_and_reconnects(coordinator, start_agent):
+    agent = start_agent(capacity=2)
+    first = coordinator.next_conn()
+    first.accept_registration()
+    assign(first, "j1", "a1", "SLEEP", {"durationMillis": 60_000})
+    gevent.sleep(0.05)
+    assert len(agent.in_flight) == 1
+    # When the coordinator goes away
+    first.close()
+    # Then the agent registers again, the old attempt is gone and reports nothing
+    second = coordinator.next_conn(timeout=3)
+    second.accept_registration()
+    assert len(agent.in_flight) == 0
+    second.no_result(0.2)
+    assert agent.registrations == 2
