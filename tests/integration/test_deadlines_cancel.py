@@ -285,3 +285,33 @@ def test_cancel_for_one_attempt_does_not_touch_the_next(coord, peers):
     worker.complete(second, {"sleptMillis": 2})
     assert client.wait_state(job_id, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
     wait_until(lambda: client.workers()[0]["activeJobs"] == 0, timeout=2, message="slot freed")
+
+
+def test_worker_loss_after_a_timeout_does_not_count_twice(coordinator_factory, peers):
+    # Given a 300 ms deadline and a long retry backoff: attempt 1 times out and the job waits to retry
+    coord = coordinator_factory(task_timeout_millis=TIMEOUT_MS, retry_base_millis=5000, retry_cap_millis=5000)
+    client = peers.client(coord)
+    worker = peers.worker(coord, "w-twice", capacity=1)
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 60_000}, max_attempts=2)
+    worker.await_assign()
+    worker.await_cancel(timeout=5)
+    waiting = client.wait_state(job_id, "RETRY_WAIT")
+    assert waiting["attempts"] == 1
+
+    # When the worker that held the revoked attempt disconnects
+    worker.close()
+    # Then the job is not charged again: still RETRY_WAIT with one attempt, not FAILED
+    assert_stays(lambda: client.status(job_id) == waiting, 0.3, message="RETRY_WAIT unchanged")
+
+
+def test_worker_loss_after_a_cancel_leaves_the_job_cancelled(coordinator, peers):
+    client = peers.client(coordinator)
+    worker = peers.worker(coordinator, "w-gone", capacity=1)
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 60_000}, max_attempts=3)
+    worker.await_assign()
+    cancelled = client.cancel(job_id)["job"]
+    worker.await_cancel()
+    worker.close()
+    spare = peers.worker(coordinator, "w-spare", capacity=1)
+    assert_stays(lambda: client.status(job_id) == cancelled, 0.3, message="job stays CANCELLED")
+    assert spare.poll_assign(0.05) is None

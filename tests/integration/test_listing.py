@@ -208,3 +208,33 @@ def test_unknown_state_filter_is_an_error_and_the_connection_stays_open(coordina
     reply = client.list_jobs(state=state)
     assert reply["type"] == "ERROR", reply
     assert len(page(client)["jobs"]) == 1
+
+
+def test_pages_with_large_results_stay_under_the_frame_limit(coordinator, peers):
+    # Given 30 completed jobs whose results are ~50 KB each (~1.5 MB in total)
+    client = peers.client(coordinator)
+    worker = peers.worker(coordinator, "w-bulky", capacity=30)
+    ids = submit_many(client, 30)
+    for _ in ids:
+        a = worker.await_assign()
+        worker.complete(a, {"blob": a["jobId"] * (50_000 // len(a["jobId"]))})
+    for job_id in ids:
+        client.wait_state(job_id, "COMPLETED")
+    # When all of them are listed in one request
+    # Then the reply is a valid frame (no reply exceeds 1 MiB), so the page may be shorter than asked,
+    # and following nextCursor still visits each job exactly once, newest first
+    seen: list[str] = []
+    reply = page(client, limit=1000)
+    pages = 1
+    while True:
+        seen += [j["jobId"] for j in reply["jobs"]]
+        for j in reply["jobs"]:
+            assert j["result"]["blob"].startswith(j["jobId"])
+        if reply["nextCursor"] is None:
+            break
+        assert reply["jobs"], "a page with a cursor must make progress"
+        reply = page(client, limit=1000, cursor=reply["nextCursor"])
+        pages += 1
+        assert pages < 100
+    assert seen == ids[::-1]
+    assert pages >= 2

@@ -337,3 +337,68 @@ def test_legacy_database_migrates_and_runs(coordinator_factory, peers, tmp_path,
         assert client.status(ids["running"])["attempts"] == 2
     finally:
         coord.cleanup()
+
+
+def test_sigint_stops_gracefully_too(coordinator_factory, peers):
+    # CONTRACT.md: SIGTERM and SIGINT stop it gracefully (exit 0)
+    import signal
+    coord = coordinator_factory()
+    client = peers.client(coord)
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1})
+    coord.proc.send_signal(signal.SIGINT)
+    assert coord.proc.wait(10) == 0, coord.stderr()[-3000:]
+    client.close()
+    coord.start()
+    assert peers.client(coord).status(job_id)["state"] == "QUEUED"
+
+
+def test_admission_count_is_rebuilt_on_restart(coordinator_factory, peers):
+    # Given --max-active-jobs=3: two active jobs, one RUNNING on its final attempt, one finished
+    coord = coordinator_factory(max_active_jobs=3)
+    client = peers.client(coord)
+    worker = peers.worker(coord, "w-count", capacity=1)
+    done = client.submit_ok("SLEEP", {"durationMillis": 1})
+    worker.complete(worker.await_assign(), {"sleptMillis": 1})
+    client.wait_state(done, "COMPLETED")
+    final = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=1)
+    worker.await_assign()
+    q1 = client.submit_ok("SLEEP", {"durationMillis": 1})
+    q2 = client.submit_ok("SLEEP", {"durationMillis": 1})
+    assert client.submit("SLEEP", {"durationMillis": 1})["type"] == "SUBMIT_REJECTED"
+
+    # When the coordinator crashes and restarts (the final-attempt job fails on recovery)
+    coord.kill()
+    worker.close()
+    client.close()
+    coord.start()
+    client = peers.client(coord)
+    assert client.status(final)["state"] == "FAILED"
+
+    # Then the active count is the two QUEUED jobs: one more is admitted, the next is rejected
+    third = client.submit_ok("SLEEP", {"durationMillis": 1})
+    reply = client.submit("SLEEP", {"durationMillis": 1})
+    assert reply["type"] == "SUBMIT_REJECTED", reply
+    assert (reply["activeCount"], reply["limit"]) == (3, 3)
+    assert {j["jobId"] for j in client.list_jobs()["jobs"]} == {done, final, q1, q2, third}
+
+
+def test_recovery_decisions_are_durable(coordinator_factory, peers):
+    # Given a job failed by recovery (RUNNING on its final attempt at the crash)
+    coord = coordinator_factory()
+    client = peers.client(coord)
+    worker = peers.worker(coord, "w-dur", capacity=1)
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=1)
+    worker.await_assign()
+    coord.kill()
+    worker.close()
+    client.close()
+    coord.start()
+    client = peers.client(coord)
+    failed = client.status(job_id)
+    assert failed["state"] == "FAILED"
+    # When the coordinator crashes again and restarts
+    coord.kill()
+    client.close()
+    coord.start()
+    # Then the job is still FAILED with the same error and timestamp: the decision was persisted
+    assert peers.client(coord).status(job_id) == failed

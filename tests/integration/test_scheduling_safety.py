@@ -122,3 +122,34 @@ def test_sixty_concurrent_submissions_five_workers(coordinator, peers):
         assert item["activeJobs"] == 0
     # The work was actually spread: more than one worker took part
     assert sum(1 for w in workers if w.assigns) > 1
+
+
+def test_work_goes_to_the_least_loaded_worker(coordinator, peers):
+    # Given two workers of equal capacity, A already running two jobs
+    client = peers.client(coordinator)
+    a = peers.worker(coordinator, "w-busy", capacity=4)
+    for _ in range(2):
+        client.submit_ok("SLEEP", {"durationMillis": 1})
+        a.await_assign()
+    b = peers.worker(coordinator, "w-idle", capacity=4)
+    # When two more jobs arrive
+    j3 = client.submit_ok("SLEEP", {"durationMillis": 1})
+    # Then they go to the idle worker first
+    assert b.await_assign()["jobId"] == j3
+    j4 = client.submit_ok("SLEEP", {"durationMillis": 1})
+    assert b.await_assign()["jobId"] == j4
+    assert a.poll_assign(0.1) is None
+
+
+def test_capacity_is_never_exceeded_under_a_backlog(coordinator, peers):
+    # Given 20 queued jobs and a capacity-3 worker that never answers
+    client = peers.client(coordinator)
+    for i in range(20):
+        client.submit_ok("SLEEP", {"durationMillis": i})
+    w = peers.worker(coordinator, "w-three", capacity=3)
+    # Then exactly 3 are assigned and no more
+    for _ in range(3):
+        w.await_assign()
+    assert w.poll_assign(0.3) is None
+    assert [x["activeJobs"] for x in client.workers()] == [3]
+    assert len([j for j in client.list_jobs()["jobs"] if j["state"] == "RUNNING"]) == 3
