@@ -1,0 +1,140 @@
+"""Client connections for the load generator: gevent sockets, framed JSON, bounded waits.
+
+Uses ``gevent.socket`` explicitly, so it works in an unpatched process. One ``Conn`` is
+one TCP connection used strictly request/response (or a bounded pipeline), like a
+jobmesh client. Failures are classified into a few error kinds for the report.
+"""
+
+from __future__ import annotations
+
+import errno
+import resource
+import socket as _stdsocket
+from collections import Counter
+from typing import Any
+
+import gevent
+from gevent import socket
+
+from jobmesh.errors import ProtocolError
+from jobmesh.protocol.framing import FrameReader, encode_frame
+
+REQUEST_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 10.0
+
+
+class ConnError(Exception):
+    """A request or connect failed; ``kind`` is the report's error class."""
+
+    def __init__(self, kind: str, detail: str = "") -> None:
+        super().__init__("%s: %s" % (kind, detail) if detail else kind)
+        self.kind = kind
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; returns the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = max(soft, 65536)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def classify(exc: BaseException) -> str:
+    if isinstance(exc, ConnError):
+        return exc.kind
+    if isinstance(exc, (_stdsocket.timeout, TimeoutError, gevent.Timeout)):
+        return "timeout"
+    if isinstance(exc, ProtocolError):
+        return "protocol"
+    if isinstance(exc, ConnectionRefusedError):
+        return "refused"
+    if isinstance(exc, ConnectionResetError):
+        return "reset"
+    if isinstance(exc, BrokenPipeError):
+        return "broken_pipe"
+    if isinstance(exc, OSError):
+        name = errno.errorcode.get(exc.errno or 0, "")
+        return "oserror_%s" % name.lower() if name else "oserror"
+    return type(exc).__name__
+
+
+class Conn:
+    """One framed connection; ``request`` sends one frame and returns the reply object."""
+
+    __slots__ = ("sock", "reader")
+
+    def __init__(self, sock) -> None:
+        self.sock = sock
+        self.reader = FrameReader(sock.recv)
+
+    @classmethod
+    def open(cls, addr: tuple[str, int], timeout: float = CONNECT_TIMEOUT) -> "Conn":
+        sock = socket.create_connection(addr, timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(REQUEST_TIMEOUT)
+        return cls(sock)
+
+    def request(self, frame: bytes) -> dict[str, Any]:
+        self.sock.sendall(frame)
+        reply = self.reader.read_frame()
+        if reply is None:
+            raise ConnError("eof", "connection closed instead of replying")
+        return reply
+
+    def request_obj(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return self.request(encode_frame(obj))
+
+    def pipeline(self, frames: list[bytes]) -> list[dict[str, Any]]:
+        """Send several requests in one write and read their replies, in order."""
+        self.sock.sendall(b"".join(frames))
+        out = []
+        for _ in frames:
+            reply = self.reader.read_frame()
+            if reply is None:
+                raise ConnError("eof", "connection closed inside a pipeline")
+            out.append(reply)
+        return out
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def open_many(addr: tuple[str, int], count: int, burst: int, errors: Counter,
+              deadline_s: float = 120.0, on_progress=None) -> list[Conn]:
+    """Open ``count`` connections, at most ``burst`` connects in flight at a time.
+
+    Bounded bursts keep the coordinator's accept backlog from overflowing (a dropped
+    SYN costs a 1 s retransmit). The whole phase is bounded by ``deadline_s``;
+    connections that failed are counted in ``errors`` (kind ``connect_<kind>``).
+    """
+    conns: list[Conn] = []
+
+    def one() -> None:
+        try:
+            conns.append(Conn.open(addr))
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, by kind
+            errors["connect_" + classify(exc)] += 1
+
+    batch: list[gevent.Greenlet] = []
+    try:
+        with gevent.Timeout(deadline_s, False):
+            started = 0
+            while started < count:
+                n = min(burst, count - started)
+                batch = [gevent.spawn(one) for _ in range(n)]
+                gevent.joinall(batch)
+                started += n
+                if on_progress is not None:
+                    on_progress(len(conns))
+    finally:
+        gevent.killall(batch)
+    return conns

@@ -1,0 +1,70 @@
+"""Smoke tests of the load generator and the echo baseline, run as subprocesses.
+
+Tiny loads only: these check that the tools start their children, drive them, verify
+every job with the coordinator and write the report, not how fast anything is.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+REPORT_KEYS = ("submits_per_s", "jobs_per_s", "submit_latency_ms", "connections", "lost", "errors",
+               "rejected", "coordinator_peak_rss_kb")
+
+
+def run(args, timeout=60):
+    return subprocess.run([sys.executable] + args, cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("impl", ["builtin", "process"])
+def test_loadgen_e2e_small(tmp_path, impl):
+    # Given a fresh coordinator and one worker, when 20 clients submit 200 SLEEP 0 jobs
+    # and wait for them, then every job completes exactly once and the report says so.
+    out = tmp_path / "r.json"
+    proc = run(["-m", "bench.loadgen", "--clients=20", "--jobs=200", "--mode=e2e", "--workers=1",
+                "--worker-impl=%s" % impl, "--quiet", "--timeout=30", "--drain-timeout=30",
+                "--out=%s" % out], timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    for key in REPORT_KEYS:
+        assert key in report, key
+    for key in ("p50", "p90", "p99", "max"):
+        assert key in report["submit_latency_ms"]
+    assert report["lost"] == 0
+    assert report["duplicates"] == 0
+    assert report["submitted"] == 200
+    assert report["completed"] == 200
+    assert report["connections"] == 20
+    assert report["verify"]["listed"] == 200
+    assert report["coordinator_peak_rss_kb"] > 0
+    assert "jobs/s=" in proc.stdout
+
+
+def test_loadgen_usage_error():
+    proc = run(["-m", "bench.loadgen", "--mode=nonsense"], timeout=30)
+    assert proc.returncode == 2
+    assert "--mode" in proc.stderr
+
+
+def test_loadgen_script_runs_from_any_cwd(tmp_path):
+    proc = subprocess.run([str(REPO / "bench" / "loadgen"), "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "--coordinator=HOST:PORT" in proc.stdout
+
+
+def test_echo_baseline_small(tmp_path):
+    out = tmp_path / "echo.json"
+    proc = run([str(REPO / "bench" / "echo_baseline.py"), "--connections=5", "--requests=500",
+                "--out=%s" % out], timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["round_trips"] == 500
+    assert report["round_trips_per_s"] > 0
+    assert report["errors"] == {}
+    assert "round trips/s" in proc.stdout
