@@ -288,3 +288,31 @@ def test_concurrent_duplicates_create_one_job(coordinator, peers):
     assert {r["type"] for r in replies} == {"JOB_SUBMITTED"}
     assert len({r["jobId"] for r in replies}) == 1
     wait_until(lambda: len(job_ids(clients[0])) == 1, timeout=2, message="exactly one job")
+
+
+def test_key_and_status_survive_many_later_jobs(coordinator, peers):
+    # Given a keyed job that ended long ago, followed by more than 20 000 other finished jobs
+    # (enough to push old finished jobs out of any in-memory cache)
+    client = peers.client(coordinator)
+    old = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey="k-ancient")
+    assert client.cancel(old)["cancelled"] is True
+    old_snap = client.status(old)
+    total, batch = 20_500, 250
+    for start in range(0, total, batch):
+        for i in range(batch):
+            client.conn.send({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1}})
+        ids = []
+        for _ in range(batch):
+            reply = client.conn.recv()
+            assert reply["type"] == "JOB_SUBMITTED", reply
+            ids.append(reply["jobId"])
+        for job_id in ids:
+            client.conn.send({"type": "CANCEL_JOB", "jobId": job_id})
+        for _ in ids:
+            assert client.conn.recv()["type"] == "JOB_CANCEL"
+    # Then the old job is still readable exactly as it was, and its key still maps to it
+    assert client.status(old) == old_snap
+    assert client.submit("SLEEP", {"durationMillis": 1}, idempotencyKey="k-ancient") == {
+        "type": "JOB_SUBMITTED", "jobId": old}
+    assert client.submit("SLEEP", {"durationMillis": 2}, idempotencyKey="k-ancient")["type"] == "ERROR"
+    assert client.cancel(old) == {"type": "JOB_CANCEL", "cancelled": False, "job": old_snap}

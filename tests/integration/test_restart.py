@@ -150,6 +150,9 @@ def test_every_acknowledged_submission_survives(coordinator_factory, peers, how)
         a = worker.await_assign()
         payloads[a["jobId"]] = a["payload"]["durationMillis"]
     assert payloads == {job_id: i for i, job_id in enumerate(ids)}
+    # And jobIds stay unique for the life of the database: new ones never reuse old ones
+    new_ids = [client.submit_ok("SLEEP", {"durationMillis": i}) for i in range(40)]
+    assert len(set(new_ids)) == 40 and not set(new_ids) & set(ids)
 
 
 def test_graceful_stop_exits_zero_and_leaves_running_jobs_for_recovery(coordinator_factory, peers):
