@@ -391,3 +391,17 @@ def test_a_submission_too_big_to_assign_does_not_wedge_a_worker(coordinator, pee
     assert client.wait_state(job_id, "COMPLETED")["attempts"] == 1
     assert worker.bad_frames == []
     assert not worker.closed.is_set()
+
+
+@pytest.mark.parametrize("token", [b"NaN", b"Infinity", b"-Infinity"])
+def test_nan_in_a_payload_creates_no_job(coordinator, peers, token):
+    # NaN/Infinity are not JSON. Whether the coordinator treats the frame as non-JSON (ERROR and close)
+    # or as an invalid payload (ERROR, connection open), it must answer ERROR and create nothing.
+    client = peers.client(coordinator)
+    bad = peers.raw(coordinator.client_addr)
+    bad.send_raw(frame_of(b'{"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1, "x": '
+                          + token + b"}}"))
+    reply = bad.recv()
+    assert reply is not None and reply["type"] == "ERROR", reply
+    assert client.list_jobs()["jobs"] == []
+    assert client.workers() == []

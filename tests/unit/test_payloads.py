@@ -97,3 +97,14 @@ def test_unknown_payload_fields_are_ignored():
 
 def test_payload_error_is_a_jobmesh_error():
     assert issubclass(PayloadError, JobmeshError)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nan_and_infinity_are_not_json_and_are_refused(bad):
+    # A lenient parser lets NaN/Infinity in; they are not JSON and peers could not read them back.
+    with pytest.raises(PayloadError):
+        validate_payload("SLEEP", {"durationMillis": 1, "extra": bad})
+    with pytest.raises(PayloadError):
+        validate_payload("SHA256", {"text": "x", "nested": {"deep": [1, bad]}})
+    with pytest.raises(PayloadError):
+        validate_payload("SLEEP", {"durationMillis": bad})
