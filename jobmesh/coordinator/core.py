@@ -78,6 +78,7 @@ class CoordinatorCore:
         self.deadline_heap: list[tuple[int, str, str]] = []
         self.workers = WorkerRegistry()
         self.next_seq = 1
+        self._last_created = 0
         self.outbound: list[tuple[Any, m.Message | None]] = []
         self._dirty: dict[str, Job] = {}
         self._new: set[str] = set()
@@ -190,9 +191,13 @@ class CoordinatorCore:
                 self.queued.add(job.job_id, job.priority.level, job.seq, job.created_at)
                 stats["queued"] += 1
             else:  # RETRY_WAIT
-                heapq.heappush(self.retry_heap, (job.retry_at or now_millis, job.job_id))
+                if job.retry_at is None:  # an older or hand-edited row: due now
+                    job.retry_at = now_millis
+                    self._touch(job)
+                heapq.heappush(self.retry_heap, (job.retry_at, job.job_id))
                 stats["retry_wait"] += 1
         self.next_seq = self.store.max_seq() + 1
+        self._last_created = max((j.created_at for j in self.jobs.values()), default=0)
         return stats
 
     # ---- client requests -------------------------------------------------------------
@@ -227,9 +232,13 @@ class CoordinatorCore:
                 "coordinator is at its active-job limit; retry later",
                 self.active_count, self.config.max_active_jobs, True,
             )
+        # Creation times never go backwards in sequence order, even if the wall clock does:
+        # the queued order (scheduler.QueuedJobs) relies on it.
+        created = max(now_millis, self._last_created)
+        self._last_created = created
         job = Job(
             job_id=self._job_id(self.next_seq), seq=self.next_seq, task_type=req.task_type, payload=req.payload,
-            max_attempts=max_attempts, priority=priority, created_at=now_millis, idempotency_key=key,
+            max_attempts=max_attempts, priority=priority, created_at=created, idempotency_key=key,
             execution_timeout=self.config.task_timeout_millis,
         )
         self.next_seq += 1
@@ -238,7 +247,7 @@ class CoordinatorCore:
             self.keys[key] = job.job_id
         self._new.add(job.job_id)
         self._touch(job)
-        self.queued.add(job.job_id, priority.level, job.seq, now_millis)
+        self.queued.add(job.job_id, priority.level, job.seq, created)
         log.debug("submitted job=%s type=%s priority=%s", job.job_id, job.task_type, priority.value)
         return m.JobSubmitted(job.job_id)
 

@@ -16,7 +16,7 @@ most three heads: O(log n) per pick, however deep the queue.
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Iterable
+from typing import Callable, Iterable  # noqa: F401
 
 from jobmesh.protocol.jobs import MAX_LEVEL
 
@@ -100,9 +100,13 @@ class QueuedJobs:
 
     def ordered(self, now_millis: int, aging_step_millis: int) -> list[str]:
         """Every queued job id in scheduling order (O(n log n); for tests and tools)."""
-        entries: Iterable[tuple[int, int, str]] = (
-            e for level in range(MAX_LEVEL + 1) for e in self._heaps[level] if self._members.get(e[2]) == level
-        )
+        seen: set[str] = set()
+        entries: list[tuple[int, int, str]] = []
+        for level in range(MAX_LEVEL + 1):
+            for e in self._heaps[level]:
+                if self._members.get(e[2]) == level and e[2] not in seen:
+                    seen.add(e[2])
+                    entries.append(e)
         return [
             e[2]
             for e in sorted(

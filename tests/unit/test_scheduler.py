@@ -174,9 +174,6 @@ def test_popped_job_can_be_queued_again_as_a_retry_keeping_its_seq():
     assert drain(q, 0) == ["a", "b", "c"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ordered() keeps the stale heap entry left by discard() and lists a re-added job twice; "
-    "unreachable from the core, which never re-queues a discarded (terminal) job"))
 def test_discard_then_add_again_lists_the_job_once():
     q = QueuedJobs()
     q.add("a", NORMAL, 1, 0)
@@ -270,23 +267,18 @@ def test_pop_sequence_matches_sort_for_random_static_queue(seed):
     assert drain(q, now, step) == expected
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "QueuedJobs assumes creation time never decreases with seq; the runtime stamps "
-    "created_at from time.time(), which can step backwards (see report)"))
-def test_order_is_by_effective_level_even_if_the_wall_clock_stepped_back():
-    # seq 2 was stamped after the wall clock stepped back 1 s, so it has waited longer
-    # than seq 1 and has aged one more level.
-    q = QueuedJobs()
-    q.add("low-1", LOW, 1, 1000)
-    q.add("low-2", LOW, 2, 0)
-    q.add("normal-3", NORMAL, 3, STEP)
-    now = STEP
-    brute = sorted(
-        [("low-1", LOW, 1, 1000), ("low-2", LOW, 2, 0), ("normal-3", NORMAL, 3, STEP)],
-        key=lambda j: queued_sort_key(j[1], j[2], j[3], now, STEP),
-    )
-    assert brute[0][0] == "low-2"
-    assert q.pop(now, STEP) == "low-2"
+def test_core_keeps_creation_times_monotonic_when_the_wall_clock_steps_back():
+    # QueuedJobs relies on creation time never decreasing with seq; the core guarantees
+    # it by never stamping a job earlier than the previous one.
+    from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+    from jobmesh.coordinator.store import JobStore
+    from jobmesh.protocol import messages as m
+
+    core = CoordinatorCore(JobStore(":memory:"), CoreConfig())
+    first = core.submit_job(5000, m.SubmitJob("SLEEP", {"durationMillis": 0}, priority="LOW")).job_id
+    second = core.submit_job(4000, m.SubmitJob("SLEEP", {"durationMillis": 0}, priority="LOW")).job_id
+    assert core.jobs[second].created_at >= core.jobs[first].created_at
+    assert core.queued.pop(4000 + STEP, STEP) == first
 
 
 # ---- least_loaded -----------------------------------------------------------------------
