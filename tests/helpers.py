@@ -535,6 +535,8 @@ class Peers:
 
 # ---- real worker processes and the CLI as a subprocess ------------------------------
 
+import pytest  # noqa: E402
+
 
 class WorkerProc:
     """A real ``jobmesh worker`` subprocess; stdout and stderr (its log) go to files."""
@@ -572,14 +574,8 @@ class WorkerProc:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
 
-    def cleanup(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+    # terminate, wait, kill: exactly what a coordinator needs at teardown
+    cleanup = CoordinatorProc.cleanup
 
 
 class WorkerProcs:
@@ -597,6 +593,14 @@ class WorkerProcs:
     def cleanup(self) -> None:
         for w in self._all:
             w.cleanup()
+
+
+@pytest.fixture
+def worker_procs(tmp_path):
+    """Fixture: ``worker_procs.start(coord, worker_id, capacity=...)``; import it into a test module."""
+    procs = WorkerProcs(tmp_path)
+    yield procs
+    procs.cleanup()
 
 
 def wait_registered(client, worker_ids, timeout: float = 10.0) -> list[dict]:

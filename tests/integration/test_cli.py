@@ -13,24 +13,17 @@ import socket
 
 import pytest
 
-from tests.helpers import WorkerProcs, run_cli, wait_registered
 from jobmesh.client import CoordinatorClient
+from tests.helpers import run_cli, wait_registered, worker_procs  # noqa: F401 (fixture)
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority"}
 
 
 @pytest.fixture
-def workers(tmp_path):
-    procs = WorkerProcs(tmp_path)
-    yield procs
-    procs.cleanup()
-
-
-@pytest.fixture
-def live(coordinator, workers):
+def live(coordinator, worker_procs):
     """A coordinator with one real worker attached; yields the coordinator."""
-    workers.start(coordinator, "w-cli", capacity=2)
+    worker_procs.start(coordinator, "w-cli", capacity=2)
     with CoordinatorClient(*coordinator.client_addr) as client:
         wait_registered(client, ["w-cli"])
     return coordinator

@@ -10,17 +10,10 @@ import pytest
 from jobmesh.client import CoordinatorClient, WaitTimeout
 from jobmesh.errors import CoordinatorUnavailable, RequestFailed, SubmitRejected
 from jobmesh.protocol.jobs import JobState, Priority
-from tests.helpers import WorkerProcs, wait_registered
+from tests.helpers import wait_registered, worker_procs  # noqa: F401 (fixture)
 
 
-@pytest.fixture
-def workers(tmp_path):
-    procs = WorkerProcs(tmp_path)
-    yield procs
-    procs.cleanup()
-
-
-def test_submit_status_wait_cancel(coordinator, workers):
+def test_submit_status_wait_cancel(coordinator, worker_procs):
     with CoordinatorClient(*coordinator.client_addr) as client:
         # Given a queued job (no worker yet)
         job_id = client.submit("SLEEP", {"durationMillis": 10}, max_attempts=2, priority=Priority.HIGH)
@@ -32,7 +25,7 @@ def test_submit_status_wait_cancel(coordinator, workers):
         assert info.value.job["state"] == "QUEUED"
 
         # When a worker arrives, the job completes
-        workers.start(coordinator, "w-api", capacity=2)
+        worker_procs.start(coordinator, "w-api", capacity=2)
         assert client.wait(job_id, timeout=10)["result"] == {"sleptMillis": 10}
         assert [w["workerId"] for w in client.workers()] == ["w-api"]
 
@@ -74,7 +67,7 @@ def test_error_replies(coordinator):
         assert client.status(first)["jobId"] == first
 
 
-def test_submit_retries_wait_out_an_overload(coordinator_factory, workers):
+def test_submit_retries_wait_out_an_overload(coordinator_factory, worker_procs):
     coord = coordinator_factory(max_active_jobs=1)
     with CoordinatorClient(*coord.client_addr) as client:
         # Given the coordinator full with one job
@@ -84,7 +77,7 @@ def test_submit_retries_wait_out_an_overload(coordinator_factory, workers):
             client.submit("SLEEP", {"durationMillis": 1})
         assert (info.value.active_count, info.value.limit, info.value.retryable) == (1, 1, True)
         # When a worker drains it, a submit with retries gets through
-        workers.start(coord, "w-drain", capacity=1)
+        worker_procs.start(coord, "w-drain", capacity=1)
         started = time.monotonic()
         job_id = client.submit("SLEEP", {"durationMillis": 1}, submit_retries=30)
         assert client.wait(job_id, timeout=10)["state"] == "COMPLETED"

@@ -14,14 +14,7 @@ import time
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import WorkerProcs, wait_registered, wait_until
-
-
-@pytest.fixture
-def workers(tmp_path):
-    procs = WorkerProcs(tmp_path)
-    yield procs
-    procs.cleanup()
+from tests.helpers import wait_registered, wait_until, worker_procs  # noqa: F401 (fixture)
 
 
 @pytest.fixture
@@ -35,9 +28,9 @@ def wait_state(client, job_id, states, timeout=10.0):
                       timeout=timeout, message="job %s in %s" % (job_id, states))
 
 
-def test_every_task_type_end_to_end(coordinator, client, workers):
+def test_every_task_type_end_to_end(coordinator, client, worker_procs):
     # Given one real worker with room for everything at once
-    workers.start(coordinator, "w-all", capacity=8)
+    worker_procs.start(coordinator, "w-all", capacity=8)
     wait_registered(client, ["w-all"])
     text = "The  quick\tbrown\nfox — jumps\u2003over ✓ the lazy dog  "
 
@@ -72,11 +65,11 @@ def test_every_task_type_end_to_end(coordinator, client, workers):
     assert failed["error"] == "attempt 2 failed on purpose (failUntilAttempt=5)"
 
 
-def test_heartbeats_flow_while_cpu_tasks_fill_every_slot(coordinator_factory, tmp_path, workers):
+def test_heartbeats_flow_while_cpu_tasks_fill_every_slot(coordinator_factory, tmp_path, worker_procs):
     # Given a coordinator that declares a worker dead after 1.5 s of silence
     coord = coordinator_factory(heartbeat_timeout_millis=1500)
     with CoordinatorClient(*coord.client_addr) as client:
-        worker = workers.start(coord, "w-cpu", capacity=4)
+        worker = worker_procs.start(coord, "w-cpu", capacity=4)
         wait_registered(client, ["w-cpu"])
 
         # When four times its capacity of the largest PRIME_COUNT run back to back
@@ -120,9 +113,9 @@ def _cancel_while_running(client, task_type, payload, attempts=5):
     ("SLEEP", {"durationMillis": 600_000}),
     ("PRIME_COUNT", {"limit": 50_000_000}),
 ])
-def test_cancel_stops_the_running_task_and_frees_its_slot(coordinator, client, workers, task_type, payload):
+def test_cancel_stops_the_running_task_and_frees_its_slot(coordinator, client, worker_procs, task_type, payload):
     # Given a worker with a single slot
-    worker = workers.start(coordinator, "w-one", capacity=1)
+    worker = worker_procs.start(coordinator, "w-one", capacity=1)
     wait_registered(client, ["w-one"])
 
     # When its running task is cancelled
@@ -141,9 +134,9 @@ def test_cancel_stops_the_running_task_and_frees_its_slot(coordinator, client, w
     assert client.status(job_id)["state"] == "CANCELLED"
 
 
-def test_worker_reconnects_after_coordinator_restart(coordinator, workers):
+def test_worker_reconnects_after_coordinator_restart(coordinator, worker_procs):
     # Given a worker attached to a coordinator that has run a job
-    worker = workers.start(coordinator, "w-back", capacity=2)
+    worker = worker_procs.start(coordinator, "w-back", capacity=2)
     worker_port, client_port = coordinator.worker_addr[1], coordinator.client_addr[1]
     with CoordinatorClient(*coordinator.client_addr) as client:
         wait_registered(client, ["w-back"])
@@ -166,9 +159,9 @@ def test_worker_reconnects_after_coordinator_restart(coordinator, workers):
     assert worker.proc.poll() is None
 
 
-def test_worker_stops_cleanly_on_sigterm_and_its_job_is_retried(coordinator, client, workers):
+def test_worker_stops_cleanly_on_sigterm_and_its_job_is_retried(coordinator, client, worker_procs):
     # Given a worker running a long task
-    worker = workers.start(coordinator, "w-term", capacity=1)
+    worker = worker_procs.start(coordinator, "w-term", capacity=1)
     wait_registered(client, ["w-term"])
     job_id = client.submit("SLEEP", {"durationMillis": 600_000}, max_attempts=3)
     wait_state(client, job_id, ("RUNNING",))
