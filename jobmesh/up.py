@@ -89,6 +89,11 @@ def worker_target(host: str, port: int) -> str:
     return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
 
 
+def worker_heartbeat_millis(heartbeat_timeout_millis: int) -> int:
+    """The workers' heartbeat period: the default 2000 ms, but at least three beats per timeout."""
+    return max(1, min(2000, heartbeat_timeout_millis // 3))
+
+
 def _count(args: dict[str, Any], flag: str, low: int, high: int) -> int:
     try:
         value = int(str(args[flag]).strip())
@@ -130,9 +135,11 @@ class Supervisor:
             target = self._start_coordinator()
             if target is None:
                 return 1
+            heartbeat = worker_heartbeat_millis(self.cfg.heartbeat_timeout_millis)
             for n in range(1, self.workers + 1):
                 argv = [sys.executable, "-m", "jobmesh", "worker", "--coordinator=%s" % target,
-                        "--id=local-%d" % n, "--capacity=%d" % self.capacity, "--log-level=%s" % self.cfg.log_level]
+                        "--id=local-%d" % n, "--capacity=%d" % self.capacity,
+                        "--heartbeat-interval-millis=%d" % heartbeat, "--log-level=%s" % self.cfg.log_level]
                 slot = WorkerSlot("local-%d" % n, argv)
                 self.slots.append(slot)
                 self._start_worker(slot)

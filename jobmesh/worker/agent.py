@@ -38,7 +38,6 @@ from jobmesh.protocol.messages import (
     TO_WORKER,
     Error,
     Heartbeat,
-    Message,
     TaskAssign,
     TaskCancel,
     TaskResult,
@@ -181,9 +180,14 @@ class WorkerAgent:
         interval = self.cfg.heartbeat_interval_millis / 1000.0
         next_beat = time.monotonic()
         while True:
-            # A fixed cadence: a late beat does not push the following ones back.
+            # A fixed cadence: one late beat does not push the following ones back, but
+            # after a long stall the cadence restarts instead of sending a burst.
             next_beat += interval
-            gevent.sleep(max(0.0, next_beat - time.monotonic()))
+            delay = next_beat - time.monotonic()
+            if delay < 0:
+                next_beat -= delay
+                delay = 0.0
+            gevent.sleep(delay)
             outbox.put(frame)
             log.debug("heartbeat worker=%s", self.worker_id)
 
@@ -197,12 +201,12 @@ class WorkerAgent:
         attempt = self.in_flight.start(
             msg.job_id, msg.attempt_id,
             lambda a: self._run_attempt(msg, a),
-            lambda a, result: self._report(outbox, result),
+            lambda a, frame: frame is not None and outbox.put(frame),
         )
         if attempt is None:
             log.warning("assignment over capacity job=%s attempt=%s capacity=%d",
                         msg.job_id, msg.attempt_id, self.cfg.capacity)
-            self._report(outbox, self._result(msg, error="worker at capacity (%d running)" % len(self.in_flight)))
+            outbox.put(self._result(msg, None, "worker at capacity (%d running)" % len(self.in_flight)))
             return
         log.debug("task started job=%s attempt=%s number=%d type=%s",
                   msg.job_id, msg.attempt_id, msg.attempt_number, msg.task_type)
@@ -213,32 +217,34 @@ class WorkerAgent:
         else:
             log.debug("cancel for no running attempt job=%s attempt=%s", msg.job_id, msg.attempt_id)
 
-    def _run_attempt(self, msg: TaskAssign, attempt: Attempt) -> TaskResult | None:
-        """The attempt greenlet's body: the TASK_RESULT to send, or None if cancelled."""
+    def _run_attempt(self, msg: TaskAssign, attempt: Attempt) -> bytes | None:
+        """The attempt greenlet's body: the TASK_RESULT frame to send, or None if cancelled."""
         started = time.monotonic()
+        result, error = None, None
         try:
             result = tasks.execute(msg.task_type, msg.payload, msg.attempt_number,
                                    attempt.cancel_event, self._pause)
-            reply = self._result(msg, result=result)
         except tasks.TaskCancelled:
             return None
         except PayloadError as exc:
-            reply = self._result(msg, error="invalid payload: %s" % exc)
+            error = "invalid payload: %s" % exc
         except tasks.TaskFailed as exc:
-            reply = self._result(msg, error=str(exc))
+            error = str(exc)
         except Exception as exc:  # a bug in a task body must not take the worker down
             log.exception("task crashed job=%s attempt=%s", msg.job_id, msg.attempt_id)
-            reply = self._result(msg, error="worker error: %s: %s" % (type(exc).__name__, exc))
+            error = "worker error: %s: %s" % (type(exc).__name__, exc)
         log.debug("task finished job=%s attempt=%s success=%s millis=%d", msg.job_id, msg.attempt_id,
-                  reply.success, (time.monotonic() - started) * 1000)
-        return reply
+                  error is None, (time.monotonic() - started) * 1000)
+        return self._result(msg, result, error)
 
-    def _result(self, msg: TaskAssign, result: dict | None = None, error: str | None = None) -> TaskResult:
-        return TaskResult(self.worker_id, msg.job_id, msg.attempt_id, error is None, result, error)
-
-    def _report(self, outbox: Queue, reply: Message | None) -> None:
-        if reply is not None:
-            outbox.put(encode_frame(reply.to_wire()))
+    def _result(self, msg: TaskAssign, result: dict | None = None, error: str | None = None) -> bytes:
+        """The TASK_RESULT frame echoing ``msg``'s lease."""
+        try:
+            return encode_frame(TaskResult(self.worker_id, msg.job_id, msg.attempt_id, error is None,
+                                           result, error).to_wire())
+        except ProtocolError as exc:  # a result too big for one frame fails the attempt instead
+            return encode_frame(TaskResult(self.worker_id, msg.job_id, msg.attempt_id, False, None,
+                                           "result not sendable: %s" % exc).to_wire())
 
 
 def _tune(sock: socket.socket, heartbeat_interval_millis: int) -> None:
