@@ -64,6 +64,7 @@ class BuiltinWorkers:
             outbox: Queue = Queue()
             helpers.append(gevent.spawn(self._write, sock, outbox))
             helpers.append(gevent.spawn(self._heartbeat, outbox, worker_id))
+            self._greenlets.extend(helpers)
             self._serve(reader, outbox, worker_id)
         except Exception as exc:  # noqa: BLE001 - reported, never raised into the hub
             self.errors["worker_" + type(exc).__name__] += 1
@@ -73,11 +74,14 @@ class BuiltinWorkers:
     @staticmethod
     def _write(sock, outbox: Queue) -> None:
         """The connection's only writer: everything queued so far goes out in one write."""
-        while True:
-            frames = [outbox.get()]
-            while not outbox.empty():
-                frames.append(outbox.get_nowait())
-            sock.sendall(b"".join(frames))
+        try:
+            while True:
+                frames = [outbox.get()]
+                while not outbox.empty():
+                    frames.append(outbox.get_nowait())
+                sock.sendall(b"".join(frames))
+        except OSError:
+            return  # the reader sees the same failure and ends the session
 
     @staticmethod
     def _heartbeat(outbox: Queue, worker_id: str) -> None:
@@ -115,7 +119,7 @@ class BuiltinWorkers:
                              "error": None})
 
     def stop(self) -> None:
-        gevent.killall(self._greenlets, block=False)
+        gevent.killall(self._greenlets, block=True, timeout=2)
         for sock in self._socks:
             try:
                 sock.close()

@@ -184,6 +184,20 @@ def _parse_mix(spec: str) -> list[tuple[str, float]]:
     return out
 
 
+def _revision() -> str | None:
+    """The commit measured, with "+dirty" if jobmesh/ had uncommitted changes."""
+    import subprocess as _sp
+
+    try:
+        head = _sp.run(["git", "rev-parse", "--short", "HEAD"], cwd=procs.REPO_ROOT, capture_output=True,
+                       text=True, timeout=5).stdout.strip()
+        dirty = _sp.run(["git", "status", "--porcelain", "--", "jobmesh"], cwd=procs.REPO_ROOT,
+                        capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, _sp.SubprocessError):
+        return None
+    return (head + ("+dirty" if dirty else "")) or None
+
+
 def _loadavg() -> list[float] | None:
     try:
         return [float(x) for x in open("/proc/loadavg").read().split()[:3]]
@@ -282,7 +296,7 @@ class LoadGen:
             self.builtin.stop()
         cpu = procs.cpu_seconds(self.coordinator.pid) if self.coordinator else None
         if cpu is not None and self.cpu_start is not None:
-            self.extra["coordinator_cpu_s"] = round(cpu - self.cpu_start, 2)
+            self.extra["coordinator_cpu_total_s"] = round(cpu - self.cpu_start, 2)
         if self.rss is not None:
             self.rss.stop()
         codes = procs.stop_all(self.children)
@@ -370,14 +384,36 @@ class LoadGen:
         deadline = o["duration"] if o["duration"] else o["timeout"]
         if mode == "e2e" and o["e2e_style"] == "loop" and not o["duration"]:
             deadline = o["timeout"] + o["drain_timeout"]
+        cpu0 = self.cpu_snapshot()
         self.extra["load_finished"] = wait_phase(greenlets, self.phase, deadline, self.abort)
-        self.extra["load_s"] = round(time.monotonic() - self.started, 3)
         load_done.set()
         if checker is not None:
             checker.join(timeout=o["drain_timeout"])
             if not checker.dead:
                 self.extra["drain_timed_out"] = True
                 checker.kill()
+        self.record_cpu(cpu0)
+
+    def cpu_snapshot(self) -> dict[str, float]:
+        """CPU seconds so far of the coordinator, our workers and this process."""
+        snap = {"wall": time.monotonic(), "loadgen": sum(os.times()[:2])}
+        if self.coordinator is not None:
+            snap["coordinator"] = procs.cpu_seconds(self.coordinator.pid) or 0.0
+        elif self.o["coordinator_pid"]:
+            snap["coordinator"] = procs.cpu_seconds(self.o["coordinator_pid"]) or 0.0
+        workers = [c for c in self.children if c.name.startswith("worker")]
+        if workers:
+            snap["workers"] = sum(procs.cpu_seconds(c.pid) or 0.0 for c in workers)
+        return snap
+
+    def record_cpu(self, before: dict[str, float]) -> None:
+        """CPU use during load + drain, as a fraction of one core, per process group."""
+        after = self.cpu_snapshot()
+        wall = after["wall"] - before["wall"]
+        self.extra["measured_s"] = round(wall, 3)
+        if wall > 0:
+            self.extra["cpu_cores_used"] = {k: round((after[k] - before[k]) / wall, 2)
+                                            for k in after if k != "wall" and k in before}
 
     def waits_for_completion(self) -> bool:
         mode = self.o["mode"]
@@ -554,8 +590,10 @@ class LoadGen:
 
         greenlets = run_clients(self.conns, one)
         gevent.sleep(0.5)
+        cpu0 = self.cpu_snapshot()
         go.set()
         wait_phase(greenlets, phase, o["timeout"], self.abort)
+        self.record_cpu(cpu0)
 
     # ---- verification -----------------------------------------------------------------
 
@@ -731,6 +769,7 @@ class LoadGen:
             "loadavg_start": self.extra.pop("loadavg_start", None),
             "loadavg_end": _loadavg(),
             "cpus": os.cpu_count(),
+            "revision": _revision(),
             "interrupted": self.interrupted,
         }
         if self.e2e_hist is not None:
