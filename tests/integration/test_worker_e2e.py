@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from datetime import datetime
 
 import pytest
 
@@ -92,6 +93,11 @@ def test_heartbeats_flow_while_cpu_tasks_fill_every_slot(coordinator_factory, tm
             assert (job["result"], job["attempts"]) == ({"primes": 3001134}, 1), job
         assert worker.count("registered worker=w-cpu") == 1
         assert worker.count("connection lost") == 0
+        # and, seen from the worker, no beat (every 100 ms) came more than 0.75 s late
+        beats = [datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                 for line in worker.log().splitlines() if "heartbeat worker=w-cpu" in line]
+        gaps = [(b - a).total_seconds() for a, b in zip(beats, beats[1:])]
+        assert len(beats) > 10 and max(gaps) < 0.85, max(gaps)
 
 
 def _cancel_while_running(client, task_type, payload, attempts=5):
