@@ -405,3 +405,99 @@ def test_nan_in_a_payload_creates_no_job(coordinator, peers, token):
     assert reply is not None and reply["type"] == "ERROR", reply
     assert client.list_jobs()["jobs"] == []
     assert client.workers() == []
+
+
+# ---- slow and stalled peers cost only themselves --------------------------------------------------
+
+def timed(fn):
+    t0 = time.monotonic()
+    value = fn()
+    return value, time.monotonic() - t0
+
+
+def test_a_stalled_partial_frame_blocks_nobody(coordinator, peers):
+    # Given peers that sent half a header / half a frame on each port and then went quiet
+    stalled = [peers.raw(coordinator.client_addr), peers.raw(coordinator.worker_addr),
+               peers.raw(coordinator.client_addr)]
+    stalled[0].send_raw(b"\x00\x00")
+    stalled[1].send_raw(HEADER.pack(50) + b'{"type": "WORKER_')
+    stalled[2].send_raw(HEADER.pack(50))
+    # Then everyone else is served promptly
+    client = peers.client(coordinator)
+    worker = peers.worker(coordinator, "w-prompt", capacity=1)
+    job_id, elapsed = timed(lambda: client.submit_ok("SLEEP", {"durationMillis": 1}))
+    assert elapsed < 1.0
+    worker.complete(worker.await_assign(timeout=2), {"sleptMillis": 1})
+    assert client.wait_state(job_id, "COMPLETED", timeout=2)
+
+
+def test_a_client_that_never_reads_its_replies_blocks_nobody(coordinator, peers):
+    # Given 300 jobs, so that every full LIST_JOBS reply is large
+    client = peers.client(coordinator)
+    for start in range(0, 300, 100):
+        for i in range(100):
+            client.conn.send({"type": "SUBMIT_JOB", "taskType": "WORD_COUNT", "payload": {"text": "w %d" % i}})
+        for _ in range(100):
+            assert client.conn.recv()["type"] == "JOB_SUBMITTED"
+    # When a client pipelines many large requests and never reads a reply (its buffers fill up)
+    hog = peers.raw(coordinator.client_addr)
+    hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    request = encode_frame({"type": "LIST_JOBS", "limit": 1000})
+    hog.sock.settimeout(2)
+    sent = 0
+    try:
+        for _ in range(400):
+            hog.send_raw(request)
+            sent += 1
+    except (socket.timeout, TimeoutError, OSError):
+        pass  # its own send buffer filled up too: the coordinator stopped reading from it
+    # Then other clients and workers are still served promptly
+    other = peers.client(coordinator)
+    worker = peers.worker(coordinator, "w-unblocked", capacity=1)
+    _, elapsed = timed(lambda: other.workers())
+    assert elapsed < 1.0, elapsed
+    job_id, elapsed = timed(lambda: other.submit_ok("SLEEP", {"durationMillis": 1}))
+    assert elapsed < 1.0, elapsed
+    assign = worker.await_assign(timeout=5)
+    worker.complete(assign, {"sleptMillis": 1})
+    assert other.wait_state(assign["jobId"], "COMPLETED", timeout=3)
+
+
+def test_a_worker_that_never_reads_blocks_nobody(coordinator, peers):
+    # Given a registered worker with a large capacity that heartbeats but never reads its socket
+    hog = peers.raw(coordinator.worker_addr)
+    hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    hog.send({"type": "WORKER_REGISTER", "workerId": "w-deaf", "capacity": 1024})
+    assert hog.recv()["type"] == "WORKER_REGISTERED"
+    import threading
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(0.1):
+            try:
+                hog.send({"type": "HEARTBEAT", "workerId": "w-deaf"})
+            except OSError:
+                return
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        # When many large assignments are pushed at it (about 40 MB of TASK_ASSIGN frames)
+        client = peers.client(coordinator)
+        text = "z" * 200_000
+        for start in range(0, 200, 50):
+            for i in range(50):
+                client.conn.send({"type": "SUBMIT_JOB", "taskType": "SHA256", "payload": {"text": text}})
+            for _ in range(50):
+                assert client.conn.recv()["type"] == "JOB_SUBMITTED"
+        # Then clients are still answered promptly
+        other = peers.client(coordinator)
+        for _ in range(5):
+            _, elapsed = timed(lambda: other.list_jobs(limit=10))
+            assert elapsed < 1.0, elapsed
+        _, elapsed = timed(lambda: other.submit_ok("SLEEP", {"durationMillis": 1}))
+        assert elapsed < 1.0, elapsed
+        assert any(w["workerId"] == "w-deaf" for w in other.workers())
+    finally:
+        stop.set()
+        beater.join(2)
