@@ -330,3 +330,29 @@ def test_a_huge_result_never_produces_an_oversized_reply(coordinator, peers):
     worker.complete(a2, {"sleptMillis": 1})
     assert client.wait_state(nxt, "COMPLETED")
     assert done["state"] in ("COMPLETED", "FAILED")
+
+
+def test_a_duplicate_result_is_applied_once(coordinator, peers):
+    # Given a capacity-1 worker that completed job A
+    client = peers.client(coordinator)
+    worker = peers.worker(coordinator, "w-dupres", capacity=1)
+    a = client.submit_ok("SLEEP", {"durationMillis": 1})
+    assign_a = worker.await_assign()
+    worker.complete(assign_a, {"sleptMillis": 1})
+    done = client.wait_state(a, "COMPLETED")
+    # and is now running job B, with job C queued behind it
+    b = client.submit_ok("SLEEP", {"durationMillis": 2})
+    assign_b = worker.await_assign()
+    assert assign_b["jobId"] == b
+    c = client.submit_ok("SLEEP", {"durationMillis": 3})
+
+    # When A's result is sent again (a failure report, even)
+    worker.complete(assign_a, {"sleptMillis": 999})
+    worker.fail(assign_a, "late duplicate")
+
+    # Then A is unchanged and no capacity was freed: C waits until B finishes
+    assert_stays(lambda: client.status(a) == done, 0.2, message="A unchanged")
+    assert worker.poll_assign(0.2) is None
+    assert client.status(c)["state"] == "QUEUED"
+    worker.complete(assign_b, {"sleptMillis": 2})
+    assert worker.await_assign()["jobId"] == c
