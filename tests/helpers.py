@@ -541,6 +541,8 @@ import pytest  # noqa: E402
 class WorkerProc:
     """A real ``jobmesh worker`` subprocess; stdout and stderr (its log) go to files."""
 
+    _started = 0
+
     def __init__(self, tmp_path: Path, target: str, worker_id: str = "w-1", capacity: int = 2,
                  heartbeat_millis: int = 100, log_level: str = "DEBUG"):
         self.tmp_path = Path(tmp_path)
@@ -550,13 +552,15 @@ class WorkerProc:
         self.heartbeat_millis = heartbeat_millis
         self.log_level = log_level
         self.proc: subprocess.Popen | None = None
-        self.err_path = self.tmp_path / ("worker-%s.err" % worker_id)
+        WorkerProc._started += 1  # two processes may share an id: each gets its own log
+        self.name = "worker-%s-%d" % (worker_id, WorkerProc._started)
+        self.err_path = self.tmp_path / (self.name + ".err")
 
     def start(self) -> "WorkerProc":
         args = [sys.executable, "-m", "jobmesh", "worker", "--coordinator=%s" % self.target,
                 "--id=%s" % self.worker_id, "--capacity=%d" % self.capacity,
                 "--heartbeat-interval-millis=%d" % self.heartbeat_millis, "--log-level=%s" % self.log_level]
-        out_path = self.tmp_path / ("worker-%s.out" % self.worker_id)
+        out_path = self.tmp_path / (self.name + ".out")
         with open(out_path, "ab") as out, open(self.err_path, "ab") as err:
             self.proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env())
         return self

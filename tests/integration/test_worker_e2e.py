@@ -181,3 +181,39 @@ def test_worker_stops_cleanly_on_sigterm_and_its_job_is_retried(coordinator, cli
     job = wait_state(client, job_id, ("QUEUED", "RETRY_WAIT"))
     assert job["attempts"] == 1
     assert "worker stopped worker=w-term" in worker.log()
+
+
+def test_duplicate_worker_id_is_refused_then_takes_over(coordinator, client, worker_procs):
+    # Given a live worker w-dup
+    first = worker_procs.start(coordinator, "w-dup", capacity=1)
+    wait_registered(client, ["w-dup"])
+
+    # When a second process registers under the same id, it is refused and keeps retrying
+    second = worker_procs.start(coordinator, "w-dup", capacity=1)
+    wait_until(lambda: second.count("registration refused worker=w-dup") >= 2, timeout=5,
+               message="second worker refused twice")
+    assert [w["workerId"] for w in client.workers()] == ["w-dup"]
+    assert second.proc.poll() is None
+
+    # Then once the first one leaves, the second registers and runs work
+    assert first.terminate() == 0
+    wait_until(lambda: second.count("registered worker=w-dup"), timeout=10, message="second registered")
+    job = client.wait(client.submit("WORD_COUNT", {"text": "still works"}), timeout=10)
+    assert job["result"] == {"words": 2}
+
+
+def test_deadline_expiry_cancels_the_task_on_the_real_worker(coordinator_factory, worker_procs):
+    # Given a coordinator whose attempts may run 300 ms
+    coord = coordinator_factory(task_timeout_millis=300)
+    with CoordinatorClient(*coord.client_addr) as client:
+        worker = worker_procs.start(coord, "w-slow", capacity=1)
+        wait_registered(client, ["w-slow"])
+
+        # When a task overruns on its last attempt
+        job_id = client.submit("SLEEP", {"durationMillis": 600_000}, max_attempts=1)
+        job = client.wait(job_id, timeout=10)
+
+        # Then the job fails with the deadline error and the worker stopped the task
+        assert job["state"] == "FAILED" and "deadline" in job["error"], job
+        wait_until(lambda: worker.count("task cancelled job=%s" % job_id), timeout=2, message="task stopped")
+        assert client.wait(client.submit("SLEEP", {"durationMillis": 1}), timeout=5)["state"] == "COMPLETED"
