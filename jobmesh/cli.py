@@ -182,13 +182,26 @@ DOCS = {
 CLIENT_COMMANDS = ("submit", "status", "list", "workers", "cancel", "wait")
 
 
+class UsageError(Exception):
+    """The command line does not match the usage; the message says how."""
+
+
 def parse(argv: list[str]) -> tuple[str, dict]:
-    """Parse argv into (command, docopt dict). Raises DocoptExit or SystemExit (help)."""
+    """Parse argv into (command, docopt dict). Raises UsageError, DocoptExit or SystemExit (help)."""
     top = docopt(MAIN_DOC, argv=argv, version="jobmesh " + __version__, options_first=True)
     command = top["<command>"]
     if command not in DOCS:
-        raise DocoptExit("unknown command %r\n\n%s" % (command, MAIN_DOC.split("Commands:")[0].strip()))
-    args = docopt(DOCS[command], argv=[command] + list(top["<args>"]), version="jobmesh " + __version__)
+        raise UsageError("jobmesh: unknown command %r\n\n%s" % (command, MAIN_DOC.strip()))
+    try:
+        args = docopt(DOCS[command], argv=[command] + list(top["<args>"]), version="jobmesh " + __version__)
+    except DocoptExit as exc:
+        # docopt-ng reports a missing positional as "found unmatched (duplicate?) arguments";
+        # say what is wrong in our own words and show the command's usage lines.
+        usage = str(exc).split("Usage:", 1)[-1].strip()
+        raise UsageError(
+            "jobmesh %s: missing, unknown or misplaced arguments\n\nUsage:\n  %s\n\n"
+            "Run 'jobmesh %s --help' for details." % (command, usage, command)
+        ) from None
     return command, args
 
 
@@ -203,7 +216,7 @@ def setup_logging(level: str = "INFO") -> None:
 def main(argv: list[str]) -> int:
     try:
         command, args = parse(argv)
-    except DocoptExit as exc:
+    except (DocoptExit, UsageError) as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
     try:
