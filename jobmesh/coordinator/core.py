@@ -38,6 +38,7 @@ from jobmesh.coordinator.registry import Session, WorkerRegistry
 from jobmesh.coordinator.store import JobStore
 from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
+from jobmesh.protocol.framing import MAX_FRAME
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.payloads import is_finite_json, validate_payload
 
@@ -47,6 +48,7 @@ _random = random.Random()
 MAX_ATTEMPTS_LIMIT = 1_000_000
 MAX_KEY_CHARS = 1024
 MAX_RESULT_BYTES = 64 * 1024
+MAX_PAYLOAD_BYTES = MAX_FRAME - 4096  # leaves room for TASK_ASSIGN's other fields
 MAX_ERROR_CHARS = 4096
 LIST_DEFAULT = 100
 LIST_MAX = 1000
@@ -214,6 +216,10 @@ class CoordinatorCore:
             validate_payload(req.task_type, req.payload)
         except PayloadError as exc:
             return m.Error(str(exc))
+        # The payload travels again inside TASK_ASSIGN, which must fit in one frame too.
+        size = len(ujson.dumps(req.payload, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8"))
+        if size > MAX_PAYLOAD_BYTES:
+            return m.Error("payload is %d bytes encoded; at most %d fit in a task assignment" % (size, MAX_PAYLOAD_BYTES))
         key = req.idempotency_key
         if key is not None:
             if len(key) > MAX_KEY_CHARS:

@@ -90,7 +90,10 @@ class WorkerConn:
                 if msg is None:
                     close = True
                     break
-                frames.append(encode_frame(msg.to_wire()))
+                try:
+                    frames.append(encode_frame(msg.to_wire()))
+                except ProtocolError as exc:  # a bug upstream; never let it wedge the session
+                    log.error("dropped an unencodable %s for worker=%s: %s", msg.TYPE, self.worker_id, exc)
             if frames:
                 try:
                     send_all(self.sock, b"".join(frames))
