@@ -8,7 +8,7 @@ task pool (seeds/jobmesh-ARCHITECTURE.md, "Worker"):
 - the heartbeat greenlet: HEARTBEAT every ``heartbeat_interval_millis``, whatever the
   tasks do (CPU-heavy tasks yield, see ``tasks.prime_count``);
 - the writer: the only greenlet that writes to the socket, draining the session's
-  outbox one frame per ``sendall``, so frames from several greenlets never interleave.
+  outbox (all queued frames in one ``sendall``), so frames from several greenlets never interleave.
 
 When the connection ends, for whatever reason, every in-flight attempt is abandoned
 (its lease dies with the session; the coordinator retries the job) and the agent
@@ -166,6 +166,9 @@ class WorkerAgent:
     def _write_loop(self, sock: socket.socket, outbox: Queue) -> None:
         try:
             for frame in outbox:
+                # Whatever else is already queued goes out in the same write.
+                while outbox.qsize():
+                    frame += outbox.get_nowait()
                 sock.sendall(frame)
         except OSError as exc:
             log.info("send failed worker=%s error=%r", self.worker_id, str(exc))
