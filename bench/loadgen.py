@@ -716,12 +716,18 @@ class LoadGen:
         child, addr = procs.start_echo(self.run_dir)
         self.children.append(child)
         try:
+            before = (time.monotonic(), sum(os.times()[:2]), procs.cpu_seconds(child.pid) or 0.0)
             phase = echo_baseline.measure(addr, self.o["clients"], self.workload, self.o["jobs"],
                                           self.o["duration"], self.abort, self.o["timeout"])
+            wall = time.monotonic() - before[0]
+            cpu = {"loadgen": round((sum(os.times()[:2]) - before[1]) / wall, 2),
+                   "echo": round(((procs.cpu_seconds(child.pid) or 0.0) - before[2]) / wall, 2)}
         finally:
             child.stop(5)
             self.children.remove(child)
-        return echo_baseline.report(phase, self.o["clients"])
+        out = echo_baseline.report(phase, self.o["clients"])
+        out["cpu_cores_used"] = cpu
+        return out
 
     # ---- report -------------------------------------------------------------------------
 
@@ -782,6 +788,7 @@ class LoadGen:
             rep["echo_round_trips_per_s"] = echo["round_trips_per_s"]
             rep["echo_latency_ms"] = echo["latency_ms"]
             rep["echo_errors"] = echo["errors"]
+            rep["echo_cpu_cores_used"] = echo.get("cpu_cores_used")
             rep["ratio_vs_echo"] = round(rep["submits_per_s"] / echo["round_trips_per_s"], 3) \
                 if echo["round_trips_per_s"] else None
         rep.update(self.extra)

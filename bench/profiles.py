@@ -48,10 +48,12 @@ PROFILES: dict[str, tuple[list[str], list[tuple[str, str]]]] = {
          ("coord cores", "cpu_cores_used.coordinator"), ("lost", "lost")],
     ),
     "submit-50c-vs-echo": (
-        ["--mode=submit", "--clients=50", "--duration=10", "--compare-echo"],
+        ["--mode=submit", "--clients=50", "--duration=10", "--compare-echo",
+         "--coordinator-arg=--max-active-jobs=1000000"],
         [("durable submits/s", "submits_per_s"), ("echo rt/s", "echo_round_trips_per_s"),
          ("ratio", "ratio_vs_echo"), ("submit p50 ms", "submit_latency_ms.p50"),
-         ("submit p99 ms", "submit_latency_ms.p99"), ("coord cores", "cpu_cores_used.coordinator")],
+         ("submit p99 ms", "submit_latency_ms.p99"), ("coord cores", "cpu_cores_used.coordinator"),
+         ("echo server cores", "echo_cpu_cores_used.echo"), ("echo client cores", "echo_cpu_cores_used.loadgen")],
     ),
     "latency-1c": (
         ["--mode=submit", "--clients=1", "--jobs=5000"],
@@ -59,7 +61,7 @@ PROFILES: dict[str, tuple[list[str], list[tuple[str, str]]]] = {
          ("p99 ms", "submit_latency_ms.p99"), ("max ms", "submit_latency_ms.max")],
     ),
     "latency-saturation-200c": (
-        ["--mode=submit", "--clients=200", "--duration=10"],
+        ["--mode=submit", "--clients=200", "--duration=10", "--coordinator-arg=--max-active-jobs=1000000"],
         [("submits/s", "submits_per_s"), ("p50 ms", "submit_latency_ms.p50"), ("p99 ms", "submit_latency_ms.p99"),
          ("max ms", "submit_latency_ms.max"), ("coord cores", "cpu_cores_used.coordinator")],
     ),
