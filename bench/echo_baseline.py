@@ -29,7 +29,6 @@ import os
 import socket as _stdsocket
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repo importable

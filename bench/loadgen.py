@@ -80,6 +80,7 @@ from docopt import DocoptExit, docopt
 from bench import procs
 from bench.builtin_worker import BuiltinWorkers
 from bench.conns import Conn, ConnError, classify, open_many, raise_fd_limit
+from bench.histogram import Histogram
 from bench.drive import (TERMINAL, CompletionTracker, Phase, run_clients, status_frame, submit_client,
                          submit_once, wait_phase)
 from bench.workload import SpecError, Workload
@@ -223,6 +224,7 @@ class LoadGen:
         self.tracker = CompletionTracker()
         self.e2e_hist = None
         self.conns: list[Conn] = []
+        self.status_ids: list[str] = []
         self.live_conns = 0
         self.extra: dict[str, Any] = {}
         self.setup_errors: Counter = Counter()
@@ -244,6 +246,7 @@ class LoadGen:
             self.client_addr = o["coordinator"]
             self.worker_addr = o["coordinator_worker"]
             pid = o["coordinator_pid"]
+            Conn.open(self.client_addr).close()  # fail fast if nothing listens there
         else:
             db = self.run_dir / "bench.db"
             for suffix in ("", "-wal", "-shm"):
@@ -373,8 +376,6 @@ class LoadGen:
         if mode == "submit" or (mode == "e2e" and o["e2e_style"] == "stream"):
             greenlets = run_clients(self.conns, submit_client, self.phase, self.workload, o["dup_rate"])
         elif mode == "e2e":
-            from bench.histogram import Histogram
-
             self.e2e_hist = Histogram()
             greenlets = run_clients(self.conns, self.loop_client)
         elif mode == "status":
@@ -601,6 +602,8 @@ class LoadGen:
         """Ask the coordinator about every accepted job; page LIST_JOBS for duplicates."""
         o = self.o
         ids = list(self.phase.ids)
+        if o["mode"] == "status":
+            ids = list(self.status_ids)
         out: dict[str, Any] = {"checked": 0}
         if o["verify"] == "none" or not ids and o["mode"] not in ("submit", "e2e", "mixed", "burst"):
             return out
@@ -851,8 +854,7 @@ def main(argv: list[str] | None = None) -> int:
             gen.setup()
         except (procs.ChildFailed, OSError, ConnError, RuntimeError) as exc:
             print("loadgen: set-up failed: %s" % exc, file=sys.stderr)
-            gen.teardown()
-            return EXIT_SETUP
+            return EXIT_SETUP  # the finally below stops what was started
         gen.run()
         if not gen.interrupted:
             verify = gen.verify()
@@ -875,6 +877,9 @@ def main(argv: list[str] | None = None) -> int:
         Path(opts["out"]).write_text(json.dumps(rep, indent=2, sort_keys=True) + "\n")
     if gen.interrupted:
         return EXIT_INTERRUPTED
+    if opts["clients"] and not rep["connections"]:
+        print("loadgen: no client connection could be opened", file=sys.stderr)
+        return EXIT_SETUP
     if rep["lost"] or rep["duplicates"]:
         print("loadgen: %d job(s) lost, %d duplicate(s)" % (rep["lost"], rep["duplicates"]), file=sys.stderr)
         rc = EXIT_LOST

@@ -13,7 +13,7 @@ Usage:
 Options:
   --runs=N         runs per profile [default: 3]
   --only=NAMES     comma-separated profile names (default: all)
-  --out-dir=DIR    where the JSON reports go [default: bench-results]
+  --out-dir=DIR    where the JSON reports go (default: jobmesh-bench-results in the temp dir)
   --list           print the profiles' command lines and exit
   -h --help        show this help
 """
@@ -24,6 +24,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             print("%-26s bench/loadgen %s" % (name, " ".join(PROFILES[name][0])))
         return 0
     runs = int(args["--runs"])
-    out_dir = Path(args["--out-dir"])
+    out_dir = Path(args["--out-dir"] or Path(tempfile.gettempdir()) / "jobmesh-bench-results")
     out_dir.mkdir(parents=True, exist_ok=True)
     table = []
     for name in names:
