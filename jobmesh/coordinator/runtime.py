@@ -4,12 +4,15 @@ Start order: recover from the store (inline, before any listener) → core green
 sweep timer → listeners → the "listening" line. Stop order: core (commits its batch,
 answers what it took, fails what is still queued) → listeners → database.
 
-The core greenlet takes a batch of up to ``MAX_BATCH`` inbox items, applies each with
-one clock read, schedules, commits every changed row in one SQLite transaction on a
-one-thread pool (group commit), and only then releases the batch's replies and
-outbound frames. It starts no new batch while a commit is in flight, so no client or
-worker ever observes a state that is not on disk. A failed commit stops the process:
-memory would be ahead of disk, and recovery on the next start repairs it.
+The core greenlet takes a batch of up to ``MAX_BATCH`` mailbox items (worker events
+first), applies each with one clock read, schedules, and hands every changed row to a
+one-thread pool to commit in one SQLite transaction (group commit). The batch's replies
+and outbound frames are released only after that commit. Commits form a pipeline of
+depth two: while batch N commits, the core applies batch N+1 in memory; N+1's commit
+starts only after N is durable and released, so commits and releases happen strictly
+in order and memory is never more than two batches ahead of disk. Nothing is observable
+before it is durable. A failed commit stops the process: memory would be ahead of disk,
+and recovery on the next start repairs it.
 
 The sweep is armed by ``gevent.spawn_later``: the callback re-arms itself on a fixed
 cadence and only posts a SWEEP marker; the sweep itself runs inside the core loop,
@@ -24,13 +27,13 @@ import resource
 import signal
 import sys
 import time
+from collections import deque
 from typing import Any
 
 import gevent
 import gevent.event
 import gevent.pool
 import gevent.server
-from gevent.queue import Empty, Queue, UnboundQueue
 from gevent.threadpool import ThreadPool
 
 from jobmesh.config import CoordinatorConfig
@@ -47,6 +50,78 @@ BACKLOG = 4096
 FD_MARGIN = 256
 STOP = object()
 SWEEP = object()
+
+
+class Mailbox:
+    """The core's inbox: two lanes, worker events first.
+
+    Worker events (results, heartbeats, registrations, disconnects) and the sweep free
+    capacity and keep sessions alive, so a batch takes them before client requests;
+    each connection's own events stay in order because each lives in one lane.
+    """
+
+    def __init__(self) -> None:
+        self._urgent: deque = deque()
+        self._normal: deque = deque()
+        self._wake = gevent.event.Event()
+
+    def __len__(self) -> int:
+        return len(self._urgent) + len(self._normal)
+
+    def put(self, item: Any) -> None:
+        self._normal.append(item)
+        self._wake.set()
+
+    def put_urgent(self, item: Any) -> None:
+        self._urgent.append(item)
+        self._wake.set()
+
+    def take(self, limit: int) -> list:
+        """Up to ``limit`` items, urgent ones first; blocks while empty."""
+        while not (self._urgent or self._normal):
+            self._wake.clear()
+            self._wake.wait()
+        batch = []
+        urgent, normal = self._urgent, self._normal
+        while urgent and len(batch) < limit:
+            batch.append(urgent.popleft())
+        while normal and len(batch) < limit:
+            batch.append(normal.popleft())
+        return batch
+
+    def take_all(self) -> list:
+        batch = list(self._urgent) + list(self._normal)
+        self._urgent.clear()
+        self._normal.clear()
+        return batch
+
+
+class _Pending:
+    """A batch whose rows are being committed; its replies and frames wait for that."""
+
+    __slots__ = ("commit", "replies", "outbound")
+
+    def __init__(self, commit, replies: list, outbound: list) -> None:
+        self.commit = commit
+        self.replies = replies
+        self.outbound = outbound
+
+    def finish(self) -> bool:
+        """Wait for the commit, then release; returns whether it had to wait (yielded)."""
+        waited = False
+        if self.commit is not None:
+            waited = True
+            try:
+                self.commit.get()
+            except Exception:
+                log.critical("database commit failed; stopping so that recovery can repair state", exc_info=True)
+                sys.stderr.flush()
+                os._exit(71)
+        for result, reply in self.replies:
+            result.set(reply)
+        for conn, msg in self.outbound:
+            conn.send(msg)
+        return waited
 
 
 def now_millis() -> int:
@@ -70,12 +145,12 @@ def raise_fd_limit() -> int:
 class Coordinator:
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
-        self.inbox: Queue = UnboundQueue()
+        self.mailbox = Mailbox()
         self.store: JobStore | None = None
         self.core: CoordinatorCore | None = None
         self.dbpool: ThreadPool | None = None
         self.servers: list[gevent.server.StreamServer] = []
-        self.handlers = Servers(self.inbox.put)
+        self.handlers = Servers(self.mailbox.put, self.mailbox.put_urgent)
         self._core_greenlet: gevent.Greenlet | None = None
         self._sweep_timer: gevent.Greenlet | None = None
         self._next_sweep = 0.0
@@ -158,13 +233,13 @@ class Coordinator:
         self._arm_sweep()
         if not self._sweep_pending:
             self._sweep_pending = True
-            self.inbox.put(SWEEP)
+            self.mailbox.put_urgent(SWEEP)
 
     # ---- the core loop -----------------------------------------------------------------
 
     def _run_core(self) -> None:
         core = self.core
-        inbox = self.inbox
+        mailbox = self.mailbox
         handlers = {
             "register": lambda now, it: core.on_worker_registered(now, it[1], it[2], it[3]),
             "heartbeat": lambda now, it: core.on_heartbeat(now, it[1], it[2]),
@@ -178,13 +253,12 @@ class Coordinator:
             m.ListWorkers: lambda now, r: core.list_workers(now),
             m.CancelJob: lambda now, r: core.cancel_job(now, r.job_id),
         }
+        pending: _Pending | None = None
         while True:
-            batch = [inbox.get()]
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.append(inbox.get_nowait())
-                except Empty:
-                    break
+            if pending is not None and not mailbox:
+                pending.finish()  # nothing else to do: release the last batch before sleeping
+                pending = None
+            batch = mailbox.take(MAX_BATCH)
             replies: list[tuple[Any, m.Message]] = []
             stop = False
             now = now_millis()
@@ -213,31 +287,25 @@ class Coordinator:
                 core.schedule_queued_jobs(now)
             except Exception:
                 log.exception("error while scheduling; continuing")
-            committed = self._commit()
-            for result, reply in replies:
-                result.set(reply)
-            for conn, msg in core.take_outbound():
-                conn.send(msg)
+            # Pipeline of depth two: this batch's commit may start only once the previous
+            # one is durable and released, but it was applied while that one committed.
+            yielded = False
+            if pending is not None:
+                yielded = pending.finish()
+            pending = self._start_commit(replies, core.take_outbound())
             if stop:
-                while True:
-                    try:
-                        self._fail(inbox.get_nowait())
-                    except Empty:
-                        return
-            if not committed:
-                gevent.sleep(0)  # get() on a non-empty queue never yields
+                pending.finish()
+                for item in mailbox.take_all():
+                    self._fail(item)
+                return
+            if not yielded:
+                gevent.sleep(0)  # the mailbox never blocks while it has items: let handlers run
 
-    def _commit(self) -> bool:
+    def _start_commit(self, replies: list, outbound: list) -> "_Pending":
         inserts, updates = self.core.take_dirty()
-        if not inserts and not updates:
-            return False
-        try:
-            self.dbpool.apply(self.store.write, (inserts, updates))
-        except Exception:
-            log.critical("database commit failed; stopping so that recovery can repair state", exc_info=True)
-            sys.stderr.flush()
-            os._exit(71)
-        return True
+        if inserts or updates:
+            return _Pending(self.dbpool.spawn(self.store.write, inserts, updates), replies, outbound)
+        return _Pending(None, replies, outbound)
 
     @staticmethod
     def _fail(item: Any) -> None:
@@ -257,7 +325,7 @@ class Coordinator:
             self._sweep_timer.kill(block=False)
         if self._core_greenlet is not None:
             self._core_greenlet.unlink(self._core_died)
-            self.inbox.put(STOP)
+            self.mailbox.put(STOP)
             self._core_greenlet.join(10)
             self._core_greenlet.kill(block=False)
         for srv in self.servers:

@@ -126,8 +126,9 @@ class WorkerConn:
 class Servers:
     """Handlers for both ports; ``post(item)`` feeds the core, ``ask(req)`` waits for its reply."""
 
-    def __init__(self, post: Callable[[Any], None]) -> None:
-        self.post = post
+    def __init__(self, post: Callable[[Any], None], post_urgent: Callable[[Any], None]) -> None:
+        self.post = post  # client requests
+        self.post_worker = post_urgent  # worker events go first (they free capacity)
         self.worker_conns: set[WorkerConn] = set()
 
     # ---- worker port ---------------------------------------------------------------
@@ -146,7 +147,7 @@ class Servers:
             if not isinstance(msg, m.WorkerRegister):
                 raise ProtocolError("the first message on the worker port must be WORKER_REGISTER, got %s" % msg.TYPE)
             conn.worker_id = msg.worker_id
-            self.post(("register", conn, msg.worker_id, msg.capacity))
+            self.post_worker(("register", conn, msg.worker_id, msg.capacity))
             registered = True
             while True:
                 obj = reader.read_frame()
@@ -160,9 +161,9 @@ class Servers:
                         "%s workerId %r does not match this session's %r" % (msg.TYPE, msg.worker_id, conn.worker_id)
                     )
                 if isinstance(msg, m.Heartbeat):
-                    self.post(("heartbeat", conn, msg.worker_id))
+                    self.post_worker(("heartbeat", conn, msg.worker_id))
                 else:
-                    self.post(("result", conn, msg))
+                    self.post_worker(("result", conn, msg))
         except ProtocolError as exc:
             log.warning("protocol violation on worker port peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
             conn.send(m.Error(str(exc)))
@@ -170,7 +171,7 @@ class Servers:
             log.info("worker connection error peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
         finally:
             if registered:
-                self.post(("disconnected", conn))
+                self.post_worker(("disconnected", conn))
             conn.finish()
             self.worker_conns.discard(conn)
 

@@ -15,9 +15,12 @@ Schema history, migrated in place on open:
 ``newest first`` listing uses SQLite's rowid, which grows with each insert and is kept
 by the UPDATE-based upsert, so paging by rowid is stable and O(page) at any table size.
 
-Connections are opened with ``check_same_thread=False`` because the runtime writes from
-a one-thread pool while reads happen inline on the hub's thread; the runtime guarantees
-the two never overlap (no read while a commit is in flight).
+Two connections: ``conn`` is the writer (migrations, recovery, then batch writes from
+the runtime's one-thread pool); ``reader`` serves reads inline on the hub's thread. In
+WAL mode a reader never waits for a writer, so a read never stalls the hub behind an
+fsync; it sees the last committed state, which is all the core asks of it (finished jobs,
+idempotency keys of finished jobs, listing pages). An in-memory store (unit tests) has a
+single connection for both.
 """
 
 from __future__ import annotations
@@ -112,6 +115,11 @@ class JobStore:
         self.conn.execute("PRAGMA synchronous=%s" % {"FULL": "FULL", "NORMAL": "NORMAL", "OFF": "OFF"}[synchronous])
         self.migrated: list[str] = []
         self._migrate()
+        if path == ":memory:":
+            self.reader = self.conn
+        else:
+            self.reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self.reader.execute("PRAGMA cache_size=-16384")
 
     # ---- schema ---------------------------------------------------------------
 
@@ -172,11 +180,11 @@ class JobStore:
         return self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
 
     def get(self, job_id: str) -> Job | None:
-        row = self.conn.execute("SELECT %s FROM jobs WHERE job_id=?" % SELECT_COLUMNS, (job_id,)).fetchone()
+        row = self.reader.execute("SELECT %s FROM jobs WHERE job_id=?" % SELECT_COLUMNS, (job_id,)).fetchone()
         return None if row is None else job_from_row(row)
 
     def find_by_key(self, key: str) -> Job | None:
-        row = self.conn.execute(
+        row = self.reader.execute(
             "SELECT %s FROM jobs WHERE idempotency_key=?" % SELECT_COLUMNS, (key,)
         ).fetchone()
         return None if row is None else job_from_row(row)
@@ -193,10 +201,11 @@ class JobStore:
         sql = "SELECT rowid, %s FROM jobs %s ORDER BY rowid DESC LIMIT ?" % (
             SELECT_COLUMNS, ("WHERE " + " AND ".join(where)) if where else "")
         params.append(limit)
-        return [(r[0], job_from_row(r[1:])) for r in self.conn.execute(sql, params)]
+        return [(r[0], job_from_row(r[1:])) for r in self.reader.execute(sql, params)]
 
     def close(self) -> None:
-        try:
-            self.conn.close()
-        except sqlite3.Error:
-            pass
+        for c in {id(self.reader): self.reader, id(self.conn): self.conn}.values():
+            try:
+                c.close()
+            except sqlite3.Error:
+                pass
