@@ -9,10 +9,13 @@ measures the coordinator alone, without the cost of real worker processes.
 
 ``executions`` counts results sent per jobId, so the report can show jobs executed
 more than once (legal under at-least-once delivery, but only after a lost attempt).
+``assigned_at`` holds the ``perf_counter`` time of every TASK_ASSIGN read, in order
+(``bench/scaling.py`` derives assignments/s from it).
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import gevent
@@ -32,6 +35,7 @@ class BuiltinWorkers:
         self.capacity = capacity
         self.executions: Counter = Counter()
         self.cancels = 0
+        self.assigned_at: list[float] = []
         self.errors: Counter = Counter()
         self._greenlets: list[gevent.Greenlet] = []
         self._socks: list = []
@@ -97,6 +101,7 @@ class BuiltinWorkers:
                 return
             kind = msg.get("type")
             if kind == "TASK_ASSIGN":
+                self.assigned_at.append(time.perf_counter())
                 payload = msg.get("payload") or {}
                 delay = payload.get("durationMillis", 0) if msg.get("taskType") == "SLEEP" else 0
                 if delay > 0:

@@ -58,7 +58,7 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def wait_for_line(self, pattern: re.Pattern, timeout: float) -> re.Match:
+    def wait_for_line(self, pattern: re.Pattern, timeout: float, poll: float = 0.05) -> re.Match:
         deadline = time.monotonic() + timeout
         while True:
             match = pattern.search(tail(self.out_path, 1 << 20))
@@ -69,7 +69,7 @@ class Child:
                                   % (self.name, self.proc.returncode, tail(self.err_path)))
             if time.monotonic() > deadline:
                 raise ChildFailed("%s not ready within %.0fs:\n%s" % (self.name, timeout, tail(self.err_path)))
-            gevent.sleep(0.05)
+            gevent.sleep(poll)
 
     def signal(self, sig: int) -> None:
         if self.alive():
@@ -111,13 +111,13 @@ def stop_all(children: list[Child], timeout: float = 10.0) -> dict[str, int | No
     return codes
 
 
-def start_coordinator(run_dir: Path, db: Path, synchronous: str, extra: list[str],
-                      timeout: float = 30.0) -> tuple[Child, tuple[str, int], tuple[str, int]]:
+def start_coordinator(run_dir: Path, db: Path, synchronous: str, extra: list[str], timeout: float = 30.0,
+                      poll: float = 0.05) -> tuple[Child, tuple[str, int], tuple[str, int]]:
     args = [sys.executable, "-m", "jobmesh", "coordinator", "--bind=127.0.0.1", "--worker-port=0",
             "--client-port=0", "--db=%s" % db, "--db-synchronous=%s" % synchronous] + list(extra)
     child = Child("coordinator", args, run_dir)
     try:
-        match = child.wait_for_line(LISTENING, timeout)
+        match = child.wait_for_line(LISTENING, timeout, poll)
     except ChildFailed:
         child.stop(2)
         raise
