@@ -25,6 +25,7 @@ import logging
 import os
 import resource
 import signal
+import sqlite3
 import sys
 import time
 from collections import deque
@@ -349,9 +350,11 @@ def run_coordinator(config: CoordinatorConfig) -> int:
     coordinator = Coordinator(config)
     try:
         line = coordinator.start()
+    except sqlite3.Error as exc:
+        log.error("cannot open the database %s: %s", config.db, exc)
+        return 1
     except OSError as exc:
         log.error("cannot start: %s", exc)
-        print("jobmesh coordinator: cannot start: %s" % exc, file=sys.stderr)
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, lambda: gevent.spawn(coordinator.stop))
