@@ -1,0 +1,87 @@
+"""The coordinator as a command: start-up errors, the listening line, signals, logs."""
+
+import socket
+import sqlite3
+
+from tests.helpers import RawConn, run_cli, wait_until
+
+
+def test_unopenable_database_is_a_one_line_error(tmp_path):
+    # Given a database path in a directory that does not exist
+    proc = run_cli("coordinator", "--worker-port=0", "--client-port=0", "--db=%s" % (tmp_path / "no" / "x.db"))
+    # Then it exits 1 and says which file, without a traceback
+    assert proc.returncode == 1
+    assert "cannot open the database" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_corrupt_database_is_refused(tmp_path):
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"this is not a sqlite database, only some words " * 20)
+    proc = run_cli("coordinator", "--worker-port=0", "--client-port=0", "--db=%s" % bad)
+    assert proc.returncode == 1
+    assert "not a database" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_port_in_use_is_reported(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        port = taken.getsockname()[1]
+        proc = run_cli("coordinator", "--worker-port=%d" % port, "--client-port=0", "--db=%s" % (tmp_path / "x.db"))
+        assert proc.returncode == 1
+        assert "cannot start" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    finally:
+        taken.close()
+
+
+def test_bad_flag_values_are_usage_errors(tmp_path):
+    for flag in ("--worker-port=http", "--sweep-interval-millis=0", "--max-active-jobs=-1", "--db-synchronous=SOMETIMES"):
+        proc = run_cli("coordinator", flag, "--db=%s" % (tmp_path / "x.db"))
+        assert proc.returncode == 2, (flag, proc.stderr)
+        assert flag.split("=")[0] in proc.stderr
+
+
+def test_periodic_port_is_refused_clearly(tmp_path):
+    proc = run_cli("coordinator", "--worker-port=0", "--client-port=0", "--periodic-port=0",
+                   "--db=%s" % (tmp_path / "x.db"))
+    assert proc.returncode == 2
+    assert "--periodic-port" in proc.stderr
+
+
+def test_graceful_stop_keeps_running_jobs_running_in_the_database(coordinator_factory, tmp_path):
+    # Given a job assigned to a worker
+    coord = coordinator_factory()
+    client = RawConn(coord.client_addr)
+    worker = RawConn(coord.worker_addr)
+    worker.send({"type": "WORKER_REGISTER", "workerId": "w1", "capacity": 1})
+    assert worker.recv()["type"] == "WORKER_REGISTERED"
+    job_id = client.request({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1}})["jobId"]
+    assert worker.recv()["type"] == "TASK_ASSIGN"
+    # When the coordinator is stopped with SIGTERM
+    assert coord.terminate() == 0
+    # Then no shutdown transition was written: the row is RUNNING, as after a crash
+    with sqlite3.connect(str(coord.db)) as db:
+        (state,) = db.execute("SELECT state FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+    assert state == "RUNNING"
+    assert "stopped" in coord.stderr()
+    client.close()
+    worker.close()
+
+
+def test_logs_say_what_happened(coordinator):
+    client = RawConn(coordinator.client_addr)
+    worker = RawConn(coordinator.worker_addr)
+    worker.send({"type": "WORKER_REGISTER", "workerId": "w-log", "capacity": 1})
+    assert worker.recv()["type"] == "WORKER_REGISTERED"
+    client.send_raw(b"\x00\x00\x00\x03abc")
+    assert client.is_closed()
+    worker.close()
+    text = wait_until(lambda: (lambda t: t if "worker disconnected worker=w-log" in t else None)(coordinator.stderr()),
+                      message="disconnect logged")
+    assert "worker registered worker=w-log capacity=1" in text
+    assert "protocol violation on client port" in text
+    assert "recovered db=" in text
