@@ -217,9 +217,12 @@ class CoordinatorCore:
         except PayloadError as exc:
             return m.Error(str(exc))
         # The payload travels again inside TASK_ASSIGN, which must fit in one frame too.
-        size = len(ujson.dumps(req.payload, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8"))
-        if size > MAX_PAYLOAD_BYTES:
-            return m.Error("payload is %d bytes encoded; at most %d fit in a task assignment" % (size, MAX_PAYLOAD_BYTES))
+        payload_json = ujson.dumps(req.payload, ensure_ascii=False, escape_forward_slashes=False)
+        if len(payload_json) * 4 > MAX_PAYLOAD_BYTES:  # UTF-8 takes at most 4 bytes a character
+            size = len(payload_json.encode("utf-8"))
+            if size > MAX_PAYLOAD_BYTES:
+                return m.Error("payload is %d bytes encoded; at most %d fit in a task assignment" % (
+                    size, MAX_PAYLOAD_BYTES))
         key = req.idempotency_key
         if key is not None:
             if len(key) > MAX_KEY_CHARS:
@@ -245,7 +248,7 @@ class CoordinatorCore:
         job = Job(
             job_id=self._job_id(self.next_seq), seq=self.next_seq, task_type=req.task_type, payload=req.payload,
             max_attempts=max_attempts, priority=priority, created_at=created, idempotency_key=key,
-            execution_timeout=self.config.task_timeout_millis,
+            execution_timeout=self.config.task_timeout_millis, payload_json=payload_json,
         )
         self.next_seq += 1
         self.jobs[job.job_id] = job

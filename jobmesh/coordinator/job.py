@@ -16,7 +16,7 @@ class Job:
     __slots__ = (
         "job_id", "seq", "task_type", "payload", "state", "attempts", "max_attempts", "priority",
         "worker_id", "attempt_id", "result", "error", "created_at", "updated_at", "retry_at",
-        "idempotency_key", "execution_timeout", "deadline",
+        "idempotency_key", "execution_timeout", "deadline", "payload_json",
     )
 
     def __init__(
@@ -39,6 +39,7 @@ class Job:
         retry_at: int | None = None,
         execution_timeout: int | None = None,
         deadline: int | None = None,
+        payload_json: str | None = None,
     ) -> None:
         self.job_id = job_id
         self.seq = seq
@@ -58,6 +59,7 @@ class Job:
         self.idempotency_key = idempotency_key
         self.execution_timeout = execution_timeout
         self.deadline = deadline
+        self.payload_json = payload_json  # the payload as stored, when already encoded
 
     def move_to(self, target: JobState, now_millis: int) -> None:
         """Apply one state-machine transition; ``IllegalTransition`` means a core bug."""

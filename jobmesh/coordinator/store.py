@@ -79,7 +79,7 @@ def _loads(text: str | None) -> Any:
 
 def insert_row(job: Job) -> tuple:
     return (
-        job.job_id, job.task_type, _dumps(job.payload), job.state.value, job.attempts, job.max_attempts,
+        job.job_id, job.task_type, job.payload_json or _dumps(job.payload), job.state.value, job.attempts, job.max_attempts,
         job.worker_id, job.attempt_id, _dumps(job.result), job.error, job.created_at, job.updated_at,
         job.retry_at, job.idempotency_key, job.execution_timeout, job.deadline, job.priority.value, job.seq,
     )
