@@ -186,9 +186,15 @@ def _parse_mix(spec: str) -> list[tuple[str, float]]:
 
 
 def _revision() -> str | None:
-    """The commit measured, with "+dirty" if jobmesh/ had uncommitted changes."""
+    """The commit measured, with "+dirty" if jobmesh/ had uncommitted changes.
+
+    A tree exported without ``.git`` (``git archive``) is named by its ``REVISION`` file.
+    """
     import subprocess as _sp
 
+    stamp = procs.REPO_ROOT / "REVISION"
+    if not (procs.REPO_ROOT / ".git").exists() and stamp.exists():
+        return stamp.read_text().strip() or None
     try:
         head = _sp.run(["git", "rev-parse", "--short", "HEAD"], cwd=procs.REPO_ROOT, capture_output=True,
                        text=True, timeout=5).stdout.strip()

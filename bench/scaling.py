@@ -1,6 +1,6 @@
 """Scaling: does the cost of an operation grow with the queue, or with history?
 
-Three levels, each printed as a table (``--out`` also writes them as JSON):
+Four levels, each printed as a table (``--out`` also writes them as JSON):
 
 ``core``
     The pure ``CoordinatorCore`` in this process, no sockets, no gevent: for each size N
@@ -11,6 +11,13 @@ Three levels, each printed as a table (``--out`` also writes them as JSON):
     group commit of the round's rows. Each step is timed with ``perf_counter`` and
     divided by the operations it did; the table shows the median over rounds (µs per
     submit, per assignment, per result, per sweep, per committed row).
+
+``history``
+    The same steady state at the first size's depth, run until ``--history`` jobs have
+    completed, with the clock advancing as if ``--history-rate`` assignments/s went
+    through; the table shows the per-operation medians in eleven blocks along the way,
+    with what the core still holds (deadline heap, finished-job cache) and this
+    process's RSS. Cost or memory that grows with the jobs already processed shows here.
 
 ``e2e``
     A real coordinator (``python -m jobmesh coordinator``, WAL + ``synchronous=FULL``,
@@ -40,12 +47,17 @@ Usage:
   scaling.py (-h | --help)
 
 Options:
-  --levels=LIST          core, e2e and/or stored, comma-separated [default: core,e2e,stored]
+  --levels=LIST          core, history, e2e and/or stored, comma-separated
+                         [default: core,history,e2e,stored]
   --sizes=LIST           queued jobs per step (core, e2e) [default: 1000,10000,100000]
   --workers=W            worker sessions or connections [default: 8]
   --capacity=K           slots per worker [default: 32]
   --rounds=R             core: measured rounds per size (after 3 warm-up rounds) [default: 30]
-  --core-store=KIND      core: file (WAL + FULL in the work directory) or memory [default: file]
+  --core-store=KIND      core, history: file (WAL + FULL in the work directory) or memory
+                         [default: file]
+  --history=N            history: jobs to complete at the first size's depth [default: 1000000]
+  --history-rate=R       history: assignments per simulated second [default: 8000]
+  --task-timeout-millis=N  core, history: the core's attempt deadline [default: 600000]
   --trials=N             e2e: coordinators per size [default: 3]
   --worker-impl=IMPL     e2e: builtin or process [default: builtin]
   --prefill-clients=C    e2e: connections that fill the queue [default: 50]
@@ -92,9 +104,11 @@ from jobmesh.coordinator.store import INSERT_SQL, JobStore, insert_row  # noqa: 
 from jobmesh.protocol import messages as m  # noqa: E402
 from jobmesh.protocol.jobs import JobState, Priority  # noqa: E402
 
+LEVELS = ("core", "history", "e2e", "stored")
 WARMUP_ROUNDS = 3
 PRIORITY_CYCLE = ("NORMAL",) * 4 + ("HIGH",) + ("NORMAL",) * 4 + ("LOW",)  # 1:8:1
 T0_MILLIS = 1_700_000_000_000
+HEARTBEAT_MILLIS = 2000  # the worker's default --heartbeat-interval-millis
 BUILD_CHUNK = 100_000
 
 
@@ -164,96 +178,127 @@ def submit_requests(count: int, start: int) -> list[m.SubmitJob]:
                         priority=PRIORITY_CYCLE[(start + i) % len(PRIORITY_CYCLE)]) for i in range(count)]
 
 
-def core_size(size: int, opts: dict[str, Any], work_dir: Path) -> dict[str, Any]:
-    workers, capacity, rounds = opts["workers"], opts["capacity"], opts["rounds"]
-    slots = workers * capacity
-    if opts["core_store"] == "memory":
-        store = JobStore(":memory:")
-    else:
-        path = work_dir / ("core-%d.db" % size)
-        remove_db(path)
-        store = JobStore(str(path), "FULL")
-    core = CoordinatorCore(store, CoreConfig(max_active_jobs=size + 2 * slots + 1))
-    now = T0_MILLIS
-    try:
+class SteadyCore:
+    """A ``CoordinatorCore`` kept at a fixed queue depth, one round at a time.
+
+    Set-up submits ``size`` jobs and registers the sessions. Each ``round`` applies the
+    previous round's results, submits as many new jobs (so the queue is ``size`` deep
+    again), schedules (which fills every slot), sweeps, and commits the round's rows;
+    it returns each step's seconds and counts. The clock advances ``step_millis`` per
+    round, and every session heartbeats every 2 s of that clock.
+    """
+
+    def __init__(self, size: int, opts: dict[str, Any], store: JobStore, step_millis: int = 1) -> None:
+        self.size = size
+        self.slots = opts["workers"] * opts["capacity"]
+        self.store = store
+        self.step_millis = step_millis
+        self.core = CoordinatorCore(store, CoreConfig(max_active_jobs=size + 2 * self.slots + 1,
+                                                      task_timeout_millis=opts["task_timeout_millis"]))
+        self.now = T0_MILLIS
         reqs = submit_requests(size, 0)
         t = time.perf_counter()
         for req in reqs:
-            core.submit_job(now, req)
-        prefill_s = time.perf_counter() - t
+            self.core.submit_job(self.now, req)
+        self.prefill_s = time.perf_counter() - t
         del reqs
+        store.write(*self.core.take_dirty())
+        self.conns = [FakeConn("scaling-w%d" % i) for i in range(opts["workers"])]
+        for conn in self.conns:
+            self.core.on_worker_registered(self.now, conn, conn.worker_id, opts["capacity"])
+        self.core.take_outbound()
+        self.beat_at = self.now
+        self.running: list = []
+        self.submitted = size
+        self.rounds = 0
+
+    def round(self) -> dict[str, float]:
+        core = self.core
+        self.now += self.step_millis
+        if self.now - self.beat_at >= HEARTBEAT_MILLIS:  # as a worker's heartbeat greenlet would
+            self.beat_at = self.now
+            for conn in self.conns:
+                core.on_heartbeat(self.now, conn, conn.worker_id)
+        results = [(conn, m.TaskResult(conn.worker_id, a.job_id, a.attempt_id, True, {"sleptMillis": 0}))
+                   for conn, a in self.running]
+        reqs = submit_requests(len(results), self.submitted)
+        self.submitted += len(reqs)
+
+        t = time.perf_counter()
+        for conn, res in results:
+            core.on_task_result(self.now, conn, res)
+        t_result = time.perf_counter() - t
+
+        t = time.perf_counter()
+        for req in reqs:
+            core.submit_job(self.now, req)
+        t_submit = time.perf_counter() - t
+
+        depth = len(core.queued)
+        t = time.perf_counter()
+        assigned = core.schedule_queued_jobs(self.now)
+        t_schedule = time.perf_counter() - t
+        self.running = [(conn, msg) for conn, msg in core.take_outbound() if isinstance(msg, m.TaskAssign)]
+        if assigned != self.slots or len(self.running) != self.slots:
+            raise Failed("core N=%d round %d: %d assigned, %d frames, %d slots"
+                         % (self.size, self.rounds, assigned, len(self.running), self.slots))
+
+        t = time.perf_counter()
+        core.sweep(self.now)  # every slot taken: the periodic pass at this depth
+        t_sweep = time.perf_counter() - t
+
+        t = time.perf_counter()
         inserts, updates = core.take_dirty()
-        store.write(inserts, updates)
-        del inserts, updates
-        conns = [FakeConn("scaling-w%d" % i) for i in range(workers)]
-        for conn in conns:
-            core.on_worker_registered(now, conn, conn.worker_id, capacity)
-        core.take_outbound()
-        samples: dict[str, list[float]] = {k: [] for k in ("submit", "schedule", "result", "sweep", "commit")}
-        depths = []
-        running: list = []
-        submitted = size
-        for r in range(WARMUP_ROUNDS + rounds):
-            now += 1
-            results = [(conn, m.TaskResult(conn.worker_id, a.job_id, a.attempt_id, True, {"sleptMillis": 0}))
-                       for conn, a in running]
-            reqs = submit_requests(len(results), submitted)
-            submitted += len(reqs)
+        self.store.write(inserts, updates)
+        t_commit = time.perf_counter() - t
+        self.rounds += 1
+        return {"depth": depth, "assigned": assigned, "results": len(results),
+                "schedule": t_schedule / assigned, "sweep": t_sweep,
+                "commit": t_commit / (len(inserts) + len(updates)),
+                "result": t_result / len(results) if results else None,
+                "submit": t_submit / len(reqs) if reqs else None}
 
-            t = time.perf_counter()
-            for conn, res in results:
-                core.on_task_result(now, conn, res)
-            t_result = time.perf_counter() - t
 
-            t = time.perf_counter()
-            for req in reqs:
-                core.submit_job(now, req)
-            t_submit = time.perf_counter() - t
+STEPS = ("submit", "schedule", "result", "sweep", "commit")
 
-            depth = len(core.queued)
-            t = time.perf_counter()
-            assigned = core.schedule_queued_jobs(now)
-            t_schedule = time.perf_counter() - t
-            running = [(conn, msg) for conn, msg in core.take_outbound() if isinstance(msg, m.TaskAssign)]
-            if assigned != slots or len(running) != slots:
-                raise Failed("core N=%d round %d: %d assigned, %d frames, %d slots"
-                             % (size, r, assigned, len(running), slots))
 
-            t = time.perf_counter()
-            core.sweep(now)  # every slot taken: the periodic pass at this depth
-            t_sweep = time.perf_counter() - t
+def step_medians(samples: list[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key in STEPS:
+        us = sorted(s[key] * 1e6 for s in samples if s[key] is not None)
+        out[key + "_us"] = round(statistics.median(us), 3)
+        out[key + "_us_p90"] = round(us[int(0.9 * (len(us) - 1))], 3)
+    return out
 
-            t = time.perf_counter()
-            inserts, updates = core.take_dirty()
-            store.write(inserts, updates)
-            t_commit = time.perf_counter() - t
-            rows = len(inserts) + len(updates)
 
-            if r >= WARMUP_ROUNDS:
-                depths.append(depth)
-                samples["schedule"].append(t_schedule / assigned)
-                samples["sweep"].append(t_sweep)
-                samples["commit"].append(t_commit / rows)
-                if results:
-                    samples["result"].append(t_result / len(results))
-                    samples["submit"].append(t_submit / len(reqs))
+def open_store(opts: dict[str, Any], path: Path) -> JobStore:
+    if opts["core_store"] == "memory":
+        return JobStore(":memory:")
+    remove_db(path)
+    return JobStore(str(path), "FULL")
+
+
+def core_size(size: int, opts: dict[str, Any], work_dir: Path) -> dict[str, Any]:
+    path = work_dir / ("core-%d.db" % size)
+    store = open_store(opts, path)
+    try:
+        steady = SteadyCore(size, opts, store)
+        for _ in range(WARMUP_ROUNDS):
+            steady.round()
+        samples = [steady.round() for _ in range(opts["rounds"])]
         out: dict[str, Any] = {
             "queued": size,
-            "depth_at_schedule": median(depths),
-            "prefill_submit_us": round(prefill_s / size * 1e6, 2),
+            "depth_at_schedule": median([s["depth"] for s in samples]),
+            "prefill_submit_us": round(steady.prefill_s / size * 1e6, 2),
             "rows_in_store": store.count(),
-            "rounds": rounds,
-            "assignments_per_round": slots,
+            "rounds": opts["rounds"],
+            "assignments_per_round": steady.slots,
         }
-        for key, values in samples.items():
-            us = sorted(v * 1e6 for v in values)
-            out[key + "_us"] = round(statistics.median(us), 3)
-            out[key + "_us_p90"] = round(us[int(0.9 * (len(us) - 1))], 3)
+        out.update(step_medians(samples))
         return out
     finally:
         store.close()
-        if opts["core_store"] != "memory":
-            remove_db(work_dir / ("core-%d.db" % size))
+        remove_db(path)
 
 
 def core_level(opts: dict[str, Any], work_dir: Path) -> dict[str, Any]:
@@ -272,6 +317,72 @@ def core_level(opts: dict[str, Any], work_dir: Path) -> dict[str, Any]:
     print("  %s / %s queued: %s" % (fmt(last["queued"]), fmt(first["queued"]),
                                     ", ".join("%s x%s" % (k[:-3], fmt(v)) for k, v in growth.items())))
     return {"rows": rows, "growth_largest_vs_smallest": growth}
+
+
+def heap_bytes(core: CoordinatorCore, sample: int = 2000) -> int:
+    """Estimated bytes held by the deadline heap: list slot, tuple, int, attempt id, and the
+    job id when nothing else holds it (the job is neither active nor cached), from a sample."""
+    heap = core.deadline_heap
+    if not heap:
+        return 0
+    step = max(1, len(heap) // sample)
+    picked = heap[::step]
+    total = 0
+    for deadline, job_id, attempt_id in picked:
+        total += 8 + sys.getsizeof((deadline, job_id, attempt_id)) + sys.getsizeof(deadline) \
+            + sys.getsizeof(attempt_id)
+        if job_id not in core.jobs and job_id not in core.finished:
+            total += sys.getsizeof(job_id)
+    return total * len(heap) // len(picked)
+
+
+def history_level(opts: dict[str, Any], work_dir: Path) -> dict[str, Any]:
+    """The core at a fixed depth while ``--history`` jobs complete, in ten blocks.
+
+    The clock advances as if ``--history-rate`` assignments/s went through, so nothing
+    that is kept for a time (deadline entries: ``--task-timeout-millis`` of the core,
+    600 s by default) expires early or late.
+    """
+    size = opts["sizes"][0]
+    path = work_dir / "history.db"
+    store = open_store(opts, path)
+    try:
+        slots = opts["workers"] * opts["capacity"]
+        step = max(1, round(slots * 1000 / opts["history_rate"]))
+        steady = SteadyCore(size, opts, store, step_millis=step)
+        for _ in range(WARMUP_ROUNDS):
+            steady.round()
+        blocks = 10
+        per_block = max(1, opts["history"] // slots // blocks)
+        rows = []
+        for b in range(blocks + 1):
+            samples = [steady.round() for _ in range(per_block if b else min(per_block, opts["rounds"]))]
+            core = steady.core
+            rows.append(dict(step_medians(samples), completed=(steady.rounds - 1) * slots,
+                             simulated_s=round((steady.now - T0_MILLIS) / 1000, 1),
+                             deadline_heap=len(core.deadline_heap),
+                             deadline_heap_mb=round(heap_bytes(core) / 1e6, 1), retry_heap=len(core.retry_heap),
+                             finished_cache=len(core.finished), active=core.active_count,
+                             rss_kb=rss_kb()))
+        print_table(
+            "history (in process, %s queued, %d sessions x %d slots, clock at %s assignments/s, task timeout "
+            "%s ms, %s store)" % (fmt(size), opts["workers"], opts["capacity"], fmt(opts["history_rate"]),
+                                  fmt(opts["task_timeout_millis"]), opts["core_store"]),
+            ["completed", "sim s", "submit", "assign", "result", "sweep", "commit/row", "deadline heap",
+             "heap MB", "finished", "RSS MB"],
+            [[r["completed"], r["simulated_s"], r["submit_us"], r["schedule_us"], r["result_us"], r["sweep_us"],
+              r["commit_us"], r["deadline_heap"], r["deadline_heap_mb"], r["finished_cache"], r["rss_kb"] / 1024]
+             for r in rows])
+        first, last = rows[0], rows[-1]
+        growth = {key: ratio(last[key], first[key]) for key in ("submit_us", "schedule_us", "result_us",
+                                                                 "sweep_us", "commit_us")}
+        print("  after %s / at the start: %s; RSS %+.0f MB" % (
+            fmt(last["completed"]), ", ".join("%s x%s" % (k[:-3], fmt(v)) for k, v in growth.items()),
+            (last["rss_kb"] - first["rss_kb"]) / 1024))
+        return {"rows": rows, "queued": size, "growth_last_vs_first": growth}
+    finally:
+        store.close()
+        remove_db(path)
 
 
 # ---- level 2: end to end ------------------------------------------------------------
@@ -589,9 +700,9 @@ def stored_level(opts: dict[str, Any], work_dir: Path) -> dict[str, Any]:
 def parse(argv: list[str] | None) -> dict[str, Any]:
     a = docopt(__doc__, argv=argv)
     levels = [x.strip() for x in a["--levels"].split(",") if x.strip()]
-    bad = [x for x in levels if x not in ("core", "e2e", "stored")]
+    bad = [x for x in levels if x not in LEVELS]
     if bad or not levels:
-        raise SystemExit("scaling: unknown level(s) %s (core, e2e, stored)" % ", ".join(bad))
+        raise SystemExit("scaling: unknown level(s) %s (%s)" % (", ".join(bad), ", ".join(LEVELS)))
     try:
         opts = {
             "levels": levels,
@@ -600,7 +711,9 @@ def parse(argv: list[str] | None) -> dict[str, Any]:
             "core_store": a["--core-store"], "trials": int(a["--trials"]), "worker_impl": a["--worker-impl"],
             "prefill_clients": int(a["--prefill-clients"]), "stored": int(a["--stored"]),
             "stored_runs": int(a["--stored-runs"]), "stored_clients": int(a["--stored-clients"]),
-            "stored_duration": float(a["--stored-duration"]), "work_dir": a["--work-dir"], "out": a["--out"],
+            "stored_duration": float(a["--stored-duration"]), "history": int(a["--history"]),
+            "history_rate": float(a["--history-rate"]),
+            "task_timeout_millis": int(a["--task-timeout-millis"]), "work_dir": a["--work-dir"], "out": a["--out"],
         }
     except ValueError as exc:
         raise SystemExit("scaling: %s" % exc) from None
@@ -609,7 +722,9 @@ def parse(argv: list[str] | None) -> dict[str, Any]:
     if not opts["sizes"] or min(opts["sizes"]) < 1 or opts["rounds"] < 1 or opts["trials"] < 1 \
             or opts["stored_runs"] < 1 or opts["stored"] < 1:
         raise SystemExit("scaling: sizes, rounds, trials, runs and --stored must be positive")
-    if "core" in levels and min(opts["sizes"]) < opts["workers"] * opts["capacity"]:
+    if opts["history"] < 1 or opts["history_rate"] <= 0:
+        raise SystemExit("scaling: --history and --history-rate must be positive")
+    if ("core" in levels or "history" in levels) and min(opts["sizes"]) < opts["workers"] * opts["capacity"]:
         raise SystemExit("scaling: the core level needs every size >= --workers x --capacity (%d), to keep "
                          "every slot busy" % (opts["workers"] * opts["capacity"]))
     return opts
@@ -631,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
         for level in opts["levels"]:
             t = time.monotonic()
             try:
-                fn = {"core": core_level, "e2e": e2e_level, "stored": stored_level}[level]
+                fn = {"core": core_level, "history": history_level, "e2e": e2e_level, "stored": stored_level}[level]
                 result[level] = fn(opts, work_dir)
                 result[level]["seconds"] = round(time.monotonic() - t, 1)
             except (Failed, procs.ChildFailed, OSError) as exc:

@@ -22,12 +22,13 @@ def test_scaling_all_levels_tiny(tmp_path):
     # Given tiny sizes, when every level runs, then each reports one row per size (core,
     # e2e) or per database (stored), with positive rates and every job accounted for.
     out = tmp_path / "scaling.json"
-    proc = run(["-m", "bench.scaling", "--levels=core,e2e,stored", "--sizes=64,128", "--workers=2",
-                "--capacity=8", "--rounds=3", "--trials=1", "--prefill-clients=4", "--stored=3000",
+    proc = run(["-m", "bench.scaling", "--levels=core,history,e2e,stored", "--sizes=64,128", "--workers=2",
+                "--capacity=8", "--rounds=3", "--history=3200", "--task-timeout-millis=100", "--trials=1",
+                "--prefill-clients=4", "--stored=3000",
                 "--stored-runs=1", "--stored-clients=4", "--stored-duration=0.5",
                 "--work-dir=%s" % (tmp_path / "work"), "--out=%s" % out], timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for title in ("\ncore (", "\ne2e (", "\nstored ("):
+    for title in ("\ncore (", "\nhistory (", "\ne2e (", "\nstored ("):
         assert title in proc.stdout
     report = json.loads(out.read_text())
     assert report["loadavg_start"] and report["loadavg_end"]
@@ -40,6 +41,13 @@ def test_scaling_all_levels_tiny(tmp_path):
         assert row["depth_at_schedule"] == row["queued"]
     assert set(report["core"]["growth_largest_vs_smallest"]) == {
         "submit_us", "schedule_us", "result_us", "sweep_us", "commit_us"}
+
+    history = report["history"]["rows"]
+    assert len(history) == 11
+    assert history[-1]["completed"] >= 3000
+    # Deadlines of 100 ms at 8,000 assignments/s: the heap holds about 800 entries, not 3,200.
+    assert history[-1]["deadline_heap"] < 1200
+    assert all(r["schedule_us"] > 0 for r in history)
 
     e2e = report["e2e"]["rows"]
     assert [r["queued"] for r in e2e] == [64, 128]
