@@ -35,7 +35,7 @@ import ujson
 from jobmesh.coordinator import scheduler
 from jobmesh.coordinator.job import Job
 from jobmesh.coordinator.registry import Session, WorkerRegistry
-from jobmesh.coordinator.store import JobStore
+from jobmesh.coordinator.store import JobStore, insert_row, update_row
 from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
@@ -105,8 +105,6 @@ class CoordinatorCore:
 
     def take_dirty(self) -> tuple[list[tuple], list[tuple]]:
         """Rows to commit for everything changed since the last call: (inserts, updates)."""
-        from jobmesh.coordinator.store import insert_row, update_row
-
         inserts, updates = [], []
         for job_id, job in self._dirty.items():
             if job_id in self._new:
