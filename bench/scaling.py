@@ -542,8 +542,10 @@ def e2e_level(opts: dict[str, Any], work_dir: Path) -> dict[str, Any]:
           r["coordinator_rss_queued_kb"] / 1024 if r["coordinator_rss_queued_kb"] else None,
           r["rss_per_queued_job_b"], r["coordinator_cores"], "/".join(fmt(x) for x in r["loadavg_1m"])] for r in rows])
     growth = ratio(last[key], first[key])
-    print("  %s at %s / at %s queued: %s" % (key, fmt(last["queued"]), fmt(first["queued"]), fmt(growth, 3)))
-    return {"rows": rows, "rate_largest_vs_smallest": growth, "rate_key": key}
+    versus = {r["queued"]: ratio(last[key], r[key]) for r in rows[:-1]}
+    print("  %s at %s queued / at %s" % (key, fmt(last["queued"]), ", ".join(
+        "%s: %s" % (fmt(n), fmt(v, 3)) for n, v in versus.items())))
+    return {"rows": rows, "rate_largest_vs_smallest": growth, "rate_largest_vs": versus, "rate_key": key}
 
 
 # ---- level 3: a million stored jobs -------------------------------------------------
