@@ -450,7 +450,27 @@ class CoordinatorCore:
                     session, now_millis, "worker %s presumed dead (no heartbeat for %d ms)" % (session.worker_id, silent)
                 )
 
+    def _compact_deadlines(self) -> None:
+        """Drop heap entries of leases that already ended, once they outnumber live ones.
+
+        Every assignment pushes an entry that otherwise stays until its deadline passes
+        (10 minutes by default); at thousands of assignments a second that would be
+        gigabytes. Rebuilding costs O(running), amortised over as many ended leases.
+        """
+        running = sum(len(s.running) for s in self.workers)
+        if len(self.deadline_heap) <= 2 * running + 1024:
+            return
+        live = []
+        for session in self.workers:
+            for job_id in session.running:
+                job = self.jobs.get(job_id)
+                if job is not None and job.state is JobState.RUNNING and job.deadline is not None:
+                    live.append((job.deadline, job_id, job.attempt_id))
+        heapq.heapify(live)
+        self.deadline_heap = live
+
     def detect_expired_deadlines(self, now_millis: int) -> None:
+        self._compact_deadlines()
         heap = self.deadline_heap
         while heap and heap[0][0] <= now_millis:
             _, job_id, attempt_id = heapq.heappop(heap)

@@ -5,14 +5,12 @@ sweep timer → listeners → the "listening" line. Stop order: core (commits it
 answers what it took, fails what is still queued) → listeners → database.
 
 The core greenlet takes a batch of up to ``MAX_BATCH`` mailbox items (worker events
-first), applies each with one clock read, schedules, and hands every changed row to a
-one-thread pool to commit in one SQLite transaction (group commit). The batch's replies
-and outbound frames are released only after that commit. Commits form a pipeline of
-depth two: while batch N commits, the core applies batch N+1 in memory; N+1's commit
-starts only after N is durable and released, so commits and releases happen strictly
-in order and memory is never more than two batches ahead of disk. Nothing is observable
-before it is durable. A failed commit stops the process: memory would be ahead of disk,
-and recovery on the next start repairs it.
+first), applies each with one clock read, schedules, and commits every changed row in
+one SQLite transaction on a one-thread pool (group commit), and only then releases the
+batch's replies and outbound frames. It starts no new batch while a commit is in flight,
+so no client or worker ever observes a state that is not on disk, and memory is never
+more than one batch ahead of disk. A failed commit stops the process: memory would be
+ahead of disk, and recovery on the next start repairs it.
 
 The sweep is armed by ``gevent.spawn_later``: the callback re-arms itself on a fixed
 cadence and only posts a SWEEP marker; the sweep itself runs inside the core loop,
@@ -254,11 +252,7 @@ class Coordinator:
             m.ListWorkers: lambda now, r: core.list_workers(now),
             m.CancelJob: lambda now, r: core.cancel_job(now, r.job_id),
         }
-        pending: _Pending | None = None
         while True:
-            if pending is not None and not mailbox:
-                pending.finish()  # nothing else to do: release the last batch before sleeping
-                pending = None
             batch = mailbox.take(MAX_BATCH)
             replies: list[tuple[Any, m.Message]] = []
             stop = False
@@ -288,14 +282,11 @@ class Coordinator:
                 core.schedule_queued_jobs(now)
             except Exception:
                 log.exception("error while scheduling; continuing")
-            # Pipeline of depth two: this batch's commit may start only once the previous
-            # one is durable and released, but it was applied while that one committed.
-            yielded = False
-            if pending is not None:
-                yielded = pending.finish()
-            pending = self._start_commit(replies, core.take_outbound())
+            # Group commit: the whole batch in one transaction, then its replies and frames.
+            # No new batch starts while a commit is in flight (measured: overlapping the next
+            # batch with the commit made batches smaller and submits slower; docs/PERFORMANCE.md).
+            yielded = self._start_commit(replies, core.take_outbound()).finish()
             if stop:
-                pending.finish()
                 for item in mailbox.take_all():
                     self._fail(item)
                 return

@@ -52,6 +52,7 @@ class QueuedJobs:
     def __init__(self) -> None:
         self._heaps: list[list[tuple[int, int, str]]] = [[] for _ in range(MAX_LEVEL + 1)]
         self._members: dict[str, int] = {}  # job_id -> base level
+        self._stale = 0  # entries of discarded jobs still in the heaps
 
     def __len__(self) -> int:
         return len(self._members)
@@ -66,7 +67,19 @@ class QueuedJobs:
         heapq.heappush(self._heaps[base_level], (seq, created_at_millis, job_id))
 
     def discard(self, job_id: str) -> None:
-        self._members.pop(job_id, None)
+        if self._members.pop(job_id, None) is not None:
+            self._stale += 1
+            if self._stale > len(self._members) + 1024:
+                self._compact()
+
+    def _compact(self) -> None:
+        """Rebuild the heaps without entries of discarded jobs (they would otherwise stay
+        until they reach the head, which never happens while no worker drains the queue)."""
+        for level, heap in enumerate(self._heaps):
+            live = [e for e in heap if self._members.get(e[2]) == level]
+            heapq.heapify(live)
+            self._heaps[level] = live
+        self._stale = 0
 
     def _head(self, level: int) -> tuple[int, int, str] | None:
         heap = self._heaps[level]
@@ -75,6 +88,8 @@ class QueuedJobs:
             if self._members.get(entry[2]) == level:
                 return entry
             heapq.heappop(heap)  # stale: cancelled or already assigned
+            if self._stale:
+                self._stale -= 1
         return None
 
     def peek(self, now_millis: int, aging_step_millis: int) -> str | None:

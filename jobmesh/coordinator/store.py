@@ -174,7 +174,11 @@ class JobStore:
         return [job_from_row(r) for r in rows]
 
     def max_seq(self) -> int:
-        return self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()[0]
+        # Sequences grow with rowid (rows are inserted in submission order), so the newest
+        # rows hold the largest; looking at a few avoids scanning a million-row table.
+        return self.conn.execute(
+            "SELECT COALESCE(MAX(seq), 0) FROM (SELECT seq FROM jobs ORDER BY rowid DESC LIMIT 1000)"
+        ).fetchone()[0]
 
     def count(self) -> int:
         return self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]

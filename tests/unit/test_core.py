@@ -1265,3 +1265,28 @@ def test_random_event_sequences_keep_the_invariants(seed):
         assert len(set(attempts)) == len(attempts)
         stored = h.store.get(job_id)
         assert stored.attempts == len(attempts) <= stored.max_attempts
+
+
+def test_deadline_index_stays_bounded_by_running_leases():
+    # Given one worker completing thousands of jobs, each with a long deadline
+    from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+    from jobmesh.coordinator.store import JobStore
+    from jobmesh.protocol import messages as mm
+
+    core = CoordinatorCore(JobStore(":memory:"), CoreConfig(task_timeout_millis=600_000, max_active_jobs=10**6))
+    conn = object()
+    core.on_worker_registered(0, conn, "w", 4)
+    now = 1
+    for i in range(5000):
+        core.submit_job(now, mm.SubmitJob("SLEEP", {"durationMillis": 0}))
+        core.schedule_queued_jobs(now)
+        for c, msg in core.take_outbound():
+            if isinstance(msg, mm.TaskAssign):
+                core.on_task_result(now, conn, mm.TaskResult("w", msg.job_id, msg.attempt_id, True, {}))
+        core.take_dirty()
+        if i % 100 == 0:
+            core.sweep(now)
+        now += 1
+    # Then ended leases were dropped from the deadline index
+    assert len(core.deadline_heap) <= 2 * 4 + 1024
+    assert core.active_count == 0

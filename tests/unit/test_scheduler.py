@@ -334,3 +334,16 @@ def test_module_has_no_clock():
 
     source = inspect.getsource(scheduler)
     assert "import time" not in source and "gevent" not in source
+
+
+def test_discarded_entries_do_not_pile_up_while_nothing_drains_the_queue():
+    # Given a queue that no worker drains, where clients submit and cancel over and over
+    q = QueuedJobs()
+    q.add("keep", NORMAL, 0, 0)
+    for seq in range(1, 20_001):
+        q.add("j%d" % seq, NORMAL, seq, 0)
+        q.discard("j%d" % seq)
+    # Then the heaps hold about what is queued, not everything ever submitted
+    assert len(q) == 1
+    assert sum(len(h) for h in q._heaps) < 2_100
+    assert q.pop(0, STEP) == "keep"
