@@ -8,7 +8,6 @@ jobmesh client. Failures are classified into a few error kinds for the report.
 from __future__ import annotations
 
 import errno
-import resource
 import socket as _stdsocket
 from collections import Counter
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import gevent
 from gevent import socket
 
+from jobmesh.coordinator.runtime import raise_fd_limit  # noqa: F401  (re-exported for bench/)
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol.framing import FrameReader, encode_frame
 
@@ -29,20 +29,6 @@ class ConnError(Exception):
     def __init__(self, kind: str, detail: str = "") -> None:
         super().__init__("%s: %s" % (kind, detail) if detail else kind)
         self.kind = kind
-
-
-def raise_fd_limit() -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard limit; returns the soft limit in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = max(soft, 65536)
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
 
 
 def classify(exc: BaseException) -> str:
