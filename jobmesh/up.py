@@ -1,7 +1,7 @@
 """``jobmesh up``: a coordinator and N local workers as one supervised unit.
 
 The coordinator and every worker are child processes (``python -m jobmesh ...``, started
-with ``gevent.subprocess``, never multiprocessing, see GEVENT.md section 1), so
+with ``gevent.subprocess``; never multiprocessing, which hangs in a patched process), so
 ``--worker-port=0`` works: the workers are pointed at the port from the coordinator's
 "listening" line, which is relayed to our stdout. Children inherit stderr; the
 coordinator's stdout is read continuously so its pipe never fills.

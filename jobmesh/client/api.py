@@ -1,11 +1,11 @@
 """CoordinatorClient: a small blocking client for the coordinator's client port.
 
 One socket, connected lazily, many requests on it, exactly one reply per request
-(seeds/jobmesh-PROTOCOL.md, "Client port"). It uses the stdlib ``socket`` module, so it
+(docs/PROTOCOL.md, "Client port"). It uses the stdlib ``socket`` module, so it
 works from a plain script, from threads (a lock serializes requests on the shared
 socket) and from a gevent-patched process alike.
 
-What each failure means for the caller (STYLE.md section 4):
+What each failure means for the caller (the error tree is in jobmesh/errors.py):
 
 - ``CoordinatorUnavailable``: connecting failed, the connection broke mid-request, the
   reply timed out or made no sense. The outcome is unknown (a submit may have created a

@@ -2,7 +2,7 @@
 
 Each handler takes a connected-on-demand ``CoordinatorClient`` and docopt's dict, prints
 its output (text, or one JSON document with ``--json``) and returns the exit code the
-contract names (CONTRACT.md, "Command line"). Bad flag values raise ``ConfigError``
+contract names (README.md, "Command line"). Bad flag values raise ``ConfigError``
 before anything is sent; ``cli.main`` turns that into exit 2.
 """
 

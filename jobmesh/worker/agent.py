@@ -1,7 +1,7 @@
 """The worker process: connect, register, read assignments, heartbeat, reconnect.
 
 One connection at a time (a *session*), with three greenlets of its own besides the
-task pool (seeds/jobmesh-ARCHITECTURE.md, "Worker"):
+task pool:
 
 - the reader (the agent's greenlet): TASK_ASSIGN starts an attempt in the pool,
   TASK_CANCEL stops the attempt holding exactly that lease, ERROR is logged;

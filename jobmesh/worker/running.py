@@ -2,7 +2,7 @@
 
 Each attempt runs in its own greenlet in a ``Pool(capacity)``. The table maps
 ``(job_id, attempt_id)`` to the attempt, so a TASK_CANCEL for a superseded attempt can
-never touch a newer one (seeds/jobmesh-PROTOCOL.md, TASK_CANCEL).
+never touch a newer one (docs/PROTOCOL.md, TASK_CANCEL).
 
 Invariants:
 

@@ -1,13 +1,13 @@
 """The five task bodies, as plain functions that yield cooperatively.
 
-Each returns the result object the contract names (CONTRACT.md, "Task results") or
+Each returns the result object the contract names (docs/PROTOCOL.md, "Task types") or
 raises ``TaskFailed`` for a failed attempt whose reason goes into TASK_RESULT.error.
 They never touch sockets. Long-running bodies cooperate with cancellation:
 
 - SLEEP waits on the attempt's cancel event, so a cancel wakes it at once;
 - PRIME_COUNT calls ``pause()`` between sieve slices (``gevent.idle`` in the worker), so
   heartbeats and TASK_CANCEL get through and killing the greenlet stops it within a slice
-  (GEVENT.md section 3). Unit tests pass ``pause=lambda: None`` and need no hub.
+  (docs/PERFORMANCE.md, "PRIME_COUNT"). Unit tests pass ``pause=lambda: None`` and need no hub.
 
 The payload is assumed valid (``execute`` re-validates it first).
 """
