@@ -279,7 +279,7 @@ class CoordinatorCore:
         if req.cursor is not None:
             try:
                 before = int(req.cursor)
-                if before < 1:
+                if not 1 <= before < 2**63:  # a rowid; anything else did not come from us
                     raise ValueError
             except ValueError:
                 return m.Error("invalid cursor %r" % req.cursor)

@@ -1290,3 +1290,15 @@ def test_deadline_index_stays_bounded_by_running_leases():
     # Then ended leases were dropped from the deadline index
     assert len(core.deadline_heap) <= 2 * 4 + 1024
     assert core.active_count == 0
+
+
+def test_cursor_out_of_rowid_range_is_an_error_not_a_crash():
+    from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+    from jobmesh.coordinator.store import JobStore
+    from jobmesh.protocol import messages as mm
+
+    core = CoordinatorCore(JobStore(":memory:"), CoreConfig())
+    for cursor in ("99999999999999999999999", "0", "-5", "abc"):
+        reply = core.list_jobs(0, mm.ListJobs(cursor=cursor))
+        assert isinstance(reply, mm.Error), cursor
+        assert "cursor" in reply.message
