@@ -47,6 +47,7 @@ _random = random.Random()
 
 MAX_ATTEMPTS_LIMIT = 1_000_000
 MAX_KEY_CHARS = 1024
+MAX_WORKER_ID_CHARS = 256
 MAX_RESULT_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = MAX_FRAME - 4096  # leaves room for TASK_ASSIGN's other fields
 MAX_ERROR_CHARS = 4096
@@ -322,6 +323,9 @@ class CoordinatorCore:
     def on_worker_registered(self, now_millis: int, conn: Any, worker_id: str, capacity: int) -> None:
         if not 1 <= capacity <= 1024:
             self._refuse(conn, "capacity must be 1..1024, got %d" % capacity)
+            return
+        if not worker_id or len(worker_id) > MAX_WORKER_ID_CHARS:
+            self._refuse(conn, "workerId must be 1..%d characters" % MAX_WORKER_ID_CHARS)
             return
         if self.workers.by_conn(conn) is not None:
             self._refuse(conn, "this connection is already registered")

@@ -32,7 +32,10 @@ RECV_SIZE = 65536
 
 def encode_frame(obj: dict[str, Any]) -> bytes:
     """Encode one JSON object as a frame (header and payload in one bytes object)."""
-    body = ujson.dumps(obj, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8")
+    try:
+        body = ujson.dumps(obj, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ProtocolError("message holds text that is not valid Unicode") from exc
     if len(body) > MAX_FRAME:
         raise ProtocolError("frame of %d bytes exceeds the %d-byte limit" % (len(body), MAX_FRAME))
     return HEADER.pack(len(body)) + body
@@ -50,6 +53,14 @@ def decode_payload(body: bytes) -> dict[str, Any]:
         raise ProtocolError("frame payload is not valid JSON: %s" % exc) from exc
     if not isinstance(obj, dict):
         raise ProtocolError("frame payload must be a JSON object, got %s" % type(obj).__name__)
+    # UTF-8 input cannot hold surrogates, but a \uD800-style escape can smuggle a lone one
+    # in, and such a string can be neither stored nor sent again. Only texts with such an
+    # escape pay for the check.
+    if b"\\ud" in body or b"\\uD" in body:
+        try:
+            ujson.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ProtocolError("frame payload holds a lone UTF-16 surrogate escape, which is not valid text") from exc
     return obj
 
 

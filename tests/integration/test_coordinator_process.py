@@ -85,3 +85,36 @@ def test_logs_say_what_happened(coordinator):
     assert "worker registered worker=w-log capacity=1" in text
     assert "protocol violation on client port" in text
     assert "recovered db=" in text
+
+
+def test_lone_surrogates_cannot_reach_the_database(coordinator):
+    # Given a client and a worker whose texts smuggle lone UTF-16 surrogates via \u escapes
+    import struct
+
+    def frame(text: bytes) -> bytes:
+        return struct.pack(">I", len(text)) + text
+
+    bad_client = RawConn(coordinator.client_addr)
+    bad_client.send_raw(frame(b'{"type":"SUBMIT_JOB","taskType":"SLEEP","payload":{"durationMillis":1},'
+                              b'"idempotencyKey":"k\\ud800"}'))
+    reply = bad_client.recv()
+    assert reply["type"] == "ERROR" and "surrogate" in reply["message"]
+    assert bad_client.is_closed()
+    bad_worker = RawConn(coordinator.worker_addr)
+    bad_worker.send_raw(frame(b'{"type":"WORKER_REGISTER","workerId":"w\\udc00","capacity":1}'))
+    assert bad_worker.recv()["type"] == "ERROR"
+    assert bad_worker.is_closed()
+    # Then the coordinator is still alive and durable work goes on
+    client = RawConn(coordinator.client_addr)
+    worker = RawConn(coordinator.worker_addr)
+    worker.send({"type": "WORKER_REGISTER", "workerId": "w-ok", "capacity": 1})
+    assert worker.recv()["type"] == "WORKER_REGISTERED"
+    job_id = client.request({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1},
+                             "idempotencyKey": "emoji-\U0001F600"})["jobId"]
+    assign = worker.recv()
+    worker.send({"type": "TASK_RESULT", "workerId": "w-ok", "jobId": job_id, "attemptId": assign["attemptId"],
+                 "success": True, "result": {"sleptMillis": 1}})
+    done = wait_until(lambda: (lambda j: j if j["state"] == "COMPLETED" else None)(
+        client.request({"type": "GET_JOB_STATUS", "jobId": job_id})["job"]), message="job completed")
+    assert done["result"] == {"sleptMillis": 1}
+    assert coordinator.proc.poll() is None

@@ -1302,3 +1302,19 @@ def test_cursor_out_of_rowid_range_is_an_error_not_a_crash():
         reply = core.list_jobs(0, mm.ListJobs(cursor=cursor))
         assert isinstance(reply, mm.Error), cursor
         assert "cursor" in reply.message
+
+
+def test_worker_ids_must_be_short_and_non_empty():
+    from jobmesh.coordinator.core import MAX_WORKER_ID_CHARS, CoordinatorCore, CoreConfig
+    from jobmesh.coordinator.store import JobStore
+    from jobmesh.protocol import messages as mm
+
+    core = CoordinatorCore(JobStore(":memory:"), CoreConfig())
+    for bad in ("", "w" * (MAX_WORKER_ID_CHARS + 1)):
+        conn = object()
+        core.on_worker_registered(0, conn, bad, 1)
+        out = core.take_outbound()
+        assert isinstance(out[0][1], mm.Error) and out[1] == (conn, None)
+    conn = object()
+    core.on_worker_registered(0, conn, "w" * MAX_WORKER_ID_CHARS, 1)
+    assert isinstance(core.take_outbound()[0][1], mm.WorkerRegistered)

@@ -94,3 +94,17 @@ def test_decoder_pending_and_partial():
     assert d.next_payload() == {"a": 1}
     assert d.next_payload() == {"a": 1}
     assert d.pending == 0
+
+
+def test_lone_surrogate_escapes_are_refused_but_pairs_are_text():
+    from jobmesh.protocol.framing import decode_payload
+
+    assert decode_payload(b'{"t": "\\ud83d\\ude00"}') == {"t": "\U0001F600"}
+    for body in (b'{"t": "x\\ud800"}', b'{"t": "\\uDC00y"}', b'{"\\ud800": 1}', b'{"a": ["\\udfff"]}'):
+        with pytest.raises(ProtocolError, match="surrogate"):
+            decode_payload(body)
+
+
+def test_encoding_text_that_is_not_unicode_is_a_protocol_error():
+    with pytest.raises(ProtocolError):
+        encode_frame({"t": "\ud800"})
