@@ -16,7 +16,7 @@ most three heads: O(log n) per pick, however deep the queue.
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Iterable  # noqa: F401
+from typing import Callable, Iterable
 
 from jobmesh.protocol.jobs import MAX_LEVEL
 

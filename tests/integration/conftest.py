@@ -1,6 +1,7 @@
 import pytest
 
 from tests.helpers import CoordinatorProc
+from tests.helpers import worker_procs  # noqa: F401  (a fixture: real worker processes)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import socket
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import run_cli, wait_registered, worker_procs  # noqa: F401 (fixture)
+from tests.helpers import run_cli, wait_registered
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority"}

@@ -10,7 +10,6 @@ import pytest
 from jobmesh.client import CoordinatorClient, WaitTimeout
 from jobmesh.errors import CoordinatorUnavailable, RequestFailed, SubmitRejected
 from jobmesh.protocol.jobs import JobState, Priority
-from tests.helpers import wait_registered, worker_procs  # noqa: F401 (fixture)
 
 
 def test_submit_status_wait_cancel(coordinator, worker_procs):

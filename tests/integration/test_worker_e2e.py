@@ -15,7 +15,7 @@ from datetime import datetime
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import wait_registered, wait_until, worker_procs  # noqa: F401 (fixture)
+from tests.helpers import wait_registered, wait_until
 
 
 @pytest.fixture
