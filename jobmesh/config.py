@@ -17,12 +17,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @dataclass(frozen=True)
-class CoordinatorConfig:
-    bind: str = "127.0.0.1"
-    worker_port: int = 7070
-    client_port: int = 7071
-    periodic_port: int | None = None
-    db: str = "jobmesh.db"
+class CoreConfig:
+    """The settings the coordinator core itself uses (scheduling, failure detection, retries)."""
+
     heartbeat_timeout_millis: int = 6000
     task_timeout_millis: int = 600_000
     max_active_jobs: int = 100_000
@@ -30,6 +27,17 @@ class CoordinatorConfig:
     retry_base_millis: int = 1000
     retry_cap_millis: int = 30_000
     default_max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig(CoreConfig):
+    """``jobmesh coordinator``: the core's settings plus listeners, storage and logging."""
+
+    bind: str = "127.0.0.1"
+    worker_port: int = 7070
+    client_port: int = 7071
+    periodic_port: int | None = None
+    db: str = "jobmesh.db"
     sweep_interval_millis: int = 500
     db_synchronous: str = "FULL"
     log_level: str = "INFO"

@@ -27,11 +27,11 @@ import heapq
 import logging
 import random
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 import ujson
 
+from jobmesh.config import CoreConfig
 from jobmesh.coordinator import scheduler
 from jobmesh.coordinator.job import Job
 from jobmesh.coordinator.registry import Session, WorkerRegistry
@@ -55,17 +55,6 @@ LIST_DEFAULT = 100
 LIST_MAX = 1000
 LIST_MAX_BYTES = 900 * 1024  # keep JOB_LIST below the 1 MiB frame limit
 FINISHED_CACHE = 20_000
-
-
-@dataclass(frozen=True)
-class CoreConfig:
-    heartbeat_timeout_millis: int = 6000
-    task_timeout_millis: int = 600_000
-    max_active_jobs: int = 100_000
-    aging_step_millis: int = 60_000
-    retry_base_millis: int = 1000
-    retry_cap_millis: int = 30_000
-    default_max_attempts: int = 3
 
 
 class CoordinatorCore:

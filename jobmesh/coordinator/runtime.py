@@ -36,7 +36,7 @@ import gevent.server
 from gevent.threadpool import ThreadPool
 
 from jobmesh.config import CoordinatorConfig
-from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+from jobmesh.coordinator.core import CoordinatorCore
 from jobmesh.coordinator.server import Servers, ShuttingDown
 from jobmesh.coordinator.store import JobStore
 from jobmesh.errors import ConfigError
@@ -166,18 +166,7 @@ class Coordinator:
         self.store = JobStore(cfg.db, cfg.db_synchronous)
         if self.store.migrated:
             log.info("migrated database %s: added columns %s", cfg.db, ", ".join(self.store.migrated))
-        self.core = CoordinatorCore(
-            self.store,
-            CoreConfig(
-                heartbeat_timeout_millis=cfg.heartbeat_timeout_millis,
-                task_timeout_millis=cfg.task_timeout_millis,
-                max_active_jobs=cfg.max_active_jobs,
-                aging_step_millis=cfg.aging_step_millis,
-                retry_base_millis=cfg.retry_base_millis,
-                retry_cap_millis=cfg.retry_cap_millis,
-                default_max_attempts=cfg.default_max_attempts,
-            ),
-        )
+        self.core = CoordinatorCore(self.store, cfg)  # a CoordinatorConfig is a CoreConfig
         stats = self.core.recover(now_millis())
         inserts, updates = self.core.take_dirty()
         self.store.write(inserts, updates)
