@@ -37,10 +37,11 @@ from gevent.threadpool import ThreadPool
 
 from jobmesh.config import CoordinatorConfig
 from jobmesh.coordinator.core import CoordinatorCore
-from jobmesh.coordinator.server import Servers, ShuttingDown
+from jobmesh.coordinator.server import SHUTTING_DOWN, Refusal, Servers
 from jobmesh.coordinator.store import JobStore
-from jobmesh.errors import ConfigError
+from jobmesh.errors import ConfigError, ProtocolError
 from jobmesh.protocol import messages as m
+from jobmesh.protocol.framing import encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -93,34 +94,6 @@ class Mailbox:
         self._urgent.clear()
         self._normal.clear()
         return batch
-
-
-class _Pending:
-    """A batch whose rows are being committed; its replies and frames wait for that."""
-
-    __slots__ = ("commit", "replies", "outbound")
-
-    def __init__(self, commit, replies: list, outbound: list) -> None:
-        self.commit = commit
-        self.replies = replies
-        self.outbound = outbound
-
-    def finish(self) -> bool:
-        """Wait for the commit, then release; returns whether it had to wait (yielded)."""
-        waited = False
-        if self.commit is not None:
-            waited = True
-            try:
-                self.commit.get()
-            except Exception:
-                log.critical("database commit failed; stopping so that recovery can repair state", exc_info=True)
-                sys.stderr.flush()
-                os._exit(71)
-        for result, reply in self.replies:
-            result.set(reply)
-        for conn, msg in self.outbound:
-            conn.send(msg)
-        return waited
 
 
 def now_millis() -> int:
@@ -240,10 +213,15 @@ class Coordinator:
             m.ListJobs: lambda now, r: core.list_jobs(now, r),
             m.ListWorkers: lambda now, r: core.list_workers(now),
             m.CancelJob: lambda now, r: core.cancel_job(now, r.job_id),
+            Refusal: lambda now, r: r.error,
         }
+        unsent = None  # the replies of the last committed batch, not written yet
         while True:
+            if unsent is not None and not len(mailbox):
+                self._write_replies(unsent)
+                unsent = None
             batch = mailbox.take(MAX_BATCH)
-            replies: list[tuple[Any, m.Message]] = []
+            replies: list[tuple[Any, m.Message, bool]] = []
             stop = False
             now = now_millis()
             for item in batch:
@@ -261,37 +239,72 @@ class Coordinator:
                     elif isinstance(item[0], str):
                         handlers[item[0]](now, item)
                     else:
-                        req, result = item
-                        replies.append((result, requests[type(req)](now, req)))
+                        req, conn = item
+                        replies.append((conn, requests[type(req)](now, req), type(req) is Refusal))
                 except Exception:
                     log.exception("error while handling %r; continuing", item[0] if isinstance(item, tuple) else item)
                     if isinstance(item, tuple) and not isinstance(item[0], str):
-                        replies.append((item[1], m.Error("internal coordinator error; see the coordinator log")))
+                        replies.append((item[1], m.Error("internal coordinator error; see the coordinator log"), False))
             try:
                 core.schedule_queued_jobs(now)
             except Exception:
                 log.exception("error while scheduling; continuing")
-            # Group commit: the whole batch in one transaction, then its replies and frames.
-            # No new batch starts while a commit is in flight (measured: overlapping the next
-            # batch with the commit made batches smaller and submits slower; docs/PERFORMANCE.md).
-            yielded = self._start_commit(replies, core.take_outbound()).finish()
+            # Group commit: the whole batch in one transaction; its replies and frames go
+            # out only after it. One commit in flight at a time (measured: overlapping the
+            # next batch with the commit made batches smaller and submits slower;
+            # docs/PERFORMANCE.md). The previous batch's replies are written while this
+            # batch's commit runs.
+            inserts, updates = core.take_dirty()
+            outbound = core.take_outbound()
+            commit = self.dbpool.spawn(self.store.write, inserts, updates) if inserts or updates else None
+            if unsent is not None:
+                self._write_replies(unsent)
+                unsent = None
+            if commit is not None:
+                try:
+                    commit.get()
+                except Exception:
+                    log.critical("database commit failed; stopping so that recovery can repair state", exc_info=True)
+                    sys.stderr.flush()
+                    os._exit(71)
+            for conn, msg in outbound:
+                conn.send(msg)
             if stop:
+                self._write_replies(replies)
                 for item in mailbox.take_all():
                     self._fail(item)
                 return
-            if not yielded:
+            if commit is None:
+                self._write_replies(replies)  # nothing to overlap with
                 gevent.sleep(0)  # the mailbox never blocks while it has items: let handlers run
+            else:
+                unsent = replies
 
-    def _start_commit(self, replies: list, outbound: list) -> "_Pending":
-        inserts, updates = self.core.take_dirty()
-        if inserts or updates:
-            return _Pending(self.dbpool.spawn(self.store.write, inserts, updates), replies, outbound)
-        return _Pending(None, replies, outbound)
+    @staticmethod
+    def _write_replies(replies: list) -> None:
+        """Encode a batch's replies and write each connection's with one write, in order."""
+        per_conn: dict[Any, list] = {}
+        for conn, msg, close in replies:
+            try:
+                data = encode_frame(msg.to_wire())
+            except ProtocolError as exc:  # a bug upstream; answer rather than leave the client waiting
+                log.error("could not encode a %s reply: %s", msg.TYPE, exc)
+                data = encode_frame(m.Error("internal coordinator error; see the coordinator log").to_wire())
+            entry = per_conn.get(conn)
+            if entry is None:
+                per_conn[conn] = [data, 1, close]
+            else:
+                entry[0] += data
+                entry[1] += 1
+                entry[2] = entry[2] or close
+        for conn, (data, count, close) in per_conn.items():
+            conn.reply(data, count, close)
 
     @staticmethod
     def _fail(item: Any) -> None:
+        """A client request the core will not apply (stopping): answer it and close."""
         if isinstance(item, tuple) and len(item) == 2 and not isinstance(item[0], str):
-            item[1].set_exception(ShuttingDown())
+            item[1].reply(encode_frame(SHUTTING_DOWN.to_wire()), 1, close=True)
 
     # ---- stop -----------------------------------------------------------------------
 

@@ -7,20 +7,30 @@ closes that one connection; nothing else is affected.
 
 Worker connections have one writer greenlet each, draining an outbox the runtime fills
 after each commit, so the core never blocks on a slow peer and frames from different
-sources never interleave on the socket. Client connections are strict
-request/response: the handler writes its own replies (several at once when the client
-pipelined several requests).
+sources never interleave on the socket.
+
+Client connections are request/response, answered in request order. Their handler only
+reads: it posts each request with its ``ClientConn`` and goes back to reading. After the
+batch's commit the core writes every reply itself with one non-blocking write per
+connection (the common case: the socket takes it all), so a request costs no reply
+handoff and no second wake-up of its handler. Bytes a full socket did not take go to a
+flusher greenlet; until it has drained them, later replies queue behind them and the
+handler stops reading. A handler that reaches ``MAX_PIPELINE`` unanswered requests
+stops reading too, so a client that pipelines without reading can grow neither the
+mailbox nor the coordinator's memory.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import time
 from collections import deque
 from typing import Any, Callable
 
 import gevent
-from gevent.event import AsyncResult, Event
+from gevent.event import Event
 
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
@@ -32,8 +42,22 @@ WRITER_JOIN_SECONDS = 2.0
 MAX_PIPELINE = 64
 
 
-class ShuttingDown(Exception):
-    """The coordinator is stopping; the request was not applied."""
+DRAIN_SECONDS = 30.0  # at EOF, how long a handler waits for its replies to go out
+
+SHUTTING_DOWN = m.Error("coordinator is shutting down")
+
+
+class Refusal:
+    """A request-shaped item whose answer is fixed: the ERROR for a protocol violation.
+
+    It travels through the mailbox like a request so that it is written after the replies
+    to everything the client sent before it; the connection closes once it is out.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, message: str) -> None:
+        self.error = m.Error(message)
 
 
 def _nodelay(sock) -> None:
@@ -48,13 +72,6 @@ def send_all(sock, data: bytes) -> None:
     sent = sock.send(data)
     if sent < len(data):
         sock.sendall(memoryview(data)[sent:])
-
-
-def _best_effort_send(sock, data: bytes) -> None:
-    try:
-        send_all(sock, data)
-    except OSError:
-        pass
 
 
 class WorkerConn:
@@ -123,6 +140,105 @@ class WorkerConn:
         self._closed = True
 
 
+class ClientConn:
+    """A client connection as the core sees it: a destination for replies, in order.
+
+    Only the hub's thread touches it. ``closed`` is set before the socket closes (the
+    handler sets it on its way out, the core or the flusher on a failed write), and the
+    core checks it before every write, so a reply never reaches a reused descriptor.
+    """
+
+    __slots__ = ("sock", "fileno", "inflight", "closed", "_closing", "_leftover", "_flusher", "_progress")
+
+    def __init__(self, sock) -> None:
+        self.sock = sock
+        self.fileno = sock.fileno()
+        self.inflight = 0  # requests posted to the core and not answered yet
+        self.closed = False
+        self._closing = False  # shut the socket down once what is queued is out
+        self._leftover: bytearray | None = None  # reply bytes the socket has not taken yet
+        self._flusher: gevent.Greenlet | None = None
+        self._progress = Event()  # set whenever replies go out or the connection ends
+
+    # ---- core side -------------------------------------------------------------
+
+    def reply(self, data: bytes, count: int, close: bool = False) -> None:
+        """Write ``count`` replies' bytes without blocking; called by the core only."""
+        self.inflight -= count
+        if close:
+            self._closing = True
+        if not self.closed:
+            if self._leftover is not None:
+                self._leftover += data
+            else:
+                try:
+                    sent = os.write(self.fileno, data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    self._fail()
+                    return
+                if sent < len(data):
+                    self._leftover = bytearray(memoryview(data)[sent:])
+                    self._flusher = gevent.spawn(self._flush)
+                elif self._closing:
+                    self._shutdown()
+        self._progress.set()
+
+    def _flush(self) -> None:
+        try:
+            while self._leftover:
+                data, self._leftover = bytes(self._leftover), bytearray()
+                self.sock.sendall(data)
+        except OSError:
+            self._fail()
+            return
+        finally:
+            self._flusher = None
+        self._leftover = None
+        if self._closing:
+            self._shutdown()
+        self._progress.set()
+
+    def _fail(self) -> None:
+        self.closed = True
+        self._leftover = None
+        self._shutdown()
+        self._progress.set()
+
+    def _shutdown(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    # ---- handler side ----------------------------------------------------------
+
+    def wait_for_room(self) -> None:
+        """Block the reader while the client is too far ahead of its replies."""
+        while not self.closed and (self.inflight >= MAX_PIPELINE or self._leftover is not None):
+            self._progress.clear()
+            self._progress.wait()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every posted request is answered and written; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while not self.closed and (self.inflight > 0 or self._leftover is not None):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._progress.clear()
+            self._progress.wait(left)
+        return True
+
+    def release(self) -> None:
+        """The handler is leaving and its socket is about to close: drop later replies."""
+        self.closed = True
+        self._leftover = None
+        if self._flusher is not None:
+            self._flusher.kill(block=False)
+
+
 class Servers:
     """Handlers for both ports; ``post(item)`` feeds the core, ``ask(req)`` waits for its reply."""
 
@@ -179,39 +295,27 @@ class Servers:
 
     def handle_client(self, sock, addr) -> None:
         _nodelay(sock)
+        conn = ClientConn(sock)
         reader = FrameReader(sock.recv)
         try:
-            while True:
+            while not conn.closed:
                 obj = reader.read_frame()
                 if obj is None:
+                    if not conn.drain(DRAIN_SECONDS):
+                        log.warning("client peer=%s:%s closed with %d replies still unwritten after %.0f s",
+                                    addr[0], addr[1], conn.inflight, DRAIN_SECONDS)
                     return
-                pending = [self._ask_async(m.decode(obj, m.CLIENT_PORT_REQUESTS))]
-                # A client may pipeline: take every request already buffered, answer in order.
-                error = None
-                while len(pending) < MAX_PIPELINE and reader.has_buffered_frame():
-                    try:
-                        pending.append(self._ask_async(m.decode(reader.read_frame(), m.CLIENT_PORT_REQUESTS)))
-                    except ProtocolError as exc:
-                        error = exc
-                        break
-                replies = []
-                for result in pending:
-                    try:
-                        replies.append(encode_frame(result.get().to_wire()))
-                    except ShuttingDown:
-                        replies.append(encode_frame(m.Error("coordinator is shutting down").to_wire()))
-                        _best_effort_send(sock, b"".join(replies))
-                        return
-                send_all(sock, b"".join(replies))
-                if error is not None:
-                    raise error
+                req = m.decode(obj, m.CLIENT_PORT_REQUESTS)
+                conn.inflight += 1
+                self.post((req, conn))
+                conn.wait_for_room()
         except ProtocolError as exc:
             log.warning("protocol violation on client port peer=%s:%s: %s", addr[0], addr[1], exc)
-            _best_effort_send(sock, encode_frame(m.Error(str(exc)).to_wire()))
+            # Answered in order, after the replies to what came before; then the connection closes.
+            conn.inflight += 1
+            self.post((Refusal(str(exc)), conn))
+            conn.drain(DRAIN_SECONDS)
         except OSError:
             pass
-
-    def _ask_async(self, req: m.Message) -> AsyncResult:
-        result = AsyncResult()
-        self.post((req, result))
-        return result
+        finally:
+            conn.release()

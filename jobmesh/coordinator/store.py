@@ -26,7 +26,7 @@ single connection for both.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Iterable
+from typing import Any
 
 import ujson
 
@@ -62,11 +62,41 @@ SELECT_COLUMNS = (
     "job_id, task_type, payload, state, attempts, max_attempts, worker_id, attempt_id, result, error,"
     " created_at, updated_at, retry_at, idempotency_key, execution_timeout, deadline, priority, seq"
 )
-INSERT_SQL = "INSERT INTO jobs (%s) VALUES (%s)" % (SELECT_COLUMNS, ",".join("?" * 18))
-UPDATE_SQL = (
-    "UPDATE jobs SET state=?, attempts=?, worker_id=?, attempt_id=?, result=?, error=?,"
-    " updated_at=?, retry_at=?, deadline=? WHERE job_id=?"
-)
+# A batch is written with multi-row statements, ROWS_PER_STATEMENT rows each: one
+# sqlite3_step per statement instead of one per row. The sqlite3 module releases the GIL
+# around each step, and every reacquisition may wait for the hub's thread, so per-row
+# statements made the commit thread ping-pong the GIL with the hub (docs/PERFORMANCE.md).
+ROWS_PER_STATEMENT = 64
+INSERT_WIDTH = 18
+UPDATE_WIDTH = 10
+
+
+def _insert_sql(rows: int) -> str:
+    values = ",".join(["(%s)" % ",".join("?" * INSERT_WIDTH)] * rows)
+    return "INSERT INTO jobs (%s) VALUES %s" % (SELECT_COLUMNS, values)
+
+
+def _update_sql(rows: int) -> str:
+    # UPDATE ... FROM a VALUES list (SQLite >= 3.33): the planner scans the list and finds
+    # each job by its primary key. A batch never holds two rows for one job.
+    values = ",".join(["(%s)" % ",".join("?" * UPDATE_WIDTH)] * rows)
+    return (
+        "UPDATE jobs SET state=u.column1, attempts=u.column2, worker_id=u.column3, attempt_id=u.column4,"
+        " result=u.column5, error=u.column6, updated_at=u.column7, retry_at=u.column8, deadline=u.column9"
+        " FROM (VALUES %s) AS u WHERE jobs.job_id=u.column10" % values
+    )
+
+
+def _chunks(rows: list[tuple]):
+    """(sql row count, flat parameters) for each statement that writes ``rows``."""
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[start : start + ROWS_PER_STATEMENT]
+        yield len(chunk), [v for row in chunk for v in row]
+
+
+INSERT_SQL = _insert_sql(1)  # one row, for executemany (bench/scaling.py builds big tables with it)
+_INSERT_SQL = {n: _insert_sql(n) for n in range(1, ROWS_PER_STATEMENT + 1)}
+_UPDATE_SQL = {n: _update_sql(n) for n in range(1, ROWS_PER_STATEMENT + 1)}
 
 
 def _dumps(value: Any) -> str | None:
@@ -109,7 +139,9 @@ class JobStore:
 
     def __init__(self, path: str, synchronous: str = "FULL") -> None:
         self.path = path
-        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        # Room in the statement cache for every multi-row statement size, both kinds.
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                                    cached_statements=2 * ROWS_PER_STATEMENT + 32)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA cache_size=-65536")  # 64 MiB: keeps hot index pages of big tables
         self.conn.execute("PRAGMA synchronous=%s" % {"FULL": "FULL", "NORMAL": "NORMAL", "OFF": "OFF"}[synchronous])
@@ -151,13 +183,15 @@ class JobStore:
 
     # ---- writes (called from the runtime's DB thread) -------------------------
 
-    def write(self, inserts: Iterable[tuple], updates: Iterable[tuple]) -> None:
+    def write(self, inserts: list[tuple], updates: list[tuple]) -> None:
         """Apply one batch of rows in a single transaction (group commit)."""
         c = self.conn
         c.execute("BEGIN")
         try:
-            c.executemany(INSERT_SQL, inserts)
-            c.executemany(UPDATE_SQL, updates)
+            for n, params in _chunks(inserts):
+                c.execute(_INSERT_SQL[n], params)
+            for n, params in _chunks(updates):
+                c.execute(_UPDATE_SQL[n], params)
             c.execute("COMMIT")
         except BaseException:
             if c.in_transaction:

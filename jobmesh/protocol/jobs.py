@@ -64,12 +64,13 @@ class Priority(str, Enum):
         if value is None:
             return cls.NORMAL
         try:
-            return cls(value)
-        except ValueError:
+            return _BY_NAME[value]
+        except (KeyError, TypeError):
             raise ValueError("priority must be one of HIGH, NORMAL, LOW, got %r" % (value,)) from None
 
 
 _LEVELS = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}
+_BY_NAME = {p.value: p for p in Priority}
 MAX_LEVEL = 2
 
 

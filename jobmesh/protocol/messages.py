@@ -21,21 +21,27 @@ from jobmesh.errors import ProtocolError
 _MISSING = object()
 
 
-def _check(kind: str, value: Any) -> bool:
-    if value is None:
-        return kind.endswith("?")
-    base = kind.rstrip("?")
-    if base == "str":
-        return isinstance(value, str)
-    if base == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if base == "bool":
-        return isinstance(value, bool)
-    if base == "obj":
-        return isinstance(value, dict)
-    if base == "list":
-        return isinstance(value, list)
-    raise AssertionError("unknown field kind %r" % kind)
+def _is_str(value: Any) -> bool:
+    return type(value) is str or isinstance(value, str)
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_obj(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, list)
+
+
+_CHECKS = {"str": _is_str, "int": _is_int, "bool": _is_bool, "obj": _is_obj, "list": _is_list}
 
 
 class Message:
@@ -52,14 +58,21 @@ class Message:
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> "Message":
+        spec = cls.__dict__.get("_SPEC")
+        if spec is None:  # compiled once per class: (attr, wire, check, nullable, default, kind)
+            spec = tuple(
+                (attr, wire, _CHECKS[kind.rstrip("?")], kind.endswith("?"), default, kind)
+                for attr, wire, kind, default in cls.FIELDS
+            )
+            cls._SPEC = spec
         kwargs = {}
-        for attr, wire, kind, default in cls.FIELDS:
+        for attr, wire, check, nullable, default, kind in spec:
             value = obj.get(wire, _MISSING)
             if value is _MISSING:
                 if default is _MISSING:
                     raise ProtocolError("%s is missing field %r" % (cls.TYPE, wire))
                 value = default
-            elif not _check(kind, value):
+            elif not (check(value) if value is not None else nullable):
                 raise ProtocolError(
                     "%s field %r must be %s, got %s"
                     % (cls.TYPE, wire, _KIND_NAMES[kind], _json_type(value))

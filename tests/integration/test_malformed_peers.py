@@ -501,3 +501,34 @@ def test_a_worker_that_never_reads_blocks_nobody(coordinator, peers):
     finally:
         stop.set()
         beater.join(2)
+
+
+def test_a_client_that_half_closes_still_gets_every_reply(coordinator, peers):
+    # Given a client that pipelines more requests than the per-connection limit, then
+    # closes its sending side without reading anything yet
+    conn = peers.raw(coordinator.client_addr)
+    n = 150
+    conn.send_raw(b"".join(
+        encode_frame({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": i}})
+        for i in range(n)))
+    conn.sock.shutdown(socket.SHUT_WR)
+    # Then every request is answered, in order, before the coordinator closes
+    replies = [conn.recv() for _ in range(n)]
+    assert [r["type"] for r in replies] == ["JOB_SUBMITTED"] * n
+    assert len({r["jobId"] for r in replies}) == n
+    assert conn.recv() is None  # then a clean close
+    client = peers.client(coordinator)
+    assert all(client.status(r["jobId"])["state"] == "QUEUED" for r in replies)
+
+
+def test_a_violation_after_pipelined_requests_is_answered_after_them(coordinator, peers):
+    # Given valid requests followed by a malformed frame, all in one write
+    conn = peers.raw(coordinator.client_addr)
+    good = [encode_frame({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1}})
+            for _ in range(3)]
+    conn.send_raw(b"".join(good) + frame_of(b"{not json"))
+    # Then the valid ones are answered first, then the ERROR, then the connection closes
+    replies = [conn.recv() for _ in range(4)]
+    assert [r["type"] for r in replies] == ["JOB_SUBMITTED"] * 3 + ["ERROR"]
+    assert "JSON" in replies[3]["message"]
+    assert conn.recv() is None  # then a clean close

@@ -307,3 +307,25 @@ def test_database_missing_only_priority_and_seq_is_migrated(tmp_path):
 
 def test_added_columns_cover_the_schema_history():
     assert list(ADDED_COLUMNS) == ["execution_timeout", "deadline", "priority", "seq"]
+
+
+def test_a_batch_larger_than_one_statement_writes_every_row(store):
+    # Given a batch that spans several multi-row statements, both inserts and updates
+    from jobmesh.coordinator.store import ROWS_PER_STATEMENT
+
+    n = 2 * ROWS_PER_STATEMENT + 3
+    jobs = [make_job("j%04d" % i, seq=i + 1, payload={"durationMillis": i}) for i in range(n)]
+    store.write([insert_row(j) for j in jobs], [])
+    for i, job in enumerate(jobs):
+        job.state = JobState.COMPLETED
+        job.attempts = 1
+        job.result = {"sleptMillis": i}
+        job.updated_at = 2000 + i
+    # When every row is updated in one batch (with one more insert beside them)
+    extra = make_job("extra", seq=n + 1)
+    store.write([insert_row(extra)], [update_row(j) for j in jobs])
+    # Then each row holds exactly its own values
+    assert store.count() == n + 1
+    for job in jobs:
+        assert fields_of(store.get(job.job_id)) == fields_of(job)
+    assert fields_of(store.get("extra")) == fields_of(extra)
