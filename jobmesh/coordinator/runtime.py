@@ -267,8 +267,7 @@ class Coordinator:
                     log.critical("database commit failed; stopping so that recovery can repair state", exc_info=True)
                     sys.stderr.flush()
                     os._exit(71)
-            for conn, msg in outbound:
-                conn.send(msg)
+            self._send_outbound(outbound)
             if stop:
                 self._write_replies(replies)
                 for item in mailbox.take_all():
@@ -299,6 +298,21 @@ class Coordinator:
                 entry[2] = entry[2] or close
         for conn, (data, count, close) in per_conn.items():
             conn.reply(data, count, close)
+
+    @staticmethod
+    def _send_outbound(outbound: list) -> None:
+        """Worker frames of a committed batch: one write per worker connection, in order."""
+        if not outbound:
+            return
+        per_conn: dict[Any, list] = {}
+        for conn, msg in outbound:
+            msgs = per_conn.get(conn)
+            if msgs is None:
+                per_conn[conn] = [msg]
+            else:
+                msgs.append(msg)
+        for conn, msgs in per_conn.items():
+            conn.send_many(msgs)
 
     @staticmethod
     def _fail(item: Any) -> None:

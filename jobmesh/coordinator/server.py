@@ -5,19 +5,17 @@ Connection handlers are blocking-style code running one greenlet per connection
 never touch core state. A framing or protocol violation gets a best-effort ERROR and
 closes that one connection; nothing else is affected.
 
-Worker connections have one writer greenlet each, draining an outbox the runtime fills
-after each commit, so the core never blocks on a slow peer and frames from different
-sources never interleave on the socket.
+Handlers only read. After a batch's commit the core writes what the batch released
+itself: one non-blocking write per connection (``Output``), which the socket almost
+always takes whole, so a request costs no reply handoff and no second wake-up of its
+handler, and a TASK_ASSIGN leaves as soon as its commit is done. Bytes a full socket did
+not take go to a flusher greenlet and later frames queue behind them, so the core never
+blocks on a slow peer and frames never interleave on a socket.
 
-Client connections are request/response, answered in request order. Their handler only
-reads: it posts each request with its ``ClientConn`` and goes back to reading. After the
-batch's commit the core writes every reply itself with one non-blocking write per
-connection (the common case: the socket takes it all), so a request costs no reply
-handoff and no second wake-up of its handler. Bytes a full socket did not take go to a
-flusher greenlet; until it has drained them, later replies queue behind them and the
-handler stops reading. A handler that reaches ``MAX_PIPELINE`` unanswered requests
-stops reading too, so a client that pipelines without reading can grow neither the
-mailbox nor the coordinator's memory.
+Client connections are request/response, answered in request order: the handler posts
+each request with its ``ClientConn`` and goes back to reading. It stops reading while
+its connection has unsent bytes or ``MAX_PIPELINE`` unanswered requests, so a client
+that pipelines without reading can grow neither the mailbox nor the coordinator's memory.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ import logging
 import os
 import socket
 import time
-from collections import deque
 from typing import Any, Callable
 
 import gevent
@@ -67,104 +64,34 @@ def _nodelay(sock) -> None:
         pass
 
 
-def send_all(sock, data: bytes) -> None:
-    """``sendall`` without its per-call getsockopt: one ``send`` usually takes it all."""
-    sent = sock.send(data)
-    if sent < len(data):
-        sock.sendall(memoryview(data)[sent:])
+class Output:
+    """Ordered, non-blocking output of one connection; only the hub's thread touches it.
 
-
-class WorkerConn:
-    """One worker connection's outbox and its single writer greenlet."""
-
-    def __init__(self, sock, addr) -> None:
-        self.sock = sock
-        self.addr = addr
-        self.worker_id: str | None = None
-        self._outbox: deque = deque()
-        self._wake = Event()
-        self._closed = False
-        self._writer = gevent.spawn(self._write_loop)
-
-    def __repr__(self) -> str:
-        return "<WorkerConn %s %s:%s>" % (self.worker_id, *self.addr[:2])
-
-    def send(self, msg: m.Message | None) -> None:
-        """Queue a message; None closes the connection once what is queued before it is sent."""
-        if self._closed:
-            return
-        self._outbox.append(msg)
-        self._wake.set()
-
-    def _write_loop(self) -> None:
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            frames = []
-            close = False
-            while self._outbox:
-                msg = self._outbox.popleft()
-                if msg is None:
-                    close = True
-                    break
-                try:
-                    frames.append(encode_frame(msg.to_wire()))
-                except ProtocolError as exc:  # a bug upstream; never let it wedge the session
-                    log.error("dropped an unencodable %s for worker=%s: %s", msg.TYPE, self.worker_id, exc)
-            if frames:
-                try:
-                    send_all(self.sock, b"".join(frames))
-                except OSError:
-                    close = True
-            if close:
-                self._closed = True
-                try:
-                    self.sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                return
-
-    def abort(self) -> None:
-        """Shut the socket down now (coordinator stopping); the handler then exits."""
-        self._closed = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def finish(self) -> None:
-        """Called by the handler on its way out: flush what is queued, then stop the writer."""
-        self.send(None)
-        self._writer.join(WRITER_JOIN_SECONDS)
-        self._writer.kill(block=False)
-        self._closed = True
-
-
-class ClientConn:
-    """A client connection as the core sees it: a destination for replies, in order.
-
-    Only the hub's thread touches it. ``closed`` is set before the socket closes (the
-    handler sets it on its way out, the core or the flusher on a failed write), and the
-    core checks it before every write, so a reply never reaches a reused descriptor.
+    ``write`` tries the socket at once (the common case: it takes everything) and never
+    blocks its caller, the core. Bytes a full socket does not take go to a flusher
+    greenlet, and later writes queue behind them, so frames never interleave or reorder.
+    ``closed`` is set before the socket closes (by the handler on its way out, or here
+    on a failed write), and every write checks it first, so nothing is ever written to
+    a descriptor number the kernel has since given to another connection.
     """
 
-    __slots__ = ("sock", "fileno", "inflight", "closed", "_closing", "_leftover", "_flusher", "_progress")
+    __slots__ = ("sock", "fileno", "closed", "_closing", "_leftover", "_flusher", "_progress")
 
     def __init__(self, sock) -> None:
         self.sock = sock
         self.fileno = sock.fileno()
-        self.inflight = 0  # requests posted to the core and not answered yet
         self.closed = False
         self._closing = False  # shut the socket down once what is queued is out
-        self._leftover: bytearray | None = None  # reply bytes the socket has not taken yet
+        self._leftover: bytearray | None = None  # bytes the socket has not taken yet
         self._flusher: gevent.Greenlet | None = None
-        self._progress = Event()  # set whenever replies go out or the connection ends
+        self._progress = Event()  # set whenever bytes go out or the connection ends
 
-    # ---- core side -------------------------------------------------------------
+    @property
+    def backlogged(self) -> bool:
+        return self._leftover is not None
 
-    def reply(self, data: bytes, count: int, close: bool = False) -> None:
-        """Write ``count`` replies' bytes without blocking; called by the core only."""
-        self.inflight -= count
+    def write(self, data: bytes, close: bool = False) -> None:
+        """Send ``data`` after everything written before; with ``close``, shut down after it."""
         if close:
             self._closing = True
         if not self.closed:
@@ -172,7 +99,7 @@ class ClientConn:
                 self._leftover += data
             else:
                 try:
-                    sent = os.write(self.fileno, data)
+                    sent = os.write(self.fileno, data) if data else 0
                 except BlockingIOError:
                     sent = 0
                 except OSError:
@@ -212,13 +139,92 @@ class ClientConn:
         except OSError:
             pass
 
-    # ---- handler side ----------------------------------------------------------
+    def _wait_progress(self, timeout: float | None = None) -> None:
+        self._progress.clear()
+        self._progress.wait(timeout)
+
+    def flushed(self, timeout: float) -> bool:
+        """Wait until nothing written is left unsent (or the connection ended); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while not self.closed and self._leftover is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._wait_progress(left)
+        return True
+
+    def abort(self) -> None:
+        """Shut the socket down now (coordinator stopping); the handler then exits."""
+        self.closed = True
+        self._leftover = None
+        self._shutdown()
+
+    def release(self) -> None:
+        """The handler is leaving and its socket is about to close: write nothing more."""
+        self.closed = True
+        self._leftover = None
+        if self._flusher is not None:
+            self._flusher.kill(block=False)
+
+
+def _encode(msgs, worker_id: str | None) -> bytes:
+    frames = []
+    for msg in msgs:
+        try:
+            frames.append(encode_frame(msg.to_wire()))
+        except ProtocolError as exc:  # a bug upstream; never let it wedge the session
+            log.error("dropped an unencodable %s for worker=%s: %s", msg.TYPE, worker_id, exc)
+    return b"".join(frames)
+
+
+class WorkerConn(Output):
+    """One worker connection: the core sends it TASK_ASSIGN, TASK_CANCEL and ERROR frames."""
+
+    __slots__ = ("addr", "worker_id")
+
+    def __init__(self, sock, addr) -> None:
+        super().__init__(sock)
+        self.addr = addr
+        self.worker_id: str | None = None
+
+    def __repr__(self) -> str:
+        return "<WorkerConn %s %s:%s>" % (self.worker_id, *self.addr[:2])
+
+    def send(self, msg: m.Message | None) -> None:
+        """Send one message; None closes the connection once what came before it is sent."""
+        self.send_many([msg])
+
+    def send_many(self, msgs: list) -> None:
+        """Send messages in order with one write; a None among them closes after what precedes it."""
+        close = None in msgs
+        if close:
+            msgs = msgs[: msgs.index(None)]
+        self.write(_encode(msgs, self.worker_id), close)
+
+    def finish(self) -> None:
+        """Called by the handler on its way out: let queued bytes go (bounded), then stop writing."""
+        self.flushed(WRITER_JOIN_SECONDS)
+        self.release()
+
+
+class ClientConn(Output):
+    """A client connection as the core sees it: a destination for replies, in request order."""
+
+    __slots__ = ("inflight",)
+
+    def __init__(self, sock) -> None:
+        super().__init__(sock)
+        self.inflight = 0  # requests posted to the core and not answered yet
+
+    def reply(self, data: bytes, count: int, close: bool = False) -> None:
+        """Write ``count`` replies' bytes without blocking; called by the core only."""
+        self.inflight -= count
+        self.write(data, close)
 
     def wait_for_room(self) -> None:
         """Block the reader while the client is too far ahead of its replies."""
         while not self.closed and (self.inflight >= MAX_PIPELINE or self._leftover is not None):
-            self._progress.clear()
-            self._progress.wait()
+            self._wait_progress()
 
     def drain(self, timeout: float) -> bool:
         """Wait until every posted request is answered and written; False on timeout."""
@@ -227,16 +233,8 @@ class ClientConn:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            self._progress.clear()
-            self._progress.wait(left)
+            self._wait_progress(left)
         return True
-
-    def release(self) -> None:
-        """The handler is leaving and its socket is about to close: drop later replies."""
-        self.closed = True
-        self._leftover = None
-        if self._flusher is not None:
-            self._flusher.kill(block=False)
 
 
 class Servers:
