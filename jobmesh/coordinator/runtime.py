@@ -19,6 +19,7 @@ under the same try/except as every event, so an error can kill neither.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import resource
@@ -96,6 +97,37 @@ class Mailbox:
         return batch
 
 
+class CollectorPolicy:
+    """Keeps Python's cyclic collector from scanning the whole working set.
+
+    Every active job is a tracked object, so under a growing queue each full collection
+    walks hundreds of thousands of them: a pause of ~100 ms for every request in flight
+    (docs/PERFORMANCE.md, "Collector pauses"). Every ``freeze_seconds`` the young
+    generations are collected and everything that survives is moved to the permanent
+    generation, which collections skip; reference counting still frees those objects
+    when they are dropped. What it cannot free is a reference cycle that became garbage
+    after being frozen, so every ``thaw_seconds`` the permanent generation is released
+    and collected once.
+    """
+
+    def __init__(self, freeze_seconds: float = 1.0, thaw_seconds: float = 600.0) -> None:
+        self.freeze_seconds = freeze_seconds
+        self.thaw_seconds = thaw_seconds
+        now = time.monotonic()
+        self._next_freeze = now + freeze_seconds
+        self._next_thaw = now + thaw_seconds
+
+    def tick(self, now: float) -> None:
+        if now >= self._next_thaw:
+            self._next_thaw = now + self.thaw_seconds
+            gc.unfreeze()
+            gc.collect()
+        if now >= self._next_freeze:
+            self._next_freeze = now + self.freeze_seconds
+            gc.collect(1)
+            gc.freeze()
+
+
 def now_millis() -> int:
     return int(time.time() * 1000)
 
@@ -129,6 +161,7 @@ class Coordinator:
         self._sweep_pending = False
         self._stopping = False
         self.stopped = gevent.event.Event()
+        self.collector = CollectorPolicy()
 
     # ---- start --------------------------------------------------------------------
 
@@ -148,6 +181,8 @@ class Coordinator:
             cfg.db, self.core.active_count, stats["queued"], stats["retry_wait"], stats["requeued"],
             stats["failed"], self.core.next_seq,
         )
+        gc.collect()
+        gc.freeze()  # the recovered working set and everything imported: never scanned again
         self.dbpool = ThreadPool(1)
         self._core_greenlet = gevent.spawn(self._run_core)
         self._core_greenlet.link_exception(self._core_died)
@@ -236,6 +271,7 @@ class Coordinator:
                     if item is SWEEP:
                         self._sweep_pending = False
                         core.sweep(now)
+                        self.collector.tick(time.monotonic())
                     elif isinstance(item[0], str):
                         handlers[item[0]](now, item)
                     else:
