@@ -202,9 +202,15 @@ class WorkerConn(Output):
         self.write(_encode(msgs, self.worker_id), close)
 
     def finish(self) -> None:
-        """Called by the handler on its way out: let queued bytes go (bounded), then stop writing."""
-        self.flushed(WRITER_JOIN_SECONDS)
-        self.release()
+        """Called by the handler on its way out: let queued bytes go (bounded), then stop writing.
+
+        ``release`` runs even if the wait is interrupted (the server killing handlers at
+        stop): the socket closes right after, and nothing may write to its number again.
+        """
+        try:
+            self.flushed(WRITER_JOIN_SECONDS)
+        finally:
+            self.release()
 
 
 class ClientConn(Output):
