@@ -7,15 +7,17 @@ thread that runs ``JobStore.write`` is the DB thread. Each sample is put in the 
 matching bucket:
 
 main thread
-  send          the reply/frame ``send`` call (the syscall, and reacquiring the GIL after it)
+  send          writing replies and frames: the core's non-blocking ``os.write``
+                (``Output.write``) or a flusher's ``sendall`` (the syscall, and reacquiring
+                the GIL after it)
   recv          ``recv`` in a handler's frame reader
   handlers      the rest of the connection handlers: frame and message decoding,
-                encoding replies, posting to the mailbox, waiting for the reply
+                posting to the mailbox, waiting for room
   core:<step>   the core greenlet: ``submit_job``, ``on_task_result``, ``schedule``,
                 ``get_job_status``, ``rows`` (take_dirty: encoding the batch's rows),
-                ``handoff`` (starting the commit on the pool), ``release`` (setting
-                replies, queueing outbound frames), ``other``
-  writers       worker connections' writer greenlets (TASK_ASSIGN frames) apart from send
+                ``handoff`` (starting the commit on the pool), ``release`` (encoding
+                replies and worker frames, apart from their write), ``other``
+  writers       flusher greenlets (bytes a full socket did not take) apart from send
   idle/loop     ``Hub.run`` with nothing above it: the event loop's C code, mostly
                 ``epoll_wait`` with nothing to do
   other
@@ -41,7 +43,8 @@ STORE = Path(__file__).resolve().parent.parent / "jobmesh" / "coordinator" / "st
 CORE_STEPS = (
     ("submit_job", "CoordinatorCore.submit_job"), ("on_task_result", "CoordinatorCore.on_task_result"),
     ("get_job_status", "CoordinatorCore.get_job_status"), ("schedule", "schedule_queued_jobs"),
-    ("rows", "CoordinatorCore.take_dirty"), ("handoff", "ThreadPool.spawn"), ("release", "_Pending.finish"),
+    ("rows", "CoordinatorCore.take_dirty"), ("handoff", "ThreadPool.spawn"),
+    ("release", "Coordinator._write_replies"), ("release", "Coordinator._send_outbound"),
     ("sweep", "CoordinatorCore.sweep"),
 )
 
@@ -66,7 +69,7 @@ def _has(frames: list[str], needle: str) -> bool:
 def main_bucket(frames: list[str]) -> str:
     names = [f.split(" (")[0] for f in frames]
     leaf = names[-1] if names else ""
-    if leaf.endswith(".send") or leaf.endswith(".sendall") or leaf == "send_all":
+    if leaf.endswith((".send", ".sendall", "send_all", "Output.write")):
         return "send"
     if leaf.endswith(".recv") or leaf.endswith(".recv_into"):
         return "recv"
@@ -78,10 +81,8 @@ def main_bucket(frames: list[str]) -> str:
                 return "core:" + label
         return "core:other"
     if _has(names, "handle_client") or _has(names, "handle_worker"):
-        if _has(names, "_writer") or _has(names, "Connection.run"):
-            return "writers"
         return "handlers"
-    if _has(names, "_writer"):
+    if _has(names, "Output._flush"):
         return "writers"
     return "other"
 
