@@ -2,8 +2,8 @@
 
 Connection handlers are blocking-style code running one greenlet per connection
 (gevent ``StreamServer``). They decode frames and post events to the core's inbox; they
-never touch core state. A framing or protocol violation gets a best-effort ERROR and
-closes that one connection; nothing else is affected.
+never touch core state. A framing or protocol violation gets an ERROR and closes that
+one connection; nothing else is affected.
 
 Handlers only read. After a batch's commit the core writes what the batch released
 itself: one non-blocking write per connection (``Output``), which the socket almost
@@ -35,11 +35,9 @@ from jobmesh.protocol.framing import FrameReader, encode_frame
 
 log = logging.getLogger(__name__)
 
-WRITER_JOIN_SECONDS = 2.0
-MAX_PIPELINE = 64
-
-
-DRAIN_SECONDS = 30.0  # at EOF, how long a handler waits for its replies to go out
+WRITER_JOIN_SECONDS = 2.0  # how long a leaving worker handler lets queued frames go out
+MAX_PIPELINE = 64  # unanswered requests per client connection before its handler stops reading
+DRAIN_SECONDS = 30.0  # at EOF, how long a client handler waits for its replies to go out
 
 SHUTTING_DOWN = m.Error("coordinator is shutting down")
 
