@@ -13,6 +13,7 @@ name, idempotency conflict) get ERROR and the connection stays open (CONTRACT.md
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -461,6 +462,35 @@ def test_a_client_that_never_reads_its_replies_blocks_nobody(coordinator, peers)
     assign = worker.await_assign(timeout=5)
     worker.complete(assign, {"sleptMillis": 1})
     assert other.wait_state(assign["jobId"], "COMPLETED", timeout=3)
+
+
+def test_a_slow_reader_gets_every_large_reply_in_order_once_it_reads(coordinator, peers):
+    # Given 300 jobs, so that each full LIST_JOBS reply is tens of kilobytes
+    client = peers.client(coordinator)
+    for i in range(300):
+        client.conn.send({"type": "SUBMIT_JOB", "taskType": "WORD_COUNT", "payload": {"text": "w %d" % i}})
+    ids = [client.conn.recv()["jobId"] for _ in range(300)]
+    # When a client pipelines more large requests than its socket buffers hold, reading
+    # nothing until all are sent (a thread sends, since the coordinator stops reading
+    # from it while its replies wait)
+    # (about 11 MB of replies in all, more than both sockets' buffers hold).
+    slow = peers.raw(coordinator.client_addr)
+    n = 120
+    requests = [encode_frame({"type": "LIST_JOBS", "limit": 1000})] * (n - 1)
+    requests.append(encode_frame({"type": "GET_JOB_STATUS", "jobId": ids[7]}))
+    sender = threading.Thread(target=lambda: slow.send_raw(b"".join(requests)), daemon=True)
+    sender.start()
+    time.sleep(0.5)
+    # Then, once it reads, every reply arrives whole and in request order
+    replies = [slow.recv() for _ in range(n)]
+    sender.join(5)
+    assert not sender.is_alive()
+    assert [r["type"] for r in replies] == ["JOB_LIST"] * (n - 1) + ["JOB_STATUS"]
+    for r in replies[:-1]:
+        assert [j["jobId"] for j in r["jobs"]] == ids[::-1]
+    assert replies[-1]["job"]["jobId"] == ids[7]
+    # And the connection keeps working
+    assert slow.request({"type": "LIST_WORKERS"})["type"] == "WORKER_LIST"
 
 
 def test_a_worker_that_never_reads_blocks_nobody(coordinator, peers):
