@@ -13,6 +13,7 @@ name, idempotency conflict) get ERROR and the connection stays open (CONTRACT.md
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 
@@ -491,6 +492,33 @@ def test_a_slow_reader_gets_every_large_reply_in_order_once_it_reads(coordinator
     assert replies[-1]["job"]["jobId"] == ids[7]
     # And the connection keeps working
     assert slow.request({"type": "LIST_WORKERS"})["type"] == "WORKER_LIST"
+
+
+def test_clients_that_reset_with_replies_pending_cost_only_themselves(coordinator, peers):
+    # Given clients that pipeline submits and reset their connection (RST) at once,
+    # before any reply can be written
+    tokens = []
+    for c in range(20):
+        conn = RawConn(coordinator.client_addr)
+        frames = []
+        for i in range(30):
+            token = "reset %d %d" % (c, i)
+            tokens.append(token)
+            frames.append(encode_frame({"type": "SUBMIT_JOB", "taskType": "WORD_COUNT",
+                                        "payload": {"text": token}, "idempotencyKey": token}))
+        conn.send_raw(b"".join(frames))
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+    # Then the coordinator keeps serving others, and every submit it read exists exactly
+    # once: resubmitting each key finds the same job or creates it now
+    client = peers.client(coordinator)
+    assert client.request({"type": "LIST_WORKERS"})["type"] == "WORKER_LIST"
+    ids = set()
+    for token in tokens:
+        ids.add(client.submit_ok("WORD_COUNT", {"text": token}, idempotencyKey=token))
+    assert len(ids) == len(tokens)
+    listed = client.request({"type": "LIST_JOBS", "limit": 1000})
+    assert len({j["jobId"] for j in listed["jobs"]}) == len(tokens)
 
 
 def test_a_worker_that_never_reads_blocks_nobody(coordinator, peers):
