@@ -102,7 +102,7 @@ class CollectorPolicy:
 
     Every active job is a tracked object, so under a growing queue each full collection
     walks hundreds of thousands of them: a pause of ~100 ms for every request in flight
-    (docs/PERFORMANCE.md, "Collector pauses"). Every ``freeze_seconds`` the young
+    (docs/PERFORMANCE.md, the update at 8fe2c39). Every ``freeze_seconds`` the young
     generations are collected and everything that survives is moved to the permanent
     generation, which collections skip; reference counting still frees those objects
     when they are dropped. What it cannot free is a reference cycle that became garbage
