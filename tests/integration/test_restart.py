@@ -405,3 +405,56 @@ def test_recovery_decisions_are_durable(coordinator_factory, peers):
     coord.start()
     # Then the job is still FAILED with the same error and timestamp: the decision was persisted
     assert peers.client(coord).status(job_id) == failed
+
+
+def test_a_graceful_stop_under_load_answers_or_closes_and_keeps_every_acknowledged_job(
+        coordinator_factory, peers):
+    # Given 20 clients submitting in pipelined bursts of 10 while the coordinator runs
+    import threading
+
+    from jobmesh.protocol.framing import encode_frame
+    from tests.helpers import RawConn
+
+    coord = coordinator_factory()
+    acknowledged: list[str] = []
+    other: list[dict] = []
+    lock = threading.Lock()
+    burst = b"".join(encode_frame({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1}})
+                     for _ in range(10))
+
+    def client() -> None:
+        conn = RawConn(coord.client_addr)
+        try:
+            while True:
+                conn.send_raw(burst)
+                for _ in range(10):
+                    reply = conn.recv()
+                    if reply is None:
+                        return
+                    with lock:
+                        (acknowledged.append(reply["jobId"]) if reply["type"] == "JOB_SUBMITTED"
+                         else other.append(reply))
+        except OSError:
+            return  # reset by the stopping coordinator
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(20)]
+    for t in threads:
+        t.start()
+    time.sleep(0.4)
+    # When it is stopped with SIGTERM in the middle of that
+    assert coord.terminate() == 0, coord.stderr()[-3000:]
+    # Then every client finishes: each request was answered, refused as shutting down,
+    # or its connection closed; nothing hangs
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    assert acknowledged
+    assert all(r["type"] == "ERROR" and "shutting down" in r["message"] for r in other), other[:3]
+    # And after a restart every acknowledged job is there
+    coord.start()
+    checker = peers.client(coord)
+    missing = [j for j in acknowledged if checker.request({"type": "GET_JOB_STATUS", "jobId": j})["type"] != "JOB_STATUS"]
+    assert not missing, "%d of %d acknowledged jobs lost" % (len(missing), len(acknowledged))
+    assert len(set(acknowledged)) == len(acknowledged)
