@@ -128,6 +128,29 @@ class CollectorPolicy:
             gc.freeze()
 
 
+INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
+
+
+def _by_conn(pairs: list) -> dict[Any, list]:
+    """The items of ``(conn, item)`` pairs grouped by connection, each group in order."""
+    groups: dict[Any, list] = {}
+    for conn, item in pairs:
+        group = groups.get(conn)
+        if group is None:
+            groups[conn] = [item]
+        else:
+            group.append(item)
+    return groups
+
+
+def _encode_reply(msg: m.Message) -> bytes:
+    try:
+        return encode_frame(msg.to_wire())
+    except ProtocolError as exc:  # a bug upstream; answer rather than leave the client waiting
+        log.error("could not encode a %s reply: %s", msg.TYPE, exc)
+        return encode_frame(INTERNAL_ERROR.to_wire())
+
+
 def now_millis() -> int:
     return int(time.time() * 1000)
 
@@ -256,7 +279,7 @@ class Coordinator:
                 self._write_replies(unsent)
                 unsent = None
             batch = mailbox.take(MAX_BATCH)
-            replies: list[tuple[Any, m.Message, bool]] = []
+            replies: list[tuple[Any, tuple[m.Message, bool]]] = []  # (conn, (reply, close after it))
             stop = False
             now = now_millis()
             for item in batch:
@@ -276,11 +299,11 @@ class Coordinator:
                         handlers[item[0]](now, item)
                     else:
                         req, conn = item
-                        replies.append((conn, requests[type(req)](now, req), type(req) is Refusal))
+                        replies.append((conn, (requests[type(req)](now, req), type(req) is Refusal)))
                 except Exception:
                     log.exception("error while handling %r; continuing", item[0] if isinstance(item, tuple) else item)
                     if isinstance(item, tuple) and not isinstance(item[0], str):
-                        replies.append((item[1], m.Error("internal coordinator error; see the coordinator log"), False))
+                        replies.append((item[1], (INTERNAL_ERROR, False)))
             try:
                 core.schedule_queued_jobs(now)
             except Exception:
@@ -318,36 +341,17 @@ class Coordinator:
     @staticmethod
     def _write_replies(replies: list) -> None:
         """Encode a batch's replies and write each connection's with one write, in order."""
-        per_conn: dict[Any, list] = {}
-        for conn, msg, close in replies:
-            try:
-                data = encode_frame(msg.to_wire())
-            except ProtocolError as exc:  # a bug upstream; answer rather than leave the client waiting
-                log.error("could not encode a %s reply: %s", msg.TYPE, exc)
-                data = encode_frame(m.Error("internal coordinator error; see the coordinator log").to_wire())
-            entry = per_conn.get(conn)
-            if entry is None:
-                per_conn[conn] = [data, 1, close]
-            else:
-                entry[0] += data
-                entry[1] += 1
-                entry[2] = entry[2] or close
-        for conn, (data, count, close) in per_conn.items():
-            conn.reply(data, count, close)
+        for conn, answers in _by_conn(replies).items():
+            data, close = b"", False
+            for msg, closes in answers:
+                data += _encode_reply(msg)
+                close = close or closes
+            conn.reply(data, len(answers), close)
 
     @staticmethod
     def _send_outbound(outbound: list) -> None:
         """Worker frames of a committed batch: one write per worker connection, in order."""
-        if not outbound:
-            return
-        per_conn: dict[Any, list] = {}
-        for conn, msg in outbound:
-            msgs = per_conn.get(conn)
-            if msgs is None:
-                per_conn[conn] = [msg]
-            else:
-                msgs.append(msg)
-        for conn, msgs in per_conn.items():
+        for conn, msgs in _by_conn(outbound).items():
             conn.send_many(msgs)
 
     @staticmethod

@@ -137,19 +137,20 @@ class Output:
         except OSError:
             pass
 
-    def _wait_progress(self, timeout: float | None = None) -> None:
-        self._progress.clear()
-        self._progress.wait(timeout)
+    def _wait_for(self, done: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block the calling greenlet until ``done()`` or the connection ends; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (self.closed or done()):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self._progress.clear()
+            self._progress.wait(left)
+        return True
 
     def flushed(self, timeout: float) -> bool:
         """Wait until nothing written is left unsent (or the connection ended); False on timeout."""
-        deadline = time.monotonic() + timeout
-        while not self.closed and self._leftover is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            self._wait_progress(left)
-        return True
+        return self._wait_for(lambda: self._leftover is None, timeout)
 
     def abort(self) -> None:
         """Shut the socket down now (coordinator stopping); the handler then exits."""
@@ -227,18 +228,12 @@ class ClientConn(Output):
 
     def wait_for_room(self) -> None:
         """Block the reader while the client is too far ahead of its replies."""
-        while not self.closed and (self.inflight >= MAX_PIPELINE or self._leftover is not None):
-            self._wait_progress()
+        if self.inflight >= MAX_PIPELINE or self._leftover is not None:  # rare: checked per request
+            self._wait_for(lambda: self.inflight < MAX_PIPELINE and self._leftover is None)
 
     def drain(self, timeout: float) -> bool:
         """Wait until every posted request is answered and written; False on timeout."""
-        deadline = time.monotonic() + timeout
-        while not self.closed and (self.inflight > 0 or self._leftover is not None):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            self._wait_progress(left)
-        return True
+        return self._wait_for(lambda: self.inflight == 0 and self._leftover is None, timeout)
 
 
 class Servers:

@@ -1,4 +1,4 @@
-"""Job states, the transition table, priorities and the job snapshot on the wire.
+"""Job states, the transition table and priorities (the job snapshot on the wire is ``Job.snapshot``).
 
 ::
 
@@ -11,9 +11,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 from jobmesh.errors import IllegalTransition
 
@@ -72,52 +70,3 @@ class Priority(str, Enum):
 _LEVELS = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}
 _BY_NAME = {p.value: p for p in Priority}
 MAX_LEVEL = 2
-
-
-@dataclass(frozen=True)
-class JobSnapshot:
-    """An immutable view of one job, as GET_JOB_STATUS and friends carry it."""
-
-    job_id: str
-    task_type: str
-    state: JobState
-    attempts: int
-    max_attempts: int
-    worker_id: str | None
-    result: dict[str, Any] | None
-    error: str | None
-    created_at_millis: int
-    updated_at_millis: int
-    priority: Priority
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "jobId": self.job_id,
-            "taskType": self.task_type,
-            "state": self.state.value,
-            "attempts": self.attempts,
-            "maxAttempts": self.max_attempts,
-            "workerId": self.worker_id,
-            "result": self.result,
-            "error": self.error,
-            "createdAtMillis": self.created_at_millis,
-            "updatedAtMillis": self.updated_at_millis,
-            "priority": self.priority.value,
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> "JobSnapshot":
-        """Build from a wire dict (client side); raises KeyError/ValueError on bad input."""
-        return cls(
-            job_id=d["jobId"],
-            task_type=d["taskType"],
-            state=JobState(d["state"]),
-            attempts=d["attempts"],
-            max_attempts=d["maxAttempts"],
-            worker_id=d.get("workerId"),
-            result=d.get("result"),
-            error=d.get("error"),
-            created_at_millis=d["createdAtMillis"],
-            updated_at_millis=d["updatedAtMillis"],
-            priority=Priority.parse(d.get("priority")),
-        )

@@ -14,34 +14,25 @@ a trailing ``?`` allows null. A field with a default may be absent.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from jobmesh.errors import ProtocolError
 
 _MISSING = object()
 
 
-def _is_str(value: Any) -> bool:
-    return type(value) is str or isinstance(value, str)
-
-
 def _is_int(value: Any) -> bool:
-    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
-def _is_obj(value: Any) -> bool:
-    return isinstance(value, dict)
-
-
-def _is_list(value: Any) -> bool:
-    return isinstance(value, list)
-
-
-_CHECKS = {"str": _is_str, "int": _is_int, "bool": _is_bool, "obj": _is_obj, "list": _is_list}
+# kind (without the "?") -> whether a non-null value has it
+_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "str": lambda v: isinstance(v, str),
+    "int": _is_int,
+    "bool": lambda v: isinstance(v, bool),
+    "obj": lambda v: isinstance(v, dict),
+    "list": lambda v: isinstance(v, list),
+}
 
 
 class Message:

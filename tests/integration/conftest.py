@@ -1,6 +1,6 @@
 import pytest
 
-from tests.helpers import CoordinatorProc
+from tests.helpers import CoordinatorProc, Peers
 from tests.helpers import worker_procs  # noqa: F401  (a fixture: real worker processes)
 
 
@@ -23,3 +23,11 @@ def coordinator_factory(tmp_path):
 def coordinator(coordinator_factory):
     """A running coordinator with FAST_FLAGS on port 0 and a temp database."""
     return coordinator_factory()
+
+
+@pytest.fixture
+def peers():
+    """Stdlib clients, scripted workers and raw connections, all closed at teardown."""
+    p = Peers()
+    yield p
+    p.close_all()

@@ -12,14 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import Peers, wait_until
-
-
-@pytest.fixture
-def peers():
-    p = Peers()
-    yield p
-    p.close_all()
+from tests.helpers import wait_until
 
 
 def job_ids(client) -> list[str]:

@@ -13,17 +13,10 @@ import time
 
 import pytest
 
-from tests.helpers import Peers, assert_stays, wait_until
+from tests.helpers import assert_stays, wait_until
 
 TIMEOUT_MS = 300
 TIMEOUT_WORDS = re.compile(r"time|deadline", re.IGNORECASE)
-
-
-@pytest.fixture
-def peers():
-    p = Peers()
-    yield p
-    p.close_all()
 
 
 @pytest.fixture

@@ -4,17 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import Peers
-
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority"}
-
-
-@pytest.fixture
-def peers():
-    p = Peers()
-    yield p
-    p.close_all()
 
 
 def submit_many(client, n: int, task: str = "SLEEP") -> list[str]:

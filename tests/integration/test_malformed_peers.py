@@ -20,14 +20,7 @@ import time
 import pytest
 
 from jobmesh.protocol.framing import HEADER, MAX_FRAME, encode_frame
-from tests.helpers import Peers, RawConn, RegistrationRefused, ScriptedWorker, read_until_closed, wait_until
-
-
-@pytest.fixture
-def peers():
-    p = Peers()
-    yield p
-    p.close_all()
+from tests.helpers import RawConn, RegistrationRefused, ScriptedWorker, read_until_closed, wait_until
 
 
 def frame_of(body: bytes) -> bytes:

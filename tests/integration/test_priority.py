@@ -11,15 +11,6 @@ import time
 
 import pytest
 
-from tests.helpers import Peers
-
-
-@pytest.fixture
-def peers():
-    p = Peers()
-    yield p
-    p.close_all()
-
 
 def drain_order(worker, n: int) -> list[str]:
     """Complete assignments one at a time (capacity 1) and return the job order."""

@@ -16,16 +16,9 @@ import uuid
 
 import pytest
 
-from tests.helpers import Peers, assert_stays
+from tests.helpers import assert_stays
 
 STOPS = ["kill", "terminate"]
-
-
-@pytest.fixture
-def peers():
-    p = Peers()
-    yield p
-    p.close_all()
 
 
 def stop(coord, how: str) -> None:

@@ -11,18 +11,11 @@ import time
 
 import pytest
 
-from tests.helpers import Peers, assert_stays, wait_until
+from tests.helpers import assert_stays, wait_until
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority"}
 WORKER_ITEM_FIELDS = {"workerId", "capacity", "activeJobs", "lastHeartbeatMillis"}
-
-
-@pytest.fixture
-def peers():
-    p = Peers()
-    yield p
-    p.close_all()
 
 
 def now_ms() -> int:

@@ -9,20 +9,11 @@ from __future__ import annotations
 import random
 import threading
 
-import pytest
-
-from tests.helpers import Peers, wait_until
+from tests.helpers import wait_until
 
 CAPACITIES = {"w-s1": 1, "w-s2": 2, "w-s3": 3, "w-s4": 2, "w-s5": 1}
 THREADS = 4
 PER_THREAD = 15
-
-
-@pytest.fixture
-def peers():
-    p = Peers()
-    yield p
-    p.close_all()
 
 
 def drive(worker, stop: threading.Event, rng: random.Random, errors: list):

@@ -10,18 +10,9 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
-from tests.helpers import FAST_FLAGS, Peers, assert_stays, wait_until
+from tests.helpers import FAST_FLAGS, assert_stays, wait_until
 
 HEARTBEAT_TIMEOUT = FAST_FLAGS["heartbeat-timeout-millis"] / 1000.0
-
-
-@pytest.fixture
-def peers():
-    p = Peers()
-    yield p
-    p.close_all()
 
 
 def worker_ids(client) -> list[str]:

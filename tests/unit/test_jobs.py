@@ -6,9 +6,10 @@ import itertools
 
 import pytest
 
+from jobmesh.coordinator.job import Job
 from jobmesh.errors import IllegalTransition, JobmeshError
 from jobmesh.protocol.jobs import (
-    MAX_LEVEL, TERMINAL, TRANSITIONS, JobSnapshot, JobState, Priority, check_transition,
+    MAX_LEVEL, TERMINAL, TRANSITIONS, JobState, Priority, check_transition,
 )
 
 S = JobState
@@ -93,29 +94,13 @@ def test_priority_levels():
     assert MAX_LEVEL == Priority.HIGH.level
 
 
-def _snapshot(**over):
-    base = dict(job_id="j-1", task_type="SLEEP", state=S.RUNNING, attempts=1, max_attempts=3,
-                worker_id="w-1", result=None, error="boom", created_at_millis=1_700_000_000_000,
-                updated_at_millis=1_700_000_000_500, priority=Priority.LOW)
-    base.update(over)
-    return JobSnapshot(**base)
-
-
 def test_snapshot_wire_fields_are_the_protocols():
-    wire = _snapshot().to_wire()
+    job = Job(job_id="j-1", seq=1, task_type="SLEEP", payload={"durationMillis": 5}, max_attempts=3,
+              priority=Priority.LOW, created_at=1_700_000_000_000, state=S.RUNNING, attempts=1,
+              worker_id="w-1", error="boom", updated_at=1_700_000_000_500)
+    wire = job.snapshot()
     assert wire == {
         "jobId": "j-1", "taskType": "SLEEP", "state": "RUNNING", "attempts": 1, "maxAttempts": 3,
         "workerId": "w-1", "result": None, "error": "boom", "createdAtMillis": 1_700_000_000_000,
         "updatedAtMillis": 1_700_000_000_500, "priority": "LOW",
     }
-
-
-def test_snapshot_round_trip():
-    snap = _snapshot(state=S.COMPLETED, worker_id=None, result={"sleptMillis": 3})
-    assert JobSnapshot.from_wire(snap.to_wire()) == snap
-
-
-def test_snapshot_from_wire_without_priority_is_normal():
-    wire = _snapshot().to_wire()
-    del wire["priority"]
-    assert JobSnapshot.from_wire(wire).priority is Priority.NORMAL
