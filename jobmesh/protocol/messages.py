@@ -7,18 +7,22 @@ Unknown fields are ignored (forward compatibility). Semantic checks (task payloa
 bounds, priority names, capacity range) belong to the receiver, which answers ERROR
 without necessarily closing the connection.
 
-Field kinds: ``str``, ``int`` (never a bool), ``bool``, ``obj`` (JSON object), ``list``;
-a trailing ``?`` allows null. A field with a default may be absent.
+Each field is declared once, as a dataclass field made by ``wire(name, kind, default)``:
+the dataclass gives the constructor, equality and typing; the codec reads the wire name
+and kind from the field's metadata. Field kinds: ``str``, ``int`` (never a bool),
+``bool``, ``obj`` (JSON object), ``list``; a trailing ``?`` allows null. A field with a
+default may be absent.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from jobmesh.errors import ProtocolError
 
-_MISSING = object()
+_MISSING: Any = dataclasses.MISSING
 
 
 def _is_int(value: Any) -> bool:
@@ -35,38 +39,61 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
 }
 
 
+def wire(name: str, kind: str, default: Any = _MISSING) -> Any:
+    """Declare a message field: its wire name, its kind, and its default (none: required)."""
+    if kind.rstrip("?") not in _CHECKS:
+        raise ValueError("unknown field kind %r" % kind)
+    metadata = {"wire": name, "kind": kind}
+    if isinstance(default, (list, dict)):
+        factory: Callable[[], Any] = type(default)
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+# One compiled entry per field: (attr, wire name, check, nullable, default, kind).
+_Spec = tuple[tuple[str, str, Callable[[Any], bool], bool, Any, str], ...]
+
+
 class Message:
-    """Base class. Subclasses set TYPE and FIELDS = ((attr, wireName, kind, default), ...)."""
+    """Base class. Subclasses are frozen dataclasses with a TYPE and ``wire(...)`` fields."""
 
     TYPE: ClassVar[str] = ""
-    FIELDS: ClassVar[tuple[tuple[str, str, str, Any], ...]] = ()
+
+    @classmethod
+    def spec(cls) -> _Spec:
+        """The fields as the codec uses them, compiled once per class from the dataclass."""
+        spec: _Spec | None = cls.__dict__.get("_SPEC")
+        if spec is None:
+            entries = []
+            for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+                kind = f.metadata["kind"]
+                factory: Any = f.default_factory
+                default = f.default if factory is _MISSING else factory()
+                entries.append((f.name, f.metadata["wire"], _CHECKS[kind.rstrip("?")], kind.endswith("?"),
+                                default, kind))
+            spec = tuple(entries)
+            setattr(cls, "_SPEC", spec)
+        return spec
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.TYPE}
-        for attr, wire, _kind, _default in self.FIELDS:
-            out[wire] = getattr(self, attr)
+        for attr, name, _check, _nullable, _default, _kind in self.spec():
+            out[name] = getattr(self, attr)
         return out
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> "Message":
-        spec = cls.__dict__.get("_SPEC")
-        if spec is None:  # compiled once per class: (attr, wire, check, nullable, default, kind)
-            spec = tuple(
-                (attr, wire, _CHECKS[kind.rstrip("?")], kind.endswith("?"), default, kind)
-                for attr, wire, kind, default in cls.FIELDS
-            )
-            cls._SPEC = spec
         kwargs = {}
-        for attr, wire, check, nullable, default, kind in spec:
-            value = obj.get(wire, _MISSING)
+        for attr, name, check, nullable, default, kind in cls.spec():
+            value = obj.get(name, _MISSING)
             if value is _MISSING:
                 if default is _MISSING:
-                    raise ProtocolError("%s is missing field %r" % (cls.TYPE, wire))
+                    raise ProtocolError("%s is missing field %r" % (cls.TYPE, name))
                 value = default
             elif not (check(value) if value is not None else nullable):
                 raise ProtocolError(
                     "%s field %r must be %s, got %s"
-                    % (cls.TYPE, wire, _KIND_NAMES[kind], _json_type(value))
+                    % (cls.TYPE, name, _KIND_NAMES[kind], _json_type(value))
                 )
             kwargs[attr] = value
         return cls(**kwargs)
@@ -75,6 +102,7 @@ class Message:
 _KIND_NAMES = {
     "str": "a string", "str?": "a string or null", "int": "an integer", "int?": "an integer or null",
     "bool": "a boolean", "obj": "an object", "obj?": "an object or null", "list": "an array",
+    "list?": "an array or null",
 }
 
 
@@ -98,74 +126,56 @@ def _json_type(value: Any) -> str:
 @dataclass(frozen=True)
 class WorkerRegister(Message):
     TYPE = "WORKER_REGISTER"
-    FIELDS = (("worker_id", "workerId", "str", _MISSING), ("capacity", "capacity", "int", _MISSING))
-    worker_id: str
-    capacity: int
+    worker_id: str = wire("workerId", "str")
+    capacity: int = wire("capacity", "int")
+    # The task types this worker runs; None (absent) means the five built-ins.
+    task_types: list[str] | None = wire("taskTypes", "list?", None)
 
 
 @dataclass(frozen=True)
 class WorkerRegistered(Message):
     TYPE = "WORKER_REGISTERED"
-    FIELDS = (("worker_id", "workerId", "str", _MISSING),)
-    worker_id: str
+    worker_id: str = wire("workerId", "str")
 
 
 @dataclass(frozen=True)
 class Heartbeat(Message):
     TYPE = "HEARTBEAT"
-    FIELDS = (("worker_id", "workerId", "str", _MISSING),)
-    worker_id: str
+    worker_id: str = wire("workerId", "str")
 
 
 @dataclass(frozen=True)
 class TaskAssign(Message):
     TYPE = "TASK_ASSIGN"
-    FIELDS = (
-        ("job_id", "jobId", "str", _MISSING),
-        ("attempt_id", "attemptId", "str", _MISSING),
-        ("attempt_number", "attemptNumber", "int", _MISSING),
-        ("task_type", "taskType", "str", _MISSING),
-        ("payload", "payload", "obj", _MISSING),
-    )
-    job_id: str
-    attempt_id: str
-    attempt_number: int
-    task_type: str
-    payload: dict[str, Any]
+    job_id: str = wire("jobId", "str")
+    attempt_id: str = wire("attemptId", "str")
+    attempt_number: int = wire("attemptNumber", "int")
+    task_type: str = wire("taskType", "str")
+    payload: dict[str, Any] = wire("payload", "obj")
 
 
 @dataclass(frozen=True)
 class TaskCancel(Message):
     TYPE = "TASK_CANCEL"
-    FIELDS = (("job_id", "jobId", "str", _MISSING), ("attempt_id", "attemptId", "str", _MISSING))
-    job_id: str
-    attempt_id: str
+    job_id: str = wire("jobId", "str")
+    attempt_id: str = wire("attemptId", "str")
 
 
 @dataclass(frozen=True)
 class TaskResult(Message):
     TYPE = "TASK_RESULT"
-    FIELDS = (
-        ("worker_id", "workerId", "str", _MISSING),
-        ("job_id", "jobId", "str", _MISSING),
-        ("attempt_id", "attemptId", "str", _MISSING),
-        ("success", "success", "bool", _MISSING),
-        ("result", "result", "obj?", None),
-        ("error", "error", "str?", None),
-    )
-    worker_id: str
-    job_id: str
-    attempt_id: str
-    success: bool
-    result: dict[str, Any] | None = None
-    error: str | None = None
+    worker_id: str = wire("workerId", "str")
+    job_id: str = wire("jobId", "str")
+    attempt_id: str = wire("attemptId", "str")
+    success: bool = wire("success", "bool")
+    result: dict[str, Any] | None = wire("result", "obj?", None)
+    error: str | None = wire("error", "str?", None)
 
 
 @dataclass(frozen=True)
 class Error(Message):
     TYPE = "ERROR"
-    FIELDS = (("message", "message", "str", _MISSING),)
-    message: str
+    message: str = wire("message", "str")
 
 
 # ---- client port -------------------------------------------------------------------
@@ -174,103 +184,80 @@ class Error(Message):
 @dataclass(frozen=True)
 class SubmitJob(Message):
     TYPE = "SUBMIT_JOB"
-    FIELDS = (
-        ("task_type", "taskType", "str", _MISSING),
-        ("payload", "payload", "obj", _MISSING),
-        ("max_attempts", "maxAttempts", "int", 0),
-        ("idempotency_key", "idempotencyKey", "str?", None),
-        ("priority", "priority", "str?", None),
-    )
-    task_type: str
-    payload: dict[str, Any]
-    max_attempts: int = 0
-    idempotency_key: str | None = None
-    priority: str | None = None
+    task_type: str = wire("taskType", "str")
+    payload: dict[str, Any] = wire("payload", "obj")
+    max_attempts: int = wire("maxAttempts", "int", 0)
+    idempotency_key: str | None = wire("idempotencyKey", "str?", None)
+    priority: str | None = wire("priority", "str?", None)
+    run_at_millis: int | None = wire("runAtMillis", "int?", None)  # epoch millis; not with delayMillis
+    delay_millis: int | None = wire("delayMillis", "int?", None)
 
 
 @dataclass(frozen=True)
 class JobSubmitted(Message):
     TYPE = "JOB_SUBMITTED"
-    FIELDS = (("job_id", "jobId", "str", _MISSING),)
-    job_id: str
+    job_id: str = wire("jobId", "str")
 
 
 @dataclass(frozen=True)
 class SubmitRejected(Message):
     TYPE = "SUBMIT_REJECTED"
-    FIELDS = (
-        ("reason", "reason", "str", _MISSING),
-        ("active_count", "activeCount", "int", _MISSING),
-        ("limit", "limit", "int", _MISSING),
-        ("retryable", "retryable", "bool", True),
-    )
-    reason: str
-    active_count: int
-    limit: int
-    retryable: bool = True
+    reason: str = wire("reason", "str")
+    active_count: int = wire("activeCount", "int")
+    limit: int = wire("limit", "int")
+    retryable: bool = wire("retryable", "bool", True)
 
 
 @dataclass(frozen=True)
 class GetJobStatus(Message):
     TYPE = "GET_JOB_STATUS"
-    FIELDS = (("job_id", "jobId", "str", _MISSING),)
-    job_id: str
+    job_id: str = wire("jobId", "str")
 
 
 @dataclass(frozen=True)
 class JobStatus(Message):
     TYPE = "JOB_STATUS"
-    FIELDS = (("job", "job", "obj", _MISSING),)
-    job: dict[str, Any]
+    job: dict[str, Any] = wire("job", "obj")
 
 
 @dataclass(frozen=True)
 class ListJobs(Message):
     TYPE = "LIST_JOBS"
-    FIELDS = (
-        ("limit", "limit", "int?", None),
-        ("state", "state", "str?", None),
-        ("cursor", "cursor", "str?", None),
-    )
-    limit: int | None = None
-    state: str | None = None
-    cursor: str | None = None
+    limit: int | None = wire("limit", "int?", None)
+    state: str | None = wire("state", "str?", None)
+    cursor: str | None = wire("cursor", "str?", None)
+    task_type: str | None = wire("taskType", "str?", None)
 
 
 @dataclass(frozen=True)
 class JobList(Message):
     TYPE = "JOB_LIST"
-    FIELDS = (("jobs", "jobs", "list", _MISSING), ("next_cursor", "nextCursor", "str?", None))
-    jobs: list[dict[str, Any]] = field(default_factory=list)
-    next_cursor: str | None = None
+    jobs: list[dict[str, Any]] = wire("jobs", "list", [])
+    next_cursor: str | None = wire("nextCursor", "str?", None)
 
 
 @dataclass(frozen=True)
 class ListWorkers(Message):
     TYPE = "LIST_WORKERS"
-    FIELDS = ()
 
 
 @dataclass(frozen=True)
 class WorkerList(Message):
     TYPE = "WORKER_LIST"
-    FIELDS = (("workers", "workers", "list", _MISSING),)
-    workers: list[dict[str, Any]] = field(default_factory=list)
+    workers: list[dict[str, Any]] = wire("workers", "list", [])
 
 
 @dataclass(frozen=True)
 class CancelJob(Message):
     TYPE = "CANCEL_JOB"
-    FIELDS = (("job_id", "jobId", "str", _MISSING),)
-    job_id: str
+    job_id: str = wire("jobId", "str")
 
 
 @dataclass(frozen=True)
 class JobCancel(Message):
     TYPE = "JOB_CANCEL"
-    FIELDS = (("cancelled", "cancelled", "bool", _MISSING), ("job", "job", "obj", _MISSING))
-    cancelled: bool
-    job: dict[str, Any]
+    cancelled: bool = wire("cancelled", "bool")
+    job: dict[str, Any] = wire("job", "obj")
 
 
 ALL_MESSAGES: tuple[type[Message], ...] = (

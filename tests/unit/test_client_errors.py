@@ -92,7 +92,8 @@ def test_submit_returns_job_id_and_sends_every_field(serve):
     assert client.submit("SLEEP", {"durationMillis": 1}, max_attempts=2, priority="HIGH",
                          idempotency_key="k1") == "j-9"
     assert server.requests == [{"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1},
-                                "maxAttempts": 2, "idempotencyKey": "k1", "priority": "HIGH"}]
+                                "maxAttempts": 2, "idempotencyKey": "k1", "priority": "HIGH",
+                                "runAtMillis": None, "delayMillis": None}]
 
 
 def test_many_requests_share_one_connection(serve):
@@ -102,7 +103,8 @@ def test_many_requests_share_one_connection(serve):
     assert client.workers() == []
     assert client.list_jobs(limit=1, state="QUEUED") == ([SNAP], "c2")
     assert server.connections == 1
-    assert server.requests[2] == {"type": "LIST_JOBS", "limit": 1, "state": "QUEUED", "cursor": None}
+    assert server.requests[2] == {"type": "LIST_JOBS", "limit": 1, "state": "QUEUED", "cursor": None,
+                                  "taskType": None}
 
 
 def test_error_reply_is_request_failed_and_keeps_the_connection(serve):

@@ -16,7 +16,7 @@ SNAPSHOT = {
 
 # One fully populated sample of every message type, keyed by its wire type.
 SAMPLES: dict[str, m.Message] = {
-    "WORKER_REGISTER": m.WorkerRegister(worker_id="w-1", capacity=4),
+    "WORKER_REGISTER": m.WorkerRegister(worker_id="w-1", capacity=4, task_types=["SLEEP", "GREET"]),
     "WORKER_REGISTERED": m.WorkerRegistered(worker_id="w-1"),
     "HEARTBEAT": m.Heartbeat(worker_id="w-1"),
     "TASK_ASSIGN": m.TaskAssign(job_id="j-1", attempt_id="a-1", attempt_number=2, task_type="SLEEP",
@@ -26,12 +26,12 @@ SAMPLES: dict[str, m.Message] = {
                                 result={"sleptMillis": 5}, error=None),
     "ERROR": m.Error(message="nope ✓"),
     "SUBMIT_JOB": m.SubmitJob(task_type="SHA256", payload={"text": "héllo"}, max_attempts=2,
-                              idempotency_key="k-1", priority="HIGH"),
+                              idempotency_key="k-1", priority="HIGH", run_at_millis=1_800_000_000_000),
     "JOB_SUBMITTED": m.JobSubmitted(job_id="j-1"),
     "SUBMIT_REJECTED": m.SubmitRejected(reason="at limit", active_count=3, limit=3, retryable=True),
     "GET_JOB_STATUS": m.GetJobStatus(job_id="j-1"),
     "JOB_STATUS": m.JobStatus(job=SNAPSHOT),
-    "LIST_JOBS": m.ListJobs(limit=10, state="QUEUED", cursor="c-1"),
+    "LIST_JOBS": m.ListJobs(limit=10, state="QUEUED", cursor="c-1", task_type="GREET"),
     "JOB_LIST": m.JobList(jobs=[SNAPSHOT], next_cursor="c-2"),
     "LIST_WORKERS": m.ListWorkers(),
     "WORKER_LIST": m.WorkerList(workers=[{"workerId": "w-1", "capacity": 4, "activeJobs": 0,
@@ -66,19 +66,20 @@ def test_round_trip_through_frame_bytes(type_name):
 @pytest.mark.parametrize("type_name", sorted(SAMPLES))
 def test_wire_uses_camel_case_names_from_the_protocol(type_name):
     expected = {
-        "WORKER_REGISTER": {"workerId", "capacity"},
+        "WORKER_REGISTER": {"workerId", "capacity", "taskTypes"},
         "WORKER_REGISTERED": {"workerId"},
         "HEARTBEAT": {"workerId"},
         "TASK_ASSIGN": {"jobId", "attemptId", "attemptNumber", "taskType", "payload"},
         "TASK_CANCEL": {"jobId", "attemptId"},
         "TASK_RESULT": {"workerId", "jobId", "attemptId", "success", "result", "error"},
         "ERROR": {"message"},
-        "SUBMIT_JOB": {"taskType", "payload", "maxAttempts", "idempotencyKey", "priority"},
+        "SUBMIT_JOB": {"taskType", "payload", "maxAttempts", "idempotencyKey", "priority", "runAtMillis",
+                       "delayMillis"},
         "JOB_SUBMITTED": {"jobId"},
         "SUBMIT_REJECTED": {"reason", "activeCount", "limit", "retryable"},
         "GET_JOB_STATUS": {"jobId"},
         "JOB_STATUS": {"job"},
-        "LIST_JOBS": {"limit", "state", "cursor"},
+        "LIST_JOBS": {"limit", "state", "cursor", "taskType"},
         "JOB_LIST": {"jobs", "nextCursor"},
         "LIST_WORKERS": set(),
         "WORKER_LIST": {"workers"},

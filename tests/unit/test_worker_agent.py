@@ -118,7 +118,8 @@ def assign(conn, job, attempt, task_type, payload, number=1):
 def test_registers_then_heartbeats_on_its_own(coordinator, start_agent):
     start_agent(capacity=3, heartbeat_millis=30)
     conn = coordinator.next_conn()
-    assert conn.accept_registration() == {"type": "WORKER_REGISTER", "workerId": "w-t", "capacity": 3}
+    assert conn.accept_registration() == {"type": "WORKER_REGISTER", "workerId": "w-t", "capacity": 3,
+                                         "taskTypes": None}
     beats = [conn.frames.get(timeout=1) for _ in range(3)]
     assert beats == [{"type": "HEARTBEAT", "workerId": "w-t"}] * 3
 
