@@ -2,11 +2,15 @@
 
 ::
 
-    QUEUED ──assign──▶ RUNNING ──success──────────────▶ COMPLETED
-      ▲  │               │ │ └─failure, budget left──▶ RETRY_WAIT ──due──▶ QUEUED
-      │  │               │ └───failure, no budget───▶ FAILED
-      │  │               └─restart, budget left──────▶ QUEUED
-      │  └──────cancel─────────────────────────────▶ CANCELLED  (also from RUNNING, RETRY_WAIT)
+    SCHEDULED ──due──▶ QUEUED ──assign──▶ RUNNING ──success──────────────▶ COMPLETED
+        ▲                ▲  │               │ │ └─failure, budget left──▶ RETRY_WAIT ──due──▶ QUEUED
+        │                │  │               │ └───failure, no budget───▶ FAILED
+        │                │  │               ├─restart, budget left──────▶ QUEUED
+        └────────────────┼──┼───────────────┴─put back for later (Periodic SCHED_LATER)
+                         │  └──────cancel──────────────────────────────▶ CANCELLED
+                                   (also from SCHEDULED, RUNNING, RETRY_WAIT)
+
+QUEUED, SCHEDULED, RUNNING and RETRY_WAIT are the non-terminal states.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from jobmesh.errors import IllegalTransition
 
 class JobState(str, Enum):
     QUEUED = "QUEUED"
+    SCHEDULED = "SCHEDULED"
     RUNNING = "RUNNING"
     RETRY_WAIT = "RETRY_WAIT"
     COMPLETED = "COMPLETED"
@@ -26,11 +31,14 @@ class JobState(str, Enum):
 
 
 TERMINAL: frozenset[JobState] = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+ACTIVE: frozenset[JobState] = frozenset(JobState) - TERMINAL
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.SCHEDULED: frozenset({JobState.QUEUED, JobState.CANCELLED}),
     JobState.RUNNING: frozenset(
-        {JobState.COMPLETED, JobState.RETRY_WAIT, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED}
+        {JobState.COMPLETED, JobState.RETRY_WAIT, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED,
+         JobState.SCHEDULED}
     ),
     JobState.RETRY_WAIT: frozenset({JobState.QUEUED, JobState.CANCELLED}),
     JobState.COMPLETED: frozenset(),

@@ -13,6 +13,7 @@ Unknown fields inside a payload are ignored, like unknown fields in messages.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from jobmesh.errors import PayloadError
@@ -29,6 +30,15 @@ TASK_SPECS: dict[str, tuple[str, type, int, int]] = {
 }
 
 TASK_TYPES: tuple[str, ...] = tuple(TASK_SPECS)
+
+# Names of task types, built-in or declared by workers: 1-128 letters, digits and _ . : -
+TASK_NAME_RULE = "1-128 characters of letters, digits and _ . : -"
+_TASK_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,128}\Z")
+
+
+def is_task_type_name(name: Any) -> bool:
+    """Whether ``name`` is a legal task-type name (``TASK_NAME_RULE``)."""
+    return isinstance(name, str) and _TASK_NAME.match(name) is not None
 
 
 def is_finite_json(value: Any) -> bool:

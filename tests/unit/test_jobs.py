@@ -26,11 +26,15 @@ EXPECTED_MOVES = {
     (S.RUNNING, S.CANCELLED),
     (S.RETRY_WAIT, S.QUEUED),
     (S.RETRY_WAIT, S.CANCELLED),
+    (S.SCHEDULED, S.QUEUED),      # a scheduled job fell due
+    (S.SCHEDULED, S.CANCELLED),
+    (S.RUNNING, S.SCHEDULED),     # put back for later without an attempt counted (Periodic SCHED_LATER)
 }
 
 
 def test_state_names_are_the_wire_spellings():
-    assert [s.value for s in JobState] == ["QUEUED", "RUNNING", "RETRY_WAIT", "COMPLETED", "FAILED", "CANCELLED"]
+    assert [s.value for s in JobState] == ["QUEUED", "SCHEDULED", "RUNNING", "RETRY_WAIT", "COMPLETED",
+                                       "FAILED", "CANCELLED"]
     for s in JobState:
         assert s == s.value and JobState(s.value) is s
 
