@@ -205,7 +205,7 @@ class SteadyCore:
         store.write(*self.core.take_dirty())
         self.conns = [FakeConn("scaling-w%d" % i) for i in range(opts["workers"])]
         for conn in self.conns:
-            self.core.on_worker_registered(self.now, conn, conn.worker_id, opts["capacity"])
+            self.core.on_worker_registered(self.now, conn, m.WorkerRegister(conn.worker_id, opts["capacity"]))
         self.core.take_outbound()
         self.beat_at = self.now
         self.running: list = []
@@ -248,8 +248,8 @@ class SteadyCore:
         t_sweep = time.perf_counter() - t
 
         t = time.perf_counter()
-        inserts, updates = core.take_dirty()
-        self.store.write(inserts, updates)
+        inserts, updates, types = core.take_dirty()
+        self.store.write(inserts, updates, types)
         t_commit = time.perf_counter() - t
         self.rounds += 1
         return {"depth": depth, "assigned": assigned, "results": len(results),
@@ -361,7 +361,7 @@ def history_level(opts: dict[str, Any], work_dir: Path) -> dict[str, Any]:
             rows.append(dict(step_medians(samples), completed=(steady.rounds - 1) * slots,
                              simulated_s=round((steady.now - T0_MILLIS) / 1000, 1),
                              deadline_heap=len(core.deadline_heap),
-                             deadline_heap_mb=round(heap_bytes(core) / 1e6, 1), retry_heap=len(core.retry_heap),
+                             deadline_heap_mb=round(heap_bytes(core) / 1e6, 1), due_heap=len(core.due_heap),
                              finished_cache=len(core.finished), active=core.active_count,
                              rss_kb=rss_kb()))
         print_table(

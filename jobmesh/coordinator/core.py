@@ -4,10 +4,13 @@ A plain class: no gevent, no sockets, no clock. Every method takes ``now_millis`
 its caller (the runtime reads the clock once per event). The core
 
 * owns every active job, the recently finished ones it still caches, the worker
-  registry, the queued/retry/deadline indexes and the submission sequence;
-* marks each changed job dirty; the runtime commits all dirty rows of a batch in one
-  transaction *before* it releases the batch's replies and outbound frames, so nothing
-  is observable before it is durable;
+  registry, the queued/due/deadline indexes, the known task types and the submission
+  sequence;
+* changes a job's state only through ``_transition``, which also keeps every index in
+  step (queues, due times, leases, the active set) and marks the job dirty;
+* commits nothing itself: the runtime takes the dirty rows of a batch (``take_dirty``)
+  and commits them in one transaction *before* it releases the batch's replies and
+  outbound frames, so nothing is observable before it is durable;
 * "sends" by appending ``(conn, message)`` to ``outbound`` (``message`` None = close
   that connection after what is queued for it); it never writes a socket itself.
 
@@ -16,9 +19,9 @@ Request methods (``submit_job``, ``get_job_status``, ``list_jobs``, ``list_worke
 ``on_heartbeat``, ``on_task_result``, ``on_worker_disconnected``, ``sweep``) return
 nothing. ``schedule_queued_jobs`` runs after each batch and inside each sweep.
 
-Nothing here scans all jobs: queued jobs live in per-priority heaps, retries and
-deadlines in time-ordered heaps, finished jobs leave memory through an LRU and are read
-back from the store on demand.
+Nothing here scans all jobs: queued jobs live in per-type, per-priority heaps, due times
+(SCHEDULED and RETRY_WAIT) and deadlines in time-ordered heaps, finished jobs leave
+memory through an LRU and are read back from the store on demand.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from __future__ import annotations
 import heapq
 import logging
 import random
-from collections import OrderedDict
-from typing import Any
+from collections import Counter, OrderedDict
+from typing import Any, Callable
 
 import ujson
 
@@ -40,7 +43,7 @@ from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
-from jobmesh.protocol.payloads import is_finite_json, validate_payload
+from jobmesh.protocol.payloads import TASK_SPECS, TASK_TYPES, is_finite_json, validate_payload
 
 log = logging.getLogger(__name__)
 _random = random.Random()
@@ -51,29 +54,44 @@ MAX_WORKER_ID_CHARS = 256
 MAX_RESULT_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = MAX_FRAME - 4096  # leaves room for TASK_ASSIGN's other fields
 MAX_ERROR_CHARS = 4096
+MAX_RUN_AT_MILLIS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 LIST_DEFAULT = 100
 LIST_MAX = 1000
 LIST_MAX_BYTES = 900 * 1024  # keep JOB_LIST below the 1 MiB frame limit
 FINISHED_CACHE = 20_000
+BUILTIN_TYPES = frozenset(TASK_TYPES)
+
+Rows = tuple[list[tuple], list[tuple], list[tuple[str, int]]]
+
+
+def _due_time(job: Job) -> int | None:
+    """When a waiting job becomes due: its retry time (RETRY_WAIT) or run-at time (SCHEDULED)."""
+    if job.state is JobState.RETRY_WAIT:
+        return job.retry_at
+    if job.state is JobState.SCHEDULED:
+        return job.run_at
+    return None
 
 
 class CoordinatorCore:
-    def __init__(self, store: JobStore, config: CoreConfig, new_id=None) -> None:
+    def __init__(self, store: JobStore, config: CoreConfig, new_id: Callable[[], str] | None = None) -> None:
         self.store = store
         self.config = config
         self._new_id = new_id
         self.jobs: dict[str, Job] = {}  # every non-terminal job
         self.finished: OrderedDict[str, Job] = OrderedDict()  # LRU of terminal jobs
         self.keys: dict[str, str] = {}  # idempotency key -> job id, for jobs held in memory
-        self.queued = scheduler.QueuedJobs()
-        self.retry_heap: list[tuple[int, str]] = []
-        self.deadline_heap: list[tuple[int, str, str]] = []
+        self.queued = scheduler.TypedQueues()
+        self.due_heap: list[tuple[int, str]] = []  # (due time, job id): SCHEDULED and RETRY_WAIT jobs
+        self.deadline_heap: list[tuple[int, str, str]] = []  # (deadline, job id, attempt id)
         self.workers = WorkerRegistry()
+        self.known_types: set[str] = set(BUILTIN_TYPES)  # built-ins and every type ever declared
         self.next_seq = 1
         self._last_created = 0
         self.outbound: list[tuple[Any, m.Message | None]] = []
         self._dirty: dict[str, Job] = {}
         self._new: set[str] = set()
+        self._new_types: list[tuple[str, int]] = []
 
     # ---- bookkeeping -------------------------------------------------------------
 
@@ -93,17 +111,19 @@ class CoordinatorCore:
     def _touch(self, job: Job) -> None:
         self._dirty[job.job_id] = job
 
-    def take_dirty(self) -> tuple[list[tuple], list[tuple]]:
-        """Rows to commit for everything changed since the last call: (inserts, updates)."""
+    def take_dirty(self) -> Rows:
+        """What to commit for everything changed since the last call:
+        (job inserts, job updates, newly declared task types)."""
         inserts, updates = [], []
         for job_id, job in self._dirty.items():
             if job_id in self._new:
                 inserts.append(insert_row(job))
             else:
                 updates.append(update_row(job))
+        types, self._new_types = self._new_types, []
         self._dirty = {}
         self._new = set()
-        return inserts, updates
+        return inserts, updates, types
 
     def take_outbound(self) -> list[tuple[Any, m.Message | None]]:
         out, self.outbound = self.outbound, []
@@ -111,12 +131,6 @@ class CoordinatorCore:
 
     def _send(self, conn: Any, msg: m.Message | None) -> None:
         self.outbound.append((conn, msg))
-
-    def _retire(self, job: Job) -> None:
-        """The single chokepoint for active -> terminal: frees the admission slot."""
-        self.jobs.pop(job.job_id, None)
-        self.queued.discard(job.job_id)
-        self._remember_finished(job)
 
     def _remember_finished(self, job: Job) -> None:
         self.finished[job.job_id] = job
@@ -150,47 +164,128 @@ class CoordinatorCore:
             self._remember_finished(job)
         return job
 
+    # ---- the one transition method ---------------------------------------------------
+
+    def _transition(self, job: Job, target: JobState, now_millis: int, *,
+                    due_at: int | None = None, session: Session | None = None) -> None:
+        """Move an active job to ``target`` and keep every index in step with it.
+
+        Leaving QUEUED leaves the queue; leaving RUNNING frees the lease holder's slot.
+        Entering QUEUED joins the job's type queue; RETRY_WAIT and SCHEDULED take
+        ``due_at`` and join the due heap; RUNNING takes ``session`` and issues a new lease
+        with its deadline; a terminal state leaves the active set (freeing its admission
+        slot) for the finished cache. The job is marked dirty for the batch's commit.
+        """
+        source = job.state
+        if source is JobState.RUNNING and job.worker_id is not None:
+            holder = self.workers.get(job.worker_id)
+            if holder is not None:
+                holder.running.discard(job.job_id)
+        elif source is JobState.QUEUED:
+            self.queued.discard(job.job_id)
+        job.move_to(target, now_millis)
+        if target is JobState.QUEUED:
+            self.queued.add(job.job_id, job.task_type, job.priority.level, job.due_at, job.seq)
+        elif target is JobState.RUNNING:
+            assert session is not None, "an assignment needs a worker"
+            job.attempts += 1
+            # Unique per assignment: attempts only grows, and is durable before any send.
+            job.attempt_id = "%s.%d" % (job.job_id, job.attempts)
+            job.worker_id = session.worker_id
+            job.deadline = now_millis + (job.execution_timeout or self.config.task_timeout_millis)
+            heapq.heappush(self.deadline_heap, (job.deadline, job.job_id, job.attempt_id))
+            session.running.add(job.job_id)
+        elif target is JobState.RETRY_WAIT or target is JobState.SCHEDULED:
+            assert due_at is not None, "a waiting job needs its due time"
+            if target is JobState.RETRY_WAIT:
+                job.retry_at = due_at
+            else:
+                job.run_at = due_at
+            heapq.heappush(self.due_heap, (due_at, job.job_id))
+        elif target in TERMINAL:
+            self.jobs.pop(job.job_id, None)
+            self._remember_finished(job)
+        self._touch(job)
+
     # ---- recovery ------------------------------------------------------------------
 
     def recover(self, now_millis: int) -> dict[str, int]:
-        """Load non-terminal jobs from the store (before any listener opens).
+        """Load non-terminal jobs and known task types from the store (before any listener opens).
 
         RUNNING jobs lost their worker and their attempt's outcome is unknown: requeue
         them if budget remains, else fail them. Their old deadline is discarded; the next
-        assignment stamps a fresh one.
+        assignment stamps a fresh one. SCHEDULED jobs keep their time; those that fell
+        due while the coordinator was down are queued now.
         """
-        stats = {"queued": 0, "retry_wait": 0, "requeued": 0, "failed": 0}
+        # queued: QUEUED after recovery, including the requeued and those due while down
+        stats = {"queued": 0, "scheduled": 0, "retry_wait": 0, "requeued": 0, "due": 0, "failed": 0}
+        self.known_types.update(self.store.load_task_types())
         for job in self.store.load_active():
-            if job.state is JobState.RUNNING:
-                if job.attempts < job.max_attempts:
-                    job.move_to(JobState.QUEUED, now_millis)
-                    stats["requeued"] += 1
-                else:
-                    job.move_to(JobState.FAILED, now_millis)
-                    job.error = "coordinator restarted during the final attempt (%d of %d)" % (
-                        job.attempts, job.max_attempts)
-                    self._touch(job)
-                    self._remember_finished(job)
-                    stats["failed"] += 1
-                    continue
-                self._touch(job)
             self.jobs[job.job_id] = job
             if job.idempotency_key is not None:
                 self.keys[job.idempotency_key] = job.job_id
-            if job.state is JobState.QUEUED:
-                self.queued.add(job.job_id, job.priority.level, job.seq, job.created_at)
+            state = job.state
+            if state is JobState.RUNNING:
+                if job.attempts < job.max_attempts:
+                    self._transition(job, JobState.QUEUED, now_millis)
+                    stats["requeued"] += 1
+                    stats["queued"] += 1
+                else:
+                    job.error = "coordinator restarted during the final attempt (%d of %d)" % (
+                        job.attempts, job.max_attempts)
+                    self._transition(job, JobState.FAILED, now_millis)
+                    stats["failed"] += 1
+            elif state is JobState.QUEUED:
+                self.queued.add(job.job_id, job.task_type, job.priority.level, job.due_at, job.seq)
                 stats["queued"] += 1
-            else:  # RETRY_WAIT
-                if job.retry_at is None:  # an older or hand-edited row: due now
-                    job.retry_at = now_millis
+            elif state is JobState.SCHEDULED and (job.run_at is None or job.run_at <= now_millis):
+                self._transition(job, JobState.QUEUED, now_millis)
+                stats["due"] += 1
+                stats["queued"] += 1
+            else:  # RETRY_WAIT, or SCHEDULED in the future
+                due = _due_time(job)
+                if due is None:  # an older or hand-edited row: due now
+                    due = now_millis
+                    job.retry_at = due
                     self._touch(job)
-                heapq.heappush(self.retry_heap, (job.retry_at, job.job_id))
-                stats["retry_wait"] += 1
+                heapq.heappush(self.due_heap, (due, job.job_id))
+                stats["retry_wait" if state is JobState.RETRY_WAIT else "scheduled"] += 1
         self.next_seq = self.store.max_seq() + 1
         self._last_created = max((j.created_at for j in self.jobs.values()), default=0)
         return stats
 
     # ---- client requests -------------------------------------------------------------
+
+    def _check_payload(self, task_type: str, payload: dict[str, Any]) -> str | None:
+        """Why ``payload`` cannot be submitted as ``task_type``; None if it can."""
+        if task_type in TASK_SPECS:
+            try:
+                validate_payload(task_type, payload)
+            except PayloadError as exc:
+                return str(exc)
+            return None
+        if task_type not in self.known_types:
+            known = sorted(self.known_types)
+            listed = ", ".join(known[:20]) + (" and %d more" % (len(known) - 20) if len(known) > 20 else "")
+            return "unknown task type %r: no worker has declared it (known: %s)" % (task_type, listed)
+        if not is_finite_json(payload):
+            return "%s payload holds NaN or Infinity, which JSON does not allow" % task_type
+        return None
+
+    def _run_at(self, now_millis: int, req: m.SubmitJob) -> tuple[int | None, str | None]:
+        """(run-at time or None, error or None) from a submit's runAtMillis/delayMillis."""
+        run_at, delay = req.run_at_millis, req.delay_millis
+        if run_at is not None and delay is not None:
+            return None, "give runAtMillis or delayMillis, not both"
+        if delay is not None:
+            if delay < 0:
+                return None, "delayMillis must be a non-negative integer, got %d" % delay
+            run_at = now_millis + delay
+        elif run_at is not None and run_at < 0:
+            return None, "runAtMillis must be a non-negative integer, got %d" % run_at
+        if run_at is not None and run_at > MAX_RUN_AT_MILLIS:
+            return None, "the run-at time must be before the year 10000"
+        return run_at, None
 
     def submit_job(self, now_millis: int, req: m.SubmitJob) -> m.Message:
         try:
@@ -200,10 +295,12 @@ class CoordinatorCore:
         max_attempts = req.max_attempts if req.max_attempts > 0 else self.config.default_max_attempts
         if max_attempts > MAX_ATTEMPTS_LIMIT:
             return m.Error("maxAttempts must be at most %d, got %d" % (MAX_ATTEMPTS_LIMIT, max_attempts))
-        try:
-            validate_payload(req.task_type, req.payload)
-        except PayloadError as exc:
-            return m.Error(str(exc))
+        problem = self._check_payload(req.task_type, req.payload)
+        if problem is not None:
+            return m.Error(problem)
+        run_at, problem = self._run_at(now_millis, req)
+        if problem is not None:
+            return m.Error(problem)
         # The payload travels again inside TASK_ASSIGN, which must fit in one frame too.
         payload_json = ujson.dumps(req.payload, ensure_ascii=False, escape_forward_slashes=False)
         if len(payload_json) * 4 > MAX_PAYLOAD_BYTES:  # UTF-8 takes at most 4 bytes a character
@@ -229,14 +326,16 @@ class CoordinatorCore:
                 "coordinator is at its active-job limit; retry later",
                 self.active_count, self.config.max_active_jobs, True,
             )
-        # Creation times never go backwards in sequence order, even if the wall clock does:
-        # the queued order (scheduler.QueuedJobs) relies on it.
+        # Creation times never go backwards in sequence order, even if the wall clock does.
         created = max(now_millis, self._last_created)
         self._last_created = created
+        later = run_at is not None and run_at > now_millis
+        due = created if run_at is None else run_at
         job = Job(
             job_id=self._job_id(self.next_seq), seq=self.next_seq, task_type=req.task_type, payload=req.payload,
             max_attempts=max_attempts, priority=priority, created_at=created, idempotency_key=key,
-            execution_timeout=self.config.task_timeout_millis, payload_json=payload_json,
+            execution_timeout=self.config.task_timeout_millis, payload_json=payload_json, run_at=run_at,
+            state=JobState.SCHEDULED if later else JobState.QUEUED,
         )
         self.next_seq += 1
         self.jobs[job.job_id] = job
@@ -244,8 +343,11 @@ class CoordinatorCore:
             self.keys[key] = job.job_id
         self._new.add(job.job_id)
         self._touch(job)
-        self.queued.add(job.job_id, priority.level, job.seq, created)
-        log.debug("submitted job=%s type=%s priority=%s", job.job_id, job.task_type, priority.value)
+        if later:
+            heapq.heappush(self.due_heap, (due, job.job_id))
+        else:
+            self.queued.add(job.job_id, job.task_type, priority.level, job.due_at, job.seq)
+        log.debug("submitted job=%s type=%s priority=%s run_at=%s", job.job_id, job.task_type, priority.value, run_at)
         return m.JobSubmitted(job.job_id)
 
     def get_job_status(self, now_millis: int, job_id: str) -> m.Message:
@@ -273,7 +375,7 @@ class CoordinatorCore:
                     raise ValueError
             except ValueError:
                 return m.Error("invalid cursor %r" % req.cursor)
-        rows = self.store.list_page(limit + 1, state, before)
+        rows = self.store.list_page(limit + 1, state, before, req.task_type)
         jobs: list[dict[str, Any]] = []
         size = 0
         next_cursor = None
@@ -301,15 +403,14 @@ class CoordinatorCore:
             return m.JobCancel(False, done.snapshot())
         if job.state is JobState.RUNNING:
             self._revoke_lease(job, "cancelled")
-        job.move_to(JobState.CANCELLED, now_millis)
-        self._touch(job)
-        self._retire(job)
+        self._transition(job, JobState.CANCELLED, now_millis)
         log.info("cancelled job=%s", job.job_id)
         return m.JobCancel(True, job.snapshot())
 
     # ---- worker events -------------------------------------------------------------------
 
-    def on_worker_registered(self, now_millis: int, conn: Any, worker_id: str, capacity: int) -> None:
+    def on_worker_registered(self, now_millis: int, conn: Any, msg: m.WorkerRegister) -> None:
+        worker_id, capacity = msg.worker_id, msg.capacity
         if not 1 <= capacity <= 1024:
             self._refuse(conn, "capacity must be 1..1024, got %d" % capacity)
             return
@@ -323,10 +424,15 @@ class CoordinatorCore:
             log.warning("refused duplicate registration worker=%s", worker_id)
             self._refuse(conn, "worker id %r belongs to a live session" % worker_id)
             return
-        session = Session(worker_id, capacity, conn, now_millis)
+        types = BUILTIN_TYPES if msg.task_types is None else frozenset(msg.task_types)
+        for name in sorted(types - self.known_types):
+            self.known_types.add(name)
+            self._new_types.append((name, now_millis))  # durable before the registration is answered
+            log.info("new task type declared type=%s worker=%s", name, worker_id)
+        session = Session(worker_id, capacity, conn, now_millis, types)
         self.workers.add(session)
         self._send(conn, m.WorkerRegistered(worker_id))
-        log.info("worker registered worker=%s capacity=%d", worker_id, capacity)
+        log.info("worker registered worker=%s capacity=%d types=%s", worker_id, capacity, ",".join(sorted(types)))
 
     def _refuse(self, conn: Any, reason: str) -> None:
         self._send(conn, m.Error(reason))
@@ -350,7 +456,6 @@ class CoordinatorCore:
         ):
             log.warning("stale result dropped job=%s attempt=%s worker=%s", res.job_id, res.attempt_id, res.worker_id)
             return
-        session.running.discard(job.job_id)
         if res.success:
             result = res.result if res.result is not None else {}
             if not is_finite_json(result):
@@ -360,9 +465,7 @@ class CoordinatorCore:
                 self._retry_or_fail(job, now_millis, "result larger than %d bytes" % MAX_RESULT_BYTES)
                 return
             job.result = result
-            job.move_to(JobState.COMPLETED, now_millis)
-            self._touch(job)
-            self._retire(job)
+            self._transition(job, JobState.COMPLETED, now_millis)
             log.debug("completed job=%s attempt=%d", job.job_id, job.attempts)
         else:
             error = (res.error or "task failed without an error message")[:MAX_ERROR_CHARS]
@@ -383,13 +486,13 @@ class CoordinatorCore:
                 self._retry_or_fail(job, now_millis, "attempt %d lost: %s" % (job.attempts, reason))
         session.running.clear()
 
-    # ---- transitions ------------------------------------------------------------------
+    # ---- outcomes ---------------------------------------------------------------------
 
     def _revoke_lease(self, job: Job, why: str) -> None:
-        """Tell the owning worker to stop this attempt (best effort) and free its slot."""
+        """Tell the owning worker to stop this attempt (best effort); the transition that
+        follows frees its slot."""
         session = self.workers.get(job.worker_id) if job.worker_id else None
-        if session is not None:
-            session.running.discard(job.job_id)
+        if session is not None and job.attempt_id is not None:
             self._send(session.conn, m.TaskCancel(job.job_id, job.attempt_id))
         log.debug("revoked lease job=%s attempt=%s why=%s", job.job_id, job.attempt_id, why)
 
@@ -397,38 +500,19 @@ class CoordinatorCore:
         job.error = error
         if job.attempts < job.max_attempts:
             delay = scheduler.retry_delay_millis(job.attempts, self.config.retry_base_millis, self.config.retry_cap_millis)
-            job.move_to(JobState.RETRY_WAIT, now_millis)
-            job.retry_at = now_millis + delay
-            heapq.heappush(self.retry_heap, (job.retry_at, job.job_id))
-            self._touch(job)
+            self._transition(job, JobState.RETRY_WAIT, now_millis, due_at=now_millis + delay)
             log.info("retry job=%s attempt=%d/%d in=%dms error=%s", job.job_id, job.attempts, job.max_attempts, delay, error)
         else:
-            job.move_to(JobState.FAILED, now_millis)
-            self._touch(job)
-            self._retire(job)
+            self._transition(job, JobState.FAILED, now_millis)
             log.info("failed job=%s attempts=%d error=%s", job.job_id, job.attempts, error)
-
-    def _assign(self, job: Job, session: Session, now_millis: int) -> None:
-        job.move_to(JobState.RUNNING, now_millis)
-        job.attempts += 1
-        # Unique per assignment: attempts only grows, and is durable before any send.
-        job.attempt_id = "%s.%d" % (job.job_id, job.attempts)
-        job.worker_id = session.worker_id
-        timeout = job.execution_timeout or self.config.task_timeout_millis
-        job.deadline = now_millis + timeout
-        heapq.heappush(self.deadline_heap, (job.deadline, job.job_id, job.attempt_id))
-        session.running.add(job.job_id)
-        self._touch(job)
-        self._send(session.conn, m.TaskAssign(job.job_id, job.attempt_id, job.attempts, job.task_type, job.payload))
-        log.debug("assigned job=%s attempt=%s n=%d worker=%s", job.job_id, job.attempt_id, job.attempts, session.worker_id)
 
     # ---- sweep -----------------------------------------------------------------------
 
     def sweep(self, now_millis: int) -> None:
-        """Dead workers, then expired deadlines, then due retries, then scheduling."""
+        """Dead workers, then expired deadlines, then due jobs, then scheduling."""
         self.detect_dead_workers(now_millis)
         self.detect_expired_deadlines(now_millis)
-        self.promote_due_retries(now_millis)
+        self.promote_due_jobs(now_millis)
         self.schedule_queued_jobs(now_millis)
 
     def detect_dead_workers(self, now_millis: int) -> None:
@@ -453,11 +537,12 @@ class CoordinatorCore:
         running = sum(len(s.running) for s in self.workers)
         if len(self.deadline_heap) <= 2 * running + 1024:
             return
-        live = []
+        live: list[tuple[int, str, str]] = []
         for session in self.workers:
             for job_id in session.running:
                 job = self.jobs.get(job_id)
-                if job is not None and job.state is JobState.RUNNING and job.deadline is not None:
+                if (job is not None and job.state is JobState.RUNNING and job.deadline is not None
+                        and job.attempt_id is not None):
                     live.append((job.deadline, job_id, job.attempt_id))
         heapq.heapify(live)
         self.deadline_heap = live
@@ -477,30 +562,64 @@ class CoordinatorCore:
                 job, now_millis, "attempt %d exceeded its execution deadline of %d ms" % (job.attempts, timeout)
             )
 
-    def promote_due_retries(self, now_millis: int) -> None:
-        heap = self.retry_heap
+    def _compact_due(self) -> None:
+        """Drop due-heap entries of jobs no longer waiting for that time (cancelled ones),
+        once they outnumber the jobs that still wait."""
+        heap = self.due_heap
+        if len(heap) <= 2 * len(self.jobs) + 1024:
+            return
+        live = [(t, job_id) for t, job_id in heap
+                if (job := self.jobs.get(job_id)) is not None and _due_time(job) == t]
+        heapq.heapify(live)
+        self.due_heap = live
+
+    def promote_due_jobs(self, now_millis: int) -> None:
+        """SCHEDULED and RETRY_WAIT jobs whose time has come become QUEUED (one time-ordered heap)."""
+        self._compact_due()
+        heap = self.due_heap
         while heap and heap[0][0] <= now_millis:
-            retry_at, job_id = heapq.heappop(heap)
+            due, job_id = heapq.heappop(heap)
             job = self.jobs.get(job_id)
-            if job is None or job.state is not JobState.RETRY_WAIT or job.retry_at != retry_at:
-                continue
-            job.move_to(JobState.QUEUED, now_millis)
-            self._touch(job)
-            self.queued.add(job.job_id, job.priority.level, job.seq, job.created_at)
+            if job is None or _due_time(job) != due:
+                continue  # cancelled, or waiting for another time now
+            self._transition(job, JobState.QUEUED, now_millis)
 
     def schedule_queued_jobs(self, now_millis: int) -> int:
-        """Assign queued jobs, best first, each to the least-loaded worker with room."""
+        """Assign queued jobs, best first, each to the least-loaded free worker that runs its type.
+
+        Only the types some free worker declared are candidates, so a job no free worker
+        can run never holds back one that a free worker can run.
+        """
+        queued = self.queued
+        if not len(queued):
+            return 0
+        free = [s for s in self.workers if len(s.running) < s.capacity]
+        if not free:
+            return 0
+        runnable: Counter[str] = Counter()  # type -> free workers that run it
+        for session in free:
+            runnable.update(session.task_types)
         assigned = 0
         step = self.config.aging_step_millis
-        while len(self.queued):
-            session = scheduler.least_loaded(
-                self.workers.with_free_capacity(), lambda s: len(s.running), lambda s: s.capacity
+        while free and len(queued):
+            picked = queued.pop_best(now_millis, step, runnable)
+            if picked is None:
+                break
+            job_id, task_type = picked
+            worker = scheduler.least_loaded(
+                (s for s in free if task_type in s.task_types), lambda s: len(s.running), lambda s: s.capacity
             )
-            if session is None:
-                break
-            job_id = self.queued.pop(now_millis, step)
-            if job_id is None:
-                break
-            self._assign(self.jobs[job_id], session, now_millis)
+            assert worker is not None, "runnable counts a free worker for this type"
+            job = self.jobs[job_id]
+            self._transition(job, JobState.RUNNING, now_millis, session=worker)
+            self._send(worker.conn, m.TaskAssign(job.job_id, job.attempt_id or "", job.attempts, job.task_type,
+                                                 job.payload))
+            log.debug("assigned job=%s attempt=%s worker=%s", job.job_id, job.attempt_id, worker.worker_id)
             assigned += 1
+            if len(worker.running) >= worker.capacity:
+                free.remove(worker)
+                for name in worker.task_types:
+                    runnable[name] -= 1
+                    if runnable[name] <= 0:
+                        del runnable[name]  # no free worker runs it any more
         return assigned

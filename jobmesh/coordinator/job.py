@@ -1,65 +1,55 @@
 """The coordinator's mutable job record, owned by the core.
 
-Only ``CoordinatorCore`` changes a ``Job``; every change goes through ``move_to`` so the
-state machine of ``protocol/jobs.py`` is enforced in one place. Other components see
-jobs as wire snapshots (plain dicts), never as these objects.
+Only ``CoordinatorCore`` changes a ``Job``, and every state change goes through the
+core's one transition method, which calls ``move_to`` here (so the state machine of
+``protocol/jobs.py`` is enforced in one place) and keeps the core's indexes in step.
+Other components see jobs as wire snapshots (plain dicts), never as these objects.
+
+The stored columns of a job are declared once, in ``store.COLUMNS``; the attributes
+here are the record itself (plus ``payload_json``, the payload as already encoded).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from jobmesh.protocol.jobs import JobState, Priority, check_transition
 
 
+@dataclass(slots=True, eq=False)
 class Job:
-    __slots__ = (
-        "job_id", "seq", "task_type", "payload", "state", "attempts", "max_attempts", "priority",
-        "worker_id", "attempt_id", "result", "error", "created_at", "updated_at", "retry_at",
-        "idempotency_key", "execution_timeout", "deadline", "payload_json",
-    )
+    job_id: str
+    seq: int
+    task_type: str
+    payload: dict[str, Any]
+    max_attempts: int
+    priority: Priority
+    created_at: int
+    idempotency_key: str | None = None
+    state: JobState = JobState.QUEUED
+    attempts: int = 0
+    worker_id: str | None = None
+    attempt_id: str | None = None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    updated_at: int = -1  # -1: the creation time
+    retry_at: int | None = None  # RETRY_WAIT: when the next attempt is due (epoch millis)
+    execution_timeout: int | None = None
+    deadline: int | None = None
+    run_at: int | None = None  # when the job was asked to run (runAtMillis), None: at once
+    payload_json: str | None = None  # the payload as stored, when already encoded
 
-    def __init__(
-        self,
-        job_id: str,
-        seq: int,
-        task_type: str,
-        payload: dict[str, Any],
-        max_attempts: int,
-        priority: Priority,
-        created_at: int,
-        idempotency_key: str | None = None,
-        state: JobState = JobState.QUEUED,
-        attempts: int = 0,
-        worker_id: str | None = None,
-        attempt_id: str | None = None,
-        result: dict[str, Any] | None = None,
-        error: str | None = None,
-        updated_at: int | None = None,
-        retry_at: int | None = None,
-        execution_timeout: int | None = None,
-        deadline: int | None = None,
-        payload_json: str | None = None,
-    ) -> None:
-        self.job_id = job_id
-        self.seq = seq
-        self.task_type = task_type
-        self.payload = payload
-        self.state = state
-        self.attempts = attempts
-        self.max_attempts = max_attempts
-        self.priority = priority
-        self.worker_id = worker_id
-        self.attempt_id = attempt_id
-        self.result = result
-        self.error = error
-        self.created_at = created_at
-        self.updated_at = created_at if updated_at is None else updated_at
-        self.retry_at = retry_at
-        self.idempotency_key = idempotency_key
-        self.execution_timeout = execution_timeout
-        self.deadline = deadline
-        self.payload_json = payload_json  # the payload as stored, when already encoded
+    def __post_init__(self) -> None:
+        if self.updated_at is None or self.updated_at < 0:
+            self.updated_at = self.created_at
+
+    @property
+    def due_at(self) -> int:
+        """When the job first became due: its submission, or its run-at time if later.
+        Priority aging counts from here, and the queues order each level by it."""
+        run_at = self.run_at
+        return self.created_at if run_at is None or run_at < self.created_at else run_at
 
     def move_to(self, target: JobState, now_millis: int) -> None:
         """Apply one state-machine transition; ``IllegalTransition`` means a core bug."""
@@ -97,4 +87,5 @@ class Job:
             "createdAtMillis": self.created_at,
             "updatedAtMillis": self.updated_at,
             "priority": self.priority.value,
+            "runAtMillis": self.run_at,
         }

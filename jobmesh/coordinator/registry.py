@@ -1,4 +1,4 @@
-"""Worker sessions: identity, advertised capacity, running attempts, last heartbeat.
+"""Worker sessions: identity, advertised capacity and task types, running attempts, last heartbeat.
 
 Owned by the core (plain dicts, safe by confinement to the core greenlet). ``conn`` is
 an opaque handle the runtime gave the core; the core only uses it as a key and as the
@@ -11,12 +11,14 @@ from typing import Any, Iterator
 
 
 class Session:
-    __slots__ = ("worker_id", "capacity", "conn", "last_heartbeat", "connected_at", "running")
+    __slots__ = ("worker_id", "capacity", "conn", "last_heartbeat", "connected_at", "running", "task_types")
 
-    def __init__(self, worker_id: str, capacity: int, conn: Any, now_millis: int) -> None:
+    def __init__(self, worker_id: str, capacity: int, conn: Any, now_millis: int,
+                 task_types: frozenset[str] = frozenset()) -> None:
         self.worker_id = worker_id
         self.capacity = capacity
         self.conn = conn
+        self.task_types = task_types  # what this worker declared it runs
         self.last_heartbeat = now_millis
         self.connected_at = now_millis
         self.running: set[str] = set()  # job ids whose current lease this worker holds
@@ -32,6 +34,7 @@ class Session:
             "activeJobs": len(self.running),
             "lastHeartbeatMillis": self.last_heartbeat,
             "connectedAtMillis": self.connected_at,
+            "taskTypes": sorted(self.task_types),
         }
 
 

@@ -28,7 +28,7 @@ import sqlite3
 import sys
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 import gevent
 import gevent.event
@@ -37,8 +37,9 @@ import gevent.server
 from gevent.threadpool import ThreadPool
 
 from jobmesh.config import CoordinatorConfig
+from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.core import CoordinatorCore
-from jobmesh.coordinator.server import SHUTTING_DOWN, Refusal, Servers
+from jobmesh.coordinator.server import SHUTTING_DOWN, Servers
 from jobmesh.coordinator.store import JobStore
 from jobmesh.errors import ConfigError, ProtocolError
 from jobmesh.protocol import messages as m
@@ -49,8 +50,6 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 512
 BACKLOG = 4096
 FD_MARGIN = 256
-STOP = object()
-SWEEP = object()
 
 
 class Mailbox:
@@ -197,12 +196,12 @@ class Coordinator:
             log.info("migrated database %s: added columns %s", cfg.db, ", ".join(self.store.migrated))
         self.core = CoordinatorCore(self.store, cfg)  # a CoordinatorConfig is a CoreConfig
         stats = self.core.recover(now_millis())
-        inserts, updates = self.core.take_dirty()
-        self.store.write(inserts, updates)
+        self.store.write(*self.core.take_dirty())
         log.info(
-            "recovered db=%s active=%d queued=%d retry_wait=%d requeued=%d failed_on_restart=%d next_seq=%d",
-            cfg.db, self.core.active_count, stats["queued"], stats["retry_wait"], stats["requeued"],
-            stats["failed"], self.core.next_seq,
+            "recovered db=%s active=%d queued=%d scheduled=%d retry_wait=%d requeued=%d due_while_down=%d"
+            " failed_on_restart=%d task_types=%d next_seq=%d",
+            cfg.db, self.core.active_count, stats["queued"], stats["scheduled"], stats["retry_wait"],
+            stats["requeued"], stats["due"], stats["failed"], len(self.core.known_types), self.core.next_seq,
         )
         gc.collect()
         gc.freeze()  # the recovered working set and everything imported: never scanned again
@@ -252,91 +251,114 @@ class Coordinator:
         self._arm_sweep()
         if not self._sweep_pending:
             self._sweep_pending = True
-            self.mailbox.put_urgent(SWEEP)
+            self.mailbox.put_urgent(ev.SWEEP)
 
     # ---- the core loop -----------------------------------------------------------------
 
-    def _run_core(self) -> None:
+    def _dispatch_table(self) -> dict[type, Callable[[int, Any], Any]]:
+        """Event class -> what the core does with it. Client requests answer with a reply."""
         core = self.core
-        mailbox = self.mailbox
-        handlers = {
-            "register": lambda now, it: core.on_worker_registered(now, it[1], it[2], it[3]),
-            "heartbeat": lambda now, it: core.on_heartbeat(now, it[1], it[2]),
-            "result": lambda now, it: core.on_task_result(now, it[1], it[2]),
-            "disconnected": lambda now, it: core.on_worker_disconnected(now, it[1]),
-        }
-        requests = {
-            m.SubmitJob: lambda now, r: core.submit_job(now, r),
+        assert core is not None
+        answers: dict[type, Callable[[int, Any], m.Message]] = {
+            m.SubmitJob: core.submit_job,
             m.GetJobStatus: lambda now, r: core.get_job_status(now, r.job_id),
-            m.ListJobs: lambda now, r: core.list_jobs(now, r),
+            m.ListJobs: core.list_jobs,
             m.ListWorkers: lambda now, r: core.list_workers(now),
             m.CancelJob: lambda now, r: core.cancel_job(now, r.job_id),
-            Refusal: lambda now, r: r.error,
+            ev.Refusal: lambda now, r: r.error,
         }
+        return {
+            ev.Registered: lambda now, e: core.on_worker_registered(now, e.conn, e.msg),
+            ev.Heartbeat: lambda now, e: core.on_heartbeat(now, e.conn, e.worker_id),
+            ev.Result: lambda now, e: core.on_task_result(now, e.conn, e.msg),
+            ev.Disconnected: lambda now, e: core.on_worker_disconnected(now, e.conn),
+            ev.Sweep: self._sweep,
+            ev.Request: lambda now, e: answers[type(e.msg)](now, e.msg),
+        }
+
+    def _sweep(self, now: int, _event: ev.Sweep) -> None:
+        assert self.core is not None
+        self._sweep_pending = False
+        self.core.sweep(now)
+        self.collector.tick(time.monotonic())
+
+    def _run_core(self) -> None:
+        """Take a batch, apply it, commit it, release it; until a STOP."""
+        mailbox = self.mailbox
+        dispatch = self._dispatch_table()
         unsent = None  # the replies of the last committed batch, not written yet
         while True:
             if unsent is not None and not len(mailbox):
                 self._write_replies(unsent)
                 unsent = None
-            batch = mailbox.take(MAX_BATCH)
-            replies: list[tuple[Any, tuple[m.Message, bool]]] = []  # (conn, (reply, close after it))
-            stop = False
-            now = now_millis()
-            for item in batch:
-                if item is STOP:
-                    stop = True
-                    continue
-                if stop:
-                    self._fail(item)
-                    continue
-                now = now_millis()
-                try:
-                    if item is SWEEP:
-                        self._sweep_pending = False
-                        core.sweep(now)
-                        self.collector.tick(time.monotonic())
-                    elif isinstance(item[0], str):
-                        handlers[item[0]](now, item)
-                    else:
-                        req, conn = item
-                        replies.append((conn, (requests[type(req)](now, req), type(req) is Refusal)))
-                except Exception:
-                    log.exception("error while handling %r; continuing", item[0] if isinstance(item, tuple) else item)
-                    if isinstance(item, tuple) and not isinstance(item[0], str):
-                        replies.append((item[1], (INTERNAL_ERROR, False)))
-            try:
-                core.schedule_queued_jobs(now)
-            except Exception:
-                log.exception("error while scheduling; continuing")
-            # Group commit: the whole batch in one transaction; its replies and frames go
-            # out only after it. One commit in flight at a time (measured: overlapping the
-            # next batch with the commit made batches smaller and submits slower;
-            # docs/PERFORMANCE.md). The previous batch's replies are written while this
-            # batch's commit runs.
-            inserts, updates = core.take_dirty()
-            outbound = core.take_outbound()
-            commit = self.dbpool.spawn(self.store.write, inserts, updates) if inserts or updates else None
-            if unsent is not None:
-                self._write_replies(unsent)
-                unsent = None
-            if commit is not None:
-                try:
-                    commit.get()
-                except Exception:
-                    log.critical("database commit failed; stopping so that recovery can repair state", exc_info=True)
-                    sys.stderr.flush()
-                    os._exit(71)
-            self._send_outbound(outbound)
+            replies, stop = self._apply_batch(mailbox.take(MAX_BATCH), dispatch)
+            unsent = self._commit_and_release(replies, unsent, stop)
             if stop:
-                self._write_replies(replies)
                 for item in mailbox.take_all():
                     self._fail(item)
                 return
-            if commit is None:
-                self._write_replies(replies)  # nothing to overlap with
+
+    def _apply_batch(self, batch: list, dispatch: dict[type, Callable[[int, Any], Any]]) -> tuple[list, bool]:
+        """Apply each event of a batch (one clock read each), then schedule.
+
+        Returns the batch's replies as ``(conn, (reply, close after it))`` and whether a
+        STOP was in it (events after a STOP are refused, not applied).
+        """
+        core = self.core
+        assert core is not None
+        replies: list[tuple[Any, tuple[m.Message, bool]]] = []
+        stop = False
+        now = now_millis()
+        for item in batch:
+            kind = type(item)
+            if kind is ev.Stop:
+                stop = True
+                continue
+            if stop:
+                self._fail(item)
+                continue
+            now = now_millis()
+            try:
+                answer = dispatch[kind](now, item)
+                if kind is ev.Request:
+                    replies.append((item.conn, (answer, type(item.msg) is ev.Refusal)))
+            except Exception:
+                log.exception("error while handling %s; continuing", kind.__name__)
+                if kind is ev.Request:
+                    replies.append((item.conn, (INTERNAL_ERROR, False)))
+        try:
+            core.schedule_queued_jobs(now)
+        except Exception:
+            log.exception("error while scheduling; continuing")
+        return replies, stop
+
+    def _commit_and_release(self, replies: list, unsent: list | None, stop: bool) -> list | None:
+        """Group commit: the whole batch in one transaction; its replies and frames go out
+        only after it. One commit in flight at a time (measured: overlapping the next
+        batch with the commit made batches smaller and submits slower; docs/PERFORMANCE.md).
+        The previous batch's replies (``unsent``) are written while this commit runs.
+        Returns the replies still to write (None if all are written)."""
+        core = self.core
+        assert core is not None and self.dbpool is not None and self.store is not None
+        rows = core.take_dirty()
+        outbound = core.take_outbound()
+        commit = self.dbpool.spawn(self.store.write, *rows) if any(rows) else None
+        if unsent is not None:
+            self._write_replies(unsent)
+        if commit is not None:
+            try:
+                commit.get()
+            except Exception:
+                log.critical("database commit failed; stopping so that recovery can repair state", exc_info=True)
+                sys.stderr.flush()
+                os._exit(71)
+        self._send_outbound(outbound)
+        if stop or commit is None:
+            self._write_replies(replies)  # nothing to overlap with
+            if not stop:
                 gevent.sleep(0)  # the mailbox never blocks while it has items: let handlers run
-            else:
-                unsent = replies
+            return None
+        return replies
 
     @staticmethod
     def _write_replies(replies: list) -> None:
@@ -357,8 +379,8 @@ class Coordinator:
     @staticmethod
     def _fail(item: Any) -> None:
         """A client request the core will not apply (stopping): answer it and close."""
-        if isinstance(item, tuple) and len(item) == 2 and not isinstance(item[0], str):
-            item[1].reply(encode_frame(SHUTTING_DOWN.to_wire()), 1, close=True)
+        if type(item) is ev.Request:
+            item.conn.reply(encode_frame(SHUTTING_DOWN.to_wire()), 1, close=True)
 
     # ---- stop -----------------------------------------------------------------------
 
@@ -373,7 +395,7 @@ class Coordinator:
             self._sweep_timer.kill(block=False)
         if self._core_greenlet is not None:
             self._core_greenlet.unlink(self._core_died)
-            self.mailbox.put(STOP)
+            self.mailbox.put(ev.STOP)
             self._core_greenlet.join(10)
             self._core_greenlet.kill(block=False)
         for srv in self.servers:

@@ -4,34 +4,43 @@ Nothing here reads a clock; callers pass ``now_millis`` read once per pass, so a
 scheduling pass is deterministic and each rule is unit-testable with plain numbers.
 
 Queued order (docs/ARCHITECTURE.md, "Scheduling"): highest *effective* priority first,
-then lowest submission sequence. Effective priority is the base level (LOW=0, NORMAL=1,
-HIGH=2) plus one per whole ``aging_step_millis`` waited since submission, capped at HIGH.
+then the earliest time the job became due, then the lowest submission sequence.
+Effective priority is the base level (LOW=0, NORMAL=1, HIGH=2) plus one per whole
+``aging_step_millis`` waited since the job became due (its submission, or its run-at
+time if later), capped at HIGH.
 
-``QueuedJobs`` keeps one heap per base level ordered by (seq, created). Within one base
-level, effective priority never increases with seq (a later submission has waited no
-longer), so each heap's head is its best member and the global best is the best of at
+``QueuedJobs`` keeps one heap per base level ordered by (due time, seq). Within one base
+level, effective priority never increases along that order (a job due later has waited
+no longer), so each heap's head is its best member and the best job is the best of at
 most three heads: O(log n) per pick, however deep the queue.
+
+``TypedQueues`` keeps one ``QueuedJobs`` per task type, so that a job no free worker can
+run never holds back one that a free worker can run (no head-of-line blocking): a pick
+compares only the heads of the types some free worker declared.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Iterable
+from typing import Callable, Container, Iterable, TypeVar
 
 from jobmesh.protocol.jobs import MAX_LEVEL
 
+W = TypeVar("W")
+QueueKey = tuple[int, int, int]
 
-def effective_level(base_level: int, created_at_millis: int, now_millis: int, aging_step_millis: int) -> int:
-    """Base level raised by one per whole aging step waited, capped at HIGH."""
-    waited = now_millis - created_at_millis
+
+def effective_level(base_level: int, due_at_millis: int, now_millis: int, aging_step_millis: int) -> int:
+    """Base level raised by one per whole aging step waited since the job became due, capped at HIGH."""
+    waited = now_millis - due_at_millis
     if waited <= 0 or aging_step_millis <= 0:
         return base_level
     return min(MAX_LEVEL, base_level + waited // aging_step_millis)
 
 
-def queued_sort_key(base_level: int, seq: int, created_at_millis: int, now_millis: int, aging_step_millis: int):
+def queued_sort_key(base_level: int, due_at_millis: int, seq: int, now_millis: int, aging_step_millis: int) -> QueueKey:
     """Sort key for one queued job: smaller sorts first."""
-    return (-effective_level(base_level, created_at_millis, now_millis, aging_step_millis), seq, created_at_millis)
+    return (-effective_level(base_level, due_at_millis, now_millis, aging_step_millis), due_at_millis, seq)
 
 
 def retry_delay_millis(attempts: int, base_millis: int, cap_millis: int) -> int:
@@ -43,7 +52,7 @@ def retry_delay_millis(attempts: int, base_millis: int, cap_millis: int) -> int:
 
 
 class QueuedJobs:
-    """The QUEUED set as three heaps of ``(seq, created_at_millis, job_id)``.
+    """The QUEUED jobs of one task type as three heaps of ``(due_at, seq, job_id)``.
 
     Removal is lazy: ``discard`` forgets a job id and stale heap entries are skipped
     when they surface, so cancelling a queued job is O(1).
@@ -57,14 +66,14 @@ class QueuedJobs:
     def __len__(self) -> int:
         return len(self._members)
 
-    def __contains__(self, job_id: str) -> bool:
+    def __contains__(self, job_id: object) -> bool:
         return job_id in self._members
 
-    def add(self, job_id: str, base_level: int, seq: int, created_at_millis: int) -> None:
+    def add(self, job_id: str, base_level: int, due_at_millis: int, seq: int) -> None:
         if job_id in self._members:
             return
         self._members[job_id] = base_level
-        heapq.heappush(self._heaps[base_level], (seq, created_at_millis, job_id))
+        heapq.heappush(self._heaps[base_level], (due_at_millis, seq, job_id))
 
     def discard(self, job_id: str) -> None:
         if self._members.pop(job_id, None) is not None:
@@ -92,45 +101,126 @@ class QueuedJobs:
                 self._stale -= 1
         return None
 
-    def peek(self, now_millis: int, aging_step_millis: int) -> str | None:
-        """The job id that should run next, without removing it."""
-        best_key = None
-        best_id = None
+    def best(self, now_millis: int, aging_step_millis: int) -> tuple[QueueKey, str] | None:
+        """(sort key, job id) of the job that should run next, without removing it."""
+        best: tuple[QueueKey, str] | None = None
         for level in range(MAX_LEVEL + 1):
             head = self._head(level)
             if head is None:
                 continue
-            seq, created, job_id = head
-            key = queued_sort_key(level, seq, created, now_millis, aging_step_millis)
-            if best_key is None or key < best_key:
-                best_key, best_id = key, job_id
-        return best_id
+            due_at, seq, job_id = head
+            key = queued_sort_key(level, due_at, seq, now_millis, aging_step_millis)
+            if best is None or key < best[0]:
+                best = (key, job_id)
+        return best
+
+    def peek(self, now_millis: int, aging_step_millis: int) -> str | None:
+        """The job id that should run next, without removing it."""
+        found = self.best(now_millis, aging_step_millis)
+        return None if found is None else found[1]
 
     def pop(self, now_millis: int, aging_step_millis: int) -> str | None:
         job_id = self.peek(now_millis, aging_step_millis)
         if job_id is not None:
-            level = self._members.pop(job_id)
-            heapq.heappop(self._heaps[level])
+            self.remove_head(job_id)
         return job_id
+
+    def remove_head(self, job_id: str) -> None:
+        """Remove ``job_id``, which ``best``/``peek`` just returned (so it heads its heap)."""
+        level = self._members.pop(job_id)
+        heapq.heappop(self._heaps[level])
+
+    def entries(self) -> list[tuple[int, int, int, str]]:
+        """(base level, due_at, seq, job id) of every member (O(n); for tests and tools)."""
+        seen: set[str] = set()
+        out = []
+        for level in range(MAX_LEVEL + 1):
+            for due_at, seq, job_id in self._heaps[level]:
+                if self._members.get(job_id) == level and job_id not in seen:
+                    seen.add(job_id)
+                    out.append((level, due_at, seq, job_id))
+        return out
 
     def ordered(self, now_millis: int, aging_step_millis: int) -> list[str]:
         """Every queued job id in scheduling order (O(n log n); for tests and tools)."""
-        seen: set[str] = set()
-        entries: list[tuple[int, int, str]] = []
-        for level in range(MAX_LEVEL + 1):
-            for e in self._heaps[level]:
-                if self._members.get(e[2]) == level and e[2] not in seen:
-                    seen.add(e[2])
-                    entries.append(e)
-        return [
-            e[2]
-            for e in sorted(
-                entries, key=lambda e: queued_sort_key(self._members[e[2]], e[0], e[1], now_millis, aging_step_millis)
-            )
-        ]
+        return _in_order(self.entries(), now_millis, aging_step_millis)
 
 
-def least_loaded(workers: Iterable, active: Callable[[object], int], capacity: Callable[[object], int]):
+def _in_order(entries: list[tuple[int, int, int, str]], now_millis: int, aging_step_millis: int) -> list[str]:
+    entries = sorted(entries, key=lambda e: queued_sort_key(e[0], e[1], e[2], now_millis, aging_step_millis))
+    return [e[3] for e in entries]
+
+
+class TypedQueues:
+    """All QUEUED jobs: one ``QueuedJobs`` per task type, and each job's type.
+
+    A type's queue exists only while it has members, so a pick looks at the types that
+    have queued jobs, never at every type ever seen.
+    """
+
+    def __init__(self) -> None:
+        self._by_type: dict[str, QueuedJobs] = {}
+        self._type_of: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._type_of)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._type_of
+
+    def add(self, job_id: str, task_type: str, base_level: int, due_at_millis: int, seq: int) -> None:
+        if job_id in self._type_of:
+            return
+        queue = self._by_type.get(task_type)
+        if queue is None:
+            queue = self._by_type[task_type] = QueuedJobs()
+        queue.add(job_id, base_level, due_at_millis, seq)
+        self._type_of[job_id] = task_type
+
+    def discard(self, job_id: str) -> None:
+        task_type = self._type_of.pop(job_id, None)
+        if task_type is None:
+            return
+        queue = self._by_type[task_type]
+        queue.discard(job_id)
+        if not len(queue):
+            del self._by_type[task_type]
+
+    def types(self) -> list[str]:
+        """The task types that have queued jobs."""
+        return list(self._by_type)
+
+    def depth(self, task_type: str) -> int:
+        queue = self._by_type.get(task_type)
+        return 0 if queue is None else len(queue)
+
+    def pop_best(self, now_millis: int, aging_step_millis: int, runnable: Container[str]) -> tuple[str, str] | None:
+        """Remove and return (job id, task type) of the best queued job whose type is in
+        ``runnable``; None if there is none. O(types with queued jobs + log n)."""
+        best: tuple[QueueKey, str, str] | None = None
+        for task_type, queue in self._by_type.items():
+            if task_type not in runnable:
+                continue
+            found = queue.best(now_millis, aging_step_millis)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = (found[0], found[1], task_type)
+        if best is None:
+            return None
+        _key, job_id, task_type = best
+        queue = self._by_type[task_type]
+        queue.remove_head(job_id)
+        del self._type_of[job_id]
+        if not len(queue):
+            del self._by_type[task_type]
+        return job_id, task_type
+
+    def ordered(self, now_millis: int, aging_step_millis: int) -> list[str]:
+        """Every queued job id in scheduling order, all types together (for tests and tools)."""
+        entries = [e for queue in self._by_type.values() for e in queue.entries()]
+        return _in_order(entries, now_millis, aging_step_millis)
+
+
+def least_loaded(workers: Iterable[W], active: Callable[[W], int], capacity: Callable[[W], int]) -> W | None:
     """The worker with free capacity and the fewest active jobs (first wins ties), or None."""
     best = None
     best_active = 0

@@ -29,9 +29,11 @@ from typing import Any, Callable
 import gevent
 from gevent.event import Event
 
+from jobmesh.coordinator import events as ev
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame
+from jobmesh.protocol.payloads import TASK_NAME_RULE, is_task_type_name
 
 log = logging.getLogger(__name__)
 
@@ -39,20 +41,22 @@ WRITER_JOIN_SECONDS = 2.0  # how long a leaving worker handler lets queued frame
 MAX_PIPELINE = 64  # unanswered requests per client connection before its handler stops reading
 DRAIN_SECONDS = 30.0  # at EOF, how long a client handler waits for its replies to go out
 
+MAX_TASK_TYPES = 1024  # task types one worker may declare
+
 SHUTTING_DOWN = m.Error("coordinator is shutting down")
 
 
-class Refusal:
-    """A request-shaped item whose answer is fixed: the ERROR for a protocol violation.
-
-    It travels through the mailbox like a request so that it is written after the replies
-    to everything the client sent before it; the connection closes once it is out.
-    """
-
-    __slots__ = ("error",)
-
-    def __init__(self, message: str) -> None:
-        self.error = m.Error(message)
+def check_task_types(msg: m.WorkerRegister) -> None:
+    """A malformed ``taskTypes`` is a protocol violation (the connection closes)."""
+    names = msg.task_types
+    if names is None:
+        return
+    if len(names) > MAX_TASK_TYPES:
+        raise ProtocolError("WORKER_REGISTER declares %d task types; at most %d" % (len(names), MAX_TASK_TYPES))
+    for name in names:
+        if not is_task_type_name(name):
+            shown = repr(name) if isinstance(name, str) and len(name) <= 200 else "a %s" % type(name).__name__
+            raise ProtocolError("WORKER_REGISTER taskTypes holds %s; a task type is %s" % (shown, TASK_NAME_RULE))
 
 
 def _nodelay(sock) -> None:
@@ -259,8 +263,9 @@ class Servers:
             msg = m.decode(obj, m.WORKER_PORT_REQUESTS)
             if not isinstance(msg, m.WorkerRegister):
                 raise ProtocolError("the first message on the worker port must be WORKER_REGISTER, got %s" % msg.TYPE)
+            check_task_types(msg)
             conn.worker_id = msg.worker_id
-            self.post_worker(("register", conn, msg.worker_id, msg.capacity))
+            self.post_worker(ev.Registered(conn, msg))
             registered = True
             while True:
                 obj = reader.read_frame()
@@ -274,9 +279,9 @@ class Servers:
                         "%s workerId %r does not match this session's %r" % (msg.TYPE, msg.worker_id, conn.worker_id)
                     )
                 if isinstance(msg, m.Heartbeat):
-                    self.post_worker(("heartbeat", conn, msg.worker_id))
-                else:
-                    self.post_worker(("result", conn, msg))
+                    self.post_worker(ev.Heartbeat(conn, msg.worker_id))
+                elif isinstance(msg, m.TaskResult):
+                    self.post_worker(ev.Result(conn, msg))
         except ProtocolError as exc:
             log.warning("protocol violation on worker port peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
             conn.send(m.Error(str(exc)))
@@ -284,7 +289,7 @@ class Servers:
             log.info("worker connection error peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
         finally:
             if registered:
-                self.post_worker(("disconnected", conn))
+                self.post_worker(ev.Disconnected(conn))
             conn.finish()
             self.worker_conns.discard(conn)
 
@@ -304,13 +309,13 @@ class Servers:
                     return
                 req = m.decode(obj, m.CLIENT_PORT_REQUESTS)
                 conn.inflight += 1
-                self.post((req, conn))
+                self.post(ev.Request(conn, req))
                 conn.wait_for_room()
         except ProtocolError as exc:
             log.warning("protocol violation on client port peer=%s:%s: %s", addr[0], addr[1], exc)
             # Answered in order, after the replies to what came before; then the connection closes.
             conn.inflight += 1
-            self.post((Refusal(str(exc)), conn))
+            self.post(ev.Request(conn, ev.Refusal(str(exc))))
             conn.drain(DRAIN_SECONDS)
         except OSError:
             pass

@@ -6,11 +6,18 @@ before releasing its replies and frames — docs/ARCHITECTURE.md, "Group commit"
 The working set lives in memory; the table exists for recovery and for reading jobs that
 have finished and left memory.
 
-Schema history, migrated in place on open:
+The columns are declared once, in ``COLUMNS``: the CREATE TABLE, the migrations, the
+SELECT list, the multi-row INSERT and UPDATE statements, and the functions that turn a
+``Job`` into a row and back (``insert_row``, ``update_row``, ``job_from_row``) are all
+derived from that list. Adding a column is one line there (and the attribute on ``Job``).
 
-* v1 (legacy): no ``execution_timeout``/``deadline`` columns (pre-deadline databases);
-* v2: adds them;
-* v3: adds ``priority`` (legacy rows become NORMAL) and ``seq`` (legacy rows get 0).
+Schema history, migrated in place on open (a column marked ``added`` is created by
+ALTER TABLE on an older database):
+
+* v1 (legacy): the base columns only;
+* v2: ``execution_timeout``, ``deadline``;
+* v3: ``priority`` (legacy rows become NORMAL) and ``seq`` (legacy rows get 0);
+* v4: ``run_at`` (scheduled jobs), and the ``task_types`` table of declared task types.
 
 ``newest first`` listing uses SQLite's rowid, which grows with each insert and is kept
 by the UPDATE-based upsert, so paging by rowid is stable and O(page) at any table size.
@@ -25,50 +32,108 @@ single connection for both.
 
 from __future__ import annotations
 
+import re
 import sqlite3
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
 
 import ujson
 
 from jobmesh.coordinator.job import Job
-from jobmesh.protocol.jobs import JobState, Priority
+from jobmesh.protocol.jobs import ACTIVE, JobState, Priority
 
-ACTIVE_STATES = (JobState.QUEUED.value, JobState.RUNNING.value, JobState.RETRY_WAIT.value)
 
-BASE_COLUMNS = """
-    job_id TEXT PRIMARY KEY,
-    task_type TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    state TEXT NOT NULL,
-    attempts INTEGER NOT NULL,
-    max_attempts INTEGER NOT NULL,
-    worker_id TEXT,
-    attempt_id TEXT,
-    result TEXT,
-    error TEXT,
-    created_at INTEGER NOT NULL,
-    updated_at INTEGER NOT NULL,
-    retry_at INTEGER,
-    idempotency_key TEXT
-"""
-# Columns added by later schema versions: name -> column definition for ALTER TABLE.
-ADDED_COLUMNS = {
-    "execution_timeout": "INTEGER",
-    "deadline": "INTEGER",
-    "priority": "TEXT NOT NULL DEFAULT 'NORMAL'",
-    "seq": "INTEGER NOT NULL DEFAULT 0",
-}
-SELECT_COLUMNS = (
-    "job_id, task_type, payload, state, attempts, max_attempts, worker_id, attempt_id, result, error,"
-    " created_at, updated_at, retry_at, idempotency_key, execution_timeout, deadline, priority, seq"
+def _dumps(value: Any) -> str | None:
+    return None if value is None else ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else ujson.loads(text)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the jobs table and how a ``Job`` attribute maps to it.
+
+    ``encode`` / ``decode`` are Python expressions over ``job`` (the record) and ``v``
+    (the stored value); the row functions are compiled from them once, at import, so a
+    row costs what hand-written tuple code would.
+    """
+
+    name: str
+    sql: str  # type and constraints
+    encode: str = ""  # default: job.<name>
+    decode: str = "v"
+    mutable: bool = False  # written again by UPDATE after the insert
+    added: bool = False  # not in the v1 table: added by ALTER TABLE on older databases
+
+    @property
+    def encode_expr(self) -> str:
+        return self.encode or "job." + self.name
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("job_id", "TEXT PRIMARY KEY"),
+    Column("task_type", "TEXT NOT NULL"),
+    Column("payload", "TEXT NOT NULL", "job.payload_json or _dumps(job.payload)", "_loads(v) or {}"),
+    Column("state", "TEXT NOT NULL", "job.state.value", "JobState(v)", mutable=True),
+    Column("attempts", "INTEGER NOT NULL", mutable=True),
+    Column("max_attempts", "INTEGER NOT NULL"),
+    Column("worker_id", "TEXT", mutable=True),
+    Column("attempt_id", "TEXT", mutable=True),
+    Column("result", "TEXT", "_dumps(job.result)", "_loads(v)", mutable=True),
+    Column("error", "TEXT", mutable=True),
+    Column("created_at", "INTEGER NOT NULL"),
+    Column("updated_at", "INTEGER NOT NULL", mutable=True),
+    Column("retry_at", "INTEGER", mutable=True),
+    Column("idempotency_key", "TEXT"),
+    Column("execution_timeout", "INTEGER", added=True),
+    Column("deadline", "INTEGER", mutable=True, added=True),
+    Column("priority", "TEXT NOT NULL DEFAULT 'NORMAL'", "job.priority.value", "Priority.parse(v or None)",
+           added=True),
+    Column("seq", "INTEGER NOT NULL DEFAULT 0", decode="v or 0", added=True),
+    Column("run_at", "INTEGER", mutable=True, added=True),
 )
+
+ACTIVE_STATES = tuple(sorted(s.value for s in ACTIVE))
+MUTABLE_COLUMNS = tuple(c for c in COLUMNS if c.mutable)
+# The v1 table, as CREATE TABLE text (tests build legacy databases from it).
+BASE_COLUMNS = ",\n".join("    %s %s" % (c.name, c.sql) for c in COLUMNS if not c.added)
+# Columns added by later schema versions: name -> column definition for ALTER TABLE.
+ADDED_COLUMNS = {c.name: c.sql for c in COLUMNS if c.added}
+SELECT_COLUMNS = ", ".join(c.name for c in COLUMNS)
+INSERT_WIDTH = len(COLUMNS)
+UPDATE_WIDTH = len(MUTABLE_COLUMNS) + 1  # and the job id, last
+TASK_TYPES_TABLE = "CREATE TABLE IF NOT EXISTS task_types (name TEXT PRIMARY KEY, first_seen INTEGER NOT NULL)"
+
+
+def _compile(name: str, source: str) -> Callable[..., Any]:
+    namespace: dict[str, Any] = {"_dumps": _dumps, "_loads": _loads, "JobState": JobState,
+                                 "Priority": Priority, "Job": Job}
+    exec(source, namespace)  # noqa: S102 - source built above from COLUMNS only
+    return namespace[name]
+
+
+def _decoder(index: int, column: Column) -> str:
+    return "%s=%s" % (column.name, re.sub(r"\bv\b", "_c%d" % index, column.decode))
+
+
+insert_row: Callable[[Job], tuple] = _compile(
+    "insert_row", "def insert_row(job):\n    return (%s,)\n" % ", ".join(c.encode_expr for c in COLUMNS))
+update_row: Callable[[Job], tuple] = _compile(
+    "update_row", "def update_row(job):\n    return (%s, job.job_id)\n" % ", ".join(c.encode_expr for c in MUTABLE_COLUMNS))
+job_from_row: Callable[[tuple], Job] = _compile(
+    "job_from_row",
+    "def job_from_row(row):\n    (%s,) = row\n    return Job(%s)\n" % (
+        ", ".join("_c%d" % i for i in range(len(COLUMNS))),
+        ", ".join(_decoder(i, c) for i, c in enumerate(COLUMNS))),
+)
+
 # A batch is written with multi-row statements, ROWS_PER_STATEMENT rows each: one
 # sqlite3_step per statement instead of one per row. The sqlite3 module releases the GIL
 # around each step, and every reacquisition may wait for the hub's thread, so per-row
 # statements made the commit thread ping-pong the GIL with the hub (docs/PERFORMANCE.md).
 ROWS_PER_STATEMENT = 64
-INSERT_WIDTH = 18
-UPDATE_WIDTH = 10
 
 
 def _insert_sql(rows: int) -> str:
@@ -80,14 +145,11 @@ def _update_sql(rows: int) -> str:
     # UPDATE ... FROM a VALUES list (SQLite >= 3.33): the planner scans the list and finds
     # each job by its primary key. A batch never holds two rows for one job.
     values = ",".join(["(%s)" % ",".join("?" * UPDATE_WIDTH)] * rows)
-    return (
-        "UPDATE jobs SET state=u.column1, attempts=u.column2, worker_id=u.column3, attempt_id=u.column4,"
-        " result=u.column5, error=u.column6, updated_at=u.column7, retry_at=u.column8, deadline=u.column9"
-        " FROM (VALUES %s) AS u WHERE jobs.job_id=u.column10" % values
-    )
+    sets = ", ".join("%s=u.column%d" % (c.name, i + 1) for i, c in enumerate(MUTABLE_COLUMNS))
+    return "UPDATE jobs SET %s FROM (VALUES %s) AS u WHERE jobs.job_id=u.column%d" % (sets, values, UPDATE_WIDTH)
 
 
-def _chunks(rows: list[tuple]):
+def _chunks(rows: list[tuple]) -> Iterator[tuple[int, list[Any]]]:
     """(sql row count, flat parameters) for each statement that writes ``rows``."""
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[start : start + ROWS_PER_STATEMENT]
@@ -97,41 +159,6 @@ def _chunks(rows: list[tuple]):
 INSERT_SQL = _insert_sql(1)  # one row, for executemany (bench/scaling.py builds big tables with it)
 _INSERT_SQL = {n: _insert_sql(n) for n in range(1, ROWS_PER_STATEMENT + 1)}
 _UPDATE_SQL = {n: _update_sql(n) for n in range(1, ROWS_PER_STATEMENT + 1)}
-
-
-def _dumps(value: Any) -> str | None:
-    return None if value is None else ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False)
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else ujson.loads(text)
-
-
-def insert_row(job: Job) -> tuple:
-    return (
-        job.job_id, job.task_type, job.payload_json or _dumps(job.payload), job.state.value, job.attempts, job.max_attempts,
-        job.worker_id, job.attempt_id, _dumps(job.result), job.error, job.created_at, job.updated_at,
-        job.retry_at, job.idempotency_key, job.execution_timeout, job.deadline, job.priority.value, job.seq,
-    )
-
-
-def update_row(job: Job) -> tuple:
-    return (
-        job.state.value, job.attempts, job.worker_id, job.attempt_id, _dumps(job.result), job.error,
-        job.updated_at, job.retry_at, job.deadline, job.job_id,
-    )
-
-
-def job_from_row(row: tuple) -> Job:
-    (job_id, task_type, payload, state, attempts, max_attempts, worker_id, attempt_id, result, error,
-     created_at, updated_at, retry_at, key, execution_timeout, deadline, priority, seq) = row
-    return Job(
-        job_id=job_id, seq=seq or 0, task_type=task_type, payload=_loads(payload) or {},
-        max_attempts=max_attempts, priority=Priority.parse(priority or None), created_at=created_at,
-        idempotency_key=key, state=JobState(state), attempts=attempts, worker_id=worker_id,
-        attempt_id=attempt_id, result=_loads(result), error=error, updated_at=updated_at, retry_at=retry_at,
-        execution_timeout=execution_timeout, deadline=deadline,
-    )
 
 
 class JobStore:
@@ -164,8 +191,7 @@ class JobStore:
         try:
             have = self._columns()
             if not have:
-                added = ",".join("%s %s" % item for item in ADDED_COLUMNS.items())
-                c.execute("CREATE TABLE jobs (%s, %s)" % (BASE_COLUMNS, added))
+                c.execute("CREATE TABLE jobs (%s)" % ", ".join("%s %s" % (col.name, col.sql) for col in COLUMNS))
                 have = self._columns()
             for name, definition in ADDED_COLUMNS.items():
                 if name not in have:
@@ -176,6 +202,8 @@ class JobStore:
                 " WHERE idempotency_key IS NOT NULL"
             )
             c.execute("CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state)")
+            c.execute("CREATE INDEX IF NOT EXISTS jobs_task_type ON jobs(task_type)")
+            c.execute(TASK_TYPES_TABLE)
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")
@@ -183,8 +211,9 @@ class JobStore:
 
     # ---- writes (called from the runtime's DB thread) -------------------------
 
-    def write(self, inserts: list[tuple], updates: list[tuple]) -> None:
-        """Apply one batch of rows in a single transaction (group commit)."""
+    def write(self, inserts: list[tuple], updates: list[tuple], task_types: Sequence[tuple[str, int]] = ()) -> None:
+        """Apply one batch in a single transaction (group commit): job rows, and newly
+        declared task types as ``(name, first_seen_millis)``."""
         c = self.conn
         c.execute("BEGIN")
         try:
@@ -192,6 +221,8 @@ class JobStore:
                 c.execute(_INSERT_SQL[n], params)
             for n, params in _chunks(updates):
                 c.execute(_UPDATE_SQL[n], params)
+            if task_types:
+                c.executemany("INSERT OR IGNORE INTO task_types (name, first_seen) VALUES (?, ?)", task_types)
             c.execute("COMMIT")
         except BaseException:
             if c.in_transaction:
@@ -203,19 +234,24 @@ class JobStore:
     def load_active(self) -> list[Job]:
         """Every non-terminal job, for recovery."""
         rows = self.conn.execute(
-            "SELECT %s FROM jobs WHERE state IN (?,?,?)" % SELECT_COLUMNS, ACTIVE_STATES
+            "SELECT %s FROM jobs WHERE state IN (%s)" % (SELECT_COLUMNS, ",".join("?" * len(ACTIVE_STATES))),
+            ACTIVE_STATES,
         ).fetchall()
         return [job_from_row(r) for r in rows]
+
+    def load_task_types(self) -> list[str]:
+        """Every task type a worker ever declared to this database."""
+        return [row[0] for row in self.conn.execute("SELECT name FROM task_types ORDER BY name")]
 
     def max_seq(self) -> int:
         # Sequences grow with rowid (rows are inserted in submission order), so the newest
         # rows hold the largest; looking at a few avoids scanning a million-row table.
-        return self.conn.execute(
+        return int(self.conn.execute(
             "SELECT COALESCE(MAX(seq), 0) FROM (SELECT seq FROM jobs ORDER BY rowid DESC LIMIT 1000)"
-        ).fetchone()[0]
+        ).fetchone()[0])
 
     def count(self) -> int:
-        return self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+        return int(self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
 
     def get(self, job_id: str) -> Job | None:
         row = self.reader.execute("SELECT %s FROM jobs WHERE job_id=?" % SELECT_COLUMNS, (job_id,)).fetchone()
@@ -227,15 +263,15 @@ class JobStore:
         ).fetchone()
         return None if row is None else job_from_row(row)
 
-    def list_page(self, limit: int, state: str | None, before_rowid: int | None) -> list[tuple[int, Job]]:
+    def list_page(self, limit: int, state: str | None, before_rowid: int | None,
+                  task_type: str | None = None) -> list[tuple[int, Job]]:
         """Up to ``limit`` (rowid, job) pairs, newest first, strictly older than ``before_rowid``."""
-        where, params = [], []
-        if state is not None:
-            where.append("state=?")
-            params.append(state)
-        if before_rowid is not None:
-            where.append("rowid<?")
-            params.append(before_rowid)
+        where: list[str] = []
+        params: list[Any] = []
+        for column, value in (("state", state), ("task_type", task_type), ("rowid<", before_rowid)):
+            if value is not None:
+                where.append(column + ("?" if column.endswith("<") else "=?"))
+                params.append(value)
         sql = "SELECT rowid, %s FROM jobs %s ORDER BY rowid DESC LIMIT ?" % (
             SELECT_COLUMNS, ("WHERE " + " AND ".join(where)) if where else "")
         params.append(limit)

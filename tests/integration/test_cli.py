@@ -17,7 +17,7 @@ from jobmesh.client import CoordinatorClient
 from tests.helpers import run_cli, wait_registered
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
-                   "createdAtMillis", "updatedAtMillis", "priority"}
+                   "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis"}
 
 
 @pytest.fixture

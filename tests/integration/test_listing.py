@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
-                   "createdAtMillis", "updatedAtMillis", "priority"}
+                   "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis"}
 
 
 def submit_many(client, n: int, task: str = "SLEEP") -> list[str]:

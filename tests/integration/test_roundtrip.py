@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import assert_stays, wait_until
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
-                   "createdAtMillis", "updatedAtMillis", "priority"}
+                   "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis"}
 WORKER_ITEM_FIELDS = {"workerId", "capacity", "activeJobs", "lastHeartbeatMillis"}
 
 
@@ -54,7 +54,7 @@ def test_submit_assign_complete(coordinator, peers):
     assert queued == {
         "jobId": job_id, "taskType": "SHA256", "state": "QUEUED", "attempts": 0, "maxAttempts": 2,
         "workerId": None, "result": None, "error": None, "createdAtMillis": queued["createdAtMillis"],
-        "updatedAtMillis": queued["updatedAtMillis"], "priority": "NORMAL",
+        "updatedAtMillis": queued["updatedAtMillis"], "priority": "NORMAL", "runAtMillis": None,
     }
     # createdAtMillis is Unix epoch milliseconds, stamped during the request
     assert before - 5 <= queued["createdAtMillis"] <= after + 5
@@ -89,7 +89,7 @@ def test_submit_assign_complete(coordinator, peers):
         "jobId": job_id, "taskType": "SHA256", "state": "COMPLETED", "attempts": 1, "maxAttempts": 2,
         "workerId": None, "result": {"sha256": digest}, "error": None,
         "createdAtMillis": queued["createdAtMillis"], "updatedAtMillis": done["updatedAtMillis"],
-        "priority": "NORMAL",
+        "priority": "NORMAL", "runAtMillis": None,
     }
     assert done_before - 5 <= done["updatedAtMillis"] <= now_ms() + 5
     assert worker.bad_frames == [] and worker.errors == []

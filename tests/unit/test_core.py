@@ -67,8 +67,7 @@ class Harness:
         return out
 
     def commit(self) -> None:
-        inserts, updates = self.core.take_dirty()
-        self.store.write(inserts, updates)
+        self.store.write(*self.core.take_dirty())
         self.check()
 
     def check(self) -> None:
@@ -96,12 +95,18 @@ class Harness:
                 assert job.worker_id is None and job.attempt_id is None and job.deadline is None
             assert (job.retry_at is not None) == (job.state is JobState.RETRY_WAIT)
             assert (job.job_id in core.queued) == (job.state is JobState.QUEUED)
+            if job.state is JobState.SCHEDULED:
+                assert job.run_at is not None and (job.run_at, job.job_id) in core.due_heap
+            if job.state is JobState.RETRY_WAIT:
+                assert (job.retry_at, job.job_id) in core.due_heap
 
     # -- client side ------------------------------------------------------------------------
 
     def submit(self, now: int, task_type: str = "SLEEP", payload: Any = None, max_attempts: int = 0,
-               key: str | None = None, priority: str | None = None) -> m.Message:
-        req = m.SubmitJob(task_type, dict(SLEEP) if payload is None else payload, max_attempts, key, priority)
+               key: str | None = None, priority: str | None = None, run_at: int | None = None,
+               delay: int | None = None) -> m.Message:
+        req = m.SubmitJob(task_type, dict(SLEEP) if payload is None else payload, max_attempts, key, priority,
+                          run_at, delay)
         reply = self.core.submit_job(now, req)
         self.step(now)
         return reply
@@ -129,15 +134,16 @@ class Harness:
 
     # -- worker side ------------------------------------------------------------------------
 
-    def register(self, now: int, worker_id: str, capacity: int = 4) -> Conn:
+    def register(self, now: int, worker_id: str, capacity: int = 4, task_types: list[str] | None = None) -> Conn:
         conn = Conn(worker_id)
-        out = self.register_on(now, conn, worker_id, capacity)
+        out = self.register_on(now, conn, worker_id, capacity, task_types)
         assert out[0] == (conn, m.WorkerRegistered(worker_id)), out
         self.conns[worker_id] = conn
         return conn
 
-    def register_on(self, now: int, conn: Conn, worker_id: str, capacity: int) -> list:
-        self.core.on_worker_registered(now, conn, worker_id, capacity)
+    def register_on(self, now: int, conn: Conn, worker_id: str, capacity: int,
+                    task_types: list[str] | None = None) -> list:
+        self.core.on_worker_registered(now, conn, m.WorkerRegister(worker_id, capacity, task_types))
         return self.step(now)
 
     def heartbeat(self, now: int, worker_id: str) -> None:
@@ -208,7 +214,7 @@ def test_submit_creates_a_queued_job(h):
     assert snap == {
         "jobId": job_id, "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "maxAttempts": 5,
         "workerId": None, "result": None, "error": None, "createdAtMillis": 1234, "updatedAtMillis": 1234,
-        "priority": "LOW",
+        "priority": "LOW", "runAtMillis": None,
     }
     stored = h.store.get(job_id)
     assert stored.state is JobState.QUEUED and stored.payload == {"durationMillis": 7}
@@ -258,7 +264,7 @@ def test_invalid_submission_is_an_error_and_creates_nothing(h, kw):
     assert h.store.count() == before_count
     assert h.core.next_seq == before_seq
     assert h.core.active_count == 1
-    assert h.core.take_dirty() == ([], [])
+    assert h.core.take_dirty() == ([], [], [])
     assert h.core.outbound == []
 
 
@@ -1028,7 +1034,7 @@ def test_state_filter_follows_live_state_before_the_commit(h):
     # before that batch is committed: a filtered page must not show another state.
     job_id = h.submit_ok(0)
     cancelled = h.submit_ok(0)
-    h.core.on_worker_registered(1, Conn("w1"), "w1", 1)
+    h.core.on_worker_registered(1, Conn("w1"), m.WorkerRegister("w1", 1))
     h.core.schedule_queued_jobs(1)      # job_id -> RUNNING, not committed yet
     h.core.cancel_job(1, cancelled)     # cancelled -> CANCELLED, not committed yet
     for state in ("QUEUED", "RUNNING", "CANCELLED"):
@@ -1090,7 +1096,7 @@ def test_recovery_requeues_running_jobs_with_budget_and_fails_final_attempts():
     h = Harness(store=old.store, prefix="new")  # the old core and its sessions are gone
     stats = h.core.recover(1000)
     h.commit()
-    assert stats == {"queued": 5, "retry_wait": 1, "requeued": 2, "failed": 1}
+    assert stats == {"queued": 5, "retry_wait": 1, "requeued": 2, "failed": 1, "scheduled": 0, "due": 0}
     for name in ("running", "filler"):
         snap = h.status(ids[name])
         assert (snap["state"], snap["attempts"], snap["workerId"]) == ("QUEUED", 1, None)
@@ -1176,7 +1182,7 @@ def test_recovering_twice_is_stable():
     h2 = Harness(store=old.store, prefix="newer")
     stats = h2.core.recover(2000)
     h2.commit()
-    assert stats == {"queued": 5, "retry_wait": 1, "requeued": 0, "failed": 0}
+    assert stats == {"queued": 5, "retry_wait": 1, "requeued": 0, "failed": 0, "scheduled": 0, "due": 0}
     assert {i: row(h2, i) for i in ids.values()} == rows
 
 
@@ -1275,7 +1281,7 @@ def test_deadline_index_stays_bounded_by_running_leases():
 
     core = CoordinatorCore(JobStore(":memory:"), CoreConfig(task_timeout_millis=600_000, max_active_jobs=10**6))
     conn = object()
-    core.on_worker_registered(0, conn, "w", 4)
+    core.on_worker_registered(0, conn, m.WorkerRegister("w", 4))
     now = 1
     for i in range(5000):
         core.submit_job(now, mm.SubmitJob("SLEEP", {"durationMillis": 0}))
@@ -1312,9 +1318,9 @@ def test_worker_ids_must_be_short_and_non_empty():
     core = CoordinatorCore(JobStore(":memory:"), CoreConfig())
     for bad in ("", "w" * (MAX_WORKER_ID_CHARS + 1)):
         conn = object()
-        core.on_worker_registered(0, conn, bad, 1)
+        core.on_worker_registered(0, conn, m.WorkerRegister(bad, 1))
         out = core.take_outbound()
         assert isinstance(out[0][1], mm.Error) and out[1] == (conn, None)
     conn = object()
-    core.on_worker_registered(0, conn, "w" * MAX_WORKER_ID_CHARS, 1)
+    core.on_worker_registered(0, conn, m.WorkerRegister("w" * MAX_WORKER_ID_CHARS, 1))
     assert isinstance(core.take_outbound()[0][1], mm.WorkerRegistered)

@@ -106,5 +106,5 @@ def test_snapshot_wire_fields_are_the_protocols():
     assert wire == {
         "jobId": "j-1", "taskType": "SLEEP", "state": "RUNNING", "attempts": 1, "maxAttempts": 3,
         "workerId": "w-1", "result": None, "error": "boom", "createdAtMillis": 1_700_000_000_000,
-        "updatedAtMillis": 1_700_000_000_500, "priority": "LOW",
+        "updatedAtMillis": 1_700_000_000_500, "priority": "LOW", "runAtMillis": None,
     }

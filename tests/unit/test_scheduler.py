@@ -92,9 +92,9 @@ def test_empty_queue():
 
 def test_high_before_normal_before_low_regardless_of_submission_order():
     q = QueuedJobs()
-    q.add("low", LOW, 1, 0)
-    q.add("normal", NORMAL, 2, 0)
-    q.add("high", HIGH, 3, 0)
+    q.add("low", LOW, 0, 1)
+    q.add("normal", NORMAL, 0, 2)
+    q.add("high", HIGH, 0, 3)
     assert q.ordered(0, STEP) == ["high", "normal", "low"]
     assert drain(q, 0) == ["high", "normal", "low"]
     assert len(q) == 0
@@ -103,14 +103,14 @@ def test_high_before_normal_before_low_regardless_of_submission_order():
 def test_fifo_by_seq_within_a_level_even_in_the_same_millisecond():
     q = QueuedJobs()
     for seq in (5, 3, 9, 4, 1):
-        q.add("n%d" % seq, NORMAL, seq, 1000)
+        q.add("n%d" % seq, NORMAL, 1000, seq)
     assert drain(q, 1000) == ["n1", "n3", "n4", "n5", "n9"]
 
 
 def test_aging_promotes_an_old_low_ahead_of_a_newer_normal():
     q = QueuedJobs()
-    q.add("old-low", LOW, 1, 0)          # waited 2 steps at now: effective HIGH
-    q.add("new-normal", NORMAL, 2, 2 * STEP)  # waited 0: NORMAL
+    q.add("old-low", LOW, 0, 1)          # waited 2 steps at now: effective HIGH
+    q.add("new-normal", NORMAL, 2 * STEP, 2)  # waited 0: NORMAL
     assert drain(q, 2 * STEP) == ["old-low", "new-normal"]
 
 
@@ -118,27 +118,35 @@ def test_aging_to_an_equal_level_is_broken_by_seq():
     # At now=STEP the LOW job has aged to NORMAL; the NORMAL job has not waited. Equal
     # effective level, so FIFO by seq decides in both submission orders.
     q = QueuedJobs()
-    q.add("low", LOW, 1, 0)
-    q.add("normal", NORMAL, 2, STEP)
+    q.add("low", LOW, 0, 1)
+    q.add("normal", NORMAL, STEP, 2)
     assert q.ordered(STEP, STEP) == ["low", "normal"]
     assert drain(q, STEP) == ["low", "normal"]
 
     q = QueuedJobs()
-    q.add("normal", NORMAL, 1, 0)
-    q.add("low", LOW, 2, 0)
+    q.add("normal", NORMAL, 0, 1)
+    q.add("low", LOW, 0, 2)
     # LOW aged to NORMAL, NORMAL aged to HIGH: normal still first.
     assert drain(q, STEP) == ["normal", "low"]
 
     q = QueuedJobs()
-    q.add("normal", NORMAL, 1, STEP)  # not aged at now=STEP
-    q.add("low", LOW, 2, 0)           # aged to NORMAL: tie, seq 1 first
-    assert drain(q, STEP) == ["normal", "low"]
+    q.add("normal", NORMAL, STEP, 1)  # not aged at now=STEP
+    q.add("low", LOW, 0, 2)           # aged to NORMAL: tie; due first (a scheduled job can be), runs first
+    assert drain(q, STEP) == ["low", "normal"]
+    q = QueuedJobs()
+    q.add("normal", NORMAL, STEP, 1)
+    q.add("low", LOW, STEP - 1000, 2)   # due within the same step: tie, due first runs first
+    assert drain(q, 2 * STEP - 1000) == ["low", "normal"]
+    q = QueuedJobs()
+    q.add("first", NORMAL, STEP, 1)
+    q.add("second", LOW, STEP, 2)       # aged to NORMAL at the same due time: seq 1 first
+    assert drain(q, 2 * STEP) == ["first", "second"]
 
 
 def test_not_yet_aged_low_stays_behind_normal():
     q = QueuedJobs()
-    q.add("low", LOW, 1, 0)
-    q.add("normal", NORMAL, 2, 10)
+    q.add("low", LOW, 0, 1)
+    q.add("normal", NORMAL, 10, 2)
     assert drain(q, STEP - 1) == ["normal", "low"]
 
 
@@ -158,28 +166,28 @@ def test_discard_is_lazy_and_skips_the_job():
 
 def test_add_is_idempotent():
     q = QueuedJobs()
-    q.add("a", NORMAL, 1, 0)
-    q.add("a", NORMAL, 1, 0)
+    q.add("a", NORMAL, 0, 1)
+    q.add("a", NORMAL, 0, 1)
     assert len(q) == 1
     assert drain(q, 0) == ["a"]
 
 
 def test_popped_job_can_be_queued_again_as_a_retry_keeping_its_seq():
     q = QueuedJobs()
-    q.add("a", NORMAL, 1, 0)
-    q.add("b", NORMAL, 2, 0)
+    q.add("a", NORMAL, 0, 1)
+    q.add("b", NORMAL, 0, 2)
     assert q.pop(0, STEP) == "a"
-    q.add("c", NORMAL, 3, 0)
-    q.add("a", NORMAL, 1, 0)  # retry: same seq and creation time
+    q.add("c", NORMAL, 0, 3)
+    q.add("a", NORMAL, 0, 1)  # retry: same seq and creation time
     assert drain(q, 0) == ["a", "b", "c"]
 
 
 def test_discard_then_add_again_lists_the_job_once():
     q = QueuedJobs()
-    q.add("a", NORMAL, 1, 0)
-    q.add("b", NORMAL, 2, 0)
+    q.add("a", NORMAL, 0, 1)
+    q.add("b", NORMAL, 0, 2)
     q.discard("a")
-    q.add("a", NORMAL, 1, 0)
+    q.add("a", NORMAL, 0, 1)
     assert len(q) == 2
     assert q.ordered(0, STEP) == ["a", "b"]
     assert drain(q, 0) == ["a", "b"]
@@ -191,7 +199,7 @@ def test_ordered_agrees_with_repeated_pop():
     created = 0
     for seq in range(1, 200):
         created += rng.choice([0, 0, 1, 500, 20_000])
-        q.add("j%d" % seq, rng.choice([LOW, NORMAL, HIGH]), seq, created)
+        q.add("j%d" % seq, rng.choice([LOW, NORMAL, HIGH]), created, seq)
     for seq in rng.sample(range(1, 200), 40):
         q.discard("j%d" % seq)
     now = created + 30_000
@@ -224,7 +232,8 @@ def test_pop_sequence_matches_brute_force_sort_model(seed):
             job = "j%d" % seq
             known[job] = (rng.choice([LOW, NORMAL, HIGH]), seq, now)
             model[job] = known[job]
-            q.add(job, *known[job])
+            level, s_, c_ = known[job]
+            q.add(job, level, c_, s_)
         elif op < 0.55 and model:
             job = rng.choice(sorted(model))
             q.discard(job)  # a cancel: never queued again
@@ -234,18 +243,19 @@ def test_pop_sequence_matches_brute_force_sort_model(seed):
                 job = rng.choice(sorted(popped))
                 popped.discard(job)
                 model[job] = known[job]
-                q.add(job, *known[job])
+                level, s_, c_ = known[job]
+                q.add(job, level, c_, s_)
         else:
             got = q.pop(now, step)
             if not model:
                 assert got is None
                 continue
-            best = min(model, key=lambda j: queued_sort_key(*model[j][:2], model[j][2], now, step))
+            best = min(model, key=lambda j: queued_sort_key(model[j][0], model[j][2], model[j][1], now, step))
             assert got == best, (seed, now, step)
             del model[got]
             popped.add(got)
         assert len(q) == len(model)
-    final = sorted(model, key=lambda j: queued_sort_key(*model[j][:2], model[j][2], now, step))
+    final = sorted(model, key=lambda j: queued_sort_key(model[j][0], model[j][2], model[j][1], now, step))
     assert q.ordered(now, step) == final
     assert drain(q, now, step) == final
 
@@ -260,16 +270,16 @@ def test_pop_sequence_matches_sort_for_random_static_queue(seed):
         created += rng.choice([0, 1, step // 3, step])
         jobs.append(("j%d" % seq, rng.choice([LOW, NORMAL, HIGH]), seq, created))
     q = QueuedJobs()
-    for job in rng.sample(jobs, len(jobs)):  # insertion order must not matter
-        q.add(*job)
+    for name, level, seq_, created_ in rng.sample(jobs, len(jobs)):  # insertion order must not matter
+        q.add(name, level, created_, seq_)
     now = created + rng.randrange(0, 3 * step)
-    expected = [j[0] for j in sorted(jobs, key=lambda j: queued_sort_key(j[1], j[2], j[3], now, step))]
+    expected = [j[0] for j in sorted(jobs, key=lambda j: queued_sort_key(j[1], j[3], j[2], now, step))]
     assert drain(q, now, step) == expected
 
 
 def test_core_keeps_creation_times_monotonic_when_the_wall_clock_steps_back():
-    # QueuedJobs relies on creation time never decreasing with seq; the core guarantees
-    # it by never stamping a job earlier than the previous one.
+    # Jobs submitted to run at once are due at their creation; the core never stamps a job
+    # earlier than the previous one, so among them the queue order stays FIFO by seq.
     from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
     from jobmesh.coordinator.store import JobStore
     from jobmesh.protocol import messages as m
@@ -278,7 +288,7 @@ def test_core_keeps_creation_times_monotonic_when_the_wall_clock_steps_back():
     first = core.submit_job(5000, m.SubmitJob("SLEEP", {"durationMillis": 0}, priority="LOW")).job_id
     second = core.submit_job(4000, m.SubmitJob("SLEEP", {"durationMillis": 0}, priority="LOW")).job_id
     assert core.jobs[second].created_at >= core.jobs[first].created_at
-    assert core.queued.pop(4000 + STEP, STEP) == first
+    assert core.queued.pop_best(4000 + STEP, STEP, {"SLEEP"}) == (first, "SLEEP")
 
 
 # ---- least_loaded -----------------------------------------------------------------------
@@ -341,7 +351,7 @@ def test_discarded_entries_do_not_pile_up_while_nothing_drains_the_queue():
     q = QueuedJobs()
     q.add("keep", NORMAL, 0, 0)
     for seq in range(1, 20_001):
-        q.add("j%d" % seq, NORMAL, seq, 0)
+        q.add("j%d" % seq, NORMAL, 0, seq)
         q.discard("j%d" % seq)
     # Then the heaps hold about what is queued, not everything ever submitted
     assert len(q) == 1
