@@ -104,7 +104,7 @@ def test_human_output(live):
 
     r = jm(live, "workers")
     header, row = r.stdout.splitlines()
-    assert header.split() == ["WORKER", "CAPACITY", "ACTIVE", "LAST", "HEARTBEAT"]
+    assert header.split() == ["WORKER", "CAPACITY", "ACTIVE", "LAST", "HEARTBEAT", "TYPES"]
     assert row.split()[:3] == ["w-cli", "2", "0"]
 
 
