@@ -552,13 +552,13 @@ class ScriptedServer:
         self.requests: list[dict] = []
         self.connections = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.05)  # before the thread starts: close() may come first
         self.port = self.listener.getsockname()[1]
         self._release = _threading.Event()
         self._thread = _threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
     def _serve(self):
-        self.listener.settimeout(0.05)
         while self.steps and not self._release.is_set():
             try:
                 conn, _ = self.listener.accept()
