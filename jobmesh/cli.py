@@ -1,7 +1,8 @@
 """The ``jobmesh`` command line (docopt). The only module that prints usage or exits.
 
 Each command has its own usage text, so ``jobmesh COMMAND --help`` explains that
-command alone. Exit codes are the contract's (see ``EXIT_*``).
+command alone. Exit codes are the contract's (``jobmesh.exitcodes``). The client commands
+write through a ``Console`` on this process's streams, which this module supplies.
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ from docopt import DocoptExit, docopt
 
 from jobmesh import __version__
 from jobmesh.errors import ConfigError
+from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE
 
-EXIT_OK = 0
-EXIT_FAILED = 1        # job ended FAILED/CANCELLED, submit rejected, coordinator answered ERROR
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-EXIT_TIMEOUT = 4
+__all__ = ["main", "parse", "UsageError", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNREACHABLE",
+           "EXIT_TIMEOUT"]
 
 MAIN_DOC = """jobmesh - a durable distributed job coordinator.
 
@@ -114,8 +113,12 @@ CLIENT_OPTIONS = """
 
 SUBMIT_DOC = """Submit a job.
 
-TASK_TYPE is one of SLEEP, WORD_COUNT, SHA256, PRIME_COUNT, FAIL. PAYLOAD_JSON is the
-task's payload as JSON, or - to read it from stdin (default: {}).
+TASK_TYPE is a built-in (SLEEP, WORD_COUNT, SHA256, PRIME_COUNT or FAIL, in any case) or
+a type declared by a worker (jobmesh worker --tasks=MODULE; such names are case-sensitive).
+PAYLOAD_JSON is the task's payload as JSON, or - to read it from stdin (default: {}).
+
+A job given --delay-millis or --run-at is SCHEDULED until then, and QUEUED after. TIME
+is epoch milliseconds or ISO 8601, e.g. 2026-12-24T18:00:00Z (without a zone: local time).
 
 Usage:
   jobmesh submit TASK_TYPE [PAYLOAD_JSON] [options]
@@ -125,6 +128,8 @@ Options:
   --priority=LEVEL          HIGH, NORMAL or LOW [default: NORMAL]
   --idempotency-key=KEY     submit at most once per key
   --submit-retries=N        resubmit up to N times when the coordinator is overloaded [default: 0]
+  --delay-millis=N          run no earlier than N milliseconds from now
+  --run-at=TIME             run no earlier than TIME
   --wait                    wait for the job to finish and print its final state
   --timeout-millis=N        with --wait: give up after this long (0 = never) [default: 0]
 """ + CLIENT_OPTIONS
@@ -142,7 +147,8 @@ Usage:
   jobmesh list [options]
 
 Options:
-  --state=STATE             only jobs in this state
+  --state=STATE             only jobs in this state (QUEUED, SCHEDULED, RUNNING, ...)
+  --type=TYPE               only jobs of this task type
   --limit=N                 at most this many jobs [default: 100]
 """ + CLIENT_OPTIONS
 
@@ -153,7 +159,7 @@ Usage:
 
 Options:""" + CLIENT_OPTIONS
 
-CANCEL_DOC = """Cancel a job (QUEUED, RETRY_WAIT or RUNNING). A finished job is reported as it is.
+CANCEL_DOC = """Cancel a job (QUEUED, SCHEDULED, RETRY_WAIT or RUNNING). A finished job is reported as it is.
 
 Usage:
   jobmesh cancel JOB_ID [options]
@@ -241,10 +247,10 @@ def main(argv: list[str]) -> int:
             cfg = worker_config(args)
             setup_logging(cfg.log_level)
             return run_worker(cfg)
-        from jobmesh.client.commands import run_client_command
+        from jobmesh.client.commands import Console, run_client_command
 
         setup_logging("WARNING")
-        return run_client_command(command, args)
+        return run_client_command(command, args, Console(sys.stdout, sys.stderr, sys.stdin))
     except ConfigError as exc:
         print("jobmesh %s: %s" % (command, exc), file=sys.stderr)
         return EXIT_USAGE

@@ -533,6 +533,65 @@ class Peers:
         self._all.clear()
 
 
+# ---- a scripted coordinator for client unit tests ------------------------------------
+
+CLOSE = "close"   # a ScriptedServer step: close the connection without a reply
+HANG = "hang"     # a ScriptedServer step: never answer
+
+
+class ScriptedServer:
+    """Accepts connections one after another and plays ``steps`` across them in order.
+
+    Each step answers one request: a dict is sent as a frame, ``CLOSE`` closes the
+    connection without a reply, ``HANG`` never answers, ``bytes`` are sent raw.
+    ``requests`` and ``connections`` record what arrived (stdlib threads, no patching).
+    """
+
+    def __init__(self, steps):
+        self.steps = list(steps)
+        self.requests: list[dict] = []
+        self.connections = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.05)  # before the thread starts: close() may come first
+        self.port = self.listener.getsockname()[1]
+        self._release = _threading.Event()
+        self._thread = _threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        while self.steps and not self._release.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            conn.settimeout(None)
+            self.connections += 1
+            with conn:
+                reader = FrameReader(conn.recv)
+                while self.steps:
+                    try:
+                        request = reader.read_frame()
+                    except OSError:
+                        break
+                    if request is None:
+                        break
+                    self.requests.append(request)
+                    step = self.steps.pop(0)
+                    if step == CLOSE:
+                        break
+                    if step == HANG:
+                        self._release.wait(10)
+                        break
+                    conn.sendall(step if isinstance(step, bytes) else encode_frame(step))
+
+    def close(self):
+        self._release.set()
+        self.listener.close()
+        self._thread.join(5)
+
+
 # ---- real worker processes and the CLI as a subprocess ------------------------------
 
 import pytest  # noqa: E402

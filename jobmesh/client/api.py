@@ -24,10 +24,12 @@ Snapshots are returned as the wire dicts (``jobId``, ``state``, ``result`` ...).
 
 from __future__ import annotations
 
+import math
 import random
 import socket
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
 
 from jobmesh.errors import ClientError, CoordinatorUnavailable, ProtocolError, RequestFailed, SubmitRejected
@@ -41,6 +43,8 @@ RETRY_CAP = 2.0
 POLL_INITIAL = 0.01
 POLL_CAP = 0.5
 _TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MILLISECOND = timedelta(milliseconds=1)
 
 
 class WaitTimeout(ClientError, TimeoutError):
@@ -50,6 +54,47 @@ class WaitTimeout(ClientError, TimeoutError):
         super().__init__("job %s still %s after %.3gs" % (job_id, job.get("state"), timeout))
         self.job_id = job_id
         self.job = job
+
+
+def schedule_millis(
+    delay: float | timedelta | None, run_at: datetime | float | None
+) -> tuple[int | None, int | None]:
+    """``submit``'s ``delay``/``run_at`` as the wire's ``(runAtMillis, delayMillis)``.
+
+    ``delay``: seconds (int or float) or a ``timedelta``; ``run_at``: an aware ``datetime`` or
+    epoch seconds. ``ValueError`` for both at once, a naive datetime, a negative or non-finite
+    time; ``TypeError`` for anything else.
+    """
+    if delay is not None and run_at is not None:
+        raise ValueError("give delay or run_at, not both")
+    if delay is not None:
+        if isinstance(delay, timedelta):
+            millis = delay // _MILLISECOND
+        else:
+            millis = _seconds_to_millis(delay, "delay")
+        if millis < 0:
+            raise ValueError("delay must not be negative, got %r" % (delay,))
+        return None, millis
+    if run_at is not None:
+        if isinstance(run_at, datetime):
+            if run_at.tzinfo is None or run_at.utcoffset() is None:
+                raise ValueError("run_at must be an aware datetime (with a tzinfo), got naive %s"
+                                 % run_at.isoformat())
+            millis = (run_at - EPOCH) // _MILLISECOND
+        else:
+            millis = _seconds_to_millis(run_at, "run_at")
+        if millis < 0:
+            raise ValueError("run_at must not be before the epoch, got %r" % (run_at,))
+        return millis, None
+    return None, None
+
+
+def _seconds_to_millis(seconds: Any, name: str) -> int:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError("%s must be a number of seconds, got %r" % (name, seconds))
+    if not math.isfinite(seconds):
+        raise ValueError("%s must be finite, got %r" % (name, seconds))
+    return round(seconds * 1000)
 
 
 def submit_backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP) -> float:
@@ -102,16 +147,25 @@ class CoordinatorClient:
         priority: str | Priority | None = None,
         idempotency_key: str | None = None,
         submit_retries: int = 0,
+        delay: float | timedelta | None = None,
+        run_at: datetime | float | None = None,
     ) -> str:
         """Submit a job and return its jobId.
 
         ``max_attempts <= 0`` takes the coordinator's default. With ``submit_retries=N``, a
         retryable SUBMIT_REJECTED is retried up to N times with jittered, capped backoff;
         the last rejection is raised. Raises ``RequestFailed`` for an invalid request.
+
+        A scheduled job runs no earlier than ``delay`` (seconds, or a ``timedelta``) from now,
+        or than ``run_at`` (an aware ``datetime``, or epoch seconds); it is SCHEDULED until then.
+        Give at most one; a naive datetime or a negative time raises ``ValueError`` before
+        anything is sent.
         """
         if isinstance(priority, Priority):
             priority = priority.value
-        request = m.SubmitJob(task_type, payload, max_attempts, idempotency_key, priority)
+        run_at_millis, delay_millis = schedule_millis(delay, run_at)
+        request = m.SubmitJob(task_type, payload, max_attempts, idempotency_key, priority,
+                              run_at_millis=run_at_millis, delay_millis=delay_millis)
         retry = 0
         while True:
             try:
@@ -128,19 +182,28 @@ class CoordinatorClient:
         return self._request(m.GetJobStatus(job_id), m.JobStatus, idempotent=True).job
 
     def list_jobs(
-        self, limit: int | None = None, state: str | JobState | None = None, cursor: str | None = None
+        self,
+        limit: int | None = None,
+        state: str | JobState | None = None,
+        cursor: str | None = None,
+        task_type: str | None = None,
     ) -> tuple[list[dict[str, Any]], str | None]:
-        """One page of snapshots, newest first, and the cursor of the next page (None at the end)."""
+        """One page of snapshots, newest first, and the cursor of the next page (None at the end).
+
+        ``state`` and ``task_type`` (exact, case-sensitive) filter the jobs.
+        """
         if isinstance(state, JobState):
             state = state.value
-        reply = self._request(m.ListJobs(limit, state, cursor), m.JobList, idempotent=True)
+        reply = self._request(m.ListJobs(limit, state, cursor, task_type), m.JobList, idempotent=True)
         return reply.jobs, reply.next_cursor
 
-    def iter_jobs(self, state: str | JobState | None = None, page_size: int | None = None) -> Iterator[dict[str, Any]]:
-        """Every job (optionally in one state), newest first, fetched page by page."""
+    def iter_jobs(
+        self, state: str | JobState | None = None, page_size: int | None = None, task_type: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every job (optionally in one state, of one task type), newest first, fetched page by page."""
         cursor = None
         while True:
-            jobs, cursor = self.list_jobs(page_size, state, cursor)
+            jobs, cursor = self.list_jobs(page_size, state, cursor, task_type)
             yield from jobs
             if cursor is None:
                 return

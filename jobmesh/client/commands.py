@@ -1,38 +1,54 @@
 """The client commands: submit, status, list, workers, cancel, wait.
 
-Each handler takes a connected-on-demand ``CoordinatorClient`` and docopt's dict, prints
-its output (text, or one JSON document with ``--json``) and returns the exit code the
-contract names (README.md, "Command line"). Bad flag values raise ``ConfigError``
-before anything is sent; ``cli.main`` turns that into exit 2.
+Each handler takes a connected-on-demand ``CoordinatorClient``, docopt's dict and a
+``Console``, writes its output (text, or one JSON document with ``--json``) through the
+console and returns the exit code the contract names (README.md, "Command line"). This
+module never touches the process's streams: ``cli.py`` supplies the console. Bad flag
+values raise ``ConfigError`` before anything is sent; ``cli.main`` turns that into exit 2.
 """
 
 from __future__ import annotations
 
 import json
-import sys
+import re
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Callable, TextIO
 
-from jobmesh.cli import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE
 from jobmesh.client import render
-from jobmesh.client.api import CoordinatorClient, WaitTimeout
+from jobmesh.client.api import EPOCH, CoordinatorClient, WaitTimeout
 from jobmesh.config import parse_hostport
 from jobmesh.errors import ConfigError, CoordinatorUnavailable, RequestFailed, SubmitRejected
+from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE
 from jobmesh.protocol.jobs import JobState, Priority
+from jobmesh.protocol.payloads import TASK_TYPES
 
 MAX_PAGE = 1000
+_EPOCH_MILLIS = re.compile(r"[+-]?[0-9]+")
+RUN_AT_FORMS = "epoch milliseconds or an ISO 8601 time such as 2026-12-24T18:00:00Z"
+
+
+@dataclass(frozen=True)
+class Console:
+    """Where a command's output goes: the process's streams (``cli.py``) or a test's StringIO."""
+
+    stdout: TextIO
+    stderr: TextIO
+    stdin: TextIO | None = None
+
+    def out(self, text: str) -> None:
+        self.stdout.write(text + "\n")
+        self.stdout.flush()
+
+    def error(self, command: str, text: str) -> None:
+        """One line on stderr, named after the command: ``jobmesh COMMAND: TEXT``."""
+        self.stderr.write("jobmesh %s: %s\n" % (command, text))
+        self.stderr.flush()
 
 
 def _now_millis() -> int:
     return int(time.time() * 1000)
-
-
-def _print(text: str) -> None:
-    print(text, flush=True)
-
-
-def _error(command: str, text: str) -> None:
-    print("jobmesh %s: %s" % (command, text), file=sys.stderr, flush=True)
 
 
 def _int_flag(args: dict[str, Any], flag: str, low: int) -> int:
@@ -51,13 +67,15 @@ def _timeout_seconds(args: dict[str, Any]) -> float | None:
     return None if millis == 0 else millis / 1000.0
 
 
-def parse_payload(text: str | None, stdin: Any = None) -> dict[str, Any]:
+def parse_payload(text: str | None, stdin: TextIO | None = None) -> dict[str, Any]:
     """PAYLOAD_JSON as a dict: absent means ``{}``, ``-`` reads stdin; ConfigError if not an object."""
     if text is None:
         return {}
     source = "PAYLOAD_JSON"
     if text == "-":
-        text = (stdin or sys.stdin).read()
+        if stdin is None:
+            raise ConfigError("PAYLOAD_JSON is -, but there is no stdin to read it from")
+        text = stdin.read()
         source = "the payload on stdin"
     try:
         payload = json.loads(text)
@@ -68,33 +86,75 @@ def parse_payload(text: str | None, stdin: Any = None) -> dict[str, Any]:
     return payload
 
 
-def _show_job(job: dict[str, Any], as_json: bool, **extra: Any) -> None:
+def parse_run_at(text: str) -> datetime:
+    """``--run-at``: epoch milliseconds, or ISO 8601 (no zone: local time) -> an aware datetime.
+
+    ConfigError for anything else, and for a time before the epoch.
+    """
+    raw = text.strip()
+    try:
+        if _EPOCH_MILLIS.fullmatch(raw):
+            millis = int(raw)
+            if millis < 0:
+                raise ConfigError("--run-at must not be negative, got %s" % raw)
+            return EPOCH + timedelta(milliseconds=millis)
+        when = datetime.fromisoformat(raw)
+        if when.tzinfo is None:
+            when = when.astimezone()  # a naive time is local time
+    except (ValueError, OverflowError):
+        raise ConfigError("--run-at must be %s, got %r" % (RUN_AT_FORMS, text)) from None
+    if when < EPOCH:
+        raise ConfigError("--run-at must not be before 1970-01-01T00:00:00Z, got %r" % text)
+    return when
+
+
+def schedule_options(args: dict[str, Any]) -> dict[str, Any]:
+    """``--delay-millis`` / ``--run-at`` as ``CoordinatorClient.submit`` keywords (at most one)."""
+    delay, run_at = args.get("--delay-millis"), args.get("--run-at")
+    if delay is not None and run_at is not None:
+        raise ConfigError("give --delay-millis or --run-at, not both")
+    if delay is not None:
+        return {"delay": timedelta(milliseconds=_int_flag(args, "--delay-millis", 0))}
+    if run_at is not None:
+        return {"run_at": parse_run_at(run_at)}
+    return {}
+
+
+def task_type_name(text: str) -> str:
+    """A built-in in any case means the built-in (``sleep`` is SLEEP); other names are case-sensitive."""
+    upper = text.upper()
+    return upper if upper in TASK_TYPES else text
+
+
+def _show_job(console: Console, job: dict[str, Any], as_json: bool, **extra: Any) -> None:
     if as_json:
-        _print(render.to_json(dict(job, **extra)))
+        console.out(render.to_json(dict(job, **extra)))
     else:
-        _print(render.job_detail(job, _now_millis()))
+        console.out(render.job_detail(job, _now_millis()))
 
 
-def _await(command: str, client: CoordinatorClient, job_id: str, timeout: float | None, as_json: bool) -> int:
+def _await(command: str, client: CoordinatorClient, console: Console, job_id: str, timeout: float | None,
+           as_json: bool) -> int:
     """Wait for the job, print its final snapshot, and map its end state to an exit code."""
     try:
         job = client.wait(job_id, timeout=timeout)
     except WaitTimeout as exc:
-        _show_job(exc.job, as_json)
-        _error(command, "timed out: %s" % exc)
+        _show_job(console, exc.job, as_json)
+        console.error(command, "timed out: %s" % exc)
         return EXIT_TIMEOUT
-    _show_job(job, as_json)
+    _show_job(console, job, as_json)
     if job.get("state") == JobState.COMPLETED.value:
         return EXIT_OK
-    _error(command, "job %s ended %s: %s" % (job_id, job.get("state"), job.get("error") or "no error recorded"))
+    console.error(command, "job %s ended %s: %s"
+                  % (job_id, job.get("state"), job.get("error") or "no error recorded"))
     return EXIT_FAILED
 
 
 # ---- handlers ---------------------------------------------------------------------------
 
 
-def submit(client: CoordinatorClient, args: dict[str, Any]) -> int:
-    task_type = str(args["TASK_TYPE"]).upper()
+def submit(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    task_type = task_type_name(str(args["TASK_TYPE"]))
     try:
         priority = Priority.parse(str(args["--priority"]).upper())
     except ValueError as exc:
@@ -102,32 +162,33 @@ def submit(client: CoordinatorClient, args: dict[str, Any]) -> int:
     max_attempts = _int_flag(args, "--max-attempts", 0)
     retries = _int_flag(args, "--submit-retries", 0)
     timeout = _timeout_seconds(args)
-    payload = parse_payload(args["PAYLOAD_JSON"])
+    schedule = schedule_options(args)
+    payload = parse_payload(args["PAYLOAD_JSON"], console.stdin)
     as_json = args["--json"]
     try:
         job_id = client.submit(task_type, payload, max_attempts, priority.value,
-                               args["--idempotency-key"], submit_retries=retries)
+                               args["--idempotency-key"], submit_retries=retries, **schedule)
     except SubmitRejected as exc:
-        _error("submit", "rejected, the coordinator is overloaded: %s%s"
-               % (exc, "; try --submit-retries=N" if exc.retryable and not retries else ""))
+        console.error("submit", "rejected, the coordinator is overloaded: %s%s"
+                      % (exc, "; try --submit-retries=N" if exc.retryable and not retries else ""))
         return EXIT_FAILED
     if not args["--wait"]:
-        _print(render.to_json({"jobId": job_id}) if as_json else render.submitted(job_id))
+        console.out(render.to_json({"jobId": job_id}) if as_json else render.submitted(job_id))
         return EXIT_OK
     if not as_json:
-        _print(render.submitted(job_id))
+        console.out(render.submitted(job_id))
     try:
-        return _await("submit", client, job_id, timeout, as_json)
+        return _await("submit", client, console, job_id, timeout, as_json)
     except CoordinatorUnavailable as exc:
         raise CoordinatorUnavailable("job %s was submitted, then: %s" % (job_id, exc)) from exc
 
 
-def status(client: CoordinatorClient, args: dict[str, Any]) -> int:
-    _show_job(client.status(args["JOB_ID"]), args["--json"])
+def status(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    _show_job(console, client.status(args["JOB_ID"]), args["--json"])
     return EXIT_OK
 
 
-def list_jobs(client: CoordinatorClient, args: dict[str, Any]) -> int:
+def list_jobs(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
     limit = _int_flag(args, "--limit", 1)
     state = args["--state"]
     if state is not None:
@@ -136,39 +197,42 @@ def list_jobs(client: CoordinatorClient, args: dict[str, Any]) -> int:
         except ValueError:
             raise ConfigError("--state must be one of %s, got %r"
                               % (", ".join(s.value for s in JobState), state)) from None
+    task_type = args.get("--type")
+    if task_type is not None:
+        task_type = task_type_name(task_type)
     jobs: list[dict[str, Any]] = []
     cursor = None
     while len(jobs) < limit:
-        page, cursor = client.list_jobs(min(MAX_PAGE, limit - len(jobs)), state, cursor)
+        page, cursor = client.list_jobs(min(MAX_PAGE, limit - len(jobs)), state, cursor, task_type=task_type)
         jobs.extend(page)
         if cursor is None or not page:
             break
     jobs = jobs[:limit]
-    _print(render.to_json(jobs) if args["--json"] else render.job_table(jobs, _now_millis()))
+    console.out(render.to_json(jobs) if args["--json"] else render.job_table(jobs, _now_millis()))
     return EXIT_OK
 
 
-def workers(client: CoordinatorClient, args: dict[str, Any]) -> int:
+def workers(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
     found = client.workers()
-    _print(render.to_json(found) if args["--json"] else render.worker_table(found, _now_millis()))
+    console.out(render.to_json(found) if args["--json"] else render.worker_table(found, _now_millis()))
     return EXIT_OK
 
 
-def cancel(client: CoordinatorClient, args: dict[str, Any]) -> int:
+def cancel(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
     was_cancelled, job = client.cancel(args["JOB_ID"])
     if args["--json"]:
-        _show_job(job, True, cancelled=was_cancelled)
+        _show_job(console, job, True, cancelled=was_cancelled)
     else:
-        _print(render.cancelled(was_cancelled, job))
-        _show_job(job, False)
+        console.out(render.cancelled(was_cancelled, job))
+        _show_job(console, job, False)
     return EXIT_OK
 
 
-def wait(client: CoordinatorClient, args: dict[str, Any]) -> int:
-    return _await("wait", client, args["JOB_ID"], _timeout_seconds(args), args["--json"])
+def wait(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    return _await("wait", client, console, args["JOB_ID"], _timeout_seconds(args), args["--json"])
 
 
-HANDLERS: dict[str, Callable[[CoordinatorClient, dict[str, Any]], int]] = {
+HANDLERS: dict[str, Callable[[CoordinatorClient, dict[str, Any], Console], int]] = {
     "submit": submit,
     "status": status,
     "list": list_jobs,
@@ -178,16 +242,16 @@ HANDLERS: dict[str, Callable[[CoordinatorClient, dict[str, Any]], int]] = {
 }
 
 
-def run_client_command(command: str, args: dict[str, Any]) -> int:
+def run_client_command(command: str, args: dict[str, Any], console: Console) -> int:
     """Run one client command; returns its exit code. ConfigError propagates (exit 2)."""
     host, port = parse_hostport(args["--coordinator"])
     handler = HANDLERS[command]
     try:
         with CoordinatorClient(host, port) as client:
-            return handler(client, args)
+            return handler(client, args, console)
     except CoordinatorUnavailable as exc:
-        _error(command, "coordinator unreachable: %s" % exc)
+        console.error(command, "coordinator unreachable: %s" % exc)
         return EXIT_UNREACHABLE
     except RequestFailed as exc:
-        _error(command, "the coordinator refused: %s" % exc.message)
+        console.error(command, "the coordinator refused: %s" % exc.message)
         return EXIT_FAILED

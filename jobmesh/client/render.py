@@ -40,10 +40,22 @@ def age(then_millis: int | None, now_millis: int) -> str:
     return "%ds ago" % seconds
 
 
-def timestamp(millis: int | None) -> str:
+def relative(then_millis: int | None, now_millis: int) -> str:
+    """Like ``age``, but a time at least a second ahead reads ``in 42s``, ``in 5m``, ``in 3h``, ``in 2d``."""
+    if then_millis is None or then_millis - now_millis < 1000:
+        return age(then_millis, now_millis)
+    seconds = (then_millis - now_millis) // 1000
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return "in %d%s" % (seconds // size, unit)
+    return "in %ds" % seconds
+
+
+def timestamp(millis: int | None, zone: bool = False) -> str:
+    """Local time, ``2026-12-01 18:00:00``; with ``zone``, its abbreviation follows (``... UTC``)."""
     if millis is None:
         return MISSING
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(millis / 1000))
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z" if zone else "%Y-%m-%d %H:%M:%S", time.localtime(millis / 1000))
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -77,6 +89,9 @@ def job_detail(job: dict[str, Any], now_millis: int) -> str:
         ("created", "%s (%s)" % (age(created, now_millis), timestamp(created))),
         ("updated", "%s (%s)" % (age(updated, now_millis), timestamp(updated))),
     ]
+    run_at = job.get("runAtMillis")
+    if run_at is not None:  # only scheduled jobs have one; others keep the lines above
+        rows.append(("runs at", "%s (%s)" % (relative(run_at, now_millis), timestamp(run_at, zone=True))))
     return "\n".join("%-9s %s" % (label, MISSING if value is None else value) for label, value in rows)
 
 
@@ -93,13 +108,22 @@ def job_table(jobs: list[dict[str, Any]], now_millis: int) -> str:
     )
 
 
+def task_types(worker: dict[str, Any]) -> str:
+    """A worker's declared task types, comma-separated; ``-`` when absent (an older coordinator)."""
+    types = worker.get("taskTypes")
+    if not types:
+        return MISSING
+    return ",".join(str(t) for t in types)
+
+
 def worker_table(workers: list[dict[str, Any]], now_millis: int) -> str:
     if not workers:
         return "no live workers"
     return table(
-        ("WORKER", "CAPACITY", "ACTIVE", "LAST HEARTBEAT"),
+        ("WORKER", "CAPACITY", "ACTIVE", "LAST HEARTBEAT", "TYPES"),
         (
-            (w.get("workerId"), w.get("capacity"), w.get("activeJobs"), age(w.get("lastHeartbeatMillis"), now_millis))
+            (w.get("workerId"), w.get("capacity"), w.get("activeJobs"), age(w.get("lastHeartbeatMillis"), now_millis),
+             task_types(w))
             for w in workers
         ),
     )

@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 import socket
+import time
 
 import pytest
 
@@ -18,6 +19,7 @@ from tests.helpers import run_cli, wait_registered
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis"}
+BUILT_INS = ["FAIL", "PRIME_COUNT", "SHA256", "SLEEP", "WORD_COUNT"]
 
 
 @pytest.fixture
@@ -104,7 +106,7 @@ def test_human_output(live):
 
     r = jm(live, "workers")
     header, row = r.stdout.splitlines()
-    assert header.split() == ["WORKER", "CAPACITY", "ACTIVE", "LAST", "HEARTBEAT"]
+    assert header.split() == ["WORKER", "CAPACITY", "ACTIVE", "LAST", "HEARTBEAT", "TYPES"]
     assert row.split()[:3] == ["w-cli", "2", "0"]
 
 
@@ -192,6 +194,8 @@ def test_rejected_submit_exits_1(coordinator_factory):
     ("wait", "j", "--timeout-millis=-5"),
     ("status", "j", "--coordinator=nowhere"),
     ("frobnicate",),
+    ("list", "--state=SOON"),
+    ("submit", "SLEEP", "{}", "--run-at=garbage"),
 ])
 def test_usage_errors_exit_2(args):
     # Usage is checked before anything is sent: no coordinator needed
@@ -199,6 +203,83 @@ def test_usage_errors_exit_2(args):
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stderr.strip()
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("flags", [
+    ("--run-at=garbage",),
+    ("--run-at=2026-12-24T25:00:00Z",),
+    ("--run-at=-5",),
+    ("--delay-millis=-1",),
+    ("--delay-millis=5", "--run-at=2026-12-24T18:00:00Z"),
+])
+def test_schedule_flag_errors_exit_2_with_one_line_before_connecting(flags):
+    # Nothing listens there: had the command connected, it would have exited 3.
+    r = run_cli("submit", "SLEEP", '{"durationMillis": 1}', *flags, coordinator="127.0.0.1:%d" % _free_port())
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("jobmesh submit: "), r.stderr
+
+
+# ---- these need the coordinator side of task types and scheduled jobs (CONTRACT.md) ----------
+
+
+def test_list_type_returns_only_jobs_of_that_type(coordinator):
+    ids = {}
+    for task, payload in (("SLEEP", '{"durationMillis": 5}'), ("SHA256", '{"text": "x"}'),
+                          ("SLEEP", '{"durationMillis": 6}')):
+        ids.setdefault(task, []).append(json_out(jm(coordinator, "submit", task, payload, "--json"))["jobId"])
+    for flag in ("--type=SLEEP", "--type=sleep"):
+        listed = json_out(jm(coordinator, "list", flag, "--json"))
+        assert [j["jobId"] for j in listed] == ids["SLEEP"][::-1], flag
+    assert [j["jobId"] for j in json_out(jm(coordinator, "list", "--type=SHA256", "--json"))] == ids["SHA256"]
+    assert json_out(jm(coordinator, "list", "--type=WORD_COUNT", "--json")) == []
+    r = jm(coordinator, "list", "--type=SLEEP", "--limit=1")
+    assert r.returncode == 0 and r.stdout.splitlines()[1].split()[:2] == [ids["SLEEP"][-1], "SLEEP"]
+
+
+def test_delayed_submit_is_scheduled_listed_shown_and_cancellable(coordinator):
+    before = int(time.time() * 1000)
+    r = jm(coordinator, "submit", "SLEEP", '{"durationMillis": 1}', "--delay-millis=600000", "--json")
+    after = int(time.time() * 1000)
+    assert r.returncode == 0, r.stderr
+    job_id = json_out(r)["jobId"]
+    snap = json_out(jm(coordinator, "status", job_id, "--json"))
+    assert snap["state"] == "SCHEDULED"
+    assert before + 600000 <= snap["runAtMillis"] <= after + 600000
+    assert [j["jobId"] for j in json_out(jm(coordinator, "list", "--state=SCHEDULED", "--json"))] == [job_id]
+    assert json_out(jm(coordinator, "list", "--state=QUEUED", "--json")) == []
+    r = jm(coordinator, "status", job_id)
+    assert "state     SCHEDULED" in r.stdout
+    assert re.search(r"^runs at   in (9|10)m \(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", r.stdout, re.M), r.stdout
+    doc = json_out(jm(coordinator, "cancel", job_id, "--json"))
+    assert (doc["cancelled"], doc["state"]) == (True, "CANCELLED")
+
+
+def test_run_at_names_a_time_and_an_unscheduled_job_has_none(coordinator):
+    r = jm(coordinator, "submit", "SLEEP", '{"durationMillis": 1}', "--run-at=2099-01-01T00:00:00Z", "--json")
+    snap = json_out(jm(coordinator, "status", json_out(r)["jobId"], "--json"))
+    assert (snap["state"], snap["runAtMillis"]) == ("SCHEDULED", 4070908800000)
+    plain = json_out(jm(coordinator, "submit", "SLEEP", '{"durationMillis": 1}', "--json"))["jobId"]
+    assert json_out(jm(coordinator, "status", plain, "--json"))["runAtMillis"] is None
+    assert "runs at" not in jm(coordinator, "status", plain).stdout
+
+
+def test_scheduled_jobs_run_once_due(live):
+    r = jm(live, "submit", "SLEEP", '{"durationMillis": 1}', "--delay-millis=300", "--wait", "--json")
+    assert r.returncode == 0, r.stderr
+    snap = json_out(r)
+    assert snap["state"] == "COMPLETED" and snap["runAtMillis"] is not None
+    assert snap["updatedAtMillis"] >= snap["createdAtMillis"] + 300
+    r = jm(live, "submit", "SLEEP", '{"durationMillis": 1}', "--run-at=2020-01-01T00:00:00Z", "--wait", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json_out(r)["state"] == "COMPLETED"
+
+
+def test_workers_show_their_task_types(live):
+    (worker,) = json_out(jm(live, "workers", "--json"))
+    assert sorted(worker["taskTypes"]) == BUILT_INS
+    header, row = jm(live, "workers").stdout.splitlines()
+    assert sorted(row.split()[-1].split(",")) == BUILT_INS
 
 
 def _free_port():

@@ -88,6 +88,22 @@ def test_submit():
     assert args["--coordinator"] == "c:9"
 
 
+def test_submit_schedule_flags():
+    _cmd, args = parse(["submit", "SLEEP"])
+    assert args["--delay-millis"] is None and args["--run-at"] is None
+    _cmd, args = parse(["submit", "SLEEP", "--delay-millis=5000"])
+    assert args["--delay-millis"] == "5000"
+    _cmd, args = parse(["submit", "GREET", '{"name": "Ada"}', "--run-at=2026-12-24T18:00:00Z", "--wait"])
+    assert (args["TASK_TYPE"], args["--run-at"], args["--wait"]) == ("GREET", "2026-12-24T18:00:00Z", True)
+
+
+def test_list_type_and_state():
+    _cmd, args = parse(["list"])
+    assert args["--type"] is None and args["--state"] is None
+    _cmd, args = parse(["list", "--type=GREET", "--state=SCHEDULED"])
+    assert (args["--type"], args["--state"]) == ("GREET", "SCHEDULED")
+
+
 def test_submit_options_before_positionals():
     _cmd, args = parse(["submit", "--priority=LOW", "SLEEP", '{"durationMillis": 1}'])
     assert (args["TASK_TYPE"], args["PAYLOAD_JSON"], args["--priority"]) == ("SLEEP", '{"durationMillis": 1}', "LOW")

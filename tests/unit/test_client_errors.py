@@ -1,90 +1,21 @@
 """CoordinatorClient's error mapping, against a tiny scripted server on 127.0.0.1 (stdlib threads).
 
-Each scripted step answers one request: a dict is sent as a frame, ``CLOSE`` closes the
-connection without a reply, ``HANG`` never answers, ``bytes`` are sent raw.
+The ``serve`` fixture (tests/unit/conftest.py) plays ``tests.helpers.ScriptedServer`` steps.
 """
 
 from __future__ import annotations
 
 import socket
-import threading
 
 import pytest
 
 from jobmesh.client.api import CoordinatorClient, WaitTimeout, submit_backoff
 from jobmesh.errors import CoordinatorUnavailable, RequestFailed, SubmitRejected
-from jobmesh.protocol.framing import FrameReader, encode_frame
-
-CLOSE = "close"
-HANG = "hang"
+from tests.helpers import CLOSE, HANG
 
 SNAP = {"jobId": "j-1", "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "maxAttempts": 3,
         "workerId": None, "result": None, "error": None, "createdAtMillis": 1, "updatedAtMillis": 1,
         "priority": "NORMAL"}
-
-
-class ScriptedServer:
-    """Accepts connections one after another and plays ``steps`` across them in order."""
-
-    def __init__(self, steps):
-        self.steps = list(steps)
-        self.requests: list[dict] = []
-        self.connections = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self._release = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self):
-        self.listener.settimeout(0.05)
-        while self.steps and not self._release.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            conn.settimeout(None)
-            self.connections += 1
-            with conn:
-                reader = FrameReader(conn.recv)
-                while self.steps:
-                    try:
-                        request = reader.read_frame()
-                    except OSError:
-                        break
-                    if request is None:
-                        break
-                    self.requests.append(request)
-                    step = self.steps.pop(0)
-                    if step == CLOSE:
-                        break
-                    if step == HANG:
-                        self._release.wait(10)
-                        break
-                    conn.sendall(step if isinstance(step, bytes) else encode_frame(step))
-
-    def close(self):
-        self._release.set()
-        self.listener.close()
-        self._thread.join(5)
-
-
-@pytest.fixture
-def serve():
-    servers = []
-
-    def make(*steps, **client_kwargs):
-        server = ScriptedServer(steps)
-        servers.append(server)
-        client = CoordinatorClient("127.0.0.1", server.port, **client_kwargs)
-        servers.append(client)
-        return server, client
-
-    yield make
-    for s in reversed(servers):
-        s.close()
 
 
 def test_submit_returns_job_id_and_sends_every_field(serve):

@@ -77,12 +77,62 @@ def test_empty_tables():
     assert render.worker_table([], NOW) == "no live workers"
 
 
-def test_worker_table():
+def test_worker_table_shows_each_workers_task_types():
+    out = render.worker_table([
+        {"workerId": "w-1", "capacity": 4, "activeJobs": 2, "lastHeartbeatMillis": NOW - 1500,
+         "taskTypes": ["SLEEP", "WORD_COUNT", "SHA256", "PRIME_COUNT", "FAIL", "GREET"]},
+        {"workerId": "w-22", "capacity": 1, "activeJobs": 0, "lastHeartbeatMillis": NOW,
+         "taskTypes": ["resize.image"]},
+    ], NOW)
+    header, first, second = out.splitlines()
+    assert header.split() == ["WORKER", "CAPACITY", "ACTIVE", "LAST", "HEARTBEAT", "TYPES"]
+    assert first.split() == ["w-1", "4", "2", "1s", "ago", "SLEEP,WORD_COUNT,SHA256,PRIME_COUNT,FAIL,GREET"]
+    assert second.split() == ["w-22", "1", "0", "just", "now", "resize.image"]
+    col = header.index("TYPES")
+    assert first[col:].startswith("SLEEP,") and second[col:] == "resize.image"
+
+
+def test_worker_table_without_task_types_from_an_older_coordinator():
     out = render.worker_table([{"workerId": "w-1", "capacity": 4, "activeJobs": 2,
                                 "lastHeartbeatMillis": NOW - 1500}], NOW)
     header, row = out.splitlines()
-    assert header.split() == ["WORKER", "CAPACITY", "ACTIVE", "LAST", "HEARTBEAT"]
-    assert row.split() == ["w-1", "4", "2", "1s", "ago"]
+    assert header.split() == ["WORKER", "CAPACITY", "ACTIVE", "LAST", "HEARTBEAT", "TYPES"]
+    assert row.split() == ["w-1", "4", "2", "1s", "ago", "-"]
+
+
+@pytest.mark.parametrize("delta_ms,text", [
+    (5 * 60_000, "in 5m"), (42_000, "in 42s"), (1000, "in 1s"), (3 * 3_600_000, "in 3h"),
+    (2 * 86_400_000 + 7, "in 2d"), (999, "just now"), (0, "just now"), (-90_000, "1m ago"),
+])
+def test_relative_reads_future_times_as_in(delta_ms, text):
+    assert render.relative(NOW + delta_ms, NOW) == text
+
+
+def test_job_detail_shows_when_a_scheduled_job_runs():
+    run_at = NOW + 5 * 60_000
+    out = render.job_detail(job(state="SCHEDULED", attempts=0, result=None, runAtMillis=run_at), NOW)
+    lines = out.splitlines()
+    fields = dict(line.split(None, 1) for line in lines[:-1])
+    assert fields["state"] == "SCHEDULED"
+    assert fields["attempts"] == "0 of 3"
+    assert lines[-1] == "runs at   in 5m (%s)" % render.timestamp(run_at, zone=True)
+    assert render.timestamp(run_at, zone=True).startswith(render.timestamp(run_at) + " ")
+    # the existing lines are all still there, in their places
+    assert [line.split()[0] for line in lines] == ["job", "type", "state", "priority", "attempts", "worker",
+                                                   "result", "error", "created", "updated", "runs"]
+
+
+def test_job_detail_of_a_job_that_was_due_says_when():
+    out = render.job_detail(job(runAtMillis=NOW - 120_000), NOW)
+    assert out.splitlines()[-1].startswith("runs at   2m ago (")
+
+
+@pytest.mark.parametrize("run_at", ["absent", None])
+def test_job_detail_without_a_run_at_is_unchanged(run_at):
+    snap = job() if run_at == "absent" else job(runAtMillis=None)
+    out = render.job_detail(snap, NOW)
+    assert len(out.splitlines()) == 10
+    assert "runs at" not in out
 
 
 def test_json_is_one_document_with_wire_names():

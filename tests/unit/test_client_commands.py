@@ -1,0 +1,238 @@
+"""The client commands in-process: docopt argv -> requests on the wire -> text on a Console.
+
+A ``ScriptedServer`` (tests/helpers.py) plays the coordinator and records every request;
+output goes to StringIO streams, so nothing here touches the test process's own streams.
+"""
+
+from __future__ import annotations
+
+import calendar
+import io
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from jobmesh.cli import parse
+from jobmesh.client.commands import Console, parse_run_at, run_client_command, task_type_name
+from jobmesh.errors import ConfigError
+from jobmesh.exitcodes import EXIT_OK
+from tests.helpers import ScriptedServer
+
+NOW_ISH = 1_700_000_000_000
+SNAP = {"jobId": "j-1", "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "maxAttempts": 3,
+        "workerId": None, "result": None, "error": None, "createdAtMillis": NOW_ISH,
+        "updatedAtMillis": NOW_ISH, "priority": "NORMAL", "runAtMillis": None}
+SUBMITTED = {"type": "JOB_SUBMITTED", "jobId": "j-1"}
+
+
+def utc_millis(*fields: int) -> int:
+    return calendar.timegm(datetime(*fields).timetuple()) * 1000
+
+
+@pytest.fixture
+def jm():
+    """``code, stdout, stderr, server = jm([replies...], *argv)``: one command against a ScriptedServer."""
+    servers: list[ScriptedServer] = []
+
+    def run(replies, *argv, stdin=None):
+        server = ScriptedServer(replies)
+        servers.append(server)
+        command, args = parse(list(argv) + ["--coordinator=127.0.0.1:%d" % server.port])
+        out, err = io.StringIO(), io.StringIO()
+        code = run_client_command(command, args, Console(out, err, stdin))
+        return code, out.getvalue(), err.getvalue(), server
+
+    yield run
+    for server in servers:
+        server.close()
+
+
+# ---- --run-at -----------------------------------------------------------------------------
+
+
+def test_run_at_epoch_millis():
+    assert parse_run_at("1796055997317") == datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(
+        milliseconds=1796055997317)
+    assert parse_run_at("0") == datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def test_run_at_iso_with_z_and_with_offset():
+    assert parse_run_at("2026-12-24T18:00:00Z") == datetime(2026, 12, 24, 18, tzinfo=timezone.utc)
+    assert parse_run_at("2026-12-24T18:00:00+02:00") == datetime(2026, 12, 24, 16, tzinfo=timezone.utc)
+    assert parse_run_at("2026-12-24T18:00:00.250-05:30") == datetime(
+        2026, 12, 24, 23, 30, 0, 250_000, tzinfo=timezone.utc)
+
+
+def test_run_at_without_a_zone_is_local_time():
+    parsed = parse_run_at("2026-12-24T18:00:00")
+    assert parsed.tzinfo is not None
+    assert parsed == datetime(2026, 12, 24, 18).astimezone()
+
+
+@pytest.mark.parametrize("tz,utc_hour_minute", [("UTC0", (18, 0)), ("IST-5:30", (12, 30)), ("EST5", (23, 0))])
+def test_run_at_without_a_zone_follows_the_process_time_zone(tz, utc_hour_minute):
+    # A child process with its own TZ (POSIX rules, no tz database needed): the test process's zone is untouched.
+    code = ("from jobmesh.client.commands import parse_run_at; "
+            "print(parse_run_at('2026-12-24T18:00:00').astimezone(__import__('datetime').timezone.utc).isoformat())")
+    env = dict(os.environ, TZ=tz)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    hour, minute = utc_hour_minute
+    assert proc.stdout.strip() == "2026-12-24T%02d:%02d:00+00:00" % (hour, minute)
+
+
+@pytest.mark.parametrize("text", ["garbage", "", "tomorrow", "2026-13-01T00:00:00Z", "12:00", "--5", "1.5e12",
+                                  "-1", "-1796055997317", "1969-12-31T23:59:59Z", "99999999999999999999999"])
+def test_run_at_that_does_not_parse_or_is_negative(text):
+    with pytest.raises(ConfigError) as info:
+        parse_run_at(text)
+    assert "--run-at" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+# ---- flag validation: usage errors before anything is sent ----------------------------------
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--delay-millis=5", "--run-at=2026-12-24T18:00:00Z"], "not both"),
+    (["--delay-millis=-1"], "--delay-millis must be >= 0"),
+    (["--delay-millis=soon"], "--delay-millis must be an integer"),
+    (["--run-at=garbage"], "--run-at must be epoch milliseconds or an ISO 8601 time"),
+    (["--run-at=-5"], "--run-at must not be negative"),
+])
+def test_schedule_flag_errors_send_nothing(jm, flags, message):
+    with pytest.raises(ConfigError) as info:
+        jm([SUBMITTED], "submit", "SLEEP", '{"durationMillis": 1}', *flags)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_schedule_flag_errors_never_connect():
+    server = ScriptedServer([SUBMITTED])
+    try:
+        _cmd, args = parse(["submit", "SLEEP", "--run-at=garbage", "--coordinator=127.0.0.1:%d" % server.port])
+        with pytest.raises(ConfigError):
+            run_client_command("submit", args, Console(io.StringIO(), io.StringIO()))
+        assert server.connections == 0 and server.requests == []
+    finally:
+        server.close()
+
+
+# ---- submit -----------------------------------------------------------------------------
+
+
+def test_submit_with_delay_millis_sends_delay_millis(jm):
+    code, out, err, server = jm([SUBMITTED], "submit", "SLEEP", '{"durationMillis": 1}', "--delay-millis=60000")
+    assert (code, out, err) == (EXIT_OK, "submitted job j-1\n", "")
+    (request,) = server.requests
+    assert (request["delayMillis"], request["runAtMillis"]) == (60000, None)
+
+
+@pytest.mark.parametrize("flag,millis", [
+    ("--run-at=2026-12-24T18:00:00Z", utc_millis(2026, 12, 24, 18)),
+    ("--run-at=2026-12-24T18:00:00+01:00", utc_millis(2026, 12, 24, 17)),
+    ("--run-at=1796055997317", 1796055997317),
+    ("--run-at=0", 0),
+])
+def test_submit_with_run_at_sends_run_at_millis(jm, flag, millis):
+    code, out, _err, server = jm([SUBMITTED], "submit", "SLEEP", '{"durationMillis": 1}', flag, "--json")
+    assert code == EXIT_OK and json.loads(out) == {"jobId": "j-1"}
+    (request,) = server.requests
+    assert (request["runAtMillis"], request["delayMillis"]) == (millis, None)
+
+
+def test_submit_without_a_schedule_sends_neither(jm):
+    _code, _out, _err, server = jm([SUBMITTED], "submit", "SLEEP")
+    assert (server.requests[0]["runAtMillis"], server.requests[0]["delayMillis"]) == (None, None)
+
+
+@pytest.mark.parametrize("given,sent", [
+    ("SLEEP", "SLEEP"), ("sleep", "SLEEP"), ("Word_Count", "WORD_COUNT"), ("sha256", "SHA256"),
+    ("prime_count", "PRIME_COUNT"), ("fail", "FAIL"),
+    ("GREET", "GREET"), ("greet", "greet"), ("Greet", "Greet"), ("resize.image", "resize.image"),
+    ("sleepy", "sleepy"),
+])
+def test_submit_upper_cases_only_the_built_ins(jm, given, sent):
+    assert task_type_name(given) == sent
+    _code, _out, _err, server = jm([SUBMITTED], "submit", given, '{"name": "Ada"}')
+    assert server.requests[0]["taskType"] == sent
+
+
+def test_submit_reads_the_payload_from_the_consoles_stdin(jm):
+    _code, _out, _err, server = jm([SUBMITTED], "submit", "GREET", "-", stdin=io.StringIO('{"name": "Ada"}'))
+    assert server.requests[0]["payload"] == {"name": "Ada"}
+
+
+def test_submit_of_stdin_payload_without_a_stdin_is_a_usage_error(jm):
+    with pytest.raises(ConfigError):
+        jm([SUBMITTED], "submit", "GREET", "-")
+
+
+# ---- list, workers, status --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag,sent", [("--type=SLEEP", "SLEEP"), ("--type=sleep", "SLEEP"),
+                                       ("--type=GREET", "GREET"), ("--type=greet", "greet")])
+def test_list_type_sends_task_type(jm, flag, sent):
+    code, out, _err, server = jm([{"type": "JOB_LIST", "jobs": [], "nextCursor": None}], "list", flag, "--json")
+    assert code == EXIT_OK and out == "[]\n"
+    (request,) = server.requests
+    assert request["taskType"] == sent and request["state"] is None
+
+
+def test_list_type_follows_cursors_with_the_same_filter(jm):
+    greet = dict(SNAP, taskType="GREET")
+    pages = [{"type": "JOB_LIST", "jobs": [dict(greet, jobId="a")], "nextCursor": "c1"},
+             {"type": "JOB_LIST", "jobs": [dict(greet, jobId="b")], "nextCursor": None}]
+    code, out, _err, server = jm(pages, "list", "--type=GREET", "--state=scheduled", "--json")
+    assert code == EXIT_OK and [j["jobId"] for j in json.loads(out)] == ["a", "b"]
+    assert [(r["taskType"], r["state"], r["cursor"]) for r in server.requests] == [
+        ("GREET", "SCHEDULED", None), ("GREET", "SCHEDULED", "c1")]
+
+
+def test_list_state_scheduled(jm):
+    scheduled = dict(SNAP, state="SCHEDULED", runAtMillis=NOW_ISH + 60_000)
+    code, out, _err, server = jm([{"type": "JOB_LIST", "jobs": [scheduled], "nextCursor": None}],
+                                 "list", "--state=SCHEDULED")
+    assert code == EXIT_OK and server.requests[0]["state"] == "SCHEDULED"
+    header, row = out.splitlines()
+    assert row.split()[:3] == ["j-1", "SLEEP", "SCHEDULED"]
+
+
+def test_workers_table_with_types_and_json_as_received(jm):
+    items = [{"workerId": "w-1", "capacity": 4, "activeJobs": 1, "lastHeartbeatMillis": NOW_ISH,
+              "taskTypes": ["SLEEP", "WORD_COUNT", "SHA256", "PRIME_COUNT", "FAIL", "GREET"], "extra": {"x": 1}},
+             {"workerId": "w-old", "capacity": 2, "activeJobs": 0, "lastHeartbeatMillis": NOW_ISH}]
+    reply = {"type": "WORKER_LIST", "workers": items}
+    code, out, _err, _server = jm([reply], "workers")
+    assert code == EXIT_OK
+    header, first, second = out.splitlines()
+    assert header.split()[-1] == "TYPES"
+    assert first.split()[-1] == "SLEEP,WORD_COUNT,SHA256,PRIME_COUNT,FAIL,GREET"
+    assert second.split()[0] == "w-old" and second.split()[-1] == "-"
+    code, out, _err, _server = jm([reply], "workers", "--json")
+    assert code == EXIT_OK and json.loads(out) == items
+
+
+def test_status_of_a_scheduled_job_shows_when_it_runs(jm):
+    run_at = utc_millis(2026, 12, 24, 18)
+    scheduled = dict(SNAP, state="SCHEDULED", runAtMillis=run_at)
+    code, out, _err, _server = jm([{"type": "JOB_STATUS", "job": scheduled}], "status", "j-1")
+    assert code == EXIT_OK
+    assert "state     SCHEDULED\n" in out
+    last = out.splitlines()[-1]
+    assert last.startswith("runs at   ")
+    stamp = datetime.fromtimestamp(run_at / 1000).strftime("%Y-%m-%d %H:%M:%S")
+    assert "(%s " % stamp in last
+    code, out, _err, _server = jm([{"type": "JOB_STATUS", "job": scheduled}], "status", "j-1", "--json")
+    assert json.loads(out) == scheduled
+
+
+def test_errors_go_to_the_consoles_stderr_one_line(jm):
+    code, out, err, _server = jm([{"type": "ERROR", "message": "unknown task type 'greet'"}], "submit", "greet")
+    assert (code, out) == (1, "")
+    assert err == "jobmesh submit: the coordinator refused: unknown task type 'greet'\n"

@@ -1,0 +1,184 @@
+"""Imports point downward only: the layering of docs/ARCHITECTURE.md ("Module map").
+
+Every module under ``jobmesh/`` is parsed with ``ast``, never imported, and every
+``import`` / ``from ... import`` anywhere in it counts (inside functions, under
+``TYPE_CHECKING``, everywhere). ``from pkg import name`` counts as importing ``pkg``, and
+``pkg.name`` too when that is a module. A rule's modules are a module name and
+everything below it.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import jobmesh
+
+PACKAGE_DIR = Path(jobmesh.__file__).parent
+
+@dataclass(frozen=True)
+class Rule:
+    modules: str                        # this module and everything below it ...
+    only: tuple[str, ...] | None = None  # ... imports no jobmesh module but these (and below)
+    never: tuple[str, ...] = ()          # ... imports none of these (and below)
+    except_: tuple[str, ...] = ()        # modules the rule does not cover
+
+
+RULES = [
+    #    modules                 may import only                             must never import
+    Rule("jobmesh.errors",      only=()),
+    Rule("jobmesh.protocol",    only=("jobmesh.errors", "jobmesh.protocol")),
+    Rule("jobmesh.coordinator", never=("jobmesh.worker", "jobmesh.client", "jobmesh.cli", "jobmesh.up")),
+    Rule("jobmesh.worker",      never=("jobmesh.coordinator", "jobmesh.client", "jobmesh.cli")),
+    Rule("jobmesh.client",      never=("jobmesh.coordinator", "jobmesh.worker", "jobmesh.cli")),
+    Rule("jobmesh",             never=("jobmesh.cli",), except_=("jobmesh.__main__", "jobmesh.cli")),
+]
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def find_modules(root: Path = PACKAGE_DIR) -> dict[str, Path]:
+    return {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+
+
+def imports_of(name: str, source: str, known: set[str], is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, jobmesh module) for every import in ``source``, resolving relative imports."""
+    found = []
+    package = name if is_package else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            found.append((node.lineno, base))
+            found += [(node.lineno, base + "." + alias.name) for alias in node.names
+                      if base + "." + alias.name in known]
+    return [(line, target) for line, target in found if within(target, "jobmesh")]
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, list[tuple[int, str]]]:
+    known = set(modules)
+    return {name: imports_of(name, path.read_text(), known, path.name == "__init__.py")
+            for name, path in modules.items()}
+
+
+def violations(rule: Rule, graph: dict[str, list[tuple[int, str]]], modules: dict[str, Path]) -> list[str]:
+    out = []
+    for name, imported in sorted(graph.items()):
+        if not within(name, rule.modules) or any(within(name, e) for e in rule.except_):
+            continue
+        for line, target in imported:
+            if target == name:
+                continue
+            allowed = rule.only is None or any(within(target, ok) for ok in rule.only)
+            forbidden = any(within(target, bad) for bad in rule.never)
+            if forbidden or not allowed:
+                out.append("%s:%d imports %s" % (modules[name].relative_to(PACKAGE_DIR.parent), line, target))
+    return out
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module, or with a self-import (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1 or node in edges.get(node, ()):
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+@pytest.fixture(scope="module")
+def modules():
+    return find_modules()
+
+
+@pytest.fixture(scope="module")
+def graph(modules):
+    return import_graph(modules)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.modules for r in RULES])
+def test_layering(rule, graph, modules):
+    assert violations(rule, graph, modules) == []
+
+
+def test_no_import_cycles(graph):
+    edges = {name: {target for _line, target in imported if target in graph} for name, imported in graph.items()}
+    assert cycles(edges) == []
+
+
+# ---- the checker itself -------------------------------------------------------------------
+
+
+def test_every_module_is_found(modules):
+    for name in ("jobmesh", "jobmesh.__main__", "jobmesh.cli", "jobmesh.errors", "jobmesh.exitcodes",
+                 "jobmesh.protocol", "jobmesh.protocol.messages", "jobmesh.client.commands",
+                 "jobmesh.coordinator.core", "jobmesh.worker.agent"):
+        assert name in modules
+
+
+def test_imports_inside_functions_count(graph):
+    # cli imports the coordinator, worker and client only inside main()
+    targets = {target for _line, target in graph["jobmesh.cli"]}
+    assert {"jobmesh.coordinator.runtime", "jobmesh.worker.agent", "jobmesh.client.commands"} <= targets
+    assert "jobmesh.cli" in {target for _line, target in graph["jobmesh.__main__"]}
+
+
+def test_from_package_import_module_counts_both():
+    source = "from jobmesh.client import render\nfrom . import api\nfrom ..errors import ConfigError\n"
+    known = {"jobmesh.client", "jobmesh.client.render", "jobmesh.client.api", "jobmesh.errors"}
+    found = {target for _line, target in imports_of("jobmesh.client.commands", source, known)}
+    assert found == {"jobmesh.client", "jobmesh.client.render", "jobmesh.client.api", "jobmesh.errors"}
+
+
+def test_a_violation_is_reported_with_its_line(modules):
+    graph = {"jobmesh.protocol.jobs": [(7, "jobmesh.config")], "jobmesh.errors": []}
+    rule = RULES[1]
+    assert violations(rule, graph, modules) == ["jobmesh/protocol/jobs.py:7 imports jobmesh.config"]
+
+
+def test_cycles_are_found():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"a"}}) == [["a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
