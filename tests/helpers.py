@@ -228,13 +228,17 @@ class ScriptedWorker:
     # -- lifecycle ---------------------------------------------------------------
 
     def register(self, worker_id: str | None = None, capacity: int | None = None,
-                 heartbeats: bool = True, timeout: float = 5.0) -> dict:
-        """Send WORKER_REGISTER; return WORKER_REGISTERED or raise ``RegistrationRefused``."""
+                 heartbeats: bool = True, timeout: float = 5.0, task_types: list[str] | None = None) -> dict:
+        """Send WORKER_REGISTER (with ``taskTypes`` if given); return WORKER_REGISTERED or
+        raise ``RegistrationRefused``."""
         if worker_id is not None:
             self.worker_id = worker_id
         if capacity is not None:
             self.capacity = capacity
-        self.send({"type": "WORKER_REGISTER", "workerId": self.worker_id, "capacity": self.capacity})
+        frame = {"type": "WORKER_REGISTER", "workerId": self.worker_id, "capacity": self.capacity}
+        if task_types is not None:
+            frame["taskTypes"] = task_types
+        self.send(frame)
         self.conn.sock.settimeout(timeout)
         try:
             reply = self.conn.recv()
@@ -506,12 +510,12 @@ class Peers:
         self._all: list = []
 
     def worker(self, coord, worker_id: str = "w-1", capacity: int = 1, heartbeat_millis: int = 100,
-               register: bool = True) -> ScriptedWorker:
+               register: bool = True, task_types: list[str] | None = None) -> ScriptedWorker:
         w = ScriptedWorker(coord.worker_addr, worker_id=worker_id, capacity=capacity,
                            heartbeat_millis=heartbeat_millis)
         self._all.append(w)
         if register:
-            w.register()
+            w.register(task_types=task_types)
         return w
 
     def client(self, coord) -> Client:

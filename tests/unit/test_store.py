@@ -305,6 +305,25 @@ def test_database_missing_only_priority_and_seq_is_migrated(tmp_path):
     s.close()
 
 
+def test_previous_schema_gains_run_at_and_the_task_types_table(tmp_path):
+    # The schema before scheduled jobs and declared types: every column but run_at, no task_types table
+    path = tmp_path / "v3.db"
+    legacy_db(path, {"execution_timeout": "INTEGER", "deadline": "INTEGER",
+                     "priority": "TEXT NOT NULL DEFAULT 'NORMAL'", "seq": "INTEGER NOT NULL DEFAULT 0"},
+              [LEGACY_ROWS[0]], extra_values=(600_000, None, "HIGH", 3))
+    s = JobStore(str(path))
+    assert s.migrated == ["run_at"]
+    job = s.get("old-q")
+    assert job.run_at is None and job.priority is Priority.HIGH and job.seq == 3
+    assert job.snapshot()["runAtMillis"] is None
+    assert s.load_task_types() == []
+    s.write([], [], [("GREET", 5)])
+    s.write([], [], [("GREET", 6), ("OTHER", 6)])  # a type already known is kept as first seen
+    assert s.load_task_types() == ["GREET", "OTHER"]
+    assert s.conn.execute("SELECT first_seen FROM task_types WHERE name='GREET'").fetchone() == (5,)
+    s.close()
+
+
 def test_added_columns_cover_the_schema_history():
     assert list(ADDED_COLUMNS) == ["execution_timeout", "deadline", "priority", "seq", "run_at"]
 
