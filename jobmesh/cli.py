@@ -220,6 +220,11 @@ def setup_logging(level: str = "INFO") -> None:
     )
 
 
+def _print_line(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main(argv: list[str]) -> int:
     try:
         command, args = parse(argv)
@@ -233,7 +238,7 @@ def main(argv: list[str]) -> int:
 
             cfg = coordinator_config(args)
             setup_logging(cfg.log_level)
-            return run_coordinator(cfg)
+            return run_coordinator(cfg, announce=_print_line)
         if command == "up":
             from jobmesh.config import coordinator_config
             from jobmesh.up import run_up

@@ -412,8 +412,11 @@ class Coordinator:
         self.stopped.set()
 
 
-def run_coordinator(config: CoordinatorConfig) -> int:
-    """``jobmesh coordinator``: run until SIGTERM/SIGINT; exit code 0 on a graceful stop."""
+def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) -> int:
+    """``jobmesh coordinator``: run until SIGTERM/SIGINT; exit code 0 on a graceful stop.
+
+    ``announce(line)`` publishes the listening line once every port is open (the CLI
+    prints it on stdout)."""
     if config.periodic_port is not None:
         raise ConfigError("--periodic-port: the Periodic protocol port is not available in this version")
     coordinator = Coordinator(config)
@@ -427,7 +430,6 @@ def run_coordinator(config: CoordinatorConfig) -> int:
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, lambda: gevent.spawn(coordinator.stop))
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+    announce(line)
     coordinator.stopped.wait()
     return 0
