@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import resource
 import signal
 import sqlite3
-import sys
 import time
 from collections import deque
 from typing import Any, Callable
@@ -50,6 +48,12 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 512
 BACKLOG = 4096
 FD_MARGIN = 256
+EXIT_CORE_DIED = 70
+EXIT_COMMIT_FAILED = 71
+
+
+class CommitFailed(Exception):
+    """A batch's commit failed: the core stops before releasing anything of that batch."""
 
 
 class Mailbox:
@@ -183,6 +187,7 @@ class Coordinator:
         self._sweep_pending = False
         self._stopping = False
         self.stopped = gevent.event.Event()
+        self.exit_code = 0  # what run_coordinator returns once stopped
         self.collector = CollectorPolicy()
 
     # ---- start --------------------------------------------------------------------
@@ -231,9 +236,18 @@ class Coordinator:
         return line
 
     def _core_died(self, greenlet: gevent.Greenlet) -> None:
-        log.critical("the core greenlet died; stopping the coordinator", exc_info=greenlet.exc_info)
-        sys.stderr.flush()
-        os._exit(70)
+        """The core is gone: nothing more can be applied or released. Stop the listeners
+        and the database and make ``run_coordinator`` return non-zero, so that a listener
+        never runs without a core (71: a commit failed, memory is ahead of disk and the
+        next start's recovery repairs it; 70: a bug)."""
+        if isinstance(greenlet.exception, CommitFailed):
+            self.exit_code = EXIT_COMMIT_FAILED
+            log.critical("database commit failed; stopping so that recovery can repair state: %s",
+                         greenlet.exception)
+        else:
+            self.exit_code = EXIT_CORE_DIED
+            log.critical("the core greenlet died; stopping the coordinator", exc_info=greenlet.exc_info)
+        gevent.spawn(self.stop)
 
     # ---- sweep timer ----------------------------------------------------------------
 
@@ -348,10 +362,8 @@ class Coordinator:
         if commit is not None:
             try:
                 commit.get()
-            except Exception:
-                log.critical("database commit failed; stopping so that recovery can repair state", exc_info=True)
-                sys.stderr.flush()
-                os._exit(71)
+            except Exception as exc:
+                raise CommitFailed("%s: %s" % (type(exc).__name__, exc)) from exc
         self._send_outbound(outbound)
         if stop or commit is None:
             self._write_replies(replies)  # nothing to overlap with
@@ -432,4 +444,4 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
         gevent.signal_handler(sig, lambda: gevent.spawn(coordinator.stop))
     announce(line)
     coordinator.stopped.wait()
-    return 0
+    return coordinator.exit_code
