@@ -170,6 +170,10 @@ class ProcessPool:
         """Live children: busy, idle and detached."""
         return len(self._live)
 
+    def pids(self) -> list[int]:
+        """The process ids of the live children."""
+        return sorted(child.pid for child in self._live)
+
     @property
     def idle(self) -> int:
         return len(self._idle)
@@ -187,12 +191,16 @@ class ProcessPool:
         (cancel, session end) detaches the child, see the module docstring.
         """
         try:
+            request = encode_frame({"op": "run", "taskType": task_type, "jobId": job_id,
+                                    "attemptId": attempt_id, "attempt": attempt, "payload": payload})
+        except ProtocolError as exc:  # a payload at the very frame limit
+            return False, None, "payload not sendable to the task process: %s" % exc
+        try:
             child = self._acquire()
         except TaskProcessError as exc:
             return False, None, str(exc)
         try:
-            child.send({"op": "run", "taskType": task_type, "jobId": job_id, "attemptId": attempt_id,
-                        "attempt": attempt, "payload": payload})
+            child.sock.sendall(request)
         except BaseException as exc:
             # Killed mid-send, or the child is gone: its stream cannot be trusted either way.
             self._discard(child)
