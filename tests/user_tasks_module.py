@@ -113,7 +113,7 @@ def chatty(payload):
 @task("COOP")
 def coop(payload, ctx):
     """Waits for ctx.cancelled (a cooperative long task)."""
-    mark(payload, "started")
+    mark(payload, "started", {"pid": os.getpid()})
     seen = ctx.cancelled.wait(payload.get("timeout", 30))
     mark(payload, "finished", {"cancelled": seen, "jobId": ctx.job_id, "attempt": ctx.attempt,
                                "attemptId": ctx.attempt_id})
@@ -123,7 +123,7 @@ def coop(payload, ctx):
 @task("STUBBORN")
 def stubborn(payload, ctx):
     """Ignores ctx.cancelled and runs to its end."""
-    mark(payload, "started")
+    mark(payload, "started", {"pid": os.getpid()})
     time.sleep(payload["seconds"])
     mark(payload, "finished", {"cancelledSet": ctx.cancelled.is_set()})
     return {"done": True}
