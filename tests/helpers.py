@@ -46,6 +46,15 @@ def wait_until(predicate, timeout=10.0, interval=0.01, message="condition"):
         time.sleep(interval)
 
 
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 def child_env():
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"

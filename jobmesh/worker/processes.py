@@ -31,7 +31,6 @@ import sys
 import time
 from typing import Any, Iterable
 
-import gevent
 from gevent import socket, subprocess
 from gevent.pool import Group
 

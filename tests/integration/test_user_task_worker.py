@@ -24,7 +24,7 @@ import pytest
 
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.payloads import TASK_TYPES
-from tests.helpers import child_env, run_cli, wait_until
+from tests.helpers import CoordinatorProc, alive, child_env, run_cli, wait_until
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
 USER_TYPES = sorted(["BIG", "BOOM", "CHATTY", "COOP", "CPU", "EXIT3", "FLAKY", "GREET", "LISTY", "LOGS", "NAP",
@@ -112,14 +112,8 @@ class Worker:
     def wait_log(self, text: str, timeout: float = 10.0) -> str:
         return wait_until(lambda: text in self.log() and self.log(), timeout=timeout, message="%r in the log" % text)
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+    # terminate, wait, kill
+    stop = CoordinatorProc.cleanup
 
 
 @pytest.fixture
@@ -146,14 +140,6 @@ def start_worker(tmp_path):
         worker.stop()
         session.sock.close()
     listener.close()
-
-
-def pid_gone(pid: int) -> bool:
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return True
 
 
 # ---- registration and the plain path ---------------------------------------------------
@@ -314,7 +300,7 @@ def test_task_processes_end_with_their_worker(start_worker, tmp_path, how):
     # Idle or busy, each child sees EOF on its socket and exits
     busy = json.loads((tmp_path / "started").read_text())["pid"]
     assert busy != idle
-    wait_until(lambda: pid_gone(idle) and pid_gone(busy), timeout=5, message="both children gone")
+    wait_until(lambda: not alive(idle) and not alive(busy), timeout=5, message="both children gone")
     assert not (tmp_path / "finished").exists()
 
 
@@ -349,3 +335,21 @@ def test_a_bad_tasks_module_is_one_line_and_exit_2(tmp_path, command, source, me
 def test_tasks_flag_syntax_is_checked(tmp_path):
     proc = run_cli("worker", "--tasks=my-tasks")
     assert proc.returncode == 2 and "--tasks must be MODULE[,MODULE...]" in proc.stderr, proc
+
+
+def test_up_passes_tasks_to_its_workers(tmp_path):
+    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
+    err_path = tmp_path / "up.err"
+    argv = [sys.executable, "-m", "jobmesh", "up", "--workers=2", "--capacity=1", "--tasks=jm_user_tasks",
+            "--worker-port=0", "--client-port=0", "--db=%s" % (tmp_path / "up.db")]
+    with open(tmp_path / "up.out", "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=tmp_path, env=child_env())
+    try:
+        for n in (1, 2):
+            wait_until(lambda n=n: "user task types worker=local-%d modules=jm_user_tasks types=BIG,BOOM" % n
+                       in err_path.read_text(errors="replace"), timeout=20, message="worker local-%d's task types" % n)
+        wait_until(lambda: err_path.read_text().count("registered worker=local-") == 2, timeout=20,
+                   message="both workers registered")
+    finally:
+        proc.terminate()
+        assert proc.wait(15) == 0

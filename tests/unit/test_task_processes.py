@@ -17,6 +17,7 @@ import gevent
 import pytest
 
 from jobmesh.worker.processes import ProcessPool
+from tests.helpers import alive
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
 
@@ -28,14 +29,6 @@ def gevent_wait_until(predicate, timeout=10.0, message="condition"):
         if time.monotonic() > deadline:
             raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, message))
         gevent.sleep(0.01)
-
-
-def pid_gone(pid: int) -> bool:
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return True
 
 
 @pytest.fixture
@@ -73,7 +66,7 @@ def test_failures_name_what_happened_and_a_dead_child_is_replaced(make_pool, tmp
     assert run(pool, "LISTY") == (False, None, "task 'LISTY' returned list, not a dict (a JSON object)")
     assert run(pool, "WHOAMI")[1]["pid"] == pid  # failures in the function keep the child
     assert run(pool, "EXIT3") == (False, None, "task process exited with code 3")
-    gevent_wait_until(lambda: pid_gone(pid), message="the exited child reaped")
+    gevent_wait_until(lambda: not alive(pid), message="the exited child reaped")
     ok, again, _ = run(pool, "WHOAMI")
     assert ok and again["pid"] != pid
     assert (pool.started, len(pool)) == (2, 1)
@@ -145,5 +138,5 @@ def test_close_ends_idle_and_detached_children(make_pool, tmp_path):
     pool.close()
     assert time.monotonic() - began < 3.0
     assert len(pool) == 0
-    gevent_wait_until(lambda: all(pid_gone(pid) for pid in pids), timeout=5, message="children gone")
+    gevent_wait_until(lambda: all(not alive(pid) for pid in pids), timeout=5, message="children gone")
     assert not (tmp_path / "finished").exists()

@@ -237,3 +237,12 @@ def test_parse_task_modules():
     for bad in ("", "a,,b", "my-tasks", "a.", "1abc", "a b"):
         with pytest.raises(ConfigError, match="--tasks must be MODULE"):
             parse_task_modules(bad)
+
+
+def test_worker_and_up_take_the_tasks_flag():
+    from jobmesh.cli import parse
+    from jobmesh.config import worker_config
+
+    assert worker_config(parse(["worker"])[1]).task_modules == ()
+    assert worker_config(parse(["worker", "--tasks=mytasks,pkg.more"])[1]).task_modules == ("mytasks", "pkg.more")
+    assert parse(["up", "--tasks=mytasks", "--workers=1"])[1]["--tasks"] == "mytasks"
