@@ -87,7 +87,7 @@ Usage:
 Options:
   --workers=N                    local worker processes [default: 2]
   --capacity=N                   concurrent tasks per worker [default: 4]
-  --tasks=MODULES                comma-separated modules whose @task functions the
+  --tasks=MODULES                MODULE[,MODULE...]: modules whose @task functions the
                                  workers run besides the built-ins
 """ + COORDINATOR_OPTIONS
 
@@ -104,8 +104,8 @@ Options:
   --id=ID                          worker id (default: a generated one)
   --capacity=N                     concurrent tasks, 1..1024 [default: 4]
   --heartbeat-interval-millis=N    heartbeat period [default: 2000]
-  --tasks=MODULES                  comma-separated modules (from the current directory or
-                                   PYTHONPATH) whose @task functions this worker runs
+  --tasks=MODULES                  MODULE[,MODULE...]: modules (from the current directory
+                                   or PYTHONPATH) whose @task functions this worker runs
                                    besides the built-ins, each in a child process
   --log-level=LEVEL                DEBUG, INFO, WARNING or ERROR [default: INFO]
   -h --help                        show this help
