@@ -200,11 +200,12 @@ class ProcessPool:
             return False, None, str(exc)
         try:
             child.sock.sendall(request)
-        except BaseException as exc:
-            # Killed mid-send, or the child is gone: its stream cannot be trusted either way.
+        except OSError:  # the child is gone
+            error = child.exit_description()
             self._discard(child)
-            if isinstance(exc, OSError):
-                return False, None, child.exit_description()
+            return False, None, error
+        except BaseException:  # killed mid-send: the child's stream cannot be trusted
+            self._discard(child)
             raise
         child.attempts += 1
         try:
