@@ -81,11 +81,13 @@ UP_DOC = """Run a coordinator and N local worker processes as one supervised uni
 A worker that dies is restarted. Ctrl-C or SIGTERM stops everything (exit 0).
 
 Usage:
-  jobmesh up [--workers=N] [--capacity=N] [options]
+  jobmesh up [--workers=N] [--capacity=N] [--tasks=MODULES] [options]
 
 Options:
   --workers=N                    local worker processes [default: 2]
   --capacity=N                   concurrent tasks per worker [default: 4]
+  --tasks=MODULES                MODULE[,MODULE...]: modules whose @task functions the
+                                 workers run besides the built-ins
 """ + COORDINATOR_OPTIONS
 
 WORKER_DOC = """Run a jobmesh worker: register with the coordinator and execute tasks.
@@ -101,6 +103,9 @@ Options:
   --id=ID                          worker id (default: a generated one)
   --capacity=N                     concurrent tasks, 1..1024 [default: 4]
   --heartbeat-interval-millis=N    heartbeat period [default: 2000]
+  --tasks=MODULES                  MODULE[,MODULE...]: modules (from the current directory
+                                   or PYTHONPATH) whose @task functions this worker runs
+                                   besides the built-ins, each in a child process
   --log-level=LEVEL                DEBUG, INFO, WARNING or ERROR [default: INFO]
   -h --help                        show this help
 """

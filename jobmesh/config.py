@@ -6,6 +6,7 @@ message that names the flag, so the CLI can print it and exit 2.
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,22 @@ class WorkerConfig:
     capacity: int = 4
     heartbeat_interval_millis: int = 2000
     log_level: str = "INFO"
+    # Modules whose @task functions this worker runs (``--tasks``), besides the built-ins.
+    task_modules: tuple[str, ...] = ()
+
+
+_MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
+
+
+def parse_task_modules(value: Any) -> tuple[str, ...]:
+    """``--tasks=MODULE[,MODULE...]`` as a tuple of module names (none when not given)."""
+    if value is None:
+        return ()
+    names = [name.strip() for name in str(value).split(",")]
+    for name in names:
+        if not _MODULE_NAME.match(name):
+            raise ConfigError("--tasks must be MODULE[,MODULE...] (dotted Python module names), got %r" % value)
+    return tuple(dict.fromkeys(names))
 
 
 def _int(args: dict[str, Any], flag: str, low: int, high: int | None = None) -> int:
@@ -131,4 +148,5 @@ def worker_config(args: dict[str, Any]) -> WorkerConfig:
         capacity=_int(args, "--capacity", 1, 1024),
         heartbeat_interval_millis=_int(args, "--heartbeat-interval-millis", 1),
         log_level=_choice(args, "--log-level", LOG_LEVELS),
+        task_modules=parse_task_modules(args.get("--tasks")),
     )

@@ -26,7 +26,7 @@ import gevent
 from gevent import subprocess
 from gevent.event import AsyncResult, Event
 
-from jobmesh.config import CoordinatorConfig, coordinator_config
+from jobmesh.config import CoordinatorConfig, coordinator_config, parse_task_modules
 from jobmesh.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -117,10 +117,11 @@ class WorkerSlot:
 
 
 class Supervisor:
-    def __init__(self, cfg: CoordinatorConfig, workers: int, capacity: int):
+    def __init__(self, cfg: CoordinatorConfig, workers: int, capacity: int, task_modules: tuple[str, ...] = ()):
         self.cfg = cfg
         self.workers = workers
         self.capacity = capacity
+        self.task_modules = task_modules
         self.stop_requested = Event()
         self.coordinator: subprocess.Popen | None = None
         self.slots: list[WorkerSlot] = []
@@ -140,6 +141,8 @@ class Supervisor:
                 argv = [sys.executable, "-m", "jobmesh", "worker", "--coordinator=%s" % target,
                         "--id=local-%d" % n, "--capacity=%d" % self.capacity,
                         "--heartbeat-interval-millis=%d" % heartbeat, "--log-level=%s" % self.cfg.log_level]
+                if self.task_modules:
+                    argv.append("--tasks=%s" % ",".join(self.task_modules))
                 slot = WorkerSlot("local-%d" % n, argv)
                 self.slots.append(slot)
                 self._start_worker(slot)
@@ -247,4 +250,11 @@ def run_up(args: dict[str, Any]) -> int:
     cfg = coordinator_config(args)
     workers = _count(args, "--workers", 0, 1024)
     capacity = _count(args, "--capacity", 1, 1024)
-    return Supervisor(cfg, workers, capacity).run()
+    task_modules = parse_task_modules(args.get("--tasks"))
+    if task_modules:
+        # Import them here first, so a bad module is one line and exit 2 rather than
+        # workers that exit at start and are restarted forever.
+        from jobmesh.worker.usertasks import load_modules
+
+        load_modules(task_modules)
+    return Supervisor(cfg, workers, capacity, task_modules).run()

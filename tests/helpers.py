@@ -46,6 +46,15 @@ def wait_until(predicate, timeout=10.0, interval=0.01, message="condition"):
         time.sleep(interval)
 
 
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 def child_env():
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
@@ -607,13 +616,16 @@ class WorkerProc:
     _started = 0
 
     def __init__(self, tmp_path: Path, target: str, worker_id: str = "w-1", capacity: int = 2,
-                 heartbeat_millis: int = 100, log_level: str = "DEBUG"):
+                 heartbeat_millis: int = 100, log_level: str = "DEBUG", tasks: str | None = None,
+                 cwd: Path | None = None):
         self.tmp_path = Path(tmp_path)
         self.target = target
         self.worker_id = worker_id
         self.capacity = capacity
         self.heartbeat_millis = heartbeat_millis
         self.log_level = log_level
+        self.tasks = tasks  # --tasks=MODULES, found from ``cwd``
+        self.cwd = cwd
         self.proc: subprocess.Popen | None = None
         WorkerProc._started += 1  # two processes may share an id: each gets its own log
         self.name = "worker-%s-%d" % (worker_id, WorkerProc._started)
@@ -623,9 +635,12 @@ class WorkerProc:
         args = [sys.executable, "-m", "jobmesh", "worker", "--coordinator=%s" % self.target,
                 "--id=%s" % self.worker_id, "--capacity=%d" % self.capacity,
                 "--heartbeat-interval-millis=%d" % self.heartbeat_millis, "--log-level=%s" % self.log_level]
+        if self.tasks:
+            args.append("--tasks=%s" % self.tasks)
         out_path = self.tmp_path / (self.name + ".out")
         with open(out_path, "ab") as out, open(self.err_path, "ab") as err:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env())
+            self.proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env(),
+                                         cwd=self.cwd)
         return self
 
     def log(self) -> str:

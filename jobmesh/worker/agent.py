@@ -6,7 +6,8 @@ task pool:
 - the reader (the agent's greenlet): TASK_ASSIGN starts an attempt in the pool,
   TASK_CANCEL stops the attempt holding exactly that lease, ERROR is logged;
 - the heartbeat greenlet: HEARTBEAT every ``heartbeat_interval_millis``, whatever the
-  tasks do (CPU-heavy tasks yield, see ``tasks.prime_count``);
+  tasks do (CPU-heavy built-in tasks yield, see ``tasks.prime_count``; user tasks run in
+  child processes, see ``processes``);
 - the writer: the only greenlet that writes to the socket, draining the session's
   outbox (all queued frames in one ``sendall``), so frames from several greenlets never interleave.
 
@@ -34,6 +35,7 @@ from gevent.queue import Queue
 from jobmesh.config import WorkerConfig
 from jobmesh.errors import PayloadError, ProtocolError
 from jobmesh.protocol.framing import FrameReader, encode_frame
+from jobmesh.protocol.payloads import TASK_TYPES
 from jobmesh.protocol.messages import (
     TO_WORKER,
     Error,
@@ -46,7 +48,9 @@ from jobmesh.protocol.messages import (
     decode,
 )
 from jobmesh.worker import tasks
+from jobmesh.worker.processes import ProcessPool
 from jobmesh.worker.running import Attempt, InFlight
+from jobmesh.worker.usertasks import load_modules
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +72,11 @@ class ConnectionLost(Exception):
 
 
 class WorkerAgent:
-    """Run ``run()`` in a greenlet; kill that greenlet to stop the worker."""
+    """Run ``run()`` in a greenlet; kill that greenlet, then ``close()``, to stop the worker.
+
+    With ``cfg.task_modules`` the constructor imports them (``ConfigError`` if it cannot)
+    and the worker declares their task types besides the built-ins.
+    """
 
     def __init__(self, cfg: WorkerConfig, pause: Callable[[], Any] = gevent.idle):
         self.cfg = cfg
@@ -77,6 +85,21 @@ class WorkerAgent:
         self.in_flight = InFlight(cfg.capacity)
         self._pause = pause
         self.registrations = 0
+        self.user_task_types: frozenset[str] = frozenset()
+        self.processes: ProcessPool | None = None
+        # None (absent on the wire) means the five built-ins.
+        self.task_types: list[str] | None = None
+        if cfg.task_modules:
+            self.user_task_types = frozenset(load_modules(cfg.task_modules))
+            self.processes = ProcessPool(cfg.task_modules, cfg.capacity)
+            self.task_types = list(TASK_TYPES) + sorted(self.user_task_types)
+            log.info("user task types worker=%s modules=%s types=%s", self.worker_id,
+                     ",".join(cfg.task_modules), ",".join(sorted(self.user_task_types)) or "(none)")
+
+    def close(self) -> None:
+        """End the task processes; call once ``run``'s greenlet is dead."""
+        if self.processes is not None:
+            self.processes.close()
 
     # ---- connection lifecycle ---------------------------------------------------------
 
@@ -107,7 +130,8 @@ class WorkerAgent:
             _tune(sock, self.cfg.heartbeat_interval_millis)
             log.info("connected worker=%s coordinator=%s:%d", self.worker_id, *self.address)
             sock.settimeout(REGISTER_TIMEOUT)
-            sock.sendall(encode_frame(WorkerRegister(self.worker_id, self.cfg.capacity).to_wire()))
+            register = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types)
+            sock.sendall(encode_frame(register.to_wire()))
             # The same reader serves the session: an assignment may share the reply's packet.
             reader = FrameReader(sock.recv)
             obj = reader.read_frame()
@@ -224,6 +248,18 @@ class WorkerAgent:
         """The attempt greenlet's body: the TASK_RESULT frame to send, or None if cancelled."""
         started = time.monotonic()
         result, error = None, None
+        if msg.task_type in self.user_task_types and self.processes is not None:
+            # Runs in a child process; this greenlet only waits (killing it detaches the child).
+            success, result, error = self.processes.run(msg.task_type, msg.job_id, msg.attempt_id,
+                                                        msg.attempt_number, msg.payload)
+            if not success:
+                result, error = None, error or "task failed"
+            log.debug("user task finished job=%s attempt=%s success=%s millis=%d", msg.job_id, msg.attempt_id,
+                      success, (time.monotonic() - started) * 1000)
+            return self._result(msg, result, error)
+        if msg.task_type not in TASK_TYPES:
+            return self._result(msg, None, "unknown task type %r: this worker runs %s"
+                                % (msg.task_type, ", ".join(self.task_types or TASK_TYPES)))
         try:
             result = tasks.execute(msg.task_type, msg.payload, msg.attempt_number,
                                    attempt.cancel_event, self._pause)
@@ -279,6 +315,7 @@ def run_worker(cfg: WorkerConfig) -> int:
     finally:
         for handler in handlers:
             handler.cancel()
+        agent.close()
     if not main.successful():
         log.error("worker crashed worker=%s", cfg.worker_id, exc_info=main.exc_info)
         return 1

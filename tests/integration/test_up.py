@@ -15,16 +15,7 @@ import sys
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import LISTENING, child_env, wait_registered, wait_until
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
+from tests.helpers import LISTENING, alive, child_env, wait_registered, wait_until
 
 
 class UpProc:

@@ -1,0 +1,134 @@
+"""The task child process: runs users' ``@task`` functions in a clean, unpatched interpreter.
+
+Started by the worker (``jobmesh.worker.processes``) as::
+
+    python -m jobmesh.worker.child --fd=N --tasks=MODULE[,MODULE...]
+
+It never imports gevent: user code (``time.sleep``, ``logging``, threads, HTTP clients,
+CPU loops) behaves exactly as in a plain script and cannot delay the worker's hub.
+
+It talks to the worker over the socket ``N`` (one end of a ``socketpair``), in the
+usual frames (``jobmesh.protocol.framing``); stdin is /dev/null and stdout/stderr are
+the worker's own, so the user's ``print()`` and log lines show up and cannot corrupt
+the protocol::
+
+    worker -> child   {"op": "run", "taskType", "jobId", "attemptId", "attempt", "payload"}
+                      {"op": "cancel", "attemptId"}        sets that attempt's ctx.cancelled
+    child -> worker   {"op": "ready", "pid", "taskTypes"}  once, after the modules loaded
+                      {"op": "failed", "error"}            instead, then exit 1
+                      {"op": "result", "attemptId", "success", "result", "error"}
+
+Threads: a reader thread takes frames off the socket; "run" goes to the main thread
+through a ``queue.Queue``, "cancel" sets the attempt's ``threading.Event``, and EOF (the
+worker closed its end, or died) ends the process at once with ``os._exit(0)``, whatever
+the main thread is running, so a child never outlives its worker. The main thread runs
+one function at a time and sends its result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+from jobmesh.errors import ConfigError, ProtocolError
+from jobmesh.protocol.framing import FrameReader, encode_frame
+from jobmesh.worker.usertasks import TaskContext, load_modules, run_task
+
+
+class Child:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.runs: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._contexts: dict[str, TaskContext] = {}
+
+    def send(self, obj: dict[str, Any]) -> None:
+        try:
+            self.sock.sendall(encode_frame(obj))
+        except OSError:
+            os._exit(0)  # the worker is gone
+
+    def read_loop(self) -> None:
+        """The reader thread's body; ends the process when the worker's end closes."""
+        reader = FrameReader(self.sock.recv)
+        try:
+            while True:
+                frame = reader.read_frame()
+                if frame is None:
+                    break
+                op = frame.get("op")
+                if op == "run":
+                    ctx = TaskContext(str(frame["jobId"]), int(frame["attempt"]), str(frame["attemptId"]))
+                    with self._lock:
+                        self._contexts[ctx.attempt_id] = ctx
+                    self.runs.put((frame, ctx))
+                elif op == "cancel":
+                    with self._lock:
+                        ctx = self._contexts.get(str(frame.get("attemptId")))
+                    if ctx is not None:
+                        ctx.cancelled.set()
+        except (OSError, ProtocolError, KeyError, TypeError, ValueError):
+            pass
+        os._exit(0)
+
+    def serve(self) -> None:
+        """The main thread: run each requested attempt and send its result, forever."""
+        while True:
+            frame, ctx = self.runs.get()
+            payload = frame.get("payload")
+            success, result, error = run_task(str(frame["taskType"]), payload if isinstance(payload, dict) else {}, ctx)
+            with self._lock:
+                self._contexts.pop(ctx.attempt_id, None)
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            reply = {"op": "result", "attemptId": ctx.attempt_id, "success": success, "result": result,
+                     "error": error}
+            try:
+                data = encode_frame(reply)
+            except ProtocolError as exc:  # too big for one frame, or not valid Unicode
+                data = encode_frame({"op": "result", "attemptId": ctx.attempt_id, "success": False,
+                                     "result": None, "error": "task result not sendable: %s" % exc})
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jobmesh.worker.child")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--tasks", default="")
+    args = parser.parse_args(argv)
+    # The worker decides when we stop (EOF on the socket); Ctrl-C reaching the whole
+    # process group must not interrupt a task mid-way.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        except (AttributeError, ValueError):
+            pass
+    sock = socket.socket(fileno=args.fd)
+    sock.set_inheritable(False)
+    sock.setblocking(True)  # the worker's end is a gevent socket: the fd arrives non-blocking
+    child = Child(sock)
+    threading.Thread(target=child.read_loop, name="jobmesh-child-reader", daemon=True).start()
+    try:
+        names = sorted(load_modules([m for m in args.tasks.split(",") if m]))
+    except ConfigError as exc:
+        child.send({"op": "failed", "error": str(exc)})
+        os._exit(1)
+    child.send({"op": "ready", "pid": os.getpid(), "taskTypes": names})
+    child.serve()
+
+
+if __name__ == "__main__":
+    main()

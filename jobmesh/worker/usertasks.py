@@ -1,0 +1,188 @@
+"""User task types: the ``task`` decorator, its registry, the module loader, and one call.
+
+::
+
+    # mytasks.py
+    from jobmesh.worker import task
+
+    @task("GREET")
+    def greet(payload):                 # or greet(payload, ctx)
+        return {"greeting": "hello " + payload["name"]}
+
+This module is stdlib-only (plus ``jobmesh.errors`` and ``jobmesh.protocol.payloads``,
+which import nothing else): the task child process (``jobmesh.worker.child``) imports it
+in a clean, unpatched interpreter, and importing gevent there would defeat the point
+(docs/ARCHITECTURE.md, "User tasks: unpatched child processes").
+
+The registry is process-wide, like the modules that fill it: ``load_modules`` imports
+modules, whose ``@task`` lines register their functions, and returns the whole
+registry. Registering a second function under a taken name raises
+``TaskDefinitionError``; so do invalid names, built-in names and functions that take
+neither ``(payload)`` nor ``(payload, ctx)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from jobmesh.errors import ConfigError, JobmeshError
+from jobmesh.protocol.payloads import TASK_NAME_RULE, TASK_TYPES, is_task_type_name
+
+log = logging.getLogger(__name__)
+
+# Longer error texts are cut: a traceback-sized message has no place in a job snapshot.
+MAX_ERROR_CHARS = 2000
+
+TaskFunction = Callable[..., Any]
+
+
+class TaskDefinitionError(JobmeshError, ValueError):
+    """A ``@task`` that cannot be registered: bad or built-in name, taken name, wrong signature."""
+
+
+@dataclass
+class TaskContext:
+    """What a two-parameter task function gets besides its payload.
+
+    ``cancelled`` is set when the attempt is cancelled or its lease revoked; a long
+    function should poll ``ctx.cancelled.is_set()`` or wait on it and return early.
+    """
+
+    job_id: str
+    attempt: int
+    attempt_id: str
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+_registry: dict[str, TaskFunction] = {}
+_wants_context: dict[str, bool] = {}
+
+
+def task(name: str) -> Callable[[TaskFunction], TaskFunction]:
+    """Register the decorated function as the body of task type ``name``; returns it unchanged."""
+    if not is_task_type_name(name):
+        raise TaskDefinitionError("task name %r is invalid: task-type names are %s" % (name, TASK_NAME_RULE))
+    if name in TASK_TYPES:
+        raise TaskDefinitionError("task name %r is a built-in task type (%s)" % (name, ", ".join(TASK_TYPES)))
+
+    def register(fn: TaskFunction) -> TaskFunction:
+        wants_context = _check_signature(name, fn)
+        old = _registry.get(name)
+        if old is not None and old is not fn and _origin(old) != _origin(fn):
+            raise TaskDefinitionError("task %r is defined twice: by %s and by %s" % (name, _origin(old), _origin(fn)))
+        # The same function defined again (a module reloaded) simply replaces itself.
+        _registry[name] = fn
+        _wants_context[name] = wants_context
+        return fn
+
+    return register
+
+
+def _origin(fn: TaskFunction) -> str:
+    return "%s.%s" % (getattr(fn, "__module__", "?"), getattr(fn, "__qualname__", repr(fn)))
+
+
+def _check_signature(name: str, fn: TaskFunction) -> bool:
+    """Whether ``fn`` takes the context too; TaskDefinitionError if it takes neither form."""
+    if not callable(fn):
+        raise TaskDefinitionError("@task(%r) must decorate a function, not %s" % (name, type(fn).__name__))
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TaskDefinitionError("@task(%r): %s is async; task functions are plain functions" % (name, _origin(fn)))
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False  # a builtin without a signature: call it with the payload only
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    required_kw = [p for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
+    if required_kw or len(required) > 2 or (not positional and not varargs):
+        raise TaskDefinitionError("@task(%r): %s must take (payload) or (payload, ctx)" % (name, _origin(fn)))
+    return varargs or len(positional) >= 2
+
+
+def registered() -> dict[str, TaskFunction]:
+    """A copy of the registry: task-type name -> function."""
+    return dict(_registry)
+
+
+def unregister(names: Iterable[str]) -> None:
+    """Forget these names (tests use it to leave the process-wide registry as they found it)."""
+    for name in names:
+        _registry.pop(name, None)
+        _wants_context.pop(name, None)
+
+
+def load_modules(modules: Iterable[str]) -> dict[str, TaskFunction]:
+    """Import each module (from the current directory or PYTHONPATH) and return the registry.
+
+    Raises ``ConfigError`` with a one-line message if a module cannot be imported or its
+    ``@task`` lines are invalid, so ``jobmesh worker`` can exit 2 without a traceback.
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except TaskDefinitionError as exc:
+            raise ConfigError("--tasks: module %r: %s" % (module, exc)) from None
+        except ModuleNotFoundError as exc:
+            if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
+                raise ConfigError("--tasks: no module named %r (looked in the current directory "
+                                  "and PYTHONPATH)" % module) from None
+            raise ConfigError("--tasks: module %r failed to import: %s" % (module, _one_line(exc))) from None
+        except BaseException as exc:  # a SystemExit or syntax error in user code is still one line
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise ConfigError("--tasks: module %r failed to import: %s" % (module, _one_line(exc))) from None
+    return registered()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = describe(exc)
+    if isinstance(exc, SyntaxError) and exc.filename:
+        text = "%s (%s, line %s)" % (text, exc.filename, exc.lineno)
+    return " ".join(text.split())
+
+
+def describe(exc: BaseException) -> str:
+    """``"ValueError: bad name"``: the exception's class and message, as a failed attempt reports it."""
+    message = str(exc.msg if isinstance(exc, SyntaxError) else exc)
+    text = "%s: %s" % (type(exc).__name__, message) if message else type(exc).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def run_task(name: str, payload: dict[str, Any], ctx: TaskContext) -> tuple[bool, Any, str | None]:
+    """Call task ``name``'s function; ``(success, result, error)`` for TASK_RESULT.
+
+    Never raises for anything the function does: an exception (even ``SystemExit``)
+    becomes a failure naming it; so does a result that is not a JSON object.
+    """
+    fn = _registry.get(name)
+    if fn is None:
+        return False, None, "unknown task type %r: no function registered for it" % name
+    try:
+        result = fn(payload, ctx) if _wants_context.get(name) else fn(payload)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        # The traceback goes to the process's stderr, where the user's own output goes too.
+        log.warning("task %s raised job=%s attempt=%d", name, ctx.job_id, ctx.attempt, exc_info=True)
+        return False, None, describe(exc)
+    if not isinstance(result, dict):
+        return False, None, "task %r returned %s, not a dict (a JSON object)" % (name, type(result).__name__)
+    try:
+        # Strict JSON: no NaN/Infinity, no objects the encoder does not know.
+        json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return False, None, "task %r returned a result that is not JSON: %s" % (name, describe(exc))
+    return True, result, None

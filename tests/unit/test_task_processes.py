@@ -1,0 +1,142 @@
+"""``ProcessPool`` driven directly from the (unpatched) test process, with real child processes.
+
+gevent's own socket and subprocess work here without monkey-patching, like the agent in
+``test_worker_agent.py``. The children import ``tests/user_tasks_module.py``, copied to
+``tmp_path`` as ``jm_user_tasks`` and found through PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import gevent
+import pytest
+
+from jobmesh.worker.processes import ProcessPool
+from tests.helpers import alive
+
+MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
+
+
+def gevent_wait_until(predicate, timeout=10.0, message="condition"):
+    """``wait_until`` for this process's hub: polls with ``gevent.sleep`` so greenlets run."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, message))
+        gevent.sleep(0.01)
+
+
+@pytest.fixture
+def make_pool(tmp_path):
+    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    pools: list[ProcessPool] = []
+
+    def make(capacity=1, modules=("jm_user_tasks",)):
+        pools.append(ProcessPool(modules, capacity, env=env))
+        return pools[-1]
+
+    yield make
+    for pool in pools:
+        pool.close()
+
+
+def run(pool, task_type, payload=None, attempt=1, attempt_id="a-1"):
+    return pool.run(task_type, "j-1", attempt_id, attempt, payload or {})
+
+
+def test_a_child_runs_unpatched_and_is_reused(make_pool):
+    pool = make_pool()
+    ok, first, error = run(pool, "WHOAMI")
+    assert (ok, error, first["gevent"]) == (True, None, False)
+    assert run(pool, "GREET", {"name": "ada"}) == (True, {"greeting": "hello ada"}, None)
+    assert run(pool, "WHOAMI")[1]["pid"] == first["pid"]
+    assert (pool.started, len(pool), pool.idle) == (1, 1, 1)
+
+
+def test_failures_name_what_happened_and_a_dead_child_is_replaced(make_pool, tmp_path):
+    pool = make_pool()
+    pid = run(pool, "WHOAMI")[1]["pid"]
+    assert run(pool, "BOOM") == (False, None, "ValueError: bad name")
+    assert run(pool, "LISTY") == (False, None, "task 'LISTY' returned list, not a dict (a JSON object)")
+    assert run(pool, "WHOAMI")[1]["pid"] == pid  # failures in the function keep the child
+    assert run(pool, "EXIT3") == (False, None, "task process exited with code 3")
+    gevent_wait_until(lambda: not alive(pid), message="the exited child reaped")
+    ok, again, _ = run(pool, "WHOAMI")
+    assert ok and again["pid"] != pid
+    assert (pool.started, len(pool)) == (2, 1)
+
+
+def test_a_result_too_big_for_one_frame_fails_the_attempt(make_pool):
+    pool = make_pool()
+    ok, result, error = run(pool, "BIG", {"bytes": 1024 * 1024})
+    assert (ok, result) == (False, None)
+    assert error.startswith("task result not sendable: frame of ") and "exceeds" in error
+    assert run(pool, "BIG", {"bytes": 1000}) == (True, {"x": "y" * 1000}, None)
+
+
+def test_a_child_that_cannot_load_the_modules_fails_the_attempt(make_pool):
+    pool = make_pool(modules=("jm_no_such_module",))
+    ok, result, error = run(pool, "GREET", {"name": "x"})
+    assert (ok, result) == (False, None)
+    assert error == ("task process did not start: --tasks: no module named 'jm_no_such_module' "
+                     "(looked in the current directory and PYTHONPATH)")
+    assert len(pool) == 0
+
+
+def test_cancel_detaches_the_child_sets_ctx_cancelled_and_reuses_the_child(make_pool, tmp_path):
+    pool = make_pool()
+    pid = run(pool, "WHOAMI")[1]["pid"]
+    # Given a cooperative task running
+    attempt = gevent.spawn(run, pool, "COOP", {"dir": str(tmp_path)}, 2, "a-2")
+    gevent_wait_until((tmp_path / "started").exists, message="COOP started")
+    # When its greenlet is killed (what TASK_CANCEL does), it dies at once
+    began = time.monotonic()
+    attempt.kill(block=True, timeout=1)
+    assert attempt.dead and time.monotonic() - began < 0.5
+    # Then the function sees ctx.cancelled, ends, and the child goes back to the idle set
+    gevent_wait_until((tmp_path / "finished").exists, timeout=5, message="COOP finished")
+    seen = json.loads((tmp_path / "finished").read_text())
+    assert seen == {"cancelled": True, "jobId": "j-1", "attempt": 2, "attemptId": "a-2"}
+    gevent_wait_until(lambda: pool.detached == 0 and pool.idle == 1, message="child back in the idle set")
+    assert run(pool, "WHOAMI")[1]["pid"] == pid
+
+
+def test_a_task_ignoring_cancel_runs_on_as_an_extra_process(make_pool, tmp_path):
+    pool = make_pool(capacity=1)
+    attempt = gevent.spawn(run, pool, "STUBBORN", {"dir": str(tmp_path), "seconds": 1.0})
+    gevent_wait_until((tmp_path / "started").exists, message="STUBBORN started")
+    attempt.kill(block=True, timeout=1)
+    # The next attempt does not wait for it: it gets a new child at once
+    began = time.monotonic()
+    ok, me, _ = run(pool, "WHOAMI", attempt_id="a-3")
+    assert ok and time.monotonic() - began < 2.0
+    assert (len(pool), pool.detached) == (2, 1)
+    assert not (tmp_path / "finished").exists()
+    # Once it returns, its result is dropped and, the idle set being full, its child ends
+    gevent_wait_until(lambda: pool.detached == 0, timeout=5, message="the stubborn task returned")
+    assert json.loads((tmp_path / "finished").read_text()) == {"cancelledSet": True}
+    assert (len(pool), pool.idle) == (1, 1)
+    assert run(pool, "WHOAMI")[1]["pid"] == me["pid"]
+
+
+def test_close_ends_idle_and_detached_children(make_pool, tmp_path):
+    pool = make_pool(capacity=2)
+    attempt = gevent.spawn(run, pool, "STUBBORN", {"dir": str(tmp_path), "seconds": 30})
+    gevent_wait_until((tmp_path / "started").exists, message="STUBBORN started")
+    attempt.kill(block=True, timeout=1)
+    idle_pid = run(pool, "WHOAMI")[1]["pid"]
+    assert (len(pool), pool.idle, pool.detached) == (2, 1, 1)
+    pids = pool.pids()
+    assert idle_pid in pids
+    began = time.monotonic()
+    pool.close()
+    assert time.monotonic() - began < 3.0
+    assert len(pool) == 0
+    gevent_wait_until(lambda: all(not alive(pid) for pid in pids), timeout=5, message="children gone")
+    assert not (tmp_path / "finished").exists()

@@ -1,0 +1,248 @@
+"""The ``task`` decorator, its registry, the module loader and one call (``run_task``), in-process.
+
+The registry is process-wide; the ``names`` fixture forgets what a test registered, and
+``modules`` removes the test's throwaway modules (written to ``tmp_path``) and its
+``sys.path`` entry again.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from jobmesh.config import parse_task_modules
+from jobmesh.errors import ConfigError
+from jobmesh.protocol.payloads import TASK_TYPES
+from jobmesh.worker import TaskContext, TaskDefinitionError, load_modules, task
+from jobmesh.worker.usertasks import registered, run_task, unregister
+
+
+@pytest.fixture
+def names():
+    """Unique task names for this test, unregistered afterwards."""
+    made: list[str] = []
+
+    def make(base="T"):
+        made.append("%s-%s" % (base, uuid.uuid4().hex[:8]))
+        return made[-1]
+
+    yield make
+    unregister(made)
+
+
+@pytest.fixture
+def modules(tmp_path):
+    """``modules.write(source) -> module name``: importable while the test runs."""
+
+    class Modules:
+        def __init__(self):
+            self.made: list[str] = []
+
+        def write(self, source: str) -> str:
+            name = "jm_test_%s" % uuid.uuid4().hex[:10]
+            (tmp_path / (name + ".py")).write_text(source)
+            self.made.append(name)
+            return name
+
+    before = set(registered())
+    sys.path.insert(0, str(tmp_path))
+    m = Modules()
+    yield m
+    sys.path.remove(str(tmp_path))
+    for name in m.made:
+        sys.modules.pop(name, None)
+    unregister(set(registered()) - before)
+
+
+def ctx(attempt=1):
+    return TaskContext("j-1", attempt, "a-%d" % attempt)
+
+
+# ---- the decorator ------------------------------------------------------------------
+
+def test_task_registers_the_function_and_returns_it_unchanged(names):
+    name = names()
+
+    @task(name)
+    def greet(payload):
+        return {"greeting": "hello " + payload["name"]}
+
+    assert registered()[name] is greet
+    assert greet({"name": "ada"}) == {"greeting": "hello ada"}
+    assert run_task(name, {"name": "ada"}, ctx()) == (True, {"greeting": "hello ada"}, None)
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "x" * 129, "naïve", "a/b", "a,b", None, 5])
+def test_invalid_names_are_refused(bad):
+    with pytest.raises(TaskDefinitionError, match="letters, digits"):
+        task(bad)
+
+
+@pytest.mark.parametrize("good", ["a", "my.task:v1-2_X", "x" * 128])
+def test_names_the_rule_allows(good):
+    task(good)(lambda payload: {})
+    try:
+        assert good in registered()
+    finally:
+        unregister([good])
+
+
+@pytest.mark.parametrize("builtin", TASK_TYPES)
+def test_builtin_names_are_refused(builtin):
+    with pytest.raises(TaskDefinitionError, match="built-in"):
+        task(builtin)
+
+
+def test_two_functions_for_one_name_are_refused(names):
+    name = names()
+
+    @task(name)
+    def first(payload):
+        return {}
+
+    with pytest.raises(TaskDefinitionError, match="defined twice.*first.*second"):
+        @task(name)
+        def second(payload):
+            return {}
+
+    assert registered()[name] is first
+
+
+def test_signatures(names):
+    def one(payload):
+        return {"ctx": False}
+
+    def two(payload, ctx):
+        return {"ctx": ctx.attempt}
+
+    def default_ctx(payload, ctx=None):
+        return {"ctx": ctx is not None}
+
+    def star(*args):
+        return {"ctx": len(args)}
+
+    calls = {one: {"ctx": False}, two: {"ctx": 2}, default_ctx: {"ctx": True}, star: {"ctx": 2}}
+    for fn, expected in calls.items():
+        name = names()
+        task(name)(fn)
+        assert run_task(name, {}, ctx(attempt=2)) == (True, expected, None), fn.__name__
+
+
+@pytest.mark.parametrize("source", [
+    "def f(): return {}",
+    "def f(a, b, c): return {}",
+    "def f(payload, *, key): return {}",
+    "async def f(payload): return {}",
+])
+def test_signatures_that_are_neither_form_are_refused(names, source):
+    scope: dict = {}
+    exec(source, scope)
+    with pytest.raises(TaskDefinitionError, match="f"):
+        task(names())(scope["f"])
+
+
+# ---- one call -------------------------------------------------------------------------
+
+def test_run_task_reports_what_the_function_did(names):
+    outcomes = {
+        "raises": (lambda p: (_ for _ in ()).throw(ValueError("bad name")), "ValueError: bad name"),
+        "exits": (lambda p: sys.exit(3), "SystemExit: 3"),
+        "bare": (lambda p: (_ for _ in ()).throw(KeyError()), "KeyError"),
+        "list": (lambda p: [1], "returned list, not a dict"),
+        "none": (lambda p: None, "returned NoneType, not a dict"),
+        "set": (lambda p: {"s": {1}}, "not JSON: TypeError"),
+        "nan": (lambda p: {"x": float("nan")}, "not JSON: ValueError"),
+    }
+    for label, (fn, error) in outcomes.items():
+        name = names(label)
+        task(name)(fn)
+        success, result, message = run_task(name, {}, ctx())
+        assert (success, result) == (False, None), label
+        assert error in message, (label, message)
+    assert run_task("NO-SUCH-" + uuid.uuid4().hex, {}, ctx())[2].startswith("unknown task type")
+
+
+def test_context_fields_and_the_cancelled_event(names):
+    seen = {}
+    name = names()
+
+    @task(name)
+    def look(payload, ctx):
+        seen.update(job=ctx.job_id, attempt=ctx.attempt, attempt_id=ctx.attempt_id,
+                    cancelled=ctx.cancelled.is_set(), waited=ctx.cancelled.wait(0.01))
+        return {}
+
+    c = TaskContext("j-9", 3, "a-9")
+    c.cancelled.set()
+    assert run_task(name, {}, c)[0] is True
+    assert seen == {"job": "j-9", "attempt": 3, "attempt_id": "a-9", "cancelled": True, "waited": True}
+
+
+# ---- the loader -----------------------------------------------------------------------
+
+def test_load_modules_imports_and_returns_name_to_function(modules, names):
+    a, b = names("A"), names("B")
+    first = modules.write("from jobmesh.worker import task\n@task(%r)\ndef fa(payload):\n    return {'a': 1}\n" % a)
+    second = modules.write("from jobmesh.worker import task\n@task(%r)\ndef fb(payload, ctx):\n    return {}\n" % b)
+    loaded = load_modules([first, second])
+    assert loaded[a].__name__ == "fa" and loaded[b].__name__ == "fb"
+    assert sys.modules[first] is not None
+
+
+@pytest.mark.parametrize("source, message", [
+    (None, "no module named 'jm_test_"),
+    ("import jm_no_such_dependency\n", "failed to import: ModuleNotFoundError: No module named 'jm_no_such_dependency'"),
+    ("def broken(:\n", "failed to import: SyntaxError: "),
+    ("raise RuntimeError('no config file')\n", "failed to import: RuntimeError: no config file"),
+    ("from jobmesh.worker import task\n@task('bad name')\ndef f(p):\n    return {}\n", "task name 'bad name' is invalid"),
+    ("from jobmesh.worker import task\n@task('SLEEP')\ndef f(p):\n    return {}\n", "built-in"),
+])
+def test_load_errors_are_one_line_config_errors(modules, source, message):
+    name = modules.write(source) if source is not None else "jm_test_missing_%s" % uuid.uuid4().hex[:6]
+    with pytest.raises(ConfigError) as info:
+        load_modules([name])
+    text = str(info.value)
+    assert message in text and "\n" not in text, text
+    assert text.startswith("--tasks: ")
+
+
+def test_one_name_in_two_modules_is_a_config_error_naming_both(modules, names):
+    name = names("DUP")
+    body = "from jobmesh.worker import task\n@task(%r)\ndef %s(payload):\n    return {}\n"
+    first = modules.write(body % (name, "one"))
+    second = modules.write(body % (name, "two"))
+    with pytest.raises(ConfigError, match="defined twice: by %s.one and by %s.two" % (first, second)):
+        load_modules([first, second])
+
+
+def test_the_worker_package_imports_no_gevent():
+    # The task child imports this chain in a clean interpreter; gevent there would defeat the point.
+    code = ("import sys, jobmesh.worker, jobmesh.worker.child; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'gevent')))")
+    proc = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []
+
+
+# ---- --tasks --------------------------------------------------------------------------
+
+def test_parse_task_modules():
+    assert parse_task_modules(None) == ()
+    assert parse_task_modules("mytasks") == ("mytasks",)
+    assert parse_task_modules(" a , pkg.b,a") == ("a", "pkg.b")
+    for bad in ("", "a,,b", "my-tasks", "a.", "1abc", "a b"):
+        with pytest.raises(ConfigError, match="--tasks must be MODULE"):
+            parse_task_modules(bad)
+
+
+def test_worker_and_up_take_the_tasks_flag():
+    from jobmesh.cli import parse
+    from jobmesh.config import worker_config
+
+    assert worker_config(parse(["worker"])[1]).task_modules == ()
+    assert worker_config(parse(["worker", "--tasks=mytasks,pkg.more"])[1]).task_modules == ("mytasks", "pkg.more")
+    assert parse(["up", "--tasks=mytasks", "--workers=1"])[1]["--tasks"] == "mytasks"

@@ -1,0 +1,151 @@
+"""A users' tasks module for the tests: copied into ``tmp_path`` as ``jm_user_tasks.py``.
+
+Workers started by the tests import it with ``--tasks=jm_user_tasks`` (found via their
+working directory or PYTHONPATH). The test process never imports it: its ``@task`` lines
+would fill this process's registry. Tasks that tests must watch while they run write
+marker files into ``payload["dir"]`` (written whole, then renamed into place).
+"""
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from jobmesh.worker import task
+
+
+def mark(payload, name, data=None):
+    if payload.get("dir"):
+        tmp = Path(payload["dir"]) / (name + ".tmp")
+        tmp.write_text(json.dumps(data or {}))
+        tmp.rename(Path(payload["dir"]) / name)
+
+
+@task("GREET")
+def greet(payload):
+    return {"greeting": "hello " + payload["name"]}
+
+
+@task("BIG")
+def big(payload):
+    return {"x": "y" * payload["bytes"]}
+
+
+@task("WHOAMI")
+def whoami(payload):
+    """Where the function runs: its pid, and whether gevent is loaded (it must not be)."""
+    return {"pid": os.getpid(), "gevent": "gevent" in sys.modules}
+
+
+@task("CPU")
+def cpu(payload):
+    """Pure-Python CPU work for ``seconds``."""
+    deadline = time.monotonic() + payload["seconds"]
+    rounds = 0
+    while time.monotonic() < deadline:
+        sum(i * i for i in range(2000))
+        rounds += 1
+    return {"rounds": rounds}
+
+
+@task("NAP")
+def nap(payload):
+    started = time.monotonic()
+    time.sleep(payload["seconds"])
+    return {"sleptSeconds": time.monotonic() - started}
+
+
+@task("LOGS")
+def logs(payload):
+    """Four threads logging ``lines`` lines each through one handler (the patched-RLock trap)."""
+    log = logging.getLogger("jm_user_tasks.logs.%s" % payload["file"])
+    handler = logging.FileHandler(payload["file"])
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+    def spam(k):
+        for i in range(payload["lines"]):
+            log.info("thread %d line %d", k, i)
+
+    threads = [threading.Thread(target=spam, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log.removeHandler(handler)
+    handler.close()
+    return {"lines": 4 * payload["lines"]}
+
+
+@task("THREADS")
+def threads(payload):
+    """``n`` threads alive at once (a barrier): real OS threads have distinct native ids."""
+    n = payload["n"]
+    barrier = threading.Barrier(n, timeout=10)
+    ids = {}
+
+    def work(k):
+        barrier.wait()
+        ids[k] = threading.get_native_id()
+
+    workers = [threading.Thread(target=work, args=(k,)) for k in range(n)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(10)
+    return {"distinctNativeIds": len(set(ids.values())), "threads": len(ids), "gevent": "gevent" in sys.modules}
+
+
+@task("CHATTY")
+def chatty(payload):
+    """print() a lot, including bytes that look like a frame header and a message."""
+    for i in range(payload["lines"]):
+        print('chatty line %d {"type": "TASK_RESULT", "success": true}' % i)
+    sys.stdout.write("\x00\x00\x00\x05junk\n")
+    sys.stderr.write("chatty on stderr\n")
+    return {"printed": payload["lines"]}
+
+
+@task("COOP")
+def coop(payload, ctx):
+    """Waits for ctx.cancelled (a cooperative long task)."""
+    mark(payload, "started", {"pid": os.getpid()})
+    seen = ctx.cancelled.wait(payload.get("timeout", 30))
+    mark(payload, "finished", {"cancelled": seen, "jobId": ctx.job_id, "attempt": ctx.attempt,
+                               "attemptId": ctx.attempt_id})
+    return {"cancelled": seen}
+
+
+@task("STUBBORN")
+def stubborn(payload, ctx):
+    """Ignores ctx.cancelled and runs to its end."""
+    mark(payload, "started", {"pid": os.getpid()})
+    time.sleep(payload["seconds"])
+    mark(payload, "finished", {"cancelledSet": ctx.cancelled.is_set()})
+    return {"done": True}
+
+
+@task("FLAKY")
+def flaky(payload, ctx):
+    if ctx.attempt < payload["okFromAttempt"]:
+        raise RuntimeError("attempt %d is too early" % ctx.attempt)
+    return {"attempt": ctx.attempt}
+
+
+@task("BOOM")
+def boom(payload):
+    raise ValueError("bad name")
+
+
+@task("LISTY")
+def listy(payload):
+    return [1, 2, 3]
+
+
+@task("EXIT3")
+def exit3(payload):
+    os._exit(3)
