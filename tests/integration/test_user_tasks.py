@@ -72,3 +72,31 @@ def test_cancelling_a_running_custom_task(client, user_worker, tmp_path):
     # And the slot is free for the next job
     follow = client.wait(client.submit("GREET", {"name": "next"}), timeout=15)
     assert follow["state"] == "COMPLETED", follow
+
+
+def test_a_cpu_bound_task_never_gets_its_worker_declared_dead(coordinator_factory, worker_procs, tmp_path):
+    # Given a coordinator that presumes a worker dead after 1 s without a heartbeat
+    coord = coordinator_factory(heartbeat_timeout_millis=1000)
+    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
+    worker = worker_procs.start(coord, "w-cpu", capacity=2, heartbeat_millis=200, tasks="jm_user_tasks",
+                                cwd=tmp_path)
+    with CoordinatorClient(*coord.client_addr, timeout=10) as client:
+        wait_registered(client, ["w-cpu"])
+        # When two pure-Python CPU loops of 3 s each run at once (both cores busy)
+        jobs = [client.submit("CPU", {"seconds": 3}, max_attempts=1) for _ in range(2)]
+        done = [client.wait(j, timeout=30) for j in jobs]
+    # Then both complete on their first attempt: the worker was never presumed dead
+    assert [(j["state"], j["attempts"]) for j in done] == [("COMPLETED", 1)] * 2, done
+    assert all(j["result"]["rounds"] > 0 for j in done)
+    assert "presumed dead" not in coord.stderr()
+    assert worker.count("registered worker=w-cpu") == 1  # one session all along
+
+
+def test_a_non_dict_result_and_a_dying_task_process_fail_the_attempt(client, user_worker):
+    listy = client.wait(client.submit("LISTY", {}, max_attempts=1), timeout=15)
+    assert listy["state"] == "FAILED" and "not a dict" in listy["error"], listy
+    died = client.wait(client.submit("EXIT3", {}, max_attempts=1), timeout=15)
+    assert died["state"] == "FAILED" and "exited with code 3" in died["error"], died
+    # The worker survives both and runs the next job in a fresh task process
+    after = client.wait(client.submit("GREET", {"name": "still here"}), timeout=15)
+    assert after["result"] == {"greeting": "hello still here"}, after
