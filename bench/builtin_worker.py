@@ -11,6 +11,11 @@ measures the coordinator alone, without the cost of real worker processes.
 more than once (legal under at-least-once delivery, but only after a lost attempt).
 ``assigned_at`` holds the ``perf_counter`` time of every TASK_ASSIGN read, in order
 (``bench/scaling.py`` derives assignments/s from it).
+
+``task_types`` (optional, one list per worker) is sent as WORKER_REGISTER ``taskTypes``;
+without it the field is absent (the built-ins). ``assigned_by_type`` counts assignments
+per task type, and an assignment of a type the worker did not declare counts as the
+error ``misrouted``.
 """
 
 from __future__ import annotations
@@ -29,10 +34,13 @@ HEARTBEAT_SECONDS = 1.0
 
 
 class BuiltinWorkers:
-    def __init__(self, addr: tuple[str, int], count: int, capacity: int) -> None:
+    def __init__(self, addr: tuple[str, int], count: int, capacity: int,
+                 task_types: list[list[str]] | None = None) -> None:
         self.addr = addr
         self.count = count
         self.capacity = capacity
+        self.task_types = task_types
+        self.assigned_by_type: Counter = Counter()
         self.executions: Counter = Counter()
         self.cancels = 0
         self.assigned_at: list[float] = []
@@ -44,21 +52,24 @@ class BuiltinWorkers:
         """Connect and register every worker; raises if any is refused or times out."""
         ready = [gevent.event.Event() for _ in range(self.count)]
         for i in range(self.count):
-            self._greenlets.append(gevent.spawn(self._run, "bench-builtin-%d" % i, ready[i]))
+            types = self.task_types[i] if self.task_types is not None else None
+            self._greenlets.append(gevent.spawn(self._run, "bench-builtin-%d" % i, ready[i], types))
         for i, ev in enumerate(ready):
             if not ev.wait(timeout):
                 raise RuntimeError("builtin worker %d did not register within %.0fs (%s)"
                                    % (i, timeout, dict(self.errors)))
 
-    def _run(self, worker_id: str, ready) -> None:
+    def _run(self, worker_id: str, ready, types: list[str] | None = None) -> None:
         helpers: list[gevent.Greenlet] = []
         try:
             sock = socket.create_connection(self.addr, timeout=10)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._socks.append(sock)
             reader = FrameReader(sock.recv)
-            sock.sendall(encode_frame({"type": "WORKER_REGISTER", "workerId": worker_id,
-                                       "capacity": self.capacity}))
+            register = {"type": "WORKER_REGISTER", "workerId": worker_id, "capacity": self.capacity}
+            if types is not None:
+                register["taskTypes"] = types
+            sock.sendall(encode_frame(register))
             reply = reader.read_frame()
             if not reply or reply.get("type") != "WORKER_REGISTERED":
                 self.errors["register_refused"] += 1
@@ -69,7 +80,7 @@ class BuiltinWorkers:
             helpers.append(gevent.spawn(self._write, sock, outbox))
             helpers.append(gevent.spawn(self._heartbeat, outbox, worker_id))
             self._greenlets.extend(helpers)
-            self._serve(reader, outbox, worker_id)
+            self._serve(reader, outbox, worker_id, None if types is None else frozenset(types))
         except Exception as exc:  # noqa: BLE001 - reported, never raised into the hub
             self.errors["worker_" + type(exc).__name__] += 1
         finally:
@@ -94,7 +105,7 @@ class BuiltinWorkers:
             gevent.sleep(HEARTBEAT_SECONDS)
             outbox.put(frame)
 
-    def _serve(self, reader: FrameReader, outbox: Queue, worker_id: str) -> None:
+    def _serve(self, reader: FrameReader, outbox: Queue, worker_id: str, declared: frozenset | None) -> None:
         while True:
             msg = reader.read_frame()
             if msg is None:
@@ -102,6 +113,11 @@ class BuiltinWorkers:
             kind = msg.get("type")
             if kind == "TASK_ASSIGN":
                 self.assigned_at.append(time.perf_counter())
+                if declared is not None:
+                    task_type = msg.get("taskType")
+                    self.assigned_by_type[task_type] += 1
+                    if task_type not in declared:
+                        self.errors["misrouted"] += 1
                 payload = msg.get("payload") or {}
                 delay = payload.get("durationMillis", 0) if msg.get("taskType") == "SLEEP" else 0
                 if delay > 0:

@@ -29,6 +29,11 @@ Options:
   --task=SPEC                 TYPE[:ARG][=WEIGHT],... or a named mix (sleep0, mixed,
                               cpu, sleep10, flaky) [default: sleep0]
   --priority=SPEC             LEVEL[=WEIGHT],... of HIGH, NORMAL, LOW, NONE [default: NORMAL]
+  --types=N                   submit declared task types T0..T(N-1) instead of --task (payload
+                              {}, equal weights, chosen by the seeded per-client generator);
+                              needs --worker-impl=builtin [default: 0]
+  --types-per-worker=K        with --types: worker i declares T(i mod N)..T(i+K-1 mod N)
+                              (default: all N)
   --max-attempts=N            maxAttempts on each submit (0 = coordinator default) [default: 0]
   --idempotency-keys          send a unique idempotencyKey with every submit
   --dup-rate=F                with keys, in submit mode and e2e stream style: chance that a
@@ -83,7 +88,7 @@ from bench.conns import Conn, ConnError, classify, open_many, raise_fd_limit
 from bench.histogram import Histogram
 from bench.drive import (TERMINAL, CompletionTracker, Phase, run_clients, status_frame, submit_client,
                          submit_once, wait_phase)
-from bench.workload import SpecError, Workload
+from bench.workload import SpecError, Workload, worker_types
 from jobmesh.protocol.framing import encode_frame
 
 MODES = ("submit", "e2e", "status", "mixed", "idle", "burst")
@@ -132,6 +137,16 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
     o["duration"] = _num(a, "--duration", float, 0.1) if a["--duration"] else None
     o["jobs"] = None if o["duration"] else _num(a, "--jobs", int, 1)
     o["task"] = a["--task"]
+    o["types"] = _num(a, "--types", int, 0)
+    o["types_per_worker"] = None
+    if a["--types-per-worker"] is not None:
+        if not o["types"]:
+            raise UsageError("--types-per-worker goes with --types")
+        o["types_per_worker"] = _num(a, "--types-per-worker", int, 1)
+        if o["types_per_worker"] > o["types"]:
+            raise UsageError("--types-per-worker must be <= --types")
+    elif o["types"]:
+        o["types_per_worker"] = o["types"]
     o["priority"] = a["--priority"]
     o["max_attempts"] = _num(a, "--max-attempts", int, 0)
     o["keys"] = bool(a["--idempotency-keys"])
@@ -164,6 +179,15 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
     o["db_synchronous"] = a["--db-synchronous"].upper()
     if o["db_synchronous"] not in ("FULL", "NORMAL"):
         raise UsageError("--db-synchronous must be FULL or NORMAL")
+    if o["types"]:
+        # jobmesh worker has no --tasks flag on this tree, so only scripted workers declare types.
+        if o["workers"] and o["worker_impl"] != "builtin":
+            raise UsageError("--types needs --worker-impl=builtin")
+        if not o["workers"] and not o["coordinator"]:
+            raise UsageError("--types needs workers (a coordinator accepts a declared type once a worker declared it)")
+        if o["workers"] and o["workers"] + o["types_per_worker"] - 1 < o["types"]:
+            raise UsageError("%d workers with %d types each leave a type undeclared; need workers >= %d"
+                             % (o["workers"], o["types_per_worker"], o["types"] - o["types_per_worker"] + 1))
     o["run_dir"] = a["--run-dir"]
     o["out"] = a["--out"]
     o["quiet"] = bool(a["--quiet"])
@@ -215,7 +239,8 @@ def _loadavg() -> list[float] | None:
 class LoadGen:
     def __init__(self, opts: dict[str, Any]) -> None:
         self.o = opts
-        self.workload = Workload(opts["task"], opts["priority"], opts["seed"], opts["keys"], opts["max_attempts"])
+        self.workload = Workload(opts["task"], opts["priority"], opts["seed"], opts["keys"], opts["max_attempts"],
+                                 opts["types"])
         self.abort = gevent.event.Event()
         self.interrupted = False
         self.children: list[procs.Child] = []
@@ -268,7 +293,10 @@ class LoadGen:
             self.cpu_start = procs.cpu_seconds(pid)
         if o["workers"]:
             if o["worker_impl"] == "builtin":
-                self.builtin = BuiltinWorkers(self.worker_addr, o["workers"], o["capacity"])
+                types = None
+                if o["types"]:
+                    types = [worker_types(i, o["types"], o["types_per_worker"]) for i in range(o["workers"])]
+                self.builtin = BuiltinWorkers(self.worker_addr, o["workers"], o["capacity"], types)
                 self.builtin.start()
             else:
                 for i in range(o["workers"]):
@@ -791,6 +819,11 @@ class LoadGen:
             rep["e2e_latency_ms"] = self.e2e_hist.summary_ms()
         if self.builtin is not None:
             rep["duplicate_executions"] = sum(1 for n in self.builtin.executions.values() if n > 1)
+        if o["types"]:
+            rep["types"] = o["types"]
+            rep["types_per_worker"] = o["types_per_worker"]
+            if self.builtin is not None:
+                rep["assigned_by_type"] = dict(sorted(self.builtin.assigned_by_type.items()))
         if o["mode"] == "status":
             rep["status_per_s"] = rep["ops_per_s"]
         if echo is not None:
@@ -828,6 +861,11 @@ def summary_lines(rep: dict[str, Any]) -> list[str]:
                      "unanswered after hold=%s" % (rep["connections"], rep.get("rss_before_kb"),
                                                   rep.get("rss_after_kb"), rep.get("rss_per_connection_kb"),
                                                   rep.get("idle_unanswered")))
+    if rep.get("types"):
+        lines.append("declared task types: %d, %d per worker; assigned by type: %s; misrouted=%d" % (
+            rep["types"], rep["types_per_worker"],
+            ", ".join("%s=%d" % kv for kv in rep.get("assigned_by_type", {}).items()) or "?",
+            rep["errors"].get("misrouted", 0)))
     if "e2e_latency_ms" in rep:
         e = rep["e2e_latency_ms"]
         lines.append("e2e latency ms (submit to observed end) p50=%.3f p99=%.3f max=%.3f"

@@ -5,6 +5,11 @@ in ``MIXES``. ARG means: SLEEP duration in ms; SHA256 and WORD_COUNT text length
 characters; PRIME_COUNT the limit; FAIL failUntilAttempt. A priority spec is
 ``LEVEL[=WEIGHT],...`` (HIGH, NORMAL, LOW). Choices come from a ``random.Random``
 seeded per client, so a given ``--seed`` replays the same request sequence.
+
+Declared task types (``--types=N``): the submits go to ``T0..T(N-1)``, equal weights,
+payload ``{}`` (a declared type's payload may be any JSON object), instead of the task
+spec. ``worker_types(i, n, k)`` is the fixed subset worker ``i`` declares: ``k``
+consecutive types from ``T(i mod n)``, so workers ``0..n-k`` between them declare every type.
 """
 
 from __future__ import annotations
@@ -76,10 +81,28 @@ class Task:
     task_type: str
     arg: int
     payload: dict[str, Any]
+    declared: bool = False  # a type workers declare (--types), not a built-in
 
     @property
     def label(self) -> str:
-        return "%s:%d" % (self.task_type, self.arg)
+        return self.task_type if self.declared else "%s:%d" % (self.task_type, self.arg)
+
+
+def type_names(n: int) -> list[str]:
+    """The declared task types of ``--types=n``: T0..T(n-1)."""
+    return ["T%d" % i for i in range(n)]
+
+
+def worker_types(i: int, n: int, k: int) -> list[str]:
+    """What worker ``i`` declares with ``--types=n --types-per-worker=k``: types i..i+k-1 mod n."""
+    return ["T%d" % ((i + j) % n) for j in range(k)]
+
+
+def declared_tasks(n: int) -> list[tuple[Task, float]]:
+    """``--types=n``: every declared type with weight 1 and payload ``{}``."""
+    if n < 1:
+        raise SpecError("--types must be >= 1")
+    return [(Task(name, 0, {}, declared=True), 1.0) for name in type_names(n)]
 
 
 def parse_tasks(spec: str, seed: int = 1) -> list[tuple[Task, float]]:
@@ -125,8 +148,9 @@ def parse_priorities(spec: str) -> list[tuple[str | None, float]]:
 class Workload:
     """Builds SUBMIT_JOB frames. Without idempotency keys the frames are pre-encoded."""
 
-    def __init__(self, task_spec: str, priority_spec: str, seed: int, keys: bool, max_attempts: int = 0) -> None:
-        self.tasks = parse_tasks(task_spec, seed)
+    def __init__(self, task_spec: str, priority_spec: str, seed: int, keys: bool, max_attempts: int = 0,
+                 types: int = 0) -> None:
+        self.tasks = declared_tasks(types) if types else parse_tasks(task_spec, seed)
         self.priorities = parse_priorities(priority_spec)
         self.seed = seed
         self.keys = keys

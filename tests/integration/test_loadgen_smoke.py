@@ -45,6 +45,36 @@ def test_loadgen_e2e_small(tmp_path, impl):
     assert "jobs/s=" in proc.stdout
 
 
+def test_loadgen_declared_types(tmp_path):
+    # Given 3 scripted workers declaring 2 of 4 types each, when 20 clients submit 200
+    # jobs of the types T0..T3, then every job completes, each type was assigned, and
+    # no worker got a type it did not declare.
+    out = tmp_path / "r.json"
+    proc = run(["-m", "bench.loadgen", "--clients=20", "--jobs=200", "--mode=e2e", "--workers=3",
+                "--worker-impl=builtin", "--types=4", "--types-per-worker=2", "--quiet", "--timeout=30",
+                "--drain-timeout=30", "--out=%s" % out], timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["lost"] == 0 and report["duplicates"] == 0
+    assert report["completed"] == 200
+    assert report["verify"]["states"] == {"COMPLETED": 200}
+    assert set(report["assigned_by_type"]) == {"T0", "T1", "T2", "T3"}
+    assert sum(report["assigned_by_type"].values()) == 200
+    assert report["errors"].get("misrouted", 0) == 0
+    assert "declared task types: 4, 2 per worker" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--types=4", "--types-per-worker=2", "--workers=2", "--worker-impl=builtin"], "undeclared"),
+    (["--types=2", "--workers=2"], "--worker-impl=builtin"),
+    (["--types-per-worker=2"], "goes with --types"),
+])
+def test_loadgen_types_usage_errors(args, message):
+    proc = run(["-m", "bench.loadgen", "--mode=e2e", "--jobs=10"] + args, timeout=30)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
 def test_loadgen_usage_error():
     proc = run(["-m", "bench.loadgen", "--mode=nonsense"], timeout=30)
     assert proc.returncode == 2
