@@ -260,18 +260,59 @@ class JobCancel(Message):
     job: dict[str, Any] = wire("job", "obj")
 
 
+@dataclass(frozen=True)
+class GetJobEvents(Message):
+    TYPE = "GET_JOB_EVENTS"
+    job_id: str = wire("jobId", "str")
+
+
+@dataclass(frozen=True)
+class JobEvents(Message):
+    TYPE = "JOB_EVENTS"
+    job_id: str = wire("jobId", "str")
+    events: list[dict[str, Any]] = wire("events", "list", [])  # oldest first
+
+
+@dataclass(frozen=True)
+class RetryJob(Message):
+    """Submit a new job with a finished job's type, payload, priority and attempt budget
+    (answered with JOB_SUBMITTED; the new job's ``retryOf`` names the old one)."""
+
+    TYPE = "RETRY_JOB"
+    job_id: str = wire("jobId", "str")
+
+
+@dataclass(frozen=True)
+class PurgeJobs(Message):
+    """Delete finished jobs (and their events) last updated more than ``olderThanMillis`` ago."""
+
+    TYPE = "PURGE_JOBS"
+    older_than_millis: int = wire("olderThanMillis", "int")
+    limit: int | None = wire("limit", "int?", None)
+
+
+@dataclass(frozen=True)
+class JobsPurged(Message):
+    TYPE = "JOBS_PURGED"
+    purged: int = wire("purged", "int")
+    more: bool = wire("more", "bool", False)  # more such jobs remain: ask again
+
+
 ALL_MESSAGES: tuple[type[Message], ...] = (
     WorkerRegister, WorkerRegistered, Heartbeat, TaskAssign, TaskCancel, TaskResult, Error,
     SubmitJob, JobSubmitted, SubmitRejected, GetJobStatus, JobStatus, ListJobs, JobList,
-    ListWorkers, WorkerList, CancelJob, JobCancel,
+    ListWorkers, WorkerList, CancelJob, JobCancel, GetJobEvents, JobEvents, RetryJob, PurgeJobs,
+    JobsPurged,
 )
 BY_TYPE: dict[str, type[Message]] = {cls.TYPE: cls for cls in ALL_MESSAGES}
 
 # What each side may legally receive.
 WORKER_PORT_REQUESTS = frozenset({"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"})
-CLIENT_PORT_REQUESTS = frozenset({"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB"})
+CLIENT_PORT_REQUESTS = frozenset({"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
+                                  "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS"})
 TO_WORKER = frozenset({"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR"})
-TO_CLIENT = frozenset({"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST", "JOB_CANCEL", "ERROR"})
+TO_CLIENT = frozenset({"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST", "JOB_CANCEL",
+                       "JOB_EVENTS", "JOBS_PURGED", "ERROR"})
 
 
 def decode(obj: dict[str, Any], allowed: frozenset[str] | None = None) -> Message:
