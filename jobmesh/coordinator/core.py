@@ -1,7 +1,11 @@
 """CoordinatorCore: the single writer of all coordinator state.
 
 A plain class: no gevent, no sockets, no clock. Every method takes ``now_millis`` from
-its caller (the runtime reads the clock once per event). The core
+its caller (the runtime reads the clock once per event). That is core time: monotonic
+(``clock.py``), so every duration (heartbeat timeouts, deadlines, backoff) is immune to
+wall-clock steps. Instants people give or read (createdAtMillis, runAtMillis, retry
+times, event times) are wall-clock: core time plus ``drift``, which the runtime keeps
+current (``observe_wall``); a wall-clock step moves only those. The core
 
 * owns every active job, the recently finished ones it still caches, the worker
   registry, the queued/due/deadline indexes, the known task types and the submission
@@ -65,6 +69,7 @@ PURGE_SWEEP = 1000  # finished jobs purged per sweep at most (retention)
 PURGE_BATCH = 256  # and per batch while more are due
 PURGE_REQUEST_MAX = 10_000  # per PURGE_JOBS request
 EVENTS_KEPT = 100  # a job's timeline keeps its newest events
+WALL_STEP_MILLIS = 1000  # a change of the wall clock against core time beyond this is a step
 EVENT_FIELDS = ("atMillis", "event", "attempt", "workerId", "detail", "retryAtMillis")  # one stored event
 _ABOUT_THE_LEASE = frozenset({JobState.COMPLETED, JobState.CANCELLED})  # events naming the attempt that ended
 # The timeline event a transition writes, by target state (None: the caller writes its own).
@@ -104,8 +109,8 @@ class CoordinatorCore:
         self.workers = WorkerRegistry()
         self.known_types: set[str] = set(BUILTIN_TYPES)  # built-ins and every type ever declared
         self.next_seq = 1
-        self._last_created = 0
         self.workers_by_type: dict[str, set[Session]] = {}  # task type -> live sessions that run it
+        self.drift = 0  # wall clock minus core time (observe_wall)
         self.outbound: list[tuple[Any, m.Message | None]] = []
         self._dirty: dict[str, Job] = {}
         self._new: set[str] = set()
@@ -156,7 +161,8 @@ class CoordinatorCore:
         """Append one event to the job's timeline (its ``events`` column, committed with the
         job's row in this batch); only the newest EVENTS_KEPT are kept."""
         events = job.events
-        events.append((now_millis, event, attempt, worker_id, detail, retry_at))
+        events.append((now_millis + self.drift, event, attempt, worker_id, detail,
+                       None if retry_at is None else retry_at + self.drift))
         if len(events) > EVENTS_KEPT:
             del events[0]
         self._dirty[job.job_id] = job
@@ -222,14 +228,16 @@ class CoordinatorCore:
                 holder.running.discard(job.job_id)
         elif source is JobState.QUEUED:
             self.queued.discard(job.job_id)
-        job.move_to(target, now_millis)
+        job.move_to(target, now_millis + self.drift)
         counts = self.counts
         key = (source, job.task_type, job.priority)
         counts[key] -= 1
         if not counts[key]:
             del counts[key]
         if target is JobState.QUEUED:
-            self.queued.add(job.job_id, job.task_type, job.priority.level, job.due_at, job.seq)
+            if source is JobState.SCHEDULED and job.wake_at is not None:
+                job.ready_at = job.wake_at  # it became due at its run-at time, not when the sweep saw it
+            self.queued.add(job.job_id, job.task_type, job.priority.level, job.ready_at, job.seq)
         elif target is JobState.RUNNING:
             assert session is not None, "an assignment needs a worker"
             job.attempts += 1
@@ -243,11 +251,11 @@ class CoordinatorCore:
         elif target is JobState.RETRY_WAIT or target is JobState.SCHEDULED:
             assert due_at is not None, "a waiting job needs its due time"
             if target is JobState.RETRY_WAIT:
-                job.retry_at = due_at
+                job.retry_at = due_at + self.drift
                 self.stats["retries"] += 1
             else:
-                job.run_at = due_at
-            heapq.heappush(self.due_heap, (due_at, job.job_id))
+                job.run_at = due_at + self.drift
+            self._wait_until(job, due_at)
         if target in TERMINAL:
             self.jobs.pop(job.job_id, None)
             self._remember_finished(job)
@@ -262,6 +270,25 @@ class CoordinatorCore:
             detail = job.error if target is JobState.FAILED else None
             self._event(job, now_millis, event or TRANSITION_EVENTS[target], detail, due_at)
 
+    def _wait_until(self, job: Job, wake_at: int) -> None:
+        """Put a SCHEDULED or RETRY_WAIT job on the due heap for ``wake_at`` (core time)."""
+        job.wake_at = wake_at
+        heapq.heappush(self.due_heap, (wake_at, job.job_id))
+
+    def observe_wall(self, now_millis: int, wall_millis: int) -> None:
+        """The wall clock reads ``wall_millis`` at core time ``now_millis``. After a step
+        of more than a second, SCHEDULED jobs (due at wall-clock instants) are re-timed;
+        durations (heartbeats, deadlines, backoff) are core time and do not move."""
+        drift = wall_millis - now_millis
+        step = drift - self.drift
+        self.drift = drift
+        if abs(step) <= WALL_STEP_MILLIS:
+            return
+        log.warning("the wall clock stepped by %+d ms; timeouts are unaffected, scheduled jobs follow it", step)
+        for job in self.jobs.values():
+            if job.state is JobState.SCHEDULED and job.run_at is not None:
+                self._wait_until(job, job.run_at - drift)
+
     # ---- recovery ------------------------------------------------------------------
 
     def recover(self, now_millis: int) -> dict[str, int]:
@@ -275,8 +302,10 @@ class CoordinatorCore:
         # queued: QUEUED after recovery, including the requeued and those due while down
         stats = {"queued": 0, "scheduled": 0, "retry_wait": 0, "requeued": 0, "due": 0, "failed": 0}
         self.known_types.update(self.store.load_task_types())
+        wall = now_millis + self.drift
         for job in self.store.load_active():
             self.jobs[job.job_id] = job
+            job.ready_at = job.due_at - self.drift
             self.counts[(job.state, job.task_type, job.priority)] += 1
             if job.idempotency_key is not None:
                 self.keys[job.idempotency_key] = job.job_id
@@ -296,9 +325,9 @@ class CoordinatorCore:
                     self._transition(job, JobState.FAILED, now_millis)
                     stats["failed"] += 1
             elif state is JobState.QUEUED:
-                self.queued.add(job.job_id, job.task_type, job.priority.level, job.due_at, job.seq)
+                self.queued.add(job.job_id, job.task_type, job.priority.level, job.ready_at, job.seq)
                 stats["queued"] += 1
-            elif state is JobState.SCHEDULED and (job.run_at is None or job.run_at <= now_millis):
+            elif state is JobState.SCHEDULED and (job.run_at is None or job.run_at <= wall):
                 self._event(job, now_millis, "RECOVERED", "fell due while the coordinator was down")
                 self._transition(job, JobState.QUEUED, now_millis)
                 stats["due"] += 1
@@ -306,13 +335,12 @@ class CoordinatorCore:
             else:  # RETRY_WAIT, or SCHEDULED in the future
                 due = _due_time(job)
                 if due is None:  # an older or hand-edited row: due now
-                    due = now_millis
+                    due = wall
                     job.retry_at = due
                     self._touch(job)
-                heapq.heappush(self.due_heap, (due, job.job_id))
+                self._wait_until(job, due - self.drift)
                 stats["retry_wait" if state is JobState.RETRY_WAIT else "scheduled"] += 1
         self.next_seq = self.store.max_seq() + 1
-        self._last_created = max((j.created_at for j in self.jobs.values()), default=0)
         return stats
 
     # ---- client requests -------------------------------------------------------------
@@ -341,7 +369,7 @@ class CoordinatorCore:
         if delay is not None:
             if delay < 0:
                 return None, "delayMillis must be a non-negative integer, got %d" % delay
-            run_at = now_millis + delay
+            run_at = now_millis + self.drift + delay
         elif run_at is not None and run_at < 0:
             return None, "runAtMillis must be a non-negative integer, got %d" % run_at
         if run_at is not None and run_at > MAX_RUN_AT_MILLIS:
@@ -395,15 +423,13 @@ class CoordinatorCore:
                 "coordinator is at its active-job limit; retry later",
                 self.active_count, self.config.max_active_jobs, True,
             )
-        # Creation times never go backwards in sequence order, even if the wall clock does.
-        created = max(now_millis, self._last_created)
-        self._last_created = created
-        later = run_at is not None and run_at > now_millis
+        wall = now_millis + self.drift
+        later = run_at is not None and run_at > wall
         job = Job(
             job_id=self._job_id(self.next_seq), seq=self.next_seq, task_type=task_type, payload=payload,
-            max_attempts=max_attempts, priority=priority, created_at=created, idempotency_key=key,
+            max_attempts=max_attempts, priority=priority, created_at=wall, idempotency_key=key,
             execution_timeout=self.config.task_timeout_millis, payload_json=payload_json, run_at=run_at,
-            state=JobState.SCHEDULED if later else JobState.QUEUED, retry_of=retry_of,
+            state=JobState.SCHEDULED if later else JobState.QUEUED, retry_of=retry_of, ready_at=now_millis,
         )
         self.next_seq += 1
         self.jobs[job.job_id] = job
@@ -414,9 +440,10 @@ class CoordinatorCore:
         self.counts[(job.state, task_type, priority)] += 1
         self._event(job, now_millis, "SUBMITTED", None if retry_of is None else "retry of %s" % retry_of)
         if later:
-            heapq.heappush(self.due_heap, (job.due_at, job.job_id))
+            assert run_at is not None
+            self._wait_until(job, run_at - self.drift)
         else:
-            self.queued.add(job.job_id, job.task_type, priority.level, job.due_at, job.seq)
+            self.queued.add(job.job_id, job.task_type, priority.level, now_millis, job.seq)
         log.debug("submitted job=%s type=%s priority=%s run_at=%s", job.job_id, task_type, priority.value, run_at)
         return m.JobSubmitted(job.job_id)
 
@@ -479,7 +506,7 @@ class CoordinatorCore:
         limit = PURGE_REQUEST_MAX if req.limit is None else req.limit
         if not 1 <= limit <= PURGE_REQUEST_MAX:
             return m.Error("limit must be 1..%d, got %d" % (PURGE_REQUEST_MAX, limit))
-        purged = self._purge(now_millis - req.older_than_millis, limit)
+        purged = self._purge(now_millis + self.drift - req.older_than_millis, limit)
         log.info("purged finished jobs count=%d older_than_millis=%d", purged, req.older_than_millis)
         return m.JobsPurged(purged, purged == limit)
 
@@ -506,7 +533,7 @@ class CoordinatorCore:
         retain = self.config.retain_finished_millis
         if retain <= 0:
             return
-        purged = self._purge(now_millis - retain, limit)
+        purged = self._purge(now_millis + self.drift - retain, limit)
         self._purge_backlog = purged == limit
 
     def after_batch(self, now_millis: int) -> None:
@@ -533,7 +560,7 @@ class CoordinatorCore:
                     queued_by_priority=queued_by_priority)
 
     def list_workers(self, now_millis: int) -> m.Message:
-        return m.WorkerList([s.snapshot() for s in self.workers])
+        return m.WorkerList([s.snapshot(self.drift) for s in self.workers])
 
     def list_jobs(self, now_millis: int, req: m.ListJobs) -> m.Message:
         limit = LIST_DEFAULT if req.limit is None else req.limit
@@ -603,7 +630,7 @@ class CoordinatorCore:
         types = BUILTIN_TYPES if msg.task_types is None else frozenset(msg.task_types)
         for name in sorted(types - self.known_types):
             self.known_types.add(name)
-            self._new_types.append((name, now_millis))  # durable before the registration is answered
+            self._new_types.append((name, now_millis + self.drift))  # durable before the registration is answered
             log.info("new task type declared type=%s worker=%s", name, worker_id)
         session = Session(worker_id, capacity, conn, now_millis, types)
         self.workers.add(session)
@@ -618,7 +645,7 @@ class CoordinatorCore:
 
     def on_heartbeat(self, now_millis: int, conn: Any, worker_id: str) -> None:
         session = self.workers.by_conn(conn)
-        if session is not None and session.worker_id == worker_id:
+        if session is not None and session.worker_id == worker_id and now_millis > session.last_heartbeat:
             session.last_heartbeat = now_millis
 
     def on_task_result(self, now_millis: int, conn: Any, res: m.TaskResult) -> None:
@@ -765,7 +792,7 @@ class CoordinatorCore:
         if len(heap) <= 2 * len(self.jobs) + 1024:
             return
         live = [(t, job_id) for t, job_id in heap
-                if (job := self.jobs.get(job_id)) is not None and _due_time(job) == t]
+                if (job := self.jobs.get(job_id)) is not None and job.wake_at == t and _due_time(job) is not None]
         heapq.heapify(live)
         self.due_heap = live
 
@@ -776,7 +803,7 @@ class CoordinatorCore:
         while heap and heap[0][0] <= now_millis:
             due, job_id = heapq.heappop(heap)
             job = self.jobs.get(job_id)
-            if job is None or _due_time(job) != due:
+            if job is None or job.wake_at != due or _due_time(job) is None:
                 continue  # cancelled, or waiting for another time now
             self._transition(job, JobState.QUEUED, now_millis)
 

@@ -36,6 +36,8 @@ from gevent.threadpool import ThreadPool
 
 from jobmesh.config import CoordinatorConfig
 from jobmesh.coordinator import events as ev
+from jobmesh.coordinator.clock import now_millis, wall_millis
+from jobmesh.coordinator.mailbox import Mailbox
 from jobmesh.coordinator.core import CoordinatorCore
 from jobmesh.coordinator.server import SHUTTING_DOWN, Servers
 from jobmesh.coordinator.store import JobStore
@@ -54,50 +56,6 @@ EXIT_COMMIT_FAILED = 71
 
 class CommitFailed(Exception):
     """A batch's commit failed: the core stops before releasing anything of that batch."""
-
-
-class Mailbox:
-    """The core's inbox: two lanes, worker events first.
-
-    Worker events (results, heartbeats, registrations, disconnects) and the sweep free
-    capacity and keep sessions alive, so a batch takes them before client requests;
-    each connection's own events stay in order because each lives in one lane.
-    """
-
-    def __init__(self) -> None:
-        self._urgent: deque = deque()
-        self._normal: deque = deque()
-        self._wake = gevent.event.Event()
-
-    def __len__(self) -> int:
-        return len(self._urgent) + len(self._normal)
-
-    def put(self, item: Any) -> None:
-        self._normal.append(item)
-        self._wake.set()
-
-    def put_urgent(self, item: Any) -> None:
-        self._urgent.append(item)
-        self._wake.set()
-
-    def take(self, limit: int) -> list:
-        """Up to ``limit`` items, urgent ones first; blocks while empty."""
-        while not (self._urgent or self._normal):
-            self._wake.clear()
-            self._wake.wait()
-        batch = []
-        urgent, normal = self._urgent, self._normal
-        while urgent and len(batch) < limit:
-            batch.append(urgent.popleft())
-        while normal and len(batch) < limit:
-            batch.append(normal.popleft())
-        return batch
-
-    def take_all(self) -> list:
-        batch = list(self._urgent) + list(self._normal)
-        self._urgent.clear()
-        self._normal.clear()
-        return batch
 
 
 class CollectorPolicy:
@@ -152,10 +110,6 @@ def _encode_reply(msg: m.Message) -> bytes:
     except ProtocolError as exc:  # a bug upstream; answer rather than leave the client waiting
         log.error("could not encode a %s reply: %s", msg.TYPE, exc)
         return encode_frame(INTERNAL_ERROR.to_wire())
-
-
-def now_millis() -> int:
-    return int(time.time() * 1000)
 
 
 def raise_fd_limit() -> int:
@@ -286,7 +240,6 @@ class Coordinator:
         }
         return {
             ev.Registered: lambda now, e: core.on_worker_registered(now, e.conn, e.msg),
-            ev.Heartbeat: lambda now, e: core.on_heartbeat(now, e.conn, e.worker_id),
             ev.Result: lambda now, e: core.on_task_result(now, e.conn, e.msg),
             ev.Disconnected: lambda now, e: core.on_worker_disconnected(now, e.conn),
             ev.Sweep: self._sweep,
@@ -296,6 +249,12 @@ class Coordinator:
     def _sweep(self, now: int, _event: ev.Sweep) -> None:
         assert self.core is not None
         self._sweep_pending = False
+        # Liveness by arrival: each worker's handler stamps when its last frame arrived,
+        # and one whose handler is paused (the core is behind on its events) is alive.
+        for session in self.core.workers:
+            conn = session.conn
+            self.core.on_heartbeat(now if conn.paused else conn.last_arrival, conn, session.worker_id)
+        self.core.observe_wall(now, wall_millis())
         self.core.sweep(now)
         self.collector.tick(time.monotonic())
 
