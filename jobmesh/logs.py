@@ -39,8 +39,8 @@ _EXTRA = {"job_id": "jobId", "attempt_id": "attemptId", "worker_id": "workerId"}
 
 def utc_iso(seconds: float) -> str:
     """Epoch seconds as ISO 8601 UTC with milliseconds: ``2026-12-01T18:55:32.123Z``."""
-    whole = int(seconds)
-    return "%s.%03dZ" % (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)), int((seconds - whole) * 1000))
+    whole, millis = divmod(round(seconds * 1000), 1000)
+    return "%s.%03dZ" % (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)), millis)
 
 
 def id_fields(message: str) -> dict[str, str]:
