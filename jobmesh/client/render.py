@@ -166,10 +166,11 @@ def event_table(events: list[dict[str, Any]]) -> str:
     for event in events:
         at = event.get("atMillis") or 0
         attempt, attempt_id, worker = event.get("attempt"), event.get("attemptId"), event.get("workerId")
+        keys = [key for key in (attempt_id, attempt) if key is not None]
         if worker is not None:
-            worker_of[attempt] = worker_of[attempt_id] = worker
-        elif attempt is not None or attempt_id is not None:
-            worker = worker_of.get(attempt_id, worker_of.get(attempt))
+            worker_of.update((key, worker) for key in keys)
+        else:
+            worker = next((worker_of[key] for key in keys if key in worker_of), None)
         detail = [] if event.get("detail") is None else [compact(event["detail"])]
         if event.get("retryAtMillis") is not None:
             retry_at = event["retryAtMillis"]

@@ -114,6 +114,7 @@ def test_event_table_times_attempts_workers_and_details():
     assert by_event["ATTEMPT_FAILED"][0][:3] == ["ATTEMPT_FAILED", "1", "w-1"]
     assert " ".join(by_event["ATTEMPT_FAILED"][0][3:]) == "attempt 1 failed on purpose"
     assert by_event["COMPLETED"][0][:3] == ["COMPLETED", "2", "w-2"]
+    assert by_event["RETRY_WAIT"][0][:3] == ["RETRY_WAIT", "1", "w-1"]  # by attempt number alone
     retry_row = next(r for r in rows if "RETRY_WAIT" in r)
     assert retry_row.endswith("(+2.204s)")
     assert "retry at " + render.timestamp(NOW + 2204, zone=True, fraction=True) in retry_row
