@@ -29,8 +29,7 @@ class CoreConfig:
     retry_base_millis: int = 1000
     retry_cap_millis: int = 30_000
     default_max_attempts: int = 3
-    # Finished jobs (and their events) last updated longer ago than this are deleted; 0 keeps them.
-    retain_finished_millis: int = 604_800_000
+    retain_finished_millis: int = 7 * 24 * 3600 * 1000  # finished jobs are purged after this (0: never)
 
 
 @dataclass(frozen=True)
