@@ -8,15 +8,10 @@ import json
 import signal
 import time
 
-import pytest
-
 from jobmesh.client import CoordinatorClient
 from tests.helpers import run_cli, wait_registered, wait_until
+from tests.integration.test_cli import jm, live  # noqa: F401  (live: a fixture, a coordinator and worker w-cli)
 from tests.integration.test_up import start_up  # noqa: F401  (a fixture: jobmesh up as a subprocess)
-
-
-def jm(coord, *args, **kwargs):
-    return run_cli(*args, coordinator=coord.client_target, **kwargs)
 
 
 def json_lines(text: str) -> list[dict]:
@@ -29,15 +24,6 @@ def json_lines(text: str) -> list[dict]:
             raise AssertionError("not a JSON line: %r\n--- all of it:\n%s" % (line, text)) from None
         assert set(objs[-1]) >= {"ts", "level", "logger", "message"}, line
     return objs
-
-
-@pytest.fixture
-def live(coordinator, worker_procs):
-    """A coordinator with one real worker (capacity 1) attached."""
-    worker_procs.start(coordinator, "w-vis", capacity=1)
-    with CoordinatorClient(*coordinator.client_addr) as client:
-        wait_registered(client, ["w-vis"])
-    return coordinator
 
 
 def finished_job(coord, *submit_args) -> str:
@@ -63,7 +49,7 @@ def test_events_of_a_job_that_failed_once(live):
     assert names == ["SUBMITTED", "ASSIGNED", "ATTEMPT_FAILED", "RETRY_WAIT", "QUEUED", "ASSIGNED", "COMPLETED"]
     assert [e["atMillis"] for e in events] == sorted(e["atMillis"] for e in events)
     assigned = [e for e in events if e["event"] == "ASSIGNED"]
-    assert [(e["attempt"], e["workerId"]) for e in assigned] == [(1, "w-vis"), (2, "w-vis")]
+    assert [(e["attempt"], e["workerId"]) for e in assigned] == [(1, "w-cli"), (2, "w-cli")]
     assert isinstance(next(e for e in events if e["event"] == "RETRY_WAIT")["retryAtMillis"], int)
 
     # And the table reads the same, starting at +0.000s
@@ -72,7 +58,7 @@ def test_events_of_a_job_that_failed_once(live):
     header, *rows = r.stdout.splitlines()
     assert header.split()[:3] == ["AT", "TIME", "EVENT"]
     assert rows[0].startswith("+0.000s ") and "SUBMITTED" in rows[0]
-    assert len(rows) == len(events) and "w-vis" in rows[-1] and "COMPLETED" in rows[-1]
+    assert len(rows) == len(events) and "w-cli" in rows[-1] and "COMPLETED" in rows[-1]
 
 
 def test_events_of_an_unknown_job_exits_1(live):
@@ -147,7 +133,7 @@ def test_top_two_refreshes(live):
     assert "Traceback" not in r.stderr and r.stderr == ""
     for text in frames[1:]:
         assert "jobs      queued 0  scheduled 0  running 0  retry_wait 0" in text
-        assert "w-vis" in text and "workers   1 live" in text
+        assert "w-cli" in text and "workers   1 live" in text
 
 
 def test_top_without_a_coordinator_exits_3():
