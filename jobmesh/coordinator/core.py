@@ -38,7 +38,7 @@ from jobmesh.config import CoreConfig
 from jobmesh.coordinator import scheduler
 from jobmesh.coordinator.job import Job
 from jobmesh.coordinator.registry import Session, WorkerRegistry
-from jobmesh.coordinator.store import EVENT_COLUMNS, EVENTS_KEPT, Batch, JobStore, insert_row, update_row
+from jobmesh.coordinator.store import Batch, JobStore, insert_row, update_row
 from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
@@ -64,8 +64,9 @@ BUILTIN_TYPES = frozenset(TASK_TYPES)
 PURGE_SWEEP = 1000  # finished jobs purged per sweep at most (retention)
 PURGE_BATCH = 256  # and per batch while more are due
 PURGE_REQUEST_MAX = 10_000  # per PURGE_JOBS request
-FINISHED_STATES = ("COMPLETED", "FAILED", "CANCELLED")
-_EVENT_WIRE = ("attempt", "attemptId", "workerId", "detail", "retryAtMillis")  # EVENT_COLUMNS[4:] on the wire
+EVENTS_KEPT = 100  # a job's timeline keeps its newest events
+EVENT_FIELDS = ("atMillis", "event", "attempt", "workerId", "detail", "retryAtMillis")  # one stored event
+_ABOUT_THE_LEASE = frozenset({JobState.COMPLETED, JobState.CANCELLED})  # events naming the attempt that ended
 # The timeline event a transition writes, by target state (None: the caller writes its own).
 TRANSITION_EVENTS = {
     JobState.QUEUED: "QUEUED", JobState.RUNNING: "ASSIGNED", JobState.RETRY_WAIT: "RETRY_WAIT",
@@ -74,10 +75,10 @@ TRANSITION_EVENTS = {
 }
 
 
-def _attempt_number(attempt_id: str) -> int:
-    """The attempt number an attempt id ends with (``<jobId>.<n>``), 0 if it does not."""
-    tail = attempt_id.rpartition(".")[2]
-    return int(tail) if tail.isdigit() and len(tail) < 10 else 0
+def _attempt_number(job_id: str, attempt_id: str) -> int | None:
+    """n of an attempt id ``<jobId>.<n>`` of this job; None if it is not one."""
+    head, _, tail = attempt_id.rpartition(".")
+    return int(tail) if head == job_id and tail.isdigit() and len(tail) < 10 else None
 
 
 def _due_time(job: Job) -> int | None:
@@ -109,16 +110,14 @@ class CoordinatorCore:
         self._dirty: dict[str, Job] = {}
         self._new: set[str] = set()
         self._new_types: list[tuple[str, int]] = []
-        self._events: list[tuple] = []  # timeline rows of this batch (store.EVENT_COLUMNS)
-        self._trims: list[tuple[str, int]] = []
         self._purges: list[str] = []
         self._purge_backlog = False  # the last retention pass found a full batch: more are due
         # Metrics: plain counters (read at scrape time), and the active jobs by
         # (state, task type, priority), kept by _transition.
-        self.counts: Counter[tuple[str, str, str]] = Counter()
+        self.counts: Counter[tuple[JobState, str, Priority]] = Counter()  # enum keys: no .value on the hot path
         self.stats = {"submitted": 0, "rejected": 0, "retries": 0, "deadline_expiries": 0, "workers_lost": 0,
                       "stale_results": 0, "purged": 0}
-        self.finished_counts = {state: 0 for state in FINISHED_STATES}
+        self.finished_counts = {state: 0 for state in TERMINAL}
 
     # ---- bookkeeping -------------------------------------------------------------
 
@@ -146,23 +145,21 @@ class CoordinatorCore:
                 inserts.append(insert_row(job))
             else:
                 updates.append(update_row(job))
-        batch = Batch(inserts, updates, self._new_types, self._events, self._trims, self._purges)
-        self._new_types, self._events, self._trims, self._purges = [], [], [], []
+        batch = Batch(inserts, updates, self._new_types, self._purges)
+        self._new_types, self._purges = [], []
         self._dirty = {}
         self._new = set()
         return batch
 
     def _event(self, job: Job, now_millis: int, event: str, detail: str | None = None,
-               retry_at: int | None = None, lease: tuple[int, str | None, str | None] | None = None) -> None:
-        """Append one event to the job's timeline, written in this batch's commit.
-        ``lease`` is (attempt, attempt id, worker id) for events about one attempt."""
-        job.event_seq += 1
-        attempt, attempt_id, worker_id = lease if lease is not None else (None, None, None)
-        self._events.append((job.job_id, job.event_seq, now_millis, event, attempt, attempt_id, worker_id,
-                             detail, retry_at))
-        if job.event_seq > EVENTS_KEPT:
-            self._trims.append((job.job_id, job.event_seq - EVENTS_KEPT))
-        self._touch(job)
+               retry_at: int | None = None, attempt: int | None = None, worker_id: str | None = None) -> None:
+        """Append one event to the job's timeline (its ``events`` column, committed with the
+        job's row in this batch); only the newest EVENTS_KEPT are kept."""
+        events = job.events
+        events.append((now_millis, event, attempt, worker_id, detail, retry_at))
+        if len(events) > EVENTS_KEPT:
+            del events[0]
+        self._dirty[job.job_id] = job
 
     def take_outbound(self) -> list[tuple[Any, m.Message | None]]:
         out, self.outbound = self.outbound, []
@@ -218,16 +215,16 @@ class CoordinatorCore:
         name), and the job is marked dirty for the batch's commit.
         """
         source = job.state
-        lease = (job.attempts, job.attempt_id, job.worker_id) if source is JobState.RUNNING else None
-        if source is JobState.RUNNING and job.worker_id is not None:
-            holder = self.workers.get(job.worker_id)
+        holder_id = job.worker_id  # the lease holder while RUNNING
+        if source is JobState.RUNNING and holder_id is not None:
+            holder = self.workers.get(holder_id)
             if holder is not None:
                 holder.running.discard(job.job_id)
         elif source is JobState.QUEUED:
             self.queued.discard(job.job_id)
         job.move_to(target, now_millis)
         counts = self.counts
-        key = (source.value, job.task_type, job.priority.value)
+        key = (source, job.task_type, job.priority)
         counts[key] -= 1
         if not counts[key]:
             del counts[key]
@@ -242,7 +239,7 @@ class CoordinatorCore:
             job.deadline = now_millis + (job.execution_timeout or self.config.task_timeout_millis)
             heapq.heappush(self.deadline_heap, (job.deadline, job.job_id, job.attempt_id))
             session.running.add(job.job_id)
-            lease = (job.attempts, job.attempt_id, job.worker_id)
+            holder_id = session.worker_id
         elif target is JobState.RETRY_WAIT or target is JobState.SCHEDULED:
             assert due_at is not None, "a waiting job needs its due time"
             if target is JobState.RETRY_WAIT:
@@ -254,16 +251,16 @@ class CoordinatorCore:
         if target in TERMINAL:
             self.jobs.pop(job.job_id, None)
             self._remember_finished(job)
-            self.finished_counts[target.value] += 1
+            self.finished_counts[target] += 1
         else:
-            counts[(target.value, job.task_type, job.priority.value)] += 1
-        if event is not None:
-            detail = job.error if target is JobState.FAILED else None
-            about_lease = target is JobState.RUNNING or target is JobState.COMPLETED or target is JobState.CANCELLED
-            self._event(job, now_millis, event or TRANSITION_EVENTS[target], detail, due_at,
-                        lease if about_lease else None)
-        else:
+            counts[(target, job.task_type, job.priority)] += 1
+        if event is None:
             self._touch(job)
+        elif target is JobState.RUNNING or (source is JobState.RUNNING and target in _ABOUT_THE_LEASE):
+            self._event(job, now_millis, event or TRANSITION_EVENTS[target], None, None, job.attempts, holder_id)
+        else:
+            detail = job.error if target is JobState.FAILED else None
+            self._event(job, now_millis, event or TRANSITION_EVENTS[target], detail, due_at)
 
     # ---- recovery ------------------------------------------------------------------
 
@@ -280,22 +277,22 @@ class CoordinatorCore:
         self.known_types.update(self.store.load_task_types())
         for job in self.store.load_active():
             self.jobs[job.job_id] = job
-            self.counts[(job.state.value, job.task_type, job.priority.value)] += 1
+            self.counts[(job.state, job.task_type, job.priority)] += 1
             if job.idempotency_key is not None:
                 self.keys[job.idempotency_key] = job.job_id
             state = job.state
             if state is JobState.RUNNING:
-                lease = (job.attempts, job.attempt_id, job.worker_id)
                 if job.attempts < job.max_attempts:
                     self._event(job, now_millis, "RECOVERED", "coordinator restarted: attempt %d requeued"
-                                % job.attempts, lease=lease)
+                                % job.attempts, attempt=job.attempts, worker_id=job.worker_id)
                     self._transition(job, JobState.QUEUED, now_millis, event=None)
                     stats["requeued"] += 1
                     stats["queued"] += 1
                 else:
                     job.error = "coordinator restarted during the final attempt (%d of %d)" % (
                         job.attempts, job.max_attempts)
-                    self._event(job, now_millis, "RECOVERED", job.error, lease=lease)
+                    self._event(job, now_millis, "RECOVERED", job.error, attempt=job.attempts,
+                                worker_id=job.worker_id)
                     self._transition(job, JobState.FAILED, now_millis)
                     stats["failed"] += 1
             elif state is JobState.QUEUED:
@@ -414,7 +411,7 @@ class CoordinatorCore:
             self.keys[key] = job.job_id
         self._new.add(job.job_id)
         self.stats["submitted"] += 1
-        self.counts[(job.state.value, task_type, priority.value)] += 1
+        self.counts[(job.state, task_type, priority)] += 1
         self._event(job, now_millis, "SUBMITTED", None if retry_of is None else "retry of %s" % retry_of)
         if later:
             heapq.heappush(self.due_heap, (job.due_at, job.job_id))
@@ -450,13 +447,11 @@ class CoordinatorCore:
         job = self._lookup(job_id)
         if job is None:
             return m.Error("unknown job %s" % job_id)
-        rows = self.store.events(job_id) + [row for row in self._events if row[0] == job_id]
         events = []
-        for row in rows:
-            item: dict[str, Any] = {"atMillis": row[2], "event": row[3]}
-            for name, value in zip(_EVENT_WIRE, row[4:]):
-                if value is not None:
-                    item[name] = value
+        for stored in job.events:
+            item = {name: value for name, value in zip(EVENT_FIELDS, stored) if value is not None}
+            if "attempt" in item:
+                item["attemptId"] = "%s.%d" % (job_id, item["attempt"])  # attempt ids are <jobId>.<n>
             events.append(item)
         return m.JobEvents(job_id, events)
 
@@ -523,14 +518,17 @@ class CoordinatorCore:
     def metrics(self) -> dict[str, Any]:
         """Plain figures for the metrics port: O(series), never O(jobs)."""
         queued_by_priority = {p.value: 0 for p in Priority}
-        for (state, _task_type, priority), n in self.counts.items():
-            if state == "QUEUED":
-                queued_by_priority[priority] += n
+        jobs = {}
+        for (state, task_type, priority), n in self.counts.items():
+            jobs[(state.value, task_type, priority.value)] = n
+            if state is JobState.QUEUED:
+                queued_by_priority[priority.value] += n
         capacity = busy = 0
         for session in self.workers:
             capacity += session.capacity
             busy += len(session.running)
-        return dict(self.stats, jobs=dict(self.counts), finished=dict(self.finished_counts),
+        finished = {state.value: n for state, n in self.finished_counts.items()}
+        return dict(self.stats, jobs=jobs, finished=finished,
                     workers=len(self.workers), capacity=capacity, busy_slots=busy,
                     queued_by_priority=queued_by_priority)
 
@@ -638,7 +636,7 @@ class CoordinatorCore:
             self.stats["stale_results"] += 1
             if job is not None:
                 self._event(job, now_millis, "STALE_RESULT", "a result for a lease that had ended was dropped",
-                            lease=(_attempt_number(res.attempt_id), res.attempt_id, res.worker_id))
+                            attempt=_attempt_number(job.job_id, res.attempt_id), worker_id=res.worker_id)
             return
         if res.success:
             result = res.result if res.result is not None else {}
@@ -692,7 +690,7 @@ class CoordinatorCore:
         """An attempt ended without a result (``cause``: ATTEMPT_FAILED, LEASE_EXPIRED or
         WORKER_LOST, written to the timeline): RETRY_WAIT while attempts remain, else FAILED."""
         job.error = error
-        self._event(job, now_millis, cause, error, lease=(job.attempts, job.attempt_id, job.worker_id))
+        self._event(job, now_millis, cause, error, attempt=job.attempts, worker_id=job.worker_id)
         if job.attempts < job.max_attempts:
             delay = scheduler.retry_delay_millis(job.attempts, self.config.retry_base_millis, self.config.retry_cap_millis)
             self._transition(job, JobState.RETRY_WAIT, now_millis, due_at=now_millis + delay)

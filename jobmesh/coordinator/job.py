@@ -11,7 +11,7 @@ here are the record itself (plus ``payload_json``, the payload as already encode
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jobmesh.protocol.jobs import JobState, Priority, check_transition
@@ -39,7 +39,8 @@ class Job:
     deadline: int | None = None
     run_at: int | None = None  # when the job was asked to run (runAtMillis), None: at once
     retry_of: str | None = None  # the finished job this one retries (RETRY_JOB)
-    event_seq: int = 0  # the number of the job's last timeline event
+    # The timeline, oldest first: (atMillis, event, attempt, workerId, detail, retryAtMillis)
+    events: list[Any] = field(default_factory=list)
     payload_json: str | None = None  # the payload as stored, when already encoded
 
     def __post_init__(self) -> None:

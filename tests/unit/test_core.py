@@ -647,7 +647,7 @@ def test_results_that_do_not_match_the_lease_are_dropped(h, case):
     workers_before = h.core.list_workers(3).workers
     out = h.report(3, target, result={"sleptMillis": 999}, attempt=attempt, conn=conn, worker_id=worker_id)
     assert h.status(job_id) == snap_before
-    assert row(h, job_id)[:-1] == row_before[:-1]  # all but event_seq: an active job's timeline notes it
+    assert row(h, job_id)[:-1] == row_before[:-1]  # all but the timeline (events, last): it notes the result
     assert h.core.list_workers(3).workers == workers_before
     assert out == []
 
