@@ -15,6 +15,7 @@ from jobmesh.errors import ConfigError
 
 SYNC_MODES = ("FULL", "NORMAL", "OFF")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class CoordinatorConfig(CoreConfig):
     sweep_interval_millis: int = 500
     db_synchronous: str = "FULL"
     log_level: str = "INFO"
+    log_format: str = "text"
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class WorkerConfig:
     capacity: int = 4
     heartbeat_interval_millis: int = 2000
     log_level: str = "INFO"
+    log_format: str = "text"
     # Modules whose @task functions this worker runs (``--tasks``), besides the built-ins.
     task_modules: tuple[str, ...] = ()
 
@@ -105,6 +108,14 @@ def _choice(args: dict[str, Any], flag: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def log_format(args: dict[str, Any]) -> str:
+    """``--log-format``: ``text`` or ``json`` (any case); ``text`` when the flag is absent."""
+    value = str(args.get("--log-format") or "text").lower()
+    if value not in LOG_FORMATS:
+        raise ConfigError("--log-format must be one of %s, got %r" % (", ".join(LOG_FORMATS), args.get("--log-format")))
+    return value
+
+
 def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
     """Build from docopt's dict for ``jobmesh coordinator`` / ``jobmesh up``."""
     periodic = args.get("--periodic-port")
@@ -127,9 +138,11 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         retry_base_millis=_int(args, "--retry-base-millis", 0),
         retry_cap_millis=_int(args, "--retry-cap-millis", 0),
         default_max_attempts=_int(args, "--default-max-attempts", 1),
+        retain_finished_millis=_int(args, "--retain-finished-millis", 0),
         sweep_interval_millis=_int(args, "--sweep-interval-millis", 1),
         db_synchronous=_choice(args, "--db-synchronous", SYNC_MODES),
         log_level=_choice(args, "--log-level", LOG_LEVELS),
+        log_format=log_format(args),
     )
     if cfg.retry_cap_millis < cfg.retry_base_millis:
         raise ConfigError("--retry-cap-millis must be >= --retry-base-millis")
@@ -149,5 +162,6 @@ def worker_config(args: dict[str, Any]) -> WorkerConfig:
         capacity=_int(args, "--capacity", 1, 1024),
         heartbeat_interval_millis=_int(args, "--heartbeat-interval-millis", 1),
         log_level=_choice(args, "--log-level", LOG_LEVELS),
+        log_format=log_format(args),
         task_modules=parse_task_modules(args.get("--tasks")),
     )

@@ -73,7 +73,9 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         "default-max-attempts": cfg.default_max_attempts,
         "sweep-interval-millis": cfg.sweep_interval_millis,
         "db-synchronous": cfg.db_synchronous,
+        "retain-finished-millis": cfg.retain_finished_millis,
         "log-level": cfg.log_level,
+        "log-format": cfg.log_format,
     }
     if cfg.periodic_port is not None:
         flags["periodic-port"] = cfg.periodic_port
@@ -140,7 +142,8 @@ class Supervisor:
             for n in range(1, self.workers + 1):
                 argv = [sys.executable, "-m", "jobmesh", "worker", "--coordinator=%s" % target,
                         "--id=local-%d" % n, "--capacity=%d" % self.capacity,
-                        "--heartbeat-interval-millis=%d" % heartbeat, "--log-level=%s" % self.cfg.log_level]
+                        "--heartbeat-interval-millis=%d" % heartbeat, "--log-level=%s" % self.cfg.log_level,
+                        "--log-format=%s" % self.cfg.log_format]
                 if self.task_modules:
                     argv.append("--tasks=%s" % ",".join(self.task_modules))
                 slot = WorkerSlot("local-%d" % n, argv)

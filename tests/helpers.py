@@ -617,7 +617,7 @@ class WorkerProc:
 
     def __init__(self, tmp_path: Path, target: str, worker_id: str = "w-1", capacity: int = 2,
                  heartbeat_millis: int = 100, log_level: str = "DEBUG", tasks: str | None = None,
-                 cwd: Path | None = None):
+                 cwd: Path | None = None, extra: tuple[str, ...] = ()):
         self.tmp_path = Path(tmp_path)
         self.target = target
         self.worker_id = worker_id
@@ -626,6 +626,7 @@ class WorkerProc:
         self.log_level = log_level
         self.tasks = tasks  # --tasks=MODULES, found from ``cwd``
         self.cwd = cwd
+        self.extra = tuple(extra)  # more flags, e.g. ("--log-format=json",)
         self.proc: subprocess.Popen | None = None
         WorkerProc._started += 1  # two processes may share an id: each gets its own log
         self.name = "worker-%s-%d" % (worker_id, WorkerProc._started)
@@ -637,6 +638,7 @@ class WorkerProc:
                 "--heartbeat-interval-millis=%d" % self.heartbeat_millis, "--log-level=%s" % self.log_level]
         if self.tasks:
             args.append("--tasks=%s" % self.tasks)
+        args.extend(self.extra)
         out_path = self.tmp_path / (self.name + ".out")
         with open(out_path, "ab") as out, open(self.err_path, "ab") as err:
             self.proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env(),

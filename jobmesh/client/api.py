@@ -217,6 +217,30 @@ class CoordinatorClient:
         reply = self._request(m.CancelJob(job_id), m.JobCancel)
         return reply.cancelled, reply.job
 
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's timeline, oldest first: dicts ``{atMillis, event, ...}`` with ``attempt``,
+        ``attemptId``, ``workerId``, ``detail``, ``retryAtMillis`` where they apply.
+        ``RequestFailed`` for an unknown id."""
+        return self._request(m.GetJobEvents(job_id), m.JobEvents, idempotent=True).events
+
+    def retry(self, job_id: str) -> str:
+        """Submit a finished job again (same type, payload, priority and attempt budget) and
+        return the new jobId; its snapshot's ``retryOf`` is ``job_id``.
+
+        ``RequestFailed`` if the job is unknown or not finished; ``SubmitRejected`` at the
+        admission limit (never retried here: call again after a backoff).
+        """
+        return self._request(m.RetryJob(job_id), m.JobSubmitted).job_id
+
+    def purge(self, older_than_millis: int, limit: int | None = None) -> tuple[int, bool]:
+        """Delete up to ``limit`` (coordinator default and cap: 10,000) finished jobs last updated
+        more than ``older_than_millis`` ago, with their events. Returns ``(purged, more)``;
+        ``more`` means such jobs remain: call again. ``ValueError`` for a negative age or limit."""
+        if older_than_millis < 0 or (limit is not None and limit < 1):
+            raise ValueError("older_than_millis must be >= 0 and limit >= 1, got %r, %r" % (older_than_millis, limit))
+        reply = self._request(m.PurgeJobs(older_than_millis, limit), m.JobsPurged)
+        return reply.purged, reply.more
+
     def wait(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
         """Poll until the job is COMPLETED, FAILED or CANCELLED and return that snapshot.
 
