@@ -247,6 +247,7 @@ class Servers:
         self.post = post  # client requests
         self.post_worker = post_urgent  # worker events go first (they free capacity)
         self.worker_conns: set[WorkerConn] = set()
+        self.client_count = 0  # open client connections (the metrics port reports it)
 
     # ---- worker port ---------------------------------------------------------------
 
@@ -299,6 +300,7 @@ class Servers:
         _nodelay(sock)
         conn = ClientConn(sock)
         reader = FrameReader(sock.recv)
+        self.client_count += 1
         try:
             while not conn.closed:
                 obj = reader.read_frame()
@@ -320,4 +322,5 @@ class Servers:
         except OSError:
             pass
         finally:
+            self.client_count -= 1
             conn.release()
