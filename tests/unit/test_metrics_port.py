@@ -337,3 +337,29 @@ def test_local_conn_hands_the_reply_bytes_over():
     conn = LocalConn()
     conn.reply(encode_frame(m.JobSubmitted("j").to_wire()), 1, close=False)
     assert decode_reply(conn.answer.get(block=False)) == {"type": "JOB_SUBMITTED", "jobId": "j"}
+
+
+# ---- the flag -----------------------------------------------------------------------------------
+
+
+def test_metrics_port_is_off_unless_given_and_up_passes_it_on():
+    from jobmesh.cli import parse
+    from jobmesh.config import coordinator_config
+    from jobmesh.up import coordinator_argv
+
+    assert coordinator_config(parse(["coordinator"])[1]).metrics_port is None
+    cfg = coordinator_config(parse(["coordinator", "--metrics-port=0"])[1])
+    assert cfg.metrics_port == 0
+    assert "--metrics-port=0" in coordinator_argv(cfg)
+    assert not any(a.startswith("--metrics-port") for a in coordinator_argv(coordinator_config(parse(["up"])[1])))
+    assert coordinator_config(parse(["up", "--metrics-port=9100"])[1]).metrics_port == 9100
+
+
+def test_a_bad_metrics_port_is_a_config_error():
+    from jobmesh.cli import parse
+    from jobmesh.config import coordinator_config
+    from jobmesh.errors import ConfigError
+
+    for bad in ("x", "-1", "65536"):
+        with pytest.raises(ConfigError, match="--metrics-port"):
+            coordinator_config(parse(["coordinator", "--metrics-port=%s" % bad])[1])
