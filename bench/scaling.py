@@ -248,8 +248,9 @@ class SteadyCore:
         t_sweep = time.perf_counter() - t
 
         t = time.perf_counter()
-        inserts, updates, types = core.take_dirty()
-        self.store.write(inserts, updates, types)
+        batch = core.take_dirty()
+        inserts, updates = batch.inserts, batch.updates
+        self.store.write(*batch)
         t_commit = time.perf_counter() - t
         self.rounds += 1
         return {"depth": depth, "assigned": assigned, "results": len(results),

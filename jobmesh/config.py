@@ -28,6 +28,7 @@ class CoreConfig:
     retry_base_millis: int = 1000
     retry_cap_millis: int = 30_000
     default_max_attempts: int = 3
+    retain_finished_millis: int = 7 * 24 * 3600 * 1000  # finished jobs are purged after this (0: never)
 
 
 @dataclass(frozen=True)

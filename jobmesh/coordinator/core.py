@@ -38,7 +38,7 @@ from jobmesh.config import CoreConfig
 from jobmesh.coordinator import scheduler
 from jobmesh.coordinator.job import Job
 from jobmesh.coordinator.registry import Session, WorkerRegistry
-from jobmesh.coordinator.store import JobStore, insert_row, update_row
+from jobmesh.coordinator.store import EVENT_COLUMNS, EVENTS_KEPT, Batch, JobStore, insert_row, update_row
 from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
@@ -61,7 +61,23 @@ LIST_MAX_BYTES = 900 * 1024  # keep JOB_LIST below the 1 MiB frame limit
 FINISHED_CACHE = 20_000
 BUILTIN_TYPES = frozenset(TASK_TYPES)
 
-Rows = tuple[list[tuple], list[tuple], list[tuple[str, int]]]
+PURGE_SWEEP = 1000  # finished jobs purged per sweep at most (retention)
+PURGE_BATCH = 256  # and per batch while more are due
+PURGE_REQUEST_MAX = 10_000  # per PURGE_JOBS request
+FINISHED_STATES = ("COMPLETED", "FAILED", "CANCELLED")
+_EVENT_WIRE = ("attempt", "attemptId", "workerId", "detail", "retryAtMillis")  # EVENT_COLUMNS[4:] on the wire
+# The timeline event a transition writes, by target state (None: the caller writes its own).
+TRANSITION_EVENTS = {
+    JobState.QUEUED: "QUEUED", JobState.RUNNING: "ASSIGNED", JobState.RETRY_WAIT: "RETRY_WAIT",
+    JobState.SCHEDULED: "RESCHEDULED", JobState.COMPLETED: "COMPLETED", JobState.FAILED: "FAILED",
+    JobState.CANCELLED: "CANCELLED",
+}
+
+
+def _attempt_number(attempt_id: str) -> int:
+    """The attempt number an attempt id ends with (``<jobId>.<n>``), 0 if it does not."""
+    tail = attempt_id.rpartition(".")[2]
+    return int(tail) if tail.isdigit() and len(tail) < 10 else 0
 
 
 def _due_time(job: Job) -> int | None:
@@ -88,10 +104,21 @@ class CoordinatorCore:
         self.known_types: set[str] = set(BUILTIN_TYPES)  # built-ins and every type ever declared
         self.next_seq = 1
         self._last_created = 0
+        self.workers_by_type: dict[str, set[Session]] = {}  # task type -> live sessions that run it
         self.outbound: list[tuple[Any, m.Message | None]] = []
         self._dirty: dict[str, Job] = {}
         self._new: set[str] = set()
         self._new_types: list[tuple[str, int]] = []
+        self._events: list[tuple] = []  # timeline rows of this batch (store.EVENT_COLUMNS)
+        self._trims: list[tuple[str, int]] = []
+        self._purges: list[str] = []
+        self._purge_backlog = False  # the last retention pass found a full batch: more are due
+        # Metrics: plain counters (read at scrape time), and the active jobs by
+        # (state, task type, priority), kept by _transition.
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+        self.stats = {"submitted": 0, "rejected": 0, "retries": 0, "deadline_expiries": 0, "workers_lost": 0,
+                      "stale_results": 0, "purged": 0}
+        self.finished_counts = {state: 0 for state in FINISHED_STATES}
 
     # ---- bookkeeping -------------------------------------------------------------
 
@@ -111,19 +138,31 @@ class CoordinatorCore:
     def _touch(self, job: Job) -> None:
         self._dirty[job.job_id] = job
 
-    def take_dirty(self) -> Rows:
-        """What to commit for everything changed since the last call:
-        (job inserts, job updates, newly declared task types)."""
+    def take_dirty(self) -> Batch:
+        """What to commit for everything changed since the last call."""
         inserts, updates = [], []
         for job_id, job in self._dirty.items():
             if job_id in self._new:
                 inserts.append(insert_row(job))
             else:
                 updates.append(update_row(job))
-        types, self._new_types = self._new_types, []
+        batch = Batch(inserts, updates, self._new_types, self._events, self._trims, self._purges)
+        self._new_types, self._events, self._trims, self._purges = [], [], [], []
         self._dirty = {}
         self._new = set()
-        return inserts, updates, types
+        return batch
+
+    def _event(self, job: Job, now_millis: int, event: str, detail: str | None = None,
+               retry_at: int | None = None, lease: tuple[int, str | None, str | None] | None = None) -> None:
+        """Append one event to the job's timeline, written in this batch's commit.
+        ``lease`` is (attempt, attempt id, worker id) for events about one attempt."""
+        job.event_seq += 1
+        attempt, attempt_id, worker_id = lease if lease is not None else (None, None, None)
+        self._events.append((job.job_id, job.event_seq, now_millis, event, attempt, attempt_id, worker_id,
+                             detail, retry_at))
+        if job.event_seq > EVENTS_KEPT:
+            self._trims.append((job.job_id, job.event_seq - EVENTS_KEPT))
+        self._touch(job)
 
     def take_outbound(self) -> list[tuple[Any, m.Message | None]]:
         out, self.outbound = self.outbound, []
@@ -166,17 +205,20 @@ class CoordinatorCore:
 
     # ---- the one transition method ---------------------------------------------------
 
-    def _transition(self, job: Job, target: JobState, now_millis: int, *,
-                    due_at: int | None = None, session: Session | None = None) -> None:
+    def _transition(self, job: Job, target: JobState, now_millis: int, *, due_at: int | None = None,
+                    session: Session | None = None, event: str | None = "") -> None:
         """Move an active job to ``target`` and keep every index in step with it.
 
         Leaving QUEUED leaves the queue; leaving RUNNING frees the lease holder's slot.
         Entering QUEUED joins the job's type queue; RETRY_WAIT and SCHEDULED take
         ``due_at`` and join the due heap; RUNNING takes ``session`` and issues a new lease
         with its deadline; a terminal state leaves the active set (freeing its admission
-        slot) for the finished cache. The job is marked dirty for the batch's commit.
+        slot) for the finished cache. The per-state counts follow, the move is written to
+        the job's timeline (``event``: "" the state's own event, None none, or another
+        name), and the job is marked dirty for the batch's commit.
         """
         source = job.state
+        lease = (job.attempts, job.attempt_id, job.worker_id) if source is JobState.RUNNING else None
         if source is JobState.RUNNING and job.worker_id is not None:
             holder = self.workers.get(job.worker_id)
             if holder is not None:
@@ -184,6 +226,11 @@ class CoordinatorCore:
         elif source is JobState.QUEUED:
             self.queued.discard(job.job_id)
         job.move_to(target, now_millis)
+        counts = self.counts
+        key = (source.value, job.task_type, job.priority.value)
+        counts[key] -= 1
+        if not counts[key]:
+            del counts[key]
         if target is JobState.QUEUED:
             self.queued.add(job.job_id, job.task_type, job.priority.level, job.due_at, job.seq)
         elif target is JobState.RUNNING:
@@ -195,17 +242,28 @@ class CoordinatorCore:
             job.deadline = now_millis + (job.execution_timeout or self.config.task_timeout_millis)
             heapq.heappush(self.deadline_heap, (job.deadline, job.job_id, job.attempt_id))
             session.running.add(job.job_id)
+            lease = (job.attempts, job.attempt_id, job.worker_id)
         elif target is JobState.RETRY_WAIT or target is JobState.SCHEDULED:
             assert due_at is not None, "a waiting job needs its due time"
             if target is JobState.RETRY_WAIT:
                 job.retry_at = due_at
+                self.stats["retries"] += 1
             else:
                 job.run_at = due_at
             heapq.heappush(self.due_heap, (due_at, job.job_id))
-        elif target in TERMINAL:
+        if target in TERMINAL:
             self.jobs.pop(job.job_id, None)
             self._remember_finished(job)
-        self._touch(job)
+            self.finished_counts[target.value] += 1
+        else:
+            counts[(target.value, job.task_type, job.priority.value)] += 1
+        if event is not None:
+            detail = job.error if target is JobState.FAILED else None
+            about_lease = target is JobState.RUNNING or target is JobState.COMPLETED or target is JobState.CANCELLED
+            self._event(job, now_millis, event or TRANSITION_EVENTS[target], detail, due_at,
+                        lease if about_lease else None)
+        else:
+            self._touch(job)
 
     # ---- recovery ------------------------------------------------------------------
 
@@ -222,23 +280,29 @@ class CoordinatorCore:
         self.known_types.update(self.store.load_task_types())
         for job in self.store.load_active():
             self.jobs[job.job_id] = job
+            self.counts[(job.state.value, job.task_type, job.priority.value)] += 1
             if job.idempotency_key is not None:
                 self.keys[job.idempotency_key] = job.job_id
             state = job.state
             if state is JobState.RUNNING:
+                lease = (job.attempts, job.attempt_id, job.worker_id)
                 if job.attempts < job.max_attempts:
-                    self._transition(job, JobState.QUEUED, now_millis)
+                    self._event(job, now_millis, "RECOVERED", "coordinator restarted: attempt %d requeued"
+                                % job.attempts, lease=lease)
+                    self._transition(job, JobState.QUEUED, now_millis, event=None)
                     stats["requeued"] += 1
                     stats["queued"] += 1
                 else:
                     job.error = "coordinator restarted during the final attempt (%d of %d)" % (
                         job.attempts, job.max_attempts)
+                    self._event(job, now_millis, "RECOVERED", job.error, lease=lease)
                     self._transition(job, JobState.FAILED, now_millis)
                     stats["failed"] += 1
             elif state is JobState.QUEUED:
                 self.queued.add(job.job_id, job.task_type, job.priority.level, job.due_at, job.seq)
                 stats["queued"] += 1
             elif state is JobState.SCHEDULED and (job.run_at is None or job.run_at <= now_millis):
+                self._event(job, now_millis, "RECOVERED", "fell due while the coordinator was down")
                 self._transition(job, JobState.QUEUED, now_millis)
                 stats["due"] += 1
                 stats["queued"] += 1
@@ -321,7 +385,15 @@ class CoordinatorCore:
                     "idempotencyKey %r is already bound to job %s with a different request "
                     "(taskType, payload, maxAttempts or priority differ)" % (key, existing.job_id)
                 )
+        return self._create(now_millis, req.task_type, req.payload, payload_json, max_attempts, priority, key,
+                            run_at)
+
+    def _create(self, now_millis: int, task_type: str, payload: dict[str, Any], payload_json: str | None,
+                max_attempts: int, priority: Priority, key: str | None, run_at: int | None,
+                retry_of: str | None = None) -> m.Message:
+        """Admit and create a job (SUBMITTED, then QUEUED or SCHEDULED); the reply to its submit."""
         if self.active_count >= self.config.max_active_jobs:
+            self.stats["rejected"] += 1
             return m.SubmitRejected(
                 "coordinator is at its active-job limit; retry later",
                 self.active_count, self.config.max_active_jobs, True,
@@ -330,31 +402,137 @@ class CoordinatorCore:
         created = max(now_millis, self._last_created)
         self._last_created = created
         later = run_at is not None and run_at > now_millis
-        due = created if run_at is None else run_at
         job = Job(
-            job_id=self._job_id(self.next_seq), seq=self.next_seq, task_type=req.task_type, payload=req.payload,
+            job_id=self._job_id(self.next_seq), seq=self.next_seq, task_type=task_type, payload=payload,
             max_attempts=max_attempts, priority=priority, created_at=created, idempotency_key=key,
             execution_timeout=self.config.task_timeout_millis, payload_json=payload_json, run_at=run_at,
-            state=JobState.SCHEDULED if later else JobState.QUEUED,
+            state=JobState.SCHEDULED if later else JobState.QUEUED, retry_of=retry_of,
         )
         self.next_seq += 1
         self.jobs[job.job_id] = job
         if key is not None:
             self.keys[key] = job.job_id
         self._new.add(job.job_id)
-        self._touch(job)
+        self.stats["submitted"] += 1
+        self.counts[(job.state.value, task_type, priority.value)] += 1
+        self._event(job, now_millis, "SUBMITTED", None if retry_of is None else "retry of %s" % retry_of)
         if later:
-            heapq.heappush(self.due_heap, (due, job.job_id))
+            heapq.heappush(self.due_heap, (job.due_at, job.job_id))
         else:
             self.queued.add(job.job_id, job.task_type, priority.level, job.due_at, job.seq)
-        log.debug("submitted job=%s type=%s priority=%s run_at=%s", job.job_id, job.task_type, priority.value, run_at)
+        log.debug("submitted job=%s type=%s priority=%s run_at=%s", job.job_id, task_type, priority.value, run_at)
         return m.JobSubmitted(job.job_id)
+
+    def _waiting(self, job: Job) -> str | None:
+        """Why a QUEUED job is not running, from the worker indexes: O(workers of its type)."""
+        if not len(self.workers):
+            return "NO_WORKER"
+        able = self.workers_by_type.get(job.task_type)
+        if not able:
+            return "NO_WORKER_FOR_TYPE"
+        for session in able:
+            if len(session.running) < session.capacity:
+                return "BEHIND_OTHER_JOBS"  # a worker has room: the next pass takes it, or better jobs
+        return "WORKERS_BUSY"
+
+    def snapshot(self, job: Job) -> dict[str, Any]:
+        """A job's wire snapshot, with its waiting reason."""
+        return job.snapshot(self._waiting(job) if job.state is JobState.QUEUED else None)
 
     def get_job_status(self, now_millis: int, job_id: str) -> m.Message:
         job = self._lookup(job_id)
         if job is None:
             return m.Error("unknown job %s" % job_id)
-        return m.JobStatus(job.snapshot())
+        return m.JobStatus(self.snapshot(job))
+
+    def get_job_events(self, now_millis: int, job_id: str) -> m.Message:
+        """The job's timeline: what the store holds, then this batch's events not committed yet."""
+        job = self._lookup(job_id)
+        if job is None:
+            return m.Error("unknown job %s" % job_id)
+        rows = self.store.events(job_id) + [row for row in self._events if row[0] == job_id]
+        events = []
+        for row in rows:
+            item: dict[str, Any] = {"atMillis": row[2], "event": row[3]}
+            for name, value in zip(_EVENT_WIRE, row[4:]):
+                if value is not None:
+                    item[name] = value
+            events.append(item)
+        return m.JobEvents(job_id, events)
+
+    def retry_job(self, now_millis: int, job_id: str) -> m.Message:
+        """A new job with a finished job's type, payload, priority and budget; ``retryOf`` names it."""
+        job = self._lookup(job_id)
+        if job is None:
+            return m.Error("unknown job %s" % job_id)
+        if job.state not in TERMINAL:
+            return m.Error("job %s is %s; only a finished job can be retried (cancel it first)"
+                           % (job_id, job.state.value))
+        problem = self._check_payload(job.task_type, job.payload)
+        if problem is not None:
+            return m.Error("job %s cannot be retried: %s" % (job_id, problem))
+        reply = self._create(now_millis, job.task_type, job.payload, None, job.max_attempts, job.priority, None,
+                             None, retry_of=job_id)
+        if isinstance(reply, m.JobSubmitted):
+            log.info("retry submitted job=%s retry_of=%s", reply.job_id, job_id)
+        return reply
+
+    def purge_jobs(self, now_millis: int, req: m.PurgeJobs) -> m.Message:
+        """Delete finished jobs last updated more than ``olderThanMillis`` ago (PURGE_JOBS)."""
+        if req.older_than_millis < 0:
+            return m.Error("olderThanMillis must be a non-negative integer, got %d" % req.older_than_millis)
+        limit = PURGE_REQUEST_MAX if req.limit is None else req.limit
+        if not 1 <= limit <= PURGE_REQUEST_MAX:
+            return m.Error("limit must be 1..%d, got %d" % (PURGE_REQUEST_MAX, limit))
+        purged = self._purge(now_millis - req.older_than_millis, limit)
+        log.info("purged finished jobs count=%d older_than_millis=%d", purged, req.older_than_millis)
+        return m.JobsPurged(purged, purged == limit)
+
+    def _purge(self, cutoff_millis: int, limit: int) -> int:
+        """Forget up to ``limit`` finished jobs last updated before the cutoff; the batch's
+        commit deletes their rows and events. Their idempotency keys are free again."""
+        found = self.store.finished_before(cutoff_millis, limit)
+        queued = set(self._purges)
+        for job_id, key in found:
+            if job_id in queued:
+                continue
+            self.finished.pop(job_id, None)
+            if key is not None and self.keys.get(key) == job_id:
+                del self.keys[key]
+            self._dirty.pop(job_id, None)
+            self._purges.append(job_id)
+        self.stats["purged"] += len(found)
+        return len(found)
+
+    def purge_expired(self, now_millis: int, limit: int = PURGE_SWEEP) -> None:
+        """Retention: purge finished jobs older than ``retain_finished_millis`` in small
+        batches (each sweep, and each batch while more are due), so the database stops
+        growing under a steady load without one large delete ever stalling the core."""
+        retain = self.config.retain_finished_millis
+        if retain <= 0:
+            return
+        purged = self._purge(now_millis - retain, limit)
+        self._purge_backlog = purged == limit
+
+    def after_batch(self, now_millis: int) -> None:
+        """Work after each batch: schedule, and keep purging while the last pass was full."""
+        self.schedule_queued_jobs(now_millis)
+        if self._purge_backlog:
+            self.purge_expired(now_millis, PURGE_BATCH)
+
+    def metrics(self) -> dict[str, Any]:
+        """Plain figures for the metrics port: O(series), never O(jobs)."""
+        queued_by_priority = {p.value: 0 for p in Priority}
+        for (state, _task_type, priority), n in self.counts.items():
+            if state == "QUEUED":
+                queued_by_priority[priority] += n
+        capacity = busy = 0
+        for session in self.workers:
+            capacity += session.capacity
+            busy += len(session.running)
+        return dict(self.stats, jobs=dict(self.counts), finished=dict(self.finished_counts),
+                    workers=len(self.workers), capacity=capacity, busy_slots=busy,
+                    queued_by_priority=queued_by_priority)
 
     def list_workers(self, now_millis: int) -> m.Message:
         return m.WorkerList([s.snapshot() for s in self.workers])
@@ -386,7 +564,7 @@ class CoordinatorCore:
             live = self.jobs.get(stored.job_id) or self.finished.get(stored.job_id) or stored
             if state is not None and live.state.value != state:
                 continue  # moved on since its last commit; it belongs to another state now
-            snap = live.snapshot()
+            snap = self.snapshot(live)
             size += len(ujson.dumps(snap)) + 1
             if size > LIST_MAX_BYTES and jobs:
                 next_cursor = str(rows[i - 1][0])
@@ -400,12 +578,12 @@ class CoordinatorCore:
             done = self._lookup(job_id)
             if done is None:
                 return m.Error("unknown job %s" % job_id)
-            return m.JobCancel(False, done.snapshot())
+            return m.JobCancel(False, self.snapshot(done))
         if job.state is JobState.RUNNING:
             self._revoke_lease(job, "cancelled")
         self._transition(job, JobState.CANCELLED, now_millis)
         log.info("cancelled job=%s", job.job_id)
-        return m.JobCancel(True, job.snapshot())
+        return m.JobCancel(True, self.snapshot(job))
 
     # ---- worker events -------------------------------------------------------------------
 
@@ -431,6 +609,8 @@ class CoordinatorCore:
             log.info("new task type declared type=%s worker=%s", name, worker_id)
         session = Session(worker_id, capacity, conn, now_millis, types)
         self.workers.add(session)
+        for name in types:
+            self.workers_by_type.setdefault(name, set()).add(session)
         self._send(conn, m.WorkerRegistered(worker_id))
         log.info("worker registered worker=%s capacity=%d types=%s", worker_id, capacity, ",".join(sorted(types)))
 
@@ -455,21 +635,26 @@ class CoordinatorCore:
             or job.worker_id != res.worker_id
         ):
             log.warning("stale result dropped job=%s attempt=%s worker=%s", res.job_id, res.attempt_id, res.worker_id)
+            self.stats["stale_results"] += 1
+            if job is not None:
+                self._event(job, now_millis, "STALE_RESULT", "a result for a lease that had ended was dropped",
+                            lease=(_attempt_number(res.attempt_id), res.attempt_id, res.worker_id))
             return
         if res.success:
             result = res.result if res.result is not None else {}
             if not is_finite_json(result):
-                self._retry_or_fail(job, now_millis, "result holds NaN or Infinity, which JSON does not allow")
+                self._retry_or_fail(job, now_millis, "result holds NaN or Infinity, which JSON does not allow",
+                                    "ATTEMPT_FAILED")
                 return
             if len(ujson.dumps(result)) > MAX_RESULT_BYTES:
-                self._retry_or_fail(job, now_millis, "result larger than %d bytes" % MAX_RESULT_BYTES)
+                self._retry_or_fail(job, now_millis, "result larger than %d bytes" % MAX_RESULT_BYTES, "ATTEMPT_FAILED")
                 return
             job.result = result
             self._transition(job, JobState.COMPLETED, now_millis)
             log.debug("completed job=%s attempt=%d", job.job_id, job.attempts)
         else:
             error = (res.error or "task failed without an error message")[:MAX_ERROR_CHARS]
-            self._retry_or_fail(job, now_millis, error)
+            self._retry_or_fail(job, now_millis, error, "ATTEMPT_FAILED")
 
     def on_worker_disconnected(self, now_millis: int, conn: Any) -> None:
         session = self.workers.by_conn(conn)
@@ -480,10 +665,17 @@ class CoordinatorCore:
 
     def _drop_session(self, session: Session, now_millis: int, reason: str) -> None:
         self.workers.remove(session)
+        self.stats["workers_lost"] += 1
+        for name in session.task_types:
+            able = self.workers_by_type.get(name)
+            if able is not None:
+                able.discard(session)
+                if not able:
+                    del self.workers_by_type[name]
         for job_id in sorted(session.running):
             job = self.jobs.get(job_id)
             if job is not None and job.state is JobState.RUNNING and job.worker_id == session.worker_id:
-                self._retry_or_fail(job, now_millis, "attempt %d lost: %s" % (job.attempts, reason))
+                self._retry_or_fail(job, now_millis, "attempt %d lost: %s" % (job.attempts, reason), "WORKER_LOST")
         session.running.clear()
 
     # ---- outcomes ---------------------------------------------------------------------
@@ -496,8 +688,11 @@ class CoordinatorCore:
             self._send(session.conn, m.TaskCancel(job.job_id, job.attempt_id))
         log.debug("revoked lease job=%s attempt=%s why=%s", job.job_id, job.attempt_id, why)
 
-    def _retry_or_fail(self, job: Job, now_millis: int, error: str) -> None:
+    def _retry_or_fail(self, job: Job, now_millis: int, error: str, cause: str) -> None:
+        """An attempt ended without a result (``cause``: ATTEMPT_FAILED, LEASE_EXPIRED or
+        WORKER_LOST, written to the timeline): RETRY_WAIT while attempts remain, else FAILED."""
         job.error = error
+        self._event(job, now_millis, cause, error, lease=(job.attempts, job.attempt_id, job.worker_id))
         if job.attempts < job.max_attempts:
             delay = scheduler.retry_delay_millis(job.attempts, self.config.retry_base_millis, self.config.retry_cap_millis)
             self._transition(job, JobState.RETRY_WAIT, now_millis, due_at=now_millis + delay)
@@ -509,11 +704,12 @@ class CoordinatorCore:
     # ---- sweep -----------------------------------------------------------------------
 
     def sweep(self, now_millis: int) -> None:
-        """Dead workers, then expired deadlines, then due jobs, then scheduling."""
+        """Dead workers, then expired deadlines, then due jobs, then scheduling, then retention."""
         self.detect_dead_workers(now_millis)
         self.detect_expired_deadlines(now_millis)
         self.promote_due_jobs(now_millis)
         self.schedule_queued_jobs(now_millis)
+        self.purge_expired(now_millis)
 
     def detect_dead_workers(self, now_millis: int) -> None:
         limit = self.config.heartbeat_timeout_millis
@@ -557,9 +753,11 @@ class CoordinatorCore:
                 continue  # that lease already ended
             timeout = job.execution_timeout or self.config.task_timeout_millis
             log.warning("deadline expired job=%s attempt=%s worker=%s", job_id, attempt_id, job.worker_id)
+            self.stats["deadline_expiries"] += 1
             self._revoke_lease(job, "deadline")
             self._retry_or_fail(
-                job, now_millis, "attempt %d exceeded its execution deadline of %d ms" % (job.attempts, timeout)
+                job, now_millis, "attempt %d exceeded its execution deadline of %d ms" % (job.attempts, timeout),
+                "LEASE_EXPIRED",
             )
 
     def _compact_due(self) -> None:

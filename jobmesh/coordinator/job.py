@@ -38,6 +38,8 @@ class Job:
     execution_timeout: int | None = None
     deadline: int | None = None
     run_at: int | None = None  # when the job was asked to run (runAtMillis), None: at once
+    retry_of: str | None = None  # the finished job this one retries (RETRY_JOB)
+    event_seq: int = 0  # the number of the job's last timeline event
     payload_json: str | None = None  # the payload as stored, when already encoded
 
     def __post_init__(self) -> None:
@@ -73,8 +75,17 @@ class Job:
             and self.priority is priority
         )
 
-    def snapshot(self) -> dict[str, Any]:
-        """The wire snapshot (field names of the protocol)."""
+    def snapshot(self, waiting: str | None = None) -> dict[str, Any]:
+        """The wire snapshot (field names of the protocol). ``waiting`` is the reason a
+        QUEUED job is not running, which only the core can tell; the other states' reasons
+        follow from the state itself."""
+        state = self.state
+        if state is JobState.SCHEDULED:
+            waiting = "SCHEDULED"
+        elif state is JobState.RETRY_WAIT:
+            waiting = "RETRY_BACKOFF"
+        elif state is not JobState.QUEUED:
+            waiting = None
         return {
             "jobId": self.job_id,
             "taskType": self.task_type,
@@ -88,4 +99,7 @@ class Job:
             "updatedAtMillis": self.updated_at,
             "priority": self.priority.value,
             "runAtMillis": self.run_at,
+            "retryAtMillis": self.retry_at,
+            "retryOf": self.retry_of,
+            "waitingReason": waiting,
         }

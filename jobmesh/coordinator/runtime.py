@@ -314,6 +314,9 @@ class Coordinator:
             m.ListJobs: core.list_jobs,
             m.ListWorkers: lambda now, r: core.list_workers(now),
             m.CancelJob: lambda now, r: core.cancel_job(now, r.job_id),
+            m.GetJobEvents: lambda now, r: core.get_job_events(now, r.job_id),
+            m.RetryJob: lambda now, r: core.retry_job(now, r.job_id),
+            m.PurgeJobs: core.purge_jobs,
             ev.Refusal: lambda now, r: r.error,
         }
         return {
@@ -378,7 +381,7 @@ class Coordinator:
                 if kind is ev.Request:
                     replies.append((item.conn, (INTERNAL_ERROR, False)))
         try:
-            core.schedule_queued_jobs(now)
+            core.after_batch(now)
         except Exception:
             log.exception("error while scheduling; continuing")
         return replies, stop

@@ -17,7 +17,10 @@ ALTER TABLE on an older database):
 * v1 (legacy): the base columns only;
 * v2: ``execution_timeout``, ``deadline``;
 * v3: ``priority`` (legacy rows become NORMAL) and ``seq`` (legacy rows get 0);
-* v4: ``run_at`` (scheduled jobs), and the ``task_types`` table of declared task types.
+* v4: ``run_at`` (scheduled jobs), and the ``task_types`` table of declared task types;
+* v5: ``retry_of``, ``event_seq`` (the number of the job's last timeline event), the
+  ``job_events`` table (each job's newest ``EVENTS_KEPT`` events) and the partial index of
+  finished jobs by update time that retention purges by.
 
 ``newest first`` listing uses SQLite's rowid, which grows with each insert and is kept
 by the UPDATE-based upsert, so paging by rowid is stable and O(page) at any table size.
@@ -35,7 +38,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import ujson
 
@@ -93,6 +96,8 @@ COLUMNS: tuple[Column, ...] = (
            added=True),
     Column("seq", "INTEGER NOT NULL DEFAULT 0", decode="v or 0", added=True),
     Column("run_at", "INTEGER", mutable=True, added=True),
+    Column("retry_of", "TEXT", added=True),
+    Column("event_seq", "INTEGER NOT NULL DEFAULT 0", decode="v or 0", mutable=True, added=True),
 )
 
 ACTIVE_STATES = tuple(sorted(s.value for s in ACTIVE))
@@ -105,6 +110,28 @@ SELECT_COLUMNS = ", ".join(c.name for c in COLUMNS)
 INSERT_WIDTH = len(COLUMNS)
 UPDATE_WIDTH = len(MUTABLE_COLUMNS) + 1  # and the job id, last
 TASK_TYPES_TABLE = "CREATE TABLE IF NOT EXISTS task_types (name TEXT PRIMARY KEY, first_seen INTEGER NOT NULL)"
+TERMINAL_STATES = tuple(sorted(s.value for s in JobState if s.value not in ACTIVE_STATES))
+# A job's timeline: one row per event, numbered per job; only the newest EVENTS_KEPT are kept.
+EVENT_COLUMNS = ("job_id", "seq", "at", "event", "attempt", "attempt_id", "worker_id", "detail", "retry_at")
+EVENTS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS job_events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, at INTEGER NOT NULL,"
+    " event TEXT NOT NULL, attempt INTEGER, attempt_id TEXT, worker_id TEXT, detail TEXT, retry_at INTEGER,"
+    " PRIMARY KEY (job_id, seq)) WITHOUT ROWID"
+)
+EVENTS_KEPT = 100
+_FINISHED = "state IN (%s)" % ",".join("'%s'" % s for s in TERMINAL_STATES)  # literal: the planner must see it
+FINISHED_INDEX = "CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(updated_at) WHERE " + _FINISHED
+
+
+class Batch(NamedTuple):
+    """Everything one core batch writes, in one transaction."""
+
+    inserts: list[tuple]  # insert_row() of new jobs
+    updates: list[tuple]  # update_row() of changed jobs
+    task_types: list[tuple[str, int]] = []  # newly declared (name, first seen)
+    events: list[tuple] = []  # timeline rows, EVENT_COLUMNS
+    trims: list[tuple[str, int]] = []  # (job id, seq): drop that job's events up to seq
+    purges: list[str] = []  # finished jobs to delete, with their events
 
 
 def _compile(name: str, source: str) -> Callable[..., Any]:
@@ -156,9 +183,22 @@ def _chunks(rows: list[tuple]) -> Iterator[tuple[int, list[Any]]]:
         yield len(chunk), [v for row in chunk for v in row]
 
 
+def _events_sql(rows: int) -> str:
+    values = ",".join(["(%s)" % ",".join("?" * len(EVENT_COLUMNS))] * rows)
+    return "INSERT OR REPLACE INTO job_events (%s) VALUES %s" % (",".join(EVENT_COLUMNS), values)
+
+
+def _in_list(sql: str, rows: int) -> str:
+    return sql % ",".join("?" * rows)
+
+
 INSERT_SQL = _insert_sql(1)  # one row, for executemany (bench/scaling.py builds big tables with it)
 _INSERT_SQL = {n: _insert_sql(n) for n in range(1, ROWS_PER_STATEMENT + 1)}
 _UPDATE_SQL = {n: _update_sql(n) for n in range(1, ROWS_PER_STATEMENT + 1)}
+_EVENTS_SQL = {n: _events_sql(n) for n in range(1, ROWS_PER_STATEMENT + 1)}
+_PURGE_JOBS_SQL = {n: _in_list("DELETE FROM jobs WHERE job_id IN (%s)", n) for n in range(1, ROWS_PER_STATEMENT + 1)}
+_PURGE_EVENTS_SQL = {n: _in_list("DELETE FROM job_events WHERE job_id IN (%s)", n)
+                     for n in range(1, ROWS_PER_STATEMENT + 1)}
 
 
 class JobStore:
@@ -168,7 +208,7 @@ class JobStore:
         self.path = path
         # Room in the statement cache for every multi-row statement size, both kinds.
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                                    cached_statements=2 * ROWS_PER_STATEMENT + 32)
+                                    cached_statements=5 * ROWS_PER_STATEMENT + 32)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA cache_size=-65536")  # 64 MiB: keeps hot index pages of big tables
         self.conn.execute("PRAGMA synchronous=%s" % {"FULL": "FULL", "NORMAL": "NORMAL", "OFF": "OFF"}[synchronous])
@@ -204,6 +244,8 @@ class JobStore:
             c.execute("CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state)")
             c.execute("CREATE INDEX IF NOT EXISTS jobs_task_type ON jobs(task_type)")
             c.execute(TASK_TYPES_TABLE)
+            c.execute(EVENTS_TABLE)
+            c.execute(FINISHED_INDEX)
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")
@@ -211,9 +253,10 @@ class JobStore:
 
     # ---- writes (called from the runtime's DB thread) -------------------------
 
-    def write(self, inserts: list[tuple], updates: list[tuple], task_types: Sequence[tuple[str, int]] = ()) -> None:
-        """Apply one batch in a single transaction (group commit): job rows, and newly
-        declared task types as ``(name, first_seen_millis)``."""
+    def write(self, inserts: list[tuple], updates: list[tuple], task_types: Sequence[tuple[str, int]] = (),
+              events: list[tuple] = [], trims: Sequence[tuple[str, int]] = (),  # noqa: B006 - never mutated
+              purges: list[str] = []) -> None:  # noqa: B006
+        """Apply one batch (the fields of ``Batch``) in a single transaction (group commit)."""
         c = self.conn
         c.execute("BEGIN")
         try:
@@ -221,6 +264,14 @@ class JobStore:
                 c.execute(_INSERT_SQL[n], params)
             for n, params in _chunks(updates):
                 c.execute(_UPDATE_SQL[n], params)
+            for n, params in _chunks(events):
+                c.execute(_EVENTS_SQL[n], params)
+            if trims:
+                c.executemany("DELETE FROM job_events WHERE job_id=? AND seq<=?", trims)
+            for start in range(0, len(purges), ROWS_PER_STATEMENT):
+                ids = purges[start : start + ROWS_PER_STATEMENT]
+                c.execute(_PURGE_JOBS_SQL[len(ids)], ids)
+                c.execute(_PURGE_EVENTS_SQL[len(ids)], ids)
             if task_types:
                 c.executemany("INSERT OR IGNORE INTO task_types (name, first_seen) VALUES (?, ?)", task_types)
             c.execute("COMMIT")
@@ -276,6 +327,18 @@ class JobStore:
             SELECT_COLUMNS, ("WHERE " + " AND ".join(where)) if where else "")
         params.append(limit)
         return [(r[0], job_from_row(r[1:])) for r in self.reader.execute(sql, params)]
+
+    def events(self, job_id: str) -> list[tuple]:
+        """A job's stored timeline rows (EVENT_COLUMNS), oldest first."""
+        return self.reader.execute(
+            "SELECT %s FROM job_events WHERE job_id=? ORDER BY seq" % ",".join(EVENT_COLUMNS), (job_id,)).fetchall()
+
+    def finished_before(self, cutoff_millis: int, limit: int) -> list[tuple[str, str | None]]:
+        """(job id, idempotency key) of up to ``limit`` finished jobs last updated before
+        ``cutoff_millis``, oldest first (the partial index makes this a range scan)."""
+        return self.reader.execute(
+            "SELECT job_id, idempotency_key FROM jobs INDEXED BY jobs_finished WHERE %s"
+            " AND updated_at < ? ORDER BY updated_at LIMIT ?" % _FINISHED, (cutoff_millis, limit)).fetchall()
 
     def close(self) -> None:
         for c in {id(self.reader): self.reader, id(self.conn): self.conn}.values():

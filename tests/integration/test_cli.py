@@ -18,7 +18,8 @@ from jobmesh.client import CoordinatorClient
 from tests.helpers import run_cli, wait_registered
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
-                   "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis"}
+                   "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
+                   "retryAtMillis", "retryOf", "waitingReason"}
 BUILT_INS = ["FAIL", "PRIME_COUNT", "SHA256", "SLEEP", "WORD_COUNT"]
 
 

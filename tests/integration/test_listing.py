@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
-                   "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis"}
+                   "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
+                   "retryAtMillis", "retryOf", "waitingReason"}
 
 
 def submit_many(client, n: int, task: str = "SLEEP") -> list[str]:

@@ -214,7 +214,7 @@ def test_submit_creates_a_queued_job(h):
     assert snap == {
         "jobId": job_id, "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "maxAttempts": 5,
         "workerId": None, "result": None, "error": None, "createdAtMillis": 1234, "updatedAtMillis": 1234,
-        "priority": "LOW", "runAtMillis": None,
+        "priority": "LOW", "runAtMillis": None, "retryAtMillis": None, "retryOf": None, "waitingReason": "NO_WORKER",
     }
     stored = h.store.get(job_id)
     assert stored.state is JobState.QUEUED and stored.payload == {"durationMillis": 7}
@@ -264,7 +264,7 @@ def test_invalid_submission_is_an_error_and_creates_nothing(h, kw):
     assert h.store.count() == before_count
     assert h.core.next_seq == before_seq
     assert h.core.active_count == 1
-    assert h.core.take_dirty() == ([], [], [])
+    assert not any(h.core.take_dirty())
     assert h.core.outbound == []
 
 
@@ -647,7 +647,7 @@ def test_results_that_do_not_match_the_lease_are_dropped(h, case):
     workers_before = h.core.list_workers(3).workers
     out = h.report(3, target, result={"sleptMillis": 999}, attempt=attempt, conn=conn, worker_id=worker_id)
     assert h.status(job_id) == snap_before
-    assert row(h, job_id) == row_before
+    assert row(h, job_id)[:-1] == row_before[:-1]  # all but event_seq: an active job's timeline notes it
     assert h.core.list_workers(3).workers == workers_before
     assert out == []
 

@@ -38,6 +38,13 @@ SAMPLES: dict[str, m.Message] = {
                                           "lastHeartbeatMillis": 1_700_000_000_000}]),
     "CANCEL_JOB": m.CancelJob(job_id="j-1"),
     "JOB_CANCEL": m.JobCancel(cancelled=True, job=SNAPSHOT),
+    "GET_JOB_EVENTS": m.GetJobEvents(job_id="j-1"),
+    "JOB_EVENTS": m.JobEvents(job_id="j-1", events=[{"atMillis": 1, "event": "SUBMITTED"},
+                                                  {"atMillis": 2, "event": "ASSIGNED", "attempt": 1,
+                                                   "attemptId": "j-1.1", "workerId": "w-1"}]),
+    "RETRY_JOB": m.RetryJob(job_id="j-1"),
+    "PURGE_JOBS": m.PurgeJobs(older_than_millis=86_400_000, limit=500),
+    "JOBS_PURGED": m.JobsPurged(purged=500, more=True),
 }
 
 
@@ -85,6 +92,11 @@ def test_wire_uses_camel_case_names_from_the_protocol(type_name):
         "WORKER_LIST": {"workers"},
         "CANCEL_JOB": {"jobId"},
         "JOB_CANCEL": {"cancelled", "job"},
+        "GET_JOB_EVENTS": {"jobId"},
+        "JOB_EVENTS": {"jobId", "events"},
+        "RETRY_JOB": {"jobId"},
+        "PURGE_JOBS": {"olderThanMillis", "limit"},
+        "JOBS_PURGED": {"purged", "more"},
     }[type_name]
     assert set(SAMPLES[type_name].to_wire()) == expected | {"type"}
 
@@ -190,10 +202,11 @@ def test_missing_required_fields_are_rejected(obj):
 
 def test_port_tables_match_the_protocol():
     assert m.WORKER_PORT_REQUESTS == {"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"}
-    assert m.CLIENT_PORT_REQUESTS == {"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB"}
+    assert m.CLIENT_PORT_REQUESTS == {"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
+                                      "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS"}
     assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR"}
     assert m.TO_CLIENT == {"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST",
-                           "JOB_CANCEL", "ERROR"}
+                           "JOB_CANCEL", "JOB_EVENTS", "JOBS_PURGED", "ERROR"}
 
 
 @pytest.mark.parametrize("type_name", sorted(SAMPLES))
