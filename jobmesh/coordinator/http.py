@@ -96,7 +96,7 @@ def _histogram(name: str, doc: str, hist: Any) -> HistogramMetricFamily:
 class JobmeshCollector:
     """A prometheus_client collector over ``read() -> (core.metrics(), figures)``.
 
-    ``figures`` holds ``inbox_depth``, ``connections`` (by port name) and the plain
+    ``figures`` holds ``inbox_depth``, ``max_active_jobs``, ``connections`` (by port name) and the plain
     histograms ``commit_seconds``, ``commit_rows`` and ``batch_events``. Every family is
     built from those two dicts alone: O(series), no job is visited.
     """
@@ -157,6 +157,8 @@ class JobmeshCollector:
         for port in PORTS:
             conns.add_metric([port], fig["connections"].get(port, 0))
         yield conns
+        yield GaugeMetricFamily("jobmesh_active_jobs_limit", "The admission limit on non-terminal jobs "
+                                "(--max-active-jobs).", value=fig.get("max_active_jobs", 0))
         yield GaugeMetricFamily("jobmesh_core_inbox_depth", "Events waiting in the core's mailbox.",
                                 value=fig["inbox_depth"])
         yield _histogram("jobmesh_commit_seconds", "Group commits: from the start of a batch's transaction "

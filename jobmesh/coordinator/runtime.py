@@ -443,6 +443,7 @@ class Coordinator:
         """The runtime's own figures, read at scrape time (O(1); never touches job state)."""
         return {
             "inbox_depth": len(self.mailbox),
+            "max_active_jobs": self.config.max_active_jobs,
             "connections": {"worker": len(self.handlers.worker_conns), "client": self.handlers.client_count},
             "commit_seconds": self.commit_seconds,
             "commit_rows": self.commit_rows,

@@ -69,7 +69,7 @@ class FakeSource:
         self.batch_events = Histogram(SIZE_BUCKETS)
 
     def figures(self):
-        return {"inbox_depth": 9, "connections": {"worker": 2, "client": 3}, "commit_seconds": self.commit_seconds,
+        return {"inbox_depth": 9, "max_active_jobs": 100, "connections": {"worker": 2, "client": 3}, "commit_seconds": self.commit_seconds,
                 "commit_rows": self.commit_rows, "batch_events": self.batch_events}
 
 
@@ -154,6 +154,7 @@ def test_counters_and_gauges_carry_the_cores_figures(port):
     assert s[("jobmesh_worker_slots", ())] == 8
     assert s[("jobmesh_worker_slots_busy", ())] == 4
     assert s[("jobmesh_core_inbox_depth", ())] == 9
+    assert s[("jobmesh_active_jobs_limit", ())] == 100
     assert s[("jobmesh_connections", (("port", "worker"),))] == 2
     assert s[("jobmesh_connections", (("port", "client"),))] == 3
     assert s[("jobmesh_connections", (("port", "metrics"),))] == 0
