@@ -53,6 +53,8 @@ Coordinator options:
   --client-port=PORT             client port (0 = pick a free one) [default: 7071]
   --periodic-port=PORT           Periodic-protocol port, off unless given
                                  (this version refuses it: not available yet)
+  --metrics-port=PORT            HTTP port for /metrics, /healthz, /readyz and the
+                                 dashboard at /, off unless given (0 = pick a free one)
   --db=PATH                      SQLite database file [default: jobmesh.db]
   --heartbeat-timeout-millis=N   worker presumed dead after this [default: 6000]
   --task-timeout-millis=N        per-attempt execution deadline [default: 600000]
@@ -76,7 +78,7 @@ COORDINATOR_DOC = """Run the jobmesh coordinator.
 It listens on a worker port and a client port, keeps every job in a SQLite file and
 recovers them on start. When ready it prints one line to stdout:
 
-  jobmesh coordinator listening worker=HOST:PORT client=HOST:PORT
+  jobmesh coordinator listening worker=HOST:PORT client=HOST:PORT [metrics=HOST:PORT]
 
 SIGTERM or SIGINT stops it gracefully. It speaks plaintext and authenticates nobody:
 keep it on a trusted network (it binds 127.0.0.1 unless told otherwise).

@@ -40,6 +40,7 @@ class CoordinatorConfig(CoreConfig):
     worker_port: int = 7070
     client_port: int = 7071
     periodic_port: int | None = None
+    metrics_port: int | None = None  # the HTTP metrics port and dashboard; off when None
     db: str = "jobmesh.db"
     sweep_interval_millis: int = 500
     db_synchronous: str = "FULL"
@@ -119,6 +120,7 @@ def log_format(args: dict[str, Any]) -> str:
 def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
     """Build from docopt's dict for ``jobmesh coordinator`` / ``jobmesh up``."""
     periodic = args.get("--periodic-port")
+    metrics = args.get("--metrics-port")
     db = str(args["--db"])
     if not db.strip():
         raise ConfigError("--db must name a file")
@@ -130,6 +132,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         worker_port=_int(args, "--worker-port", 0, 65535),
         client_port=_int(args, "--client-port", 0, 65535),
         periodic_port=None if periodic in (None, "") else _int(args, "--periodic-port", 0, 65535),
+        metrics_port=None if metrics in (None, "") else _int(args, "--metrics-port", 0, 65535),
         db=db,
         heartbeat_timeout_millis=_int(args, "--heartbeat-timeout-millis", 1),
         task_timeout_millis=_int(args, "--task-timeout-millis", 1),

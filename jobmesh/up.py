@@ -79,6 +79,8 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
     }
     if cfg.periodic_port is not None:
         flags["periodic-port"] = cfg.periodic_port
+    if cfg.metrics_port is not None:
+        flags["metrics-port"] = cfg.metrics_port
     return [sys.executable, "-m", "jobmesh", "coordinator"] + ["--%s=%s" % kv for kv in flags.items()]
 
 

@@ -21,6 +21,7 @@ from jobmesh.protocol.framing import FrameReader, encode_frame
 LISTENING = re.compile(
     r"jobmesh coordinator listening worker=(?P<w>\S+):(?P<wp>\d+) client=(?P<c>\S+):(?P<cp>\d+)"
     r"(?: periodic=(?P<p>\S+):(?P<pp>\d+))?"
+    r"(?: metrics=(?P<m>\S+):(?P<mp>\d+))?"
 )
 
 # Small timings so tests run fast; every one can be overridden per test.
@@ -75,6 +76,7 @@ class CoordinatorProc:
         self.worker_addr: tuple[str, int] | None = None
         self.client_addr: tuple[str, int] | None = None
         self.periodic_addr: tuple[str, int] | None = None
+        self.metrics_addr: tuple[str, int] | None = None  # with metrics_port=0 (the HTTP port)
         self._n = 0
 
     def start(self, timeout: float = 15.0, worker_port: int = 0, client_port: int = 0) -> "CoordinatorProc":
@@ -91,6 +93,8 @@ class CoordinatorProc:
         self.client_addr = (m["c"], int(m["cp"]))
         if m["p"]:
             self.periodic_addr = (m["p"], int(m["pp"]))
+        if m["m"]:
+            self.metrics_addr = (m["m"], int(m["mp"]))
         return self
 
     def _listening(self):
@@ -111,6 +115,12 @@ class CoordinatorProc:
     @property
     def worker_target(self) -> str:
         return "%s:%d" % self.worker_addr
+
+    @property
+    def metrics_url(self) -> str:
+        """``http://HOST:PORT`` of the metrics port (start with ``metrics_port=0``)."""
+        assert self.metrics_addr is not None, "started without --metrics-port"
+        return "http://%s:%d" % self.metrics_addr
 
     def terminate(self, timeout: float = 10.0) -> int:
         """SIGTERM and wait; returns the exit code."""

@@ -25,6 +25,7 @@ import resource
 import signal
 import sqlite3
 import time
+from bisect import bisect_left
 from collections import deque
 from typing import Any, Callable
 
@@ -89,6 +90,27 @@ class CollectorPolicy:
             gc.freeze()
 
 
+class Histogram:
+    """Plain histogram bucket counts for the metrics port: no lock, O(log buckets) per
+    observation. ``counts[i]`` counts values <= ``bounds[i]`` and > the bound before it;
+    the last count is everything above the last bound (Prometheus's ``+Inf``)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
+COMMIT_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
 INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
 
 
@@ -143,6 +165,12 @@ class Coordinator:
         self.stopped = gevent.event.Event()
         self.exit_code = 0  # what run_coordinator returns once stopped
         self.collector = CollectorPolicy()
+        # Figures for the metrics port (jobmesh/coordinator/http.py), kept as plain numbers.
+        self.ready = False  # recovered and listening (and not stopping)
+        self.http: Any = None  # the metrics port, when --metrics-port is given
+        self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)
+        self.commit_rows = Histogram(SIZE_BUCKETS)  # job rows written per commit
+        self.batch_events = Histogram(SIZE_BUCKETS)  # mailbox items per batch
 
     # ---- start --------------------------------------------------------------------
 
@@ -185,6 +213,13 @@ class Coordinator:
             self.servers.append(srv)
         line = "jobmesh coordinator listening worker=%s:%d client=%s:%d" % (
             cfg.bind, worker_srv.server_port, cfg.bind, client_srv.server_port)
+        if cfg.metrics_port is not None:
+            from jobmesh.coordinator.http import HttpPort  # imports prometheus_client: only when asked
+
+            self.http = HttpPort(self, cfg.bind, cfg.metrics_port)
+            self.servers.append(self.http.start())
+            line += " metrics=%s:%d" % (cfg.bind, self.http.port)
+        self.ready = True
         log.info("listening worker=%s:%d client=%s:%d fd_limit=%d", cfg.bind, worker_srv.server_port,
                  cfg.bind, client_srv.server_port, fd_limit)
         return line
@@ -267,7 +302,9 @@ class Coordinator:
             if unsent is not None and not len(mailbox):
                 self._write_replies(unsent)
                 unsent = None
-            replies, stop = self._apply_batch(mailbox.take(MAX_BATCH), dispatch)
+            batch = mailbox.take(MAX_BATCH)
+            self.batch_events.observe(len(batch))
+            replies, stop = self._apply_batch(batch, dispatch)
             unsent = self._commit_and_release(replies, unsent, stop)
             if stop:
                 for item in mailbox.take_all():
@@ -319,6 +356,7 @@ class Coordinator:
         rows = core.take_dirty()
         outbound = core.take_outbound()
         commit = self.dbpool.spawn(self.store.write, *rows) if any(rows) else None
+        started = time.perf_counter()
         if unsent is not None:
             self._write_replies(unsent)
         if commit is not None:
@@ -326,6 +364,8 @@ class Coordinator:
                 commit.get()
             except Exception as exc:
                 raise CommitFailed("%s: %s" % (type(exc).__name__, exc)) from exc
+            self.commit_seconds.observe(time.perf_counter() - started)
+            self.commit_rows.observe(len(rows[0]) + len(rows[1]))
         self._send_outbound(outbound)
         if stop or commit is None:
             self._write_replies(replies)  # nothing to overlap with
@@ -356,6 +396,19 @@ class Coordinator:
         if type(item) is ev.Request:
             item.conn.reply(encode_frame(SHUTTING_DOWN.to_wire()), 1, close=True)
 
+    # ---- what the metrics port reads ----------------------------------------------------
+
+    def figures(self) -> dict[str, Any]:
+        """The runtime's own figures, read at scrape time (O(1); never touches job state)."""
+        return {
+            "inbox_depth": len(self.mailbox),
+            "max_active_jobs": self.config.max_active_jobs,
+            "connections": dict(self.handlers.connections),
+            "commit_seconds": self.commit_seconds,
+            "commit_rows": self.commit_rows,
+            "batch_events": self.batch_events,
+        }
+
     # ---- stop -----------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -364,7 +417,10 @@ class Coordinator:
             self.stopped.wait()
             return
         self._stopping = True
+        self.ready = False
         log.info("stopping")
+        if self.http is not None:
+            self.http.stop_timers()
         if self._sweep_timer is not None:
             self._sweep_timer.kill(block=False)
         if self._core_greenlet is not None:
