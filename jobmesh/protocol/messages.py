@@ -67,8 +67,10 @@ def _bounded_message(text: str) -> str:
         text = "%s… (%d characters)" % (text[:MAX_ERROR_CHARS], len(text))
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError:
+    except UnicodeEncodeError:  # escaping makes it longer: cut again
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        if len(text) > MAX_ERROR_CHARS:
+            text = "%s…" % text[:MAX_ERROR_CHARS]
     return text
 
 
