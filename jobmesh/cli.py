@@ -3,19 +3,26 @@
 Each command has its own usage text, so ``jobmesh COMMAND --help`` explains that
 command alone. Exit codes are the contract's (``jobmesh.exitcodes``). The client commands
 write through a ``Console`` on this process's streams, which this module supplies.
+
+``main`` is the backstop: whatever escapes a command ends as one line on stderr and an
+exit code, never a traceback (``JOBMESH_DEBUG=1`` adds the traceback). A reader that
+goes away (``jobmesh list | head``) ends the command quietly with 141, as for any tool.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import traceback
 from typing import Any
 
 from docopt import DocoptExit, docopt
 
 from jobmesh import __version__
 from jobmesh.errors import ConfigError
-from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE
+from jobmesh.exitcodes import (EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT,
+                               EXIT_UNREACHABLE, EXIT_USAGE)
 from jobmesh.logs import TEXT_FORMAT, JsonFormatter, JsonLines, json_line
 
 __all__ = ["main", "parse", "UsageError", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNREACHABLE",
@@ -257,7 +264,14 @@ class UsageError(Exception):
 
 def parse(argv: list[str]) -> tuple[str, dict]:
     """Parse argv into (command, docopt dict). Raises UsageError, DocoptExit or SystemExit (help)."""
-    top = docopt(MAIN_DOC, argv=argv, version="jobmesh " + __version__, options_first=True)
+    try:
+        top = docopt(MAIN_DOC, argv=argv, version="jobmesh " + __version__, options_first=True)
+    except DocoptExit:
+        if not argv:
+            raise  # bare ``jobmesh``: the usage is the answer
+        # docopt-ng says "found unmatched (duplicate?) arguments [Option('-v', ...)]": say it plainly.
+        raise UsageError("jobmesh: unknown option %s; run 'jobmesh --help' for the commands and options"
+                         % argv[0]) from None
     command = top["<command>"]
     if command not in DOCS:
         raise UsageError("jobmesh: unknown command %r\n\n%s" % (command, MAIN_DOC.strip()))
@@ -319,13 +333,42 @@ def _print_line(line: str) -> None:
     sys.stdout.flush()
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush cannot fail again
+    (the Python docs' recipe for SIGPIPE, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str]) -> int:
+    """Run one command; returns its exit code. Nothing escapes as a traceback."""
+    command = None
     json_logs = bool(argv) and argv[0] in SERVER_COMMANDS and _wants_json_logs(argv[1:])
     try:
-        command, args = parse(argv)
-    except (DocoptExit, UsageError) as exc:
-        _report(str(exc), json_logs)
-        return EXIT_USAGE
+        try:
+            command, args = parse(argv)
+        except (DocoptExit, UsageError) as exc:
+            _report(str(exc), json_logs)
+            return EXIT_USAGE
+        return _run(command, args, json_logs)
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # the backstop: one line, not a traceback
+        if os.environ.get("JOBMESH_DEBUG") == "1":
+            traceback.print_exc()
+        text = " ".join(str(exc).split())  # one line, however the message was written
+        print("jobmesh%s: internal error: %s: %s"
+              % (" " + command if command else "", type(exc).__name__, text[:500]), file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _run(command: str, args: dict, json_logs: bool) -> int:
     try:
         if command == "coordinator":
             from jobmesh.config import coordinator_config

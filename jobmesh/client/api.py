@@ -14,6 +14,8 @@ What each failure means for the caller (the error tree is in jobmesh/errors.py):
   the next call reconnects.
 - ``RequestFailed``: the coordinator answered ERROR (unknown job, invalid payload,
   idempotency conflict). The connection stays usable.
+- ``InvalidRequest``: the request cannot be sent (nothing was): text that is not valid
+  Unicode, or, as ``RequestTooLarge``, more than the 1 MiB frame limit encoded.
 - ``SubmitRejected``: the coordinator is at its active-job limit. ``submit_retries``
   backs off and resubmits, for this and nothing else.
 - ``WaitTimeout`` (also a ``TimeoutError``): ``wait`` gave up; ``.job`` is the last
@@ -32,7 +34,8 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
 
-from jobmesh.errors import ClientError, CoordinatorUnavailable, ProtocolError, RequestFailed, SubmitRejected
+from jobmesh.errors import (ClientError, CoordinatorUnavailable, InvalidRequest, ProtocolError, RequestFailed,
+                            RequestTooLarge, SubmitRejected)
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
@@ -101,6 +104,18 @@ def submit_backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP)
     """Seconds to wait before resubmit number ``retry`` (1-based): full jitter on a capped doubling."""
     ceiling = min(cap, base * (2 ** (retry - 1)))
     return random.uniform(ceiling / 2, ceiling)
+
+
+def _encode_request(request: m.Message) -> bytes:
+    """The request's frame; ``InvalidRequest`` (``RequestTooLarge``) if it cannot be one."""
+    try:
+        return encode_frame(request.to_wire())
+    except ProtocolError as exc:
+        if isinstance(exc.__cause__, UnicodeError):
+            raise InvalidRequest("%s cannot be sent: it holds text that is not valid Unicode" % request.TYPE) from exc
+        raise RequestTooLarge("%s is too large to send: %s" % (request.TYPE, exc)) from exc
+    except (ValueError, OverflowError, TypeError) as exc:  # e.g. a payload holding something JSON cannot
+        raise InvalidRequest("%s cannot be encoded as JSON: %s" % (request.TYPE, exc)) from exc
 
 
 class CoordinatorClient:
@@ -291,7 +306,7 @@ class CoordinatorClient:
 
     def _exchange(self, request: m.Message) -> dict[str, Any]:
         """Send one frame, read one frame; any transport trouble discards the socket."""
-        frame = encode_frame(request.to_wire())
+        frame = _encode_request(request)
         where = "%s:%d" % (self.host, self.port)
         if self._sock is None:
             self._connect(where)

@@ -19,8 +19,8 @@ from typing import Any, Callable, TextIO
 from jobmesh.client import render, top
 from jobmesh.client.api import EPOCH, CoordinatorClient, WaitTimeout
 from jobmesh.config import parse_hostport
-from jobmesh.errors import ConfigError, CoordinatorUnavailable, RequestFailed, SubmitRejected
-from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE
+from jobmesh.errors import ClientError, ConfigError, CoordinatorUnavailable, InvalidRequest, RequestFailed, SubmitRejected
+from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE
 from jobmesh.protocol.jobs import JobState, Priority
 from jobmesh.protocol.payloads import TASK_TYPES
 
@@ -316,4 +316,10 @@ def run_client_command(command: str, args: dict[str, Any], console: Console) -> 
         return EXIT_UNREACHABLE
     except RequestFailed as exc:
         console.error(command, "the coordinator refused: %s" % exc.message)
+        return EXIT_FAILED
+    except InvalidRequest as exc:  # nothing was sent: the input is at fault, like a bad flag
+        console.error(command, str(exc))
+        return EXIT_USAGE
+    except ClientError as exc:
+        console.error(command, str(exc))
         return EXIT_FAILED

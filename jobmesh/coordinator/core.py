@@ -47,7 +47,8 @@ from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
-from jobmesh.protocol.payloads import TASK_SPECS, TASK_TYPES, is_finite_json, validate_payload
+from jobmesh.protocol.messages import quote
+from jobmesh.protocol.payloads import MAX_NESTING, TASK_SPECS, TASK_TYPES, is_finite_json, too_deep, validate_payload
 
 log = logging.getLogger(__name__)
 _random = random.Random()
@@ -57,7 +58,7 @@ MAX_KEY_CHARS = 1024
 MAX_WORKER_ID_CHARS = 256
 MAX_RESULT_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = MAX_FRAME - 4096  # leaves room for TASK_ASSIGN's other fields
-MAX_ERROR_CHARS = 4096
+MAX_ERROR_CHARS = m.MAX_ERROR_CHARS
 MAX_RUN_AT_MILLIS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 LIST_DEFAULT = 100
 LIST_MAX = 1000
@@ -356,7 +357,9 @@ class CoordinatorCore:
         if task_type not in self.known_types:
             known = sorted(self.known_types)
             listed = ", ".join(known[:20]) + (" and %d more" % (len(known) - 20) if len(known) > 20 else "")
-            return "unknown task type %r: no worker has declared it (known: %s)" % (task_type, listed)
+            return "unknown task type %s: no worker has declared it (known: %s)" % (quote(task_type), listed)
+        if too_deep(payload):
+            return "%s payload nested deeper than %d levels" % (task_type, MAX_NESTING)
         if not is_finite_json(payload):
             return "%s payload holds NaN or Infinity, which JSON does not allow" % task_type
         return None
@@ -368,10 +371,10 @@ class CoordinatorCore:
             return None, "give runAtMillis or delayMillis, not both"
         if delay is not None:
             if delay < 0:
-                return None, "delayMillis must be a non-negative integer, got %d" % delay
+                return None, "delayMillis must be a non-negative integer, got %s" % quote(delay)
             run_at = now_millis + self.drift + delay
         elif run_at is not None and run_at < 0:
-            return None, "runAtMillis must be a non-negative integer, got %d" % run_at
+            return None, "runAtMillis must be a non-negative integer, got %s" % quote(run_at)
         if run_at is not None and run_at > MAX_RUN_AT_MILLIS:
             return None, "the run-at time must be before the year 10000"
         return run_at, None
@@ -383,7 +386,7 @@ class CoordinatorCore:
             return m.Error(str(exc))
         max_attempts = req.max_attempts if req.max_attempts > 0 else self.config.default_max_attempts
         if max_attempts > MAX_ATTEMPTS_LIMIT:
-            return m.Error("maxAttempts must be at most %d, got %d" % (MAX_ATTEMPTS_LIMIT, max_attempts))
+            return m.Error("maxAttempts must be at most %d, got %s" % (MAX_ATTEMPTS_LIMIT, quote(max_attempts)))
         problem = self._check_payload(req.task_type, req.payload)
         if problem is not None:
             return m.Error(problem)
@@ -405,10 +408,10 @@ class CoordinatorCore:
             if existing is not None:
                 if existing.same_request(req.task_type, req.payload, max_attempts, priority):
                     return m.JobSubmitted(existing.job_id)
-                log.warning("idempotency conflict key=%r job=%s", key, existing.job_id)
+                log.warning("idempotency conflict key=%s job=%s", quote(key), existing.job_id)
                 return m.Error(
-                    "idempotencyKey %r is already bound to job %s with a different request "
-                    "(taskType, payload, maxAttempts or priority differ)" % (key, existing.job_id)
+                    "idempotencyKey %s is already bound to job %s with a different request "
+                    "(taskType, payload, maxAttempts or priority differ)" % (quote(key), existing.job_id)
                 )
         return self._create(now_millis, req.task_type, req.payload, payload_json, max_attempts, priority, key,
                             run_at)
@@ -466,14 +469,14 @@ class CoordinatorCore:
     def get_job_status(self, now_millis: int, job_id: str) -> m.Message:
         job = self._lookup(job_id)
         if job is None:
-            return m.Error("unknown job %s" % job_id)
+            return m.Error("unknown job %s" % quote(job_id))
         return m.JobStatus(self.snapshot(job))
 
     def get_job_events(self, now_millis: int, job_id: str) -> m.Message:
         """The job's timeline: what the store holds, then this batch's events not committed yet."""
         job = self._lookup(job_id)
         if job is None:
-            return m.Error("unknown job %s" % job_id)
+            return m.Error("unknown job %s" % quote(job_id))
         events = []
         for stored in job.events:
             item = {name: value for name, value in zip(EVENT_FIELDS, stored) if value is not None}
@@ -486,7 +489,7 @@ class CoordinatorCore:
         """A new job with a finished job's type, payload, priority and budget; ``retryOf`` names it."""
         job = self._lookup(job_id)
         if job is None:
-            return m.Error("unknown job %s" % job_id)
+            return m.Error("unknown job %s" % quote(job_id))
         if job.state not in TERMINAL:
             return m.Error("job %s is %s; only a finished job can be retried (cancel it first)"
                            % (job_id, job.state.value))
@@ -502,10 +505,10 @@ class CoordinatorCore:
     def purge_jobs(self, now_millis: int, req: m.PurgeJobs) -> m.Message:
         """Delete finished jobs last updated more than ``olderThanMillis`` ago (PURGE_JOBS)."""
         if req.older_than_millis < 0:
-            return m.Error("olderThanMillis must be a non-negative integer, got %d" % req.older_than_millis)
+            return m.Error("olderThanMillis must be a non-negative integer, got %s" % quote(req.older_than_millis))
         limit = PURGE_REQUEST_MAX if req.limit is None else req.limit
         if not 1 <= limit <= PURGE_REQUEST_MAX:
-            return m.Error("limit must be 1..%d, got %d" % (PURGE_REQUEST_MAX, limit))
+            return m.Error("limit must be 1..%d, got %s" % (PURGE_REQUEST_MAX, quote(limit)))
         purged = self._purge(now_millis + self.drift - req.older_than_millis, limit)
         log.info("purged finished jobs count=%d older_than_millis=%d", purged, req.older_than_millis)
         return m.JobsPurged(purged, purged == limit)
@@ -565,11 +568,11 @@ class CoordinatorCore:
     def list_jobs(self, now_millis: int, req: m.ListJobs) -> m.Message:
         limit = LIST_DEFAULT if req.limit is None else req.limit
         if limit < 1:
-            return m.Error("limit must be at least 1, got %d" % limit)
+            return m.Error("limit must be at least 1, got %s" % quote(limit))
         limit = min(limit, LIST_MAX)
         state = req.state
         if state is not None and state not in JobState.__members__:
-            return m.Error("unknown state %r (one of %s)" % (state, ", ".join(JobState.__members__)))
+            return m.Error("unknown state %s (one of %s)" % (quote(state), ", ".join(JobState.__members__)))
         before = None
         if req.cursor is not None:
             try:
@@ -577,7 +580,7 @@ class CoordinatorCore:
                 if not 1 <= before < 2**63:  # a rowid; anything else did not come from us
                     raise ValueError
             except ValueError:
-                return m.Error("invalid cursor %r" % req.cursor)
+                return m.Error("invalid cursor %s" % quote(req.cursor))
         rows = self.store.list_page(limit + 1, state, before, req.task_type)
         jobs: list[dict[str, Any]] = []
         size = 0
@@ -602,7 +605,7 @@ class CoordinatorCore:
         if job is None:
             done = self._lookup(job_id)
             if done is None:
-                return m.Error("unknown job %s" % job_id)
+                return m.Error("unknown job %s" % quote(job_id))
             return m.JobCancel(False, self.snapshot(done))
         if job.state is JobState.RUNNING:
             self._revoke_lease(job, "cancelled")
@@ -615,7 +618,7 @@ class CoordinatorCore:
     def on_worker_registered(self, now_millis: int, conn: Any, msg: m.WorkerRegister) -> None:
         worker_id, capacity = msg.worker_id, msg.capacity
         if not 1 <= capacity <= 1024:
-            self._refuse(conn, "capacity must be 1..1024, got %d" % capacity)
+            self._refuse(conn, "capacity must be 1..1024, got %s" % quote(capacity))
             return
         if not worker_id or len(worker_id) > MAX_WORKER_ID_CHARS:
             self._refuse(conn, "workerId must be 1..%d characters" % MAX_WORKER_ID_CHARS)
@@ -625,7 +628,7 @@ class CoordinatorCore:
             return
         if self.workers.get(worker_id) is not None:
             log.warning("refused duplicate registration worker=%s", worker_id)
-            self._refuse(conn, "worker id %r belongs to a live session" % worker_id)
+            self._refuse(conn, "worker id %s belongs to a live session" % quote(worker_id))
             return
         types = BUILTIN_TYPES if msg.task_types is None else frozenset(msg.task_types)
         for name in sorted(types - self.known_types):
@@ -667,6 +670,10 @@ class CoordinatorCore:
             return
         if res.success:
             result = res.result if res.result is not None else {}
+            if too_deep(result):
+                self._retry_or_fail(job, now_millis, "result nested deeper than %d levels" % MAX_NESTING,
+                                    "ATTEMPT_FAILED")
+                return
             if not is_finite_json(result):
                 self._retry_or_fail(job, now_millis, "result holds NaN or Infinity, which JSON does not allow",
                                     "ATTEMPT_FAILED")

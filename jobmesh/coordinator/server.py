@@ -61,7 +61,7 @@ def check_task_types(msg: m.WorkerRegister) -> None:
         raise ProtocolError("WORKER_REGISTER declares %d task types; at most %d" % (len(names), MAX_TASK_TYPES))
     for name in names:
         if not is_task_type_name(name):
-            shown = repr(name) if isinstance(name, str) and len(name) <= 200 else "a %s" % type(name).__name__
+            shown = m.quote(name) if isinstance(name, str) else "a %s" % type(name).__name__
             raise ProtocolError("WORKER_REGISTER taskTypes holds %s; a task type is %s" % (shown, TASK_NAME_RULE))
 
 
@@ -321,7 +321,8 @@ class Servers:
                     raise ProtocolError("WORKER_REGISTER sent twice on one connection")
                 if msg.worker_id != conn.worker_id:
                     raise ProtocolError(
-                        "%s workerId %r does not match this session's %r" % (msg.TYPE, msg.worker_id, conn.worker_id)
+                        "%s workerId %s does not match this session's %s"
+                        % (msg.TYPE, m.quote(msg.worker_id), m.quote(conn.worker_id))
                     )
                 if isinstance(msg, m.TaskResult):
                     self.post_worker(ev.Result(conn, msg))
