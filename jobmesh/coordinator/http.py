@@ -174,10 +174,14 @@ class LocalConn:
     """An in-process stand-in for a client connection: the core's ``reply`` hands the
     encoded reply frame to the handler waiting on ``answer``."""
 
-    __slots__ = ("answer",)
+    __slots__ = ("answer", "inbox")
 
     def __init__(self) -> None:
         self.answer: AsyncResult = AsyncResult()
+        self.inbox: deque = deque()  # the mailbox queues this connection's request here
+
+    def drained(self) -> None:
+        """The mailbox took the request (nothing to wake: the handler waits on ``answer``)."""
 
     def __repr__(self) -> str:
         return "<LocalConn metrics-port>"
