@@ -75,6 +75,9 @@ Coordinator options:
                                  NORMAL survives a process crash [default: FULL]
   --retain-finished-millis=N     delete finished jobs (and their events) this long
                                  after their last update; 0 keeps them [default: 604800000]
+  --idle-timeout-millis=N        close a client connection whose first frame, or a worker
+                                 connection whose registration, is not complete after
+                                 this long [default: 120000]
   --log-level=LEVEL              DEBUG, INFO, WARNING or ERROR [default: INFO]
   --log-format=FORMAT            text, or json: one JSON object per line on stderr [default: text]
   -h --help                      show this help

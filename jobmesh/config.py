@@ -43,6 +43,7 @@ class CoordinatorConfig(CoreConfig):
     metrics_port: int | None = None  # the HTTP metrics port and dashboard; off when None
     db: str = "jobmesh.db"
     sweep_interval_millis: int = 500
+    idle_timeout_millis: int = 120_000
     db_synchronous: str = "FULL"
     log_level: str = "INFO"
     log_format: str = "text"
@@ -142,6 +143,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         retry_cap_millis=_int(args, "--retry-cap-millis", 0),
         default_max_attempts=_int(args, "--default-max-attempts", 1),
         retain_finished_millis=_int(args, "--retain-finished-millis", 0),
+        idle_timeout_millis=_int(args, "--idle-timeout-millis", 1),
         sweep_interval_millis=_int(args, "--sweep-interval-millis", 1),
         db_synchronous=_choice(args, "--db-synchronous", SYNC_MODES),
         log_level=_choice(args, "--log-level", LOG_LEVELS),

@@ -74,6 +74,7 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         "sweep-interval-millis": cfg.sweep_interval_millis,
         "db-synchronous": cfg.db_synchronous,
         "retain-finished-millis": cfg.retain_finished_millis,
+        "idle-timeout-millis": cfg.idle_timeout_millis,
         "log-level": cfg.log_level,
         "log-format": cfg.log_format,
     }

@@ -70,7 +70,8 @@ PURGE_SWEEP = 1000  # finished jobs purged per sweep at most (retention)
 PURGE_BATCH = 256  # and per batch while more are due
 PURGE_REQUEST_MAX = 10_000  # per PURGE_JOBS request
 EVENTS_KEPT = 100  # a job's timeline keeps its newest events
-WALL_STEP_MILLIS = 1000  # a change of the wall clock against core time beyond this is a step
+WALL_STEP_MILLIS = 1000
+MAX_STALE_PER_SECOND = 100  # results for leases a worker does not hold, before it is cut off  # a change of the wall clock against core time beyond this is a step
 EVENT_FIELDS = ("atMillis", "event", "attempt", "workerId", "detail", "retryAtMillis")  # one stored event
 _ABOUT_THE_LEASE = frozenset({JobState.COMPLETED, JobState.CANCELLED})  # events naming the attempt that ended
 # The timeline event a transition writes, by target state (None: the caller writes its own).
@@ -117,7 +118,8 @@ class CoordinatorCore:
         self._new: set[str] = set()
         self._new_types: list[tuple[str, int]] = []
         self._purges: list[str] = []
-        self._purge_backlog = False  # the last retention pass found a full batch: more are due
+        self._purge_backlog = False  # the last retention walk stopped early: more may be due
+        self._purge_cursor = 0  # where the next retention walk starts (a rowid)
         # Metrics: plain counters (read at scrape time), and the active jobs by
         # (state, task type, priority), kept by _transition.
         self.counts: Counter[tuple[JobState, str, Priority]] = Counter()  # enum keys: no .value on the hot path
@@ -509,14 +511,19 @@ class CoordinatorCore:
         limit = PURGE_REQUEST_MAX if req.limit is None else req.limit
         if not 1 <= limit <= PURGE_REQUEST_MAX:
             return m.Error("limit must be 1..%d, got %s" % (PURGE_REQUEST_MAX, quote(limit)))
-        purged = self._purge(now_millis + self.drift - req.older_than_millis, limit)
+        cutoff = now_millis + self.drift - req.older_than_millis
+        purged, cursor = 0, 0
+        while purged < limit:  # walk from the oldest row until enough are found or none are left
+            found, cursor = self.store.purgeable(cursor, cutoff, limit - purged)
+            purged += self._forget(found)
+            if not cursor:
+                break
         log.info("purged finished jobs count=%d older_than_millis=%d", purged, req.older_than_millis)
         return m.JobsPurged(purged, purged == limit)
 
-    def _purge(self, cutoff_millis: int, limit: int) -> int:
-        """Forget up to ``limit`` finished jobs last updated before the cutoff; the batch's
-        commit deletes their rows and events. Their idempotency keys are free again."""
-        found = self.store.finished_before(cutoff_millis, limit)
+    def _forget(self, found: list[tuple[str, str | None]]) -> int:
+        """Drop finished jobs from memory (cache, keys, dirty rows); the batch's commit
+        deletes their rows. Their idempotency keys are free again."""
         queued = set(self._purges)
         for job_id, key in found:
             if job_id in queued:
@@ -531,13 +538,15 @@ class CoordinatorCore:
 
     def purge_expired(self, now_millis: int, limit: int = PURGE_SWEEP) -> None:
         """Retention: purge finished jobs older than ``retain_finished_millis`` in small
-        batches (each sweep, and each batch while more are due), so the database stops
+        steps (each sweep, and each batch while more are due), so the database stops
         growing under a steady load without one large delete ever stalling the core."""
         retain = self.config.retain_finished_millis
         if retain <= 0:
             return
-        purged = self._purge(now_millis + self.drift - retain, limit)
-        self._purge_backlog = purged == limit
+        found, self._purge_cursor = self.store.purgeable(self._purge_cursor, now_millis + self.drift - retain,
+                                                         limit)
+        self._forget(found)
+        self._purge_backlog = bool(self._purge_cursor)
 
     def after_batch(self, now_millis: int) -> None:
         """Work after each batch: schedule, and keep purging while the last pass was full."""
@@ -664,6 +673,8 @@ class CoordinatorCore:
         ):
             log.warning("stale result dropped job=%s attempt=%s worker=%s", res.job_id, res.attempt_id, res.worker_id)
             self.stats["stale_results"] += 1
+            if session is not None and self._stale_flood(session, now_millis):
+                return
             if job is not None:
                 self._event(job, now_millis, "STALE_RESULT", "a result for a lease that had ended was dropped",
                             attempt=_attempt_number(job.job_id, res.attempt_id), worker_id=res.worker_id)
@@ -687,6 +698,21 @@ class CoordinatorCore:
         else:
             error = (res.error or "task failed without an error message")[:MAX_ERROR_CHARS]
             self._retry_or_fail(job, now_millis, error, "ATTEMPT_FAILED")
+
+    def _stale_flood(self, session: Session, now_millis: int) -> bool:
+        """Count a session's stale results; more than MAX_STALE_PER_SECOND in a second
+        is a flood (or forgery): the connection is closed."""
+        if now_millis - session.stale_since >= 1000:
+            session.stale_since, session.stale_count = now_millis, 0
+        session.stale_count += 1
+        if session.stale_count <= MAX_STALE_PER_SECOND:
+            return False
+        log.warning("closing worker=%s: more than %d results a second for leases it does not hold",
+                    session.worker_id, MAX_STALE_PER_SECOND)
+        self._refuse(session.conn, "more than %d results a second for leases this worker does not hold"
+                     % MAX_STALE_PER_SECOND)
+        session.stale_count = -10**9  # refused once is enough
+        return True
 
     def on_worker_disconnected(self, now_millis: int, conn: Any) -> None:
         session = self.workers.by_conn(conn)

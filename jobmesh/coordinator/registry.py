@@ -11,7 +11,8 @@ from typing import Any, Iterator
 
 
 class Session:
-    __slots__ = ("worker_id", "capacity", "conn", "last_heartbeat", "connected_at", "running", "task_types")
+    __slots__ = ("worker_id", "capacity", "conn", "last_heartbeat", "connected_at", "running", "task_types",
+                 "stale_since", "stale_count")
 
     def __init__(self, worker_id: str, capacity: int, conn: Any, now_millis: int,
                  task_types: frozenset[str] = frozenset()) -> None:
@@ -22,6 +23,8 @@ class Session:
         self.last_heartbeat = now_millis
         self.connected_at = now_millis
         self.running: set[str] = set()  # job ids whose current lease this worker holds
+        self.stale_since = now_millis  # the window in which stale results are counted
+        self.stale_count = 0
 
     @property
     def free(self) -> int:

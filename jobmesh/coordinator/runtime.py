@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 512
 BACKLOG = 4096
 FD_MARGIN = 256
+WORKER_FD_RESERVE = 512  # descriptors client connections may not take (new workers can always register)
 EXIT_CORE_DIED = 70
 EXIT_COMMIT_FAILED = 71
 
@@ -156,7 +157,7 @@ class Coordinator:
         self.core: CoordinatorCore | None = None
         self.dbpool: ThreadPool | None = None
         self.servers: list[gevent.server.StreamServer] = []
-        self.handlers = Servers(self.mailbox.put, self.mailbox.put_urgent)
+        self.handlers = Servers(self.mailbox.put, self.mailbox.put_urgent, config.idle_timeout_millis / 1000.0)
         self._core_greenlet: gevent.Greenlet | None = None
         self._sweep_timer: gevent.Greenlet | None = None
         self._next_sweep = 0.0
@@ -198,7 +199,9 @@ class Coordinator:
         self._next_sweep = time.monotonic()
         self._arm_sweep()
 
-        # A Pool caps handlers, it reserves nothing: each port may use nearly every fd.
+        # A Pool caps handlers. Clients may not use the last WORKER_FD_RESERVE descriptors,
+        # so however many clients connect (or idle), new workers can still register;
+        # further clients wait in the accept backlog until a client connection ends.
         per_server = max(64, fd_limit - FD_MARGIN)
         worker_srv = gevent.server.StreamServer(
             (cfg.bind, cfg.worker_port), self.handlers.handle_worker, backlog=BACKLOG,
@@ -206,7 +209,7 @@ class Coordinator:
         )
         client_srv = gevent.server.StreamServer(
             (cfg.bind, cfg.client_port), self.handlers.handle_client, backlog=BACKLOG,
-            spawn=gevent.pool.Pool(per_server),
+            spawn=gevent.pool.Pool(max(32, per_server - WORKER_FD_RESERVE)),
         )
         for srv in (worker_srv, client_srv):
             srv.start()

@@ -18,8 +18,7 @@ ALTER TABLE on an older database):
 * v2: ``execution_timeout``, ``deadline``;
 * v3: ``priority`` (legacy rows become NORMAL) and ``seq`` (legacy rows get 0);
 * v4: ``run_at`` (scheduled jobs), and the ``task_types`` table of declared task types;
-* v5: ``retry_of``, ``events`` (the job's timeline), and the partial index of finished
-  jobs by update time that retention purges by.
+* v5: ``retry_of`` and ``events`` (the job's timeline, compactly encoded).
 
 ``newest first`` listing uses SQLite's rowid, which grows with each insert and is kept
 by the UPDATE-based upsert, so paging by rowid is stable and O(page) at any table size.
@@ -51,6 +50,42 @@ def _dumps(value: Any) -> str | None:
 
 def _loads(text: str | None) -> Any:
     return None if text is None else ujson.loads(text)
+
+
+# A job's timeline is stored compactly: each event an array [time, code, attempt, worker,
+# detail, retry time] with trailing nulls dropped, its time as milliseconds after the
+# previous event (the first: absolute) and its retry time as milliseconds after it.
+# In memory an event is the full tuple (atMillis, name, attempt, workerId, detail, retryAtMillis).
+EVENT_CODES = {
+    "SUBMITTED": "S", "ASSIGNED": "A", "COMPLETED": "C", "ATTEMPT_FAILED": "F", "LEASE_EXPIRED": "E",
+    "WORKER_LOST": "L", "RETRY_WAIT": "R", "FAILED": "X", "QUEUED": "Q", "RESCHEDULED": "D", "REPLACED": "P",
+    "CANCELLED": "K", "STALE_RESULT": "T", "RECOVERED": "V",
+}
+EVENT_NAMES = {code: name for name, code in EVENT_CODES.items()}
+
+
+def _dump_events(events: list) -> str:
+    out = []
+    previous = 0
+    for at, name, attempt, worker, detail, retry_at in events:
+        item = [at - previous, EVENT_CODES.get(name, name), attempt, worker, detail,
+                None if retry_at is None else retry_at - at]
+        previous = at
+        while item[-1] is None:
+            item.pop()
+        out.append(item)
+    return ujson.dumps(out, ensure_ascii=False, escape_forward_slashes=False)
+
+
+def _load_events(text: str | None) -> list:
+    events = []
+    at = 0
+    for item in ujson.loads(text) if text else ():
+        item += [None] * (6 - len(item))
+        at += item[0]
+        events.append((at, EVENT_NAMES.get(item[1], item[1]), item[2], item[3], item[4],
+                       None if item[5] is None else at + item[5]))
+    return events
 
 
 @dataclass(frozen=True)
@@ -96,9 +131,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("seq", "INTEGER NOT NULL DEFAULT 0", decode="v or 0", added=True),
     Column("run_at", "INTEGER", mutable=True, added=True),
     Column("retry_of", "TEXT", added=True),
-    # The job's timeline, newest EVENTS_KEPT events: a compact JSON array of event arrays
-    # (core.EVENT_FIELDS), rewritten with the row it belongs to, so it is exactly as durable.
-    Column("events", "TEXT", "_dumps(job.events)", "_loads(v) or []", mutable=True, added=True),
+    # The job's timeline (its newest events, EVENT_CODES above), rewritten with the row it
+    # belongs to, so it is exactly as durable as the state it explains.
+    Column("events", "TEXT", "_dump_events(job.events)", "_load_events(v)", mutable=True, added=True),
 )
 
 ACTIVE_STATES = tuple(sorted(s.value for s in ACTIVE))
@@ -112,8 +147,6 @@ INSERT_WIDTH = len(COLUMNS)
 UPDATE_WIDTH = len(MUTABLE_COLUMNS) + 1  # and the job id, last
 TASK_TYPES_TABLE = "CREATE TABLE IF NOT EXISTS task_types (name TEXT PRIMARY KEY, first_seen INTEGER NOT NULL)"
 TERMINAL_STATES = tuple(sorted(s.value for s in JobState if s.value not in ACTIVE_STATES))
-_FINISHED = "state IN (%s)" % ",".join("'%s'" % s for s in TERMINAL_STATES)  # literal: the planner must see it
-FINISHED_INDEX = "CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(updated_at) WHERE " + _FINISHED
 
 
 class Batch(NamedTuple):
@@ -127,7 +160,8 @@ class Batch(NamedTuple):
 
 def _compile(name: str, source: str) -> Callable[..., Any]:
     namespace: dict[str, Any] = {"_dumps": _dumps, "_loads": _loads, "JobState": JobState,
-                                 "Priority": Priority, "Job": Job}
+                                 "Priority": Priority, "Job": Job, "_dump_events": _dump_events,
+                                 "_load_events": _load_events}
     exec(source, namespace)  # noqa: S102 - source built above from COLUMNS only
     return namespace[name]
 
@@ -227,7 +261,6 @@ class JobStore:
             c.execute("CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state)")
             c.execute("CREATE INDEX IF NOT EXISTS jobs_task_type ON jobs(task_type)")
             c.execute(TASK_TYPES_TABLE)
-            c.execute(FINISHED_INDEX)
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")
@@ -304,12 +337,28 @@ class JobStore:
         params.append(limit)
         return [(r[0], job_from_row(r[1:])) for r in self.reader.execute(sql, params)]
 
-    def finished_before(self, cutoff_millis: int, limit: int) -> list[tuple[str, str | None]]:
-        """(job id, idempotency key) of up to ``limit`` finished jobs last updated before
-        ``cutoff_millis``, oldest first (the partial index makes this a range scan)."""
-        return self.reader.execute(
-            "SELECT job_id, idempotency_key FROM jobs INDEXED BY jobs_finished WHERE %s"
-            " AND updated_at < ? ORDER BY updated_at LIMIT ?" % _FINISHED, (cutoff_millis, limit)).fetchall()
+    def purgeable(self, after_rowid: int, cutoff_millis: int, limit: int) -> tuple[list[tuple[str, str | None]], int]:
+        """Finished jobs last updated before ``cutoff_millis``, walking the table in rowid
+        (submission) order from ``after_rowid``, examining at most ``limit`` rows.
+
+        Returns (job id, idempotency key) pairs and where the next walk starts: past the
+        examined rows, or 0 (from the start again) once the walk meets a finished job that
+        is not old enough yet, or the end. Rows are purged oldest first, so the table's
+        front is always its oldest rows: a walk reads little more than it returns, and
+        needs no index of its own (an index by update time cost every finished job one
+        more B-tree insert at commit, measured as a loss of throughput). Active jobs are
+        stepped over, so a long queue of old jobs cannot stall it."""
+        found: list[tuple[str, str | None]] = []
+        rowid = after_rowid
+        rows = self.reader.execute(
+            "SELECT rowid, job_id, idempotency_key, state, updated_at FROM jobs WHERE rowid > ? ORDER BY rowid LIMIT ?",
+            (after_rowid, limit)).fetchall()
+        for rowid, job_id, key, state, updated_at in rows:
+            if state in TERMINAL_STATES:
+                if updated_at >= cutoff_millis:
+                    return found, 0
+                found.append((job_id, key))
+        return found, (rowid if len(rows) == limit else 0)
 
     def close(self) -> None:
         for c in {id(self.reader): self.reader, id(self.conn): self.conn}.values():
