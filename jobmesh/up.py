@@ -45,6 +45,7 @@ RESTART_INITIAL = 0.5
 RESTART_CAP = 10.0
 HEALTHY_AFTER = 30.0
 STOP_TIMEOUT = 10.0
+STOP_NOW_WAIT = 2.0  # after a second stop signal, how long the coordinator gets to exit before the workers
 # A coordinator that exits within this long of our own stop signal exited because of it
 # (Ctrl-C reaches the whole process group at once).
 STOP_GRACE = 0.5
@@ -132,6 +133,7 @@ class Supervisor:
         self.task_modules = task_modules
         self.stop_requested = Event()
         self.stop_now = Event()  # a second stop signal: do not wait for the drain
+        self._stop_now_at = 0.0
         self.coordinator: subprocess.Popen | None = None
         self.slots: list[WorkerSlot] = []
         self._preexec = _die_with_parent()
@@ -170,6 +172,7 @@ class Supervisor:
             self.stop_requested.set()
         elif not self.stop_now.is_set():
             log.info("second stop signal=%s: stopping now", signal.Signals(signum).name)
+            self._stop_now_at = time.monotonic()
             self.stop_now.set()
             self._signal(self.coordinator, signal.SIGTERM)  # its second signal: it stops at once
 
@@ -256,8 +259,11 @@ class Supervisor:
             self._signal(coordinator, signal.SIGTERM)
             deadline = time.monotonic() + self.cfg.drain_millis / 1000.0 + STOP_TIMEOUT
             while coordinator.poll() is None and time.monotonic() < deadline:
-                if self.stop_now.wait(POLL_INTERVAL / 4):
-                    break
+                if self.stop_now.is_set():
+                    # It stops at once now; give it a moment to go first, so that its
+                    # workers leaving is not recorded as lost attempts.
+                    deadline = min(deadline, self._stop_now_at + STOP_NOW_WAIT)
+                gevent.sleep(POLL_INTERVAL / 4)
         procs = [s.proc for s in self.slots if s.proc is not None] + [coordinator]
         procs = [p for p in procs if p is not None]
         for proc in procs:
