@@ -3,18 +3,27 @@
 Each command has its own usage text, so ``jobmesh COMMAND --help`` explains that
 command alone. Exit codes are the contract's (``jobmesh.exitcodes``). The client commands
 write through a ``Console`` on this process's streams, which this module supplies.
+
+``main`` is the backstop: whatever escapes a command ends as one line on stderr and an
+exit code, never a traceback (``JOBMESH_DEBUG=1`` adds the traceback). A reader that
+goes away (``jobmesh list | head``) ends the command quietly with 141, as for any tool.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import traceback
+from typing import Any
 
 from docopt import DocoptExit, docopt
 
 from jobmesh import __version__
 from jobmesh.errors import ConfigError
-from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE
+from jobmesh.exitcodes import (EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT,
+                               EXIT_UNREACHABLE, EXIT_USAGE)
+from jobmesh.logs import TEXT_FORMAT, JsonFormatter, JsonLines, json_line
 
 __all__ = ["main", "parse", "UsageError", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNREACHABLE",
            "EXIT_TIMEOUT"]
@@ -36,6 +45,10 @@ Commands:
   workers      list live workers
   cancel       cancel a job
   wait         wait for a job to finish
+  events       show a job's timeline
+  retry        submit a finished job again, as a new job
+  purge        delete finished jobs older than a given age
+  top          a live view of jobs and workers, until Ctrl-C
 
 Run 'jobmesh <command> --help' for a command's options.
 """
@@ -47,6 +60,8 @@ Coordinator options:
   --client-port=PORT             client port (0 = pick a free one) [default: 7071]
   --periodic-port=PORT           Periodic-protocol port, off unless given
                                  (this version refuses it: not available yet)
+  --metrics-port=PORT            HTTP port for /metrics, /healthz, /readyz and the
+                                 dashboard at /, off unless given (0 = pick a free one)
   --db=PATH                      SQLite database file [default: jobmesh.db]
   --heartbeat-timeout-millis=N   worker presumed dead after this [default: 6000]
   --task-timeout-millis=N        per-attempt execution deadline [default: 600000]
@@ -58,7 +73,10 @@ Coordinator options:
   --sweep-interval-millis=N      period of the sweep [default: 500]
   --db-synchronous=MODE          SQLite synchronous mode: FULL survives power loss,
                                  NORMAL survives a process crash [default: FULL]
+  --retain-finished-millis=N     delete finished jobs (and their events) this long
+                                 after their last update; 0 keeps them [default: 604800000]
   --log-level=LEVEL              DEBUG, INFO, WARNING or ERROR [default: INFO]
+  --log-format=FORMAT            text, or json: one JSON object per line on stderr [default: text]
   -h --help                      show this help
 """
 
@@ -67,7 +85,7 @@ COORDINATOR_DOC = """Run the jobmesh coordinator.
 It listens on a worker port and a client port, keeps every job in a SQLite file and
 recovers them on start. When ready it prints one line to stdout:
 
-  jobmesh coordinator listening worker=HOST:PORT client=HOST:PORT
+  jobmesh coordinator listening worker=HOST:PORT client=HOST:PORT [metrics=HOST:PORT]
 
 SIGTERM or SIGINT stops it gracefully; with --drain-millis it first assigns nothing
 more and lets running attempts finish for up to that long (a second signal stops at
@@ -118,6 +136,7 @@ Options:
                                    or PYTHONPATH) whose @task functions this worker runs
                                    besides the built-ins, each in a child process
   --log-level=LEVEL                DEBUG, INFO, WARNING or ERROR [default: INFO]
+  --log-format=FORMAT              text, or json: one JSON object per line on stderr [default: text]
   -h --help                        show this help
 """
 
@@ -191,6 +210,46 @@ Options:
   --timeout-millis=N        give up after this long (0 = never) [default: 0]
 """ + CLIENT_OPTIONS
 
+EVENTS_DOC = """Show a job's timeline, oldest first: each event, when (from the first event, and the
+wall-clock time), the attempt and its worker, and what happened.
+
+Usage:
+  jobmesh events JOB_ID [options]
+
+Options:""" + CLIENT_OPTIONS
+
+RETRY_DOC = """Submit a finished job (COMPLETED, FAILED or CANCELLED) again: a new job with the same
+type, payload, priority and attempt budget, whose snapshot names the old one in retryOf.
+
+Usage:
+  jobmesh retry JOB_ID [options]
+
+Options:""" + CLIENT_OPTIONS
+
+PURGE_DOC = """Delete finished jobs (and their events) last updated longer ago than DURATION.
+
+DURATION is a number with a unit, 90s, 15m, 12h or 7d, or plain milliseconds.
+
+Usage:
+  jobmesh purge --older-than=DURATION [options]
+
+Options:
+  --older-than=DURATION     how long ago a finished job was last updated
+""" + CLIENT_OPTIONS
+
+TOP_DOC = """A live view of the coordinator: jobs by state, submit and finish rates, workers, and
+the oldest waiting jobs with the reason each waits. Ctrl-C stops it.
+
+Usage:
+  jobmesh top [options]
+
+Options:
+  --interval-millis=N       time between refreshes [default: 1000]
+  --iterations=N            stop after N refreshes (0 = until Ctrl-C) [default: 0]
+  --coordinator=HOST:PORT   the coordinator's client port [default: 127.0.0.1:7071]
+  -h --help                 show this help
+"""
+
 DOCS = {
     "coordinator": COORDINATOR_DOC,
     "up": UP_DOC,
@@ -201,8 +260,13 @@ DOCS = {
     "workers": WORKERS_DOC,
     "cancel": CANCEL_DOC,
     "wait": WAIT_DOC,
+    "events": EVENTS_DOC,
+    "retry": RETRY_DOC,
+    "purge": PURGE_DOC,
+    "top": TOP_DOC,
 }
-CLIENT_COMMANDS = ("submit", "status", "list", "workers", "cancel", "wait")
+CLIENT_COMMANDS = ("submit", "status", "list", "workers", "cancel", "wait", "events", "retry", "purge", "top")
+SERVER_COMMANDS = ("coordinator", "up", "worker")
 
 
 class UsageError(Exception):
@@ -211,7 +275,14 @@ class UsageError(Exception):
 
 def parse(argv: list[str]) -> tuple[str, dict]:
     """Parse argv into (command, docopt dict). Raises UsageError, DocoptExit or SystemExit (help)."""
-    top = docopt(MAIN_DOC, argv=argv, version="jobmesh " + __version__, options_first=True)
+    try:
+        top = docopt(MAIN_DOC, argv=argv, version="jobmesh " + __version__, options_first=True)
+    except DocoptExit:
+        if not argv:
+            raise  # bare ``jobmesh``: the usage is the answer
+        # docopt-ng says "found unmatched (duplicate?) arguments [Option('-v', ...)]": say it plainly.
+        raise UsageError("jobmesh: unknown option %s; run 'jobmesh --help' for the commands and options"
+                         % argv[0]) from None
     command = top["<command>"]
     if command not in DOCS:
         raise UsageError("jobmesh: unknown command %r\n\n%s" % (command, MAIN_DOC.strip()))
@@ -228,12 +299,44 @@ def parse(argv: list[str]) -> tuple[str, dict]:
     return command, args
 
 
-def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def setup_logging(level: str = "INFO", log_format: str = "text") -> None:
+    """Log to stderr at ``level``; ``log_format`` ``json`` makes every stderr line a JSON object.
+
+    In json mode, warnings, gevent's hub (greenlet errors, blocking reports) and an uncaught
+    exception are written as JSON objects too, so nothing else reaches stderr as plain text.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[handler])
+    if log_format != "json":
+        return
+    logging.captureWarnings(True)
+    sys.excepthook = _log_uncaught
+    if "gevent" in sys.modules:  # a server command: the entry patched, the hub exists or will
+        import gevent
+
+        gevent.get_hub().exception_stream = JsonLines(sys.stderr, "gevent.hub")
+
+
+def _log_uncaught(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    logging.getLogger("jobmesh").critical("uncaught %s: %s", kind.__name__, value, exc_info=(kind, value, tb))
+
+
+def _wants_json_logs(argv: list[str]) -> bool:
+    """Whether a server command's argv asks for --log-format=json (before, or without, parsing it)."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--log-format="):
+            return arg.split("=", 1)[1].lower() == "json"
+        if arg == "--log-format" and i + 1 < len(argv):
+            return argv[i + 1].lower() == "json"
+    return False
+
+
+def _report(text: str, as_json: bool) -> None:
+    """An error the CLI prints itself, on stderr: as is, or as one JSON log object."""
+    if as_json:
+        text = json_line("ERROR", "jobmesh.cli", text)
+    print(text, file=sys.stderr)
 
 
 def _print_line(line: str) -> None:
@@ -241,37 +344,68 @@ def _print_line(line: str) -> None:
     sys.stdout.flush()
 
 
-def main(argv: list[str]) -> int:
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush cannot fail again
+    (the Python docs' recipe for SIGPIPE, "Note on SIGPIPE")."""
     try:
-        command, args = parse(argv)
-    except (DocoptExit, UsageError) as exc:
-        print(str(exc), file=sys.stderr)
-        return EXIT_USAGE
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: list[str]) -> int:
+    """Run one command; returns its exit code. Nothing escapes as a traceback."""
+    command = None
+    json_logs = bool(argv) and argv[0] in SERVER_COMMANDS and _wants_json_logs(argv[1:])
+    try:
+        try:
+            command, args = parse(argv)
+        except (DocoptExit, UsageError) as exc:
+            _report(str(exc), json_logs)
+            return EXIT_USAGE
+        return _run(command, args, json_logs)
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # the backstop: one line, not a traceback
+        if os.environ.get("JOBMESH_DEBUG") == "1":
+            traceback.print_exc()
+        text = " ".join(str(exc).split())  # one line, however the message was written
+        print("jobmesh%s: internal error: %s: %s"
+              % (" " + command if command else "", type(exc).__name__, text[:500]), file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _run(command: str, args: dict, json_logs: bool) -> int:
     try:
         if command == "coordinator":
             from jobmesh.config import coordinator_config
             from jobmesh.coordinator.runtime import run_coordinator
 
             cfg = coordinator_config(args)
-            setup_logging(cfg.log_level)
+            setup_logging(cfg.log_level, cfg.log_format)
             return run_coordinator(cfg, announce=_print_line)
         if command == "up":
             from jobmesh.config import coordinator_config
             from jobmesh.up import run_up
 
-            setup_logging(coordinator_config(args).log_level)
+            cfg = coordinator_config(args)
+            setup_logging(cfg.log_level, cfg.log_format)
             return run_up(args)
         if command == "worker":
             from jobmesh.config import worker_config
             from jobmesh.worker.agent import run_worker
 
             cfg = worker_config(args)
-            setup_logging(cfg.log_level)
+            setup_logging(cfg.log_level, cfg.log_format)
             return run_worker(cfg)
         from jobmesh.client.commands import Console, run_client_command
 
         setup_logging("WARNING")
         return run_client_command(command, args, Console(sys.stdout, sys.stderr, sys.stdin))
     except ConfigError as exc:
-        print("jobmesh %s: %s" % (command, exc), file=sys.stderr)
+        _report("jobmesh %s: %s" % (command, exc), json_logs)
         return EXIT_USAGE

@@ -15,6 +15,7 @@ from jobmesh.errors import ConfigError
 
 SYNC_MODES = ("FULL", "NORMAL", "OFF")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,14 @@ class CoordinatorConfig(CoreConfig):
     worker_port: int = 7070
     client_port: int = 7071
     periodic_port: int | None = None
+    metrics_port: int | None = None  # the HTTP metrics port and dashboard; off when None
     db: str = "jobmesh.db"
     sweep_interval_millis: int = 500
     db_synchronous: str = "FULL"
     log_level: str = "INFO"
     # On SIGTERM/SIGINT, how long running attempts may finish before the stop (0: stop at once).
     drain_millis: int = 0
+    log_format: str = "text"
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class WorkerConfig:
     capacity: int = 4
     heartbeat_interval_millis: int = 2000
     log_level: str = "INFO"
+    log_format: str = "text"
     # Modules whose @task functions this worker runs (``--tasks``), besides the built-ins.
     task_modules: tuple[str, ...] = ()
 
@@ -107,9 +111,18 @@ def _choice(args: dict[str, Any], flag: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def log_format(args: dict[str, Any]) -> str:
+    """``--log-format``: ``text`` or ``json`` (any case); ``text`` when the flag is absent."""
+    value = str(args.get("--log-format") or "text").lower()
+    if value not in LOG_FORMATS:
+        raise ConfigError("--log-format must be one of %s, got %r" % (", ".join(LOG_FORMATS), args.get("--log-format")))
+    return value
+
+
 def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
     """Build from docopt's dict for ``jobmesh coordinator`` / ``jobmesh up``."""
     periodic = args.get("--periodic-port")
+    metrics = args.get("--metrics-port")
     db = str(args["--db"])
     if not db.strip():
         raise ConfigError("--db must name a file")
@@ -121,6 +134,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         worker_port=_int(args, "--worker-port", 0, 65535),
         client_port=_int(args, "--client-port", 0, 65535),
         periodic_port=None if periodic in (None, "") else _int(args, "--periodic-port", 0, 65535),
+        metrics_port=None if metrics in (None, "") else _int(args, "--metrics-port", 0, 65535),
         db=db,
         heartbeat_timeout_millis=_int(args, "--heartbeat-timeout-millis", 1),
         task_timeout_millis=_int(args, "--task-timeout-millis", 1),
@@ -129,10 +143,12 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         retry_base_millis=_int(args, "--retry-base-millis", 0),
         retry_cap_millis=_int(args, "--retry-cap-millis", 0),
         default_max_attempts=_int(args, "--default-max-attempts", 1),
+        retain_finished_millis=_int(args, "--retain-finished-millis", 0),
         sweep_interval_millis=_int(args, "--sweep-interval-millis", 1),
         db_synchronous=_choice(args, "--db-synchronous", SYNC_MODES),
         log_level=_choice(args, "--log-level", LOG_LEVELS),
         drain_millis=_int(args, "--drain-millis", 0) if args.get("--drain-millis") is not None else 0,
+        log_format=log_format(args),
     )
     if cfg.retry_cap_millis < cfg.retry_base_millis:
         raise ConfigError("--retry-cap-millis must be >= --retry-base-millis")
@@ -152,5 +168,6 @@ def worker_config(args: dict[str, Any]) -> WorkerConfig:
         capacity=_int(args, "--capacity", 1, 1024),
         heartbeat_interval_millis=_int(args, "--heartbeat-interval-millis", 1),
         log_level=_choice(args, "--log-level", LOG_LEVELS),
+        log_format=log_format(args),
         task_modules=parse_task_modules(args.get("--tasks")),
     )

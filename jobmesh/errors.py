@@ -35,6 +35,15 @@ class CoordinatorUnavailable(ClientError):
     """
 
 
+class InvalidRequest(ClientError):
+    """The request cannot be sent as it stands (nothing was sent): it holds text that is
+    not valid Unicode, or it does not fit in one frame (``RequestTooLarge``)."""
+
+
+class RequestTooLarge(InvalidRequest):
+    """The encoded request exceeds the 1 MiB frame limit; nothing was sent."""
+
+
 class RequestFailed(ClientError):
     """The coordinator answered ERROR; ``message`` is its reason."""
 

@@ -9,3 +9,5 @@ EXIT_FAILED = 1        # job ended FAILED/CANCELLED, submit rejected, coordinato
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_TIMEOUT = 4
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
+EXIT_BROKEN_PIPE = 141  # stdout's reader went away (``jobmesh list | head``): 128 + SIGPIPE, as for any Unix tool

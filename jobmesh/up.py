@@ -81,11 +81,15 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         "default-max-attempts": cfg.default_max_attempts,
         "sweep-interval-millis": cfg.sweep_interval_millis,
         "db-synchronous": cfg.db_synchronous,
+        "retain-finished-millis": cfg.retain_finished_millis,
         "log-level": cfg.log_level,
         "drain-millis": cfg.drain_millis,
+        "log-format": cfg.log_format,
     }
     if cfg.periodic_port is not None:
         flags["periodic-port"] = cfg.periodic_port
+    if cfg.metrics_port is not None:
+        flags["metrics-port"] = cfg.metrics_port
     return [sys.executable, "-m", "jobmesh", "coordinator"] + ["--%s=%s" % kv for kv in flags.items()]
 
 
@@ -152,7 +156,8 @@ class Supervisor:
             for n in range(1, self.workers + 1):
                 argv = [sys.executable, "-m", "jobmesh", "worker", "--coordinator=%s" % target,
                         "--id=local-%d" % n, "--capacity=%d" % self.capacity,
-                        "--heartbeat-interval-millis=%d" % heartbeat, "--log-level=%s" % self.cfg.log_level]
+                        "--heartbeat-interval-millis=%d" % heartbeat, "--log-level=%s" % self.cfg.log_level,
+                        "--log-format=%s" % self.cfg.log_format]
                 if self.task_modules:
                     argv.append("--tasks=%s" % ",".join(self.task_modules))
                 slot = WorkerSlot("local-%d" % n, argv)

@@ -21,6 +21,7 @@ from jobmesh.protocol.framing import FrameReader, encode_frame
 LISTENING = re.compile(
     r"jobmesh coordinator listening worker=(?P<w>\S+):(?P<wp>\d+) client=(?P<c>\S+):(?P<cp>\d+)"
     r"(?: periodic=(?P<p>\S+):(?P<pp>\d+))?"
+    r"(?: metrics=(?P<m>\S+):(?P<mp>\d+))?"
 )
 
 # Small timings so tests run fast; every one can be overridden per test.
@@ -75,6 +76,7 @@ class CoordinatorProc:
         self.worker_addr: tuple[str, int] | None = None
         self.client_addr: tuple[str, int] | None = None
         self.periodic_addr: tuple[str, int] | None = None
+        self.metrics_addr: tuple[str, int] | None = None  # with metrics_port=0 (the HTTP port)
         self._n = 0
 
     def start(self, timeout: float = 15.0, worker_port: int = 0, client_port: int = 0) -> "CoordinatorProc":
@@ -91,6 +93,8 @@ class CoordinatorProc:
         self.client_addr = (m["c"], int(m["cp"]))
         if m["p"]:
             self.periodic_addr = (m["p"], int(m["pp"]))
+        if m["m"]:
+            self.metrics_addr = (m["m"], int(m["mp"]))
         return self
 
     def _listening(self):
@@ -111,6 +115,12 @@ class CoordinatorProc:
     @property
     def worker_target(self) -> str:
         return "%s:%d" % self.worker_addr
+
+    @property
+    def metrics_url(self) -> str:
+        """``http://HOST:PORT`` of the metrics port (start with ``metrics_port=0``)."""
+        assert self.metrics_addr is not None, "started without --metrics-port"
+        return "http://%s:%d" % self.metrics_addr
 
     def terminate(self, timeout: float = 10.0) -> int:
         """SIGTERM and wait; returns the exit code."""
@@ -617,7 +627,7 @@ class WorkerProc:
 
     def __init__(self, tmp_path: Path, target: str, worker_id: str = "w-1", capacity: int = 2,
                  heartbeat_millis: int = 100, log_level: str = "DEBUG", tasks: str | None = None,
-                 cwd: Path | None = None):
+                 cwd: Path | None = None, extra: tuple[str, ...] = ()):
         self.tmp_path = Path(tmp_path)
         self.target = target
         self.worker_id = worker_id
@@ -626,6 +636,7 @@ class WorkerProc:
         self.log_level = log_level
         self.tasks = tasks  # --tasks=MODULES, found from ``cwd``
         self.cwd = cwd
+        self.extra = tuple(extra)  # more flags, e.g. ("--log-format=json",)
         self.proc: subprocess.Popen | None = None
         WorkerProc._started += 1  # two processes may share an id: each gets its own log
         self.name = "worker-%s-%d" % (worker_id, WorkerProc._started)
@@ -637,6 +648,7 @@ class WorkerProc:
                 "--heartbeat-interval-millis=%d" % self.heartbeat_millis, "--log-level=%s" % self.log_level]
         if self.tasks:
             args.append("--tasks=%s" % self.tasks)
+        args.extend(self.extra)
         out_path = self.tmp_path / (self.name + ".out")
         with open(out_path, "ab") as out, open(self.err_path, "ab") as err:
             self.proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env(),

@@ -14,6 +14,8 @@ What each failure means for the caller (the error tree is in jobmesh/errors.py):
   the next call reconnects.
 - ``RequestFailed``: the coordinator answered ERROR (unknown job, invalid payload,
   idempotency conflict). The connection stays usable.
+- ``InvalidRequest``: the request cannot be sent (nothing was): text that is not valid
+  Unicode, or, as ``RequestTooLarge``, more than the 1 MiB frame limit encoded.
 - ``SubmitRejected``: the coordinator is at its active-job limit. ``submit_retries``
   backs off and resubmits, for this and nothing else.
 - ``WaitTimeout`` (also a ``TimeoutError``): ``wait`` gave up; ``.job`` is the last
@@ -32,7 +34,8 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
 
-from jobmesh.errors import ClientError, CoordinatorUnavailable, ProtocolError, RequestFailed, SubmitRejected
+from jobmesh.errors import (ClientError, CoordinatorUnavailable, InvalidRequest, ProtocolError, RequestFailed,
+                            RequestTooLarge, SubmitRejected)
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
@@ -101,6 +104,18 @@ def submit_backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP)
     """Seconds to wait before resubmit number ``retry`` (1-based): full jitter on a capped doubling."""
     ceiling = min(cap, base * (2 ** (retry - 1)))
     return random.uniform(ceiling / 2, ceiling)
+
+
+def _encode_request(request: m.Message) -> bytes:
+    """The request's frame; ``InvalidRequest`` (``RequestTooLarge``) if it cannot be one."""
+    try:
+        return encode_frame(request.to_wire())
+    except ProtocolError as exc:
+        if isinstance(exc.__cause__, UnicodeError):
+            raise InvalidRequest("%s cannot be sent: it holds text that is not valid Unicode" % request.TYPE) from exc
+        raise RequestTooLarge("%s is too large to send: %s" % (request.TYPE, exc)) from exc
+    except (ValueError, OverflowError, TypeError) as exc:  # e.g. a payload holding something JSON cannot
+        raise InvalidRequest("%s cannot be encoded as JSON: %s" % (request.TYPE, exc)) from exc
 
 
 class CoordinatorClient:
@@ -217,6 +232,30 @@ class CoordinatorClient:
         reply = self._request(m.CancelJob(job_id), m.JobCancel)
         return reply.cancelled, reply.job
 
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's timeline, oldest first: dicts ``{atMillis, event, ...}`` with ``attempt``,
+        ``attemptId``, ``workerId``, ``detail``, ``retryAtMillis`` where they apply.
+        ``RequestFailed`` for an unknown id."""
+        return self._request(m.GetJobEvents(job_id), m.JobEvents, idempotent=True).events
+
+    def retry(self, job_id: str) -> str:
+        """Submit a finished job again (same type, payload, priority and attempt budget) and
+        return the new jobId; its snapshot's ``retryOf`` is ``job_id``.
+
+        ``RequestFailed`` if the job is unknown or not finished; ``SubmitRejected`` at the
+        admission limit (never retried here: call again after a backoff).
+        """
+        return self._request(m.RetryJob(job_id), m.JobSubmitted).job_id
+
+    def purge(self, older_than_millis: int, limit: int | None = None) -> tuple[int, bool]:
+        """Delete up to ``limit`` (coordinator default and cap: 10,000) finished jobs last updated
+        more than ``older_than_millis`` ago, with their events. Returns ``(purged, more)``;
+        ``more`` means such jobs remain: call again. ``ValueError`` for a negative age or limit."""
+        if older_than_millis < 0 or (limit is not None and limit < 1):
+            raise ValueError("older_than_millis must be >= 0 and limit >= 1, got %r, %r" % (older_than_millis, limit))
+        reply = self._request(m.PurgeJobs(older_than_millis, limit), m.JobsPurged)
+        return reply.purged, reply.more
+
     def wait(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
         """Poll until the job is COMPLETED, FAILED or CANCELLED and return that snapshot.
 
@@ -267,7 +306,7 @@ class CoordinatorClient:
 
     def _exchange(self, request: m.Message) -> dict[str, Any]:
         """Send one frame, read one frame; any transport trouble discards the socket."""
-        frame = encode_frame(request.to_wire())
+        frame = _encode_request(request)
         where = "%s:%d" % (self.host, self.port)
         if self._sock is None:
             self._connect(where)

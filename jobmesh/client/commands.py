@@ -1,4 +1,4 @@
-"""The client commands: submit, status, list, workers, cancel, wait.
+"""The client commands: submit, status, list, workers, cancel, wait, events, retry, purge (``top`` is in top.py).
 
 Each handler takes a connected-on-demand ``CoordinatorClient``, docopt's dict and a
 ``Console``, writes its output (text, or one JSON document with ``--json``) through the
@@ -16,17 +16,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Callable, TextIO
 
-from jobmesh.client import render
+from jobmesh.client import render, top
 from jobmesh.client.api import EPOCH, CoordinatorClient, WaitTimeout
 from jobmesh.config import parse_hostport
-from jobmesh.errors import ConfigError, CoordinatorUnavailable, RequestFailed, SubmitRejected
-from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE
+from jobmesh.errors import ClientError, ConfigError, CoordinatorUnavailable, InvalidRequest, RequestFailed, SubmitRejected
+from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE
 from jobmesh.protocol.jobs import JobState, Priority
 from jobmesh.protocol.payloads import TASK_TYPES
 
 MAX_PAGE = 1000
 _EPOCH_MILLIS = re.compile(r"[+-]?[0-9]+")
 RUN_AT_FORMS = "epoch milliseconds or an ISO 8601 time such as 2026-12-24T18:00:00Z"
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)?")
+DURATION_UNITS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+DURATION_FORMS = "a number with a unit (90s, 15m, 12h, 7d) or plain milliseconds"
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,17 @@ def parse_run_at(text: str) -> datetime:
     return when
 
 
+def parse_duration_millis(text: str, flag: str = "--older-than") -> int:
+    """``90s``, ``15m``, ``12h``, ``7d``, ``500ms`` or plain milliseconds (``5000``) as milliseconds.
+
+    A fraction needs a unit (``1.5h``). ConfigError, naming ``flag``, for anything else.
+    """
+    match = _DURATION.fullmatch(str(text).strip().lower())
+    if match is None or (match[2] is None and "." in match[1]):
+        raise ConfigError("%s must be %s, got %r" % (flag, DURATION_FORMS, text))
+    return round(float(match[1]) * DURATION_UNITS[match[2]])
+
+
 def schedule_options(args: dict[str, Any]) -> dict[str, Any]:
     """``--delay-millis`` / ``--run-at`` as ``CoordinatorClient.submit`` keywords (at most one)."""
     delay, run_at = args.get("--delay-millis"), args.get("--run-at")
@@ -184,7 +198,47 @@ def submit(client: CoordinatorClient, args: dict[str, Any], console: Console) ->
 
 
 def status(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
-    _show_job(console, client.status(args["JOB_ID"]), args["--json"])
+    job = client.status(args["JOB_ID"])
+    if args["--json"]:
+        console.out(render.to_json(job))
+        return EXIT_OK
+    # Busy workers are worth counting: say how many run the type and how full they are.
+    found = client.workers() if job.get("waitingReason") == "WORKERS_BUSY" else None
+    console.out(render.job_detail(job, _now_millis(), found))
+    return EXIT_OK
+
+
+def events(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    timeline = client.events(args["JOB_ID"])
+    console.out(render.to_json(timeline) if args["--json"] else render.event_table(timeline))
+    return EXIT_OK
+
+
+def retry(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    old = args["JOB_ID"]
+    try:
+        new = client.retry(old)
+    except SubmitRejected as exc:
+        console.error("retry", "rejected, the coordinator is overloaded: %s" % exc)
+        return EXIT_FAILED
+    console.out(render.to_json({"jobId": new, "retryOf": old}) if args["--json"] else render.retried(new, old))
+    return EXIT_OK
+
+
+def purge(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    """PURGE_JOBS until the coordinator says no more remain; prints the total."""
+    older_than = parse_duration_millis(args["--older-than"])
+    total = 0
+    while True:
+        purged, more = client.purge(older_than)
+        total += purged
+        if not more or purged == 0:  # purged == 0 with more: ask no further rather than spin
+            break
+    if args["--json"]:
+        console.out(render.to_json({"purged": total, "olderThanMillis": older_than}))
+    else:
+        console.out("purged %d finished job%s last updated more than %s ago"
+                    % (total, "" if total == 1 else "s", args["--older-than"].strip()))
     return EXIT_OK
 
 
@@ -232,6 +286,10 @@ def wait(client: CoordinatorClient, args: dict[str, Any], console: Console) -> i
     return _await("wait", client, console, args["JOB_ID"], _timeout_seconds(args), args["--json"])
 
 
+def top_view(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    return top.run(client, console, _int_flag(args, "--interval-millis", 1), _int_flag(args, "--iterations", 0))
+
+
 HANDLERS: dict[str, Callable[[CoordinatorClient, dict[str, Any], Console], int]] = {
     "submit": submit,
     "status": status,
@@ -239,6 +297,10 @@ HANDLERS: dict[str, Callable[[CoordinatorClient, dict[str, Any], Console], int]]
     "workers": workers,
     "cancel": cancel,
     "wait": wait,
+    "events": events,
+    "retry": retry,
+    "purge": purge,
+    "top": top_view,
 }
 
 
@@ -254,4 +316,10 @@ def run_client_command(command: str, args: dict[str, Any], console: Console) -> 
         return EXIT_UNREACHABLE
     except RequestFailed as exc:
         console.error(command, "the coordinator refused: %s" % exc.message)
+        return EXIT_FAILED
+    except InvalidRequest as exc:  # nothing was sent: the input is at fault, like a bad flag
+        console.error(command, str(exc))
+        return EXIT_USAGE
+    except ClientError as exc:
+        console.error(command, str(exc))
         return EXIT_FAILED

@@ -51,11 +51,27 @@ def relative(then_millis: int | None, now_millis: int) -> str:
     return "in %ds" % seconds
 
 
-def timestamp(millis: int | None, zone: bool = False) -> str:
-    """Local time, ``2026-12-01 18:00:00``; with ``zone``, its abbreviation follows (``... UTC``)."""
+def timestamp(millis: int | None, zone: bool = False, fraction: bool = False) -> str:
+    """Local time, ``2026-12-01 18:00:00``; with ``fraction``, milliseconds follow the seconds
+    (``18:00:00.250``); with ``zone``, the zone's abbreviation ends it (``... UTC``)."""
     if millis is None:
         return MISSING
-    return time.strftime("%Y-%m-%d %H:%M:%S %Z" if zone else "%Y-%m-%d %H:%M:%S", time.localtime(millis / 1000))
+    local = time.localtime(millis // 1000)
+    text = time.strftime("%Y-%m-%d %H:%M:%S", local)
+    if fraction:
+        text += ".%03d" % (millis % 1000)
+    return text + time.strftime(" %Z", local) if zone else text
+
+
+def when(millis: int | None, now_millis: int) -> str:
+    """A moment both ways: ``in 4m (2026-12-24 18:00:00 UTC)``, ``3s ago (...)``."""
+    return "%s (%s)" % (relative(millis, now_millis), timestamp(millis, zone=True))
+
+
+def offset(millis: int, origin: int) -> str:
+    """Seconds from ``origin`` with millisecond precision: ``+0.000s``, ``+1.204s``, ``-0.500s``."""
+    delta = millis - origin
+    return "%s%d.%03ds" % ("-" if delta < 0 else "+", abs(delta) // 1000, abs(delta) % 1000)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -73,8 +89,8 @@ def attempts(job: dict[str, Any]) -> str:
     return "%s/%s" % (job.get("attempts", MISSING), job.get("maxAttempts", MISSING))
 
 
-def job_detail(job: dict[str, Any], now_millis: int) -> str:
-    """One job as labelled lines, for ``status``, ``cancel`` and ``wait``."""
+def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None) -> str:
+    """One job as labelled lines, for ``status``, ``cancel`` and ``wait``; ``workers`` as for ``waiting``."""
     created = job.get("createdAtMillis")
     updated = job.get("updatedAtMillis")
     rows = [
@@ -86,13 +102,82 @@ def job_detail(job: dict[str, Any], now_millis: int) -> str:
         ("worker", job.get("workerId")),
         ("result", compact(job.get("result"))),
         ("error", compact(job.get("error"))),
-        ("created", "%s (%s)" % (age(created, now_millis), timestamp(created))),
-        ("updated", "%s (%s)" % (age(updated, now_millis), timestamp(updated))),
+        ("created", when(created, now_millis)),
+        ("updated", when(updated, now_millis)),
     ]
+    # The lines below appear only when they apply, so other jobs read as before.
+    if job.get("retryOf") is not None:
+        rows.insert(1, ("retry of", job["retryOf"]))
+    if job.get("waitingReason") is not None:
+        rows.insert(rows.index(("state", job.get("state"))) + 1,
+                    ("waiting", waiting(job, now_millis, workers)))
     run_at = job.get("runAtMillis")
-    if run_at is not None:  # only scheduled jobs have one; others keep the lines above
-        rows.append(("runs at", "%s (%s)" % (relative(run_at, now_millis), timestamp(run_at, zone=True))))
+    if run_at is not None:
+        rows.append(("runs at", when(run_at, now_millis)))
+    retry_at = job.get("retryAtMillis")
+    if retry_at is not None:
+        rows.append(("retry at", when(retry_at, now_millis)))
     return "\n".join("%-9s %s" % (label, MISSING if value is None else value) for label, value in rows)
+
+
+def runs_type(worker: dict[str, Any], task_type: Any) -> bool:
+    return task_type in (worker.get("taskTypes") or ())
+
+
+def waiting(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None) -> str:
+    """Why a job is not running, in words (its ``waitingReason``).
+
+    ``workers`` (a WORKER_LIST, when the caller fetched one) gives WORKERS_BUSY its counts:
+    the workers that declared the job's type, their slots in use and in all.
+    """
+    reason = job.get("waitingReason")
+    task_type = job.get("taskType")
+    if reason == "SCHEDULED":
+        return "scheduled: runs %s" % when(job.get("runAtMillis"), now_millis)
+    if reason == "RETRY_BACKOFF":
+        return "retry backoff: next attempt %s" % when(job.get("retryAtMillis"), now_millis)
+    if reason == "NO_WORKER":
+        return "no worker is connected"
+    if reason == "NO_WORKER_FOR_TYPE":
+        return "no connected worker runs %s" % task_type
+    if reason == "WORKERS_BUSY":
+        able = [w for w in workers or () if runs_type(w, task_type)]
+        if not able:
+            return "every worker that runs %s is busy" % task_type
+        slots = "(%d/%d slots)" % (sum(w.get("activeJobs") or 0 for w in able), sum(w.get("capacity") or 0 for w in able))
+        if len(able) == 1:
+            return "the one worker that runs %s is busy %s" % (task_type, slots)
+        return "all %d workers that run %s are busy %s" % (len(able), task_type, slots)
+    if reason == "BEHIND_OTHER_JOBS":
+        return "behind other queued jobs"
+    if reason == "LOCK_WAIT":
+        return "lock wait"
+    return MISSING if reason is None else str(reason)
+
+
+def event_table(events: list[dict[str, Any]]) -> str:
+    """A job's timeline, oldest first: time from the first event, wall-clock time, event,
+    attempt, the worker of that attempt, and the detail (with the retry time, if any)."""
+    if not events:
+        return "no events"
+    origin = events[0].get("atMillis") or 0
+    worker_of: dict[Any, Any] = {}  # attempt (number or id) -> the worker it was assigned to
+    rows = []
+    for event in events:
+        at = event.get("atMillis") or 0
+        attempt, attempt_id, worker = event.get("attempt"), event.get("attemptId"), event.get("workerId")
+        keys = [key for key in (attempt_id, attempt) if key is not None]
+        if worker is not None:
+            worker_of.update((key, worker) for key in keys)
+        else:
+            worker = next((worker_of[key] for key in keys if key in worker_of), None)
+        detail = [] if event.get("detail") is None else [compact(event["detail"])]
+        if event.get("retryAtMillis") is not None:
+            retry_at = event["retryAtMillis"]
+            detail.append("retry at %s (%s)" % (timestamp(retry_at, zone=True, fraction=True), offset(retry_at, origin)))
+        rows.append((offset(at, origin), timestamp(at, zone=True, fraction=True), event.get("event"), attempt,
+                     worker, "; ".join(detail) or None))
+    return table(("AT", "TIME", "EVENT", "ATTEMPT", "WORKER", "DETAIL"), rows)
 
 
 def job_table(jobs: list[dict[str, Any]], now_millis: int) -> str:
@@ -102,10 +187,17 @@ def job_table(jobs: list[dict[str, Any]], now_millis: int) -> str:
         ("JOB", "TYPE", "STATE", "PRIORITY", "ATTEMPTS", "WORKER", "UPDATED"),
         (
             (j.get("jobId"), j.get("taskType"), j.get("state"), j.get("priority"), attempts(j),
-             j.get("workerId"), age(j.get("updatedAtMillis"), now_millis))
+             j.get("workerId"), updated_cell(j.get("updatedAtMillis"), now_millis))
             for j in jobs
         ),
     )
+
+
+def updated_cell(millis: int | None, now_millis: int) -> str:
+    """``2026-12-01 18:55:32 UTC (3s ago)``: the time in its zone, then how long ago."""
+    if millis is None:
+        return MISSING
+    return "%s (%s)" % (timestamp(millis, zone=True), age(millis, now_millis))
 
 
 def task_types(worker: dict[str, Any]) -> str:
@@ -131,6 +223,10 @@ def worker_table(workers: list[dict[str, Any]], now_millis: int) -> str:
 
 def submitted(job_id: str) -> str:
     return "submitted job %s" % job_id
+
+
+def retried(new_job_id: str, old_job_id: str) -> str:
+    return "submitted job %s (retry of %s)" % (new_job_id, old_job_id)
 
 
 def cancelled(was_cancelled: bool, job: dict[str, Any]) -> str:

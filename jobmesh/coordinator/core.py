@@ -1,7 +1,11 @@
 """CoordinatorCore: the single writer of all coordinator state.
 
 A plain class: no gevent, no sockets, no clock. Every method takes ``now_millis`` from
-its caller (the runtime reads the clock once per event). The core
+its caller (the runtime reads the clock once per event). That is core time: monotonic
+(``clock.py``), so every duration (heartbeat timeouts, deadlines, backoff) is immune to
+wall-clock steps. Instants people give or read (createdAtMillis, runAtMillis, retry
+times, event times) are wall-clock: core time plus ``drift``, which the runtime keeps
+current (``observe_wall``); a wall-clock step moves only those. The core
 
 * owns every active job, the recently finished ones it still caches, the worker
   registry, the queued/due/deadline indexes, the known task types and the submission
@@ -43,7 +47,8 @@ from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
-from jobmesh.protocol.payloads import TASK_SPECS, TASK_TYPES, is_finite_json, validate_payload
+from jobmesh.protocol.messages import quote
+from jobmesh.protocol.payloads import MAX_NESTING, TASK_SPECS, TASK_TYPES, is_finite_json, too_deep, validate_payload
 
 log = logging.getLogger(__name__)
 _random = random.Random()
@@ -53,7 +58,7 @@ MAX_KEY_CHARS = 1024
 MAX_WORKER_ID_CHARS = 256
 MAX_RESULT_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = MAX_FRAME - 4096  # leaves room for TASK_ASSIGN's other fields
-MAX_ERROR_CHARS = 4096
+MAX_ERROR_CHARS = m.MAX_ERROR_CHARS
 MAX_RUN_AT_MILLIS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 LIST_DEFAULT = 100
 LIST_MAX = 1000
@@ -65,6 +70,7 @@ PURGE_SWEEP = 1000  # finished jobs purged per sweep at most (retention)
 PURGE_BATCH = 256  # and per batch while more are due
 PURGE_REQUEST_MAX = 10_000  # per PURGE_JOBS request
 EVENTS_KEPT = 100  # a job's timeline keeps its newest events
+WALL_STEP_MILLIS = 1000  # a change of the wall clock against core time beyond this is a step
 EVENT_FIELDS = ("atMillis", "event", "attempt", "workerId", "detail", "retryAtMillis")  # one stored event
 _ABOUT_THE_LEASE = frozenset({JobState.COMPLETED, JobState.CANCELLED})  # events naming the attempt that ended
 # The timeline event a transition writes, by target state (None: the caller writes its own).
@@ -104,8 +110,8 @@ class CoordinatorCore:
         self.workers = WorkerRegistry()
         self.known_types: set[str] = set(BUILTIN_TYPES)  # built-ins and every type ever declared
         self.next_seq = 1
-        self._last_created = 0
         self.workers_by_type: dict[str, set[Session]] = {}  # task type -> live sessions that run it
+        self.drift = 0  # wall clock minus core time (observe_wall)
         self.outbound: list[tuple[Any, m.Message | None]] = []
         self._dirty: dict[str, Job] = {}
         self._new: set[str] = set()
@@ -167,7 +173,8 @@ class CoordinatorCore:
         """Append one event to the job's timeline (its ``events`` column, committed with the
         job's row in this batch); only the newest EVENTS_KEPT are kept."""
         events = job.events
-        events.append((now_millis, event, attempt, worker_id, detail, retry_at))
+        events.append((now_millis + self.drift, event, attempt, worker_id, detail,
+                       None if retry_at is None else retry_at + self.drift))
         if len(events) > EVENTS_KEPT:
             del events[0]
         self._dirty[job.job_id] = job
@@ -233,14 +240,16 @@ class CoordinatorCore:
                 holder.running.discard(job.job_id)
         elif source is JobState.QUEUED:
             self.queued.discard(job.job_id)
-        job.move_to(target, now_millis)
+        job.move_to(target, now_millis + self.drift)
         counts = self.counts
         key = (source, job.task_type, job.priority)
         counts[key] -= 1
         if not counts[key]:
             del counts[key]
         if target is JobState.QUEUED:
-            self.queued.add(job.job_id, job.task_type, job.priority.level, job.due_at, job.seq)
+            if source is JobState.SCHEDULED and job.wake_at is not None:
+                job.ready_at = job.wake_at  # it became due at its run-at time, not when the sweep saw it
+            self.queued.add(job.job_id, job.task_type, job.priority.level, job.ready_at, job.seq)
         elif target is JobState.RUNNING:
             assert session is not None, "an assignment needs a worker"
             job.attempts += 1
@@ -254,11 +263,11 @@ class CoordinatorCore:
         elif target is JobState.RETRY_WAIT or target is JobState.SCHEDULED:
             assert due_at is not None, "a waiting job needs its due time"
             if target is JobState.RETRY_WAIT:
-                job.retry_at = due_at
+                job.retry_at = due_at + self.drift
                 self.stats["retries"] += 1
             else:
-                job.run_at = due_at
-            heapq.heappush(self.due_heap, (due_at, job.job_id))
+                job.run_at = due_at + self.drift
+            self._wait_until(job, due_at)
         if target in TERMINAL:
             self.jobs.pop(job.job_id, None)
             self._remember_finished(job)
@@ -273,6 +282,25 @@ class CoordinatorCore:
             detail = job.error if target is JobState.FAILED else None
             self._event(job, now_millis, event or TRANSITION_EVENTS[target], detail, due_at)
 
+    def _wait_until(self, job: Job, wake_at: int) -> None:
+        """Put a SCHEDULED or RETRY_WAIT job on the due heap for ``wake_at`` (core time)."""
+        job.wake_at = wake_at
+        heapq.heappush(self.due_heap, (wake_at, job.job_id))
+
+    def observe_wall(self, now_millis: int, wall_millis: int) -> None:
+        """The wall clock reads ``wall_millis`` at core time ``now_millis``. After a step
+        of more than a second, SCHEDULED jobs (due at wall-clock instants) are re-timed;
+        durations (heartbeats, deadlines, backoff) are core time and do not move."""
+        drift = wall_millis - now_millis
+        step = drift - self.drift
+        self.drift = drift
+        if abs(step) <= WALL_STEP_MILLIS:
+            return
+        log.warning("the wall clock stepped by %+d ms; timeouts are unaffected, scheduled jobs follow it", step)
+        for job in self.jobs.values():
+            if job.state is JobState.SCHEDULED and job.run_at is not None:
+                self._wait_until(job, job.run_at - drift)
+
     # ---- recovery ------------------------------------------------------------------
 
     def recover(self, now_millis: int) -> dict[str, int]:
@@ -286,8 +314,10 @@ class CoordinatorCore:
         # queued: QUEUED after recovery, including the requeued and those due while down
         stats = {"queued": 0, "scheduled": 0, "retry_wait": 0, "requeued": 0, "due": 0, "failed": 0}
         self.known_types.update(self.store.load_task_types())
+        wall = now_millis + self.drift
         for job in self.store.load_active():
             self.jobs[job.job_id] = job
+            job.ready_at = job.due_at - self.drift
             self.counts[(job.state, job.task_type, job.priority)] += 1
             if job.idempotency_key is not None:
                 self.keys[job.idempotency_key] = job.job_id
@@ -307,9 +337,9 @@ class CoordinatorCore:
                     self._transition(job, JobState.FAILED, now_millis)
                     stats["failed"] += 1
             elif state is JobState.QUEUED:
-                self.queued.add(job.job_id, job.task_type, job.priority.level, job.due_at, job.seq)
+                self.queued.add(job.job_id, job.task_type, job.priority.level, job.ready_at, job.seq)
                 stats["queued"] += 1
-            elif state is JobState.SCHEDULED and (job.run_at is None or job.run_at <= now_millis):
+            elif state is JobState.SCHEDULED and (job.run_at is None or job.run_at <= wall):
                 self._event(job, now_millis, "RECOVERED", "fell due while the coordinator was down")
                 self._transition(job, JobState.QUEUED, now_millis)
                 stats["due"] += 1
@@ -317,13 +347,12 @@ class CoordinatorCore:
             else:  # RETRY_WAIT, or SCHEDULED in the future
                 due = _due_time(job)
                 if due is None:  # an older or hand-edited row: due now
-                    due = now_millis
+                    due = wall
                     job.retry_at = due
                     self._touch(job)
-                heapq.heappush(self.due_heap, (due, job.job_id))
+                self._wait_until(job, due - self.drift)
                 stats["retry_wait" if state is JobState.RETRY_WAIT else "scheduled"] += 1
         self.next_seq = self.store.max_seq() + 1
-        self._last_created = max((j.created_at for j in self.jobs.values()), default=0)
         return stats
 
     # ---- client requests -------------------------------------------------------------
@@ -339,7 +368,9 @@ class CoordinatorCore:
         if task_type not in self.known_types:
             known = sorted(self.known_types)
             listed = ", ".join(known[:20]) + (" and %d more" % (len(known) - 20) if len(known) > 20 else "")
-            return "unknown task type %r: no worker has declared it (known: %s)" % (task_type, listed)
+            return "unknown task type %s: no worker has declared it (known: %s)" % (quote(task_type), listed)
+        if too_deep(payload):
+            return "%s payload nested deeper than %d levels" % (task_type, MAX_NESTING)
         if not is_finite_json(payload):
             return "%s payload holds NaN or Infinity, which JSON does not allow" % task_type
         return None
@@ -351,10 +382,10 @@ class CoordinatorCore:
             return None, "give runAtMillis or delayMillis, not both"
         if delay is not None:
             if delay < 0:
-                return None, "delayMillis must be a non-negative integer, got %d" % delay
-            run_at = now_millis + delay
+                return None, "delayMillis must be a non-negative integer, got %s" % quote(delay)
+            run_at = now_millis + self.drift + delay
         elif run_at is not None and run_at < 0:
-            return None, "runAtMillis must be a non-negative integer, got %d" % run_at
+            return None, "runAtMillis must be a non-negative integer, got %s" % quote(run_at)
         if run_at is not None and run_at > MAX_RUN_AT_MILLIS:
             return None, "the run-at time must be before the year 10000"
         return run_at, None
@@ -366,7 +397,7 @@ class CoordinatorCore:
             return m.Error(str(exc))
         max_attempts = req.max_attempts if req.max_attempts > 0 else self.config.default_max_attempts
         if max_attempts > MAX_ATTEMPTS_LIMIT:
-            return m.Error("maxAttempts must be at most %d, got %d" % (MAX_ATTEMPTS_LIMIT, max_attempts))
+            return m.Error("maxAttempts must be at most %d, got %s" % (MAX_ATTEMPTS_LIMIT, quote(max_attempts)))
         problem = self._check_payload(req.task_type, req.payload)
         if problem is not None:
             return m.Error(problem)
@@ -388,10 +419,10 @@ class CoordinatorCore:
             if existing is not None:
                 if existing.same_request(req.task_type, req.payload, max_attempts, priority):
                     return m.JobSubmitted(existing.job_id)
-                log.warning("idempotency conflict key=%r job=%s", key, existing.job_id)
+                log.warning("idempotency conflict key=%s job=%s", quote(key), existing.job_id)
                 return m.Error(
-                    "idempotencyKey %r is already bound to job %s with a different request "
-                    "(taskType, payload, maxAttempts or priority differ)" % (key, existing.job_id)
+                    "idempotencyKey %s is already bound to job %s with a different request "
+                    "(taskType, payload, maxAttempts or priority differ)" % (quote(key), existing.job_id)
                 )
         return self._create(now_millis, req.task_type, req.payload, payload_json, max_attempts, priority, key,
                             run_at)
@@ -406,15 +437,13 @@ class CoordinatorCore:
                 "coordinator is at its active-job limit; retry later",
                 self.active_count, self.config.max_active_jobs, True,
             )
-        # Creation times never go backwards in sequence order, even if the wall clock does.
-        created = max(now_millis, self._last_created)
-        self._last_created = created
-        later = run_at is not None and run_at > now_millis
+        wall = now_millis + self.drift
+        later = run_at is not None and run_at > wall
         job = Job(
             job_id=self._job_id(self.next_seq), seq=self.next_seq, task_type=task_type, payload=payload,
-            max_attempts=max_attempts, priority=priority, created_at=created, idempotency_key=key,
+            max_attempts=max_attempts, priority=priority, created_at=wall, idempotency_key=key,
             execution_timeout=self.config.task_timeout_millis, payload_json=payload_json, run_at=run_at,
-            state=JobState.SCHEDULED if later else JobState.QUEUED, retry_of=retry_of,
+            state=JobState.SCHEDULED if later else JobState.QUEUED, retry_of=retry_of, ready_at=now_millis,
         )
         self.next_seq += 1
         self.jobs[job.job_id] = job
@@ -425,9 +454,10 @@ class CoordinatorCore:
         self.counts[(job.state, task_type, priority)] += 1
         self._event(job, now_millis, "SUBMITTED", None if retry_of is None else "retry of %s" % retry_of)
         if later:
-            heapq.heappush(self.due_heap, (job.due_at, job.job_id))
+            assert run_at is not None
+            self._wait_until(job, run_at - self.drift)
         else:
-            self.queued.add(job.job_id, job.task_type, priority.level, job.due_at, job.seq)
+            self.queued.add(job.job_id, job.task_type, priority.level, now_millis, job.seq)
         log.debug("submitted job=%s type=%s priority=%s run_at=%s", job.job_id, task_type, priority.value, run_at)
         return m.JobSubmitted(job.job_id)
 
@@ -450,14 +480,14 @@ class CoordinatorCore:
     def get_job_status(self, now_millis: int, job_id: str) -> m.Message:
         job = self._lookup(job_id)
         if job is None:
-            return m.Error("unknown job %s" % job_id)
+            return m.Error("unknown job %s" % quote(job_id))
         return m.JobStatus(self.snapshot(job))
 
     def get_job_events(self, now_millis: int, job_id: str) -> m.Message:
         """The job's timeline: what the store holds, then this batch's events not committed yet."""
         job = self._lookup(job_id)
         if job is None:
-            return m.Error("unknown job %s" % job_id)
+            return m.Error("unknown job %s" % quote(job_id))
         events = []
         for stored in job.events:
             item = {name: value for name, value in zip(EVENT_FIELDS, stored) if value is not None}
@@ -470,7 +500,7 @@ class CoordinatorCore:
         """A new job with a finished job's type, payload, priority and budget; ``retryOf`` names it."""
         job = self._lookup(job_id)
         if job is None:
-            return m.Error("unknown job %s" % job_id)
+            return m.Error("unknown job %s" % quote(job_id))
         if job.state not in TERMINAL:
             return m.Error("job %s is %s; only a finished job can be retried (cancel it first)"
                            % (job_id, job.state.value))
@@ -486,11 +516,11 @@ class CoordinatorCore:
     def purge_jobs(self, now_millis: int, req: m.PurgeJobs) -> m.Message:
         """Delete finished jobs last updated more than ``olderThanMillis`` ago (PURGE_JOBS)."""
         if req.older_than_millis < 0:
-            return m.Error("olderThanMillis must be a non-negative integer, got %d" % req.older_than_millis)
+            return m.Error("olderThanMillis must be a non-negative integer, got %s" % quote(req.older_than_millis))
         limit = PURGE_REQUEST_MAX if req.limit is None else req.limit
         if not 1 <= limit <= PURGE_REQUEST_MAX:
-            return m.Error("limit must be 1..%d, got %d" % (PURGE_REQUEST_MAX, limit))
-        purged = self._purge(now_millis - req.older_than_millis, limit)
+            return m.Error("limit must be 1..%d, got %s" % (PURGE_REQUEST_MAX, quote(limit)))
+        purged = self._purge(now_millis + self.drift - req.older_than_millis, limit)
         log.info("purged finished jobs count=%d older_than_millis=%d", purged, req.older_than_millis)
         return m.JobsPurged(purged, purged == limit)
 
@@ -517,7 +547,7 @@ class CoordinatorCore:
         retain = self.config.retain_finished_millis
         if retain <= 0 or self.paused:
             return
-        purged = self._purge(now_millis - retain, limit)
+        purged = self._purge(now_millis + self.drift - retain, limit)
         self._purge_backlog = purged == limit
 
     def after_batch(self, now_millis: int) -> None:
@@ -544,16 +574,16 @@ class CoordinatorCore:
                     queued_by_priority=queued_by_priority)
 
     def list_workers(self, now_millis: int) -> m.Message:
-        return m.WorkerList([s.snapshot() for s in self.workers])
+        return m.WorkerList([s.snapshot(self.drift) for s in self.workers])
 
     def list_jobs(self, now_millis: int, req: m.ListJobs) -> m.Message:
         limit = LIST_DEFAULT if req.limit is None else req.limit
         if limit < 1:
-            return m.Error("limit must be at least 1, got %d" % limit)
+            return m.Error("limit must be at least 1, got %s" % quote(limit))
         limit = min(limit, LIST_MAX)
         state = req.state
         if state is not None and state not in JobState.__members__:
-            return m.Error("unknown state %r (one of %s)" % (state, ", ".join(JobState.__members__)))
+            return m.Error("unknown state %s (one of %s)" % (quote(state), ", ".join(JobState.__members__)))
         before = None
         if req.cursor is not None:
             try:
@@ -561,7 +591,7 @@ class CoordinatorCore:
                 if not 1 <= before < 2**63:  # a rowid; anything else did not come from us
                     raise ValueError
             except ValueError:
-                return m.Error("invalid cursor %r" % req.cursor)
+                return m.Error("invalid cursor %s" % quote(req.cursor))
         rows = self.store.list_page(limit + 1, state, before, req.task_type)
         jobs: list[dict[str, Any]] = []
         size = 0
@@ -586,7 +616,7 @@ class CoordinatorCore:
         if job is None:
             done = self._lookup(job_id)
             if done is None:
-                return m.Error("unknown job %s" % job_id)
+                return m.Error("unknown job %s" % quote(job_id))
             return m.JobCancel(False, self.snapshot(done))
         if job.state is JobState.RUNNING:
             self._revoke_lease(job, "cancelled")
@@ -599,7 +629,7 @@ class CoordinatorCore:
     def on_worker_registered(self, now_millis: int, conn: Any, msg: m.WorkerRegister) -> None:
         worker_id, capacity = msg.worker_id, msg.capacity
         if not 1 <= capacity <= 1024:
-            self._refuse(conn, "capacity must be 1..1024, got %d" % capacity)
+            self._refuse(conn, "capacity must be 1..1024, got %s" % quote(capacity))
             return
         if not worker_id or len(worker_id) > MAX_WORKER_ID_CHARS:
             self._refuse(conn, "workerId must be 1..%d characters" % MAX_WORKER_ID_CHARS)
@@ -609,12 +639,12 @@ class CoordinatorCore:
             return
         if self.workers.get(worker_id) is not None:
             log.warning("refused duplicate registration worker=%s", worker_id)
-            self._refuse(conn, "worker id %r belongs to a live session" % worker_id)
+            self._refuse(conn, "worker id %s belongs to a live session" % quote(worker_id))
             return
         types = BUILTIN_TYPES if msg.task_types is None else frozenset(msg.task_types)
         for name in sorted(types - self.known_types):
             self.known_types.add(name)
-            self._new_types.append((name, now_millis))  # durable before the registration is answered
+            self._new_types.append((name, now_millis + self.drift))  # durable before the registration is answered
             log.info("new task type declared type=%s worker=%s", name, worker_id)
         session = Session(worker_id, capacity, conn, now_millis, types)
         self.workers.add(session)
@@ -629,7 +659,7 @@ class CoordinatorCore:
 
     def on_heartbeat(self, now_millis: int, conn: Any, worker_id: str) -> None:
         session = self.workers.by_conn(conn)
-        if session is not None and session.worker_id == worker_id:
+        if session is not None and session.worker_id == worker_id and now_millis > session.last_heartbeat:
             session.last_heartbeat = now_millis
 
     def on_task_result(self, now_millis: int, conn: Any, res: m.TaskResult) -> None:
@@ -651,6 +681,10 @@ class CoordinatorCore:
             return
         if res.success:
             result = res.result if res.result is not None else {}
+            if too_deep(result):
+                self._retry_or_fail(job, now_millis, "result nested deeper than %d levels" % MAX_NESTING,
+                                    "ATTEMPT_FAILED")
+                return
             if not is_finite_json(result):
                 self._retry_or_fail(job, now_millis, "result holds NaN or Infinity, which JSON does not allow",
                                     "ATTEMPT_FAILED")
@@ -776,7 +810,7 @@ class CoordinatorCore:
         if len(heap) <= 2 * len(self.jobs) + 1024:
             return
         live = [(t, job_id) for t, job_id in heap
-                if (job := self.jobs.get(job_id)) is not None and _due_time(job) == t]
+                if (job := self.jobs.get(job_id)) is not None and job.wake_at == t and _due_time(job) is not None]
         heapq.heapify(live)
         self.due_heap = live
 
@@ -789,7 +823,7 @@ class CoordinatorCore:
         while heap and heap[0][0] <= now_millis:
             due, job_id = heapq.heappop(heap)
             job = self.jobs.get(job_id)
-            if job is None or _due_time(job) != due:
+            if job is None or job.wake_at != due or _due_time(job) is None:
                 continue  # cancelled, or waiting for another time now
             self._transition(job, JobState.QUEUED, now_millis)
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from jobmesh.protocol import messages as m
 
+LIST_ROWS_PER_COST = 4  # a LIST_JOBS page of 1000 rows costs about as much to build as 250 submits
+
 
 class Event:
     __slots__ = ()
@@ -24,14 +26,6 @@ class Registered(Event):
     def __init__(self, conn: Any, msg: m.WorkerRegister) -> None:
         self.conn = conn
         self.msg = msg
-
-
-class Heartbeat(Event):
-    __slots__ = ("conn", "worker_id")
-
-    def __init__(self, conn: Any, worker_id: str) -> None:
-        self.conn = conn
-        self.worker_id = worker_id
 
 
 class Result(Event):
@@ -67,13 +61,20 @@ class Refusal:
 
 
 class Request(Event):
-    """A client request (or a Refusal), answered on ``conn`` in order."""
+    """A client request (or a Refusal), answered on ``conn`` in order.
 
-    __slots__ = ("conn", "msg")
+    ``cost`` is its share of a batch's budget (``mailbox.py``): 1, except a LIST_JOBS
+    page, which costs by the rows it may read."""
+
+    __slots__ = ("conn", "msg", "cost")
 
     def __init__(self, conn: Any, msg: m.Message | Refusal) -> None:
         self.conn = conn
         self.msg = msg
+        self.cost = 1
+        if type(msg) is m.ListJobs:
+            rows = 100 if msg.limit is None else min(max(msg.limit, 0), 1000)
+            self.cost += rows // LIST_ROWS_PER_COST
 
 
 class Sweep(Event):

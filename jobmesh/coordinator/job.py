@@ -42,6 +42,9 @@ class Job:
     # The timeline, oldest first: (atMillis, event, attempt, workerId, detail, retryAtMillis)
     events: list[Any] = field(default_factory=list)
     payload_json: str | None = None  # the payload as stored, when already encoded
+    # Not stored; core time (monotonic, see coordinator/clock.py), set by the core:
+    ready_at: int = 0  # when the job first became due: priority aging and queue order count from here
+    wake_at: int | None = None  # SCHEDULED / RETRY_WAIT: when it becomes due
 
     def __post_init__(self) -> None:
         if self.updated_at is None or self.updated_at < 0:
@@ -49,8 +52,8 @@ class Job:
 
     @property
     def due_at(self) -> int:
-        """When the job first became due: its submission, or its run-at time if later.
-        Priority aging counts from here, and the queues order each level by it."""
+        """When the job first became due, on the wall clock: its submission, or its run-at
+        time if later (``ready_at`` is the same moment in core time)."""
         run_at = self.run_at
         return self.created_at if run_at is None or run_at < self.created_at else run_at
 

@@ -27,13 +27,14 @@ class Session:
     def free(self) -> int:
         return self.capacity - len(self.running)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, drift: int = 0) -> dict[str, Any]:
+        """The worker item; ``drift`` turns the core-time stamps into wall-clock instants."""
         return {
             "workerId": self.worker_id,
             "capacity": self.capacity,
             "activeJobs": len(self.running),
-            "lastHeartbeatMillis": self.last_heartbeat,
-            "connectedAtMillis": self.connected_at,
+            "lastHeartbeatMillis": self.last_heartbeat + drift,
+            "connectedAtMillis": self.connected_at + drift,
             "taskTypes": sorted(self.task_types),
         }
 

@@ -38,6 +38,7 @@ import resource
 import signal
 import sqlite3
 import time
+from bisect import bisect_left
 from collections import deque
 from typing import Any, Callable
 
@@ -49,6 +50,8 @@ from gevent.threadpool import ThreadPool
 
 from jobmesh.config import CoordinatorConfig
 from jobmesh.coordinator import events as ev
+from jobmesh.coordinator.clock import now_millis, wall_millis
+from jobmesh.coordinator.mailbox import Mailbox
 from jobmesh.coordinator.core import CoordinatorCore
 from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock
 from jobmesh.coordinator.server import SHUTTING_DOWN, Servers
@@ -93,50 +96,6 @@ def _outcome(write: Callable[..., None], *args: Any) -> Exception | None:
     return None
 
 
-class Mailbox:
-    """The core's inbox: two lanes, worker events first.
-
-    Worker events (results, heartbeats, registrations, disconnects) and the sweep free
-    capacity and keep sessions alive, so a batch takes them before client requests;
-    each connection's own events stay in order because each lives in one lane.
-    """
-
-    def __init__(self) -> None:
-        self._urgent: deque = deque()
-        self._normal: deque = deque()
-        self._wake = gevent.event.Event()
-
-    def __len__(self) -> int:
-        return len(self._urgent) + len(self._normal)
-
-    def put(self, item: Any) -> None:
-        self._normal.append(item)
-        self._wake.set()
-
-    def put_urgent(self, item: Any) -> None:
-        self._urgent.append(item)
-        self._wake.set()
-
-    def take(self, limit: int) -> list:
-        """Up to ``limit`` items, urgent ones first; blocks while empty."""
-        while not (self._urgent or self._normal):
-            self._wake.clear()
-            self._wake.wait()
-        batch = []
-        urgent, normal = self._urgent, self._normal
-        while urgent and len(batch) < limit:
-            batch.append(urgent.popleft())
-        while normal and len(batch) < limit:
-            batch.append(normal.popleft())
-        return batch
-
-    def take_all(self) -> list:
-        batch = list(self._urgent) + list(self._normal)
-        self._urgent.clear()
-        self._normal.clear()
-        return batch
-
-
 class CollectorPolicy:
     """Keeps Python's cyclic collector from scanning the whole working set.
 
@@ -168,6 +127,27 @@ class CollectorPolicy:
             gc.freeze()
 
 
+class Histogram:
+    """Plain histogram bucket counts for the metrics port: no lock, O(log buckets) per
+    observation. ``counts[i]`` counts values <= ``bounds[i]`` and > the bound before it;
+    the last count is everything above the last bound (Prometheus's ``+Inf``)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
+COMMIT_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
 INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
 
 
@@ -189,10 +169,6 @@ def _encode_reply(msg: m.Message) -> bytes:
     except ProtocolError as exc:  # a bug upstream; answer rather than leave the client waiting
         log.error("could not encode a %s reply: %s", msg.TYPE, exc)
         return encode_frame(INTERNAL_ERROR.to_wire())
-
-
-def now_millis() -> int:
-    return int(time.time() * 1000)
 
 
 def raise_fd_limit() -> int:
@@ -237,6 +213,12 @@ class Coordinator:
         self._probe: Any = None
         self._next_probe = 0.0
         self._draining = False
+        # Figures for the metrics port (jobmesh/coordinator/http.py), kept as plain numbers.
+        self.ready = False  # recovered and listening (and not stopping)
+        self.http: Any = None  # the metrics port, when --metrics-port is given
+        self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)
+        self.commit_rows = Histogram(SIZE_BUCKETS)  # job rows written per commit
+        self.batch_events = Histogram(SIZE_BUCKETS)  # mailbox items per batch
 
     # ---- start --------------------------------------------------------------------
 
@@ -292,6 +274,13 @@ class Coordinator:
             self.servers.append(srv)
         line = "jobmesh coordinator listening worker=%s:%d client=%s:%d" % (
             cfg.bind, worker_srv.server_port, cfg.bind, client_srv.server_port)
+        if cfg.metrics_port is not None:
+            from jobmesh.coordinator.http import HttpPort  # imports prometheus_client: only when asked
+
+            self.http = HttpPort(self, cfg.bind, cfg.metrics_port)
+            self.servers.append(self.http.start())
+            line += " metrics=%s:%d" % (cfg.bind, self.http.port)
+        self.ready = True
         log.info("listening worker=%s:%d client=%s:%d fd_limit=%d", cfg.bind, worker_srv.server_port,
                  cfg.bind, client_srv.server_port, fd_limit)
         return line
@@ -305,6 +294,8 @@ class Coordinator:
         cfg = self.config
         assert self.store is not None
         core = CoordinatorCore(self.store, cfg)  # a CoordinatorConfig is a CoreConfig
+        if self.core is not None:
+            core.drift = self.core.drift  # a reload: keep the wall clock's known offset
         stats = core.recover(now_millis())
         core.draining = self._draining
         log.info(
@@ -367,7 +358,6 @@ class Coordinator:
         }
         return {
             ev.Registered: lambda now, e: core.on_worker_registered(now, e.conn, e.msg),
-            ev.Heartbeat: lambda now, e: core.on_heartbeat(now, e.conn, e.worker_id),
             ev.Result: lambda now, e: core.on_task_result(now, e.conn, e.msg),
             ev.Disconnected: lambda now, e: core.on_worker_disconnected(now, e.conn),
             ev.Sweep: self._sweep,
@@ -377,6 +367,12 @@ class Coordinator:
     def _sweep(self, now: int, _event: ev.Sweep) -> None:
         assert self.core is not None
         self._sweep_pending = False
+        # Liveness by arrival: each worker's handler stamps when its last frame arrived,
+        # and one whose handler is paused (the core is behind on its events) is alive.
+        for session in self.core.workers:
+            conn = session.conn
+            self.core.on_heartbeat(now if conn.paused else conn.last_arrival, conn, session.worker_id)
+        self.core.observe_wall(now, wall_millis())
         self.core.sweep(now)
         self.collector.tick(time.monotonic())
 
@@ -388,8 +384,10 @@ class Coordinator:
             if unsent is not None and not len(mailbox):
                 self._write_replies(unsent)
                 unsent = None
+            batch = mailbox.take(MAX_BATCH)
+            self.batch_events.observe(len(batch))
             # self._dispatch: a storage failure replaces the core, and the table with it.
-            replies, stop = self._apply_batch(mailbox.take(MAX_BATCH), self._dispatch)
+            replies, stop = self._apply_batch(batch, self._dispatch)
             unsent = self._commit_and_release(replies, unsent, stop)
             if stop:
                 for item in mailbox.take_all():
@@ -449,6 +447,7 @@ class Coordinator:
         if pending is not None and (any(rows) or self._outage is None):
             rows = merge_batches(pending, rows)
         commit = self.dbpool.spawn(_outcome, self.store.write, *rows) if any(rows) else None
+        started = time.perf_counter()
         if unsent is not None:
             self._write_replies(unsent)
         if commit is not None:
@@ -462,6 +461,8 @@ class Coordinator:
             elif failure is not None:
                 raise CommitFailed("%s: %s" % (type(failure).__name__, failure)) from failure
             else:
+                self.commit_seconds.observe(time.perf_counter() - started)
+                self.commit_rows.observe(len(rows[0]) + len(rows[1]))
                 if pending is not None:
                     self._pending = None  # a commit with pending rows always merged them
                 if self._outage is not None:
@@ -578,6 +579,19 @@ class Coordinator:
         if type(item) is ev.Request:
             item.conn.reply(encode_frame(SHUTTING_DOWN.to_wire()), 1, close=True)
 
+    # ---- what the metrics port reads ----------------------------------------------------
+
+    def figures(self) -> dict[str, Any]:
+        """The runtime's own figures, read at scrape time (O(1); never touches job state)."""
+        return {
+            "inbox_depth": len(self.mailbox),
+            "max_active_jobs": self.config.max_active_jobs,
+            "connections": dict(self.handlers.connections),
+            "commit_seconds": self.commit_seconds,
+            "commit_rows": self.commit_rows,
+            "batch_events": self.batch_events,
+        }
+
     # ---- stop -----------------------------------------------------------------------
 
     def on_stop_signal(self) -> None:
@@ -626,7 +640,10 @@ class Coordinator:
             self.stopped.wait()
             return
         self._stopping = True
+        self.ready = False
         log.info("stopping")
+        if self.http is not None:
+            self.http.stop_timers()
         if self._sweep_timer is not None:
             self._sweep_timer.kill(block=False)
         if self._core_greenlet is not None:

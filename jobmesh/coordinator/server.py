@@ -24,12 +24,14 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from typing import Any, Callable
 
 import gevent
 from gevent.event import Event
 
 from jobmesh.coordinator import events as ev
+from jobmesh.coordinator.clock import now_millis
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame
@@ -39,6 +41,10 @@ log = logging.getLogger(__name__)
 
 WRITER_JOIN_SECONDS = 2.0  # how long a leaving worker handler lets queued frames go out
 MAX_PIPELINE = 64  # unanswered requests per client connection before its handler stops reading
+MAX_WORKER_BACKLOG = 64  # a worker's events not yet applied before its handler stops reading
+MAX_UNSENT_BYTES = 8 * 1024 * 1024  # a peer holding more unsent output than this is closed
+MAX_HEARTBEATS_PER_SECOND = 50  # more from one worker is a flood: the connection is closed
+IDLE_TIMEOUT_SECONDS = 120.0  # default: a client's first frame / a worker's registration must complete in this
 DRAIN_SECONDS = 30.0  # at EOF, how long a client handler waits for its replies to go out
 
 MAX_TASK_TYPES = 1024  # task types one worker may declare
@@ -55,7 +61,7 @@ def check_task_types(msg: m.WorkerRegister) -> None:
         raise ProtocolError("WORKER_REGISTER declares %d task types; at most %d" % (len(names), MAX_TASK_TYPES))
     for name in names:
         if not is_task_type_name(name):
-            shown = repr(name) if isinstance(name, str) and len(name) <= 200 else "a %s" % type(name).__name__
+            shown = m.quote(name) if isinstance(name, str) else "a %s" % type(name).__name__
             raise ProtocolError("WORKER_REGISTER taskTypes holds %s; a task type is %s" % (shown, TASK_NAME_RULE))
 
 
@@ -77,7 +83,8 @@ class Output:
     a descriptor number the kernel has since given to another connection.
     """
 
-    __slots__ = ("sock", "fileno", "closed", "_closing", "_leftover", "_flusher", "_progress")
+    __slots__ = ("sock", "fileno", "closed", "_closing", "_leftover", "_flusher", "_progress", "inbox",
+                 "last_arrival", "paused")
 
     def __init__(self, sock) -> None:
         self.sock = sock
@@ -86,7 +93,14 @@ class Output:
         self._closing = False  # shut the socket down once what is queued is out
         self._leftover: bytearray | None = None  # bytes the socket has not taken yet
         self._flusher: gevent.Greenlet | None = None
-        self._progress = Event()  # set whenever bytes go out or the connection ends
+        self._progress = Event()  # set whenever bytes go out, events are taken, or the connection ends
+        self.inbox: deque = deque()  # this connection's events not yet taken by the core (mailbox.py)
+        self.last_arrival = now_millis()  # when its last frame was read (core time): liveness by arrival
+        self.paused = False  # its handler is not reading because the core is behind on it
+
+    def drained(self) -> None:
+        """The core took events from this connection's inbox: wake a paused reader."""
+        self._progress.set()
 
     @property
     def backlogged(self) -> bool:
@@ -99,6 +113,11 @@ class Output:
         if not self.closed:
             if self._leftover is not None:
                 self._leftover += data
+                if len(self._leftover) > MAX_UNSENT_BYTES:
+                    log.warning("closing a connection that holds %d unsent bytes (limit %d): its peer does not read",
+                                len(self._leftover), MAX_UNSENT_BYTES)
+                    self._fail()
+                    return
             else:
                 try:
                     sent = os.write(self.fileno, data) if data else 0
@@ -243,10 +262,29 @@ class ClientConn(Output):
 class Servers:
     """Handlers for both ports; ``post(item)`` feeds the core, ``ask(req)`` waits for its reply."""
 
-    def __init__(self, post: Callable[[Any], None], post_urgent: Callable[[Any], None]) -> None:
+    def __init__(self, post: Callable[[Any], None], post_urgent: Callable[[Any], None],
+                 idle_timeout: float = IDLE_TIMEOUT_SECONDS) -> None:
         self.post = post  # client requests
         self.post_worker = post_urgent  # worker events go first (they free capacity)
+        self.idle_timeout = idle_timeout
         self.worker_conns: set[WorkerConn] = set()
+        self.connections = {"worker": 0, "client": 0}  # open connections per port (metrics)
+
+    def _first_frame(self, reader: FrameReader, what: str, addr: Any) -> dict | None:
+        """The first frame, which must complete within the idle timeout (so connections
+        that send nothing, or part of a frame, cannot hold descriptors forever)."""
+        timer = gevent.Timeout(self.idle_timeout)
+        timer.start()
+        try:
+            return reader.read_frame()
+        except gevent.Timeout as exc:
+            if exc is not timer:
+                raise
+            log.info("closing an idle %s connection peer=%s:%s: no complete frame within %.0f s",
+                     what, addr[0], addr[1], self.idle_timeout)
+            return None
+        finally:
+            timer.close()
 
     # ---- worker port ---------------------------------------------------------------
 
@@ -254,10 +292,12 @@ class Servers:
         _nodelay(sock)
         conn = WorkerConn(sock, addr)
         self.worker_conns.add(conn)
+        self.connections["worker"] += 1
         reader = FrameReader(sock.recv)
         registered = False
+        window_start, beats = time.monotonic(), 0
         try:
-            obj = reader.read_frame()
+            obj = self._first_frame(reader, "worker", addr)
             if obj is None:
                 return
             msg = m.decode(obj, m.WORKER_PORT_REQUESTS)
@@ -268,20 +308,31 @@ class Servers:
             self.post_worker(ev.Registered(conn, msg))
             registered = True
             while True:
+                if len(conn.inbox) >= MAX_WORKER_BACKLOG:
+                    conn.paused = True  # the core is behind on us: stop reading (the sweep counts us alive)
+                    conn._wait_for(lambda: len(conn.inbox) < MAX_WORKER_BACKLOG)
+                    conn.paused = False
                 obj = reader.read_frame()
                 if obj is None:
                     return
+                conn.last_arrival = now_millis()
                 msg = m.decode(obj, m.WORKER_PORT_REQUESTS)
                 if isinstance(msg, m.WorkerRegister):
                     raise ProtocolError("WORKER_REGISTER sent twice on one connection")
                 if msg.worker_id != conn.worker_id:
                     raise ProtocolError(
-                        "%s workerId %r does not match this session's %r" % (msg.TYPE, msg.worker_id, conn.worker_id)
+                        "%s workerId %s does not match this session's %s"
+                        % (msg.TYPE, m.quote(msg.worker_id), m.quote(conn.worker_id))
                     )
-                if isinstance(msg, m.Heartbeat):
-                    self.post_worker(ev.Heartbeat(conn, msg.worker_id))
-                elif isinstance(msg, m.TaskResult):
+                if isinstance(msg, m.TaskResult):
                     self.post_worker(ev.Result(conn, msg))
+                else:  # a HEARTBEAT: its arrival is all it says, stamped above
+                    beats += 1
+                    if beats > MAX_HEARTBEATS_PER_SECOND:
+                        if time.monotonic() - window_start < 1.0:
+                            raise ProtocolError("more than %d heartbeats in one second; a worker sends one "
+                                                "every few seconds" % MAX_HEARTBEATS_PER_SECOND)
+                        window_start, beats = time.monotonic(), 0
         except ProtocolError as exc:
             log.warning("protocol violation on worker port peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
             conn.send(m.Error(str(exc)))
@@ -292,16 +343,23 @@ class Servers:
                 self.post_worker(ev.Disconnected(conn))
             conn.finish()
             self.worker_conns.discard(conn)
+            self.connections["worker"] -= 1
 
     # ---- client port ----------------------------------------------------------------
 
     def handle_client(self, sock, addr) -> None:
         _nodelay(sock)
         conn = ClientConn(sock)
+        self.connections["client"] += 1
         reader = FrameReader(sock.recv)
+        first = True
         try:
             while not conn.closed:
-                obj = reader.read_frame()
+                if first:
+                    obj = self._first_frame(reader, "client", addr)
+                    first = False
+                else:
+                    obj = reader.read_frame()
                 if obj is None:
                     if not conn.drain(DRAIN_SECONDS):
                         log.warning("client peer=%s:%s closed with %d replies still unwritten after %.0f s",
@@ -321,3 +379,4 @@ class Servers:
             pass
         finally:
             conn.release()
+            self.connections["client"] -= 1

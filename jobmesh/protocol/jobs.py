@@ -18,6 +18,7 @@ from __future__ import annotations
 from enum import Enum
 
 from jobmesh.errors import IllegalTransition
+from jobmesh.protocol.messages import quote
 
 
 class JobState(str, Enum):
@@ -72,7 +73,7 @@ class Priority(str, Enum):
         try:
             return _BY_NAME[value]
         except (KeyError, TypeError):
-            raise ValueError("priority must be one of HIGH, NORMAL, LOW, got %r" % (value,)) from None
+            raise ValueError("priority must be one of HIGH, NORMAL, LOW, got %s" % quote(value)) from None
 
 
 _LEVELS = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}

@@ -7,6 +7,10 @@ Unknown fields are ignored (forward compatibility). Semantic checks (task payloa
 bounds, priority names, capacity range) belong to the receiver, which answers ERROR
 without necessarily closing the connection.
 
+Error texts that quote what a peer sent go through ``quote``, which shows at most
+``QUOTE_CHARS`` characters of any value, and an ``Error``'s message is cut to
+``MAX_ERROR_CHARS``: an ERROR always fits in a frame, whatever the request held.
+
 Each field is declared once, as a dataclass field made by ``wire(name, kind, default)``:
 the dataclass gives the constructor, equality and typing; the codec reads the wire name
 and kind from the field's metadata. Field kinds: ``str``, ``int`` (never a bool),
@@ -20,9 +24,54 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
+import ujson
+
 from jobmesh.errors import ProtocolError
 
 _MISSING: Any = dataclasses.MISSING
+
+QUOTE_CHARS = 200  # characters of one quoted value an error message shows at most
+MAX_ERROR_CHARS = 4096  # an ERROR's message is cut to this many characters
+DEFAULT_WORKER_PORT = 7070
+DEFAULT_CLIENT_PORT = 7071
+
+
+def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """``value`` as an error message quotes it: ``repr`` of a string, compact JSON of
+    anything else, showing at most ``limit`` characters of it and then
+    ``… (N characters)``. Control characters and lone surrogates come out escaped, so
+    the text is printable and always encodes; the result is at most about 10 × ``limit``
+    characters long (the longest escape of one character is 10 characters)."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return "%r… (%d characters)" % (value[:limit], len(value))
+    if value is None or isinstance(value, (bool, float)):
+        return repr(value)
+    if isinstance(value, int):
+        if value.bit_length() <= 3 * limit:  # at most ~0.9 × limit digits
+            return str(value)
+        return "an integer of about %d digits" % (value.bit_length() * 0.30103 + 1)
+    try:
+        text = ujson.dumps(value, ensure_ascii=True, escape_forward_slashes=False)
+    except (ValueError, OverflowError, TypeError, UnicodeError, RecursionError):
+        return _json_type(value)
+    if len(text) <= limit:
+        return text
+    return "%s… (%d characters)" % (text[:limit], len(text))
+
+
+def _bounded_message(text: str) -> str:
+    """An ERROR message cut to ``MAX_ERROR_CHARS``, with any lone surrogate escaped."""
+    if len(text) > MAX_ERROR_CHARS:
+        text = "%s… (%d characters)" % (text[:MAX_ERROR_CHARS], len(text))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # escaping makes it longer: cut again
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        if len(text) > MAX_ERROR_CHARS:
+            text = "%s…" % text[:MAX_ERROR_CHARS]
+    return text
 
 
 def _is_int(value: Any) -> bool:
@@ -174,8 +223,15 @@ class TaskResult(Message):
 
 @dataclass(frozen=True)
 class Error(Message):
+    """``message`` is bounded on construction (``MAX_ERROR_CHARS``), so an ERROR always
+    encodes and fits in a frame, whatever the text it was built from."""
+
     TYPE = "ERROR"
     message: str = wire("message", "str")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.message, str):
+            object.__setattr__(self, "message", _bounded_message(self.message))
 
 
 # ---- client port -------------------------------------------------------------------
@@ -324,5 +380,17 @@ def decode(obj: dict[str, Any], allowed: frozenset[str] | None = None) -> Messag
         raise ProtocolError("message 'type' must be a string")
     cls = BY_TYPE.get(kind)
     if cls is None or (allowed is not None and kind not in allowed):
-        raise ProtocolError("unknown or unexpected message type %r" % kind)
+        raise ProtocolError(wrong_port(kind, allowed) or "unknown or unexpected message type %s" % quote(kind))
     return cls.from_wire(obj)
+
+
+def wrong_port(kind: str, allowed: frozenset[str] | None) -> str | None:
+    """The reason for a request that belongs on the coordinator's other port, or None.
+
+    A client pointed at the worker port (or a worker at the client port) learns where
+    to go instead of just "unknown message type"."""
+    if allowed is WORKER_PORT_REQUESTS and kind in CLIENT_PORT_REQUESTS:
+        return "this is the worker port; %s belongs on the client port (%d by default)" % (kind, DEFAULT_CLIENT_PORT)
+    if allowed is CLIENT_PORT_REQUESTS and kind in WORKER_PORT_REQUESTS:
+        return "this is the client port; %s belongs on the worker port (%d by default)" % (kind, DEFAULT_WORKER_PORT)
+    return None

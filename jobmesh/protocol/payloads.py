@@ -9,6 +9,10 @@
 | FAIL        | {"failUntilAttempt": n}      | 0 .. 1000                  |
 
 Unknown fields inside a payload are ignored, like unknown fields in messages.
+
+Payloads and results nest objects and arrays at most ``MAX_NESTING`` levels deep
+(``too_deep``): deeper values are refused before they are stored, since every later
+encode of them (snapshots, lists, assignments) would pay for them, or fail.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import re
 from typing import Any
 
 from jobmesh.errors import PayloadError
+from jobmesh.protocol.messages import quote
 
 MAX_TEXT_CHARS = 200_000
+MAX_NESTING = 64  # levels of objects and arrays in a payload or a result (the value itself is level 1)
 
 # task type -> (field, python type, minimum, maximum); for text, the bounds are on length.
 TASK_SPECS: dict[str, tuple[str, type, int, int]] = {
@@ -64,14 +70,41 @@ def is_finite_json(value: Any) -> bool:
     return True
 
 
+def too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
+    """True if objects and arrays nest more than ``limit`` levels in ``value`` (an object
+    or array is level 1, one inside it level 2, ...). Iterative, so no recursion limit
+    bites whatever the depth; a flat object costs one pass over its values."""
+    if type(value) is dict:  # the usual payload: nothing nested at all
+        for v in value.values():
+            t = type(v)
+            if t is dict or t is list:
+                break
+        else:
+            return limit < 1
+    elif type(value) is not list:
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, level = stack.pop()
+        if level > limit:
+            return True
+        for child in (v.values() if type(v) is dict else v):
+            t = type(child)
+            if t is dict or t is list:
+                stack.append((child, level + 1))
+    return False
+
+
 def validate_payload(task_type: Any, payload: Any) -> dict[str, Any]:
     """Return ``payload`` if it is valid for ``task_type``; raise ``PayloadError`` otherwise."""
     if not isinstance(task_type, str) or task_type not in TASK_SPECS:
         raise PayloadError(
-            "unknown task type %r (known: %s)" % (task_type, ", ".join(TASK_TYPES))
+            "unknown task type %s (known: %s)" % (quote(task_type), ", ".join(TASK_TYPES))
         )
     if not isinstance(payload, dict):
         raise PayloadError("%s payload must be a JSON object" % task_type)
+    if too_deep(payload):
+        raise PayloadError("%s payload nested deeper than %d levels" % (task_type, MAX_NESTING))
     if not is_finite_json(payload):
         raise PayloadError("%s payload holds NaN or Infinity, which JSON does not allow" % task_type)
     field, kind, low, high = TASK_SPECS[task_type]
@@ -80,9 +113,9 @@ def validate_payload(task_type: Any, payload: Any) -> dict[str, Any]:
     value = payload[field]
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise PayloadError("%s field %r must be an integer, got %r" % (task_type, field, value))
+            raise PayloadError("%s field %r must be an integer, got %s" % (task_type, field, quote(value)))
         if not low <= value <= high:
-            raise PayloadError("%s field %r must be in %d..%d, got %d" % (task_type, field, low, high, value))
+            raise PayloadError("%s field %r must be in %d..%d, got %s" % (task_type, field, low, high, quote(value)))
     else:
         if not isinstance(value, str):
             raise PayloadError("%s field %r must be a string" % (task_type, field))

@@ -571,7 +571,13 @@ def test_a_worker_that_never_reads_blocks_nobody(coordinator, peers):
             assert elapsed < 1.0, elapsed
         _, elapsed = timed(lambda: other.submit_ok("SLEEP", {"durationMillis": 1}))
         assert elapsed < 1.0, elapsed
-        assert any(w["workerId"] == "w-deaf" for w in other.workers())
+        # And the deaf worker, holding more unsent output than the bound, was closed: its
+        # attempts are lost with it and wait for another worker, none of them gone
+        wait_until(lambda: not any(w["workerId"] == "w-deaf" for w in other.workers()), timeout=10,
+                   message="the deaf worker closed")
+        jobs = other.list_jobs(limit=1000)["jobs"]
+        assert len(jobs) == 201 and all(j["state"] in ("QUEUED", "RETRY_WAIT", "FAILED") for j in jobs
+                                        if j["taskType"] == "SHA256")
     finally:
         stop.set()
         beater.join(2)

@@ -23,12 +23,15 @@ COORDINATOR_FLAGS = {
     "--retry-cap-millis": ("30000", "200"),
     "--default-max-attempts": ("3", "5"),
     "--sweep-interval-millis": ("500", "20"),
+    "--retain-finished-millis": ("604800000", "0"),
+    "--log-format": ("text", "json"),
 }
 
 
 def test_commands_are_the_contracts():
-    assert set(DOCS) == {"up", "coordinator", "worker", "submit", "status", "list", "workers", "cancel", "wait"}
-    assert set(CLIENT_COMMANDS) == {"submit", "status", "list", "workers", "cancel", "wait"}
+    client = {"submit", "status", "list", "workers", "cancel", "wait", "events", "retry", "purge", "top"}
+    assert set(DOCS) == {"up", "coordinator", "worker"} | client
+    assert set(CLIENT_COMMANDS) == client
 
 
 @pytest.mark.parametrize("command", ["coordinator", "up"])
@@ -131,7 +134,8 @@ def test_listing_commands(command):
 
 @pytest.mark.parametrize("command", sorted(CLIENT_COMMANDS))
 def test_every_client_command_takes_coordinator(command):
-    argv = [command] + {"submit": ["SLEEP"], "status": ["j"], "cancel": ["j"], "wait": ["j"]}.get(command, [])
+    argv = [command] + {"submit": ["SLEEP"], "status": ["j"], "cancel": ["j"], "wait": ["j"], "events": ["j"],
+                         "retry": ["j"], "purge": ["--older-than=7d"]}.get(command, [])
     _cmd, args = parse(argv + ["--coordinator=example:1234"])
     assert args["--coordinator"] == "example:1234"
 
@@ -143,6 +147,10 @@ def test_every_client_command_takes_coordinator(command):
     ["cancel"],
     ["wait"],
     ["submit"],                # TASK_TYPE required
+    ["events"],                # JOB_ID required
+    ["retry"],
+    ["purge"],                 # --older-than required
+    ["top", "--json"],         # top has no --json
     ["status", "a", "b"],
     ["worker", "extra"],
 ])

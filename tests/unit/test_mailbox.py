@@ -1,32 +1,96 @@
-"""The core's mailbox: worker events before client requests, order kept within a lane."""
+"""The core's mailbox (coordinator/mailbox.py): the core's own items first, then
+connections served round-robin, PER_CONN events each per turn; worker connections first
+but at most half of a batch while clients wait; a cost budget per batch; each
+connection's events in order."""
 
-from jobmesh.coordinator.runtime import Mailbox
+from collections import deque
+
+from jobmesh.coordinator.mailbox import PER_CONN, Mailbox
 
 
-def test_urgent_items_come_first_and_each_lane_keeps_its_order():
+class Conn:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.inbox: deque = deque()
+        self.drains = 0
+
+    def drained(self) -> None:
+        self.drains += 1
+
+
+class Item:
+    def __init__(self, conn, n, cost: int = 1) -> None:
+        self.conn, self.n, self.cost = conn, n, cost
+
+    def __repr__(self) -> str:
+        return "%s%d" % (self.conn.name if self.conn else "own", self.n)
+
+
+def names(batch) -> list[str]:
+    return [repr(i) for i in batch]
+
+
+def test_own_items_first_then_workers_then_clients():
     box = Mailbox()
-    box.put("c1")
-    box.put_urgent("w1")
-    box.put("c2")
-    box.put_urgent("w2")
-    assert len(box) == 4
-    assert box.take(10) == ["w1", "w2", "c1", "c2"]
-    assert len(box) == 0
+    w, c = Conn("w"), Conn("c")
+    box.put(Item(c, 1))
+    box.put_urgent(Item(w, 1))
+    box.put_urgent(Item(None, 1))  # the sweep
+    assert len(box) == 3
+    assert names(box.take(10)) == ["own1", "w1", "c1"]
+    assert len(box) == 0 and w.drains == 1 and c.drains == 1
 
 
-def test_take_respects_the_batch_limit_across_lanes():
+def test_connections_take_turns_and_keep_their_order():
     box = Mailbox()
+    a, b = Conn("a"), Conn("b")
+    for i in range(40):
+        box.put(Item(a, i))
     for i in range(3):
-        box.put_urgent("w%d" % i)
-    for i in range(3):
-        box.put("c%d" % i)
-    assert box.take(4) == ["w0", "w1", "w2", "c0"]
-    assert box.take(4) == ["c1", "c2"]
+        box.put(Item(b, i))
+    batch = names(box.take(100))
+    assert batch[:PER_CONN] == ["a%d" % i for i in range(PER_CONN)]
+    assert batch[PER_CONN:PER_CONN + 3] == ["b0", "b1", "b2"]
+    assert [x for x in batch if x.startswith("a")] == ["a%d" % i for i in range(40)]
 
 
-def test_take_all_empties_both_lanes():
+def test_a_worker_flood_leaves_half_of_each_batch_to_clients():
     box = Mailbox()
-    box.put("c")
-    box.put_urgent("w")
-    assert box.take_all() == ["w", "c"]
-    assert len(box) == 0
+    flood, client = Conn("w"), Conn("c")
+    for i in range(5000):
+        box.put_urgent(Item(flood, i))
+    for i in range(300):
+        box.put(Item(client, i))
+    batch = box.take(512)
+    assert len(batch) == 512
+    assert sum(1 for x in batch if x.conn is client) >= 256 - PER_CONN
+    # and without clients waiting, workers may use the whole batch
+    box2, alone = Mailbox(), Conn("w2")
+    for i in range(600):
+        box2.put_urgent(Item(alone, i))
+    assert len(box2.take(512)) == 512
+
+
+def test_a_batch_stops_at_its_cost_budget_but_always_takes_one():
+    box = Mailbox()
+    lister, submitter = Conn("l"), Conn("s")
+    for i in range(5):
+        box.put(Item(lister, i, cost=251))
+    for i in range(5):
+        box.put(Item(submitter, i))
+    first = box.take(512)
+    assert sum(i.cost for i in first) <= 512
+    assert names(first)[:2] == ["l0", "l1"]
+    huge = Mailbox()
+    huge.put(Item(Conn("l"), 9, cost=10_000))
+    assert names(huge.take(512)) == ["l9"]
+
+
+def test_take_all_empties_everything():
+    box = Mailbox()
+    w, c = Conn("w"), Conn("c")
+    box.put(Item(c, 1))
+    box.put_urgent(Item(w, 1))
+    box.put_urgent(Item(None, 1))
+    assert sorted(names(box.take_all())) == ["c1", "own1", "w1"]
+    assert len(box) == 0 and not w.inbox and not c.inbox

@@ -277,18 +277,19 @@ def test_pop_sequence_matches_sort_for_random_static_queue(seed):
     assert drain(q, now, step) == expected
 
 
-def test_core_keeps_creation_times_monotonic_when_the_wall_clock_steps_back():
-    # Jobs submitted to run at once are due at their creation; the core never stamps a job
-    # earlier than the previous one, so among them the queue order stays FIFO by seq.
+def test_queue_order_stays_fifo_when_the_wall_clock_steps_back():
+    # The queues are keyed by core time (monotonic), so a wall-clock step back cannot put
+    # a later submission ahead of an earlier one.
     from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
     from jobmesh.coordinator.store import JobStore
     from jobmesh.protocol import messages as m
 
     core = CoordinatorCore(JobStore(":memory:"), CoreConfig())
     first = core.submit_job(5000, m.SubmitJob("SLEEP", {"durationMillis": 0}, priority="LOW")).job_id
-    second = core.submit_job(4000, m.SubmitJob("SLEEP", {"durationMillis": 0}, priority="LOW")).job_id
-    assert core.jobs[second].created_at >= core.jobs[first].created_at
-    assert core.queued.pop_best(4000 + STEP, STEP, {"SLEEP"}) == (first, "SLEEP")
+    core.observe_wall(5001, 5001 - 3_600_000)  # the wall clock steps back an hour
+    second = core.submit_job(5002, m.SubmitJob("SLEEP", {"durationMillis": 0}, priority="LOW")).job_id
+    assert core.jobs[second].created_at < core.jobs[first].created_at  # the instants follow the wall
+    assert core.queued.pop_best(5002 + STEP, STEP, {"SLEEP"}) == (first, "SLEEP")
 
 
 # ---- least_loaded -----------------------------------------------------------------------

@@ -1,0 +1,472 @@
+"""The metrics port: ``/metrics``, ``/healthz``, ``/readyz``, the dashboard and its JSON.
+
+An adapter like ``server.py``: it owns no job state. It runs gevent's WSGI server on
+the coordinator's hub (``--metrics-port``, on the ``--bind`` address) and answers
+
+    /metrics                 Prometheus text format (prometheus_client's registry and
+                             exposition), from a custom collector that reads the core's
+                             plain counters and the runtime's figures at scrape time
+    /healthz                 200 while the process serves
+    /readyz                  200 once recovered and listening; 503 while stopping
+    /                        the dashboard: one static HTML file (dashboard.html) whose
+                             script polls the JSON endpoints below
+    /api/summary             counts by state and type, counters, workers, slots, figures
+    /api/series              samples of the last minutes (one a second) for the chart
+    /api/jobs?state=&type=&cursor=&limit=     a page of jobs, newest first
+    /api/jobs/<id>           one job's snapshot
+    /api/jobs/<id>/events    its timeline
+    /api/workers             the live workers
+
+Two ways of reading, and why:
+
+* ``core.metrics()`` is read directly: plain ints and a dict whose size is the number of
+  series (never the number of jobs), and nothing in it changes a cache. A scrape runs on
+  the hub like everything else, never yields while it reads, and costs O(series); it
+  never waits for the core. The core keeps plain counters rather than prometheus_client
+  metric objects because those take a lock on every update.
+* Reads of jobs and workers go through the core's mailbox exactly like a client request
+  (the core's lookups update its caches, so only the core greenlet may call them): the
+  handler posts ``events.Request(LocalConn(), msg)``, the core answers with the encoded
+  reply frame after the batch's commit, and ``LocalConn.reply`` hands the bytes to the
+  waiting handler through an ``AsyncResult``.
+
+A timer greenlet wakes every ``TICK_SECONDS``; how late it wakes is the event-loop lag
+(a histogram), and once a second it appends a sample to the ring buffer behind the
+dashboard's chart.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import deque
+from importlib import resources
+from typing import Any, Callable, Iterator
+from urllib.parse import parse_qs
+
+import gevent
+import ujson
+from gevent.event import AsyncResult
+from gevent.pool import Pool
+from gevent.pywsgi import LoggingLogAdapter, WSGIServer
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import Histogram as LibraryHistogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.utils import floatToGoString
+
+from jobmesh.coordinator import events as ev
+from jobmesh.errors import ProtocolError
+from jobmesh.protocol import messages as m
+from jobmesh.protocol.framing import FrameDecoder
+
+log = logging.getLogger(__name__)
+
+NON_TERMINAL = ("QUEUED", "SCHEDULED", "RUNNING", "RETRY_WAIT")
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
+PRIORITIES = ("HIGH", "NORMAL", "LOW")
+PORTS = ("worker", "client", "metrics")
+
+MAX_CONNECTIONS = 64  # concurrent HTTP connections; each holds at most one request to the core
+ASK_TIMEOUT = 10.0  # seconds a JSON request waits for the core's answer before a 504
+TICK_SECONDS = 0.25  # the lag timer's period
+SAMPLE_SECONDS = 1.0  # one chart sample a second ...
+SAMPLES = 600  # ... for the last ten minutes
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+PAGE_DEFAULT = 50
+
+
+# ---- /metrics -----------------------------------------------------------------------------
+
+
+def _histogram(name: str, doc: str, hist: Any) -> HistogramMetricFamily:
+    """A family from plain bucket counts (``bounds``, per-bucket ``counts`` with the
+    overflow last, ``sum``; see ``runtime.Histogram``), made cumulative here."""
+    buckets = []
+    total = 0
+    for bound, count in zip(hist.bounds, hist.counts):
+        total += count
+        buckets.append((floatToGoString(bound), total))
+    total += hist.counts[-1]
+    buckets.append(("+Inf", total))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=hist.sum)
+
+
+class JobmeshCollector:
+    """A prometheus_client collector over ``read() -> (core.metrics(), figures)``.
+
+    ``figures`` holds ``inbox_depth``, ``max_active_jobs``, ``connections`` (by port name) and the plain
+    histograms ``commit_seconds``, ``commit_rows`` and ``batch_events``. Every family is
+    built from those two dicts alone: O(series), no job is visited.
+    """
+
+    def __init__(self, read: Callable[[], tuple[dict[str, Any], dict[str, Any]]]) -> None:
+        self._read = read
+
+    def describe(self) -> list:
+        return []  # unchecked collector: names are fixed by the contract, not probed at registration
+
+    def collect(self) -> Iterator[Any]:
+        core, fig = self._read()
+        by_state: dict[str, int] = dict.fromkeys(NON_TERMINAL, 0)
+        by_type: dict[tuple[str, str], int] = {}
+        for (state, task_type, _priority), count in core["jobs"].items():
+            if state in by_state and count:
+                by_state[state] += count
+                by_type[(state, task_type)] = by_type.get((state, task_type), 0) + count
+
+        jobs = GaugeMetricFamily("jobmesh_jobs", "Non-terminal jobs by state.", labels=["state"])
+        for state, count in by_state.items():
+            jobs.add_metric([state], count)
+        yield jobs
+        typed = GaugeMetricFamily("jobmesh_jobs_by_type", "Non-terminal jobs by state and task type.",
+                                  labels=["state", "task_type"])
+        for (state, task_type), count in sorted(by_type.items()):
+            typed.add_metric([state, task_type], count)
+        yield typed
+        depth = GaugeMetricFamily("jobmesh_queue_depth", "QUEUED jobs by base priority.", labels=["priority"])
+        queued = core.get("queued_by_priority", {})
+        for priority in PRIORITIES:
+            depth.add_metric([priority], queued.get(priority, 0))
+        yield depth
+
+        yield CounterMetricFamily("jobmesh_jobs_submitted_total",
+                                  "Jobs created (rejected submits and idempotent repeats are not).",
+                                  value=core["submitted"])
+        finished = CounterMetricFamily("jobmesh_jobs_finished_total", "Jobs that reached a terminal state.",
+                                       labels=["state"])
+        for state in FINISHED:
+            finished.add_metric([state], core["finished"].get(state, 0))
+        yield finished
+        for key, name, doc in (
+            ("rejected", "jobmesh_submits_rejected_total", "Submits refused at the active-job limit."),
+            ("retries", "jobmesh_retries_total", "Attempts that ended and were scheduled for a retry."),
+            ("deadline_expiries", "jobmesh_deadline_expiries_total", "Attempts that passed their deadline."),
+            ("workers_lost", "jobmesh_workers_lost_total", "Worker sessions lost (dead or disconnected)."),
+            ("stale_results", "jobmesh_stale_results_total", "Results for an old lease, dropped."),
+        ):
+            yield CounterMetricFamily(name, doc, value=core.get(key, 0))
+
+        yield GaugeMetricFamily("jobmesh_workers", "Live worker sessions.", value=core["workers"])
+        yield GaugeMetricFamily("jobmesh_worker_slots", "Task slots of the live workers (their capacity).",
+                                value=core.get("capacity", 0))
+        yield GaugeMetricFamily("jobmesh_worker_slots_busy", "Task slots running an attempt.",
+                                value=core.get("busy_slots", 0))
+        conns = GaugeMetricFamily("jobmesh_connections", "Open connections by port.", labels=["port"])
+        for port in PORTS:
+            conns.add_metric([port], fig["connections"].get(port, 0))
+        yield conns
+        yield GaugeMetricFamily("jobmesh_active_jobs_limit", "The admission limit on non-terminal jobs "
+                                "(--max-active-jobs).", value=fig.get("max_active_jobs", 0))
+        yield GaugeMetricFamily("jobmesh_core_inbox_depth", "Events waiting in the core's mailbox.",
+                                value=fig["inbox_depth"])
+        yield _histogram("jobmesh_commit_seconds", "Group commits: from the start of a batch's transaction "
+                         "until the core has its result.", fig["commit_seconds"])
+        yield _histogram("jobmesh_commit_batch_rows", "Job rows written per group commit.", fig["commit_rows"])
+        yield _histogram("jobmesh_core_batch_events", "Mailbox events applied per core batch.", fig["batch_events"])
+
+
+# ---- asking the core ----------------------------------------------------------------------
+
+
+class LocalConn:
+    """An in-process stand-in for a client connection: the core's ``reply`` hands the
+    encoded reply frame to the handler waiting on ``answer``."""
+
+    __slots__ = ("answer", "inbox")
+
+    def __init__(self) -> None:
+        self.answer: AsyncResult = AsyncResult()
+        self.inbox: deque = deque()  # the mailbox queues this connection's request here
+
+    def drained(self) -> None:
+        """The mailbox took the request (nothing to wake: the handler waits on ``answer``)."""
+
+    def __repr__(self) -> str:
+        return "<LocalConn metrics-port>"
+
+    def reply(self, data: bytes, count: int, close: bool = False) -> None:
+        self.answer.set(data)
+
+
+class HttpError(Exception):
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def decode_reply(data: bytes) -> dict[str, Any]:
+    """The first frame of a reply's bytes, as a wire dict."""
+    decoder = FrameDecoder()
+    decoder.feed(data)
+    obj = decoder.next_payload()
+    if obj is None:
+        raise ProtocolError("the core's reply holds no whole frame")
+    return obj
+
+
+def _error_status(message: str, not_found: bool) -> str:
+    if message.startswith("unknown job"):
+        return "404 Not Found" if not_found else "400 Bad Request"
+    if message.startswith("coordinator is shutting down"):
+        return "503 Service Unavailable"
+    if message.startswith("internal coordinator error"):
+        return "500 Internal Server Error"
+    return "400 Bad Request"
+
+
+# ---- the port -----------------------------------------------------------------------------
+
+
+class _Server(WSGIServer):
+    """gevent's WSGI server, counting its open connections for ``jobmesh_connections``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.open_connections = 0
+
+    def handle(self, sock: Any, address: Any) -> None:
+        self.open_connections += 1
+        try:
+            super().handle(sock, address)
+        finally:
+            self.open_connections -= 1
+
+
+JOB_PATH = re.compile(r"/api/jobs/([^/]+)(/events)?\Z")
+
+
+class HttpPort:
+    """The metrics port of one coordinator.
+
+    ``source`` is the runtime (``runtime.Coordinator``), read through four names only:
+    ``core.metrics()``, ``figures()``, ``ready`` and ``mailbox.put(event)``.
+    """
+
+    def __init__(self, source: Any, bind: str, port: int) -> None:
+        self.source = source
+        self.bind = bind
+        self.requested_port = port
+        self.server: _Server | None = None
+        self.started_at_millis = int(time.time() * 1000)
+        self.samples: deque[tuple] = deque(maxlen=SAMPLES)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(JobmeshCollector(self._read))
+        ProcessCollector(registry=self.registry)  # CPU, memory, open fds of this process
+        # The lag timer updates this a few times a second, off the core's path, so the
+        # library's own (locking) metric object is fine here.
+        self.loop_lag = LibraryHistogram("jobmesh_event_loop_lag_seconds",
+                                         "How late the metrics port's timer greenlet wakes.",
+                                         buckets=LAG_BUCKETS, registry=self.registry)
+        self._lag_max = 0.0  # the largest lag since the last chart sample
+        self._timer: gevent.Greenlet | None = None
+        self._page = resources.files("jobmesh.coordinator").joinpath("dashboard.html").read_bytes()
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.server_port
+
+    def start(self) -> _Server:
+        """Listen and start the timer; returns the server (the runtime stops it with the others)."""
+        self.server = _Server(
+            (self.bind, self.requested_port), self.app, spawn=Pool(MAX_CONNECTIONS),
+            log=LoggingLogAdapter(log, logging.DEBUG), error_log=LoggingLogAdapter(log, logging.ERROR),
+        )
+        self.server.start()
+        self._sample(time.monotonic())
+        self._timer = gevent.spawn(self._run_timer)
+        return self.server
+
+    def stop_timers(self) -> None:
+        if self._timer is not None:
+            self._timer.kill(block=False)
+            self._timer = None
+
+    # ---- figures ------------------------------------------------------------------------
+
+    def _read(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        figures = self.source.figures()
+        connections = dict(figures["connections"])
+        connections["metrics"] = self.server.open_connections if self.server is not None else 0
+        figures["connections"] = connections
+        return self.source.core.metrics(), figures
+
+    def _run_timer(self) -> None:
+        next_sample = time.monotonic() + SAMPLE_SECONDS
+        while True:
+            before = time.monotonic()
+            gevent.sleep(TICK_SECONDS)
+            now = time.monotonic()
+            late = max(0.0, now - before - TICK_SECONDS)
+            self.loop_lag.observe(late)
+            self._lag_max = max(self._lag_max, late)
+            if now >= next_sample:
+                next_sample = max(next_sample + SAMPLE_SECONDS, now)
+                try:
+                    self._sample(now)
+                except Exception:
+                    log.exception("metrics sample failed; continuing")
+
+    def _sample(self, _now: float) -> None:
+        core = self.source.core.metrics()
+        jobs = self._jobs_by_state(core)
+        finished = core["finished"]
+        self.samples.append((
+            int(time.time() * 1000), core["submitted"], sum(finished.values()), finished.get("FAILED", 0),
+            jobs["QUEUED"], jobs["RUNNING"], jobs["RETRY_WAIT"] + jobs["SCHEDULED"], core.get("busy_slots", 0),
+            core.get("capacity", 0), round(self._lag_max * 1000, 1),
+        ))
+        self._lag_max = 0.0
+
+    @staticmethod
+    def _jobs_by_state(core: dict[str, Any]) -> dict[str, int]:
+        jobs = dict.fromkeys(NON_TERMINAL, 0)
+        for (state, _task_type, _priority), count in core["jobs"].items():
+            if state in jobs:
+                jobs[state] += count
+        return jobs
+
+    def summary(self) -> dict[str, Any]:
+        core, fig = self._read()
+        by_type: dict[tuple[str, str], int] = {}
+        for (state, task_type, _priority), count in core["jobs"].items():
+            if state in NON_TERMINAL and count:
+                by_type[(state, task_type)] = by_type.get((state, task_type), 0) + count
+        lag = self.samples[-1][9] if self.samples else 0.0
+        return {
+            "ready": bool(self.source.ready),
+            "startedAtMillis": self.started_at_millis,
+            "jobs": self._jobs_by_state(core),
+            "byType": [{"state": s, "taskType": t, "count": n} for (s, t), n in sorted(by_type.items())],
+            "submitted": core["submitted"],
+            "finished": {state: core["finished"].get(state, 0) for state in FINISHED},
+            "rejected": core.get("rejected", 0),
+            "retries": core.get("retries", 0),
+            "deadlineExpiries": core.get("deadline_expiries", 0),
+            "workersLost": core.get("workers_lost", 0),
+            "staleResults": core.get("stale_results", 0),
+            "workers": core["workers"],
+            "capacity": core.get("capacity", 0),
+            "busySlots": core.get("busy_slots", 0),
+            "queuedByPriority": {p: core.get("queued_by_priority", {}).get(p, 0) for p in PRIORITIES},
+            "inboxDepth": fig["inbox_depth"],
+            "connections": fig["connections"],
+            "loopLagMillis": lag,
+        }
+
+    def series(self) -> dict[str, Any]:
+        """The ring buffer as columns; rates are per second between consecutive samples."""
+        rows = list(self.samples)
+        out: dict[str, list] = {k: [] for k in ("t", "submittedPerSec", "finishedPerSec", "failedPerSec", "queued",
+                                                 "running", "waiting", "busySlots", "capacity", "lagMillis")}
+        for prev, row in zip(rows, rows[1:]):
+            dt = max(0.001, (row[0] - prev[0]) / 1000.0)
+            out["t"].append(row[0])
+            out["submittedPerSec"].append(round((row[1] - prev[1]) / dt, 2))
+            out["finishedPerSec"].append(round((row[2] - prev[2]) / dt, 2))
+            out["failedPerSec"].append(round((row[3] - prev[3]) / dt, 2))
+            for key, value in zip(("queued", "running", "waiting", "busySlots", "capacity", "lagMillis"), row[4:]):
+                out[key].append(value)
+        return dict(out, intervalMillis=int(SAMPLE_SECONDS * 1000))
+
+    # ---- asking the core -----------------------------------------------------------------
+
+    def ask(self, msg: m.Message, not_found: bool = False) -> dict[str, Any]:
+        """Post ``msg`` to the core as a client request and wait for its reply (a wire dict).
+        An ERROR reply raises ``HttpError``."""
+        if not self.source.ready:
+            raise HttpError("503 Service Unavailable", "coordinator is not ready")
+        conn = LocalConn()
+        self.source.mailbox.put(ev.Request(conn, msg))
+        try:
+            data = conn.answer.get(timeout=ASK_TIMEOUT)
+        except gevent.Timeout:
+            raise HttpError("504 Gateway Timeout", "the core did not answer within %.0f s" % ASK_TIMEOUT) from None
+        reply = decode_reply(data)
+        if reply.get("type") == "ERROR":
+            message = str(reply.get("message", "error"))
+            raise HttpError(_error_status(message, not_found), message)
+        return reply
+
+    # ---- WSGI ---------------------------------------------------------------------------
+
+    def app(self, environ: dict[str, Any], start_response: Callable) -> list[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        # WSGI hands the path over as latin-1 text of the raw bytes.
+        path = environ.get("PATH_INFO", "/").encode("latin-1").decode("utf-8", "replace")
+        if method not in ("GET", "HEAD"):
+            return self._respond(start_response, "405 Method Not Allowed", b"read-only: GET only\n",
+                                 "text/plain; charset=utf-8", [("Allow", "GET, HEAD")])
+        try:
+            return self._route(path, environ, start_response)
+        except HttpError as exc:
+            return self._json(start_response, {"error": str(exc)}, exc.status)
+        except Exception:
+            log.exception("error serving %s", path)
+            return self._json(start_response, {"error": "internal error; see the coordinator log"},
+                              "500 Internal Server Error")
+
+    def _route(self, path: str, environ: dict[str, Any], start_response: Callable) -> list[bytes]:
+        if path == "/metrics":
+            # Text format 0.0.4 unless the scraper asks for OpenMetrics or a newer text format.
+            encode, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+            return self._respond(start_response, "200 OK", encode(self.registry), content_type)
+        if path == "/healthz":
+            return self._respond(start_response, "200 OK", b"ok\n", "text/plain; charset=utf-8")
+        if path == "/readyz":
+            if self.source.ready:
+                return self._respond(start_response, "200 OK", b"ready\n", "text/plain; charset=utf-8")
+            return self._respond(start_response, "503 Service Unavailable", b"not ready\n",
+                                 "text/plain; charset=utf-8")
+        if path in ("/", "/index.html"):
+            return self._respond(start_response, "200 OK", self._page, "text/html; charset=utf-8", [(
+                "Content-Security-Policy",
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                "img-src 'self' data:",
+            )])
+        if path == "/api/summary":
+            return self._json(start_response, self.summary())
+        if path == "/api/series":
+            return self._json(start_response, self.series())
+        if path == "/api/workers":
+            return self._json(start_response, {"workers": self.ask(m.ListWorkers())["workers"]})
+        if path == "/api/jobs":
+            return self._json(start_response, self._list_jobs(parse_qs(environ.get("QUERY_STRING", ""))))
+        match = JOB_PATH.match(path)
+        if match:
+            job_id = match.group(1)
+            if match.group(2):
+                reply = self.ask(m.GetJobEvents(job_id), not_found=True)
+                return self._json(start_response, {"jobId": job_id, "events": reply.get("events", [])})
+            return self._json(start_response, {"job": self.ask(m.GetJobStatus(job_id), not_found=True)["job"]})
+        return self._json(start_response, {"error": "no such page: %s" % path}, "404 Not Found")
+
+    def _list_jobs(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        def one(name: str) -> str | None:
+            values = [v for v in query.get(name, []) if v.strip()]
+            return values[-1].strip() if values else None
+
+        raw_limit = one("limit")
+        try:
+            limit = PAGE_DEFAULT if raw_limit is None else int(raw_limit)
+        except ValueError:
+            raise HttpError("400 Bad Request", "limit must be an integer, got %r" % raw_limit) from None
+        state = one("state")
+        reply = self.ask(m.ListJobs(limit=limit, state=state.upper() if state else None, cursor=one("cursor"),
+                                    task_type=one("type")))
+        return {"jobs": reply.get("jobs", []), "nextCursor": reply.get("nextCursor")}
+
+    @staticmethod
+    def _respond(start_response: Callable, status: str, body: bytes, content_type: str,
+                 extra: list[tuple[str, str]] | None = None) -> list[bytes]:
+        headers = [("Content-Type", content_type), ("Content-Length", str(len(body))),
+                   ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")]
+        start_response(status, headers + (extra or []))
+        return [body]
+
+    def _json(self, start_response: Callable, obj: dict[str, Any], status: str = "200 OK") -> list[bytes]:
+        obj.setdefault("nowMillis", int(time.time() * 1000))
+        body = ujson.dumps(obj, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8")
+        return self._respond(start_response, status, body, "application/json; charset=utf-8")

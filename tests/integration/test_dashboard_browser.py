@@ -1,0 +1,162 @@
+"""The dashboard in a real browser: Debian's chromium and chromium-driver, driven by Selenium.
+
+A real coordinator (--metrics-port=0) with a scripted worker and some jobs; the page must
+render the counts and the job list, and clicking a job must show its timeline and its
+waiting reason. ``.ci/run`` installs the browser; this test skips (loudly) only when no
+chromium or chromedriver can be found.
+
+Set ``JOBMESH_SCREENSHOT_DIR=docs`` to save ``dashboard.png`` and ``dashboard-job.png``
+there (after a short load, so the chart has something to show).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_until
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+SCREENSHOT_DIR = os.environ.get("JOBMESH_SCREENSHOT_DIR")
+
+
+def _skip_loudly(reason: str) -> None:
+    message = "BROWSER TEST SKIPPED: %s" % reason
+    warnings.warn(message)
+    print("\n" + message, flush=True)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def browser():
+    binary = next((path for path in map(shutil.which, BROWSERS) if path), None)
+    driver_path = shutil.which("chromedriver")
+    if binary is None or driver_path is None:
+        _skip_loudly("no chromium and chromedriver on PATH (Debian: apt-get install chromium chromium-driver; "
+                     ".ci/run installs them)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        _skip_loudly("selenium is not installed (pip install -e '.[dev]')")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1200", "--hide-scrollbars"):
+        options.add_argument(arg)
+    # An explicit driver path: Selenium never tries to download one.
+    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    driver.set_page_load_timeout(20)
+    yield driver
+    driver.quit()
+
+
+def _load(client, worker, seconds: float) -> None:
+    """Submit and complete small jobs for a while, so that the throughput chart has a curve;
+    returns once every one of them has completed."""
+    done = threading.Event()
+
+    def run_worker():
+        while not done.is_set():
+            assign = worker.poll_assign(0.05)
+            if assign is not None:
+                worker.complete(assign, {"sleptMillis": 1})
+
+    thread = threading.Thread(target=run_worker, daemon=True)
+    thread.start()
+    stop, n = time.monotonic() + seconds, 0
+    while time.monotonic() < stop:
+        for _ in range(1 + n % 4):
+            client.submit_ok("SLEEP", {"durationMillis": 1})
+        n += 1
+        time.sleep(0.25)
+    wait_until(lambda: not any(client.list_jobs(state=s)["jobs"] for s in ("QUEUED", "RUNNING")),
+               message="the load finished")
+    done.set()
+    thread.join(5)
+
+
+def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_factory, peers):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    coord = coordinator_factory(metrics_port=0, retry_base_millis=60000, retry_cap_millis=60000)
+    client = peers.client(coord)
+    worker = peers.worker(coord, "w-1", capacity=2, heartbeat_millis=100)
+    if SCREENSHOT_DIR:
+        _load(client, worker, 12.0)
+    # Given one job completed, one failed once and waiting for its retry, two running, one queued
+    done = client.submit_ok("WORD_COUNT", {"text": "a b c"})
+    worker.complete(worker.await_assign(), {"words": 3})
+    client.wait_state(done, "COMPLETED")
+    retrying = client.submit_ok("FAIL", {"failUntilAttempt": 2}, priority="HIGH")
+    worker.fail(worker.await_assign(), "attempt 1 failed (failUntilAttempt=2)")
+    client.wait_state(retrying, "RETRY_WAIT")
+    for _ in range(2):
+        client.submit_ok("SLEEP", {"durationMillis": 60000})
+        worker.await_assign()
+    queued = client.submit_ok("SHA256", {"text": "hello"}, priority="LOW")
+
+    wait = WebDriverWait(browser, 15)
+    browser.get(coord.metrics_url + "/")
+    # The counts render
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#card-running .value").text == "2")
+    assert browser.find_element(By.CSS_SELECTOR, "#card-queued .value").text == "1"
+    assert browser.find_element(By.CSS_SELECTOR, "#card-retry .value").text == "1"
+    assert browser.find_element(By.ID, "ready").text == "ready"
+    # the workers and the job list render
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#workers tr[data-worker='w-1']")))
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#jobs tr[data-job='%s']" % queued)))
+    row = browser.find_element(By.CSS_SELECTOR, "#jobs tr[data-job='%s']" % queued)
+    assert "QUEUED" in row.text and "SHA256" in row.text and "workers busy" in row.text
+    # the chart has drawn its lines
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-depth path[data-series='running']"))
+    if SCREENSHOT_DIR:
+        time.sleep(2.5)  # one more poll, so the chart reaches the latest sample
+        _save(browser, "dashboard.png")
+
+    # The state filter narrows the list
+    from selenium.webdriver.support.ui import Select
+
+    Select(browser.find_element(By.ID, "f-state")).select_by_visible_text("COMPLETED")
+    wait.until(lambda d: all("COMPLETED" in r.text for r in d.find_elements(By.CSS_SELECTOR, "#jobs tbody tr"))
+               and d.find_elements(By.CSS_SELECTOR, "#jobs tr[data-job='%s']" % done))
+    Select(browser.find_element(By.ID, "f-state")).select_by_visible_text("any")
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#jobs tr[data-job='%s']" % retrying)))
+
+    # Clicking a job shows its page: state, waiting reason in words, and the timeline
+    browser.find_element(By.CSS_SELECTOR, "#jobs tr[data-job='%s'] a" % retrying).click()
+    wait.until(lambda d: d.find_element(By.ID, "jv-id").text == retrying)
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#timeline li[data-event='RETRY_WAIT']")))
+    events = [li.get_attribute("data-event") for li in browser.find_elements(By.CSS_SELECTOR, "#timeline li")]
+    assert events == ["SUBMITTED", "ASSIGNED", "ATTEMPT_FAILED", "RETRY_WAIT"]
+    reason = browser.find_element(By.ID, "jv-reason")
+    assert reason.get_attribute("data-reason") == "RETRY_BACKOFF"
+    assert "retry backoff" in reason.text
+    assert "attempt 1 failed" in browser.find_element(By.ID, "jv-fields").text
+    assert browser.find_element(By.CSS_SELECTOR, "#jv-state .state").text == "RETRY_WAIT"
+    if SCREENSHOT_DIR:
+        _save(browser, "dashboard-job.png")
+
+    # and back to the overview
+    browser.find_element(By.LINK_TEXT, "← all jobs").click()
+    wait.until(lambda d: d.find_element(By.ID, "overview").is_displayed())
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#jobs tr[data-job='%s']" % done), timeout=10,
+               message="the job list again")
+
+
+def _save(browser, name: str) -> None:
+    path = Path(SCREENSHOT_DIR) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The whole page: grow the window to the document's height first.
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    browser.set_window_size(1400, max(900, min(int(height) + 20, 2400)))
+    time.sleep(0.3)
+    assert browser.save_screenshot(str(path)), path

@@ -1,0 +1,227 @@
+"""The metrics port of a real coordinator process (--metrics-port=0): /metrics, health, JSON."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers import wait_until
+
+CONTRACT_NAMES = (
+    "jobmesh_jobs", "jobmesh_jobs_submitted_total", "jobmesh_jobs_finished_total", "jobmesh_submits_rejected_total",
+    "jobmesh_retries_total", "jobmesh_deadline_expiries_total", "jobmesh_workers_lost_total",
+    "jobmesh_stale_results_total", "jobmesh_workers", "jobmesh_connections", "jobmesh_commit_seconds_bucket",
+    "jobmesh_commit_seconds_count", "jobmesh_commit_seconds_sum",
+)
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, dict, bytes]:
+    """(status, headers, body) of a GET; HTTP error statuses are returned, not raised."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def get_json(url: str) -> tuple[int, dict]:
+    status, headers, body = get(url)
+    assert headers["Content-Type"].startswith("application/json"), headers
+    return status, json.loads(body)
+
+
+def scrape(coord) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics as {(name, sorted labels): value}."""
+    status, _headers, body = get(coord.metrics_url + "/metrics")
+    assert status == 200
+    out = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples, name, **labels) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+@pytest.fixture
+def coord(coordinator_factory):
+    return coordinator_factory(metrics_port=0)
+
+
+def test_the_listening_line_ends_with_the_metrics_port(coord):
+    line = coord.stdout().strip().splitlines()[0]
+    assert line.startswith("jobmesh coordinator listening worker=")
+    assert line.endswith(" metrics=127.0.0.1:%d" % coord.metrics_addr[1])
+    assert coord.metrics_addr[1] not in (0, coord.worker_addr[1], coord.client_addr[1])
+
+
+def test_no_metrics_port_unless_asked(coordinator):
+    assert "metrics=" not in coordinator.stdout()
+
+
+def test_every_contract_metric_is_present_on_a_fresh_coordinator(coord):
+    samples = scrape(coord)
+    names = {name for name, _labels in samples}
+    missing = [name for name in CONTRACT_NAMES if name not in names]
+    assert missing == []
+    for state in ("QUEUED", "SCHEDULED", "RUNNING", "RETRY_WAIT"):
+        assert value(samples, "jobmesh_jobs", state=state) == 0
+    for state in ("COMPLETED", "FAILED", "CANCELLED"):
+        assert value(samples, "jobmesh_jobs_finished_total", state=state) == 0
+    for port in ("worker", "client", "metrics"):
+        assert ("jobmesh_connections", (("port", port),)) in samples
+    assert value(samples, "jobmesh_connections", port="metrics") >= 1  # this scrape's own connection
+    assert value(samples, "jobmesh_workers") == 0
+
+
+def test_counters_move_with_submits_completions_failures_cancels_and_rejections(coordinator_factory, peers):
+    coord = coordinator_factory(metrics_port=0, max_active_jobs=3)
+    client = peers.client(coord)
+    worker = peers.worker(coord, "w-1", capacity=1)
+    # Given one job that completes, one that fails twice (one retry), one cancelled while running
+    done = client.submit_ok("SLEEP", {"durationMillis": 1})
+    worker.complete(worker.await_assign())
+    client.wait_state(done, "COMPLETED")
+    failing = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=2)
+    worker.fail(worker.await_assign())
+    worker.fail(worker.await_assign())
+    client.wait_state(failing, "FAILED")
+    cancelled = client.submit_ok("SLEEP", {"durationMillis": 1})
+    assign = worker.await_assign()
+    assert client.cancel(cancelled)["cancelled"] is True
+    worker.await_cancel()
+    # and a stale result for the cancelled lease, then three active jobs and one rejected submit
+    worker.complete(assign)
+    for _ in range(3):
+        client.submit_ok("SLEEP", {"durationMillis": 1})
+    assert client.submit("SLEEP", {"durationMillis": 1})["type"] == "SUBMIT_REJECTED"
+    worker.await_assign()
+
+    def settled():
+        s = scrape(coord)
+        return s if value(s, "jobmesh_jobs", state="RUNNING") == 1 and value(s, "jobmesh_stale_results_total") else None
+
+    s = wait_until(settled, message="one running job and the stale result counted")
+    assert value(s, "jobmesh_jobs_submitted_total") == 6
+    assert value(s, "jobmesh_jobs_finished_total", state="COMPLETED") == 1
+    assert value(s, "jobmesh_jobs_finished_total", state="FAILED") == 1
+    assert value(s, "jobmesh_jobs_finished_total", state="CANCELLED") == 1
+    assert value(s, "jobmesh_retries_total") == 1
+    assert value(s, "jobmesh_submits_rejected_total") == 1
+    assert value(s, "jobmesh_stale_results_total") == 1
+    assert value(s, "jobmesh_jobs", state="QUEUED") == 2
+    assert value(s, "jobmesh_jobs_by_type", state="QUEUED", task_type="SLEEP") == 2
+    assert value(s, "jobmesh_queue_depth", priority="NORMAL") == 2
+    assert value(s, "jobmesh_workers") == 1
+    assert value(s, "jobmesh_worker_slots") == 1
+    assert value(s, "jobmesh_worker_slots_busy") == 1
+    assert value(s, "jobmesh_connections", port="worker") == 1
+    assert value(s, "jobmesh_connections", port="client") == 1
+    assert value(s, "jobmesh_commit_seconds_count") >= 6
+    assert value(s, "jobmesh_commit_seconds_bucket", le="+Inf") == value(s, "jobmesh_commit_seconds_count")
+    assert value(s, "jobmesh_workers_lost_total") == 0
+    # When the worker goes away
+    worker.close()
+    s = wait_until(lambda: (lambda s: s if value(s, "jobmesh_workers") == 0 else None)(scrape(coord)),
+                   message="the worker gone from the gauge")
+    assert value(s, "jobmesh_workers_lost_total") == 1
+    assert value(s, "jobmesh_connections", port="worker") == 0
+
+
+def test_deadline_expiries_are_counted(coordinator_factory, peers):
+    coord = coordinator_factory(metrics_port=0, task_timeout_millis=150)
+    client = peers.client(coord)
+    worker = peers.worker(coord, "w-1", capacity=1)
+    client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=1)
+    worker.await_assign()
+    worker.await_cancel()  # the deadline passed: the lease is revoked
+    s = wait_until(lambda: (lambda s: s if value(s, "jobmesh_deadline_expiries_total") else None)(scrape(coord)),
+                   message="the expiry counted")
+    assert value(s, "jobmesh_deadline_expiries_total") == 1
+    assert value(s, "jobmesh_jobs_finished_total", state="FAILED") == 1
+
+
+def test_healthz_and_readyz_then_the_port_closes_on_sigterm(coord):
+    assert get(coord.metrics_url + "/healthz")[0] == 200
+    status, _headers, body = get(coord.metrics_url + "/readyz")
+    assert (status, body) == (200, b"ready\n")
+    coord.proc.send_signal(15)
+    # While it stops /readyz says 503 (if it is quick enough to be seen); it never says ready again.
+    deadline = time.monotonic() + 10
+    seen = []
+    while time.monotonic() < deadline:
+        try:
+            seen.append(get(coord.metrics_url + "/readyz", timeout=1)[0])
+        except (urllib.error.URLError, ConnectionError, OSError):
+            break
+        if seen[-1] == 503:
+            assert 200 not in seen[seen.index(503):]
+    assert coord.proc.wait(10) == 0
+
+
+def test_json_endpoints_read_through_the_core(coord, peers):
+    client = peers.client(coord)
+    worker = peers.worker(coord, "w-1", capacity=1, task_types=["SLEEP", "GREET"])
+    first = client.submit_ok("SLEEP", {"durationMillis": 1})
+    worker.complete(worker.await_assign(), {"sleptMillis": 1})
+    client.wait_state(first, "COMPLETED")
+    running = client.submit_ok("SLEEP", {"durationMillis": 1})
+    worker.await_assign()
+    waiting = client.submit_ok("SLEEP", {"durationMillis": 1})
+    greeting = client.submit_ok("GREET", {"name": "x"})
+    client.wait_state(running, "RUNNING")
+    base = coord.metrics_url
+
+    status, summary = get_json(base + "/api/summary")
+    assert status == 200 and summary["ready"] is True
+    assert summary["jobs"] == {"QUEUED": 2, "SCHEDULED": 0, "RUNNING": 1, "RETRY_WAIT": 0}
+    assert summary["finished"]["COMPLETED"] == 1 and summary["submitted"] == 4
+    assert (summary["workers"], summary["capacity"], summary["busySlots"]) == (1, 1, 1)
+    assert {"state": "QUEUED", "taskType": "GREET", "count": 1} in summary["byType"]
+
+    status, workers = get_json(base + "/api/workers")
+    assert status == 200
+    assert [(w["workerId"], w["capacity"], w["activeJobs"], sorted(w["taskTypes"])) for w in workers["workers"]] == [
+        ("w-1", 1, 1, ["GREET", "SLEEP"])]
+    assert isinstance(workers["workers"][0]["lastHeartbeatMillis"], int)
+
+    status, page = get_json(base + "/api/jobs?limit=2")
+    assert status == 200
+    assert [j["jobId"] for j in page["jobs"]] == [greeting, waiting]
+    assert page["nextCursor"]
+    _status, older = get_json(base + "/api/jobs?limit=2&cursor=" + page["nextCursor"])
+    assert [j["jobId"] for j in older["jobs"]] == [running, first]
+    _status, queued = get_json(base + "/api/jobs?state=QUEUED&type=SLEEP")
+    assert [j["jobId"] for j in queued["jobs"]] == [waiting]
+    assert get_json(base + "/api/jobs?state=NOPE")[0] == 400
+
+    status, one = get_json(base + "/api/jobs/" + waiting)
+    assert status == 200 and one["job"]["state"] == "QUEUED"
+    assert one["job"]["waitingReason"] == "WORKERS_BUSY"
+    status, timeline = get_json(base + "/api/jobs/" + first + "/events")
+    assert status == 200
+    assert [e["event"] for e in timeline["events"]] == ["SUBMITTED", "ASSIGNED", "COMPLETED"]
+    assert timeline["events"][1]["workerId"] == "w-1" and timeline["events"][1]["attempt"] == 1
+    assert get_json(base + "/api/jobs/no-such-job")[0] == 404
+    assert get_json(base + "/api/jobs/no-such-job/events")[0] == 404
+
+    def sampled():
+        series = get_json(base + "/api/series")[1]
+        return series if len(series["t"]) >= 1 else None
+
+    series = wait_until(sampled, timeout=5, message="a chart sample")
+    assert series["running"][-1] == 1 and series["queued"][-1] == 2
+
+
+def test_the_dashboard_page_is_served(coord):
+    status, headers, body = get(coord.metrics_url + "/")
+    assert status == 200
+    assert headers["Content-Type"] == "text/html; charset=utf-8"
+    assert b"<title>jobmesh</title>" in body

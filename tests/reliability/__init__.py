@@ -1,0 +1,1 @@
+"""Reliability tests: a real coordinator under random and hostile input (hypothesis)."""
