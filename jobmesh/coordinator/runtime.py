@@ -616,6 +616,7 @@ class Coordinator:
         still running at the end stays RUNNING on disk and is requeued by recovery."""
         assert self.core is not None
         self._draining = True
+        self.ready = False  # /readyz: 503 while stopping, and a drain is the start of a stop
         # A plain flag the core reads at its next scheduling pass; set between batches
         # (greenlets are cooperative), so no batch sees it change halfway.
         self.core.draining = True
