@@ -90,16 +90,25 @@ recovers them on start. When ready it prints one line to stdout:
 
   jobmesh coordinator listening worker=HOST:PORT client=HOST:PORT [metrics=HOST:PORT]
 
-SIGTERM or SIGINT stops it gracefully. It speaks plaintext and authenticates nobody:
-keep it on a trusted network (it binds 127.0.0.1 unless told otherwise).
+SIGTERM or SIGINT stops it gracefully; with --drain-millis it first assigns nothing
+more and lets running attempts finish for up to that long (a second signal stops at
+once). One coordinator runs per database: a second one on the same file exits 1. It
+speaks plaintext and authenticates nobody: keep it on a trusted network (it binds
+127.0.0.1 unless told otherwise).
 
 Usage:
   jobmesh coordinator [options]
+
+Options:
+  --drain-millis=N               on SIGTERM/SIGINT, let running attempts finish for up
+                                 to N ms before stopping (0 = stop at once) [default: 0]
 """ + COORDINATOR_OPTIONS
 
 UP_DOC = """Run a coordinator and N local worker processes as one supervised unit.
 
-A worker that dies is restarted. Ctrl-C or SIGTERM stops everything (exit 0).
+A worker that dies is restarted. Ctrl-C or SIGTERM stops everything (exit 0): the
+coordinator first assigns nothing more and lets running attempts finish (for up to
+the --drain-millis time), then the workers stop; a second Ctrl-C stops at once.
 
 Usage:
   jobmesh up [--workers=N] [--capacity=N] [--tasks=MODULES] [options]
@@ -109,6 +118,8 @@ Options:
   --capacity=N                   concurrent tasks per worker [default: 4]
   --tasks=MODULES                MODULE[,MODULE...]: modules whose @task functions the
                                  workers run besides the built-ins
+  --drain-millis=N               on Ctrl-C/SIGTERM, let running attempts finish for up
+                                 to N ms before stopping (0 = stop at once) [default: 10000]
 """ + COORDINATOR_OPTIONS
 
 WORKER_DOC = """Run a jobmesh worker: register with the coordinator and execute tasks.

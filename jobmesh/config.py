@@ -46,6 +46,8 @@ class CoordinatorConfig(CoreConfig):
     idle_timeout_millis: int = 120_000
     db_synchronous: str = "FULL"
     log_level: str = "INFO"
+    # On SIGTERM/SIGINT, how long running attempts may finish before the stop (0: stop at once).
+    drain_millis: int = 0
     log_format: str = "text"
 
 
@@ -147,6 +149,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         sweep_interval_millis=_int(args, "--sweep-interval-millis", 1),
         db_synchronous=_choice(args, "--db-synchronous", SYNC_MODES),
         log_level=_choice(args, "--log-level", LOG_LEVELS),
+        drain_millis=_int(args, "--drain-millis", 0) if args.get("--drain-millis") is not None else 0,
         log_format=log_format(args),
     )
     if cfg.retry_cap_millis < cfg.retry_base_millis:

@@ -8,9 +8,16 @@ coordinator's stdout is read continuously so its pipe never fills.
 
 Supervision: a worker that exits is restarted after a backoff (0.5 s doubling to 10 s,
 reset once a worker has run for 30 s). If the coordinator exits, everything stops and
-``up`` exits 1. SIGINT/SIGTERM stop the workers and then the coordinator (SIGTERM, a
-bounded wait, then SIGKILL for leftovers) and exit 0. On Linux each child also gets
-SIGTERM if ``up`` itself dies, so no worker is left orphaned.
+``up`` exits 1. On Linux each child also gets SIGTERM if ``up`` itself dies, so no
+worker is left orphaned.
+
+Stopping (SIGINT/SIGTERM, exit 0) drains: the coordinator is told first (SIGTERM; it
+runs with ``--drain-millis``, so it assigns nothing more and waits for running
+attempts), the workers keep running until it has exited, so their attempts can finish
+and be reported, and only then are they stopped (SIGTERM, a bounded wait, SIGKILL for
+leftovers). A second signal during the drain is passed on: the coordinator stops at
+once. Children run in their own sessions, so a terminal's Ctrl-C reaches only ``up``,
+which decides the order; without that the workers would stop their tasks at once.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ RESTART_INITIAL = 0.5
 RESTART_CAP = 10.0
 HEALTHY_AFTER = 30.0
 STOP_TIMEOUT = 10.0
+STOP_NOW_WAIT = 2.0  # after a second stop signal, how long the coordinator gets to exit before the workers
 # A coordinator that exits within this long of our own stop signal exited because of it
 # (Ctrl-C reaches the whole process group at once).
 STOP_GRACE = 0.5
@@ -76,6 +84,7 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         "retain-finished-millis": cfg.retain_finished_millis,
         "idle-timeout-millis": cfg.idle_timeout_millis,
         "log-level": cfg.log_level,
+        "drain-millis": cfg.drain_millis,
         "log-format": cfg.log_format,
     }
     if cfg.periodic_port is not None:
@@ -128,12 +137,15 @@ class Supervisor:
         self.capacity = capacity
         self.task_modules = task_modules
         self.stop_requested = Event()
+        self.stop_now = Event()  # a second stop signal: do not wait for the drain
+        self._stop_now_at = 0.0
         self.coordinator: subprocess.Popen | None = None
         self.slots: list[WorkerSlot] = []
         self._preexec = _die_with_parent()
 
     def _spawn(self, argv: list[str], **kwargs: Any) -> subprocess.Popen:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=self._preexec, **kwargs)
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=self._preexec, start_new_session=True,
+                                **kwargs)
 
     def run(self) -> int:
         handlers = [gevent.signal_handler(s, self.request_stop, s) for s in (signal.SIGTERM, signal.SIGINT)]
@@ -162,8 +174,21 @@ class Supervisor:
 
     def request_stop(self, signum: int) -> None:
         if not self.stop_requested.is_set():
-            log.info("stopping signal=%s", signal.Signals(signum).name)
+            log.info("stopping signal=%s drain_millis=%d", signal.Signals(signum).name, self.cfg.drain_millis)
             self.stop_requested.set()
+        elif not self.stop_now.is_set():
+            log.info("second stop signal=%s: stopping now", signal.Signals(signum).name)
+            self._stop_now_at = time.monotonic()
+            self.stop_now.set()
+            self._signal(self.coordinator, signal.SIGTERM)  # its second signal: it stops at once
+
+    @staticmethod
+    def _signal(proc: subprocess.Popen | None, signum: int) -> None:
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.send_signal(signum)
+            except OSError:
+                pass
 
     # ---- children ---------------------------------------------------------------------
 
@@ -232,8 +257,20 @@ class Supervisor:
         log.warning("worker exited worker=%s pid=%d rc=%s restart_in=%.1fs", slot.worker_id, slot.proc.pid, rc, delay)
 
     def _stop_children(self) -> None:
-        """SIGTERM the workers, then the coordinator; wait (bounded); SIGKILL what is left."""
-        procs = [s.proc for s in self.slots if s.proc is not None] + [self.coordinator]
+        """Drain: SIGTERM the coordinator and wait for it (its drain time and then some,
+        or until a second signal); then SIGTERM the workers; wait (bounded); SIGKILL what
+        is left."""
+        coordinator = self.coordinator
+        if coordinator is not None and coordinator.poll() is None:
+            self._signal(coordinator, signal.SIGTERM)
+            deadline = time.monotonic() + self.cfg.drain_millis / 1000.0 + STOP_TIMEOUT
+            while coordinator.poll() is None and time.monotonic() < deadline:
+                if self.stop_now.is_set():
+                    # It stops at once now; give it a moment to go first, so that its
+                    # workers leaving is not recorded as lost attempts.
+                    deadline = min(deadline, self._stop_now_at + STOP_NOW_WAIT)
+                gevent.sleep(POLL_INTERVAL / 4)
+        procs = [s.proc for s in self.slots if s.proc is not None] + [coordinator]
         procs = [p for p in procs if p is not None]
         for proc in procs:
             if proc.poll() is None:

@@ -126,6 +126,12 @@ class CoordinatorCore:
         self.stats = {"submitted": 0, "rejected": 0, "retries": 0, "deadline_expiries": 0, "workers_lost": 0,
                       "stale_results": 0, "purged": 0}
         self.finished_counts = {state: 0 for state in TERMINAL}
+        # Set by the runtime between batches. Draining (a graceful stop in progress):
+        # assign nothing, let running attempts finish. Paused (storage is failing): also
+        # make no change of the core's own accord (no due promotion, no retention purge),
+        # so that only requests and worker events ever ask for a commit.
+        self.draining = False
+        self.paused = False
 
     # ---- bookkeeping -------------------------------------------------------------
 
@@ -136,6 +142,11 @@ class CoordinatorCore:
         if self._new_id is not None:
             return self._new_id()
         return "%08x%024x" % (seq, _random.getrandbits(96))
+
+    @property
+    def running_attempts(self) -> int:
+        """Attempts whose lease a live worker holds: O(workers)."""
+        return sum(len(s.running) for s in self.workers)
 
     @property
     def active_count(self) -> int:
@@ -541,7 +552,7 @@ class CoordinatorCore:
         steps (each sweep, and each batch while more are due), so the database stops
         growing under a steady load without one large delete ever stalling the core."""
         retain = self.config.retain_finished_millis
-        if retain <= 0:
+        if retain <= 0 or self.paused:
             return
         found, self._purge_cursor = self.store.purgeable(self._purge_cursor, now_millis + self.drift - retain,
                                                          limit)
@@ -831,6 +842,8 @@ class CoordinatorCore:
 
     def promote_due_jobs(self, now_millis: int) -> None:
         """SCHEDULED and RETRY_WAIT jobs whose time has come become QUEUED (one time-ordered heap)."""
+        if self.paused:
+            return
         self._compact_due()
         heap = self.due_heap
         while heap and heap[0][0] <= now_millis:
@@ -844,10 +857,11 @@ class CoordinatorCore:
         """Assign queued jobs, best first, each to the least-loaded free worker that runs its type.
 
         Only the types some free worker declared are candidates, so a job no free worker
-        can run never holds back one that a free worker can run.
+        can run never holds back one that a free worker can run. Draining or paused, it
+        assigns nothing.
         """
         queued = self.queued
-        if not len(queued):
+        if not len(queued) or self.draining or self.paused:
             return 0
         free = [s for s in self.workers if len(s.running) < s.capacity]
         if not free:

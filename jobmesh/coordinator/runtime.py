@@ -1,16 +1,28 @@
 """Coordinator: the impure shell around ``CoordinatorCore``.
 
-Start order: recover from the store (inline, before any listener) → core greenlet →
-sweep timer → listeners → the "listening" line. Stop order: core (commits its batch,
-answers what it took, fails what is still queued) → listeners → database.
+Start order: the database lock (``dblock``: one coordinator per database, before
+anything touches the file) → open and recover from the store (inline, before any
+listener) → core greenlet → sweep timer → listeners → the "listening" line. Stop order:
+core (commits its batch, answers what it took, fails what is still queued) → listeners →
+database → lock. With ``--drain-millis`` a stop signal first drains: no new assignment,
+running attempts get up to that long to finish (a second signal stops at once).
 
 The core greenlet takes a batch of up to ``MAX_BATCH`` mailbox items (worker events
 first), applies each with one clock read, schedules, and commits every changed row in
 one SQLite transaction on a one-thread pool (group commit), and only then releases the
 batch's replies and outbound frames. It starts no new batch while a commit is in flight,
 so no client or worker ever observes a state that is not on disk, and memory is never
-more than one batch ahead of disk. A failed commit stops the process: memory would be
-ahead of disk, and recovery on the next start repairs it.
+more than one batch ahead of disk.
+
+A failed commit (disk full, database locked or read-only) acknowledges nothing of its
+batch: the replies become ``ERROR storage unavailable: <reason>`` and its worker frames
+are dropped. Memory is then ahead of disk, so it is thrown away: state is reloaded from
+the database exactly as a restart would (a fresh core + ``recover``), and worker
+connections are closed (their leases died with the discarded memory; they register
+again). Until a write succeeds the core is paused (no assignments, no changes of its
+own), reads are served, and writes are tried and answered with the same ERROR while
+they fail; a probe write every ``STORAGE_PROBE_SECONDS`` notices when storage works
+again. Nothing exits: a restart could do no better (docs/FAILURE_MODEL.md).
 
 The sweep is armed by ``gevent.spawn_later``: the callback re-arms itself on a fixed
 cadence and only posts a SWEEP marker; the sweep itself runs inside the core loop,
@@ -21,6 +33,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import resource
 import signal
 import sqlite3
@@ -40,8 +53,9 @@ from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import now_millis, wall_millis
 from jobmesh.coordinator.mailbox import Mailbox
 from jobmesh.coordinator.core import CoordinatorCore
+from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock
 from jobmesh.coordinator.server import SHUTTING_DOWN, Servers
-from jobmesh.coordinator.store import JobStore
+from jobmesh.coordinator.store import FAULT_FILE_ENV, Batch, JobStore, merge_batches, storage_reason
 from jobmesh.errors import ConfigError, ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
@@ -54,10 +68,33 @@ FD_MARGIN = 256
 WORKER_FD_RESERVE = 512  # descriptors client connections may not take (new workers can always register)
 EXIT_CORE_DIED = 70
 EXIT_COMMIT_FAILED = 71
+STORAGE_PROBE_SECONDS = 1.0  # while storage fails, how often a probe write checks it again
+DRAIN_POLL_SECONDS = 0.02
+# What a failed write raises when storage (not our code) is at fault.
+STORAGE_ERRORS = (sqlite3.Error, OSError)
 
 
 class CommitFailed(Exception):
-    """A batch's commit failed: the core stops before releasing anything of that batch."""
+    """A commit failed in a way the coordinator cannot serve through (not a storage error,
+    or the state could not even be reloaded): the core stops, nothing of the batch is released."""
+
+
+class CannotStart(Exception):
+    """A start-up failure whose message is the whole story (one line, exit 1)."""
+
+
+def storage_error(reason: str) -> m.Error:
+    return m.Error("storage unavailable: %s" % reason)
+
+
+def _outcome(write: Callable[..., None], *args: Any) -> Exception | None:
+    """Run a write on the DB thread; its exception is returned, not raised (gevent's pool
+    would print a traceback for each, and a storage outage would fill the log)."""
+    try:
+        write(*args)
+    except Exception as exc:  # judged on the hub: storage error or bug
+        return exc
+    return None
 
 
 class CollectorPolicy:
@@ -166,6 +203,17 @@ class Coordinator:
         self.stopped = gevent.event.Event()
         self.exit_code = 0  # what run_coordinator returns once stopped
         self.collector = CollectorPolicy()
+        self.lock = DatabaseLock(config.db)
+        self._dispatch: dict[type, Callable[[int, Any], Any]] = {}
+        # Storage outage: its reason while writes fail (None: writes work), since when, how
+        # many commits failed, recovery's rows not committed yet, and the probe in flight.
+        self._outage: str | None = None
+        self._outage_since = 0.0
+        self._failed_commits = 0
+        self._pending: Batch | None = None
+        self._probe: Any = None
+        self._next_probe = 0.0
+        self._draining = False
         # Figures for the metrics port (jobmesh/coordinator/http.py), kept as plain numbers.
         self.ready = False  # recovered and listening (and not stopping)
         self.http: Any = None  # the metrics port, when --metrics-port is given
@@ -176,21 +224,34 @@ class Coordinator:
     # ---- start --------------------------------------------------------------------
 
     def start(self) -> str:
-        """Recover, start the core and the listeners; returns the "listening" line."""
+        """Lock, recover, start the core and the listeners; returns the "listening" line.
+
+        Raises ``DatabaseInUse`` or ``CannotStart`` (the message says it all),
+        ``sqlite3.Error`` if the database cannot be opened, ``OSError`` if a port cannot.
+        A database that opens but cannot be written (full, read-only, locked) starts
+        degraded: reads are served, writes answer the storage ERROR until it works.
+        """
         cfg = self.config
         fd_limit = raise_fd_limit()
-        self.store = JobStore(cfg.db, cfg.db_synchronous)
+        try:
+            self.lock.acquire()  # before anything touches the database (recovery rewrites it)
+        except DatabaseInUse:
+            raise
+        except OSError as exc:
+            raise CannotStart("cannot open the database %s: cannot create its lock file %s: %s"
+                              % (cfg.db, self.lock.path, exc.strerror or exc)) from None
+        self.store = self._open_store()
         if self.store.migrated:
             log.info("migrated database %s: added columns %s", cfg.db, ", ".join(self.store.migrated))
-        self.core = CoordinatorCore(self.store, cfg)  # a CoordinatorConfig is a CoreConfig
-        stats = self.core.recover(now_millis())
-        self.store.write(*self.core.take_dirty())
-        log.info(
-            "recovered db=%s active=%d queued=%d scheduled=%d retry_wait=%d requeued=%d due_while_down=%d"
-            " failed_on_restart=%d task_types=%d next_seq=%d",
-            cfg.db, self.core.active_count, stats["queued"], stats["scheduled"], stats["retry_wait"],
-            stats["requeued"], stats["due"], stats["failed"], len(self.core.known_types), self.core.next_seq,
-        )
+        self.core = self._recovered_core()
+        rows = self.core.take_dirty()
+        if any(rows):
+            try:
+                self.store.write(*rows)
+            except STORAGE_ERRORS as exc:
+                self._pending = rows  # recovery's decisions: committed with the first write that works
+                self._storage_failed(storage_reason(exc), "at start", reload=False)
+        self._dispatch = self._dispatch_table()
         gc.collect()
         gc.freeze()  # the recovered working set and everything imported: never scanned again
         self.dbpool = ThreadPool(1)
@@ -227,15 +288,37 @@ class Coordinator:
                  cfg.bind, client_srv.server_port, fd_limit)
         return line
 
+    def _open_store(self) -> JobStore:
+        # The fault file is a testing aid only (docs/FAILURE_MODEL.md, "Testing storage faults").
+        return JobStore(self.config.db, self.config.db_synchronous, os.environ.get(FAULT_FILE_ENV) or None)
+
+    def _recovered_core(self) -> CoordinatorCore:
+        """A fresh core with the database's state, after recovery (its rows not yet written)."""
+        cfg = self.config
+        assert self.store is not None
+        core = CoordinatorCore(self.store, cfg)  # a CoordinatorConfig is a CoreConfig
+        if self.core is not None:
+            core.drift = self.core.drift  # a reload: keep the wall clock's known offset
+        stats = core.recover(now_millis())
+        core.draining = self._draining
+        log.info(
+            "recovered db=%s active=%d queued=%d scheduled=%d retry_wait=%d requeued=%d due_while_down=%d"
+            " failed_on_restart=%d task_types=%d next_seq=%d",
+            cfg.db, core.active_count, stats["queued"], stats["scheduled"], stats["retry_wait"],
+            stats["requeued"], stats["due"], stats["failed"], len(core.known_types), core.next_seq,
+        )
+        return core
+
     def _core_died(self, greenlet: gevent.Greenlet) -> None:
         """The core is gone: nothing more can be applied or released. Stop the listeners
         and the database and make ``run_coordinator`` return non-zero, so that a listener
-        never runs without a core (71: a commit failed, memory is ahead of disk and the
-        next start's recovery repairs it; 70: a bug)."""
+        never runs without a core (71: a commit failed in a way storage errors do not
+        explain, or state could not be reloaded after one; the next start's recovery
+        repairs it; 70: a bug)."""
         if isinstance(greenlet.exception, CommitFailed):
             self.exit_code = EXIT_COMMIT_FAILED
             log.critical("database commit failed; stopping so that recovery can repair state: %s",
-                         greenlet.exception)
+                         greenlet.exception, exc_info=greenlet.exc_info)
         else:
             self.exit_code = EXIT_CORE_DIED
             log.critical("the core greenlet died; stopping the coordinator", exc_info=greenlet.exc_info)
@@ -299,7 +382,6 @@ class Coordinator:
     def _run_core(self) -> None:
         """Take a batch, apply it, commit it, release it; until a STOP."""
         mailbox = self.mailbox
-        dispatch = self._dispatch_table()
         unsent = None  # the replies of the last committed batch, not written yet
         while True:
             if unsent is not None and not len(mailbox):
@@ -307,7 +389,8 @@ class Coordinator:
                 unsent = None
             batch = mailbox.take(MAX_BATCH)
             self.batch_events.observe(len(batch))
-            replies, stop = self._apply_batch(batch, dispatch)
+            # self._dispatch: a storage failure replaces the core, and the table with it.
+            replies, stop = self._apply_batch(batch, self._dispatch)
             unsent = self._commit_and_release(replies, unsent, stop)
             if stop:
                 for item in mailbox.take_all():
@@ -353,22 +436,42 @@ class Coordinator:
         only after it. One commit in flight at a time (measured: overlapping the next
         batch with the commit made batches smaller and submits slower; docs/PERFORMANCE.md).
         The previous batch's replies (``unsent``) are written while this commit runs.
-        Returns the replies still to write (None if all are written)."""
+        Returns the replies still to write (None if all are written).
+
+        A commit that fails for a storage reason releases nothing of the batch: its replies
+        become the storage ERROR, its frames are dropped, and state is reloaded
+        (``_storage_failed``). Recovery rows not committed yet (``_pending``) go with the
+        next batch that writes, or with the next batch at all once storage works."""
         core = self.core
         assert core is not None and self.dbpool is not None and self.store is not None
         rows = core.take_dirty()
         outbound = core.take_outbound()
-        commit = self.dbpool.spawn(self.store.write, *rows) if any(rows) else None
+        pending = self._pending
+        if pending is not None and (any(rows) or self._outage is None):
+            rows = merge_batches(pending, rows)
+        commit = self.dbpool.spawn(_outcome, self.store.write, *rows) if any(rows) else None
         started = time.perf_counter()
         if unsent is not None:
             self._write_replies(unsent)
         if commit is not None:
-            try:
-                commit.get()
-            except Exception as exc:
-                raise CommitFailed("%s: %s" % (type(exc).__name__, exc)) from exc
-            self.commit_seconds.observe(time.perf_counter() - started)
-            self.commit_rows.observe(len(rows[0]) + len(rows[1]))
+            failure = commit.get()
+            if isinstance(failure, STORAGE_ERRORS):
+                reason = storage_reason(failure)
+                self._storage_failed(reason, "commit", reload=not stop)
+                error = storage_error(reason)
+                replies = [(conn, (msg if closes else error, closes)) for conn, (msg, closes) in replies]
+                outbound = []
+            elif failure is not None:
+                raise CommitFailed("%s: %s" % (type(failure).__name__, failure)) from failure
+            else:
+                self.commit_seconds.observe(time.perf_counter() - started)
+                self.commit_rows.observe(len(rows[0]) + len(rows[1]))
+                if pending is not None:
+                    self._pending = None  # a commit with pending rows always merged them
+                if self._outage is not None:
+                    self._writes_resumed("a commit")
+        elif self._outage is not None and not stop:
+            self._check_probe()
         self._send_outbound(outbound)
         if stop or commit is None:
             self._write_replies(replies)  # nothing to overlap with
@@ -376,6 +479,86 @@ class Coordinator:
                 gevent.sleep(0)  # the mailbox never blocks while it has items: let handlers run
             return None
         return replies
+
+    # ---- storage outages --------------------------------------------------------------
+
+    def _storage_failed(self, reason: str, where: str, reload: bool = True) -> None:
+        """A write failed for a storage reason: log (once per outage), pause, and unless
+        stopping, throw memory away and reload state from the database."""
+        self._failed_commits += 1
+        if self._outage is None:
+            self._outage_since = time.monotonic()
+            self._failed_commits = 1
+            log.error("storage unavailable (%s): %s; nothing of the failed write is acknowledged, writes answer"
+                      " 'storage unavailable' and resume by themselves once storage works", where, reason)
+        else:
+            log.debug("storage still unavailable (%s): %s", where, reason)
+        self._outage = reason
+        self._next_probe = time.monotonic() + STORAGE_PROBE_SECONDS
+        self._probe = None
+        if reload:
+            self._reload()
+        assert self.core is not None
+        self.core.paused = True
+
+    def _reload(self) -> None:
+        """Replace the core with the database's state, as a restart would (``recover``).
+
+        Worker connections are closed: the discarded memory held their sessions and
+        leases; they register again. Recovery's own rows are kept to commit later."""
+        for conn in list(self.handlers.worker_conns):
+            conn.abort()
+        old = self.core
+        assert old is not None and self.store is not None
+        try:
+            # Reopened: a connection opened on a read-only file stays read-only.
+            store = self._open_store()
+        except STORAGE_ERRORS as exc:
+            log.warning("could not reopen the database, reloading through the open connections: %s", exc)
+        else:
+            self.store.close()
+            self.store = store
+        try:
+            core = self._recovered_core()
+        except STORAGE_ERRORS as exc:
+            raise CommitFailed("could not reload state from the database after a failed commit: %s" % exc) from exc
+        for key, value in old.stats.items():  # counters count since the process started
+            core.stats[key] += value
+        for state, value in old.finished_counts.items():
+            core.finished_counts[state] += value
+        rows = core.take_dirty()
+        self._pending = rows if any(rows) else None
+        core.take_outbound()
+        core.paused = True
+        self.core = core
+        self._dispatch = self._dispatch_table()
+
+    def _check_probe(self) -> None:
+        """While storage fails and no batch writes: a probe write now and then, off the hub."""
+        assert self.dbpool is not None and self.store is not None
+        now = time.monotonic()
+        probe = self._probe
+        if probe is not None:
+            if not probe.ready():
+                return
+            self._probe = None
+            failure = probe.get()
+            if failure is None:
+                self._writes_resumed("a probe write")
+            else:
+                self._outage = storage_reason(failure)
+                self._next_probe = now + STORAGE_PROBE_SECONDS
+            return
+        if now >= self._next_probe:
+            self._probe = self.dbpool.spawn(_outcome, self.store.probe)
+
+    def _writes_resumed(self, how: str) -> None:
+        assert self.core is not None
+        log.warning("storage works again (%s succeeded): writes resumed after %.1f s and %d failed writes",
+                    how, time.monotonic() - self._outage_since, self._failed_commits)
+        self._outage = None
+        self._probe = None
+        self.core.paused = False
 
     @staticmethod
     def _write_replies(replies: list) -> None:
@@ -414,6 +597,47 @@ class Coordinator:
 
     # ---- stop -----------------------------------------------------------------------
 
+    def on_stop_signal(self) -> None:
+        """SIGTERM/SIGINT: drain first if ``--drain-millis`` > 0, else stop; a signal
+        during the drain stops at once."""
+        if self._stopping:
+            return
+        if self._draining:
+            log.info("second stop signal: stopping now without waiting for running attempts")
+            gevent.spawn(self.stop)
+        elif self.config.drain_millis > 0:
+            self._draining = True
+            gevent.spawn(self.drain_and_stop)
+        else:
+            gevent.spawn(self.stop)
+
+    def drain_and_stop(self) -> None:
+        """Assign nothing more, wait until no attempt runs or ``drain_millis`` passed, stop.
+
+        The listeners stay open meanwhile: results arrive, heartbeats keep sessions
+        alive, clients are served (new jobs wait QUEUED for the next start). An attempt
+        still running at the end stays RUNNING on disk and is requeued by recovery."""
+        assert self.core is not None
+        self._draining = True
+        self.ready = False  # /readyz: 503 while stopping, and a drain is the start of a stop
+        # A plain flag the core reads at its next scheduling pass; set between batches
+        # (greenlets are cooperative), so no batch sees it change halfway.
+        self.core.draining = True
+        deadline = time.monotonic() + self.config.drain_millis / 1000.0
+        log.info("draining: no new assignments; waiting up to %d ms for %d running attempts",
+                 self.config.drain_millis, self.core.running_attempts)
+        while not self._stopping:
+            running = self.core.running_attempts
+            if not running:
+                log.info("drained: no attempt is running")
+                break
+            if time.monotonic() >= deadline:
+                log.warning("drain time passed with %d attempts still running; the next start requeues them",
+                            running)
+                break
+            gevent.sleep(DRAIN_POLL_SECONDS)
+        self.stop()
+
     def stop(self) -> None:
         """Graceful stop; idempotent. Leaves the database exactly as a crash would."""
         if self._stopping:
@@ -437,10 +661,13 @@ class Coordinator:
             conn.abort()
         # Handlers get a moment to finish writing replies the core already released.
         gevent.joinall([gevent.spawn(srv.stop, 0.3) for srv in self.servers], timeout=5)
+        if self._probe is not None:
+            self._probe.wait(10)  # the DB thread must be done with the connections it closes
         if self.dbpool is not None:
             self.dbpool.kill()
         if self.store is not None:
             self.store.close()
+        self.lock.release()
         log.info("stopped")
         self.stopped.set()
 
@@ -455,6 +682,9 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
     coordinator = Coordinator(config)
     try:
         line = coordinator.start()
+    except (DatabaseInUse, CannotStart) as exc:
+        log.error("%s", exc)
+        return 1
     except sqlite3.Error as exc:
         log.error("cannot open the database %s: %s", config.db, exc)
         return 1
@@ -462,7 +692,7 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
         log.error("cannot start: %s", exc)
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
-        gevent.signal_handler(sig, lambda: gevent.spawn(coordinator.stop))
+        gevent.signal_handler(sig, coordinator.on_stop_signal)
     announce(line)
     coordinator.stopped.wait()
     return coordinator.exit_code

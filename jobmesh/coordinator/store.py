@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
@@ -147,6 +148,26 @@ INSERT_WIDTH = len(COLUMNS)
 UPDATE_WIDTH = len(MUTABLE_COLUMNS) + 1  # and the job id, last
 TASK_TYPES_TABLE = "CREATE TABLE IF NOT EXISTS task_types (name TEXT PRIMARY KEY, first_seen INTEGER NOT NULL)"
 TERMINAL_STATES = tuple(sorted(s.value for s in JobState if s.value not in ACTIVE_STATES))
+# A scratch table for the storage probe (``JobStore.probe``); it is always empty.
+PROBE_TABLE = "CREATE TABLE IF NOT EXISTS storage_probe (x BLOB)"
+PROBE_FREE_PAGES = 256  # beyond this many free pages, a probe no longer insists that the file grow
+# What a current database holds besides the jobs columns; when all of it is there, opening
+# writes nothing, so a read-only or full database still opens (and serves reads).
+SCHEMA_OBJECTS = frozenset({"jobs_idempotency_key", "jobs_state", "jobs_task_type", "task_types", "storage_probe"})
+# The test-only fault switch (docs/FAILURE_MODEL.md, "Testing storage faults"): the
+# environment variable names a file that the store reads before each write.
+FAULT_FILE_ENV = "JOBMESH_TEST_STORAGE_FAULT_FILE"
+# sqlite3 messages -> the words clients see after "storage unavailable: ".
+_REASONS = {
+    "database or disk is full": "disk full",
+    "attempt to write a readonly database": "database is read-only",
+}
+
+
+def storage_reason(exc: BaseException) -> str:
+    """A short reason for a failed write: "disk full", "database is locked", ..."""
+    text = str(exc).strip() or type(exc).__name__
+    return _REASONS.get(text, text)
 
 
 class Batch(NamedTuple):
@@ -218,18 +239,43 @@ _UPDATE_SQL = {n: _update_sql(n) for n in range(1, ROWS_PER_STATEMENT + 1)}
 _PURGE_SQL = {n: _in_list("DELETE FROM jobs WHERE job_id IN (%s)", n) for n in range(1, ROWS_PER_STATEMENT + 1)}
 
 
-class JobStore:
-    """SQLite-backed job table. ``JobStore(":memory:")`` serves the unit tests."""
+def merge_batches(older: Batch, newer: Batch) -> Batch:
+    """One batch that writes both: for a job in both, ``newer``'s row wins.
 
-    def __init__(self, path: str, synchronous: str = "FULL") -> None:
+    Used for rows that could not be committed yet (recovery's, during a storage outage)
+    and the next batch's rows, which may hold a newer row of the same job.
+    """
+    inserted = {row[0]: row for row in older.inserts}
+    inserted.update((row[0], row) for row in newer.inserts)
+    updated = {row[-1]: row for row in older.updates}
+    updated.update((row[-1], row) for row in newer.updates)
+    for job_id in inserted:
+        updated.pop(job_id, None)  # never both: a new job's row already holds its latest state
+    types = list(dict.fromkeys(list(older.task_types) + list(newer.task_types)))
+    purges = list(dict.fromkeys(list(older.purges) + list(newer.purges)))
+    return Batch(list(inserted.values()), list(updated.values()), types, purges)
+
+
+class JobStore:
+    """SQLite-backed job table. ``JobStore(":memory:")`` serves the unit tests.
+
+    ``fault_file`` (tests only) names a file read before each write: ``full`` makes the
+    database unable to grow (``PRAGMA max_page_count``), ``readonly`` makes the writer
+    refuse writes (``PRAGMA query_only``), anything else or no file clears both.
+    """
+
+    def __init__(self, path: str, synchronous: str = "FULL", fault_file: str | None = None) -> None:
         self.path = path
+        self.fault_file = fault_file
         # Room in the statement cache for every multi-row statement size, both kinds.
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                                     cached_statements=3 * ROWS_PER_STATEMENT + 32)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA cache_size=-65536")  # 64 MiB: keeps hot index pages of big tables
         self.conn.execute("PRAGMA synchronous=%s" % {"FULL": "FULL", "NORMAL": "NORMAL", "OFF": "OFF"}[synchronous])
+        self._max_pages = int(self.conn.execute("PRAGMA max_page_count").fetchone()[0])
         self.migrated: list[str] = []
+        self._inject_fault()
         self._migrate()
         if path == ":memory:":
             self.reader = self.conn
@@ -242,7 +288,16 @@ class JobStore:
     def _columns(self) -> set[str]:
         return {row[1] for row in self.conn.execute("PRAGMA table_info(jobs)")}
 
+    def _current(self) -> bool:
+        """True if the schema needs nothing: opening then writes nothing."""
+        if not set(ADDED_COLUMNS) <= self._columns():
+            return False
+        names = {row[0] for row in self.conn.execute("SELECT name FROM sqlite_master")}
+        return SCHEMA_OBJECTS <= names
+
     def _migrate(self) -> None:
+        if self._current():
+            return
         c = self.conn
         c.execute("BEGIN IMMEDIATE")
         try:
@@ -261,6 +316,7 @@ class JobStore:
             c.execute("CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state)")
             c.execute("CREATE INDEX IF NOT EXISTS jobs_task_type ON jobs(task_type)")
             c.execute(TASK_TYPES_TABLE)
+            c.execute(PROBE_TABLE)
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")
@@ -272,8 +328,7 @@ class JobStore:
               purges: Sequence[str] = ()) -> None:
         """Apply one batch (the fields of ``Batch``) in a single transaction (group commit)."""
         c = self.conn
-        c.execute("BEGIN")
-        try:
+        with self._transaction("BEGIN"):
             for n, params in _chunks(inserts):
                 c.execute(_INSERT_SQL[n], params)
             for n, params in _chunks(updates):
@@ -283,11 +338,48 @@ class JobStore:
                 c.execute(_PURGE_SQL[len(ids)], ids)
             if task_types:
                 c.executemany("INSERT OR IGNORE INTO task_types (name, first_seen) VALUES (?, ?)", task_types)
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[None]:
+        """One write transaction on the writer: committed if the body returns, else rolled back."""
+        c = self.conn
+        if self.fault_file is not None:
+            self._inject_fault()
+        c.execute(begin)
+        try:
+            yield
             c.execute("COMMIT")
         except BaseException:
             if c.in_transaction:
                 c.execute("ROLLBACK")
             raise
+
+    def probe(self) -> None:
+        """A write that changes nothing, to learn whether writes work again; raises what a
+        commit would. It needs what a batch needs: the write lock, room in the WAL, and
+        new pages: its blob is larger than the free pages (up to PROBE_FREE_PAGES of
+        them), so a database that cannot grow fails it, however often it ran before."""
+        c = self.conn
+        page_size = int(c.execute("PRAGMA page_size").fetchone()[0])
+        free = int(c.execute("PRAGMA freelist_count").fetchone()[0])
+        with self._transaction("BEGIN IMMEDIATE"):
+            c.execute("INSERT INTO storage_probe (x) VALUES (zeroblob(?))",
+                      ((min(free, PROBE_FREE_PAGES) + 2) * page_size,))
+            c.execute("DELETE FROM storage_probe")
+
+    def _inject_fault(self) -> None:
+        """Tests only: simulate a full or read-only database as ``fault_file`` says."""
+        if self.fault_file is None:
+            return
+        try:
+            with open(self.fault_file) as f:
+                fault = f.read().strip()
+        except OSError:
+            fault = ""
+        # 1 is below any database's size, and SQLite raises the limit to the current size:
+        # the file cannot grow, as on a full disk.
+        self.conn.execute("PRAGMA max_page_count=%d" % (1 if fault == "full" else self._max_pages))
+        self.conn.execute("PRAGMA query_only=%d" % (fault == "readonly"))
 
     # ---- reads -----------------------------------------------------------------
 

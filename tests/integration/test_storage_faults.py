@@ -1,0 +1,211 @@
+"""One coordinator per database, and storage faults without a crash loop
+(docs/FAILURE_MODEL.md, "One coordinator per database" and "Storage faults").
+
+Faults are simulated without mounts: a full disk and a read-only database through the
+test-only fault file (``JOBMESH_TEST_STORAGE_FAULT_FILE``: ``full`` stops the database
+from growing with SQLite's ``max_page_count``, ``readonly`` makes the writer refuse writes
+with ``query_only``), and a held write lock through a second connection that keeps
+``BEGIN EXCLUSIVE`` past SQLite's busy timeout.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from jobmesh.coordinator.store import FAULT_FILE_ENV
+from tests.helpers import run_cli, wait_until
+
+BIG_TEXT = "x " * 3000  # a few pages a job: a database that cannot grow fails at once
+
+
+@pytest.fixture
+def fault(tmp_path, monkeypatch):
+    """Write "full", "readonly" or "" to set or clear the simulated fault."""
+    path = tmp_path / "storage-fault"
+    path.write_text("")
+    monkeypatch.setenv(FAULT_FILE_ENV, str(path))
+    return path.write_text
+
+
+def db_states(db) -> dict[str, tuple[str, int]]:
+    with sqlite3.connect(str(db)) as conn:
+        return {job_id: (state, attempts) for job_id, state, attempts
+                in conn.execute("SELECT job_id, state, attempts FROM jobs")}
+
+
+def running_job(coord, peers, worker_id: str):
+    """A client, a scripted worker and one job RUNNING on it: (client, worker, job id)."""
+    client = peers.client(coord)
+    worker = peers.worker(coord, worker_id)
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 60_000})
+    worker.await_assign()
+    return client, worker, job_id
+
+
+def submit_until_refused(client, limit: int = 200) -> tuple[list[str], dict]:
+    """Submit big jobs until one is refused; (acknowledged ids, the refusal)."""
+    acked = []
+    for _ in range(limit):
+        reply = client.submit("WORD_COUNT", {"text": BIG_TEXT})
+        if reply["type"] != "JOB_SUBMITTED":
+            return acked, reply
+        acked.append(reply["jobId"])
+    raise AssertionError("no submit was refused in %d tries" % limit)
+
+
+def submit_when_writes_resume(client, timeout: float = 15.0) -> str:
+    def attempt():
+        reply = client.submit("WORD_COUNT", {"text": "after"})
+        if reply["type"] == "ERROR":
+            assert reply["message"].startswith("storage unavailable: "), reply
+            return None
+        return reply["jobId"]
+
+    return wait_until(attempt, timeout=timeout, interval=0.1, message="writes to resume")
+
+
+# ---- one coordinator per database -----------------------------------------------------
+
+
+def test_a_second_coordinator_on_the_same_database_exits_1_and_changes_nothing(coordinator_factory, peers):
+    # Given a coordinator with a RUNNING job
+    coord = coordinator_factory()
+    client, worker, job_id = running_job(coord, peers, "w-live")
+    assign = worker.assigns[0]
+    assert db_states(coord.db)[job_id] == ("RUNNING", 1)
+
+    # When a second coordinator starts on the same database
+    proc = run_cli("coordinator", "--worker-port=0", "--client-port=0", "--db=%s" % coord.db)
+
+    # Then it exits 1 with one line naming the holder, without a traceback
+    assert proc.returncode == 1
+    assert "database in use by pid %d" % coord.proc.pid in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if "ERROR" in line]) == 1, proc.stderr
+    assert "recovered" not in proc.stderr
+    # And it changed nothing: the job is still RUNNING on disk, and the first one serves on
+    assert db_states(coord.db)[job_id] == ("RUNNING", 1)
+    worker.complete(assign, {"sleptMillis": 60_000})
+    assert client.wait_state(job_id, "COMPLETED")["attempts"] == 1
+    assert coord.proc.poll() is None
+
+
+def test_a_restart_right_after_kill_9_takes_the_lock(coordinator_factory, peers):
+    coord = coordinator_factory()
+    job_id = peers.client(coord).submit_ok("SLEEP", {"durationMillis": 1})
+    coord.kill()
+    coord.start()  # the kernel released the dead process's lock
+    assert peers.client(coord).status(job_id)["state"] == "QUEUED"
+
+
+# ---- storage faults ---------------------------------------------------------------------
+
+
+def assert_degraded_then_resumes(coord, client, acked, refusal, reason, make_healthy, peers):
+    """The shared checks: the refusal, reads, the log, nothing lost, writes resume."""
+    assert refusal == {"type": "ERROR", "message": "storage unavailable: %s" % reason}
+    # Reads still work, for every acknowledged job
+    for job_id in acked:
+        assert client.status(job_id)["jobId"] == job_id
+    assert client.list_jobs(limit=5)["type"] == "JOB_LIST"
+    # Writes keep answering the storage error while the fault lasts; the process stays up
+    again = client.submit("WORD_COUNT", {"text": BIG_TEXT})
+    assert again == refusal
+    assert coord.proc.poll() is None
+    log = coord.stderr()
+    assert log.count("ERROR jobmesh.coordinator.runtime: storage unavailable") == 1, log[-3000:]
+    assert "Traceback" not in log
+
+    # When the fault is removed, writes resume by themselves
+    make_healthy()
+    resumed = submit_when_writes_resume(client)
+    wait_until(lambda: "writes resumed" in coord.stderr(), message="the resume logged")
+    assert coord.stderr().count("writes resumed") == 1
+
+    # And nothing acknowledged was lost: on disk, and after a restart
+    on_disk = db_states(coord.db)
+    assert set(acked) | {resumed} <= set(on_disk)
+    assert coord.terminate() == 0
+    coord.start()
+    client = peers.client(coord)
+    listed = set()
+    cursor = None
+    while True:
+        page = client.list_jobs(limit=1000, **({"cursor": cursor} if cursor else {}))
+        listed.update(j["jobId"] for j in page["jobs"])
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+    assert set(acked) | {resumed} <= listed
+
+
+def test_a_full_disk_refuses_writes_serves_reads_and_resumes(coordinator_factory, peers, fault):
+    # Given a coordinator with a worker running one acknowledged job
+    coord = coordinator_factory()
+    client, worker, running = running_job(coord, peers, "w-full")
+
+    # When the disk fills up
+    fault("full")
+    acked, refusal = submit_until_refused(client)
+
+    # Then the worker's connection is closed (its lease died with the discarded memory),
+    # the running job is requeued, and the rest is the shared story
+    assert worker.wait_closed(5)
+    assert client.status(running)["state"] == "QUEUED"
+    assert_degraded_then_resumes(coord, client, [running] + acked, refusal, "disk full", lambda: fault(""), peers)
+
+
+def test_a_held_write_lock_refuses_writes_serves_reads_and_resumes(coordinator_factory, peers):
+    # Given an acknowledged job
+    coord = coordinator_factory()
+    client = peers.client(coord)
+    kept = client.submit_ok("SLEEP", {"durationMillis": 1})
+    # When another process holds the write lock past SQLite's busy timeout (5 s)
+    blocker = sqlite3.connect(str(coord.db), isolation_level=None, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        refusal = client.submit("SLEEP", {"durationMillis": 2})
+        assert_degraded_then_resumes(coord, client, [kept], refusal, "database is locked",
+                                     lambda: blocker.execute("ROLLBACK"), peers)
+    finally:
+        if blocker.in_transaction:
+            blocker.execute("ROLLBACK")
+        blocker.close()
+
+
+def test_a_read_only_database_refuses_writes_serves_reads_and_resumes(coordinator_factory, peers, fault):
+    coord = coordinator_factory()
+    client = peers.client(coord)
+    kept = client.submit_ok("SLEEP", {"durationMillis": 1})
+    fault("readonly")
+    refusal = client.submit("SLEEP", {"durationMillis": 2})
+    assert_degraded_then_resumes(coord, client, [kept], refusal, "database is read-only", lambda: fault(""), peers)
+
+
+def test_start_on_a_read_only_database_is_a_degraded_start(coordinator_factory, peers, fault):
+    # Given a database left with a RUNNING job by a crash
+    coord = coordinator_factory()
+    _, _, running = running_job(coord, peers, "w-ro")
+    coord.kill()
+    # When the coordinator starts on it while it is read-only
+    fault("readonly")
+    coord.start()
+    client = peers.client(coord)
+    # Then it starts, says so once, serves reads (recovery's view), and refuses writes
+    assert "storage unavailable (at start): database is read-only" in coord.stderr()
+    assert client.status(running)["state"] == "QUEUED"
+    assert db_states(coord.db)[running] == ("RUNNING", 1)  # recovery's rows wait for storage
+    refusal = client.submit("SLEEP", {"durationMillis": 2})
+    assert_degraded_then_resumes(coord, client, [running], refusal, "database is read-only", lambda: fault(""),
+                                 peers)
+    assert db_states(coord.db)[running][0] == "QUEUED"
+
+
+def test_start_on_a_full_disk_with_a_new_database_is_a_one_line_error(tmp_path, fault):
+    fault("full")
+    proc = run_cli("coordinator", "--worker-port=0", "--client-port=0", "--db=%s" % (tmp_path / "new.db"))
+    assert proc.returncode == 1
+    assert "cannot open the database" in proc.stderr and "full" in proc.stderr
+    assert "Traceback" not in proc.stderr
