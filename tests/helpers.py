@@ -77,6 +77,7 @@ class CoordinatorProc:
         self.client_addr: tuple[str, int] | None = None
         self.periodic_addr: tuple[str, int] | None = None
         self.metrics_addr: tuple[str, int] | None = None  # with metrics_port=0 (the HTTP port)
+        self.open_files_limit: int | None = None  # RLIMIT_NOFILE (soft and hard) for the process, if set
         self._n = 0
 
     def start(self, timeout: float = 15.0, worker_port: int = 0, client_port: int = 0) -> "CoordinatorProc":
@@ -87,7 +88,8 @@ class CoordinatorProc:
                 "--worker-port=%d" % worker_port, "--client-port=%d" % client_port, "--db=%s" % self.db]
         args += ["--%s=%s" % (k, v) for k, v in self.flags.items() if v is not None]
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env())
+            self.proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env(),
+                                         preexec_fn=self._limits if self.open_files_limit else None)
         m = wait_until(self._listening, timeout=timeout, message="coordinator listening line")
         self.worker_addr = (m["w"], int(m["wp"]))
         self.client_addr = (m["c"], int(m["cp"]))
@@ -96,6 +98,21 @@ class CoordinatorProc:
         if m["m"]:
             self.metrics_addr = (m["m"], int(m["mp"]))
         return self
+
+    def _limits(self) -> None:
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files_limit, self.open_files_limit))
+
+    def open_fds(self) -> int:
+        """How many descriptors the coordinator process holds now."""
+        return len(os.listdir("/proc/%d/fd" % self.proc.pid))
+
+    def rss_mb(self) -> float:
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
 
     def _listening(self):
         if self.proc.poll() is not None:

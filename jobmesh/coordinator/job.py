@@ -33,7 +33,7 @@ class Job:
     attempt_id: str | None = None
     result: dict[str, Any] | None = None
     error: str | None = None
-    updated_at: int = -1  # -1: the creation time
+    updated_at: int = -(1 << 62)  # unset: the creation time
     retry_at: int | None = None  # RETRY_WAIT: when the next attempt is due (epoch millis)
     execution_timeout: int | None = None
     deadline: int | None = None
@@ -47,7 +47,7 @@ class Job:
     wake_at: int | None = None  # SCHEDULED / RETRY_WAIT: when it becomes due
 
     def __post_init__(self) -> None:
-        if self.updated_at is None or self.updated_at < 0:
+        if self.updated_at is None or self.updated_at == -(1 << 62):
             self.updated_at = self.created_at
 
     @property

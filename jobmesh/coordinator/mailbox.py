@@ -84,9 +84,15 @@ class Mailbox:
 
     @staticmethod
     def _serve(ring: deque, batch: list, budget: int) -> int:
-        """Round-robin over ``ring`` until ``budget`` is spent; returns what was spent."""
+        """Round-robin over ``ring`` until ``budget`` is spent; returns what was spent.
+
+        Each connection gets up to PER_CONN events per turn, then goes to the back of the
+        ring. One whose next event does not fit in what is left of the budget is passed
+        over (to the back), so cheap requests still get into a batch full of expensive
+        ones; the turn ends when every waiting connection was passed over in a row."""
         spent = 0
-        while ring and (spent < budget or not batch):
+        passed = 0
+        while ring and passed < len(ring) and (spent < budget or not batch):
             conn = ring.popleft()
             inbox = conn.inbox
             taken = 0
@@ -99,12 +105,11 @@ class Mailbox:
                 taken += 1
             if taken:
                 conn.drained()
-            if not inbox:
-                continue
-            if taken < PER_CONN:  # the budget is spent: this connection goes first next time
-                ring.appendleft(conn)
-                break
-            ring.append(conn)
+                passed = 0
+            else:
+                passed += 1
+            if inbox:
+                ring.append(conn)
         return spent
 
     def take_all(self) -> list:

@@ -476,7 +476,10 @@ class Coordinator:
         if stop or commit is None:
             self._write_replies(replies)  # nothing to overlap with
             if not stop:
-                gevent.sleep(0)  # the mailbox never blocks while it has items: let handlers run
+                # The mailbox never blocks while it has items: let the hub run a whole loop
+                # (I/O and timers too; sleep(0) only runs callbacks, so a stream of batches
+                # without writes left the sweep timer and idle sockets unserved for seconds).
+                gevent.idle()
             return None
         return replies
 

@@ -95,10 +95,10 @@ class Harness:
                 assert job.worker_id is None and job.attempt_id is None and job.deadline is None
             assert (job.retry_at is not None) == (job.state is JobState.RETRY_WAIT)
             assert (job.job_id in core.queued) == (job.state is JobState.QUEUED)
+            if job.state in (JobState.SCHEDULED, JobState.RETRY_WAIT):
+                assert job.wake_at is not None and (job.wake_at, job.job_id) in core.due_heap
             if job.state is JobState.SCHEDULED:
-                assert job.run_at is not None and (job.run_at, job.job_id) in core.due_heap
-            if job.state is JobState.RETRY_WAIT:
-                assert (job.retry_at, job.job_id) in core.due_heap
+                assert job.run_at is not None
 
     # -- client side ------------------------------------------------------------------------
 

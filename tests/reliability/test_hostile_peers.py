@@ -1,0 +1,231 @@
+"""Hostile peers against a real coordinator, each with a well-behaved client measured
+beside it (docs/FAILURE_MODEL.md, "Hostile and broken peers"): its p99 stays under
+250 ms, nothing acknowledged is lost, healthy workers are not declared dead, and the
+coordinator's descriptors come back after. Bounded in time; loopback only."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from jobmesh.protocol.framing import HEADER, encode_frame
+from tests.helpers import RawConn, wait_until
+
+P99_LIMIT = 0.250
+
+
+class Probe:
+    """A well-behaved client in its own thread: one GET_JOB_STATUS at a time, timed."""
+
+    def __init__(self, coord, job_id: str) -> None:
+        self.conn = RawConn(coord.client_addr, timeout=10)
+        self.job_id = job_id
+        self.latencies: list[float] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Probe":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(15)
+        self.conn.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                reply = self.conn.request({"type": "GET_JOB_STATUS", "jobId": self.job_id})
+            except Exception as exc:  # noqa: BLE001 - recorded and asserted on
+                self.errors.append(repr(exc))
+                return
+            self.latencies.append(time.monotonic() - started)
+            if reply.get("type") != "JOB_STATUS":
+                self.errors.append(repr(reply))
+            time.sleep(0.005)
+
+    def p99(self) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[int(len(ordered) * 0.99) - 1] if ordered else float("inf")
+
+    def check(self, minimum: int = 50) -> None:
+        assert not self.errors, self.errors[:3]
+        assert len(self.latencies) >= minimum, len(self.latencies)
+        assert self.p99() < P99_LIMIT, "p99 %.3f s over %d requests" % (self.p99(), len(self.latencies))
+
+
+def register(coord, worker_id: str, capacity: int = 1) -> RawConn:
+    conn = RawConn(coord.worker_addr, timeout=10)
+    conn.send({"type": "WORKER_REGISTER", "workerId": worker_id, "capacity": capacity})
+    assert conn.recv()["type"] == "WORKER_REGISTERED"
+    return conn
+
+
+def flood(conn: RawConn, frame: bytes, seconds: float) -> tuple[int, bool]:
+    """Send ``frame`` as fast as the socket takes it, for at most ``seconds``; returns
+    (frames sent, whether the coordinator closed the connection)."""
+    sent = 0
+    deadline = time.monotonic() + seconds
+    batch = frame * 64
+    conn.sock.settimeout(2)
+    try:
+        while time.monotonic() < deadline:
+            conn.sock.sendall(batch)
+            sent += 64
+    except OSError:
+        return sent, True
+    return sent, False
+
+
+def closed_with_error(conn: RawConn, words: str) -> None:
+    conn.sock.settimeout(5)
+    seen = []
+    try:
+        while True:
+            frame = conn.recv()
+            if frame is None:
+                break
+            seen.append(frame)
+    except OSError:
+        pass
+    assert any(f.get("type") == "ERROR" and words in f.get("message", "") for f in seen), seen[-3:]
+
+
+@pytest.fixture
+def job(coordinator, peers):
+    return peers.client(coordinator).submit_ok("SLEEP", {"durationMillis": 1})
+
+
+def test_a_heartbeat_flood_is_cut_off_and_costs_clients_nothing(coordinator, job):
+    hog = register(coordinator, "w-flood")
+    frame = encode_frame({"type": "HEARTBEAT", "workerId": "w-flood"})
+    with Probe(coordinator, job) as probe:
+        time.sleep(0.2)
+        _, closed = flood(hog, frame, 3.0)
+        time.sleep(0.3)
+    assert closed, "the coordinator kept reading a heartbeat flood"
+    closed_with_error(hog, "heartbeats in one second")
+    probe.check()
+    hog.close()
+
+
+def test_forged_results_close_the_worker_and_cost_clients_nothing(coordinator, job):
+    hog = register(coordinator, "w-forger")
+    forged = encode_frame({"type": "TASK_RESULT", "workerId": "w-forger", "jobId": "forged",
+                           "attemptId": "forged.1", "success": True, "result": {}})
+    with Probe(coordinator, job) as probe:
+        time.sleep(0.2)
+        _, closed = flood(hog, forged, 3.0)
+        time.sleep(0.3)
+    assert closed, "the coordinator kept a worker sending results for leases it does not hold"
+    closed_with_error(hog, "leases this worker does not hold")
+    probe.check()
+    hog.close()
+
+
+def test_listing_clients_cannot_get_healthy_workers_declared_dead(coordinator_factory, peers):
+    # Given a few thousand stored jobs and two healthy workers holding 16 running attempts
+    coord = coordinator_factory(heartbeat_timeout_millis=1000)
+    loader = RawConn(coord.client_addr, timeout=30)
+    loader.send_raw(b"".join(encode_frame({"type": "SUBMIT_JOB", "taskType": "SLEEP",
+                                           "payload": {"durationMillis": 1}}) for _ in range(3000)))
+    for _ in range(3000):
+        assert loader.recv()["type"] == "JOB_SUBMITTED"
+    workers = [peers.worker(coord, "w-%d" % i, capacity=8, heartbeat_millis=100) for i in range(2)]
+    running = [w.await_assign()["jobId"] for w in workers for _ in range(8)]
+    probe_job = running[0]
+    # When eight clients pipeline LIST_JOBS pages of 1000 for three seconds
+    listers = [RawConn(coord.client_addr, timeout=30) for _ in range(8)]
+    page = encode_frame({"type": "LIST_JOBS", "limit": 1000})
+    stop = threading.Event()
+
+    def hammer(conn: RawConn) -> None:
+        while not stop.is_set():
+            conn.send_raw(page * 16)
+            for _ in range(16):
+                if conn.recv() is None:
+                    return
+
+    threads = [threading.Thread(target=hammer, args=(c,), daemon=True) for c in listers]
+    with Probe(coord, probe_job) as probe:
+        for t in threads:
+            t.start()
+        time.sleep(3.0)
+        stop.set()
+        for t in threads:
+            t.join(30)
+    # Then no worker was presumed dead and every running attempt is still the first one
+    assert "presumed dead" not in coord.stderr()
+    client = peers.client(coord)
+    for job_id in running:
+        snap = client.status(job_id)
+        assert (snap["state"], snap["attempts"]) == ("RUNNING", 1), snap
+    assert sorted(w["workerId"] for w in client.workers()) == ["w-0", "w-1"]
+    probe.check()
+    for c in listers + [loader]:
+        c.close()
+
+
+def test_clients_that_never_read_cost_bounded_memory(coordinator_factory, peers):
+    coord = coordinator_factory()
+    client = peers.client(coord)
+    job_id = client.submit_ok("WORD_COUNT", {"text": "x"})
+    for _ in range(3):  # pages of about 260 KB
+        for _ in range(300):
+            client.submit_ok("WORD_COUNT", {"text": "y" * 800})
+    before = coord.rss_mb()
+    deaf = []
+    page = encode_frame({"type": "LIST_JOBS", "limit": 1000})
+    with Probe(coord, job_id) as probe:
+        for _ in range(40):
+            conn = RawConn(coord.client_addr, timeout=5)
+            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            conn.send_raw(page * 64)
+            deaf.append(conn)
+        time.sleep(3.0)
+        peak = coord.rss_mb()
+    probe.check()
+    assert peak - before < 300, "RSS grew from %.0f to %.0f MB" % (before, peak)
+    for conn in deaf:
+        conn.close()
+
+
+def test_idle_and_half_sent_connections_are_closed_and_their_descriptors_come_back(coordinator_factory, peers):
+    coord = coordinator_factory(idle_timeout_millis=500)
+    base = coord.open_fds()
+    idle = [RawConn(coord.client_addr, timeout=5) for _ in range(200)]
+    partial = [RawConn(coord.client_addr, timeout=5) for _ in range(50)]
+    for conn in partial:
+        conn.send_raw(HEADER.pack(100)[:3])  # 3 of 4 header bytes, then nothing
+    unregistered = [RawConn(coord.worker_addr, timeout=5) for _ in range(50)]
+    wait_until(lambda: coord.open_fds() >= base + 250, timeout=10, message="connections accepted")
+    # After the idle timeout every one of them is closed by the coordinator
+    for conn in idle + partial + unregistered:
+        assert conn.recv() is None
+    wait_until(lambda: coord.open_fds() <= base + 5, timeout=10, message="descriptors released")
+    # and a client and a worker are served as usual
+    assert peers.client(coord).submit("SLEEP", {"durationMillis": 1})["type"] == "JOB_SUBMITTED"
+    peers.worker(coord, "w-after")
+    for conn in idle + partial + unregistered:
+        conn.close()
+
+
+def test_workers_can_register_when_clients_hold_every_client_descriptor(tmp_path, peers):
+    from tests.helpers import CoordinatorProc
+    coord = CoordinatorProc(tmp_path, name="few-fds")
+    coord.open_files_limit = 1024  # clients get at most 1024 - 256 - 512 = 256 descriptors
+    coord.start()
+    try:
+        held = [RawConn(coord.client_addr, timeout=5) for _ in range(400)]  # the rest wait in the backlog
+        worker = peers.worker(coord, "w-reserved")  # registers through the reserve
+        assert worker.conn.sock.fileno() > 0
+        for conn in held:
+            conn.close()
+    finally:
+        coord.cleanup()
