@@ -42,7 +42,7 @@ from jobmesh.config import CoreConfig
 from jobmesh.coordinator import scheduler
 from jobmesh.coordinator.job import Job
 from jobmesh.coordinator.registry import Session, WorkerRegistry
-from jobmesh.coordinator.store import Batch, JobStore, insert_row, update_row
+from jobmesh.coordinator.store import Batch, JobStore, dump_events, event_fragment, insert_row, load_events, update_row
 from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
@@ -173,12 +173,22 @@ class CoordinatorCore:
     def _event(self, job: Job, now_millis: int, event: str, detail: str | None = None,
                retry_at: int | None = None, attempt: int | None = None, worker_id: str | None = None) -> None:
         """Append one event to the job's timeline (its ``events`` column, committed with the
-        job's row in this batch); only the newest EVENTS_KEPT are kept."""
-        events = job.events
-        events.append((now_millis + self.drift, event, attempt, worker_id, detail,
-                       None if retry_at is None else retry_at + self.drift))
-        if len(events) > EVENTS_KEPT:
-            del events[0]
+        job's row in this batch); only the newest EVENTS_KEPT are kept. ``retry_at`` is
+        core time; the timeline holds wall-clock instants."""
+        if job.event_count < 0:  # read back from the store: count what it holds
+            stored = load_events(job.events)
+            job.event_count = len(stored)
+            job.event_last_at = stored[-1][0] if stored else 0
+        at = now_millis + self.drift
+        fragment = event_fragment(job.event_last_at, at, event, attempt, worker_id, detail,
+                                  None if retry_at is None else retry_at + self.drift)
+        job.events = job.events + "," + fragment if job.events else fragment
+        job.event_last_at = at
+        job.event_count += 1
+        if job.event_count > EVENTS_KEPT:
+            kept = load_events(job.events)[-EVENTS_KEPT:]
+            job.events = dump_events(kept)
+            job.event_count = len(kept)
         self._dirty[job.job_id] = job
 
     def take_outbound(self) -> list[tuple[Any, m.Message | None]]:
@@ -446,6 +456,7 @@ class CoordinatorCore:
             max_attempts=max_attempts, priority=priority, created_at=wall, idempotency_key=key,
             execution_timeout=self.config.task_timeout_millis, payload_json=payload_json, run_at=run_at,
             state=JobState.SCHEDULED if later else JobState.QUEUED, retry_of=retry_of, ready_at=now_millis,
+            event_count=0,
         )
         self.next_seq += 1
         self.jobs[job.job_id] = job
@@ -491,7 +502,7 @@ class CoordinatorCore:
         if job is None:
             return m.Error("unknown job %s" % quote(job_id))
         events = []
-        for stored in job.events:
+        for stored in load_events(job.events):
             item = {name: value for name, value in zip(EVENT_FIELDS, stored) if value is not None}
             if "attempt" in item:
                 item["attemptId"] = "%s.%d" % (job_id, item["attempt"])  # attempt ids are <jobId>.<n>
@@ -557,7 +568,9 @@ class CoordinatorCore:
         found, self._purge_cursor = self.store.purgeable(self._purge_cursor, now_millis + self.drift - retain,
                                                          limit)
         self._forget(found)
-        self._purge_backlog = bool(self._purge_cursor)
+        # Keep purging every batch only while walks find plenty (a walk that steps over
+        # active jobs finds little, and waits for the next sweep).
+        self._purge_backlog = bool(self._purge_cursor) and len(found) * 2 >= limit
 
     def after_batch(self, now_millis: int) -> None:
         """Work after each batch: schedule, and keep purging while the last pass was full."""

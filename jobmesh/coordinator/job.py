@@ -11,7 +11,7 @@ here are the record itself (plus ``payload_json``, the payload as already encode
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from jobmesh.protocol.jobs import JobState, Priority, check_transition
@@ -39,8 +39,11 @@ class Job:
     deadline: int | None = None
     run_at: int | None = None  # when the job was asked to run (runAtMillis), None: at once
     retry_of: str | None = None  # the finished job this one retries (RETRY_JOB)
-    # The timeline, oldest first: (atMillis, event, attempt, workerId, detail, retryAtMillis)
-    events: list[Any] = field(default_factory=list)
+    # The timeline as stored (store.event_fragment, comma-joined): text, so that a job's
+    # events cost one string, not a list of tuples, and the row needs no re-encoding.
+    events: str = ""
+    event_count: int = -1  # events in ``events``; -1: not counted yet (a job read back from the store)
+    event_last_at: int = 0  # the wall-clock time of the last one
     payload_json: str | None = None  # the payload as stored, when already encoded
     # Not stored; core time (monotonic, see coordinator/clock.py), set by the core:
     ready_at: int = 0  # when the job first became due: priority aging and queue order count from here

@@ -100,7 +100,8 @@ class Output:
 
     def drained(self) -> None:
         """The core took events from this connection's inbox: wake a paused reader."""
-        self._progress.set()
+        if self.paused:
+            self._progress.set()
 
     @property
     def backlogged(self) -> bool:

@@ -65,23 +65,31 @@ EVENT_CODES = {
 EVENT_NAMES = {code: name for name, code in EVENT_CODES.items()}
 
 
-def _dump_events(events: list) -> str:
+def event_fragment(since: int, at: int, name: str, attempt: int | None, worker: str | None,
+                   detail: str | None, retry_at: int | None) -> str:
+    """One event's stored form: JSON text, its time ``at`` relative to ``since``."""
+    item: list[Any] = [at - since, EVENT_CODES.get(name, name), attempt, worker, detail,
+                       None if retry_at is None else retry_at - at]
+    while item[-1] is None:
+        item.pop()
+    return ujson.dumps(item, ensure_ascii=False, escape_forward_slashes=False)
+
+
+def dump_events(events: list) -> str:
+    """The stored text of a timeline given as full tuples (without the outer brackets)."""
     out = []
     previous = 0
     for at, name, attempt, worker, detail, retry_at in events:
-        item = [at - previous, EVENT_CODES.get(name, name), attempt, worker, detail,
-                None if retry_at is None else retry_at - at]
+        out.append(event_fragment(previous, at, name, attempt, worker, detail, retry_at))
         previous = at
-        while item[-1] is None:
-            item.pop()
-        out.append(item)
-    return ujson.dumps(out, ensure_ascii=False, escape_forward_slashes=False)
+    return ",".join(out)
 
 
-def _load_events(text: str | None) -> list:
+def load_events(text: str | None) -> list:
+    """A stored timeline (without the outer brackets) as full tuples, oldest first."""
     events = []
     at = 0
-    for item in ujson.loads(text) if text else ():
+    for item in ujson.loads("[" + text + "]") if text else ():
         item += [None] * (6 - len(item))
         at += item[0]
         events.append((at, EVENT_NAMES.get(item[1], item[1]), item[2], item[3], item[4],
@@ -134,7 +142,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("retry_of", "TEXT", added=True),
     # The job's timeline (its newest events, EVENT_CODES above), rewritten with the row it
     # belongs to, so it is exactly as durable as the state it explains.
-    Column("events", "TEXT", "_dump_events(job.events)", "_load_events(v)", mutable=True, added=True),
+    # In memory the job keeps it as text too (Job.events), appended one fragment per event.
+    Column("events", "TEXT", "'[' + job.events + ']'", "v[1:-1] if v else ''", mutable=True, added=True),
 )
 
 ACTIVE_STATES = tuple(sorted(s.value for s in ACTIVE))
@@ -181,8 +190,7 @@ class Batch(NamedTuple):
 
 def _compile(name: str, source: str) -> Callable[..., Any]:
     namespace: dict[str, Any] = {"_dumps": _dumps, "_loads": _loads, "JobState": JobState,
-                                 "Priority": Priority, "Job": Job, "_dump_events": _dump_events,
-                                 "_load_events": _load_events}
+                                 "Priority": Priority, "Job": Job}
     exec(source, namespace)  # noqa: S102 - source built above from COLUMNS only
     return namespace[name]
 

@@ -55,6 +55,8 @@ class Probe:
         return ordered[int(len(ordered) * 0.99) - 1] if ordered else float("inf")
 
     def check(self, minimum: int = 50) -> None:
+        print("probe: %d requests, p99 %.1f ms, max %.1f ms" % (
+            len(self.latencies), self.p99() * 1000, max(self.latencies, default=0) * 1000))
         assert not self.errors, self.errors[:3]
         assert len(self.latencies) >= minimum, len(self.latencies)
         assert self.p99() < P99_LIMIT, "p99 %.3f s over %d requests" % (self.p99(), len(self.latencies))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jobmesh.coordinator.core import EVENTS_KEPT
-from jobmesh.coordinator.store import JobStore
+from jobmesh.coordinator.store import JobStore, load_events
 from jobmesh.protocol import messages as m
 from tests.unit.test_core import BASE, HB, TIMEOUT, Harness
 
@@ -76,7 +76,7 @@ def test_a_stale_result_is_noted_on_the_timeline(h):
 
 
 def stored_events(store: JobStore, job_id: str) -> list[str]:
-    return [e[1] for e in store.get(job_id).events]
+    return [e[1] for e in load_events(store.get(job_id).events)]
 
 
 def test_events_are_committed_with_their_batch_and_read_back(tmp_path):
@@ -120,7 +120,7 @@ def test_only_the_newest_events_are_kept(tmp_path):
         now += 2
         h.report(now, job_id, success=False, error="again")
         h.sweep(now + 1)
-    stored = store.get(job_id).events
+    stored = load_events(store.get(job_id).events)
     assert len(stored) == EVENTS_KEPT
     assert stored[-1][1] == "ASSIGNED" and stored[-1][2] == 40
     assert [e["event"] for e in events(h, job_id)][-4:] == ["ATTEMPT_FAILED", "RETRY_WAIT", "QUEUED", "ASSIGNED"]

@@ -314,7 +314,7 @@ def test_previous_schema_gains_run_at_and_the_task_types_table(tmp_path):
     s = JobStore(str(path))
     assert s.migrated == ["run_at", "retry_of", "events"]
     job = s.get("old-q")
-    assert job.retry_of is None and job.events == []
+    assert job.retry_of is None and job.events == ""
     assert job.run_at is None and job.priority is Priority.HIGH and job.seq == 3
     assert job.snapshot()["runAtMillis"] is None
     assert s.load_task_types() == []
