@@ -77,8 +77,22 @@ class Request(Event):
             self.cost += rows // LIST_ROWS_PER_COST
 
 
+class ClientClosed(Event):
+    """A client connection ended with requests still unanswered (pending WAIT_JOBs):
+    nobody is left to answer. Posted after its requests, so it follows them."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+
 class Sweep(Event):
     """Time for the sweep (at most one pending)."""
+
+
+class Expire(Event):
+    """The earliest pending WAIT_JOB's time is up (at most one pending)."""
 
 
 class Stop(Event):
@@ -86,4 +100,5 @@ class Stop(Event):
 
 
 SWEEP = Sweep()
+EXPIRE = Expire()
 STOP = Stop()

@@ -13,7 +13,10 @@ not take go to a flusher greenlet and later frames queue behind them, so the cor
 blocks on a slow peer and frames never interleave on a socket.
 
 Client connections are request/response, answered in request order: the handler posts
-each request with its ``ClientConn`` and goes back to reading. It stops reading while
+each request with its ``ClientConn`` and goes back to reading. A pending WAIT_JOB counts
+as unanswered, and the runtime holds the replies that follow it until it is answered.
+A connection that ends with requests unanswered posts ``ClientClosed``, so the core
+forgets its waits. It stops reading while
 its connection has unsent bytes or ``MAX_PIPELINE`` unanswered requests, so a client
 that pipelines without reading can grow neither the mailbox nor the coordinator's memory.
 """
@@ -379,4 +382,6 @@ class Servers:
             pass
         finally:
             conn.release()
+            if conn.inflight > 0:  # pending WAIT_JOBs (or a drain that timed out): tell the core
+                self.post(ev.ClientClosed(conn))
             self.connections["client"] -= 1
