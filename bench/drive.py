@@ -31,6 +31,11 @@ def status_frame(job_id: str) -> bytes:
     return encode_frame({"type": "GET_JOB_STATUS", "jobId": job_id})
 
 
+def wait_frame(job_id: str, timeout_millis: int = 60_000) -> bytes:
+    """WAIT_JOB: answered when the job ends (or after ``timeout_millis``), no polling."""
+    return encode_frame({"type": "WAIT_JOB", "jobId": job_id, "timeoutMillis": timeout_millis})
+
+
 class Phase:
     """Counters of one measured phase. ``tokens`` is None in duration mode."""
 

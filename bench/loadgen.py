@@ -7,8 +7,8 @@ Usage:
 Modes:
   submit   closed-loop SUBMIT_JOB on every connection (durable submits/s)
   e2e      submit and wait for completion: --e2e-style=stream (clients submit, one
-           checker waits for every job) or loop (each client submits, then polls its
-           own job until it ends, then submits the next)
+           checker waits for every job) or loop (each client submits, then waits for
+           its own job with WAIT_JOB until it ends, then submits the next)
   status   GET_JOB_STATUS of random jobs submitted during set-up
   mixed    per request, submit / status / list / cancel by --mix weights
   idle     open the connections and hold them (--hold); coordinator RSS per connection
@@ -87,7 +87,7 @@ from bench.builtin_worker import BuiltinWorkers
 from bench.conns import Conn, ConnError, classify, open_many, raise_fd_limit
 from bench.histogram import Histogram
 from bench.drive import (TERMINAL, CompletionTracker, Phase, run_clients, status_frame, submit_client,
-                         submit_once, wait_phase)
+                         submit_once, wait_frame, wait_phase)
 from bench.workload import SpecError, Workload, worker_types
 from jobmesh.protocol.framing import encode_frame
 
@@ -457,7 +457,7 @@ class LoadGen:
         return mode == "submit" and self.o["workers"] > 0
 
     def loop_client(self, idx: int, conn: Conn) -> None:
-        """e2e loop style: submit one job, poll it until it ends, repeat."""
+        """e2e loop style: submit one job, wait for it (WAIT_JOB, no polling), repeat."""
         phase, wl = self.phase, self.workload
         rng = wl.rng(idx)
         n = 0
@@ -472,12 +472,9 @@ class LoadGen:
                         phase.give_back()
                         gevent.sleep(rng.uniform(0.005, 0.05))
                     continue
-                backoff = 0.001
-                poll = status_frame(job_id)
-                hist = phase.hist("status")
+                poll = wait_frame(job_id, 10_000)  # well inside the 30 s request timeout
+                hist = phase.hist("wait")
                 while not self.abort.is_set():
-                    gevent.sleep(backoff)
-                    backoff = min(backoff * 1.5, 0.05)
                     s0 = time.perf_counter()
                     st = conn.request(poll)
                     hist.record(time.perf_counter() - s0)

@@ -579,11 +579,20 @@ CLOSE = "close"   # a ScriptedServer step: close the connection without a reply
 HANG = "hang"     # a ScriptedServer step: never answer
 
 
+class Delayed:
+    """A ScriptedServer step that answers only after ``seconds``."""
+
+    def __init__(self, seconds: float, step):
+        self.seconds = seconds
+        self.step = step
+
+
 class ScriptedServer:
     """Accepts connections one after another and plays ``steps`` across them in order.
 
     Each step answers one request: a dict is sent as a frame, ``CLOSE`` closes the
-    connection without a reply, ``HANG`` never answers, ``bytes`` are sent raw.
+    connection without a reply, ``HANG`` never answers, ``bytes`` are sent raw, and
+    ``Delayed(seconds, step)`` plays ``step`` after a pause (a coordinator holding a WAIT_JOB).
     ``requests`` and ``connections`` record what arrived (stdlib threads, no patching).
     """
 
@@ -621,6 +630,10 @@ class ScriptedServer:
                     step = self.steps.pop(0)
                     if step == CLOSE:
                         break
+                    if isinstance(step, Delayed):
+                        if self._release.wait(step.seconds):
+                            break
+                        step = step.step
                     if step == HANG:
                         self._release.wait(10)
                         break

@@ -18,8 +18,9 @@ What each failure means for the caller (the error tree is in jobmesh/errors.py):
   Unicode, or, as ``RequestTooLarge``, more than the 1 MiB frame limit encoded.
 - ``SubmitRejected``: the coordinator is at its active-job limit. ``submit_retries``
   backs off and resubmits, for this and nothing else.
-- ``WaitTimeout`` (also a ``TimeoutError``): ``wait`` gave up; ``.job`` is the last
-  snapshot seen.
+- ``WaitTimeout`` (also a ``TimeoutError``): ``wait`` gave up; ``.job`` is the
+  snapshot as it stood then (``wait`` uses WAIT_JOB: the coordinator answers when the
+  job ends, so nothing polls).
 
 Snapshots are returned as the wire dicts (``jobId``, ``state``, ``result`` ...).
 """
@@ -43,8 +44,7 @@ from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 DEFAULT_PORT = 7071
 RETRY_BASE = 0.05
 RETRY_CAP = 2.0
-POLL_INITIAL = 0.01
-POLL_CAP = 0.5
+WAIT_CHUNK_MILLIS = 60_000  # one WAIT_JOB waits at most this long; ``wait`` asks again after it
 _TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MILLISECOND = timedelta(milliseconds=1)
@@ -257,39 +257,46 @@ class CoordinatorClient:
         return reply.purged, reply.more
 
     def wait(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
-        """Poll until the job is COMPLETED, FAILED or CANCELLED and return that snapshot.
+        """Wait until the job is COMPLETED, FAILED or CANCELLED and return that snapshot.
 
-        Polls every 10 ms at first, doubling to 500 ms. Raises ``WaitTimeout`` (a
-        ``TimeoutError``) after ``timeout`` seconds, with the last snapshot attached.
+        No polling: each WAIT_JOB is answered by the coordinator the moment the job ends,
+        or after at most ``WAIT_CHUNK_MILLIS`` (then it is asked again), so a long wait
+        costs one request a minute. ``timeout`` is seconds (None: no limit); when it
+        passes, ``WaitTimeout`` (a ``TimeoutError``) is raised with the snapshot as it
+        stood. ``RequestFailed`` for an unknown id. The reply timeout of each request is
+        its wait plus the client's ``timeout``; meanwhile other threads sharing this
+        client wait for the socket.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = POLL_INITIAL
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         while True:
-            job = self.status(job_id)
+            chunk, last = WAIT_CHUNK_MILLIS, False
+            if deadline is not None:
+                left = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+                if left <= WAIT_CHUNK_MILLIS:
+                    chunk, last = left, True
+            reply = self._request(m.WaitJob(job_id, chunk), m.JobStatus, idempotent=True,
+                                  reply_timeout=chunk / 1000.0 + self.timeout)
+            job = reply.job
             if job.get("state") in _TERMINAL_NAMES:
                 return job
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WaitTimeout(job_id, timeout, job)
-                time.sleep(min(delay, left))
-            else:
-                time.sleep(delay)
-            delay = min(delay * 2, POLL_CAP)
+            if last:
+                raise WaitTimeout(job_id, timeout if timeout is not None else 0.0, job)
 
     # ---- transport --------------------------------------------------------------------
 
-    def _request(self, request: m.Message, expect: type, idempotent: bool = False) -> Any:
+    def _request(self, request: m.Message, expect: type, idempotent: bool = False,
+                 reply_timeout: float | None = None) -> Any:
+        """One request, one reply; ``reply_timeout`` (seconds) replaces ``timeout`` for it."""
         with self._lock:
             reused = self._sock is not None
             try:
-                obj = self._exchange(request)
+                obj = self._exchange(request, reply_timeout)
             except CoordinatorUnavailable:
                 # A reused socket may have died while idle (e.g. the coordinator restarted);
                 # a read can safely go again on a fresh one. A write's outcome is unknown.
                 if not (reused and idempotent):
                     raise
-                obj = self._exchange(request)
+                obj = self._exchange(request, reply_timeout)
         try:
             reply = m.decode(obj, m.TO_CLIENT)
         except ProtocolError as exc:
@@ -304,19 +311,24 @@ class CoordinatorClient:
         self.close()
         raise CoordinatorUnavailable("unexpected %s reply to %s" % (reply.TYPE, request.TYPE))
 
-    def _exchange(self, request: m.Message) -> dict[str, Any]:
+    def _exchange(self, request: m.Message, reply_timeout: float | None = None) -> dict[str, Any]:
         """Send one frame, read one frame; any transport trouble discards the socket."""
         frame = _encode_request(request)
         where = "%s:%d" % (self.host, self.port)
         if self._sock is None:
             self._connect(where)
         assert self._sock is not None and self._reader is not None
+        timeout = self.timeout if reply_timeout is None else reply_timeout
         try:
+            if reply_timeout is not None:
+                self._sock.settimeout(reply_timeout)
             self._sock.sendall(frame)
             obj = self._reader.read_frame()
+            if reply_timeout is not None:
+                self._sock.settimeout(self.timeout)
         except socket.timeout as exc:
             self._discard()
-            raise CoordinatorUnavailable("no reply from %s within %.3gs" % (where, self.timeout)) from exc
+            raise CoordinatorUnavailable("no reply from %s within %.3gs" % (where, timeout)) from exc
         except (OSError, ProtocolError) as exc:
             self._discard()
             raise CoordinatorUnavailable("connection to %s lost: %s" % (where, exc)) from exc

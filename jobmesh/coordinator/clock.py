@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import time
 
+monotonic = time.monotonic  # raw stamps on hot paths (arrival times), turned to core time by core_millis
 _ANCHOR = int(time.time() * 1000) - int(time.monotonic() * 1000)
 
 
 def now_millis() -> int:
     """Monotonic milliseconds, equal to the wall clock at start-up."""
     return _ANCHOR + int(time.monotonic() * 1000)
+
+
+def core_millis(stamp: float) -> int:
+    """Core time of a ``monotonic()`` stamp."""
+    return _ANCHOR + int(stamp * 1000)
 
 
 def wall_millis() -> int:

@@ -19,7 +19,9 @@ current (``observe_wall``); a wall-clock step moves only those. The core
   that connection after what is queued for it); it never writes a socket itself.
 
 Request methods (``submit_job``, ``get_job_status``, ``list_jobs``, ``list_workers``,
-``cancel_job``) return the reply message. Event methods (``on_worker_registered``,
+``cancel_job``) return the reply message. ``wait_job`` may instead register a waiter
+(``waiters.py``) and return None: the reply comes later, from ``take_answers``, once
+the job ends (hooked in ``_transition``) or the wait's time is up (``expire_waits``). Event methods (``on_worker_registered``,
 ``on_heartbeat``, ``on_task_result``, ``on_worker_disconnected``, ``sweep``) return
 nothing. ``schedule_queued_jobs`` runs after each batch and inside each sweep.
 
@@ -43,6 +45,7 @@ from jobmesh.coordinator import scheduler
 from jobmesh.coordinator.job import Job
 from jobmesh.coordinator.registry import Session, WorkerRegistry
 from jobmesh.coordinator.store import Batch, JobStore, dump_events, event_fragment, insert_row, load_events, update_row
+from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Waiter, Waiters
 from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
@@ -114,6 +117,7 @@ class CoordinatorCore:
         self.workers_by_type: dict[str, set[Session]] = {}  # task type -> live sessions that run it
         self.drift = 0  # wall clock minus core time (observe_wall)
         self.outbound: list[tuple[Any, m.Message | None]] = []
+        self.waiters = Waiters()  # pending WAIT_JOB requests
         self._dirty: dict[str, Job] = {}
         self._new: set[str] = set()
         self._new_types: list[tuple[str, int]] = []
@@ -284,6 +288,8 @@ class CoordinatorCore:
             self.jobs.pop(job.job_id, None)
             self._remember_finished(job)
             self.finished_counts[target] += 1
+            if self.waiters:
+                self.waiters.wake_job(job.job_id)  # answered after this batch's commit
         else:
             counts[(target, job.task_type, job.priority)] += 1
         if event is None:
@@ -508,6 +514,60 @@ class CoordinatorCore:
                 item["attemptId"] = "%s.%d" % (job_id, item["attempt"])  # attempt ids are <jobId>.<n>
             events.append(item)
         return m.JobEvents(job_id, events)
+
+    def wait_job(self, now_millis: int, conn: Any, token: Any, req: m.WaitJob) -> m.Message | None:
+        """WAIT_JOB: the JOB_STATUS reply now if the job has ended (or the timeout is 0),
+        else None: a waiter holds ``token`` on ``conn`` and ``take_answers`` gives its
+        reply once the job ends or ``timeoutMillis`` has passed."""
+        timeout = req.timeout_millis
+        if not 0 <= timeout <= MAX_WAIT_MILLIS:
+            return m.Error("timeoutMillis must be 0..%d, got %s" % (MAX_WAIT_MILLIS, quote(timeout)))
+        job = self._lookup(req.job_id)
+        if job is None:
+            return m.Error("unknown job %s" % quote(req.job_id))
+        if job.state in TERMINAL or timeout == 0:
+            return m.JobStatus(self.snapshot(job))
+        self.waiters.add(Waiter(conn, token, job.job_id, now_millis + timeout))
+        return None
+
+    def expire_waits(self, now_millis: int) -> None:
+        """Answer the waits whose time is up, with their job as it stands."""
+        if self.waiters:
+            self.waiters.expire(now_millis)
+
+    def next_wait_deadline(self) -> int | None:
+        """When the earliest pending wait times out (core time), or None."""
+        return self.waiters.next_deadline() if self.waiters else None
+
+    def on_client_closed(self, now_millis: int, conn: Any) -> None:
+        """A client connection ended with requests unanswered: forget its waits."""
+        dropped = self.waiters.drop_conn(conn)
+        if dropped:
+            log.debug("dropped waits=%d of a closed client connection", dropped)
+
+    def has_answers(self) -> bool:
+        """Whether waits were answered since the last ``take_answers`` (checked every batch)."""
+        return self.waiters.answered
+
+    def take_answers(self) -> list[tuple[Waiter, m.Message]]:
+        """The waits answered since the last call, each with its reply: the job's
+        snapshot as it stands now (the end of the batch, which is what gets committed)."""
+        answers: list[tuple[Waiter, m.Message]] = []
+        for waiter in self.waiters.take():
+            job = self._lookup(waiter.job_id)
+            answers.append((waiter, m.JobStatus(self.snapshot(job)) if job is not None
+                            else m.Error("unknown job %s" % quote(waiter.job_id))))
+        return answers
+
+    def adopt_waiters(self, now_millis: int, waiters: list[Waiter]) -> None:
+        """Waits carried over from a core that was thrown away (a reload): each waits on
+        this core's state, keeping its deadline; a job that ended, or that this state
+        does not hold, is answered at the next ``take_answers``."""
+        for waiter in waiters:
+            job = self._lookup(waiter.job_id)
+            self.waiters.add(waiter)
+            if job is None or job.state in TERMINAL:
+                self.waiters.wake_job(waiter.job_id)
 
     def retry_job(self, now_millis: int, job_id: str) -> m.Message:
         """A new job with a finished job's type, payload, priority and budget; ``retryOf`` names it."""
@@ -786,12 +846,14 @@ class CoordinatorCore:
     # ---- sweep -----------------------------------------------------------------------
 
     def sweep(self, now_millis: int) -> None:
-        """Dead workers, then expired deadlines, then due jobs, then scheduling, then retention."""
+        """Dead workers, then expired deadlines, then due jobs, then scheduling, then
+        retention, then waits whose time is up."""
         self.detect_dead_workers(now_millis)
         self.detect_expired_deadlines(now_millis)
         self.promote_due_jobs(now_millis)
         self.schedule_queued_jobs(now_millis)
         self.purge_expired(now_millis)
+        self.expire_waits(now_millis)
 
     def detect_dead_workers(self, now_millis: int) -> None:
         limit = self.config.heartbeat_timeout_millis

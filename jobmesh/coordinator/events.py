@@ -16,6 +16,8 @@ LIST_ROWS_PER_COST = 4  # a LIST_JOBS page of 1000 rows costs about as much to b
 
 class Event:
     __slots__ = ()
+    conn: Any = None  # the connection an event came from; None for the core's own (sweep, stop)
+    cost = 1  # its share of a batch's budget (mailbox.py)
 
 
 class Registered(Event):
@@ -77,8 +79,22 @@ class Request(Event):
             self.cost += rows // LIST_ROWS_PER_COST
 
 
+class ClientClosed(Event):
+    """A client connection ended with requests still unanswered (pending WAIT_JOBs):
+    nobody is left to answer. Posted after its requests, so it follows them."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+
 class Sweep(Event):
     """Time for the sweep (at most one pending)."""
+
+
+class Expire(Event):
+    """The earliest pending WAIT_JOB's time is up (at most one pending)."""
 
 
 class Stop(Event):
@@ -86,4 +102,5 @@ class Stop(Event):
 
 
 SWEEP = Sweep()
+EXPIRE = Expire()
 STOP = Stop()

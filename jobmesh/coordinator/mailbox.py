@@ -28,10 +28,6 @@ import gevent.event
 PER_CONN = 16  # events of one connection per turn of the round robin
 
 
-def _cost(item: Any) -> int:
-    return getattr(item, "cost", 1)
-
-
 class Mailbox:
     def __init__(self) -> None:
         self._own: deque = deque()  # the core's own items: sweep, stop
@@ -52,7 +48,7 @@ class Mailbox:
         self._enqueue(item, self._workers)
 
     def _enqueue(self, item: Any, ring: deque) -> None:
-        conn = getattr(item, "conn", None)
+        conn = item.conn
         if conn is None:  # the sweep, STOP
             self._own.append(item)
             self._count += 1
@@ -97,7 +93,7 @@ class Mailbox:
             inbox = conn.inbox
             taken = 0
             while inbox and taken < PER_CONN:
-                cost = _cost(inbox[0])
+                cost = inbox[0].cost
                 if spent + cost > budget and batch:
                     break
                 batch.append(inbox.popleft())

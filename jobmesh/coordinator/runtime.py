@@ -27,6 +27,13 @@ again. Nothing exits: a restart could do no better (docs/FAILURE_MODEL.md).
 The sweep is armed by ``gevent.spawn_later``: the callback re-arms itself on a fixed
 cadence and only posts a SWEEP marker; the sweep itself runs inside the core loop,
 under the same try/except as every event, so an error can kill neither.
+
+A WAIT_JOB the core cannot answer at once holds a ``Slot`` in its connection's reply
+order: replies to later requests on that connection queue behind it (``Held``) and go
+out, in order, once the core answers the wait (its job ended, or its time is up). A
+timer armed for the earliest pending wait's deadline posts an EXPIRE marker, so a
+timeout is answered within milliseconds of its time, not at the next sweep.
+Connections with nothing pending take the unchanged path: one write per batch.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from gevent.threadpool import ThreadPool
 
 from jobmesh.config import CoordinatorConfig
 from jobmesh.coordinator import events as ev
-from jobmesh.coordinator.clock import now_millis, wall_millis
+from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
 from jobmesh.coordinator.mailbox import Mailbox
 from jobmesh.coordinator.core import CoordinatorCore
 from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock
@@ -152,6 +159,28 @@ SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
 
 
+class Slot:
+    """The place of a pending WAIT_JOB's reply in its connection's order; ``msg`` is set
+    once the core answers it."""
+
+    __slots__ = ("msg",)
+
+    def __init__(self) -> None:
+        self.msg: m.Message | None = None
+
+
+class Held:
+    """A connection's replies held behind pending waits: ``(reply or Slot, close)`` in
+    request order, and how many of its Slots are not yet written (queued or still to be
+    queued: a wait's Slot exists before its batch's replies are written)."""
+
+    __slots__ = ("queue", "slots")
+
+    def __init__(self) -> None:
+        self.queue: deque = deque()
+        self.slots = 0
+
+
 def _by_conn(pairs: list) -> dict[Any, list]:
     """The items of ``(conn, item)`` pairs grouped by connection, each group in order."""
     groups: dict[Any, list] = {}
@@ -199,6 +228,12 @@ class Coordinator:
         self._sweep_timer: gevent.Greenlet | None = None
         self._next_sweep = 0.0
         self._sweep_pending = False
+        # WAIT_JOB: replies held behind pending waits, per connection, and the timer for
+        # the earliest wait deadline (core time), with the EXPIRE marker it posts.
+        self._held: dict[Any, Held] = {}
+        self._expire_timer: gevent.Greenlet | None = None
+        self._expire_at: int | None = None
+        self._expire_pending = False
         self._stopping = False
         self.stopped = gevent.event.Event()
         self.exit_code = 0  # what run_coordinator returns once stopped
@@ -359,13 +394,84 @@ class Coordinator:
             m.PurgeJobs: core.purge_jobs,
             ev.Refusal: lambda now, r: r.error,
         }
+        wait = m.WaitJob  # the one request that needs its connection (its reply may come later)
         return {
             ev.Registered: lambda now, e: core.on_worker_registered(now, e.conn, e.msg),
             ev.Result: lambda now, e: core.on_task_result(now, e.conn, e.msg),
             ev.Disconnected: lambda now, e: core.on_worker_disconnected(now, e.conn),
             ev.Sweep: self._sweep,
-            ev.Request: lambda now, e: answers[type(e.msg)](now, e.msg),
+            ev.Expire: self._expire,
+            ev.ClientClosed: self._client_closed,
+            ev.Request: lambda now, e: (answers[type(e.msg)](now, e.msg) if type(e.msg) is not wait
+                                        else self._wait_job(now, e)),
         }
+
+    # ---- WAIT_JOB: held replies and the expiry timer -------------------------------------
+
+    def _wait_job(self, now: int, event: ev.Request) -> m.Message | Slot:
+        """The reply to a WAIT_JOB, or a Slot that later replies on its connection wait behind."""
+        assert self.core is not None
+        slot = Slot()
+        answer = self.core.wait_job(now, event.conn, slot, event.msg)
+        if answer is not None:
+            return answer
+        held = self._held.get(event.conn)
+        if held is None:
+            held = self._held[event.conn] = Held()
+        held.slots += 1
+        return slot
+
+    def _client_closed(self, now: int, event: ev.ClientClosed) -> None:
+        """Its waits will never be read: forget them and what is held behind them."""
+        assert self.core is not None
+        self._held.pop(event.conn, None)
+        self.core.on_client_closed(now, event.conn)
+
+    def _expire(self, now: int, _event: ev.Expire) -> None:
+        assert self.core is not None
+        self._expire_pending = False
+        self.core.expire_waits(now)
+
+    def _arm_expiry(self) -> None:
+        """Keep a timer armed for the earliest pending wait's deadline."""
+        core = self.core
+        if core is None or self._expire_pending or self._stopping:
+            return
+        due = core.next_wait_deadline()
+        if due is None or (self._expire_at is not None and self._expire_at <= due):
+            return
+        if self._expire_timer is not None:
+            self._expire_timer.kill(block=False)
+        self._expire_at = due
+        self._expire_timer = gevent.spawn_later(max(0.0, (due - now_millis()) / 1000.0), self._expire_tick)
+
+    def _expire_tick(self) -> None:
+        self._expire_timer = None
+        self._expire_at = None
+        if self._stopping or self._expire_pending:
+            return
+        self._expire_pending = True
+        self.mailbox.put_urgent(ev.EXPIRE)
+
+    def _release(self, conn: Any, held: Held) -> None:
+        """Write the longest ready prefix of a connection's held replies, in one write."""
+        queue = held.queue
+        data, count, close = b"", 0, False
+        while queue:
+            msg, closes = queue[0]
+            if type(msg) is Slot:
+                if msg.msg is None:
+                    break
+                held.slots -= 1
+                msg = msg.msg
+            queue.popleft()
+            data += _encode_reply(msg)
+            count += 1
+            close = close or closes
+        if count:
+            conn.reply(data, count, close)
+        if not queue and not held.slots:
+            del self._held[conn]
 
     def _sweep(self, now: int, _event: ev.Sweep) -> None:
         assert self.core is not None
@@ -374,7 +480,7 @@ class Coordinator:
         # and one whose handler is paused (the core is behind on its events) is alive.
         for session in self.core.workers:
             conn = session.conn
-            self.core.on_heartbeat(now if conn.paused else conn.last_arrival, conn, session.worker_id)
+            self.core.on_heartbeat(now if conn.paused else core_millis(conn.last_arrival), conn, session.worker_id)
         self.core.observe_wall(now, wall_millis())
         self.core.sweep(now)
         self.collector.tick(time.monotonic())
@@ -393,15 +499,19 @@ class Coordinator:
             replies, stop = self._apply_batch(batch, self._dispatch)
             unsent = self._commit_and_release(replies, unsent, stop)
             if stop:
+                self._answer_waits(SHUTTING_DOWN)
                 for item in mailbox.take_all():
                     self._fail(item)
                 return
+            self._arm_expiry()
 
     def _apply_batch(self, batch: list, dispatch: dict[type, Callable[[int, Any], Any]]) -> tuple[list, bool]:
         """Apply each event of a batch (one clock read each), then schedule.
 
-        Returns the batch's replies as ``(conn, (reply, close after it))`` and whether a
-        STOP was in it (events after a STOP are refused, not applied).
+        Returns the batch's replies and whether a STOP was in it (events after a STOP are
+        refused, not applied). The replies are ``(conn, (reply, close after it))`` (the
+        reply a ``Slot`` for a pending wait) and then ``(None, answers)``: the waits the
+        core answered in this batch, ``(Waiter, reply)`` pairs.
         """
         core = self.core
         assert core is not None
@@ -429,6 +539,8 @@ class Coordinator:
             core.after_batch(now)
         except Exception:
             log.exception("error while scheduling; continuing")
+        if core.has_answers():
+            replies.append((None, core.take_answers()))
         return replies, stop
 
     def _commit_and_release(self, replies: list, unsent: list | None, stop: bool) -> list | None:
@@ -457,9 +569,13 @@ class Coordinator:
             failure = commit.get()
             if isinstance(failure, STORAGE_ERRORS):
                 reason = storage_reason(failure)
+                answered = replies.pop()[1] if replies and replies[-1][0] is None else []
                 self._storage_failed(reason, "commit", reload=not stop)
                 error = storage_error(reason)
-                replies = [(conn, (msg if closes else error, closes)) for conn, (msg, closes) in replies]
+                # A pending wait stays pending (it writes nothing): see _carry_waits.
+                replies = [(conn, (msg if closes or type(msg) is Slot else error, closes))
+                           for conn, (msg, closes) in replies]
+                self._carry_waits(core, answered, error, replies)
                 outbound = []
             elif failure is not None:
                 raise CommitFailed("%s: %s" % (type(failure).__name__, failure)) from failure
@@ -484,6 +600,21 @@ class Coordinator:
         return replies
 
     # ---- storage outages --------------------------------------------------------------
+
+    def _carry_waits(self, old: CoordinatorCore, answered: list, error: m.Error, replies: list) -> None:
+        """After a failed commit: the waits the old core answered in that batch were
+        answered by changes that are not durable, so they, and every wait still pending,
+        wait again on the reloaded core (an ended job answers them at once). Without a
+        reload (stopping) the answered ones get the storage ERROR."""
+        core = self.core
+        assert core is not None
+        if core is old:
+            if answered:
+                replies.append((None, [(waiter, error) for waiter, _ in answered]))
+            return
+        core.adopt_waiters(now_millis(), old.waiters.pending() + [waiter for waiter, _ in answered])
+        if core.has_answers():
+            replies.append((None, core.take_answers()))
 
     def _storage_failed(self, reason: str, where: str, reload: bool = True) -> None:
         """A write failed for a storage reason: log (once per outage), pause, and unless
@@ -563,15 +694,38 @@ class Coordinator:
         self._probe = None
         self.core.paused = False
 
-    @staticmethod
-    def _write_replies(replies: list) -> None:
-        """Encode a batch's replies and write each connection's with one write, in order."""
+    def _write_replies(self, replies: list) -> None:
+        """Encode a batch's replies and write each connection's with one write, in order.
+
+        A connection with a pending wait has its replies queued behind it (``_release``
+        writes what is ready); the waits answered in the batch come last."""
+        answered = replies.pop() if replies and replies[-1][0] is None else None
+        held = self._held
         for conn, answers in _by_conn(replies).items():
+            waiting = held.get(conn) if held else None
+            if waiting is not None:
+                waiting.queue.extend(answers)
+                self._release(conn, waiting)
+                continue
             data, close = b"", False
             for msg, closes in answers:
                 data += _encode_reply(msg)
                 close = close or closes
             conn.reply(data, len(answers), close)
+        if answered is not None:
+            for waiter, msg in answered[1]:
+                slot = waiter.token
+                if slot.msg is None:
+                    slot.msg = msg
+                waiting = held.get(waiter.conn)
+                if waiting is not None:  # None: the client has gone
+                    self._release(waiter.conn, waiting)
+
+    def _answer_waits(self, msg: m.Message) -> None:
+        """Answer every pending wait with ``msg`` now (stopping)."""
+        core = self.core
+        if core is not None and core.waiters:
+            self._write_replies([(None, [(waiter, msg) for waiter in core.waiters.pending()])])
 
     @staticmethod
     def _send_outbound(outbound: list) -> None:

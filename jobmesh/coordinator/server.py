@@ -13,7 +13,10 @@ not take go to a flusher greenlet and later frames queue behind them, so the cor
 blocks on a slow peer and frames never interleave on a socket.
 
 Client connections are request/response, answered in request order: the handler posts
-each request with its ``ClientConn`` and goes back to reading. It stops reading while
+each request with its ``ClientConn`` and goes back to reading. A pending WAIT_JOB counts
+as unanswered, and the runtime holds the replies that follow it until it is answered.
+A connection that ends with requests unanswered posts ``ClientClosed``, so the core
+forgets its waits. It stops reading while
 its connection has unsent bytes or ``MAX_PIPELINE`` unanswered requests, so a client
 that pipelines without reading can grow neither the mailbox nor the coordinator's memory.
 """
@@ -31,7 +34,7 @@ import gevent
 from gevent.event import Event
 
 from jobmesh.coordinator import events as ev
-from jobmesh.coordinator.clock import now_millis
+from jobmesh.coordinator.clock import monotonic
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame
@@ -95,7 +98,7 @@ class Output:
         self._flusher: gevent.Greenlet | None = None
         self._progress = Event()  # set whenever bytes go out, events are taken, or the connection ends
         self.inbox: deque = deque()  # this connection's events not yet taken by the core (mailbox.py)
-        self.last_arrival = now_millis()  # when its last frame was read (core time): liveness by arrival
+        self.last_arrival = monotonic()  # when its last frame was read (clock.monotonic): liveness by arrival
         self.paused = False  # its handler is not reading because the core is behind on it
 
     def drained(self) -> None:
@@ -316,7 +319,7 @@ class Servers:
                 obj = reader.read_frame()
                 if obj is None:
                     return
-                conn.last_arrival = now_millis()
+                conn.last_arrival = monotonic()
                 msg = m.decode(obj, m.WORKER_PORT_REQUESTS)
                 if isinstance(msg, m.WorkerRegister):
                     raise ProtocolError("WORKER_REGISTER sent twice on one connection")
@@ -380,4 +383,6 @@ class Servers:
             pass
         finally:
             conn.release()
+            if conn.inflight > 0:  # pending WAIT_JOBs (or a drain that timed out): tell the core
+                self.post(ev.ClientClosed(conn))
             self.connections["client"] -= 1

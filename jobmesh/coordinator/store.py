@@ -68,7 +68,13 @@ EVENT_NAMES = {code: name for name, code in EVENT_CODES.items()}
 def event_fragment(since: int, at: int, name: str, attempt: int | None, worker: str | None,
                    detail: str | None, retry_at: int | None) -> str:
     """One event's stored form: JSON text, its time ``at`` relative to ``since``."""
-    item: list[Any] = [at - since, EVENT_CODES.get(name, name), attempt, worker, detail,
+    code = EVENT_CODES.get(name)
+    if code is not None and detail is None and retry_at is None:  # the common shapes, formatted directly
+        if attempt is None and worker is None:
+            return '[%d,"%s"]' % (at - since, code)
+        if attempt is not None and worker is not None:
+            return '[%d,"%s",%d,%s]' % (at - since, code, attempt, _dumps(worker))
+    item: list[Any] = [at - since, code or name, attempt, worker, detail,
                        None if retry_at is None else retry_at - at]
     while item[-1] is None:
         item.pop()

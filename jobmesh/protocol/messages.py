@@ -277,6 +277,17 @@ class JobStatus(Message):
 
 
 @dataclass(frozen=True)
+class WaitJob(Message):
+    """Answered with JOB_STATUS once the job is COMPLETED, FAILED or CANCELLED, or with the
+    snapshot as it stands once ``timeoutMillis`` (0..3,600,000) has passed. Replies to
+    later requests on the same connection follow its reply."""
+
+    TYPE = "WAIT_JOB"
+    job_id: str = wire("jobId", "str")
+    timeout_millis: int = wire("timeoutMillis", "int")
+
+
+@dataclass(frozen=True)
 class ListJobs(Message):
     TYPE = "LIST_JOBS"
     limit: int | None = wire("limit", "int?", None)
@@ -358,14 +369,14 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     WorkerRegister, WorkerRegistered, Heartbeat, TaskAssign, TaskCancel, TaskResult, Error,
     SubmitJob, JobSubmitted, SubmitRejected, GetJobStatus, JobStatus, ListJobs, JobList,
     ListWorkers, WorkerList, CancelJob, JobCancel, GetJobEvents, JobEvents, RetryJob, PurgeJobs,
-    JobsPurged,
+    JobsPurged, WaitJob,
 )
 BY_TYPE: dict[str, type[Message]] = {cls.TYPE: cls for cls in ALL_MESSAGES}
 
 # What each side may legally receive.
 WORKER_PORT_REQUESTS = frozenset({"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"})
 CLIENT_PORT_REQUESTS = frozenset({"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
-                                  "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS"})
+                                  "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB"})
 TO_WORKER = frozenset({"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR"})
 TO_CLIENT = frozenset({"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST", "JOB_CANCEL",
                        "JOB_EVENTS", "JOBS_PURGED", "ERROR"})

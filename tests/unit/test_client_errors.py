@@ -9,9 +9,9 @@ import socket
 
 import pytest
 
-from jobmesh.client.api import CoordinatorClient, WaitTimeout, submit_backoff
+from jobmesh.client.api import WAIT_CHUNK_MILLIS, CoordinatorClient, WaitTimeout, submit_backoff
 from jobmesh.errors import CoordinatorUnavailable, RequestFailed, SubmitRejected
-from tests.helpers import CLOSE, HANG
+from tests.helpers import CLOSE, HANG, Delayed
 
 SNAP = {"jobId": "j-1", "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "maxAttempts": 3,
         "workerId": None, "result": None, "error": None, "createdAtMillis": 1, "updatedAtMillis": 1,
@@ -141,22 +141,67 @@ def test_cancel_returns_flag_and_snapshot(serve):
     assert cancelled is True and job["state"] == "CANCELLED"
 
 
-def test_wait_returns_terminal_snapshot(serve):
-    running = dict(SNAP, state="RUNNING", workerId="w")
+def test_wait_is_one_wait_job_request_not_polling(serve):
+    # The coordinator answers WAIT_JOB when the job ends: one request, one reply.
     done = dict(SNAP, state="COMPLETED", result={"sleptMillis": 1})
-    server, client = serve({"type": "JOB_STATUS", "job": SNAP}, {"type": "JOB_STATUS", "job": running},
-                           {"type": "JOB_STATUS", "job": done})
+    server, client = serve({"type": "JOB_STATUS", "job": done}, {"type": "JOB_STATUS", "job": done})
     assert client.wait("j-1", timeout=5) == done
-    assert len(server.requests) == 3
+    [request] = server.requests
+    assert request["type"] == "WAIT_JOB" and request["jobId"] == "j-1"
+    assert 4900 <= request["timeoutMillis"] <= 5000
 
 
-def test_wait_timeout_carries_last_snapshot(serve):
+def test_wait_without_a_limit_asks_again_every_chunk(serve):
     running = dict(SNAP, state="RUNNING", workerId="w")
-    _, client = serve(*[{"type": "JOB_STATUS", "job": running}] * 50)
+    done = dict(SNAP, state="FAILED", error="boom")
+    server, client = serve({"type": "JOB_STATUS", "job": running}, {"type": "JOB_STATUS", "job": running},
+                           {"type": "JOB_STATUS", "job": done})
+    assert client.wait("j-1") == done
+    assert [r["timeoutMillis"] for r in server.requests] == [WAIT_CHUNK_MILLIS] * 3
+    assert server.connections == 1
+
+
+def test_a_long_wait_is_cut_into_chunks(serve):
+    # A wait longer than a chunk asks for a chunk and, not done yet, asks again.
+    running = dict(SNAP, state="RUNNING", workerId="w")
+    server, client = serve({"type": "JOB_STATUS", "job": running}, {"type": "ERROR", "message": "unknown job"})
+    with pytest.raises(RequestFailed):
+        client.wait("j-1", timeout=150)
+    assert [r["timeoutMillis"] for r in server.requests] == [WAIT_CHUNK_MILLIS] * 2
+
+
+def test_wait_timeout_carries_the_snapshot(serve):
+    running = dict(SNAP, state="RUNNING", workerId="w")
+    server, client = serve({"type": "JOB_STATUS", "job": running})
     with pytest.raises(WaitTimeout) as info:
         client.wait("j-1", timeout=0.05)
     assert isinstance(info.value, TimeoutError)
     assert info.value.job == running
+    assert len(server.requests) == 1 and server.requests[0]["timeoutMillis"] <= 50
+
+
+def test_wait_zero_asks_once_for_the_snapshot(serve):
+    server, client = serve({"type": "JOB_STATUS", "job": SNAP})
+    with pytest.raises(WaitTimeout):
+        client.wait("j-1", timeout=0)
+    assert server.requests == [{"type": "WAIT_JOB", "jobId": "j-1", "timeoutMillis": 0}]
+
+
+def test_the_reply_timeout_covers_the_wait(serve):
+    # The client's reply timeout is 0.2 s, the coordinator holds the WAIT_JOB for 0.5 s.
+    done = dict(SNAP, state="COMPLETED", result={})
+    server, client = serve(Delayed(0.5, {"type": "JOB_STATUS", "job": done}), {"type": "JOB_STATUS", "job": SNAP},
+                           timeout=0.2)
+    assert client.wait("j-1", timeout=2) == done
+    # ... and the socket's own timeout is back for the next request.
+    assert client.status("j-1") == SNAP
+    assert server.connections == 1
+
+
+def test_wait_for_an_unknown_job_is_request_failed(serve):
+    _, client = serve({"type": "ERROR", "message": "unknown job 'j-x'"})
+    with pytest.raises(RequestFailed):
+        client.wait("j-x", timeout=1)
 
 
 def test_iter_jobs_follows_cursors(serve):

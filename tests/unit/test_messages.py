@@ -45,6 +45,7 @@ SAMPLES: dict[str, m.Message] = {
     "RETRY_JOB": m.RetryJob(job_id="j-1"),
     "PURGE_JOBS": m.PurgeJobs(older_than_millis=86_400_000, limit=500),
     "JOBS_PURGED": m.JobsPurged(purged=500, more=True),
+    "WAIT_JOB": m.WaitJob(job_id="j-1", timeout_millis=60_000),
 }
 
 
@@ -97,6 +98,7 @@ def test_wire_uses_camel_case_names_from_the_protocol(type_name):
         "RETRY_JOB": {"jobId"},
         "PURGE_JOBS": {"olderThanMillis", "limit"},
         "JOBS_PURGED": {"purged", "more"},
+        "WAIT_JOB": {"jobId", "timeoutMillis"},
     }[type_name]
     assert set(SAMPLES[type_name].to_wire()) == expected | {"type"}
 
@@ -193,6 +195,7 @@ def test_wrong_field_types_are_rejected(obj):
     {"type": "SUBMIT_JOB", "payload": {}},
     {"type": "GET_JOB_STATUS"},
     {"type": "CANCEL_JOB"},
+    {"type": "WAIT_JOB", "jobId": "j-1"},
     {"type": "ERROR"},
 ])
 def test_missing_required_fields_are_rejected(obj):
@@ -203,7 +206,7 @@ def test_missing_required_fields_are_rejected(obj):
 def test_port_tables_match_the_protocol():
     assert m.WORKER_PORT_REQUESTS == {"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"}
     assert m.CLIENT_PORT_REQUESTS == {"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
-                                      "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS"}
+                                      "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB"}
     assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR"}
     assert m.TO_CLIENT == {"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST",
                            "JOB_CANCEL", "JOB_EVENTS", "JOBS_PURGED", "ERROR"}

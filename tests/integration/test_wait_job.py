@@ -1,0 +1,186 @@
+"""WAIT_JOB against a real coordinator: answered at the job's end or at its timeout, replies
+in request order on one connection, other connections not held up; ``jobmesh wait``.
+
+Spec: CONTRACT.md "Waiting without polling"; docs/PROTOCOL.md "WAIT_JOB".
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from jobmesh.client import CoordinatorClient
+from jobmesh.client.api import WaitTimeout
+from tests.helpers import run_cli
+
+SLEEP = {"durationMillis": 10}
+
+
+def wait_job(job_id: str, timeout: int) -> dict:
+    return {"type": "WAIT_JOB", "jobId": job_id, "timeoutMillis": timeout}
+
+
+def status(job_id: str) -> dict:
+    return {"type": "GET_JOB_STATUS", "jobId": job_id}
+
+
+def test_wait_is_answered_when_the_job_completes(coordinator, peers):
+    client = peers.client(coordinator)
+    worker = peers.worker(coordinator)
+    job_id = client.submit_ok("SLEEP", SLEEP)
+    assign = worker.await_assign()
+    raw = peers.raw(coordinator.client_addr)
+    raw.send(wait_job(job_id, 60_000))
+    raw.sock.settimeout(0.3)
+    with pytest.raises(OSError):  # nothing yet: the job is running
+        raw.recv()
+    raw.sock.settimeout(10)
+    worker.complete(assign, {"sleptMillis": 10})
+    reply = raw.recv()
+    assert reply["type"] == "JOB_STATUS" and reply["job"]["state"] == "COMPLETED"
+    assert reply["job"]["result"] == {"sleptMillis": 10}
+
+
+def test_a_request_after_a_wait_is_answered_after_it(coordinator, peers):
+    # Given a queued job (no worker) and, pipelined on one connection, a WAIT_JOB for it
+    # followed by a GET_JOB_STATUS and a SUBMIT_JOB
+    client = peers.client(coordinator)
+    job_id = client.submit_ok("SLEEP", SLEEP)
+    raw = peers.raw(coordinator.client_addr)
+    raw.send(wait_job(job_id, 60_000))
+    raw.send(status(job_id))
+    raw.send({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": SLEEP})
+    # The requests after the wait are applied (the submit creates its job) ...
+    time.sleep(0.3)
+    assert len(client.list_jobs()["jobs"]) == 2
+    # ... but their replies wait for the wait's reply, which comes when the job ends.
+    raw.sock.settimeout(0.3)
+    with pytest.raises(OSError):
+        raw.recv()
+    raw.sock.settimeout(10)
+    assert client.cancel(job_id)["cancelled"] is True
+    first, second, third = raw.recv(), raw.recv(), raw.recv()
+    assert first["type"] == "JOB_STATUS" and first["job"]["state"] == "CANCELLED"
+    # The status was applied when it arrived, before the cancel; only its reply waited.
+    assert second["type"] == "JOB_STATUS" and second["job"]["state"] == "QUEUED"
+    assert third["type"] == "JOB_SUBMITTED"
+
+
+def test_other_connections_are_not_held_up(coordinator, peers):
+    client = peers.client(coordinator)
+    job_id = client.submit_ok("SLEEP", SLEEP)
+    raw = peers.raw(coordinator.client_addr)
+    raw.send(wait_job(job_id, 60_000))
+    other = peers.client(coordinator)
+    started = time.monotonic()
+    for _ in range(20):
+        assert other.status(job_id)["state"] == "QUEUED"
+    other.submit_ok("SLEEP", SLEEP)
+    assert time.monotonic() - started < 5
+    client.cancel(job_id)
+    assert raw.recv()["job"]["state"] == "CANCELLED"
+
+
+def test_a_timeout_is_answered_on_time_with_the_snapshot(coordinator_factory, peers):
+    # A slow sweep: the wait's own timer must answer it, not the sweep.
+    coordinator = coordinator_factory(sweep_interval_millis=5000)
+    client = peers.client(coordinator)
+    job_id = client.submit_ok("SLEEP", SLEEP)
+    raw = peers.raw(coordinator.client_addr)
+    started = time.monotonic()
+    reply = raw.request(wait_job(job_id, 200))
+    took = time.monotonic() - started
+    assert reply["type"] == "JOB_STATUS" and reply["job"]["state"] == "QUEUED"
+    assert reply["job"]["waitingReason"] == "NO_WORKER"
+    assert 0.19 <= took < 0.6, took
+    # Several waits with different timeouts on several connections each come on time.
+    conns = [peers.raw(coordinator.client_addr) for _ in range(3)]
+    started = time.monotonic()
+    for i, conn in enumerate(conns):
+        conn.send(wait_job(job_id, 100 * (3 - i)))
+    took = [None] * 3
+
+    def read(i):
+        conns[i].recv()
+        took[i] = time.monotonic() - started
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    for i, seconds in enumerate(took):
+        assert seconds is not None and 0.1 * (3 - i) - 0.01 <= seconds < 0.1 * (3 - i) + 0.4, took
+
+
+def test_timeout_zero_unknown_job_and_bad_timeouts(coordinator, peers):
+    client = peers.client(coordinator)
+    job_id = client.submit_ok("SLEEP", SLEEP)
+    raw = peers.raw(coordinator.client_addr)
+    reply = raw.request(wait_job(job_id, 0))
+    assert reply["type"] == "JOB_STATUS" and reply["job"]["state"] == "QUEUED"
+    reply = raw.request(wait_job("no-such-job", 1000))
+    assert reply["type"] == "ERROR" and "unknown job" in reply["message"]
+    for bad in (-1, 3_600_001):
+        reply = raw.request(wait_job(job_id, bad))
+        assert reply["type"] == "ERROR" and "timeoutMillis" in reply["message"]
+    assert raw.request(status(job_id))["type"] == "JOB_STATUS"  # still open
+
+
+def test_a_finished_job_is_answered_at_once(coordinator, peers):
+    client = peers.client(coordinator)
+    job_id = client.submit_ok("SLEEP", SLEEP)
+    client.cancel(job_id)
+    raw = peers.raw(coordinator.client_addr)
+    started = time.monotonic()
+    reply = raw.request(wait_job(job_id, 60_000))
+    assert reply["job"]["state"] == "CANCELLED" and time.monotonic() - started < 2
+
+
+def test_a_client_that_leaves_while_waiting_costs_nothing(coordinator, peers):
+    client = peers.client(coordinator)
+    job_id = client.submit_ok("SLEEP", SLEEP)
+    for _ in range(5):
+        raw = peers.raw(coordinator.client_addr)
+        raw.send(wait_job(job_id, 60_000))
+        raw.send(status(job_id))
+        time.sleep(0.05)
+        raw.close()
+    # The coordinator goes on serving, and answers a later wait when the job ends.
+    raw = peers.raw(coordinator.client_addr)
+    raw.send(wait_job(job_id, 60_000))
+    client.cancel(job_id)
+    assert raw.recv()["job"]["state"] == "CANCELLED"
+
+
+def test_the_library_wait_returns_when_the_job_ends(coordinator, peers):
+    worker = peers.worker(coordinator)
+    with CoordinatorClient(*coordinator.client_addr, timeout=1.0) as client:
+        job_id = client.submit("SLEEP", SLEEP)
+        assign = worker.await_assign()
+        threading.Timer(1.5, worker.complete, args=(assign, {"sleptMillis": 10})).start()
+        started = time.monotonic()
+        job = client.wait(job_id, timeout=10)  # longer than the client's 1 s reply timeout
+        assert job["state"] == "COMPLETED" and 1.4 < time.monotonic() - started < 5
+        with pytest.raises(WaitTimeout) as info:
+            client.wait(client.submit("SLEEP", SLEEP), timeout=0.2)
+        assert info.value.job["state"] in ("QUEUED", "RUNNING")
+
+
+def test_jobmesh_wait_exit_codes(coordinator, peers):
+    worker = peers.worker(coordinator)
+    client = peers.client(coordinator)
+    job_id = client.submit_ok("SLEEP", SLEEP)
+    assign = worker.await_assign()
+    # Times out: exit 4 with the snapshot as it stood.
+    result = run_cli("wait", job_id, "--timeout-millis=300", "--json", coordinator=coordinator.client_target)
+    assert result.returncode == 4, result.stderr
+    assert json.loads(result.stdout)["state"] == "RUNNING"
+    # Completes while the command waits: exit 0.
+    threading.Timer(0.5, worker.complete, args=(assign, {"sleptMillis": 10})).start()
+    result = run_cli("wait", job_id, "--json", coordinator=coordinator.client_target)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["state"] == "COMPLETED"
