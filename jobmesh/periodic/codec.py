@@ -33,6 +33,7 @@ from enum import IntEnum
 from typing import Any, Callable, ClassVar, Iterable, NamedTuple, TypeVar, Union
 
 from jobmesh.errors import PeriodicError
+from jobmesh.protocol.framing import StreamBuffer
 
 MAGIC_REQ = b"\0REQ"
 MAGIC_RES = b"\0RES"
@@ -104,7 +105,7 @@ def encode_frame(body: bytes, magic: bytes = MAGIC_RES) -> bytes:
     return HEADER.pack(magic, len(body), zlib.crc32(body)) + body
 
 
-class PacketDecoder:
+class PacketDecoder(StreamBuffer):
     """Incremental frame parser: ``feed`` bytes in any chunking, ``next_packet`` out checked bodies.
 
     Unlike periodicd it does not scan past a bad magic (it fails on the first byte that
@@ -114,21 +115,9 @@ class PacketDecoder:
     """
 
     def __init__(self, magic: bytes = MAGIC_REQ, max_body: int = MAX_BODY):
-        self._buf = bytearray()
-        self._pos = 0
+        super().__init__()
         self._magic = magic
         self._max = max_body
-
-    def feed(self, data: bytes) -> None:
-        if self._pos and self._pos > len(self._buf) // 2:
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
-
-    @property
-    def pending(self) -> int:
-        """Bytes received but not yet returned as a packet."""
-        return len(self._buf) - self._pos
 
     def next_packet(self) -> bytes | None:
         """The next frame's body (size and CRC checked), or None if more input is needed."""
@@ -136,22 +125,19 @@ class PacketDecoder:
         head = bytes(self._buf[self._pos : self._pos + min(avail, 4)])
         if head != self._magic[: len(head)]:
             raise PeriodicError("bad magic %s (expected %s %r)" % (head.hex(" "), self._magic.hex(" "), self._magic))
-        if avail < HEADER.size:
+        if avail < 8:
             return None
-        _magic, size, crc = HEADER.unpack_from(self._buf, self._pos)
-        if size > self._max:
+        size = int.from_bytes(self._buf[self._pos + 4 : self._pos + 8], "big")
+        if size > self._max:  # refused before the body is buffered
             raise PeriodicError("frame body of %d bytes exceeds the %d-byte (1 MiB) limit" % (size, self._max))
         if avail < HEADER.size + size:
             return None
+        _magic, _size, crc = HEADER.unpack_from(self._buf, self._pos)
         start = self._pos + HEADER.size
-        body = bytes(self._buf[start : start + size])
+        body = self._take(start, start + size)
         actual = zlib.crc32(body)
         if actual != crc:
             raise PeriodicError("bad CRC: header says %08x, body of %d bytes has %08x" % (crc, size, actual))
-        self._pos = start + size
-        if self._pos == len(self._buf):
-            self._buf.clear()
-            self._pos = 0
         return body
 
 
