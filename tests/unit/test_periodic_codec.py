@@ -3,9 +3,14 @@ command, every job version, any chunking, every malformed input, and hypothesis 
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 import zlib
 from dataclasses import fields
+from pathlib import Path
+from typing import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -482,3 +487,98 @@ def test_property_garbage_bodies_raise_only_periodic_errors(body):
             decode(body)
         except PeriodicError:
             pass
+
+
+# ---- cross-check with the real aio-periodic 1.0.0, in a subprocess ----------------------------
+
+PROBE = Path(__file__).resolve().parents[1] / "periodic_aio_probe.py"
+MSGIDS = range(64)
+
+
+def server_tables(connid: int, replies: dict[Command, Callable[[int], bytes]], assigns: list[Job]) -> dict:
+    """What the probe's fake server answers: every reply for every msgid it may need, as hex."""
+    return {
+        "connid": codec.encode_handshake_reply(connid).hex(),
+        "replies": {str(int(cmd)): {str(m): make(m).hex() for m in MSGIDS} for cmd, make in replies.items()},
+        "assigns": [{str(m): codec.encode_job_assign(m, job).hex() for m in MSGIDS} for job in assigns],
+    }
+
+
+def written_requests(frames: list[str]) -> tuple[ConnType, list[object]]:
+    stream = b"".join(bytes.fromhex(f) for f in frames)
+    got = bodies(stream)
+    return codec.decode_handshake(got[0]), [codec.decode_request(b) for b in got[1:]]
+
+
+@pytest.fixture(scope="module")
+def aio_probe():
+    pytest.importorskip("aio_periodic", reason="aio-periodic==1.0.0 is in the dev extra")
+    status = [FuncStatus(b"echo", 1, 2, 0, 0, 1700000000), FuncStatus(b"idle", 0, 0, 0, 0, 1700000005)]
+    client = server_tables(0x01020304, {
+        Command.PING: codec.encode_pong, Command.SUBMIT_JOB: codec.encode_success,
+        Command.STATUS: lambda m: codec.encode_status(m, status),
+        Command.RUN_JOB: lambda m: codec.encode_no_worker(m) if m == 8 else codec.encode_data(m, b"HI"),
+        Command.REMOVE_JOB: codec.encode_success, Command.DROP_FUNC: codec.encode_success}, [])
+    assigns = [Job(b"echo", b"j1", b"hi", 1700000000, 0, 10), Job(b"later", "ü".encode(), b"", 1700000001, 4, 600),
+               Job(b"broken", b"j3", b"{}", 5, 0, 600)]
+    worker = server_tables(0xA0B0C0D0, {
+        cmd: codec.encode_success for cmd in (Command.CAN_DO, Command.WORK_DONE, Command.WORK_FAIL,
+                                              Command.SCHED_LATER, Command.WORK_DATA, Command.RELEASE)}
+        | {Command.ACQUIRE: lambda m: codec.encode_acquired(m, True)}, assigns)
+    proc = subprocess.run([sys.executable, str(PROBE)], input=json.dumps({"client": client, "worker": worker}),
+                          capture_output=True, text=True, timeout=45)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout), assigns
+
+
+def test_aio_client_requests_decode_and_our_replies_parse(aio_probe):
+    out, _ = aio_probe
+    conn_type, requests = written_requests(out["client"]["written"])
+    assert conn_type is ConnType.CLIENT
+    assert requests == [
+        Ping(1),
+        SubmitJob(2, Job(b"echo", b"j1", b"hi", 1700000000, 0, 10)),
+        SubmitJob(3, Job(b"echo", b"j2", b"text", 0, 3, 0)),
+        codec.Status(4),
+        codec.RunJob(5, Job(b"echo", b"j3", b"hi", 0, 0, 10)),
+        codec.RemoveJob(6, HANDLE),
+        codec.DropFunc(7, b"echo"),
+        codec.RunJob(8, Job(b"nobody", b"j4", b"", 0, 0, 10)),  # aio-periodic puts 10 s on a RUN_JOB without timeout
+    ]
+    results = out["client"]["results"]
+    assert results["connid"] == "1e01020304"  # aio-periodic keeps the whole first body
+    assert results["ping"] is results["submit"] is results["submit_counted"] is True
+    assert results["status"] == {
+        "echo": {"func_name": "echo", "worker_count": 1, "job_count": 2, "processing": 0, "locked": 0,
+                 "sched_at": 1700000000},
+        "idle": {"func_name": "idle", "worker_count": 0, "job_count": 0, "processing": 0, "locked": 0,
+                 "sched_at": 1700000005}}
+    assert results["run_job"] == b"HI".hex()
+    assert results["remove"] is results["drop"] is True
+    assert results["no_worker"] == "no worker"
+
+
+def test_aio_worker_reads_our_job_assign_and_its_requests_decode(aio_probe):
+    out, assigns = aio_probe
+    conn_type, requests = written_requests(out["worker"]["written"])
+    assert conn_type is ConnType.WORKER
+    assert out["worker"]["connid"] == "1ea0b0c0d0"
+    # What aio-periodic decoded from our JOB_ASSIGN frames, as its tasks saw it.
+    assert out["worker"]["seen"] == [
+        {"func": job.func.decode(), "name": job.name.decode(), "workload": job.workload.hex(),
+         "sched_at": job.sched_at, "timeout": job.timeout, "count": job.count,
+         "handle": codec.encode_body(codec.WorkFail(0, job.handle))[5:].hex()} | extra
+        for job, extra in zip(assigns, [{"acquired": True, "released": True}, {}, {}])]
+    # Its requests, in order: CAN_DO per func, then per job GRAB_JOB, JOB_ASSIGNED on the
+    # grab msgid, the task's requests and the final report; msgids count up from 1.
+    grab = requests[3].msgid
+    echo, later, broken = (job.handle for job in assigns)
+    assert requests == [
+        codec.CanDo(1, b"echo"), codec.CanDo(2, b"later"), codec.CanDo(3, b"broken"),
+        codec.GrabJob(grab), codec.JobAssigned(grab),
+        codec.WorkData(5, echo, b"chunk"), codec.Acquire(6, b"lk", 2, echo), codec.Release(7, b"lk", echo),
+        WorkDone(8, echo, b"HI"),
+        codec.GrabJob(grab), codec.JobAssigned(grab), codec.SchedLater(9, later, 30, 2),
+        codec.GrabJob(grab), codec.JobAssigned(grab), codec.WorkFail(10, broken),
+        codec.GrabJob(grab),
+    ]
