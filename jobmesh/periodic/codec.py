@@ -230,10 +230,14 @@ _i64 = _int_packer(">q", -(1 << 63), (1 << 63) - 1)
 _u64 = _int_packer(">Q", 0, (1 << 64) - 1)
 
 
-def _str8(value: bytes, what: str) -> bytes:
+def _rest(value: bytes, what: str) -> bytes:
     if not isinstance(value, bytes):
         raise PeriodicError("%s must be bytes, got %s" % (what, type(value).__name__))
-    if len(value) > 0xFF:
+    return value
+
+
+def _str8(value: bytes, what: str) -> bytes:
+    if len(_rest(value, what)) > 0xFF:
         raise PeriodicError("%s must be at most 255 bytes, got %d" % (what, len(value)))
     return bytes([len(value)]) + value
 
@@ -243,7 +247,7 @@ def _handle(value: Handle, what: str) -> bytes:
 
 
 def _bytes32(value: bytes, what: str) -> bytes:
-    return _u32(len(value), what + " length") + value
+    return _u32(len(_rest(value, what)), what + " length") + value
 
 
 def _job(job: Job, what: str) -> bytes:
@@ -256,10 +260,6 @@ def _job(job: Job, what: str) -> bytes:
 
 def _jobs(jobs: tuple[Job, ...], what: str) -> bytes:
     return _u64(len(jobs), what + " count") + b"".join(_job(job, what) for job in jobs)
-
-
-def _rest(value: bytes, what: str) -> bytes:
-    return bytes(value)
 
 
 def _flag(value: bool, what: str) -> bytes:
@@ -597,10 +597,10 @@ REPLIES: dict[Command, type[Message]] = {cls.COMMAND: cls for cls in (
 
 def encode_body(msg: Message) -> bytes:
     """msgid + command + payload of ``msg``."""
-    values = [getattr(msg, f.name) for f in fields(msg)][1:]
+    names = [f.name for f in fields(msg)][1:]
     context = "%s msgid=%s" % (msg.COMMAND.name, msg.msgid)
-    payload = b"".join(_KINDS[kind][0](value, "%s %s" % (context, name))
-                       for kind, value, name in zip(msg.LAYOUT, values, [f.name for f in fields(msg)][1:]))
+    payload = b"".join(_KINDS[kind][0](getattr(msg, name), "%s %s" % (context, name))
+                       for kind, name in zip(msg.LAYOUT, names))
     return _u32(msg.msgid, "msgid") + bytes([msg.COMMAND]) + payload
 
 

@@ -356,6 +356,9 @@ def test_bad_handshakes_are_refused(body, message):
         codec.decode_handshake(body)
 
 
+TRUNCATED = r"^truncated .*(needs \d+ bytes at offset \d+, \d+ left|cannot fit)"
+
+
 def test_every_truncation_of_every_request_is_refused_with_the_field_named():
     for cls in REQUESTS.values():
         msg = sample(cls, 1)
@@ -363,7 +366,7 @@ def test_every_truncation_of_every_request_is_refused_with_the_field_named():
         # a cut inside a trailing "rest" field leaves a valid, shorter body
         valid_from = len(body) - (len(getattr(msg, fields(cls)[-1].name)) if cls.LAYOUT[-1:] == ("rest",) else 0)
         for end in range(valid_from):
-            with pytest.raises(PeriodicError, match=r"^truncated .*(needs \d+ bytes at offset \d+, \d+ left|cannot fit)"):
+            with pytest.raises(PeriodicError, match=TRUNCATED):
                 codec.decode_request(body[:end])
 
 
@@ -396,6 +399,8 @@ def test_periodic_errors_are_protocol_errors():
 @pytest.mark.parametrize("make, message", [
     (lambda: codec.encode_request(codec.CanDo(1, b"f" * 256)), "CAN_DO msgid=1 func must be at most 255 bytes"),
     (lambda: codec.encode_request(codec.CanDo(1, "text")), "must be bytes, got str"),  # type: ignore[arg-type]
+    (lambda: codec.encode_data(1, "text"), "DATA msgid=1 data must be bytes, got str"),  # type: ignore[arg-type]
+    (lambda: codec.encode_job_assign(1, Job(b"f", b"n", None)), "job workload must be bytes"),  # type: ignore
     (lambda: codec.encode_pong(-1), "msgid must be an integer in 0..4294967295"),
     (lambda: codec.encode_pong(1 << 32), "msgid must be an integer"),
     (lambda: codec.encode_job_assign(1, Job(b"f", b"n", timeout=1 << 31)), "job timeout must be an integer"),
