@@ -1,11 +1,11 @@
-"""Periodic packets as periodicd and aio-periodic 1.0.0 put them on the wire (docs/PERIODIC.md).
+r"""Periodic packets as periodicd and aio-periodic 1.0.0 put them on the wire (docs/PERIODIC.md).
 
 ::
 
     +---------------+------------------+-------------------+----------------------+
     | magic: 4      | size: u32 BE     | crc: u32 BE       | body: `size` bytes   |
-    | "\\0REQ" peer  | length of body   | CRC-32 of body    |                      |
-    | "\\0RES" server | (<= 1 MiB in)    | (zlib.crc32)      |                      |
+    | "\0REQ" peer  | length of body   | CRC-32 of body    |                      |
+    | "\0RES" server| (<= 1 MiB in)    | (zlib.crc32)      |                      |
     +---------------+------------------+-------------------+----------------------+
 
     handshake body, peer -> server:   type: u8 (1 client, 2 worker)
