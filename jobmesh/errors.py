@@ -15,6 +15,11 @@ class ProtocolError(JobmeshError):
     """A bad frame or message: answer a best-effort ERROR and close that connection only."""
 
 
+class PeriodicError(ProtocolError):
+    """A bad Periodic frame or packet (bad magic or CRC, too large, undecodable body or
+    handshake), or a value that cannot be put on the Periodic wire: close that connection."""
+
+
 class PayloadError(JobmeshError):
     """Unknown task type or a payload outside its bounds: ERROR reply, no job created."""
 

@@ -64,13 +64,13 @@ def decode_payload(body: bytes) -> dict[str, Any]:
     return obj
 
 
-class FrameDecoder:
-    """Incremental parser: ``feed`` bytes in any chunking, ``next_payload`` out whole frames."""
+class StreamBuffer:
+    """Bytes fed in any chunking and taken from the front: the part every frame decoder shares
+    (this one and ``jobmesh.periodic.codec.PacketDecoder``)."""
 
-    def __init__(self, max_frame: int = MAX_FRAME):
+    def __init__(self) -> None:
         self._buf = bytearray()
         self._pos = 0
-        self._max = max_frame
 
     def feed(self, data: bytes) -> None:
         if self._pos and self._pos > len(self._buf) // 2:
@@ -83,6 +83,23 @@ class FrameDecoder:
         """Bytes received but not yet returned as a frame."""
         return len(self._buf) - self._pos
 
+    def _take(self, start: int, end: int) -> bytes:
+        """The bytes ``start:end`` of the buffer; everything before ``end`` is consumed."""
+        body = bytes(self._buf[start:end])
+        self._pos = end
+        if self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        return body
+
+
+class FrameDecoder(StreamBuffer):
+    """Incremental parser: ``feed`` bytes in any chunking, ``next_payload`` out whole frames."""
+
+    def __init__(self, max_frame: int = MAX_FRAME):
+        super().__init__()
+        self._max = max_frame
+
     def next_body(self) -> bytes | None:
         """The next whole payload's bytes, or None if more input is needed."""
         avail = len(self._buf) - self._pos
@@ -94,12 +111,7 @@ class FrameDecoder:
         if avail < 4 + length:
             return None
         start = self._pos + 4
-        body = bytes(self._buf[start : start + length])
-        self._pos = start + length
-        if self._pos == len(self._buf):
-            self._buf.clear()
-            self._pos = 0
-        return body
+        return self._take(start, start + length)
 
     def next_payload(self) -> dict[str, Any] | None:
         body = self.next_body()

@@ -31,6 +31,7 @@ RULES = [
     #    modules                 may import only                             must never import
     Rule("jobmesh.errors",      only=()),
     Rule("jobmesh.protocol",    only=("jobmesh.errors", "jobmesh.protocol")),
+    Rule("jobmesh.periodic",    only=("jobmesh.errors", "jobmesh.protocol", "jobmesh.periodic")),
     Rule("jobmesh.coordinator", never=("jobmesh.worker", "jobmesh.client", "jobmesh.cli", "jobmesh.up")),
     Rule("jobmesh.worker",      never=("jobmesh.coordinator", "jobmesh.client", "jobmesh.cli")),
     Rule("jobmesh.client",      never=("jobmesh.coordinator", "jobmesh.worker", "jobmesh.cli")),

@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPED = ["jobmesh/coordinator/core.py", "jobmesh/coordinator/scheduler.py", "jobmesh/coordinator/job.py",
-         "jobmesh/coordinator/events.py", "jobmesh/coordinator/waiters.py", "jobmesh/protocol"]
+         "jobmesh/coordinator/events.py", "jobmesh/coordinator/waiters.py", "jobmesh/protocol",
+         "jobmesh/periodic/codec.py"]
 
 
 def test_the_typed_modules_are_mypy_clean():
