@@ -3,14 +3,14 @@
 Starts a coordinator with ``--retain-finished-millis`` (short), then pushes jobs through
 it in chunks with the load generator (e2e, scripted in-process workers, no
 verification: purged jobs cannot be verified), and after each chunk prints the database
-file size (main file + WAL), the rows in the jobs and job_events tables, and the
-coordinator's RSS. Under a steady load the rows settle at about rate × retention and the
+file size (main file + WAL), the rows in the jobs table and the bytes of their
+timelines, and the coordinator's RSS. Under a steady load the rows settle at about rate × retention and the
 file and RSS stop growing once SQLite reuses the pages purged rows freed. Prints figures;
 asserts nothing.
 
 Usage:
-  python -m bench.retention [--jobs=N] [--chunk=N] [--retain-millis=N] [--clients=C]
-  python -m bench.retention (-h | --help)
+  retention.py [--jobs=N] [--chunk=N] [--retain-millis=N] [--clients=C]
+  retention.py (-h | --help)
 
 Options:
   --jobs=N           jobs in all [default: 2000000]
@@ -51,8 +51,7 @@ def file_mb(db: Path) -> float:
 def rows(db: Path) -> tuple[int, int]:
     conn = sqlite3.connect("file:%s?mode=ro" % db, uri=True, timeout=10)
     try:
-        jobs = conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
-        events = conn.execute("SELECT COUNT(*) FROM job_events").fetchone()[0]
+        jobs, events = conn.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(events)), 0) FROM jobs").fetchone()
     finally:
         conn.close()
     return jobs, events
@@ -67,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir, db, "FULL", ["--retain-finished-millis=%s" % args["--retain-millis"],
                               "--max-active-jobs=1000000", "--log-level=WARNING"])
     print("run dir %s, retention %s ms, %d jobs in chunks of %d" % (run_dir, args["--retain-millis"], total, chunk))
-    print("%10s %10s %10s %12s %10s %10s" % ("jobs done", "jobs/s", "file MB", "rows", "events", "RSS MB"))
+    print("%10s %10s %10s %12s %12s %10s" % ("jobs done", "jobs/s", "file MB", "rows", "event bytes", "RSS MB"))
     done = 0
     try:
         while done < total:
@@ -85,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             rate = chunk / (time.monotonic() - started)
             jobs, events = rows(db)
             rss = procs.read_status_kb(coord.pid).get("VmRSS", 0) / 1024
-            print("%10d %10.0f %10.1f %12d %10d %10.1f" % (done, rate, file_mb(db), jobs, events, rss), flush=True)
+            print("%10d %10.0f %10.1f %12d %12d %10.1f" % (done, rate, file_mb(db), jobs, events, rss), flush=True)
     finally:
         procs.stop_all([coord])
     return 0
