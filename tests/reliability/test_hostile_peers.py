@@ -232,3 +232,31 @@ def test_workers_can_register_when_clients_hold_every_client_descriptor(tmp_path
             conn.close()
     finally:
         coord.cleanup()
+
+
+def test_a_storage_stall_declares_no_worker_dead(coordinator_factory, peers):
+    # Given two workers holding attempts and a heartbeat timeout of 2 s
+    import sqlite3
+    coord = coordinator_factory(heartbeat_timeout_millis=2000)
+    client = peers.client(coord)
+    workers = [peers.worker(coord, "w-%d" % i, capacity=2, heartbeat_millis=100) for i in range(2)]
+    jobs = [client.submit_ok("SLEEP", {"durationMillis": 1}) for _ in range(4)]
+    for w in workers:
+        w.await_assign(), w.await_assign()
+    # When the database stalls for 3 s (another connection holds its write lock; the next
+    # commit waits, under SQLite's 5 s busy timeout) while a write is pending
+    blocker = sqlite3.connect(str(coord.db), isolation_level=None, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        client.conn.send({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1}})
+        time.sleep(3.0)
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert client.conn.recv()["type"] == "JOB_SUBMITTED"
+    time.sleep(0.5)  # a few sweeps after the stall
+    # Then no worker was presumed dead: heartbeats counted when they arrived
+    assert "presumed dead" not in coord.stderr()
+    for job_id in jobs:
+        snap = client.status(job_id)
+        assert (snap["state"], snap["attempts"]) == ("RUNNING", 1), snap
