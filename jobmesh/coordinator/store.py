@@ -18,7 +18,8 @@ ALTER TABLE on an older database):
 * v2: ``execution_timeout``, ``deadline``;
 * v3: ``priority`` (legacy rows become NORMAL) and ``seq`` (legacy rows get 0);
 * v4: ``run_at`` (scheduled jobs), and the ``task_types`` table of declared task types;
-* v5: ``retry_of`` and ``events`` (the job's timeline, compactly encoded).
+* v5: ``retry_of`` and ``events`` (the job's timeline, compactly encoded);
+* v6: ``name`` and ``periodic`` (Periodic jobs: their name and Periodic fields).
 
 ``newest first`` listing uses SQLite's rowid, which grows with each insert and is kept
 by the UPDATE-based upsert, so paging by rowid is stable and O(page) at any table size.
@@ -150,6 +151,9 @@ COLUMNS: tuple[Column, ...] = (
     # belongs to, so it is exactly as durable as the state it explains.
     # In memory the job keeps it as text too (Job.events), appended one fragment per event.
     Column("events", "TEXT", "'[' + job.events + ']'", "v[1:-1] if v else ''", mutable=True, added=True),
+    # v6: Periodic jobs (docs/PERIODIC.md): the name, and the Periodic fields (JSON; NULL for JSON jobs).
+    Column("name", "TEXT", added=True),
+    Column("periodic", "TEXT", "_dumps(job.periodic)", "_loads(v)", mutable=True, added=True),
 )
 
 ACTIVE_STATES = tuple(sorted(s.value for s in ACTIVE))
