@@ -147,13 +147,14 @@ COLUMNS: tuple[Column, ...] = (
     Column("seq", "INTEGER NOT NULL DEFAULT 0", decode="v or 0", added=True),
     Column("run_at", "INTEGER", mutable=True, added=True),
     Column("retry_of", "TEXT", added=True),
+    # v6: Periodic jobs (docs/PERIODIC.md): the name, and the Periodic fields (JSON; NULL for JSON jobs).
+    Column("name", "TEXT", added=True),
+    Column("periodic", "TEXT", "_dumps(job.periodic)", "_loads(v)", mutable=True, added=True),
+    # (the timeline stays the last column)
     # The job's timeline (its newest events, EVENT_CODES above), rewritten with the row it
     # belongs to, so it is exactly as durable as the state it explains.
     # In memory the job keeps it as text too (Job.events), appended one fragment per event.
     Column("events", "TEXT", "'[' + job.events + ']'", "v[1:-1] if v else ''", mutable=True, added=True),
-    # v6: Periodic jobs (docs/PERIODIC.md): the name, and the Periodic fields (JSON; NULL for JSON jobs).
-    Column("name", "TEXT", added=True),
-    Column("periodic", "TEXT", "_dumps(job.periodic)", "_loads(v)", mutable=True, added=True),
 )
 
 ACTIVE_STATES = tuple(sorted(s.value for s in ACTIVE))
