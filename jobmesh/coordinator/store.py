@@ -149,7 +149,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("retry_of", "TEXT", added=True),
     # v6: Periodic jobs (docs/PERIODIC.md): the name, and the Periodic fields (JSON; NULL for JSON jobs).
     Column("name", "TEXT", added=True),
-    Column("periodic", "TEXT", "_dumps(job.periodic)", "_loads(v)", mutable=True, added=True),
+    Column("periodic", "TEXT", "job.periodic and _dumps(job.periodic)", "_loads(v)", mutable=True,
+           added=True),  # NULL for JSON jobs without a call
     # (the timeline stays the last column)
     # The job's timeline (its newest events, EVENT_CODES above), rewritten with the row it
     # belongs to, so it is exactly as durable as the state it explains.

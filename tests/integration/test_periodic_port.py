@@ -204,7 +204,9 @@ def _closed(sock: socket.socket, timeout: float = 5.0) -> bool:
     pc.encode_handshake(pc.ConnType.CLIENT)[:8] + b"\0\0\0\0" + b"\x01",  # bad CRC
     pc.MAGIC_REQ + (pc.MAX_BODY + 1).to_bytes(4, "big") + b"\0\0\0\0",  # oversized
     pc.encode_frame(b"\x07", pc.MAGIC_REQ),  # unknown handshake type
-])
+    pc.encode_handshake(pc.ConnType.WORKER) + pc.encode_frame(b"\0\0\0\x01\x28", pc.MAGIC_REQ),  # command 40
+    pc.encode_handshake(pc.ConnType.CLIENT) + pc.encode_frame(b"\0\0\0\x01\x09extra", pc.MAGIC_REQ),  # trailing
+], ids=["bad-magic", "bad-crc", "oversized", "bad-handshake", "unknown-command", "trailing-bytes"])
 def test_hostile_bytes_close_only_that_connection(coord, hostile):
     good = socket.create_connection(coord.periodic_addr, timeout=5)
     good.sendall(pc.encode_handshake(pc.ConnType.CLIENT))
