@@ -1187,6 +1187,13 @@ class CoordinatorCore:
             if msgid not in session.tokens and len(session.tokens) < PERIODIC_MAX_TOKENS:
                 session.tokens.append(msgid)
                 self._pready.update(session.funcs)
+        elif kind is pc.JobUnassigned:  # the worker gives the job back: pending again, at once; no reply
+            session = self._psession(conn, now_millis)
+            job_id = session.assigned.pop(msgid, None)
+            job = self.jobs.get(job_id) if job_id is not None else None
+            if job is not None and job.state is JobState.RUNNING and job.worker_id == session.worker_id:
+                self._transition(job, JobState.QUEUED, now_millis)
+            return
         elif kind is pc.WorkDone or kind is pc.WorkFail or kind is pc.SchedLater:
             session = self._psession(conn, now_millis)
             job = self._prunning(session, msg.handle)
@@ -1331,6 +1338,7 @@ class CoordinatorCore:
                 job = self.jobs[job_id]
                 token = session.tokens.pop()
                 self._transition(job, JobState.RUNNING, now_millis, session=session)
+                session.assigned[token] = job_id
                 self._send(session.conn, pc.encode_job_assign(token, self._pjob(job)))
                 log.debug("periodic assign job=%s func=%s worker=%s token=%d", job_id, func, session.worker_id, token)
                 assigned += 1

@@ -37,7 +37,7 @@ _random = random.Random()
 
 # Requests the core applies; the rest are answered by the handler.
 CORE_REQUESTS = (pc.SubmitJob, pc.Status, pc.DropFunc, pc.RemoveJob, pc.CanDo, pc.CantDo, pc.Broadcast,
-                 pc.GrabJob, pc.WorkDone, pc.WorkFail, pc.SchedLater)
+                 pc.GrabJob, pc.WorkDone, pc.WorkFail, pc.SchedLater, pc.JobUnassigned)
 
 
 def local_answer(msg: Any) -> bytes | None:
@@ -57,7 +57,7 @@ def local_answer(msg: Any) -> bytes | None:
         return pc.encode_no_worker(msg.msgid)  # not supported yet: aio-periodic raises "no worker"
     if kind is pc.Acquire:
         return pc.encode_acquired(msg.msgid, True)  # locks not enforced yet: always granted
-    if kind is pc.Shutdown or kind is pc.JobAssigned or kind is pc.JobUnassigned or kind is pc.StrayCommand:
+    if kind is pc.Shutdown or kind is pc.JobAssigned or kind is pc.StrayCommand:
         return b""
     return None
 

@@ -81,9 +81,10 @@ class PeriodicSession(Session):
     requests, each usable for one JOB_ASSIGN; ``task_types`` stays empty (Periodic funcs
     are a namespace of their own, ``funcs``)."""
 
-    __slots__ = ("tokens", "funcs")
+    __slots__ = ("tokens", "funcs", "assigned")
 
     def __init__(self, worker_id: str, conn: Any, now_millis: int) -> None:
         super().__init__(worker_id, 0, conn, now_millis)
         self.tokens: list[int] = []  # held grab tokens, oldest first (the newest is used first)
         self.funcs: set[str] = set()  # what it declared with CAN_DO / BROADCAST
+        self.assigned: dict[int, str] = {}  # token -> the job last assigned on it (JOB_UNASSIGNED)

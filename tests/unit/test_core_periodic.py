@@ -249,3 +249,14 @@ def test_json_workers_never_get_periodic_jobs():
     h.core.after_batch(T0)
     assert not [msg for c, msg in h.core.take_outbound() if isinstance(msg, m.TaskAssign)]
     assert h.job(func="SLEEP").state is JobState.QUEUED
+
+
+def test_job_unassigned_puts_the_job_back_without_a_reply():
+    h = H()
+    h.submit(T0)
+    w = Conn("w")
+    [assign] = assigns(h.worker(T0, w))
+    out = h.send(T0, w, pc.JobUnassigned(assign.msgid))
+    assert out == [] and h.job().state is JobState.QUEUED
+    [again] = assigns(h.send(T0, w, pc.GrabJob(assign.msgid)))
+    assert again.job.name == b"a" and h.job().attempts == 2
