@@ -58,8 +58,8 @@ Coordinator options:
   --bind=ADDR                    address to listen on [default: 127.0.0.1]
   --worker-port=PORT             worker port (0 = pick a free one) [default: 7070]
   --client-port=PORT             client port (0 = pick a free one) [default: 7071]
-  --periodic-port=PORT           Periodic-protocol port, off unless given
-                                 (this version refuses it: not available yet)
+  --periodic-port=PORT           Periodic-protocol port for aio-periodic clients and
+                                 workers, off unless given (0 = pick a free one)
   --metrics-port=PORT            HTTP port for /metrics, /healthz, /readyz and the
                                  dashboard at /, off unless given (0 = pick a free one)
   --db=PATH                      SQLite database file [default: jobmesh.db]

@@ -85,8 +85,15 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
+def _max_attempts(job: dict[str, Any]) -> Any:
+    """maxAttempts; a Periodic job's 0 means no limit."""
+    if job.get("protocol") == "periodic" and job.get("maxAttempts") == 0:
+        return "unlimited"
+    return job.get("maxAttempts", MISSING)
+
+
 def attempts(job: dict[str, Any]) -> str:
-    return "%s/%s" % (job.get("attempts", MISSING), job.get("maxAttempts", MISSING))
+    return "%s/%s" % (job.get("attempts", MISSING), _max_attempts(job))
 
 
 def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None) -> str:
@@ -98,7 +105,7 @@ def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any
         ("type", job.get("taskType")),
         ("state", job.get("state")),
         ("priority", job.get("priority")),
-        ("attempts", "%s of %s" % (job.get("attempts", MISSING), job.get("maxAttempts", MISSING))),
+        ("attempts", "%s of %s" % (job.get("attempts", MISSING), _max_attempts(job))),
         ("worker", job.get("workerId")),
         ("result", compact(job.get("result"))),
         ("error", compact(job.get("error"))),
@@ -108,6 +115,8 @@ def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any
     # The lines below appear only when they apply, so other jobs read as before.
     if job.get("retryOf") is not None:
         rows.insert(1, ("retry of", job["retryOf"]))
+    if job.get("protocol") == "periodic":  # a Periodic job: its func is the type; show its name
+        rows.insert(rows.index(("type", job.get("taskType"))) + 1, ("name", "%s (Periodic)" % job.get("name")))
     if job.get("waitingReason") is not None:
         rows.insert(rows.index(("state", job.get("state"))) + 1,
                     ("waiting", waiting(job, now_millis, workers)))

@@ -104,3 +104,23 @@ class Stop(Event):
 SWEEP = Sweep()
 EXPIRE = Expire()
 STOP = Stop()
+
+
+class PeriodicPacket(Event):
+    """A decoded Periodic request (``jobmesh.periodic.codec``) from a Periodic connection
+    that the core must apply (docs/PERIODIC.md)."""
+
+    __slots__ = ("conn", "msg")
+
+    def __init__(self, conn: Any, msg: Any) -> None:
+        self.conn = conn
+        self.msg = msg
+
+
+class PeriodicClosed(Event):
+    """A Periodic connection ended (posted after its packets, so it follows them)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn

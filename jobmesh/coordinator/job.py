@@ -45,6 +45,10 @@ class Job:
     event_count: int = -1  # events in ``events``; -1: not counted yet (a job read back from the store)
     event_last_at: int = 0  # the wall-clock time of the last one
     payload_json: str | None = None  # the payload as stored, when already encoded
+    # A Periodic job (docs/PERIODIC.md): its name (unique per func among live jobs) and
+    # its Periodic fields {workload, b64, count, timeout, sched}; both None for JSON jobs.
+    name: str | None = None
+    periodic: dict[str, Any] | None = None
     # Not stored; core time (monotonic, see coordinator/clock.py), set by the core:
     ready_at: int = 0  # when the job first became due: priority aging and queue order count from here
     wake_at: int | None = None  # SCHEDULED / RETRY_WAIT: when it becomes due
@@ -109,4 +113,6 @@ class Job:
             "retryAtMillis": self.retry_at,
             "retryOf": self.retry_of,
             "waitingReason": waiting,
+            "protocol": "json" if self.periodic is None else "periodic",
+            "name": self.name,
         }

@@ -73,3 +73,18 @@ class WorkerRegistry:
 
     def with_free_capacity(self) -> Iterator[Session]:
         return (s for s in self._by_id.values() if len(s.running) < s.capacity)
+
+
+class PeriodicSession(Session):
+    """A Periodic worker connection (docs/PERIODIC.md). It lives exactly as long as its
+    connection (no heartbeats). Its slots are its grab tokens: the msgids of its GRAB_JOB
+    requests, each usable for one JOB_ASSIGN; ``task_types`` stays empty (Periodic funcs
+    are a namespace of their own, ``funcs``)."""
+
+    __slots__ = ("tokens", "funcs", "assigned")
+
+    def __init__(self, worker_id: str, conn: Any, now_millis: int) -> None:
+        super().__init__(worker_id, 0, conn, now_millis)
+        self.tokens: list[int] = []  # held grab tokens, oldest first (the newest is used first)
+        self.funcs: set[str] = set()  # what it declared with CAN_DO / BROADCAST
+        self.assigned: dict[int, str] = {}  # token -> the job last assigned on it (JOB_UNASSIGNED)

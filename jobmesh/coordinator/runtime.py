@@ -61,9 +61,10 @@ from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
 from jobmesh.coordinator.mailbox import Mailbox
 from jobmesh.coordinator.core import CoordinatorCore
 from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock
+from jobmesh.coordinator.periodic_port import PeriodicPort
 from jobmesh.coordinator.server import SHUTTING_DOWN, Servers
 from jobmesh.coordinator.store import FAULT_FILE_ENV, Batch, JobStore, merge_batches, storage_reason
-from jobmesh.errors import ConfigError, ProtocolError
+from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
 
@@ -224,6 +225,8 @@ class Coordinator:
         self.dbpool: ThreadPool | None = None
         self.servers: list[gevent.server.StreamServer] = []
         self.handlers = Servers(self.mailbox.put, self.mailbox.put_urgent, config.idle_timeout_millis / 1000.0)
+        self.periodic = PeriodicPort(self.mailbox.put, self.mailbox.put_urgent, self.handlers,
+                                     config.idle_timeout_millis / 1000.0)
         self._core_greenlet: gevent.Greenlet | None = None
         self._sweep_timer: gevent.Greenlet | None = None
         self._next_sweep = 0.0
@@ -307,11 +310,20 @@ class Coordinator:
             (cfg.bind, cfg.client_port), self.handlers.handle_client, backlog=BACKLOG,
             spawn=gevent.pool.Pool(max(32, per_server - WORKER_FD_RESERVE)),
         )
-        for srv in (worker_srv, client_srv):
+        servers = [worker_srv, client_srv]
+        if cfg.periodic_port is not None:
+            periodic_srv = gevent.server.StreamServer(
+                (cfg.bind, cfg.periodic_port), self.periodic.handle, backlog=BACKLOG,
+                spawn=gevent.pool.Pool(max(32, per_server - WORKER_FD_RESERVE)),
+            )
+            servers.append(periodic_srv)
+        for srv in servers:
             srv.start()
             self.servers.append(srv)
         line = "jobmesh coordinator listening worker=%s:%d client=%s:%d" % (
             cfg.bind, worker_srv.server_port, cfg.bind, client_srv.server_port)
+        if cfg.periodic_port is not None:
+            line += " periodic=%s:%d" % (cfg.bind, periodic_srv.server_port)
         if cfg.metrics_port is not None:
             from jobmesh.coordinator.http import HttpPort  # imports prometheus_client: only when asked
 
@@ -399,6 +411,8 @@ class Coordinator:
             ev.Registered: lambda now, e: core.on_worker_registered(now, e.conn, e.msg),
             ev.Result: lambda now, e: core.on_task_result(now, e.conn, e.msg),
             ev.Disconnected: lambda now, e: core.on_worker_disconnected(now, e.conn),
+            ev.PeriodicPacket: lambda now, e: core.on_periodic(now, e.conn, e.msg),
+            ev.PeriodicClosed: lambda now, e: core.on_periodic_closed(now, e.conn),
             ev.Sweep: self._sweep,
             ev.Expire: self._expire,
             ev.ClientClosed: self._client_closed,
@@ -642,6 +656,8 @@ class Coordinator:
         leases; they register again. Recovery's own rows are kept to commit later."""
         for conn in list(self.handlers.worker_conns):
             conn.abort()
+        for pconn in list(self.periodic.conns):  # Periodic sessions too: they reconnect
+            pconn.abort()
         old = self.core
         assert old is not None and self.store is not None
         try:
@@ -816,6 +832,8 @@ class Coordinator:
             srv.close()  # stop accepting first
         for conn in list(self.handlers.worker_conns):
             conn.abort()
+        for pconn in list(self.periodic.conns):
+            pconn.abort()
         # Handlers get a moment to finish writing replies the core already released.
         gevent.joinall([gevent.spawn(srv.stop, 0.3) for srv in self.servers], timeout=5)
         if self._probe is not None:
@@ -834,8 +852,6 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
 
     ``announce(line)`` publishes the listening line once every port is open (the CLI
     prints it on stdout)."""
-    if config.periodic_port is not None:
-        raise ConfigError("--periodic-port: the Periodic protocol port is not available in this version")
     coordinator = Coordinator(config)
     try:
         line = coordinator.start()

@@ -18,7 +18,8 @@ ALTER TABLE on an older database):
 * v2: ``execution_timeout``, ``deadline``;
 * v3: ``priority`` (legacy rows become NORMAL) and ``seq`` (legacy rows get 0);
 * v4: ``run_at`` (scheduled jobs), and the ``task_types`` table of declared task types;
-* v5: ``retry_of`` and ``events`` (the job's timeline, compactly encoded).
+* v5: ``retry_of`` and ``events`` (the job's timeline, compactly encoded);
+* v6: ``name`` and ``periodic`` (Periodic jobs: their name and Periodic fields).
 
 ``newest first`` listing uses SQLite's rowid, which grows with each insert and is kept
 by the UPDATE-based upsert, so paging by rowid is stable and O(page) at any table size.
@@ -146,6 +147,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("seq", "INTEGER NOT NULL DEFAULT 0", decode="v or 0", added=True),
     Column("run_at", "INTEGER", mutable=True, added=True),
     Column("retry_of", "TEXT", added=True),
+    # v6: Periodic jobs (docs/PERIODIC.md): the name, and the Periodic fields (JSON; NULL for JSON jobs).
+    Column("name", "TEXT", added=True),
+    Column("periodic", "TEXT", "job.periodic and _dumps(job.periodic)", "_loads(v)", mutable=True,
+           added=True),  # NULL for JSON jobs without a call
+    # (the timeline stays the last column)
     # The job's timeline (its newest events, EVENT_CODES above), rewritten with the row it
     # belongs to, so it is exactly as durable as the state it explains.
     # In memory the job keeps it as text too (Job.events), appended one fragment per event.

@@ -10,6 +10,9 @@
                          │  └──────cancel──────────────────────────────▶ CANCELLED
                                    (also from SCHEDULED, RUNNING, RETRY_WAIT)
 
+A pending Periodic job resubmitted under its name with a later sched_at moves from
+QUEUED or RETRY_WAIT to SCHEDULED (REPLACED).
+
 QUEUED, SCHEDULED, RUNNING and RETRY_WAIT are the non-terminal states.
 """
 
@@ -35,13 +38,13 @@ TERMINAL: frozenset[JobState] = frozenset({JobState.COMPLETED, JobState.FAILED, 
 ACTIVE: frozenset[JobState] = frozenset(JobState) - TERMINAL
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.SCHEDULED}),
     JobState.SCHEDULED: frozenset({JobState.QUEUED, JobState.CANCELLED}),
     JobState.RUNNING: frozenset(
         {JobState.COMPLETED, JobState.RETRY_WAIT, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED,
          JobState.SCHEDULED}
     ),
-    JobState.RETRY_WAIT: frozenset({JobState.QUEUED, JobState.CANCELLED}),
+    JobState.RETRY_WAIT: frozenset({JobState.QUEUED, JobState.CANCELLED, JobState.SCHEDULED}),
     JobState.COMPLETED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.CANCELLED: frozenset(),

@@ -19,7 +19,7 @@ from tests.helpers import run_cli, wait_registered
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
-                   "retryAtMillis", "retryOf", "waitingReason"}
+                   "retryAtMillis", "retryOf", "waitingReason", "protocol", "name"}
 BUILT_INS = ["FAIL", "PRIME_COUNT", "SHA256", "SLEEP", "WORD_COUNT"]
 
 

@@ -45,11 +45,11 @@ def test_bad_flag_values_are_usage_errors(tmp_path):
         assert flag.split("=")[0] in proc.stderr
 
 
-def test_periodic_port_is_refused_clearly(tmp_path):
-    proc = run_cli("coordinator", "--worker-port=0", "--client-port=0", "--periodic-port=0",
-                   "--db=%s" % (tmp_path / "x.db"))
-    assert proc.returncode == 2
-    assert "--periodic-port" in proc.stderr
+def test_periodic_port_opens_and_is_on_the_listening_line(coordinator_factory):
+    coord = coordinator_factory(periodic_port=0)
+    assert coord.periodic_addr is not None and coord.periodic_addr[1] > 0
+    line = coord.out_path.read_text()
+    assert line.index(" client=") < line.index(" periodic=")
 
 
 def test_graceful_stop_keeps_running_jobs_running_in_the_database(coordinator_factory, tmp_path):

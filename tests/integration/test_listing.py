@@ -6,7 +6,7 @@ import pytest
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
-                   "retryAtMillis", "retryOf", "waitingReason"}
+                   "retryAtMillis", "retryOf", "waitingReason", "protocol", "name"}
 
 
 def submit_many(client, n: int, task: str = "SLEEP") -> list[str]:

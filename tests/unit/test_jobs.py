@@ -28,6 +28,8 @@ EXPECTED_MOVES = {
     (S.RETRY_WAIT, S.CANCELLED),
     (S.SCHEDULED, S.QUEUED),      # a scheduled job fell due
     (S.SCHEDULED, S.CANCELLED),
+    (S.QUEUED, S.SCHEDULED),      # a pending Periodic job replaced with a later sched_at
+    (S.RETRY_WAIT, S.SCHEDULED),  # the same while it waits for its retry
     (S.RUNNING, S.SCHEDULED),     # put back for later without an attempt counted (Periodic SCHED_LATER)
 }
 
@@ -107,5 +109,5 @@ def test_snapshot_wire_fields_are_the_protocols():
         "jobId": "j-1", "taskType": "SLEEP", "state": "RUNNING", "attempts": 1, "maxAttempts": 3,
         "workerId": "w-1", "result": None, "error": "boom", "createdAtMillis": 1_700_000_000_000,
         "updatedAtMillis": 1_700_000_000_500, "priority": "LOW", "runAtMillis": None,
-        "retryAtMillis": None, "retryOf": None, "waitingReason": None,
+        "retryAtMillis": None, "retryOf": None, "waitingReason": None, "protocol": "json", "name": None,
     }

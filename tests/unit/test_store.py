@@ -19,7 +19,7 @@ from jobmesh.protocol.jobs import JobState, Priority
 ALL_COLUMNS = {
     "job_id", "task_type", "payload", "state", "attempts", "max_attempts", "worker_id", "attempt_id",
     "result", "error", "created_at", "updated_at", "retry_at", "idempotency_key",
-    "execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "events",
+    "execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "name", "periodic", "events",
 }
 LEGACY_COLUMNS = ("job_id, task_type, payload, state, attempts, max_attempts, worker_id, attempt_id, result,"
                   " error, created_at, updated_at, retry_at, idempotency_key")
@@ -254,7 +254,7 @@ def test_pre_deadline_pre_priority_database_is_migrated_in_place(tmp_path):
     path = tmp_path / "legacy.db"
     legacy_db(path, {}, LEGACY_ROWS)
     s = JobStore(str(path))
-    assert s.migrated == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "events"]
+    assert s.migrated == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "name", "periodic", "events"]
     assert set(columns(s.conn)) == ALL_COLUMNS
     jobs = {j.job_id: j for j in s.load_active()}
     assert set(jobs) == {"old-q", "old-r", "old-w"}
@@ -285,7 +285,7 @@ def test_database_missing_only_the_deadline_columns_is_migrated(tmp_path):
     legacy_db(path, {"priority": "TEXT NOT NULL DEFAULT 'NORMAL'", "seq": "INTEGER NOT NULL DEFAULT 0"},
               [LEGACY_ROWS[0]], extra_values=("LOW", 7))
     s = JobStore(str(path))
-    assert s.migrated == ["execution_timeout", "deadline", "run_at", "retry_of", "events"]
+    assert s.migrated == ["execution_timeout", "deadline", "run_at", "retry_of", "name", "periodic", "events"]
     assert set(columns(s.conn)) == ALL_COLUMNS
     job = s.get("old-q")
     assert job.priority is Priority.LOW and job.seq == 7
@@ -298,7 +298,7 @@ def test_database_missing_only_priority_and_seq_is_migrated(tmp_path):
     legacy_db(path, {"execution_timeout": "INTEGER", "deadline": "INTEGER"}, [LEGACY_ROWS[1]],
               extra_values=(600_000, 600_100))
     s = JobStore(str(path))
-    assert s.migrated == ["priority", "seq", "run_at", "retry_of", "events"]
+    assert s.migrated == ["priority", "seq", "run_at", "retry_of", "name", "periodic", "events"]
     job = s.get("old-r")
     assert job.priority is Priority.NORMAL and job.seq == 0
     assert job.execution_timeout == 600_000 and job.deadline == 600_100
@@ -312,7 +312,7 @@ def test_previous_schema_gains_run_at_and_the_task_types_table(tmp_path):
                      "priority": "TEXT NOT NULL DEFAULT 'NORMAL'", "seq": "INTEGER NOT NULL DEFAULT 0"},
               [LEGACY_ROWS[0]], extra_values=(600_000, None, "HIGH", 3))
     s = JobStore(str(path))
-    assert s.migrated == ["run_at", "retry_of", "events"]
+    assert s.migrated == ["run_at", "retry_of", "name", "periodic", "events"]
     job = s.get("old-q")
     assert job.retry_of is None and job.events == ""
     assert job.run_at is None and job.priority is Priority.HIGH and job.seq == 3
@@ -326,7 +326,7 @@ def test_previous_schema_gains_run_at_and_the_task_types_table(tmp_path):
 
 
 def test_added_columns_cover_the_schema_history():
-    assert list(ADDED_COLUMNS) == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "events"]
+    assert list(ADDED_COLUMNS) == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "name", "periodic", "events"]
 
 
 def test_a_batch_larger_than_one_statement_writes_every_row(store):

@@ -1,0 +1,227 @@
+"""The Periodic port against the real aio-periodic 1.0.0 Client and Worker (each in its
+own asyncio subprocess, tests/periodic_aio_peer.py) and a real coordinator."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Client, wait_until
+from jobmesh.periodic import codec as pc
+
+pytest.importorskip("aio_periodic")
+
+PEER = Path(__file__).resolve().parent.parent / "periodic_aio_peer.py"
+
+
+class Peer:
+    """An aio-periodic worker subprocess; ``jobs`` receives what its task saw."""
+
+    def __init__(self, addr, func: str, mode: str = "done", size: int = 1):
+        self.proc = subprocess.Popen([sys.executable, str(PEER), "worker", "%s:%d" % addr, func, mode, str(size)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        assert self.next(10) == {"ready": True}
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(json.loads(line))
+
+    def next(self, timeout: float = 10.0) -> dict:
+        return self.lines.get(timeout=timeout)
+
+    def none_within(self, seconds: float) -> bool:
+        try:
+            self.lines.get(timeout=seconds)
+        except queue.Empty:
+            return True
+        return False
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(5)
+
+
+@pytest.fixture
+def peers():
+    started: list[Peer] = []
+
+    def make(*args, **kwargs) -> Peer:
+        peer = Peer(*args, **kwargs)
+        started.append(peer)
+        return peer
+
+    yield make
+    for peer in started:
+        peer.kill()
+
+
+def client_ops(addr, *ops) -> list:
+    out = subprocess.run([sys.executable, str(PEER), "client", "%s:%d" % addr, json.dumps(ops)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def periodic_jobs(coord) -> list[dict]:
+    return [j for j in Client(coord.client_addr).list_jobs()["jobs"] if j["protocol"] == "periodic"]
+
+
+def job_named(coord, func: str, name: str) -> dict:
+    found = [j for j in periodic_jobs(coord) if j["taskType"] == func and j["name"] == name]
+    assert found, (func, name)
+    return found[0]
+
+
+@pytest.fixture
+def coord(coordinator_factory):
+    return coordinator_factory(periodic_port=0)
+
+
+def test_submit_then_work_done(coord, peers):
+    worker = peers(coord.periodic_addr, "echo")
+    assert client_ops(coord.periodic_addr, ["submit", "echo", "j1", "hi", 0, 10]) == [True]
+    seen = worker.next()
+    assert (seen["func"], seen["name"], seen["workload"], seen["timeout"]) == ("echo", "j1", "hi", 10)
+    wait_until(lambda: job_named(coord, "echo", "j1")["state"] == "COMPLETED", timeout=10)
+    job = job_named(coord, "echo", "j1")
+    assert job["result"] == {"data": "done:hi"} and job["protocol"] == "periodic"
+    assert job["runAtMillis"] is not None
+    # the JSON port's snapshot is the same shape for both protocols
+    assert Client(coord.client_addr).status(job["jobId"])["name"] == "j1"
+
+
+def test_sched_at_in_the_future_waits(coord, peers):
+    worker = peers(coord.periodic_addr, "later")
+    at = int(time.time()) + 3
+    assert client_ops(coord.periodic_addr, ["submit", "later", "j", "x", at, 0]) == [True]
+    assert job_named(coord, "later", "j")["state"] == "SCHEDULED"
+    assert worker.none_within(1.5)
+    seen = worker.next(10)
+    assert seen["name"] == "j" and time.time() >= at - 0.01
+
+
+def test_resubmitting_a_pending_name_replaces_it(coord, peers):
+    ops = client_ops(coord.periodic_addr, ["submit", "rep", "n", "old", 0, 0], ["submit", "rep", "n", "new", 0, 0],
+                     ["status"])
+    assert ops[:2] == [True, True]
+    assert ops[2]["rep"]["job_count"] == 1  # one job per (func, name)
+    worker = peers(coord.periodic_addr, "rep")
+    assert worker.next()["workload"] == "new"
+    assert worker.none_within(1.0)
+    wait_until(lambda: job_named(coord, "rep", "n")["state"] == "COMPLETED", timeout=10)
+    events = Client(coord.client_addr).request({"type": "GET_JOB_EVENTS", "jobId": job_named(coord, "rep", "n")["jobId"]})
+    assert "REPLACED" in [e["event"] for e in events["events"]]
+
+
+def test_work_fail_is_retried_after_a_second(coord, peers):
+    worker = peers(coord.periodic_addr, "flaky", "fail_once")
+    client_ops(coord.periodic_addr, ["submit", "flaky", "f", "w", 0, 0])
+    first = time.monotonic()
+    worker.next()
+    worker.next(10)
+    assert time.monotonic() - first >= 0.9
+    wait_until(lambda: job_named(coord, "flaky", "f")["state"] == "COMPLETED", timeout=10)
+
+
+def test_sched_later_puts_the_job_back_with_its_count(coord, peers):
+    worker = peers(coord.periodic_addr, "sl", "later_once")
+    client_ops(coord.periodic_addr, ["submit", "sl", "s", "w", 0, 0])
+    assert worker.next()["count"] == 0
+    wait_until(lambda: job_named(coord, "sl", "s")["state"] in ("SCHEDULED", "QUEUED", "RUNNING", "COMPLETED"))
+    again = worker.next(10)
+    assert again["count"] == 1
+    wait_until(lambda: job_named(coord, "sl", "s")["state"] == "COMPLETED", timeout=10)
+
+
+def test_status_text_counts(coord, peers):
+    at = int(time.time()) + 600
+    ops = client_ops(coord.periodic_addr, ["submit", "st", "a", "", at, 0], ["submit", "st", "b", "", at + 5, 0],
+                     ["status"])
+    row = ops[2]["st"]
+    assert (row["worker_count"], row["job_count"], row["processing"], row["locked"], row["sched_at"]) == (0, 2, 0, 0, at)
+
+
+def test_remove_job_and_drop_func(coord):
+    at = int(time.time()) + 600
+    ops = client_ops(coord.periodic_addr, ["submit", "rm", "a", "", at, 0], ["submit", "rm", "b", "", at, 0],
+                     ["remove", "rm", "a"], ["status"], ["drop", "rm"], ["status"])
+    assert ops[2] is True and ops[3]["rm"]["job_count"] == 1
+    assert ops[4] is True and "rm" not in ops[5]
+    assert {j["name"]: j["state"] for j in periodic_jobs(coord)} == {"a": "CANCELLED", "b": "CANCELLED"}
+
+
+def test_a_worker_killed_mid_job_hands_it_to_another(coord, peers):
+    hung = peers(coord.periodic_addr, "k", "hang")
+    client_ops(coord.periodic_addr, ["submit", "k", "x", "w", 0, 0])
+    assert hung.next()["name"] == "x"
+    other = peers(coord.periodic_addr, "k")
+    hung.kill()
+    assert other.next(10)["name"] == "x"
+    wait_until(lambda: job_named(coord, "k", "x")["state"] == "COMPLETED", timeout=10)
+
+
+def test_restart_keeps_queued_and_scheduled_periodic_jobs(coord, peers):
+    at = int(time.time()) + 4
+    client_ops(coord.periodic_addr, ["submit", "r", "now", "1", 0, 0], ["submit", "r", "soon", "2", at, 0])
+    coord.terminate()
+    coord.start()
+    ops = client_ops(coord.periodic_addr, ["status"])
+    assert ops[0]["r"]["job_count"] == 2
+    worker = peers(coord.periodic_addr, "r")
+    assert worker.next()["name"] == "now"
+    soon = worker.next(10)
+    assert soon["name"] == "soon" and time.time() >= at - 0.01
+    wait_until(lambda: {j["name"]: j["state"] for j in periodic_jobs(coord)} == {"now": "COMPLETED", "soon": "COMPLETED"},
+               timeout=10)
+
+
+def _closed(sock: socket.socket, timeout: float = 5.0) -> bool:
+    sock.settimeout(timeout)
+    try:
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+@pytest.mark.parametrize("hostile", [
+    b"GET / HTTP/1.1\r\n\r\n",  # bad magic
+    pc.encode_handshake(pc.ConnType.CLIENT)[:8] + b"\0\0\0\0" + b"\x01",  # bad CRC
+    pc.MAGIC_REQ + (pc.MAX_BODY + 1).to_bytes(4, "big") + b"\0\0\0\0",  # oversized
+    pc.encode_frame(b"\x07", pc.MAGIC_REQ),  # unknown handshake type
+    pc.encode_handshake(pc.ConnType.WORKER) + pc.encode_frame(b"\0\0\0\x01\x28", pc.MAGIC_REQ),  # command 40
+    pc.encode_handshake(pc.ConnType.CLIENT) + pc.encode_frame(b"\0\0\0\x01\x09extra", pc.MAGIC_REQ),  # trailing
+], ids=["bad-magic", "bad-crc", "oversized", "bad-handshake", "unknown-command", "trailing-bytes"])
+def test_hostile_bytes_close_only_that_connection(coord, hostile):
+    good = socket.create_connection(coord.periodic_addr, timeout=5)
+    good.sendall(pc.encode_handshake(pc.ConnType.CLIENT))
+    bad = socket.create_connection(coord.periodic_addr, timeout=5)
+    bad.sendall(hostile)
+    assert _closed(bad)
+    good.sendall(pc.encode_request(pc.Ping(7)))
+    decoder = pc.PacketDecoder(pc.MAGIC_RES)
+    bodies: list[bytes] = []
+    good.settimeout(5)
+    while len(bodies) < 2:
+        decoder.feed(good.recv(4096))
+        while (body := decoder.next_packet()) is not None:
+            bodies.append(body)
+    assert pc.decode_handshake_reply(bodies[0]) >= 0
+    assert pc.decode_reply(bodies[1]) == pc.Pong(7)
+    good.close()
+    assert client_ops(coord.periodic_addr, ["ping"]) == [True]

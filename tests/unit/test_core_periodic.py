@@ -1,0 +1,262 @@
+"""The core's Periodic capabilities (docs/PERIODIC.md): named jobs, replace, grab-token
+dispatch, outcomes, STATUS figures, REMOVE_JOB, DROP_FUNC, disconnects and recovery.
+
+Pure: the core is driven with decoded codec requests and a fixed clock (core time =
+wall time here, drift 0); frames it sends are decoded back with the codec.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+from jobmesh.coordinator.store import JobStore
+from jobmesh.periodic import codec as pc
+from jobmesh.protocol.jobs import JobState
+
+T0 = 1_700_000_000_000  # epoch millis
+TIMEOUT = 30_000
+
+
+class Conn:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return "Conn(%s)" % self.name
+
+
+class H:
+    def __init__(self, store: JobStore | None = None, **cfg: Any) -> None:
+        config = dict(heartbeat_timeout_millis=1000, task_timeout_millis=TIMEOUT, max_active_jobs=1000,
+                      aging_step_millis=60_000, retry_base_millis=100, retry_cap_millis=1000, default_max_attempts=3)
+        config.update(cfg)
+        self.store = store if store is not None else JobStore(":memory:")
+        ids = itertools.count(1)
+        self.core = CoordinatorCore(self.store, CoreConfig(**config), new_id=lambda: "p-%d" % next(ids))
+        self.msgid = itertools.count(100)
+
+    def send(self, now: int, conn: Conn, msg: Any) -> list[Any]:
+        """Apply one request, run the after-batch work, commit; the frames sent, decoded."""
+        self.core.on_periodic(now, conn, msg)
+        return self.finish(now)
+
+    def finish(self, now: int) -> list[Any]:
+        self.core.after_batch(now)
+        self.store.write(*self.core.take_dirty())
+        out = []
+        for conn, data in self.core.take_outbound():
+            out.append((conn, None if data is None else pc.decode_reply(_body(data))))
+        return out
+
+    def submit(self, now: int, func: str = "f", name: str = "a", workload: bytes = b"w", sched_at: int = 0,
+               timeout: int = 0, conn: Conn | None = None) -> list[Any]:
+        job = pc.Job(func.encode(), name.encode(), workload, sched_at, 0, timeout)
+        return self.send(now, conn or Conn("client"), pc.SubmitJob(next(self.msgid), job))
+
+    def worker(self, now: int, conn: Conn, func: str = "f", tokens: int = 1) -> list[Any]:
+        out = self.send(now, conn, pc.CanDo(next(self.msgid), func.encode()))
+        for i in range(tokens):
+            out += self.send(now, conn, pc.GrabJob(i + 1))
+        return out
+
+    def job(self, func: str = "f", name: str = "a"):  # type: ignore[no-untyped-def]
+        job_id = self.core.named.get((func, name))
+        return None if job_id is None else self.core._lookup(job_id)
+
+    def status(self, now: int) -> list[pc.FuncStatus]:
+        data = pc.decode_reply(_body(self.core.periodic_status(now, 1)))
+        assert isinstance(data, pc.Data)
+        return pc.parse_status(data.data)
+
+
+def _body(frame: bytes) -> bytes:
+    decoder = pc.PacketDecoder(pc.MAGIC_RES)
+    decoder.feed(frame)
+    body = decoder.next_packet()
+    assert body is not None
+    return body
+
+
+def assigns(out: list[Any]) -> list[pc.JobAssign]:
+    return [msg for _, msg in out if isinstance(msg, pc.JobAssign)]
+
+
+def test_submit_creates_a_named_queued_job_and_answers_success():
+    h = H()
+    out = h.submit(T0)
+    assert [type(msg) for _, msg in out] == [pc.Success]
+    job = h.job()
+    assert job.state is JobState.QUEUED and job.task_type == "f" and job.name == "a"
+    snap = h.core.snapshot(job)
+    assert snap["protocol"] == "periodic" and snap["name"] == "a" and snap["runAtMillis"] == T0
+    assert h.store.get(job.job_id).periodic["workload"] == "w"  # durable
+
+
+def test_a_job_goes_only_to_a_periodic_worker_on_a_held_token():
+    h = H()
+    h.submit(T0)
+    w = Conn("w")
+    out = h.send(T0, w, pc.CanDo(1, b"f"))
+    assert not assigns(out)  # no token yet
+    out = h.send(T0, w, pc.GrabJob(7))
+    [assign] = assigns(out)
+    assert assign.msgid == 7 and assign.job.name == b"a" and assign.job.timeout == TIMEOUT // 1000
+    assert h.job().state is JobState.RUNNING
+    # a repeated GRAB_JOB with a held msgid counts once
+    h.submit(T0, name="b")
+    h.submit(T0, name="c")
+    h.core.on_periodic(T0, w, pc.GrabJob(8))
+    h.core.on_periodic(T0, w, pc.GrabJob(8))
+    h.finish(T0)
+    assert h.job(name="b").state is JobState.RUNNING and h.job(name="c").state is JobState.QUEUED
+
+
+def test_resubmitting_a_pending_name_replaces_it_and_running_drops_it():
+    h = H()
+    h.submit(T0, workload=b"old")
+    h.submit(T0 + 1, workload=b"new", sched_at=(T0 + 60_000) // 1000)
+    job = h.job()
+    assert job.state is JobState.SCHEDULED and job.periodic["workload"] == "new"
+    assert len(h.core.jobs) == 1 and h.status(T0)[0].jobs == 1
+    h.submit(T0 + 2, workload=b"now")
+    assert job.state is JobState.QUEUED
+    w = Conn("w")
+    [assign] = assigns(h.worker(T0 + 3, w))
+    assert assign.job.workload == b"now"
+    h.submit(T0 + 4, workload=b"while running")
+    assert job.state is JobState.RUNNING and job.periodic["workload"] == "now" and len(h.core.jobs) == 1
+    h.send(T0 + 5, w, pc.WorkDone(9, pc.Handle(b"f", b"a"), b"ok"))
+    assert job.state is JobState.COMPLETED and job.result == {"data": "ok"}
+    assert ("f", "a") not in h.core.named  # released: the name is free again
+    h.submit(T0 + 6)
+    assert h.job().job_id != job.job_id
+
+
+def test_work_fail_retries_after_one_second_without_a_budget():
+    h = H()
+    h.submit(T0)
+    w = Conn("w")
+    h.worker(T0, w)
+    now = T0
+    for attempt in range(1, 6):  # more than any default budget
+        assert h.job().state is JobState.RUNNING and h.job().attempts == attempt
+        h.send(now, w, pc.WorkFail(50, pc.Handle(b"f", b"a")))
+        assert h.job().state is JobState.RETRY_WAIT
+        h.core.sweep(now + 999)
+        assert h.job().state is JobState.RETRY_WAIT
+        h.core.sweep(now + 1000)
+        h.send(now + 1000, w, pc.GrabJob(1))
+        now += 1000
+    assert h.job().state is JobState.RUNNING
+
+
+def test_sched_later_puts_it_back_with_count_plus_step():
+    h = H()
+    h.submit(T0)
+    w = Conn("w")
+    h.worker(T0, w)
+    h.send(T0, w, pc.SchedLater(60, pc.Handle(b"f", b"a"), 5, 2))
+    job = h.job()
+    assert job.state is JobState.SCHEDULED and job.run_at == T0 + 5000 and job.periodic["count"] == 2
+    assert h.status(T0)[0].processing == 0
+    h.core.sweep(T0 + 5000)
+    [assign] = assigns(h.send(T0 + 5000, w, pc.GrabJob(1)))
+    assert assign.job.count == 2 and assign.job.sched_at == (T0 + 5000) // 1000
+
+
+def test_status_counts_come_from_figures_kept_by_transitions():
+    h = H()
+    later = (T0 + 600_000) // 1000
+    h.submit(T0, name="a")
+    h.submit(T0, name="b", sched_at=later)
+    h.submit(T0, func="g", name="x", sched_at=later + 5)
+    assert h.status(T0) == [pc.FuncStatus(b"f", 0, 2, 0, 0, T0 // 1000), pc.FuncStatus(b"g", 0, 1, 0, 0, later + 5)]
+    w = Conn("w")
+    h.worker(T0, w)
+    assert h.status(T0)[0] == pc.FuncStatus(b"f", 1, 2, 1, 0, later)
+    h.send(T0, w, pc.WorkDone(9, pc.Handle(b"f", b"a"), b""))
+    assert h.status(T0)[0] == pc.FuncStatus(b"f", 1, 1, 0, 0, later)
+    h.core.on_periodic_closed(T0, w)
+    assert h.status(T0 + 1000)[0] == pc.FuncStatus(b"f", 0, 1, 0, 0, later)
+
+
+def test_remove_job_and_drop_func():
+    h = H()
+    h.submit(T0, name="a")
+    h.submit(T0, name="b")
+    h.send(T0, Conn("c"), pc.RemoveJob(3, pc.Handle(b"f", b"a")))
+    assert h.job(name="a") is None and h.status(T0)[0].jobs == 1
+    w = Conn("w")
+    h.send(T0, w, pc.CanDo(1, b"f"))
+    h.send(T0, Conn("c"), pc.DropFunc(4, b"f"))  # a worker declares it: nothing happens
+    assert h.status(T0)[0].jobs == 1
+    h.send(T0, w, pc.CantDo(2, b"f"))
+    out = h.send(T0, Conn("c"), pc.DropFunc(5, b"f"))
+    assert [type(msg) for _, msg in out] == [pc.Success]
+    assert h.status(T0) == [] and not h.core.jobs
+
+
+def test_a_lost_worker_gives_its_job_back_and_the_deadline_sweep_applies():
+    h = H()
+    h.submit(T0, timeout=2)
+    w1, w2 = Conn("w1"), Conn("w2")
+    h.worker(T0, w1)
+    h.core.on_periodic_closed(T0, w1)
+    h.finish(T0)
+    assert h.job().state is JobState.RETRY_WAIT
+    h.core.sweep(T0 + 1000)
+    [assign] = assigns(h.worker(T0 + 1000, w2))
+    assert assign.job.timeout == 2
+    h.core.sweep(T0 + 3000)  # its 2 s deadline passed
+    assert h.job().state is JobState.RETRY_WAIT and h.job().error.startswith("attempt 2 exceeded")
+
+
+def test_admission_limit_answers_a_non_success_reply():
+    h = H(max_active_jobs=1)
+    h.submit(T0, name="a")
+    [(_, reply)] = h.submit(T0, name="b")
+    assert isinstance(reply, pc.Data) and reply.data.startswith(b"rejected")
+
+
+def test_recovery_keeps_queued_and_scheduled_periodic_jobs_with_their_names(tmp_path):
+    db = str(tmp_path / "p.db")
+    h = H(JobStore(db))
+    h.submit(T0, name="now")
+    h.submit(T0, name="later", sched_at=(T0 + 60_000) // 1000)
+    h.submit(T0, name="running")
+    w = Conn("w")
+    h.worker(T0, w, tokens=0)
+    h.send(T0, w, pc.GrabJob(1))
+    assert h.job(name="now").state is JobState.RUNNING  # (sched, name) order: "now" < "running"
+    h.store.close()
+    h2 = H(JobStore(db))
+    h2.core.recover(T0 + 10)
+    assert {name: h2.job(name=name).state for name in ("now", "later", "running")} == {
+        "now": JobState.QUEUED, "later": JobState.SCHEDULED, "running": JobState.QUEUED}  # "now" was RUNNING
+    assert h2.status(T0 + 10)[0].jobs == 3
+    out = h2.worker(T0 + 10, Conn("w2"), tokens=2)
+    assert sorted(a.job.name for a in assigns(out)) == [b"now", b"running"]
+
+
+def test_json_workers_never_get_periodic_jobs():
+    from jobmesh.protocol import messages as m
+    h = H()
+    h.submit(T0, func="SLEEP")
+    conn = Conn("json")
+    h.core.on_worker_registered(T0, conn, m.WorkerRegister("w", 4, None))
+    h.core.after_batch(T0)
+    assert not [msg for c, msg in h.core.take_outbound() if isinstance(msg, m.TaskAssign)]
+    assert h.job(func="SLEEP").state is JobState.QUEUED
+
+
+def test_job_unassigned_puts_the_job_back_without_a_reply():
+    h = H()
+    h.submit(T0)
+    w = Conn("w")
+    [assign] = assigns(h.worker(T0, w))
+    out = h.send(T0, w, pc.JobUnassigned(assign.msgid))
+    assert out == [] and h.job().state is JobState.QUEUED
+    [again] = assigns(h.send(T0, w, pc.GrabJob(assign.msgid)))
+    assert again.job.name == b"a" and h.job().attempts == 2
