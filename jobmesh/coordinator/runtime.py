@@ -7,8 +7,8 @@ core (commits its batch, answers what it took, fails what is still queued) → l
 database → lock. With ``--drain-millis`` a stop signal first drains: no new assignment,
 running attempts get up to that long to finish (a second signal stops at once).
 
-The core greenlet takes a batch of up to ``MAX_BATCH`` mailbox items (worker events
-first), applies each with one clock read, schedules, and commits every changed row in
+The core greenlet takes a fair batch from the mailbox (``mailbox.py``: connections served
+round-robin within a cost budget of ``MAX_BATCH``), applies each event with one clock read, schedules, and commits every changed row in
 one SQLite transaction on a one-thread pool (group commit), and only then releases the
 batch's replies and outbound frames. It starts no new batch while a commit is in flight,
 so no client or worker ever observes a state that is not on disk, and memory is never
