@@ -48,7 +48,7 @@ from jobmesh.coordinator.job import Job
 from jobmesh.coordinator.registry import PeriodicSession, Session, WorkerRegistry
 from jobmesh.coordinator.store import Batch, JobStore, dump_events, event_fragment, insert_row, load_events, update_row
 from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Waiter, Waiters
-from jobmesh.errors import PayloadError
+from jobmesh.errors import PayloadError, PeriodicError
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
@@ -113,8 +113,8 @@ class PeriodicFunc:
 def _text(raw: bytes) -> str | None:
     """A func or name as text; None if it is not UTF-8 (the connection is then closed)."""
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
+        return pc.decode_func(raw)
+    except PeriodicError:
         return None
 
 

@@ -71,9 +71,6 @@ class WorkerRegistry:
         if self._by_conn.get(session.conn) is session:
             del self._by_conn[session.conn]
 
-    def with_free_capacity(self) -> Iterator[Session]:
-        return (s for s in self._by_id.values() if len(s.running) < s.capacity)
-
 
 class PeriodicSession(Session):
     """A Periodic worker connection (docs/PERIODIC.md). It lives exactly as long as its

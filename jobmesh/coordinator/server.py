@@ -106,10 +106,6 @@ class Output:
         if self.paused:
             self._progress.set()
 
-    @property
-    def backlogged(self) -> bool:
-        return self._leftover is not None
-
     def write(self, data: bytes, close: bool = False) -> None:
         """Send ``data`` after everything written before; with ``close``, shut down after it."""
         if close:

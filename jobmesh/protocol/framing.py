@@ -125,14 +125,6 @@ class FrameReader:
         self._recv = recv
         self._decoder = FrameDecoder(max_frame)
 
-    def has_buffered_frame(self) -> bool:
-        """True when a whole frame is already buffered (read_frame will not block)."""
-        d = self._decoder
-        if d.pending < 4:
-            return False
-        (length,) = HEADER.unpack_from(d._buf, d._pos)
-        return d.pending >= 4 + length or length <= 0 or length > d._max
-
     def read_frame(self) -> dict[str, Any] | None:
         """The next frame's object; None on a clean EOF between frames.
 

@@ -163,7 +163,6 @@ class ProcessPool:
         self._drains = Group()
         self._closed = False
         self.started = 0             # children started so far
-        self.last_start_millis = 0.0  # how long the latest child took to be ready
 
     def __len__(self) -> int:
         """Live children: busy, idle and detached."""
@@ -248,7 +247,6 @@ class ProcessPool:
             self._discard(child)
         child = TaskProcess.start(self.modules, self._env)
         self.started += 1
-        self.last_start_millis = child.start_millis
         if self._closed:  # the worker stopped while this child started
             child.end(wait=False)
             raise TaskProcessError("worker is stopping")

@@ -104,31 +104,31 @@ def job(coordinator, peers):
     return peers.client(coordinator).submit_ok("SLEEP", {"durationMillis": 1})
 
 
-def test_a_heartbeat_flood_is_cut_off_and_costs_clients_nothing(coordinator, job):
-    hog = register(coordinator, "w-flood")
-    frame = encode_frame({"type": "HEARTBEAT", "workerId": "w-flood"})
-    with Probe(coordinator, job) as probe:
+def flood_beside_a_probe(coord, job_id: str, worker_id: str, frame: dict, why: str, words: str) -> None:
+    """A registered worker floods ``frame`` for 3 s beside a probe client: the flood is
+    cut off with an ERROR containing ``words``, and the probe is served throughout."""
+    hog = register(coord, worker_id)
+    with Probe(coord, job_id) as probe:
         time.sleep(0.2)
-        _, closed = flood(hog, frame, 3.0)
+        _, closed = flood(hog, encode_frame(frame), 3.0)
         time.sleep(0.3)
-    assert closed, "the coordinator kept reading a heartbeat flood"
-    closed_with_error(hog, "heartbeats in one second")
+    assert closed, why
+    closed_with_error(hog, words)
     probe.check()
     hog.close()
+
+
+def test_a_heartbeat_flood_is_cut_off_and_costs_clients_nothing(coordinator, job):
+    flood_beside_a_probe(coordinator, job, "w-flood", {"type": "HEARTBEAT", "workerId": "w-flood"},
+                         "the coordinator kept reading a heartbeat flood", "heartbeats in one second")
 
 
 def test_forged_results_close_the_worker_and_cost_clients_nothing(coordinator, job):
-    hog = register(coordinator, "w-forger")
-    forged = encode_frame({"type": "TASK_RESULT", "workerId": "w-forger", "jobId": "forged",
-                           "attemptId": "forged.1", "success": True, "result": {}})
-    with Probe(coordinator, job) as probe:
-        time.sleep(0.2)
-        _, closed = flood(hog, forged, 3.0)
-        time.sleep(0.3)
-    assert closed, "the coordinator kept a worker sending results for leases it does not hold"
-    closed_with_error(hog, "leases this worker does not hold")
-    probe.check()
-    hog.close()
+    flood_beside_a_probe(coordinator, job, "w-forger",
+                         {"type": "TASK_RESULT", "workerId": "w-forger", "jobId": "forged",
+                          "attemptId": "forged.1", "success": True, "result": {}},
+                         "the coordinator kept a worker sending results for leases it does not hold",
+                         "leases this worker does not hold")
 
 
 def test_listing_clients_cannot_get_healthy_workers_declared_dead(coordinator_factory, peers):
