@@ -16,6 +16,8 @@ from typing import Any
 
 from jobmesh.protocol.jobs import JobState, Priority, check_transition
 
+MAX_RUN_AT_MILLIS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: the latest run-at time accepted
+
 
 @dataclass(slots=True, eq=False)
 class Job:
