@@ -49,6 +49,7 @@ from jobmesh.coordinator.registry import Session, WorkerRegistry
 from jobmesh.coordinator.store import Batch, JobStore, dump_events, event_fragment, insert_row, load_events, update_row
 from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Waiter, Waiters
 from jobmesh.errors import PayloadError
+from jobmesh.periodic import codec as pc
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
@@ -128,7 +129,8 @@ class CoordinatorCore(PeriodicJobs):
         self._purge_cursor = 0  # where the next retention walk starts (a rowid)
         # Metrics: plain counters (read at scrape time), and the active jobs by
         # (state, task type, priority), kept by _transition.
-        self.counts: Counter[tuple[JobState, str, Priority]] = Counter()  # enum keys: no .value on the hot path
+        # (state, task type or Periodic func, priority, whether Periodic); enum keys: no .value on the hot path
+        self.counts: Counter[tuple[JobState, str, Priority, bool]] = Counter()
         self.stats = {"submitted": 0, "rejected": 0, "retries": 0, "deadline_expiries": 0, "workers_lost": 0,
                       "stale_results": 0, "purged": 0}
         self.finished_counts = {state: 0 for state in TERMINAL}
@@ -151,8 +153,8 @@ class CoordinatorCore(PeriodicJobs):
 
     @property
     def running_attempts(self) -> int:
-        """Attempts whose lease a live worker holds: O(workers)."""
-        return sum(len(s.running) for s in self.workers)
+        """Attempts whose lease a live worker holds (JSON and Periodic): O(workers)."""
+        return sum(len(s.running) for s in self.workers) + sum(len(s.running) for s in self.pworkers.values())
 
     @property
     def active_count(self) -> int:
@@ -201,7 +203,7 @@ class CoordinatorCore(PeriodicJobs):
         out, self.outbound = self.outbound, []
         return out
 
-    def _send(self, conn: Any, msg: m.Message | bytes | None) -> None:
+    def _send(self, conn: Any, msg: m.Message | bytes | pc.Paced | None) -> None:
         self.outbound.append((conn, msg))
 
     def _remember_finished(self, job: Job) -> None:
@@ -263,7 +265,7 @@ class CoordinatorCore(PeriodicJobs):
             self.queued.discard(job.job_id)
         job.move_to(target, now_millis + self.drift)
         counts = self.counts
-        key = (source, job.task_type, job.priority)
+        key = (source, job.task_type, job.priority, periodic)
         counts[key] -= 1
         if not counts[key]:
             del counts[key]
@@ -297,9 +299,9 @@ class CoordinatorCore(PeriodicJobs):
             if self.waiters:
                 self.waiters.wake_job(job.job_id)  # answered after this batch's commit
         else:
-            counts[(target, job.task_type, job.priority)] += 1
+            counts[(target, job.task_type, job.priority, periodic)] += 1
         if periodic:
-            self._periodic_moved(job, source, target)
+            self._periodic_moved(job, source, target, now_millis)
         if event is None:
             self._touch(job)
         elif target is JobState.RUNNING or (source is JobState.RUNNING and target in _ABOUT_THE_LEASE):
@@ -344,7 +346,7 @@ class CoordinatorCore(PeriodicJobs):
         for job in self.store.load_active():
             self.jobs[job.job_id] = job
             job.ready_at = job.due_at - self.drift
-            self.counts[(job.state, job.task_type, job.priority)] += 1
+            self.counts[(job.state, job.task_type, job.priority, job.periodic is not None)] += 1
             if job.idempotency_key is not None:
                 self.keys[job.idempotency_key] = job.job_id
             if job.periodic is not None:
@@ -485,7 +487,7 @@ class CoordinatorCore(PeriodicJobs):
             self.keys[key] = job.job_id
         self._new.add(job.job_id)
         self.stats["submitted"] += 1
-        self.counts[(job.state, task_type, priority)] += 1
+        self.counts[(job.state, task_type, priority, False)] += 1
         self._event(job, now_millis, "SUBMITTED", None if retry_of is None else "retry of %s" % retry_of)
         if later:
             assert run_at is not None
@@ -661,8 +663,8 @@ class CoordinatorCore(PeriodicJobs):
         """Plain figures for the metrics port: O(series), never O(jobs)."""
         queued_by_priority = {p.value: 0 for p in Priority}
         jobs = {}
-        for (state, task_type, priority), n in self.counts.items():
-            jobs[(state.value, task_type, priority.value)] = n
+        for (state, task_type, priority, periodic), n in self.counts.items():
+            jobs[(state.value, task_type, priority.value, "periodic" if periodic else "json")] = n
             if state is JobState.QUEUED:
                 queued_by_priority[priority.value] += n
         capacity = busy = 0
@@ -675,7 +677,9 @@ class CoordinatorCore(PeriodicJobs):
                     queued_by_priority=queued_by_priority)
 
     def list_workers(self, now_millis: int) -> m.Message:
-        return m.WorkerList([s.snapshot(self.drift) for s in self.workers])
+        """Every live worker session: JSON workers, then Periodic ones (``protocol`` tells)."""
+        return m.WorkerList([s.snapshot(self.drift) for s in self.workers]
+                            + [s.snapshot(self.drift) for s in self.pworkers.values()])
 
     def list_jobs(self, now_millis: int, req: m.ListJobs) -> m.Message:
         limit = LIST_DEFAULT if req.limit is None else req.limit
@@ -878,6 +882,8 @@ class CoordinatorCore(PeriodicJobs):
             self.dispatch_periodic(now_millis)
         self.purge_expired(now_millis)
         self.expire_waits(now_millis)
+        if self._pwait_heap:
+            self.expire_periodic_waits(now_millis)
 
     def detect_dead_workers(self, now_millis: int) -> None:
         limit = self.config.heartbeat_timeout_millis

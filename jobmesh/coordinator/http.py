@@ -110,20 +110,21 @@ class JobmeshCollector:
     def collect(self) -> Iterator[Any]:
         core, fig = self._read()
         by_state: dict[str, int] = dict.fromkeys(NON_TERMINAL, 0)
-        by_type: dict[tuple[str, str], int] = {}
-        for (state, task_type, _priority), count in core["jobs"].items():
+        by_type: dict[tuple[str, str, str], int] = {}
+        for (state, task_type, _priority, protocol), count in core["jobs"].items():
             if state in by_state and count:
                 by_state[state] += count
-                by_type[(state, task_type)] = by_type.get((state, task_type), 0) + count
+                key = (state, task_type, protocol)
+                by_type[key] = by_type.get(key, 0) + count
 
         jobs = GaugeMetricFamily("jobmesh_jobs", "Non-terminal jobs by state.", labels=["state"])
         for state, count in by_state.items():
             jobs.add_metric([state], count)
         yield jobs
-        typed = GaugeMetricFamily("jobmesh_jobs_by_type", "Non-terminal jobs by state and task type.",
-                                  labels=["state", "task_type"])
-        for (state, task_type), count in sorted(by_type.items()):
-            typed.add_metric([state, task_type], count)
+        typed = GaugeMetricFamily("jobmesh_jobs_by_type", "Non-terminal jobs by state and task type (a "
+                                  "Periodic func for protocol=\"periodic\").", labels=["state", "task_type", "protocol"])
+        for (state, task_type, protocol), count in sorted(by_type.items()):
+            typed.add_metric([state, task_type, protocol], count)
         yield typed
         depth = GaugeMetricFamily("jobmesh_queue_depth", "QUEUED jobs by base priority.", labels=["priority"])
         queued = core.get("queued_by_priority", {})
@@ -323,23 +324,24 @@ class HttpPort:
     @staticmethod
     def _jobs_by_state(core: dict[str, Any]) -> dict[str, int]:
         jobs = dict.fromkeys(NON_TERMINAL, 0)
-        for (state, _task_type, _priority), count in core["jobs"].items():
+        for (state, _task_type, _priority, _protocol), count in core["jobs"].items():
             if state in jobs:
                 jobs[state] += count
         return jobs
 
     def summary(self) -> dict[str, Any]:
         core, fig = self._read()
-        by_type: dict[tuple[str, str], int] = {}
-        for (state, task_type, _priority), count in core["jobs"].items():
+        by_type: dict[tuple[str, str, str], int] = {}
+        for (state, task_type, _priority, protocol), count in core["jobs"].items():
             if state in NON_TERMINAL and count:
-                by_type[(state, task_type)] = by_type.get((state, task_type), 0) + count
+                key = (state, task_type, protocol)
+                by_type[key] = by_type.get(key, 0) + count
         lag = self.samples[-1][9] if self.samples else 0.0
         return {
             "ready": bool(self.source.ready),
             "startedAtMillis": self.started_at_millis,
             "jobs": self._jobs_by_state(core),
-            "byType": [{"state": s, "taskType": t, "count": n} for (s, t), n in sorted(by_type.items())],
+            "byType": [{"state": s, "taskType": t, "protocol": p, "count": n} for (s, t, p), n in sorted(by_type.items())],
             "submitted": core["submitted"],
             "finished": {state: core["finished"].get(state, 0) for state in FINISHED},
             "rejected": core.get("rejected", 0),

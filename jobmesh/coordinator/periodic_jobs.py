@@ -18,10 +18,12 @@ from __future__ import annotations
 import base64
 import heapq
 import logging
-from typing import TYPE_CHECKING, Any
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable
 
 from jobmesh.config import CoreConfig
 from jobmesh.coordinator.job import MAX_RUN_AT_MILLIS, Job
+from jobmesh.coordinator.locks import LockTable
 from jobmesh.coordinator.registry import PeriodicSession, Session
 from jobmesh.errors import PeriodicError
 from jobmesh.periodic import codec as pc
@@ -33,6 +35,12 @@ log = logging.getLogger(__name__)
 PERIODIC_RETRY_MILLIS = 1000  # WORK_FAIL, a lost worker or an expired deadline: again after 1 s (periodicd)
 PERIODIC_MAX_TOKENS = 4096  # grab tokens one Periodic worker may hold
 PERIODIC_MAX_DELAY_SECONDS = 10 * 366 * 86400  # SCHED_LATER delays are capped at ten years
+PERIODIC_WAIT_MILLIS = 60_000  # a RUN_JOB / RECV_DATA wait for a job without a timeout (periodicd)
+PERIODIC_MAX_WAIT_MILLIS = 3_600_000  # and at most, whatever the job's timeout
+PERIODIC_RECENT_MILLIS = 10_000  # a RECV_DATA this soon after its job ended gets EOF at once
+PERIODIC_RECENT_KEPT = 4096  # job ends remembered for that
+EXPIRED_ERROR = "expired"  # how the error of a job ended by its RUN_JOB wait begins
+REJECTED = b"rejected: the coordinator is at its active-job limit"  # SUBMIT_JOB / RUN_JOB at admission
 _PENDING = frozenset({JobState.QUEUED, JobState.SCHEDULED, JobState.RETRY_WAIT})
 
 
@@ -41,15 +49,31 @@ class PeriodicFunc:
     jobs, how many run, its queue of due jobs and the sched times of its pending jobs.
     Kept by ``_transition``; STATUS reads it without looking at any job but the earliest."""
 
-    __slots__ = ("workers", "ids", "processing", "queue", "pending", "turn")
+    __slots__ = ("workers", "ids", "processing", "locked", "queue", "pending", "turn")
 
     def __init__(self) -> None:
         self.workers: list[PeriodicSession] = []  # connected sessions that declared it, in rotation order
         self.ids: set[str] = set()  # its live jobs (pending or running)
         self.processing = 0  # its RUNNING jobs
+        self.locked = 0  # its jobs waiting for a lock (QUEUED, out of ``queue``)
         self.queue: list[tuple[int, str, str]] = []  # (sched, name, job id) of QUEUED jobs; stale entries skipped
         self.pending: list[tuple[int, str]] = []  # (sched, job id) of pending jobs; stale entries skipped
         self.turn = 0  # where the next token search starts among ``workers``
+
+
+class PeriodicWaiter:
+    """A RUN_JOB (result) or RECV_DATA (``stream``: chunks, then EOF) waiting for the job of
+    ``key`` = (func, name); ``deadline`` is core time; ``done`` once answered."""
+
+    __slots__ = ("key", "conn", "msgid", "stream", "deadline", "done")
+
+    def __init__(self, key: tuple[str, str], conn: Any, msgid: int, stream: bool, deadline: int) -> None:
+        self.key = key
+        self.conn = conn
+        self.msgid = msgid
+        self.stream = stream
+        self.deadline = deadline
+        self.done = False
 
 
 def _text(raw: bytes) -> str | None:
@@ -91,7 +115,7 @@ class PeriodicJobs:
         def _transition(self, job: Job, target: JobState, now_millis: int, *, due_at: int | None = None,
                         session: Session | None = None, event: str | None = "") -> None: ...
         def _wait_until(self, job: Job, wake_at: int) -> None: ...
-        def _send(self, conn: Any, msg: m.Message | bytes | None) -> None: ...
+        def _send(self, conn: Any, msg: m.Message | bytes | pc.Paced | None) -> None: ...
         def _retry_or_fail(self, job: Job, now_millis: int, error: str, cause: str) -> None: ...
 
     def _init_periodic(self) -> None:
@@ -103,17 +127,30 @@ class PeriodicJobs:
         self.pconns: dict[Any, PeriodicSession] = {}
         self._pready: set[str] = set()
         self._pseq = 0
+        # RUN_JOB / RECV_DATA waiters by (func, name), their deadlines, recent job ends.
+        self.pwaits: dict[tuple[str, str], list[PeriodicWaiter]] = {}
+        self._pwait_heap: list[tuple[int, int, PeriodicWaiter]] = []
+        self._pwait_live = 0
+        self._pwait_seq = 0
+        self._ended: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self.plocks = LockTable()  # ACQUIRE / RELEASE
 
     def _periodic_waiting(self, job: Job) -> str:
         """Why a QUEUED Periodic job is not running."""
+        if job.job_id in self.plocks.waiting:
+            return "LOCK_WAIT"
         pf = self.pfuncs.get(job.task_type)
         if pf is None or not pf.workers:
             return "NO_WORKER_FOR_TYPE"
         return "BEHIND_OTHER_JOBS" if any(s.tokens for s in pf.workers) else "WORKERS_BUSY"
 
     def _periodic_retry(self, job: Job, now_millis: int, error: str) -> None:
-        """An attempt ended without a result: again after 1 s, without any attempt budget (periodicd)."""
+        """An attempt ended without a result: again after 1 s, without any attempt budget
+        (periodicd); but a job a RUN_JOB caller waits for ends (the caller hears ``failed``)."""
         assert job.periodic is not None
+        if self.pwaits and self._run_waited(job):
+            self._transition(job, JobState.FAILED, now_millis)
+            return
         job.periodic = dict(job.periodic, sched=now_millis + self.drift + PERIODIC_RETRY_MILLIS)
         self._transition(job, JobState.RETRY_WAIT, now_millis, due_at=now_millis + PERIODIC_RETRY_MILLIS)
         log.info("retry periodic job=%s func=%s in=%dms error=%s", job.job_id, job.task_type,
@@ -135,19 +172,29 @@ class PeriodicJobs:
         if job.state is JobState.RUNNING:
             pf.processing += 1  # recovery moves it on through _transition
 
-    def _periodic_moved(self, job: Job, source: JobState, target: JobState) -> None:
-        """``_transition``'s part for Periodic jobs: per-func figures, queue and name index."""
+    def _periodic_moved(self, job: Job, source: JobState, target: JobState, now_millis: int) -> None:
+        """``_transition``'s part for Periodic jobs: per-func figures, queue, name index,
+        locks (a job that stops running lets go of them, unless a lock just refused it)
+        and RUN_JOB / RECV_DATA waiters (answered when the job ends)."""
         pf = self._pfunc(job.task_type)
+        waits_lock = job.job_id in self.plocks.waiting
         if source is JobState.RUNNING:
             pf.processing -= 1
+            if job.job_id in self.plocks.held and not waits_lock:
+                self._promote(self.plocks.release_all(job.job_id))
         if target is JobState.RUNNING:
             pf.processing += 1
         elif target in TERMINAL:
+            if waits_lock or job.job_id in self.plocks.held:
+                if waits_lock:
+                    pf.locked -= 1
+                self._promote(self.plocks.release_all(job.job_id))
             pf.ids.discard(job.job_id)
             key = (job.task_type, job.name or "")
             if self.named.get(key) == job.job_id:
                 del self.named[key]
-        else:
+            self._pfire(job, target, now_millis)
+        elif not waits_lock:
             self._periodic_enter(job, pf)
 
     def _periodic_enter(self, job: Job, pf: PeriodicFunc) -> None:
@@ -168,7 +215,7 @@ class PeriodicJobs:
     def _pvalid(self, job_id: str, sched: int, state: JobState | None = None) -> bool:
         """Whether a queue or pending entry still describes its job."""
         job = self.jobs.get(job_id)
-        if job is None or job.periodic is None or job.periodic["sched"] != sched:
+        if job is None or job.periodic is None or job.periodic["sched"] != sched or job_id in self.plocks.waiting:
             return False
         return job.state is state if state is not None else job.state in _PENDING
 
@@ -184,106 +231,304 @@ class PeriodicJobs:
             session = PeriodicSession("periodic-%d" % self._pseq, conn, now_millis)
             self.pconns[conn] = session
             self.pworkers[session.worker_id] = session
+        session.last_heartbeat = now_millis
         return session
 
-    def _pjob(self, job: Job) -> pc.Job:
-        """The job as JOB_ASSIGN carries it, with its effective timeout."""
+    def _pjob(self, job: Job, dump: bool = False) -> pc.Job:
+        """The job as JOB_ASSIGN carries it, with its effective timeout (as DUMP lists it:
+        with its own timeout, 0 for none)."""
         fields = job.periodic
         assert fields is not None
         text = fields["workload"]
         workload = base64.b64decode(text) if fields.get("b64") else text.encode("utf-8")
+        timeout = int(fields.get("timeout") or 0) if dump else \
+            max(1, (job.execution_timeout or self.config.task_timeout_millis) // 1000)
         return pc.Job(job.task_type.encode("utf-8"), (job.name or "").encode("utf-8"), workload,
-                      fields["sched"] // 1000, int(fields.get("count") or 0),
-                      max(1, min((job.execution_timeout or self.config.task_timeout_millis) // 1000, 2**31 - 1)))
+                      fields["sched"] // 1000, int(fields.get("count") or 0), min(timeout, 2**31 - 1))
 
-    def _prunning(self, session: PeriodicSession, handle: pc.Handle) -> Job | None:
-        """The job of ``handle`` if it is RUNNING on this session."""
+    def _plive(self, handle: pc.Handle) -> tuple[tuple[str, str] | None, Job | None]:
+        """(the handle as text, or None if it is not UTF-8; its live job, or None)."""
         func, name = _text(handle.func), _text(handle.name)
-        job_id = self.named.get((func, name)) if func is not None and name is not None else None
-        job = self.jobs.get(job_id) if job_id is not None else None
-        if job is None or job.state is not JobState.RUNNING or job.worker_id != session.worker_id:
-            return None
-        return job
+        if func is None or name is None:
+            return None, None
+        key = (func, name)
+        job_id = self.named.get(key)
+        return key, (self.jobs.get(job_id) if job_id is not None else None)
 
     def on_periodic(self, now_millis: int, conn: Any, msg: Any) -> None:
         """One decoded Periodic request (``jobmesh.periodic.codec``) the connection handler
-        does not answer itself. Replies are frames on ``conn``, after this batch's commit."""
-        msgid = msg.msgid
-        kind = type(msg)
-        if kind is pc.SubmitJob:
-            self._send(conn, self._periodic_submit(now_millis, conn, msg))
+        does not answer itself. Replies are frames on ``conn``, after this batch's commit;
+        a func or name that is not UTF-8 closes the connection (None)."""
+        handler = _HANDLERS.get(type(msg))
+        if handler is None:
+            log.warning("periodic request %s not handled by the core", type(msg).__name__)
+            self._send(conn, pc.encode_unknown(msg.msgid))
             return
-        if kind is pc.Status:
-            self._send(conn, self.periodic_status(now_millis, msgid))
-            return
-        if kind is pc.RemoveJob or kind is pc.DropFunc:
-            func = _text(msg.func if kind is pc.DropFunc else msg.handle.func)
-            if func is None:
-                self._send(conn, None)
-                return
-            if kind is pc.DropFunc:
-                self._drop_func(now_millis, func)
-            else:
-                name = _text(msg.handle.name)
-                job_id = self.named.get((func, name)) if name is not None else None
-                job = self.jobs.get(job_id) if job_id is not None else None
-                if job is not None:
-                    job.error = "removed by a Periodic client (REMOVE_JOB)"
-                    self._transition(job, JobState.CANCELLED, now_millis)
-        elif kind is pc.CanDo or kind is pc.Broadcast or kind is pc.CantDo:
-            func = _text(msg.func)
-            if func is None:
-                self._send(conn, None)
-                return
-            session = self._psession(conn, now_millis)
-            if kind is pc.CantDo:
-                if func in session.funcs:
-                    session.funcs.discard(func)
-                    pf = self.pfuncs.get(func)
-                    if pf is not None and session in pf.workers:
-                        pf.workers.remove(session)
-            elif func not in session.funcs:
-                session.funcs.add(func)
-                self._pfunc(func).workers.append(session)
-                self._pready.add(func)
-        elif kind is pc.GrabJob:
-            session = self._psession(conn, now_millis)
-            if msgid not in session.tokens and len(session.tokens) < PERIODIC_MAX_TOKENS:
-                session.tokens.append(msgid)
-                self._pready.update(session.funcs)
-        elif kind is pc.JobUnassigned:  # the worker gives the job back: pending again, at once; no reply
-            session = self._psession(conn, now_millis)
-            job_id = session.assigned.pop(msgid, None)
-            job = self.jobs.get(job_id) if job_id is not None else None
-            if job is not None and job.state is JobState.RUNNING and job.worker_id == session.worker_id:
-                self._transition(job, JobState.QUEUED, now_millis)
-            return
-        elif kind is pc.WorkDone or kind is pc.WorkFail or kind is pc.SchedLater:
-            session = self._psession(conn, now_millis)
-            job = self._prunning(session, msg.handle)
-            if job is None:
-                self.stats["stale_results"] += 1
-                log.info("periodic outcome for a job not running on this worker dropped worker=%s func=%r name=%r",
-                         session.worker_id, msg.handle.func, msg.handle.name)
-            elif kind is pc.WorkDone:
-                text, b64 = _as_text(msg.data)
-                job.result = {"dataBase64": text} if b64 else {"data": text}
-                self._transition(job, JobState.COMPLETED, now_millis)
-            elif kind is pc.WorkFail:
-                self._retry_or_fail(job, now_millis, "the Periodic worker reported WORK_FAIL (attempt %d)"
-                                    % job.attempts, "ATTEMPT_FAILED")
-            else:
-                self._sched_later(job, now_millis, msg.delay, msg.step)
-        else:
-            log.warning("periodic request %s not handled by the core", kind.__name__)
-        self._send(conn, pc.encode_success(msgid))
+        handler(self, now_millis, conn, msg)
 
-    def _periodic_submit(self, now_millis: int, conn: Any, msg: pc.SubmitJob) -> bytes | None:
-        """SUBMIT_JOB: create, replace a pending job of that name, or drop it if it runs."""
-        pj = msg.job
-        func, name = _text(pj.func), _text(pj.name)
+    def _p_submit(self, now_millis: int, conn: Any, msg: pc.SubmitJob) -> None:
+        func, name = _text(msg.job.func), _text(msg.job.name)
         if func is None or name is None:
-            return None  # closes the connection
+            self._send(conn, None)
+            return
+        problem = self._periodic_store(now_millis, func, name, msg.job)
+        self._send(conn, pc.encode_success(msg.msgid) if problem is None else pc.encode_data(msg.msgid, problem))
+
+    def _p_run(self, now_millis: int, conn: Any, msg: pc.RunJob) -> None:
+        """RUN_JOB: NO_WORKER at once if no connected worker declared the func; else store
+        (or attach to the job of that name) and answer when the job ends (``_pfire``)."""
+        func, name = _text(msg.job.func), _text(msg.job.name)
+        if func is None or name is None:
+            self._send(conn, None)
+            return
+        pf = self.pfuncs.get(func)
+        if pf is None or not pf.workers:
+            self._send(conn, pc.encode_no_worker(msg.msgid))
+            return
+        problem = self._periodic_store(now_millis, func, name, msg.job)
+        if problem is not None:
+            self._send(conn, pc.encode_data(msg.msgid, problem))
+            return
+        wait = msg.job.timeout * 1000 if msg.job.timeout > 0 else PERIODIC_WAIT_MILLIS
+        self._pwait((func, name), conn, msg.msgid, False, now_millis + min(wait, PERIODIC_MAX_WAIT_MILLIS))
+
+    def _p_recv_data(self, now_millis: int, conn: Any, msg: pc.RecvData) -> None:
+        """RECV_DATA: SUCCESS, then the job's WORK_DATA chunks, then EOF when it ends. It
+        attaches to the live job of that name, or to the next one; one that ended moments
+        ago (aio-periodic sends RECV_DATA after RUN_JOB) gets its EOF at once."""
+        key, job = self._plive(pc.Handle(msg.job.func, msg.job.name))
+        if key is None:
+            self._send(conn, None)
+            return
+        pf = self.pfuncs.get(key[0])
+        if pf is None or not pf.workers:
+            self._send(conn, pc.Paced(msg.msgid, pc.encode_no_worker(msg.msgid)))
+            return
+        self._send(conn, pc.Paced(msg.msgid, pc.encode_success(msg.msgid)))
+        ended = self._ended.get(key)
+        if job is None and ended is not None and now_millis - ended <= PERIODIC_RECENT_MILLIS:
+            self._send(conn, pc.Paced(msg.msgid, pc.encode_data(msg.msgid, pc.STREAM_EOF)))
+            return
+        wait = msg.job.timeout * 1000 if msg.job.timeout > 0 else PERIODIC_WAIT_MILLIS
+        self._pwait(key, conn, msg.msgid, True, now_millis + min(wait, PERIODIC_MAX_WAIT_MILLIS))
+
+    def _p_work_data(self, now_millis: int, conn: Any, msg: pc.WorkData) -> None:
+        """WORK_DATA: the chunk goes to every RECV_DATA waiter of the job, each its own write."""
+        key, _job = self._plive(msg.handle)
+        for waiter in self.pwaits.get(key, ()) if key is not None else ():
+            if waiter.stream and not waiter.done:
+                self._send(waiter.conn, pc.Paced(waiter.msgid, pc.encode_data(waiter.msgid, msg.data)))
+        self._send(conn, pc.encode_success(msg.msgid))
+
+    def _p_status(self, now_millis: int, conn: Any, msg: pc.Status) -> None:
+        self._send(conn, self.periodic_status(now_millis, msg.msgid))
+
+    def _p_remove(self, now_millis: int, conn: Any, msg: pc.RemoveJob) -> None:
+        key, job = self._plive(msg.handle)
+        if key is None:
+            self._send(conn, None)
+            return
+        if job is not None:
+            job.error = "removed by a Periodic client (REMOVE_JOB)"
+            self._transition(job, JobState.CANCELLED, now_millis)
+        self._send(conn, pc.encode_success(msg.msgid))
+
+    def _p_drop_func(self, now_millis: int, conn: Any, msg: pc.DropFunc) -> None:
+        func = _text(msg.func)
+        if func is None:
+            self._send(conn, None)
+            return
+        self._drop_func(now_millis, func)
+        self._send(conn, pc.encode_success(msg.msgid))
+
+    def _p_dump(self, now_millis: int, conn: Any, msg: pc.Dump) -> None:
+        """DUMP: every live Periodic job, as a job list (a backup LOAD can read back)."""
+        jobs = [self._pjob(self.jobs[job_id], dump=True) for pf in self.pfuncs.values() for job_id in sorted(pf.ids)
+                if job_id in self.jobs]
+        self._send(conn, pc.encode_dump(msg.msgid, jobs))
+
+    def _p_load(self, now_millis: int, conn: Any, msg: pc.Load) -> None:
+        """LOAD: each job of the list as a SUBMIT_JOB; a refused one ends the load with its reason."""
+        for pj in msg.jobs:
+            func, name = _text(pj.func), _text(pj.name)
+            if func is None or name is None:
+                self._send(conn, None)
+                return
+            problem = self._periodic_store(now_millis, func, name, pj)
+            if problem is not None:
+                self._send(conn, pc.encode_data(msg.msgid, problem))
+                return
+        self._send(conn, pc.encode_success(msg.msgid))
+
+    def _p_can_do(self, now_millis: int, conn: Any, msg: pc.CanDo | pc.Broadcast | pc.CantDo) -> None:
+        func = _text(msg.func)
+        if func is None:
+            self._send(conn, None)
+            return
+        session = self._psession(conn, now_millis)
+        if type(msg) is pc.CantDo:
+            if func in session.funcs:
+                session.funcs.discard(func)
+                session.task_types = frozenset(session.funcs)
+                pf = self.pfuncs.get(func)
+                if pf is not None and session in pf.workers:
+                    pf.workers.remove(session)
+        elif func not in session.funcs:
+            session.funcs.add(func)
+            session.task_types = frozenset(session.funcs)
+            self._pfunc(func).workers.append(session)
+            self._pready.add(func)
+        self._send(conn, pc.encode_success(msg.msgid))
+
+    def _p_grab(self, now_millis: int, conn: Any, msg: pc.GrabJob) -> None:
+        session = self._psession(conn, now_millis)
+        if msg.msgid not in session.tokens and len(session.tokens) < PERIODIC_MAX_TOKENS:
+            session.tokens.append(msg.msgid)
+            self._pready.update(session.funcs)
+        self._send(conn, pc.encode_success(msg.msgid))
+
+    def _p_unassigned(self, now_millis: int, conn: Any, msg: pc.JobUnassigned) -> None:
+        """The worker gives the job back: pending again, at once; no reply."""
+        session = self._psession(conn, now_millis)
+        job_id = session.assigned.pop(msg.msgid, None)
+        job = self.jobs.get(job_id) if job_id is not None else None
+        if job is not None and job.state is JobState.RUNNING and job.worker_id == session.worker_id:
+            self._transition(job, JobState.QUEUED, now_millis)
+
+    def _p_outcome(self, now_millis: int, conn: Any, msg: pc.WorkDone | pc.WorkFail | pc.SchedLater) -> None:
+        """WORK_DONE, WORK_FAIL, SCHED_LATER from the worker the job runs on (others are stale)."""
+        session = self._psession(conn, now_millis)
+        _key, job = self._plive(msg.handle)
+        if job is None or job.state is not JobState.RUNNING or job.worker_id != session.worker_id:
+            self.stats["stale_results"] += 1
+            log.info("periodic outcome for a job not running on this worker dropped worker=%s func=%r name=%r",
+                     session.worker_id, msg.handle.func, msg.handle.name)
+        elif type(msg) is pc.WorkDone:
+            text, b64 = _as_text(msg.data)
+            job.result = {"dataBase64": text} if b64 else {"data": text}
+            self._transition(job, JobState.COMPLETED, now_millis)
+        elif type(msg) is pc.WorkFail:
+            self._retry_or_fail(job, now_millis, "the Periodic worker reported WORK_FAIL (attempt %d)"
+                                % job.attempts, "ATTEMPT_FAILED")
+        else:
+            assert isinstance(msg, pc.SchedLater)
+            self._sched_later(job, now_millis, msg.delay, msg.step)
+        self._send(conn, pc.encode_success(msg.msgid))
+
+    def _p_acquire(self, now_millis: int, conn: Any, msg: pc.Acquire) -> None:
+        """ACQUIRE: granted (1) or refused (0). A refused job leaves its worker and waits
+        QUEUED (LOCK_WAIT) until a release gives it the lock; a job that is not running
+        is granted without taking anything, as periodicd does."""
+        lock = _text(msg.lock)
+        key, job = self._plive(msg.handle)
+        if lock is None or key is None:
+            self._send(conn, None)
+            return
+        granted = True
+        if job is not None and job.state is JobState.RUNNING:
+            granted = self.plocks.acquire(lock, msg.max_holders, job.job_id)
+            if not granted:
+                self._pfunc(job.task_type).locked += 1
+                self._transition(job, JobState.QUEUED, now_millis, event=None)
+                self._event(job, now_millis, "QUEUED", "waiting for lock %s (%d holders at most)"
+                            % (lock, self.plocks.locks[lock].max_holders), attempt=job.attempts)
+        self._send(conn, pc.encode_acquired(msg.msgid, granted))
+
+    def _p_release(self, now_millis: int, conn: Any, msg: pc.Release) -> None:
+        lock = _text(msg.lock)
+        key, job = self._plive(msg.handle)
+        if lock is None or key is None:
+            self._send(conn, None)
+            return
+        if job is not None:
+            self._promote(self.plocks.release(lock, job.job_id))
+        self._send(conn, pc.encode_success(msg.msgid))
+
+    def _promote(self, job_ids: list[str]) -> None:
+        """Jobs a release gave a lock to: back in their func's dispatch queue."""
+        for job_id in job_ids:
+            job = self.jobs.get(job_id)
+            if job is not None and job.state is JobState.QUEUED:
+                pf = self._pfunc(job.task_type)
+                pf.locked -= 1
+                self._periodic_enter(job, pf)
+
+    # ---- run-and-wait and streaming ---------------------------------------------------
+
+    def _pwait(self, key: tuple[str, str], conn: Any, msgid: int, stream: bool, deadline: int) -> None:
+        waiter = PeriodicWaiter(key, conn, msgid, stream, deadline)
+        self.pwaits.setdefault(key, []).append(waiter)
+        self._pwait_live += 1
+        heap = self._pwait_heap
+        if len(heap) > 2 * self._pwait_live + 1024:
+            heap[:] = [entry for entry in heap if not entry[2].done]
+            heapq.heapify(heap)
+        self._pwait_seq += 1
+        heapq.heappush(heap, (deadline, self._pwait_seq, waiter))
+
+    def _run_waited(self, job: Job) -> bool:
+        """Whether a RUN_JOB caller waits for this job (its failures then end it)."""
+        return any(not w.stream for w in self.pwaits.get((job.task_type, job.name or ""), ()))
+
+    def _pfire(self, job: Job, target: JobState, now_millis: int) -> None:
+        """The job ended: its RECV_DATA waiters get EOF, then its RUN_JOB waiters the result."""
+        key = (job.task_type, job.name or "")
+        ended = self._ended
+        ended[key] = now_millis
+        ended.move_to_end(key)
+        if len(ended) > PERIODIC_RECENT_KEPT:
+            ended.popitem(last=False)
+        waiters = self.pwaits.pop(key, None)
+        if not waiters:
+            return
+        if target is JobState.COMPLETED:
+            result = job.result or {}
+            data = result.get("data")
+            outcome = data.encode("utf-8") if data is not None else base64.b64decode(result.get("dataBase64", ""))
+        elif (job.error or "").startswith(EXPIRED_ERROR):
+            outcome = pc.RESULT_EXPIRED
+        else:
+            outcome = pc.RESULT_REMOVED if target is JobState.CANCELLED else pc.RESULT_FAILED
+        for waiter in waiters:
+            if waiter.stream:
+                self._send(waiter.conn, pc.Paced(waiter.msgid, pc.encode_data(waiter.msgid, pc.STREAM_EOF)))
+        for waiter in waiters:
+            if not waiter.stream:
+                self._send(waiter.conn, pc.encode_data(waiter.msgid, outcome))
+            waiter.done = True
+        self._pwait_live -= len(waiters)
+
+    def expire_periodic_waits(self, now_millis: int) -> None:
+        """RUN_JOB / RECV_DATA waits whose time is up: a RUN_JOB wait ends its job (every
+        waiter hears ``expired`` / EOF); a RECV_DATA wait alone gets its EOF."""
+        heap = self._pwait_heap
+        while heap and heap[0][0] <= now_millis:
+            waiter = heapq.heappop(heap)[2]
+            if waiter.done:
+                continue
+            job_id = self.named.get(waiter.key)
+            job = self.jobs.get(job_id) if job_id is not None else None
+            if not waiter.stream and job is not None:
+                job.error = "%s: no result within the RUN_JOB wait" % EXPIRED_ERROR
+                log.info("periodic run_job wait expired job=%s func=%s name=%s", job.job_id, *waiter.key)
+                # _pfire answers every waiter; a job that never ran is cancelled, not failed
+                self._transition(job, JobState.FAILED if job.state is JobState.RUNNING else JobState.CANCELLED,
+                                 now_millis)
+                continue
+            waiting = self.pwaits.get(waiter.key, [])
+            waiting.remove(waiter)
+            if not waiting:
+                self.pwaits.pop(waiter.key, None)
+            waiter.done = True
+            self._pwait_live -= 1
+            if waiter.stream:
+                self._send(waiter.conn, pc.Paced(waiter.msgid, pc.encode_data(waiter.msgid, pc.STREAM_EOF)))
+            else:
+                self._send(waiter.conn, pc.encode_data(waiter.msgid, pc.RESULT_EXPIRED))
+
+    def _periodic_store(self, now_millis: int, func: str, name: str, pj: pc.Job) -> bytes | None:
+        """SUBMIT_JOB's work (RUN_JOB and LOAD too): create, replace a pending job of that
+        name, or drop it if it runs. None, or why it was refused (the DATA text)."""
         wall = now_millis + self.drift
         sched = min(max(pj.sched_at * 1000 if 0 < pj.sched_at < MAX_RUN_AT_MILLIS // 1000 else 0, wall),
                     MAX_RUN_AT_MILLIS)
@@ -297,10 +542,10 @@ class PeriodicJobs:
                 self._replace(existing, fields, now_millis)
             else:
                 log.debug("periodic submit dropped: job=%s func=%s name=%s is running", existing.job_id, func, name)
-            return pc.encode_success(msg.msgid)
+            return None
         if self.active_count >= self.config.max_active_jobs:
             self.stats["rejected"] += 1
-            return pc.encode_data(msg.msgid, b"rejected: the coordinator is at its active-job limit")
+            return REJECTED
         later = sched > wall
         job = Job(
             job_id=self._job_id(self.next_seq), seq=self.next_seq, task_type=func, payload={}, max_attempts=0,
@@ -312,7 +557,7 @@ class PeriodicJobs:
         self.jobs[job.job_id] = job
         self._new.add(job.job_id)
         self.stats["submitted"] += 1
-        self.counts[(job.state, func, job.priority)] += 1
+        self.counts[(job.state, func, job.priority, True)] += 1
         self._event(job, now_millis, "SUBMITTED")
         self.named[(func, name)] = job.job_id
         pf = self._pfunc(func)
@@ -321,10 +566,15 @@ class PeriodicJobs:
             self._wait_until(job, sched - self.drift)
         self._periodic_enter(job, pf)
         log.debug("periodic submit job=%s func=%s name=%s sched=%d", job.job_id, func, name, sched)
-        return pc.encode_success(msg.msgid)
+        return None
 
     def _replace(self, job: Job, fields: dict[str, Any], now_millis: int) -> None:
-        """A pending named job resubmitted: new workload, sched time, count and timeout (REPLACED)."""
+        """A pending named job resubmitted: new workload, sched time, count and timeout
+        (REPLACED); one waiting for a lock stops waiting (periodicd: Locked -> Pending)."""
+        lock = self.plocks.waiting.get(job.job_id)
+        if lock is not None:
+            self._pfunc(job.task_type).locked -= 1
+            self.plocks.release(lock, job.job_id)
         job.periodic = fields
         job.execution_timeout = self._ptimeout(fields)
         sched = fields["sched"]
@@ -340,8 +590,13 @@ class PeriodicJobs:
             self._transition(job, target, now_millis, due_at=sched - self.drift if later else None, event=None)
 
     def _sched_later(self, job: Job, now_millis: int, delay: int, step: int) -> None:
-        """SCHED_LATER: back to pending, due in ``delay`` seconds, count += step."""
+        """SCHED_LATER: back to pending, due in ``delay`` seconds, count += step; a job a
+        RUN_JOB caller waits for ends instead (``failed``), as periodicd does."""
         assert job.periodic is not None
+        if self.pwaits and self._run_waited(job):
+            job.error = "the Periodic worker asked SCHED_LATER while a RUN_JOB caller waited"
+            self._transition(job, JobState.FAILED, now_millis)
+            return
         delay_ms = min(max(delay, 0), PERIODIC_MAX_DELAY_SECONDS) * 1000
         job.periodic = dict(job.periodic, count=int(job.periodic.get("count") or 0) + step,
                             sched=now_millis + self.drift + delay_ms)
@@ -377,7 +632,8 @@ class PeriodicJobs:
                     sched = at // 1000
                     break
                 heapq.heappop(pending)
-            rows.append(pc.FuncStatus(func.encode("utf-8"), len(pf.workers), len(pf.ids), pf.processing, 0, sched))
+            rows.append(pc.FuncStatus(func.encode("utf-8"), len(pf.workers), len(pf.ids), pf.processing, pf.locked,
+                                      sched))
         return pc.encode_status(msgid, rows)
 
     def dispatch_periodic(self, now_millis: int) -> int:
@@ -440,3 +696,15 @@ class PeriodicJobs:
                 self._retry_or_fail(job, now_millis, "attempt %d lost: Periodic worker %s disconnected"
                                     % (job.attempts, session.worker_id), "WORKER_LOST")
         session.running.clear()
+
+
+# Request type -> handler (``on_periodic``).
+_HANDLERS: dict[type, Callable[[Any, int, Any, Any], None]] = {
+    pc.SubmitJob: PeriodicJobs._p_submit, pc.RunJob: PeriodicJobs._p_run, pc.RecvData: PeriodicJobs._p_recv_data,
+    pc.WorkData: PeriodicJobs._p_work_data, pc.Status: PeriodicJobs._p_status, pc.RemoveJob: PeriodicJobs._p_remove,
+    pc.DropFunc: PeriodicJobs._p_drop_func, pc.Dump: PeriodicJobs._p_dump, pc.Load: PeriodicJobs._p_load,
+    pc.CanDo: PeriodicJobs._p_can_do, pc.Broadcast: PeriodicJobs._p_can_do, pc.CantDo: PeriodicJobs._p_can_do,
+    pc.GrabJob: PeriodicJobs._p_grab, pc.JobUnassigned: PeriodicJobs._p_unassigned,
+    pc.WorkDone: PeriodicJobs._p_outcome, pc.WorkFail: PeriodicJobs._p_outcome, pc.SchedLater: PeriodicJobs._p_outcome,
+    pc.Acquire: PeriodicJobs._p_acquire, pc.Release: PeriodicJobs._p_release,
+}

@@ -7,9 +7,17 @@ codec frames through its ``outbound`` list, written after the batch's commit on 
 connection's one ordered ``Output``.
 
 The handshake is answered here (the connection id must be the first frame out), and so
-are the requests that need no state: PING, SLEEP, UNKNOWN, CONFIG_GET/SET, the commands
-of this slice's "not supported yet" list (docs/PERIODIC.md), JOB_ASSIGNED (no reply) and
-stray server commands (ignored). Everything else goes to the core.
+are the requests that need no state: PING, SLEEP, UNKNOWN, CONFIG_GET/SET, SHUTDOWN
+(ignored), JOB_ASSIGNED (no reply) and stray server commands (ignored). A client
+connection (handshake type 1) that sends a worker command gets NO_WORKER and the
+command is ignored (periodicd's role check). Everything else goes to the core.
+
+Frames the core marks ``Paced`` (a RECV_DATA's SUCCESS, chunks and EOF) are written one
+by one: each after everything before it has left, and at least ``PACE_SECONDS`` after
+the previous frame of its msgid, because aio-periodic keeps only the newest unread frame
+of a msgid. Later frames of the connection queue behind them, so the order the core
+decided holds. A connection that sends nothing for ``--idle-timeout-millis`` after its
+handshake is closed (aio-periodic pings every 10 s when it has nothing else to say).
 
 A bad magic, a bad CRC, an oversized frame, an undecodable body or a handshake other
 than client (1) or worker (2) closes that connection only, without a reply (periodicd
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import deque
 from typing import Any, Callable
 
 import gevent
@@ -33,30 +42,32 @@ from jobmesh.periodic import codec as pc
 log = logging.getLogger(__name__)
 
 RECV_BYTES = 65536
+PACE_SECONDS = 0.005  # between two frames of one msgid that the core marked Paced
 _random = random.Random()
 
 # Requests the core applies; the rest are answered by the handler.
-CORE_REQUESTS = (pc.SubmitJob, pc.Status, pc.DropFunc, pc.RemoveJob, pc.CanDo, pc.CantDo, pc.Broadcast,
-                 pc.GrabJob, pc.WorkDone, pc.WorkFail, pc.SchedLater, pc.JobUnassigned)
+CORE_REQUESTS = (pc.SubmitJob, pc.RunJob, pc.RecvData, pc.Status, pc.DropFunc, pc.RemoveJob, pc.Dump, pc.Load,
+                 pc.CanDo, pc.CantDo, pc.Broadcast, pc.GrabJob, pc.WorkDone, pc.WorkFail, pc.SchedLater,
+                 pc.WorkData, pc.JobUnassigned, pc.Acquire, pc.Release)
+# Commands only a worker connection may send (periodicd's role check, PERIODIC.md 7.16).
+WORKER_COMMANDS = (pc.GrabJob, pc.SchedLater, pc.WorkDone, pc.WorkFail, pc.CanDo, pc.CantDo, pc.Sleep,
+                   pc.Broadcast, pc.Acquire, pc.Release, pc.WorkData, pc.JobAssigned, pc.JobUnassigned)
 
 
-def local_answer(msg: Any) -> bytes | None:
-    """The frame answering a request that needs no core state (b"" = no reply)."""
+def local_answer(msg: Any, config: dict[bytes, int]) -> bytes | None:
+    """The frame answering a request that needs no core state (b"" = no reply).
+    ``config``: what CONFIG_GET reports (anything else reads 0; CONFIG_SET changes nothing)."""
     kind = type(msg)
     if kind is pc.Ping:
         return pc.encode_pong(msg.msgid)
     if kind is pc.Sleep:
         return pc.encode_noop(msg.msgid)
-    if kind is pc.Unknown or kind is pc.Dump or kind is pc.Load:
-        return pc.encode_unknown(msg.msgid)  # DUMP/LOAD: not supported yet
+    if kind is pc.Unknown:
+        return pc.encode_unknown(msg.msgid)
     if kind is pc.ConfigGet:
-        return pc.encode_config(msg.msgid, 0)
-    if kind is pc.ConfigSet or kind is pc.WorkData or kind is pc.Release:
+        return pc.encode_config(msg.msgid, config.get(msg.key, 0))
+    if kind is pc.ConfigSet:
         return pc.encode_success(msg.msgid)
-    if kind is pc.RunJob or kind is pc.RecvData:
-        return pc.encode_no_worker(msg.msgid)  # not supported yet: aio-periodic raises "no worker"
-    if kind is pc.Acquire:
-        return pc.encode_acquired(msg.msgid, True)  # locks not enforced yet: always granted
     if kind is pc.Shutdown or kind is pc.JobAssigned or kind is pc.StrayCommand:
         return b""
     return None
@@ -65,27 +76,65 @@ def local_answer(msg: Any) -> bytes | None:
 class PeriodicConn(Output):
     """One Periodic connection: the core writes codec frames (bytes) to it, in order."""
 
-    __slots__ = ("addr", "kind")
+    __slots__ = ("addr", "kind", "_paced", "_pacer", "_last_paced")
 
     def __init__(self, sock: Any, addr: Any) -> None:
         super().__init__(sock)
         self.addr = addr
         self.kind = 0  # 1 client, 2 worker, after the handshake
+        self._paced: deque | None = None  # frames waiting for the pacer, in order (None: close)
+        self._pacer: gevent.Greenlet | None = None
+        self._last_paced: dict[int, float] = {}  # msgid -> when its last Paced frame went out
 
     def __repr__(self) -> str:
         return "<PeriodicConn %s %s:%s>" % (self.kind, *self.addr[:2])
 
     def send_many(self, msgs: list) -> None:
-        """Frames in order with one write; a None among them closes after what precedes it."""
-        close = None in msgs
-        if close:
-            msgs = msgs[: msgs.index(None)]
-        self.write(b"".join(msgs), close)
+        """Frames in order; a None among them closes after what precedes it. Plain frames
+        go out with one write; from the first Paced frame on, everything goes through
+        the pacer, in order."""
+        if self._paced is None and not any(type(msg) is pc.Paced for msg in msgs):
+            close = None in msgs
+            if close:
+                msgs = msgs[: msgs.index(None)]
+            self.write(b"".join(msgs), close)
+            return
+        if self._paced is None:
+            self._paced = deque()
+            self._pacer = gevent.spawn(self._pace)
+        self._paced.extend(msgs)
+
+    def _pace(self) -> None:
+        paced = self._paced
+        assert paced is not None
+        try:
+            while paced and not self.closed:
+                item = paced.popleft()
+                if item is None:
+                    self.write(b"", True)
+                    return
+                if type(item) is not pc.Paced:
+                    self.write(item)
+                    continue
+                self.flushed(WRITER_JOIN_SECONDS)
+                last = self._last_paced.get(item.msgid)
+                if last is not None and monotonic() - last < PACE_SECONDS:
+                    gevent.sleep(last + PACE_SECONDS - monotonic())
+                self.write(item.frame)
+                now = monotonic()
+                self._last_paced[item.msgid] = now
+                if len(self._last_paced) > 256:
+                    self._last_paced = {k: t for k, t in self._last_paced.items() if now - t < PACE_SECONDS}
+        finally:
+            self._paced = None
+            self._pacer = None
 
     def finish(self) -> None:
         try:
             self.flushed(WRITER_JOIN_SECONDS)
         finally:
+            if self._pacer is not None:
+                self._pacer.kill(block=False)
             self.release()
 
 
@@ -93,18 +142,37 @@ class PeriodicPort:
     """The Periodic port's handler; ``post`` feeds the core (clients), ``post_urgent`` (workers)."""
 
     def __init__(self, post: Callable[[Any], None], post_urgent: Callable[[Any], None], servers: Servers,
-                 idle_timeout: float) -> None:
+                 idle_timeout: float, task_timeout: float = 0.0) -> None:
         self.post = post
         self.post_urgent = post_urgent
         self.servers = servers  # shares its connection counts (metrics)
         self.idle_timeout = idle_timeout
         self.conns: set[PeriodicConn] = set()
+        self._reaper: gevent.Greenlet | None = None
+        # CONFIG_GET: the settings that mean the same here as in periodicd (seconds).
+        self.config = {b"timeout": int(task_timeout), b"keepalive": int(idle_timeout)}
         servers.connections.setdefault("periodic", 0)
+
+    def _reap(self) -> None:
+        """Close connections silent for longer than the idle timeout since their handshake
+        (checked every quarter of it, at most every 10 s); stops when none is left."""
+        every = min(max(self.idle_timeout / 4, 0.05), 10.0)
+        while self.conns:
+            gevent.sleep(every)
+            limit = monotonic() - self.idle_timeout
+            for conn in list(self.conns):
+                if conn.kind and conn.last_arrival < limit and not conn.closed:
+                    log.info("closing an idle periodic connection peer=%s:%s: nothing received for %.0f s",
+                             conn.addr[0], conn.addr[1], self.idle_timeout)
+                    conn.abort()
+        self._reaper = None
 
     def handle(self, sock: Any, addr: Any) -> None:
         _nodelay(sock)
         conn = PeriodicConn(sock, addr)
         self.conns.add(conn)
+        if self._reaper is None:
+            self._reaper = gevent.spawn(self._reap)
         self.servers.connections["periodic"] += 1
         decoder = pc.PacketDecoder()
         posted = False
@@ -125,7 +193,9 @@ class PeriodicPort:
                 return
             conn.kind = int(pc.decode_handshake(body))
             conn.write(pc.encode_handshake_reply(_random.getrandbits(32)))
-            post = self.post_urgent if conn.kind == pc.ConnType.WORKER else self.post
+            conn.last_arrival = monotonic()
+            worker = conn.kind == pc.ConnType.WORKER
+            post = self.post_urgent if worker else self.post
             while True:
                 if len(conn.inbox) >= MAX_WORKER_BACKLOG:
                     conn.paused = True  # the core is behind on us: stop reading
@@ -136,11 +206,14 @@ class PeriodicPort:
                     return
                 conn.last_arrival = monotonic()
                 msg = pc.decode_request(body)
+                if not worker and isinstance(msg, WORKER_COMMANDS):
+                    conn.write(pc.encode_no_worker(msg.msgid))  # a client may not act as a worker
+                    continue
                 if isinstance(msg, CORE_REQUESTS):
                     post(ev.PeriodicPacket(conn, msg))
                     posted = True
                     continue
-                answer = local_answer(msg)
+                answer = local_answer(msg, self.config)
                 if answer is None:
                     raise ProtocolError("unexpected periodic request %s" % type(msg).__name__)
                 if answer:

@@ -39,6 +39,7 @@ class Session:
             "lastHeartbeatMillis": self.last_heartbeat + drift,
             "connectedAtMillis": self.connected_at + drift,
             "taskTypes": sorted(self.task_types),
+            "protocol": "json",
         }
 
 
@@ -75,8 +76,9 @@ class WorkerRegistry:
 class PeriodicSession(Session):
     """A Periodic worker connection (docs/PERIODIC.md). It lives exactly as long as its
     connection (no heartbeats). Its slots are its grab tokens: the msgids of its GRAB_JOB
-    requests, each usable for one JOB_ASSIGN; ``task_types`` stays empty (Periodic funcs
-    are a namespace of their own, ``funcs``)."""
+    requests, each usable for one JOB_ASSIGN. Its funcs (CAN_DO / BROADCAST) are a
+    namespace of their own: ``task_types`` mirrors them only for WORKER_LIST, which shows
+    them as ``taskTypes`` with ``protocol: "periodic"``; no JSON job ever goes to it."""
 
     __slots__ = ("tokens", "funcs", "assigned")
 
@@ -85,3 +87,11 @@ class PeriodicSession(Session):
         self.tokens: list[int] = []  # held grab tokens, oldest first (the newest is used first)
         self.funcs: set[str] = set()  # what it declared with CAN_DO / BROADCAST
         self.assigned: dict[int, str] = {}  # token -> the job last assigned on it (JOB_UNASSIGNED)
+
+    def snapshot(self, drift: int = 0) -> dict[str, Any]:
+        """Its capacity is what it can take now and what it runs (tokens + running);
+        ``lastHeartbeatMillis`` is its last worker request (Periodic has no heartbeat)."""
+        item = super().snapshot(drift)
+        item["capacity"] = len(self.tokens) + len(self.running)
+        item["protocol"] = "periodic"
+        return item

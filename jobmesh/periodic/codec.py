@@ -690,6 +690,16 @@ def encode_data(msgid: int, data: bytes) -> bytes:
     return encode_reply(Data(msgid, data))
 
 
+class Paced(NamedTuple):
+    """A frame its connection must write on its own: after every earlier frame has left,
+    and not sooner than a short pause after the previous frame on the same msgid.
+    aio-periodic keeps only the newest unread frame of a msgid, so a RECV_DATA's SUCCESS,
+    chunks and EOF must not reach it in one read (docs/PERIODIC.md, "Streaming")."""
+
+    msgid: int
+    frame: bytes
+
+
 def encode_dump(msgid: int, jobs: Iterable[Job]) -> bytes:
     """DUMP's reply: DATA + job list."""
     return encode_data(msgid, _jobs(tuple(jobs), "DUMP job"))

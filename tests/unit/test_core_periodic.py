@@ -36,6 +36,7 @@ class H:
         ids = itertools.count(1)
         self.core = CoordinatorCore(self.store, CoreConfig(**config), new_id=lambda: "p-%d" % next(ids))
         self.msgid = itertools.count(100)
+        self.paced: list[tuple[Conn, int]] = []  # (conn, msgid) of every Paced frame sent
 
     def send(self, now: int, conn: Conn, msg: Any) -> list[Any]:
         """Apply one request, run the after-batch work, commit; the frames sent, decoded."""
@@ -47,6 +48,9 @@ class H:
         self.store.write(*self.core.take_dirty())
         out = []
         for conn, data in self.core.take_outbound():
+            if isinstance(data, pc.Paced):  # a stream frame: written on its own (periodic_port.py)
+                self.paced.append((conn, data.msgid))
+                data = data.frame
             out.append((conn, None if data is None else pc.decode_reply(_body(data))))
         return out
 

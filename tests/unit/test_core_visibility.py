@@ -255,7 +255,7 @@ def test_metrics_count_what_happened(h):
     assert figures["submitted"] == 3
     assert figures["finished"] == {"COMPLETED": 1, "FAILED": 0, "CANCELLED": 0}
     assert figures["retries"] == 1
-    assert figures["jobs"] == {("RETRY_WAIT", "SLEEP", "HIGH"): 1, ("SCHEDULED", "SLEEP", "NORMAL"): 1}
+    assert figures["jobs"] == {("RETRY_WAIT", "SLEEP", "HIGH", "json"): 1, ("SCHEDULED", "SLEEP", "NORMAL", "json"): 1}
     assert (figures["workers"], figures["capacity"], figures["busy_slots"]) == (1, 1, 0)
     h.disconnect(5, "w1")
     h.sweep(3 + BASE)
@@ -283,7 +283,7 @@ def test_the_state_counts_always_match_the_jobs():
             h.sweep(now)
         expected: dict = {}
         for job in h.core.jobs.values():
-            key = (job.state.value, job.task_type, job.priority.value)
+            key = (job.state.value, job.task_type, job.priority.value, job.periodic is not None)
             expected[key] = expected.get(key, 0) + 1
         assert dict(h.core.counts) == expected
     assert HB  # the harness's heartbeat timeout is what keeps w1 alive through the sweeps

@@ -26,8 +26,8 @@ CONTRACT_SAMPLES = {
 
 def core_metrics(**overrides):
     figures = {
-        "jobs": {("QUEUED", "SLEEP", "HIGH"): 2, ("QUEUED", "SLEEP", "LOW"): 1, ("RUNNING", "SHA256", "NORMAL"): 4,
-                 ("RETRY_WAIT", "FAIL", "NORMAL"): 0},
+        "jobs": {("QUEUED", "SLEEP", "HIGH", "json"): 2, ("QUEUED", "SLEEP", "LOW", "json"): 1,
+                 ("RUNNING", "SHA256", "NORMAL", "json"): 4, ("RETRY_WAIT", "FAIL", "NORMAL", "json"): 0},
         "submitted": 20, "finished": {"COMPLETED": 10, "FAILED": 2, "CANCELLED": 1}, "rejected": 3, "retries": 5,
         "deadline_expiries": 1, "workers_lost": 2, "stale_results": 7, "workers": 2, "capacity": 8, "busy_slots": 4,
         "queued_by_priority": {"HIGH": 2, "NORMAL": 0, "LOW": 1},
@@ -131,12 +131,21 @@ def test_jobs_by_state_sums_types_and_priorities_and_shows_every_non_terminal_st
     assert s[("jobmesh_jobs", (("state", "RUNNING"),))] == 4
     assert s[("jobmesh_jobs", (("state", "SCHEDULED"),))] == 0
     assert s[("jobmesh_jobs", (("state", "RETRY_WAIT"),))] == 0
-    assert s[("jobmesh_jobs_by_type", (("state", "QUEUED"), ("task_type", "SLEEP")))] == 3
-    assert s[("jobmesh_jobs_by_type", (("state", "RUNNING"), ("task_type", "SHA256")))] == 4
+    assert s[("jobmesh_jobs_by_type", (("protocol", "json"), ("state", "QUEUED"), ("task_type", "SLEEP")))] == 3
+    assert s[("jobmesh_jobs_by_type", (("protocol", "json"), ("state", "RUNNING"), ("task_type", "SHA256")))] == 4
     # a series whose count fell to zero is not exposed per type
-    assert ("jobmesh_jobs_by_type", (("state", "RETRY_WAIT"), ("task_type", "FAIL"))) not in s
+    assert ("jobmesh_jobs_by_type", (("protocol", "json"), ("state", "RETRY_WAIT"), ("task_type", "FAIL"))) not in s
     assert s[("jobmesh_queue_depth", (("priority", "HIGH"),))] == 2
     assert s[("jobmesh_queue_depth", (("priority", "NORMAL"),))] == 0
+
+
+def test_a_periodic_func_and_a_task_type_of_one_name_are_told_apart_by_protocol(source, port):
+    source.core.figures = core_metrics(jobs={("QUEUED", "resize", "NORMAL", "json"): 2,
+                                             ("QUEUED", "resize", "NORMAL", "periodic"): 5})
+    s = samples(call(port, "/metrics")[2].decode())
+    assert s[("jobmesh_jobs", (("state", "QUEUED"),))] == 7
+    assert s[("jobmesh_jobs_by_type", (("protocol", "json"), ("state", "QUEUED"), ("task_type", "resize")))] == 2
+    assert s[("jobmesh_jobs_by_type", (("protocol", "periodic"), ("state", "QUEUED"), ("task_type", "resize")))] == 5
 
 
 def test_counters_and_gauges_carry_the_cores_figures(port):
@@ -316,8 +325,8 @@ def test_summary_and_series(source, port):
     assert status == "200 OK"
     assert body["jobs"] == {"QUEUED": 3, "SCHEDULED": 0, "RUNNING": 4, "RETRY_WAIT": 0}
     assert body["finished"] == {"COMPLETED": 10, "FAILED": 2, "CANCELLED": 1}
-    assert body["byType"] == [{"state": "QUEUED", "taskType": "SLEEP", "count": 3},
-                              {"state": "RUNNING", "taskType": "SHA256", "count": 4}]
+    assert body["byType"] == [{"state": "QUEUED", "taskType": "SLEEP", "protocol": "json", "count": 3},
+                              {"state": "RUNNING", "taskType": "SHA256", "protocol": "json", "count": 4}]
     assert body["connections"] == {"worker": 2, "client": 3, "metrics": 0}
     assert (body["workers"], body["capacity"], body["busySlots"], body["inboxDepth"]) == (2, 8, 4, 9)
     # Two samples a second apart: rates are the counters' differences per second.

@@ -1,0 +1,254 @@
+"""The core's Periodic run-and-wait, streaming, counting locks, DUMP/LOAD and WORKER_LIST
+(docs/PERIODIC.md). Pure, like test_core_periodic.py, whose harness it uses."""
+
+from __future__ import annotations
+
+from jobmesh.coordinator.locks import LockTable
+from jobmesh.periodic import codec as pc
+from jobmesh.protocol import messages as m
+from jobmesh.protocol.jobs import JobState
+
+from tests.unit.test_core_periodic import T0, Conn, H, assigns
+
+HANDLE = pc.Handle(b"f", b"a")
+
+
+def run(h: H, now: int, conn: Conn, msgid: int = 7, timeout: int = 10, name: str = "a") -> list:
+    return h.send(now, conn, pc.RunJob(msgid, pc.Job(b"f", name.encode(), b"w", 0, 0, timeout)))
+
+
+def to(out: list, conn: Conn) -> list:
+    return [msg for c, msg in out if c is conn]
+
+
+# ---- RUN_JOB ----------------------------------------------------------------------------
+
+
+def test_run_job_without_a_worker_is_no_worker_and_stores_nothing():
+    h = H()
+    c = Conn("c")
+    assert [type(msg) for msg in to(run(h, T0, c), c)] == [pc.NoWorker]
+    assert not h.core.jobs
+    w = Conn("w")
+    h.send(T0, w, pc.CanDo(1, b"f"))
+    h.core.on_periodic_closed(T0, w)  # a worker that left does not count
+    assert [type(msg) for msg in to(run(h, T0, c), c)] == [pc.NoWorker]
+
+
+def test_run_job_answers_with_the_result_after_the_commit_of_the_end():
+    h = H()
+    c, w = Conn("c"), Conn("w")
+    h.send(T0, w, pc.CanDo(1, b"f"))  # a worker without a token is still a worker
+    assert to(run(h, T0, c), c) == []  # no immediate reply
+    [assign] = assigns(h.send(T0, w, pc.GrabJob(1)))
+    out = h.send(T0 + 5, w, pc.WorkDone(9, HANDLE, b"RESULT"))
+    assert to(out, c) == [pc.Data(7, b"RESULT")]
+    assert h.job() is None and h.core.finished  # ended: the name is free again
+    assert not h.core.pwaits
+
+
+def test_run_job_failures_end_the_job_with_failed_instead_of_retrying():
+    for outcome in (pc.WorkFail(9, HANDLE), pc.SchedLater(9, HANDLE, 5, 1)):
+        h = H()
+        c, w = Conn("c"), Conn("w")
+        h.worker(T0, w)
+        run(h, T0, c)
+        out = h.send(T0 + 1, w, outcome)
+        assert to(out, c) == [pc.Data(7, pc.RESULT_FAILED)], outcome
+        [job] = h.core.finished.values()
+        assert job.state is JobState.FAILED
+
+
+def test_run_job_on_a_lost_worker_and_on_removal():
+    h = H()
+    c, w = Conn("c"), Conn("w")
+    h.worker(T0, w)
+    run(h, T0, c)
+    h.core.on_periodic_closed(T0 + 1, w)
+    assert to(h.finish(T0 + 1), c) == [pc.Data(7, pc.RESULT_FAILED)]
+    w2 = Conn("w2")
+    h.worker(T0, w2)
+    run(h, T0 + 2, c, msgid=8)
+    out = h.send(T0 + 3, Conn("other"), pc.RemoveJob(3, HANDLE))
+    assert to(out, c) == [pc.Data(8, pc.RESULT_REMOVED)]
+
+
+def test_run_job_wait_expiry_ends_the_job_with_expired():
+    h = H()
+    c, w = Conn("c"), Conn("w")
+    h.send(T0, w, pc.CanDo(1, b"f"))
+    run(h, T0, c, timeout=2)
+    h.core.sweep(T0 + 1999)
+    assert to(h.finish(T0 + 1999), c) == []
+    h.core.sweep(T0 + 2000)
+    assert to(h.finish(T0 + 2000), c) == [pc.Data(7, pc.RESULT_EXPIRED)]
+    [job] = h.core.finished.values()
+    assert job.state is JobState.CANCELLED and job.error.startswith("expired")  # it never ran
+    h.send(T0 + 3000, w, pc.GrabJob(1))
+    assert assigns(run(h, T0 + 3000, c, msgid=8, timeout=2))
+    h.core.sweep(T0 + 5000)  # a running job: its attempt's deadline (the same 2 s) ends it first
+    assert to(h.finish(T0 + 5000), c) == [pc.Data(8, pc.RESULT_FAILED)]
+    assert h.core.finished[next(reversed(h.core.finished))].state is JobState.FAILED
+
+
+def test_a_second_run_job_attaches_to_the_running_job():
+    h = H()
+    c1, c2, w = Conn("c1"), Conn("c2"), Conn("w")
+    h.worker(T0, w)
+    run(h, T0, c1)
+    run(h, T0, c2, msgid=11)  # dropped as a submission, but its caller waits for that job
+    out = h.send(T0 + 1, w, pc.WorkDone(9, HANDLE, b"x"))
+    assert to(out, c1) == [pc.Data(7, b"x")] and to(out, c2) == [pc.Data(11, b"x")]
+
+
+# ---- RECV_DATA / WORK_DATA --------------------------------------------------------------
+
+
+def test_streaming_success_chunks_then_eof_then_the_result_all_paced():
+    h = H()
+    c, w = Conn("c"), Conn("w")
+    h.worker(T0, w)
+    run(h, T0, c, msgid=7)
+    out = h.send(T0, c, pc.RecvData(8, pc.Job(b"f", b"a")))
+    assert to(out, c) == [pc.Success(8)]
+    for chunk in (b"c1", b"c2"):
+        out = h.send(T0 + 1, w, pc.WorkData(20, HANDLE, chunk))
+        assert to(out, c) == [pc.Data(8, chunk)] and to(out, w) == [pc.Success(20)]
+    out = h.send(T0 + 2, w, pc.WorkDone(21, HANDLE, b"end"))
+    assert to(out, c) == [pc.Data(8, pc.STREAM_EOF), pc.Data(7, b"end")]
+    # every frame on the RECV_DATA msgid is written on its own; the RUN_JOB result is not
+    assert h.paced == [(c, 8)] * 4
+
+
+def test_recv_data_for_a_job_that_just_ended_gets_eof_at_once():
+    h = H()
+    c, w = Conn("c"), Conn("w")
+    h.worker(T0, w)
+    run(h, T0, c)
+    h.send(T0 + 1, w, pc.WorkDone(9, HANDLE, b"x"))  # finished before RECV_DATA arrived
+    out = h.send(T0 + 2, c, pc.RecvData(8, pc.Job(b"f", b"a")))
+    assert to(out, c) == [pc.Success(8), pc.Data(8, pc.STREAM_EOF)]
+    assert not h.core.pwaits
+
+
+def test_recv_data_without_a_worker_and_its_own_expiry():
+    h = H()
+    c = Conn("c")
+    out = h.send(T0, c, pc.RecvData(8, pc.Job(b"f", b"a")))
+    assert to(out, c) == [pc.NoWorker(8)]
+    h.send(T0, Conn("w"), pc.CanDo(1, b"f"))
+    h.send(T0, c, pc.RecvData(9, pc.Job(b"f", b"a", timeout=3)))
+    h.core.sweep(T0 + 3000)
+    assert to(h.finish(T0 + 3000), c) == [pc.Data(9, pc.STREAM_EOF)]
+    assert not h.core.pwaits and h.core._pwait_live == 0
+
+
+# ---- locks --------------------------------------------------------------------------------
+
+
+def test_lock_table_counts_holders_and_promotes_in_fifo_order():
+    t = LockTable()
+    assert t.acquire("L", 2, "a") and t.acquire("L", 2, "b")
+    assert not t.acquire("L", 2, "c") and not t.acquire("L", 2, "d")
+    assert t.acquire("L", 1, "a")  # a holder asking again; the max stays the largest asked
+    assert t.release("L", "a") == ["c"]
+    assert t.release_all("d") == []  # a waiting job that goes just leaves the FIFO
+    assert t.release("L", "b") == [] and t.release("L", "c") == []
+    assert len(t) == 0 and not t.held and not t.waiting
+
+
+def contended(h: H, w: Conn) -> tuple[list, list]:
+    """Jobs a and b run on ``w`` (two tokens); both ask for lock L (1 holder): the replies."""
+    h.worker(T0, w, tokens=2)
+    h.submit(T0, name="a")
+    h.submit(T0, name="b")
+    return (to(h.send(T0, w, pc.Acquire(30, b"L", 1, pc.Handle(b"f", b"a"))), w),
+            to(h.send(T0, w, pc.Acquire(31, b"L", 1, pc.Handle(b"f", b"b"))), w))
+
+
+def test_a_refused_job_waits_queued_with_lock_wait_and_runs_after_the_release():
+    h = H()
+    w = Conn("w")
+    ha, hb = pc.Handle(b"f", b"a"), pc.Handle(b"f", b"b")
+    assert contended(h, w) == ([pc.Acquired(30, True)], [pc.Acquired(31, False)])
+    b = h.job(name="b")
+    assert b.state is JobState.QUEUED and h.core.snapshot(b)["waitingReason"] == "LOCK_WAIT"
+    [row] = h.status(T0)
+    assert (row.jobs, row.processing, row.locked) == (2, 1, 1)
+    h.send(T0, w, pc.GrabJob(2))
+    assert assigns(h.finish(T0)) == []  # a token is free, but b waits for the lock
+    out = h.send(T0 + 1, w, pc.WorkDone(32, ha, b""))  # done releases a's locks: b is dispatched
+    [assign] = assigns(out)
+    assert assign.job.name == b"b"
+    assert to(h.send(T0 + 1, w, pc.Acquire(33, b"L", 1, hb)), w) == [pc.Acquired(33, True)]  # already a holder
+    assert h.status(T0 + 1)[0].locked == 0
+
+
+def test_locks_are_released_on_fail_sched_later_worker_loss_and_removal():
+    for end in ("fail", "later", "lost", "remove", "release"):
+        h = H()
+        w1, w2 = Conn("w1"), Conn("w2")
+        h.worker(T0, w1)
+        h.worker(T0, w2)
+        h.submit(T0, name="a")
+        h.submit(T0, name="b")
+        ha, hb = pc.Handle(b"f", b"a"), pc.Handle(b"f", b"b")
+        holder = w1 if h.job(name="a").worker_id == h.core.pconns[w1].worker_id else w2
+        other = w2 if holder is w1 else w1
+        h.send(T0, holder, pc.Acquire(30, b"L", 1, ha))
+        h.send(T0, other, pc.Acquire(31, b"L", 1, hb))
+        assert h.core.plocks.waiting == {h.job(name="b").job_id: "L"}
+        h.send(T0, other, pc.GrabJob(1))  # its token is back (aio-periodic re-grabs)
+        if end == "fail":
+            out = h.send(T0 + 1, holder, pc.WorkFail(40, ha))
+        elif end == "later":
+            out = h.send(T0 + 1, holder, pc.SchedLater(40, ha, 60, 0))
+        elif end == "lost":
+            h.core.on_periodic_closed(T0 + 1, holder)
+            out = h.finish(T0 + 1)
+        elif end == "remove":
+            out = h.send(T0 + 1, Conn("c"), pc.RemoveJob(40, ha))
+        else:
+            out = h.send(T0 + 1, holder, pc.Release(40, b"L", ha))
+        assert [a.job.name for a in assigns(out)] == [b"b"], end
+        assert not h.core.plocks.waiting and h.status(T0 + 1)[0].locked == 0
+
+
+def test_a_waiting_job_removed_or_replaced_leaves_the_lock_queue():
+    h = H()
+    w = Conn("w")
+    contended(h, w)
+    h.submit(T0 + 1, name="b", workload=b"new")  # replaced: pending again, no longer locked
+    assert not h.core.plocks.waiting and h.status(T0 + 1)[0].locked == 0
+    [assign] = assigns(h.send(T0 + 1, w, pc.GrabJob(2)))
+    assert assign.job.workload == b"new"
+
+
+# ---- DUMP / LOAD, WORKER_LIST, roles -------------------------------------------------------
+
+
+def test_dump_lists_live_jobs_and_load_submits_them():
+    h = H()
+    h.submit(T0, name="a", workload=b"1", timeout=5)
+    h.submit(T0, name="b", workload=b"2", sched_at=(T0 + 60_000) // 1000)
+    [(_, reply)] = h.send(T0, Conn("c"), pc.Dump(3))
+    jobs = pc.decode_jobs(reply.data)
+    assert sorted((j.name, j.workload, j.timeout) for j in jobs) == [(b"a", b"1", 5), (b"b", b"2", 0)]
+    h2 = H()
+    out = h2.send(T0, Conn("c"), pc.Load(4, jobs))
+    assert [type(msg) for _, msg in out] == [pc.Success]
+    assert h2.job(name="a").state is JobState.QUEUED and h2.job(name="b").state is JobState.SCHEDULED
+
+
+def test_periodic_workers_appear_in_the_worker_list():
+    h = H()
+    w = Conn("w")
+    h.worker(T0, w, func="resize", tokens=2)
+    [item] = h.core.list_workers(T0).workers
+    assert item["protocol"] == "periodic" and item["taskTypes"] == ["resize"] and item["capacity"] == 2
+    h.submit(T0, func="resize")
+    [item] = h.core.list_workers(T0).workers
+    assert (item["capacity"], item["activeJobs"]) == (2, 1)
+    assert h.core.running_attempts == 1  # what a drain waits for
+    h.core.on_periodic_closed(T0, w)
+    assert isinstance(h.core.list_workers(T0), m.WorkerList) and h.core.list_workers(T0).workers == []
