@@ -674,6 +674,7 @@ class CoordinatorCore(PeriodicJobs):
         finished = {state.value: n for state, n in self.finished_counts.items()}
         return dict(self.stats, jobs=jobs, finished=finished,
                     workers=len(self.workers), capacity=capacity, busy_slots=busy,
+                    periodic_workers=len(self.pworkers), waits=len(self.waiters) + self._pwait_live,
                     queued_by_priority=queued_by_priority)
 
     def list_workers(self, now_millis: int) -> m.Message:

@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 NON_TERMINAL = ("QUEUED", "SCHEDULED", "RUNNING", "RETRY_WAIT")
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
 PRIORITIES = ("HIGH", "NORMAL", "LOW")
-PORTS = ("worker", "client", "metrics")
+PORTS = ("worker", "client", "metrics", "periodic")
 
 MAX_CONNECTIONS = 64  # concurrent HTTP connections; each holds at most one request to the core
 ASK_TIMEOUT = 10.0  # seconds a JSON request waits for the core's answer before a 504
@@ -149,7 +149,11 @@ class JobmeshCollector:
         ):
             yield CounterMetricFamily(name, doc, value=core.get(key, 0))
 
-        yield GaugeMetricFamily("jobmesh_workers", "Live worker sessions.", value=core["workers"])
+        yield GaugeMetricFamily("jobmesh_workers", "Live worker sessions (JSON workers).", value=core["workers"])
+        yield GaugeMetricFamily("jobmesh_periodic_workers", "Live Periodic worker connections (that declared "
+                                "a func or grabbed).", value=core.get("periodic_workers", 0))
+        yield GaugeMetricFamily("jobmesh_waits", "Pending waits: WAIT_JOB requests and Periodic RUN_JOB / "
+                                "RECV_DATA callers.", value=core.get("waits", 0))
         yield GaugeMetricFamily("jobmesh_worker_slots", "Task slots of the live workers (their capacity).",
                                 value=core.get("capacity", 0))
         yield GaugeMetricFamily("jobmesh_worker_slots_busy", "Task slots running an attempt.",

@@ -117,7 +117,7 @@ def test_counters_move_with_submits_completions_failures_cancels_and_rejections(
     assert value(s, "jobmesh_submits_rejected_total") == 1
     assert value(s, "jobmesh_stale_results_total") == 1
     assert value(s, "jobmesh_jobs", state="QUEUED") == 2
-    assert value(s, "jobmesh_jobs_by_type", state="QUEUED", task_type="SLEEP") == 2
+    assert value(s, "jobmesh_jobs_by_type", state="QUEUED", task_type="SLEEP", protocol="json") == 2
     assert value(s, "jobmesh_queue_depth", priority="NORMAL") == 2
     assert value(s, "jobmesh_workers") == 1
     assert value(s, "jobmesh_worker_slots") == 1
@@ -184,7 +184,7 @@ def test_json_endpoints_read_through_the_core(coord, peers):
     assert summary["jobs"] == {"QUEUED": 2, "SCHEDULED": 0, "RUNNING": 1, "RETRY_WAIT": 0}
     assert summary["finished"]["COMPLETED"] == 1 and summary["submitted"] == 4
     assert (summary["workers"], summary["capacity"], summary["busySlots"]) == (1, 1, 1)
-    assert {"state": "QUEUED", "taskType": "GREET", "count": 1} in summary["byType"]
+    assert {"state": "QUEUED", "taskType": "GREET", "protocol": "json", "count": 1} in summary["byType"]
 
     status, workers = get_json(base + "/api/workers")
     assert status == 200

@@ -30,7 +30,7 @@ def core_metrics(**overrides):
                  ("RUNNING", "SHA256", "NORMAL", "json"): 4, ("RETRY_WAIT", "FAIL", "NORMAL", "json"): 0},
         "submitted": 20, "finished": {"COMPLETED": 10, "FAILED": 2, "CANCELLED": 1}, "rejected": 3, "retries": 5,
         "deadline_expiries": 1, "workers_lost": 2, "stale_results": 7, "workers": 2, "capacity": 8, "busy_slots": 4,
-        "queued_by_priority": {"HIGH": 2, "NORMAL": 0, "LOW": 1},
+        "queued_by_priority": {"HIGH": 2, "NORMAL": 0, "LOW": 1}, "periodic_workers": 3, "waits": 6,
     }
     figures.update(overrides)
     return figures
@@ -162,6 +162,8 @@ def test_counters_and_gauges_carry_the_cores_figures(port):
     assert s[("jobmesh_workers", ())] == 2
     assert s[("jobmesh_worker_slots", ())] == 8
     assert s[("jobmesh_worker_slots_busy", ())] == 4
+    assert s[("jobmesh_periodic_workers", ())] == 3
+    assert s[("jobmesh_waits", ())] == 6
     assert s[("jobmesh_core_inbox_depth", ())] == 9
     assert s[("jobmesh_active_jobs_limit", ())] == 100
     assert s[("jobmesh_connections", (("port", "worker"),))] == 2
