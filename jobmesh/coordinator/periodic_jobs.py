@@ -49,7 +49,7 @@ class PeriodicFunc:
     jobs, how many run, its queue of due jobs and the sched times of its pending jobs.
     Kept by ``_transition``; STATUS reads it without looking at any job but the earliest."""
 
-    __slots__ = ("workers", "ids", "processing", "locked", "queue", "pending", "turn")
+    __slots__ = ("workers", "ids", "processing", "locked", "queue", "pending", "turn", "broadcast")
 
     def __init__(self) -> None:
         self.workers: list[PeriodicSession] = []  # connected sessions that declared it, in rotation order
@@ -59,6 +59,7 @@ class PeriodicFunc:
         self.queue: list[tuple[int, str, str]] = []  # (sched, name, job id) of QUEUED jobs; stale entries skipped
         self.pending: list[tuple[int, str]] = []  # (sched, job id) of pending jobs; stale entries skipped
         self.turn = 0  # where the next token search starts among ``workers``
+        self.broadcast = False  # declared with BROADCAST: each job goes to every worker holding a token
 
 
 class PeriodicWaiter:
@@ -133,6 +134,8 @@ class PeriodicJobs:
         self._pwait_live = 0
         self._pwait_seq = 0
         self._ended: OrderedDict[tuple[str, str], int] = OrderedDict()
+        # A broadcast job's other workers (its lease holder is ``worker_id``), while it runs.
+        self.pfanout: dict[str, set[str]] = {}
         self.plocks = LockTable()  # ACQUIRE / RELEASE
 
     def _periodic_waiting(self, job: Job) -> str:
@@ -180,6 +183,11 @@ class PeriodicJobs:
         waits_lock = job.job_id in self.plocks.waiting
         if source is JobState.RUNNING:
             pf.processing -= 1
+            if self.pfanout:
+                for worker_id in self.pfanout.pop(job.job_id, ()):
+                    other = self.pworkers.get(worker_id)
+                    if other is not None:
+                        other.running.discard(job.job_id)
             if job.job_id in self.plocks.held and not waits_lock:
                 self._promote(self.plocks.release_all(job.job_id))
         if target is JobState.RUNNING:
@@ -376,7 +384,9 @@ class PeriodicJobs:
         elif func not in session.funcs:
             session.funcs.add(func)
             session.task_types = frozenset(session.funcs)
-            self._pfunc(func).workers.append(session)
+            pf = self._pfunc(func)
+            pf.workers.append(session)
+            pf.broadcast = pf.broadcast or type(msg) is pc.Broadcast
             self._pready.add(func)
         self._send(conn, pc.encode_success(msg.msgid))
 
@@ -399,7 +409,8 @@ class PeriodicJobs:
         """WORK_DONE, WORK_FAIL, SCHED_LATER from the worker the job runs on (others are stale)."""
         session = self._psession(conn, now_millis)
         _key, job = self._plive(msg.handle)
-        if job is None or job.state is not JobState.RUNNING or job.worker_id != session.worker_id:
+        if job is None or job.state is not JobState.RUNNING or (
+                job.worker_id != session.worker_id and session.worker_id not in self.pfanout.get(job.job_id, ())):
             self.stats["stale_results"] += 1
             log.info("periodic outcome for a job not running on this worker dropped worker=%s func=%r name=%r",
                      session.worker_id, msg.handle.func, msg.handle.name)
@@ -656,13 +667,25 @@ class PeriodicJobs:
                 if not self._pvalid(job_id, sched, JobState.QUEUED):
                     continue
                 job = self.jobs[job_id]
-                token = session.tokens.pop()
                 self._transition(job, JobState.RUNNING, now_millis, session=session)
-                session.assigned[token] = job_id
-                self._send(session.conn, pc.encode_job_assign(token, self._pjob(job)))
-                log.debug("periodic assign job=%s func=%s worker=%s token=%d", job_id, func, session.worker_id, token)
+                self._assign(session, job)
+                if pf.broadcast:  # and to every other worker of the func that holds a token
+                    others = [s for s in pf.workers if s is not session and s.tokens]
+                    if others:
+                        self.pfanout[job_id] = {s.worker_id for s in others}
+                        for other in others:
+                            other.running.add(job_id)
+                            self._assign(other, job)
                 assigned += 1
         return assigned
+
+    def _assign(self, session: PeriodicSession, job: Job) -> None:
+        """JOB_ASSIGN on the session's newest token (the job is RUNNING already)."""
+        token = session.tokens.pop()
+        session.assigned[token] = job.job_id
+        self._send(session.conn, pc.encode_job_assign(token, self._pjob(job)))
+        log.debug("periodic assign job=%s func=%s worker=%s token=%d", job.job_id, job.task_type,
+                  session.worker_id, token)
 
     @staticmethod
     def _token_holder(pf: PeriodicFunc) -> PeriodicSession | None:
@@ -695,6 +718,8 @@ class PeriodicJobs:
             if job is not None and job.state is JobState.RUNNING and job.worker_id == session.worker_id:
                 self._retry_or_fail(job, now_millis, "attempt %d lost: Periodic worker %s disconnected"
                                     % (job.attempts, session.worker_id), "WORKER_LOST")
+            elif job_id in self.pfanout:  # one of a broadcast job's other workers: the rest go on
+                self.pfanout[job_id].discard(session.worker_id)
         session.running.clear()
 
 

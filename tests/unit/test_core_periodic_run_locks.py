@@ -256,3 +256,22 @@ def test_periodic_workers_appear_in_the_worker_list():
     assert figures["jobs"] == {("RUNNING", "resize", "NORMAL", "periodic"): 2}  # two tokens
     h.core.on_periodic_closed(T0, w)
     assert isinstance(h.core.list_workers(T0), m.WorkerList) and h.core.list_workers(T0).workers == []
+
+
+def test_a_broadcast_job_goes_to_every_worker_holding_a_token_and_the_first_done_ends_it():
+    h = H()
+    w1, w2, w3 = Conn("w1"), Conn("w2"), Conn("w3")
+    for w in (w1, w2):
+        h.send(T0, w, pc.Broadcast(1, b"f"))
+        h.send(T0, w, pc.GrabJob(5))
+    h.send(T0, w3, pc.Broadcast(1, b"f"))  # no token: left out
+    out = h.submit(T0)
+    assert sorted(c.name for c, msg in out if isinstance(msg, pc.JobAssign)) == ["w1", "w2"]
+    assert h.status(T0)[0].processing == 1 and h.status(T0)[0].workers == 3
+    other = w2 if h.job().worker_id == h.core.pconns[w1].worker_id else w1
+    h.core.on_periodic_closed(T0 + 1, w3)
+    out = h.send(T0 + 2, other, pc.WorkDone(9, HANDLE, b"x"))  # the other one finishes first
+    assert [type(msg) for _, msg in out] == [pc.Success] and h.job() is None
+    assert not h.core.pfanout and not any(s.running for s in h.core.pworkers.values())
+    [job] = h.core.finished.values()
+    assert job.state is JobState.COMPLETED and job.result == {"data": "x"}
