@@ -3,89 +3,17 @@ own asyncio subprocess, tests/periodic_aio_peer.py) and a real coordinator."""
 
 from __future__ import annotations
 
-import json
-import queue
 import socket
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import Client, wait_until
 from jobmesh.periodic import codec as pc
+from tests.helpers import Client, wait_until
+from tests.integration.periodic_support import (RawPeriodic, client_ops, closed, coord, job_named,  # noqa: F401
+                                                peers, periodic_jobs)
 
 pytest.importorskip("aio_periodic")
-
-PEER = Path(__file__).resolve().parent.parent / "periodic_aio_peer.py"
-
-
-class Peer:
-    """An aio-periodic worker subprocess; ``jobs`` receives what its task saw."""
-
-    def __init__(self, addr, func: str, mode: str = "done", size: int = 1):
-        self.proc = subprocess.Popen([sys.executable, str(PEER), "worker", "%s:%d" % addr, func, mode, str(size)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        assert self.next(10) == {"ready": True}
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(json.loads(line))
-
-    def next(self, timeout: float = 10.0) -> dict:
-        return self.lines.get(timeout=timeout)
-
-    def none_within(self, seconds: float) -> bool:
-        try:
-            self.lines.get(timeout=seconds)
-        except queue.Empty:
-            return True
-        return False
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(5)
-
-
-@pytest.fixture
-def peers():
-    started: list[Peer] = []
-
-    def make(*args, **kwargs) -> Peer:
-        peer = Peer(*args, **kwargs)
-        started.append(peer)
-        return peer
-
-    yield make
-    for peer in started:
-        peer.kill()
-
-
-def client_ops(addr, *ops) -> list:
-    out = subprocess.run([sys.executable, str(PEER), "client", "%s:%d" % addr, json.dumps(ops)],
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def periodic_jobs(coord) -> list[dict]:
-    return [j for j in Client(coord.client_addr).list_jobs()["jobs"] if j["protocol"] == "periodic"]
-
-
-def job_named(coord, func: str, name: str) -> dict:
-    found = [j for j in periodic_jobs(coord) if j["taskType"] == func and j["name"] == name]
-    assert found, (func, name)
-    return found[0]
-
-
-@pytest.fixture
-def coord(coordinator_factory):
-    return coordinator_factory(periodic_port=0)
 
 
 def test_submit_then_work_done(coord, peers):
@@ -186,19 +114,6 @@ def test_restart_keeps_queued_and_scheduled_periodic_jobs(coord, peers):
                timeout=10)
 
 
-def _closed(sock: socket.socket, timeout: float = 5.0) -> bool:
-    sock.settimeout(timeout)
-    try:
-        while True:
-            data = sock.recv(4096)
-            if not data:
-                return True
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except socket.timeout:
-        return False
-
-
 @pytest.mark.parametrize("hostile", [
     b"GET / HTTP/1.1\r\n\r\n",  # bad magic
     pc.encode_handshake(pc.ConnType.CLIENT)[:8] + b"\0\0\0\0" + b"\x01",  # bad CRC
@@ -208,20 +123,11 @@ def _closed(sock: socket.socket, timeout: float = 5.0) -> bool:
     pc.encode_handshake(pc.ConnType.CLIENT) + pc.encode_frame(b"\0\0\0\x01\x09extra", pc.MAGIC_REQ),  # trailing
 ], ids=["bad-magic", "bad-crc", "oversized", "bad-handshake", "unknown-command", "trailing-bytes"])
 def test_hostile_bytes_close_only_that_connection(coord, hostile):
-    good = socket.create_connection(coord.periodic_addr, timeout=5)
-    good.sendall(pc.encode_handshake(pc.ConnType.CLIENT))
+    good = RawPeriodic(coord.periodic_addr)
     bad = socket.create_connection(coord.periodic_addr, timeout=5)
     bad.sendall(hostile)
-    assert _closed(bad)
-    good.sendall(pc.encode_request(pc.Ping(7)))
-    decoder = pc.PacketDecoder(pc.MAGIC_RES)
-    bodies: list[bytes] = []
-    good.settimeout(5)
-    while len(bodies) < 2:
-        decoder.feed(good.recv(4096))
-        while (body := decoder.next_packet()) is not None:
-            bodies.append(body)
-    assert pc.decode_handshake_reply(bodies[0]) >= 0
-    assert pc.decode_reply(bodies[1]) == pc.Pong(7)
+    assert closed(bad)
+    assert good.conn_id >= 0
+    assert good.request(pc.Ping(7)) == pc.Pong(7)
     good.close()
     assert client_ops(coord.periodic_addr, ["ping"]) == [True]
