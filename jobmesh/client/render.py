@@ -129,8 +129,10 @@ def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any
     return "\n".join("%-9s %s" % (label, MISSING if value is None else value) for label, value in rows)
 
 
-def runs_type(worker: dict[str, Any], task_type: Any) -> bool:
-    return task_type in (worker.get("taskTypes") or ())
+def runs_job(worker: dict[str, Any], job: dict[str, Any]) -> bool:
+    """Whether the worker declared the job's type (its func, for a Periodic job and worker)."""
+    return (worker.get("protocol", "json") == job.get("protocol", "json")
+            and job.get("taskType") in (worker.get("taskTypes") or ()))
 
 
 def waiting(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None) -> str:
@@ -150,7 +152,7 @@ def waiting(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] 
     if reason == "NO_WORKER_FOR_TYPE":
         return "no connected worker runs %s" % task_type
     if reason == "WORKERS_BUSY":
-        able = [w for w in workers or () if runs_type(w, task_type)]
+        able = [w for w in workers or () if runs_job(w, job)]
         if not able:
             return "every worker that runs %s is busy" % task_type
         slots = "(%d/%d slots)" % (sum(w.get("activeJobs") or 0 for w in able), sum(w.get("capacity") or 0 for w in able))
@@ -160,7 +162,7 @@ def waiting(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] 
     if reason == "BEHIND_OTHER_JOBS":
         return "behind other queued jobs"
     if reason == "LOCK_WAIT":
-        return "lock wait"
+        return "waiting for a lock another job of that lock holds (Periodic ACQUIRE)"
     return MISSING if reason is None else str(reason)
 
 
@@ -224,7 +226,7 @@ def worker_table(workers: list[dict[str, Any]], now_millis: int) -> str:
         ("WORKER", "CAPACITY", "ACTIVE", "LAST HEARTBEAT", "TYPES"),
         (
             (w.get("workerId"), w.get("capacity"), w.get("activeJobs"), age(w.get("lastHeartbeatMillis"), now_millis),
-             task_types(w))
+             task_types(w) + (" (periodic)" if w.get("protocol") == "periodic" else ""))
             for w in workers
         ),
     )

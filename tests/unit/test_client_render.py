@@ -169,3 +169,11 @@ def test_payload_must_be_a_json_object(text):
     with pytest.raises(ConfigError) as info:
         parse_payload(text)
     assert "PAYLOAD_JSON" in str(info.value)
+
+
+def test_worker_table_marks_periodic_workers():
+    out = render.worker_table([
+        {"workerId": "periodic-3", "capacity": 2, "activeJobs": 1, "lastHeartbeatMillis": NOW,
+         "taskTypes": ["resize"], "protocol": "periodic"},
+    ], NOW)
+    assert out.splitlines()[1].split() == ["periodic-3", "2", "1", "just", "now", "resize", "(periodic)"]

@@ -208,7 +208,7 @@ def test_purge_bad_duration_exits_2_from_main(capsys):
     ({"waitingReason": "NO_WORKER"}, None, "no worker is connected"),
     ({"waitingReason": "NO_WORKER_FOR_TYPE", "taskType": "GREET"}, None, "no connected worker runs GREET"),
     ({"waitingReason": "BEHIND_OTHER_JOBS"}, None, "behind other queued jobs"),
-    ({"waitingReason": "LOCK_WAIT"}, None, "lock wait"),
+    ({"waitingReason": "LOCK_WAIT"}, None, "waiting for a lock another job of that lock holds (Periodic ACQUIRE)"),
     ({"waitingReason": "WORKERS_BUSY"},
      [worker("a", ["SHA256", "SLEEP"], 4, 4), worker("b", ["SHA256"], 4, 4), worker("c", ["SHA256"], 4, 4),
       worker("d", ["GREET"], 8, 0)],
@@ -216,6 +216,13 @@ def test_purge_bad_duration_exits_2_from_main(capsys):
     ({"waitingReason": "WORKERS_BUSY"}, [worker("a", ["SHA256"], 2, 2)],
      "the one worker that runs SHA256 is busy (2/2 slots)"),
     ({"waitingReason": "WORKERS_BUSY"}, None, "every worker that runs SHA256 is busy"),
+    # a Periodic worker of a func named like the JSON task type does not count, and vice versa
+    ({"waitingReason": "WORKERS_BUSY"}, [worker("a", ["SHA256"], 2, 2), dict(worker("p", ["SHA256"], 9, 9),
+                                                                            protocol="periodic")],
+     "the one worker that runs SHA256 is busy (2/2 slots)"),
+    ({"waitingReason": "WORKERS_BUSY", "protocol": "periodic"},
+     [worker("a", ["SHA256"], 2, 2), dict(worker("p", ["SHA256"], 9, 9), protocol="periodic")],
+     "the one worker that runs SHA256 is busy (9/9 slots)"),
     ({"waitingReason": "SOMETHING_NEW"}, None, "SOMETHING_NEW"),
 ])
 def test_waiting_words(over, workers, words):
