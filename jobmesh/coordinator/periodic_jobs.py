@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import heapq
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
 from jobmesh.config import CoreConfig
@@ -40,6 +40,7 @@ PERIODIC_MAX_WAIT_MILLIS = 3_600_000  # and at most, whatever the job's timeout
 PERIODIC_RECENT_MILLIS = 10_000  # a RECV_DATA this soon after its job ended gets EOF at once
 PERIODIC_RECENT_KEPT = 4096  # job ends remembered for that
 EXPIRED_ERROR = "expired"  # how the error of a job ended by its RUN_JOB wait begins
+PERIODIC_MAX_WAITS_PER_CONN = 10_000  # RUN_JOB + RECV_DATA waits one connection may hold; more closes it
 REJECTED = b"rejected: the coordinator is at its active-job limit"  # SUBMIT_JOB / RUN_JOB at admission
 _PENDING = frozenset({JobState.QUEUED, JobState.SCHEDULED, JobState.RETRY_WAIT})
 
@@ -132,6 +133,7 @@ class PeriodicJobs:
         self.pwaits: dict[tuple[str, str], list[PeriodicWaiter]] = {}
         self._pwait_heap: list[tuple[int, int, PeriodicWaiter]] = []
         self._pwait_live = 0
+        self._pwait_conns: Counter[Any] = Counter()  # connection -> its live waits
         self._pwait_seq = 0
         self._ended: OrderedDict[tuple[str, str], int] = OrderedDict()
         # A broadcast job's other workers (its lease holder is ``worker_id``), while it runs.
@@ -293,6 +295,8 @@ class PeriodicJobs:
         if pf is None or not pf.workers:
             self._send(conn, pc.encode_no_worker(msg.msgid))
             return
+        if not self._may_wait(conn):
+            return
         problem = self._periodic_store(now_millis, func, name, msg.job)
         if problem is not None:
             self._send(conn, pc.encode_data(msg.msgid, problem))
@@ -311,6 +315,8 @@ class PeriodicJobs:
         pf = self.pfuncs.get(key[0])
         if pf is None or not pf.workers:
             self._send(conn, pc.Paced(msg.msgid, pc.encode_no_worker(msg.msgid)))
+            return
+        if not self._may_wait(conn):
             return
         self._send(conn, pc.Paced(msg.msgid, pc.encode_success(msg.msgid)))
         ended = self._ended.get(key)
@@ -466,16 +472,36 @@ class PeriodicJobs:
 
     # ---- run-and-wait and streaming ---------------------------------------------------
 
+    def _may_wait(self, conn: Any) -> bool:
+        """Whether the connection may register one more wait; if not, it is closed (a
+        peer that piles up waits would otherwise hold memory for up to an hour each)."""
+        if self._pwait_conns[conn] < PERIODIC_MAX_WAITS_PER_CONN:
+            return True
+        log.warning("closing periodic connection %r: more than %d RUN_JOB / RECV_DATA waits pending",
+                    conn, PERIODIC_MAX_WAITS_PER_CONN)
+        self._send(conn, None)
+        return False
+
     def _pwait(self, key: tuple[str, str], conn: Any, msgid: int, stream: bool, deadline: int) -> None:
         waiter = PeriodicWaiter(key, conn, msgid, stream, deadline)
         self.pwaits.setdefault(key, []).append(waiter)
         self._pwait_live += 1
+        self._pwait_conns[conn] += 1
         heap = self._pwait_heap
         if len(heap) > 2 * self._pwait_live + 1024:
             heap[:] = [entry for entry in heap if not entry[2].done]
             heapq.heapify(heap)
         self._pwait_seq += 1
         heapq.heappush(heap, (deadline, self._pwait_seq, waiter))
+
+    def _pwait_retire(self, waiter: PeriodicWaiter) -> None:
+        """Answered: out of the live count and its connection's count."""
+        waiter.done = True
+        self._pwait_live -= 1
+        conns = self._pwait_conns
+        conns[waiter.conn] -= 1
+        if conns[waiter.conn] <= 0:
+            del conns[waiter.conn]
 
     def _run_waited(self, job: Job) -> bool:
         """Whether a RUN_JOB caller waits for this job (its failures then end it)."""
@@ -506,8 +532,7 @@ class PeriodicJobs:
         for waiter in waiters:
             if not waiter.stream:
                 self._send(waiter.conn, pc.encode_data(waiter.msgid, outcome))
-            waiter.done = True
-        self._pwait_live -= len(waiters)
+            self._pwait_retire(waiter)
 
     def expire_periodic_waits(self, now_millis: int) -> None:
         """RUN_JOB / RECV_DATA waits whose time is up: a RUN_JOB wait ends its job (every
@@ -530,8 +555,7 @@ class PeriodicJobs:
             waiting.remove(waiter)
             if not waiting:
                 self.pwaits.pop(waiter.key, None)
-            waiter.done = True
-            self._pwait_live -= 1
+            self._pwait_retire(waiter)
             if waiter.stream:
                 self._send(waiter.conn, pc.Paced(waiter.msgid, pc.encode_data(waiter.msgid, pc.STREAM_EOF)))
             else:

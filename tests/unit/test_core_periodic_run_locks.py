@@ -275,3 +275,20 @@ def test_a_broadcast_job_goes_to_every_worker_holding_a_token_and_the_first_done
     assert not h.core.pfanout and not any(s.running for s in h.core.pworkers.values())
     [job] = h.core.finished.values()
     assert job.state is JobState.COMPLETED and job.result == {"data": "x"}
+
+
+def test_a_connection_piling_up_waits_is_closed_and_counts_are_returned(monkeypatch):
+    from jobmesh.coordinator import periodic_jobs
+
+    monkeypatch.setattr(periodic_jobs, "PERIODIC_MAX_WAITS_PER_CONN", 3)
+    h = H()
+    c, w = Conn("c"), Conn("w")
+    h.send(T0, w, pc.CanDo(1, b"f"))
+    for i in range(3):
+        assert to(h.send(T0, c, pc.RecvData(10 + i, pc.Job(b"f", b"n%d" % i))), c) == [pc.Success(10 + i)]
+    assert to(run(h, T0, c, msgid=20, name="x"), c) == [None]  # the fourth wait: closed
+    assert h.job(name="x") is None  # and nothing stored for it
+    assert h.core._pwait_conns[c] == 3
+    h.core.sweep(T0 + 60_000)
+    h.finish(T0 + 60_000)
+    assert not h.core._pwait_conns and h.core._pwait_live == 0
