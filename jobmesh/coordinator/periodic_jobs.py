@@ -276,10 +276,15 @@ class PeriodicJobs:
             return
         handler(self, now_millis, conn, msg)
 
+    def _not_text(self, conn: Any) -> None:
+        """A func, name or lock name that is not UTF-8: jobmesh cannot store it; closed."""
+        log.warning("closing periodic connection %r: a func, name or lock name is not valid UTF-8", conn)
+        self._send(conn, None)
+
     def _p_submit(self, now_millis: int, conn: Any, msg: pc.SubmitJob) -> None:
         func, name = _text(msg.job.func), _text(msg.job.name)
         if func is None or name is None:
-            self._send(conn, None)
+            self._not_text(conn)
             return
         problem = self._periodic_store(now_millis, func, name, msg.job)
         self._send(conn, pc.encode_success(msg.msgid) if problem is None else pc.encode_data(msg.msgid, problem))
@@ -289,7 +294,7 @@ class PeriodicJobs:
         (or attach to the job of that name) and answer when the job ends (``_pfire``)."""
         func, name = _text(msg.job.func), _text(msg.job.name)
         if func is None or name is None:
-            self._send(conn, None)
+            self._not_text(conn)
             return
         pf = self.pfuncs.get(func)
         if pf is None or not pf.workers:
@@ -310,7 +315,7 @@ class PeriodicJobs:
         ago (aio-periodic sends RECV_DATA after RUN_JOB) gets its EOF at once."""
         key, job = self._plive(pc.Handle(msg.job.func, msg.job.name))
         if key is None:
-            self._send(conn, None)
+            self._not_text(conn)
             return
         pf = self.pfuncs.get(key[0])
         if pf is None or not pf.workers:
@@ -340,7 +345,7 @@ class PeriodicJobs:
     def _p_remove(self, now_millis: int, conn: Any, msg: pc.RemoveJob) -> None:
         key, job = self._plive(msg.handle)
         if key is None:
-            self._send(conn, None)
+            self._not_text(conn)
             return
         if job is not None:
             job.error = "removed by a Periodic client (REMOVE_JOB)"
@@ -350,7 +355,7 @@ class PeriodicJobs:
     def _p_drop_func(self, now_millis: int, conn: Any, msg: pc.DropFunc) -> None:
         func = _text(msg.func)
         if func is None:
-            self._send(conn, None)
+            self._not_text(conn)
             return
         self._drop_func(now_millis, func)
         self._send(conn, pc.encode_success(msg.msgid))
@@ -366,7 +371,7 @@ class PeriodicJobs:
         for pj in msg.jobs:
             func, name = _text(pj.func), _text(pj.name)
             if func is None or name is None:
-                self._send(conn, None)
+                self._not_text(conn)
                 return
             problem = self._periodic_store(now_millis, func, name, pj)
             if problem is not None:
@@ -377,7 +382,7 @@ class PeriodicJobs:
     def _p_can_do(self, now_millis: int, conn: Any, msg: pc.CanDo | pc.Broadcast | pc.CantDo) -> None:
         func = _text(msg.func)
         if func is None:
-            self._send(conn, None)
+            self._not_text(conn)
             return
         session = self._psession(conn, now_millis)
         if type(msg) is pc.CantDo:
@@ -439,7 +444,7 @@ class PeriodicJobs:
         lock = _text(msg.lock)
         key, job = self._plive(msg.handle)
         if lock is None or key is None:
-            self._send(conn, None)
+            self._not_text(conn)
             return
         granted = True
         if job is not None and job.state is JobState.RUNNING:
@@ -455,7 +460,7 @@ class PeriodicJobs:
         lock = _text(msg.lock)
         key, job = self._plive(msg.handle)
         if lock is None or key is None:
-            self._send(conn, None)
+            self._not_text(conn)
             return
         if job is not None:
             self._promote(self.plocks.release(lock, job.job_id))
