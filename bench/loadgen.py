@@ -430,8 +430,10 @@ class LoadGen:
         self.record_cpu(cpu0)
 
     def cpu_snapshot(self) -> dict[str, float]:
-        """CPU seconds so far of the coordinator, our workers and this process."""
-        snap = {"wall": time.monotonic(), "loadgen": sum(os.times()[:2])}
+        """CPU seconds so far of the coordinator, our workers, this process and the whole
+        machine (all CPUs, whoever used them)."""
+        snap = {"wall": time.monotonic(), "loadgen": sum(os.times()[:2]),
+                "machine": procs.machine_cpu_seconds() or 0.0}
         if self.coordinator is not None:
             snap["coordinator"] = procs.cpu_seconds(self.coordinator.pid) or 0.0
         elif self.o["coordinator_pid"]:

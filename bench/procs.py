@@ -165,6 +165,20 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def machine_cpu_seconds() -> float | None:
+    """CPU time all of the machine's CPUs have been busy so far (``/proc/stat``: user,
+    nice, system, irq, softirq, steal), in seconds: with the processes' own times it
+    tells whether the cores were all in use, by whom (other processes, or the kernel's
+    loopback work, which no process is charged for)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+
+
 class RssSampler:
     """Polls a pid's memory in a greenlet: ``peak_kb`` (max VmHWM seen) and ``last_kb``."""
 
