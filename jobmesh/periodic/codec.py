@@ -272,7 +272,15 @@ class _Reader:
     def __init__(self, body: bytes, pos: int, context: str):
         self.body = body
         self.pos = pos
-        self.context = context
+        self._context = context
+        self.command: Command | None = None  # once known, the context names it (formatted on error only)
+        self.msgid = 0
+
+    @property
+    def context(self) -> str:
+        if self.command is None:
+            return self._context
+        return "%s payload (msgid %d)" % (self.command.name, self.msgid)
 
     def take(self, n: int, what: str) -> bytes:
         if len(self.body) - self.pos < n:
@@ -595,30 +603,47 @@ REPLIES: dict[Command, type[Message]] = {cls.COMMAND: cls for cls in (
     Noop, JobAssign, NoJob, Pong, Unknown, Success, Config, Acquired, NoWorker, Data)}
 
 
+_Spec = tuple[tuple[Callable[[Any, str], bytes], Callable[["_Reader", str], Any], str], ...]
+_SPECS: dict[type, _Spec] = {}
+
+
+def _spec(cls: type[Message]) -> _Spec:
+    """(writer, reader, field name) of each payload field of ``cls``, computed once."""
+    spec = _SPECS.get(cls)
+    if spec is None:
+        names = [f.name for f in fields(cls)][1:]
+        spec = _SPECS[cls] = tuple((_KINDS[kind][0], _KINDS[kind][1], name) for kind, name in zip(cls.LAYOUT, names))
+    return spec
+
+
 def encode_body(msg: Message) -> bytes:
-    """msgid + command + payload of ``msg``."""
-    names = [f.name for f in fields(msg)][1:]
-    context = "%s msgid=%s" % (msg.COMMAND.name, msg.msgid)
-    payload = b"".join(_KINDS[kind][0](getattr(msg, name), "%s %s" % (context, name))
-                       for kind, name in zip(msg.LAYOUT, names))
-    return _u32(msg.msgid, "msgid") + bytes([msg.COMMAND]) + payload
+    """msgid + command + payload of ``msg``. Fields are checked with their bare names; only
+    when one does not fit is the body encoded again to name the message in the error."""
+    try:
+        payload = b"".join(write(getattr(msg, name), name) for write, _, name in _spec(type(msg)))
+        return _u32(msg.msgid, "msgid") + bytes([msg.COMMAND]) + payload
+    except PeriodicError:
+        context = "%s msgid=%s" % (msg.COMMAND.name, msg.msgid)
+        for write, _, name in _spec(type(msg)):
+            write(getattr(msg, name), "%s %s" % (context, name))
+        raise
 
 
 def _decode(body: bytes, table: dict[Command, type[Message]], direction: str) -> Message | StrayCommand:
     reader = _Reader(body, 0, "body")
     msgid = reader.int(4, False, "msgid")
     byte = reader.int(1, False, "command")
-    try:
-        command = Command(byte)
-    except ValueError:
-        raise PeriodicError("unknown command %d (msgid %d)" % (byte, msgid)) from None
-    cls = table.get(command)
+    cls = table.get(byte)  # type: ignore[call-overload]  # Command is an IntEnum: its bytes are keys too
     if cls is None:
+        try:
+            command = Command(byte)
+        except ValueError:
+            raise PeriodicError("unknown command %d (msgid %d)" % (byte, msgid)) from None
         if table is REQUESTS and command in REPLIES:
             return StrayCommand(msgid, command, reader.rest("payload"))
         raise PeriodicError("%s is not a %s command (msgid %d)" % (command.name, direction, msgid))
-    reader.context = "%s payload (msgid %d)" % (command.name, msgid)
-    values = [_KINDS[kind][1](reader, name) for kind, name in zip(cls.LAYOUT, [f.name for f in fields(cls)][1:])]
+    reader.command, reader.msgid = cls.COMMAND, msgid
+    values = [read(reader, name) for _, read, name in _spec(cls)]
     reader.end()
     build: Callable[..., Message] = cls
     return build(msgid, *values)
