@@ -78,6 +78,9 @@ Coordinator options:
   --idle-timeout-millis=N        close a client connection whose first frame, or a worker
                                  connection whose registration, is not complete after
                                  this long [default: 120000]
+  --periodic-keepalive-millis=N  close a Periodic connection that sent nothing for this
+                                 long after its handshake (aio-periodic pings every 10 s
+                                 when idle); 0 = never [default: 120000]
   --log-level=LEVEL              DEBUG, INFO, WARNING or ERROR [default: INFO]
   --log-format=FORMAT            text, or json: one JSON object per line on stderr [default: text]
   -h --help                      show this help

@@ -44,6 +44,7 @@ class CoordinatorConfig(CoreConfig):
     db: str = "jobmesh.db"
     sweep_interval_millis: int = 500
     idle_timeout_millis: int = 120_000
+    periodic_keepalive_millis: int = 120_000  # Periodic connections silent this long are closed (0: never)
     db_synchronous: str = "FULL"
     log_level: str = "INFO"
     # On SIGTERM/SIGINT, how long running attempts may finish before the stop (0: stop at once).
@@ -146,6 +147,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         default_max_attempts=_int(args, "--default-max-attempts", 1),
         retain_finished_millis=_int(args, "--retain-finished-millis", 0),
         idle_timeout_millis=_int(args, "--idle-timeout-millis", 1),
+        periodic_keepalive_millis=_int(args, "--periodic-keepalive-millis", 0),
         sweep_interval_millis=_int(args, "--sweep-interval-millis", 1),
         db_synchronous=_choice(args, "--db-synchronous", SYNC_MODES),
         log_level=_choice(args, "--log-level", LOG_LEVELS),

@@ -83,6 +83,7 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         "db-synchronous": cfg.db_synchronous,
         "retain-finished-millis": cfg.retain_finished_millis,
         "idle-timeout-millis": cfg.idle_timeout_millis,
+        "periodic-keepalive-millis": cfg.periodic_keepalive_millis,
         "log-level": cfg.log_level,
         "drain-millis": cfg.drain_millis,
         "log-format": cfg.log_format,

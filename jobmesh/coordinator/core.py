@@ -596,6 +596,8 @@ class CoordinatorCore(PeriodicJobs):
         if job.state not in TERMINAL:
             return m.Error("job %s is %s; only a finished job can be retried (cancel it first)"
                            % (job_id, job.state.value))
+        if job.periodic is not None:
+            return m.Error("job %s is a Periodic job; submit it again on the Periodic port (SUBMIT_JOB)" % job_id)
         problem = self._check_payload(job.task_type, job.payload)
         if problem is not None:
             return m.Error("job %s cannot be retried: %s" % (job_id, problem))

@@ -190,8 +190,8 @@ class PeriodicJobs:
                     other = self.pworkers.get(worker_id)
                     if other is not None:
                         other.running.discard(job.job_id)
-            if job.job_id in self.plocks.held and not waits_lock:
-                self._promote(self.plocks.release_all(job.job_id))
+            if job.job_id in self.plocks.held:  # its run ended (a refused job gives them up too)
+                self._promote(self.plocks.release_held(job.job_id))
         if target is JobState.RUNNING:
             pf.processing += 1
         elif target in TERMINAL:
@@ -392,13 +392,14 @@ class PeriodicJobs:
                 pf = self.pfuncs.get(func)
                 if pf is not None and session in pf.workers:
                     pf.workers.remove(session)
-        elif func not in session.funcs:
-            session.funcs.add(func)
-            session.task_types = frozenset(session.funcs)
+        else:
             pf = self._pfunc(func)
-            pf.workers.append(session)
             pf.broadcast = pf.broadcast or type(msg) is pc.Broadcast
-            self._pready.add(func)
+            if func not in session.funcs:
+                session.funcs.add(func)
+                session.task_types = frozenset(session.funcs)
+                pf.workers.append(session)
+                self._pready.add(func)
         self._send(conn, pc.encode_success(msg.msgid))
 
     def _p_grab(self, now_millis: int, conn: Any, msg: pc.GrabJob) -> None:
@@ -447,8 +448,14 @@ class PeriodicJobs:
             self._not_text(conn)
             return
         granted = True
-        if job is not None and job.state is JobState.RUNNING:
-            granted = self.plocks.acquire(lock, msg.max_holders, job.job_id)
+        session = self.pconns.get(conn)
+        if job is not None and job.state is JobState.RUNNING and (
+                session is None or (job.worker_id != session.worker_id
+                                    and session.worker_id not in self.pfanout.get(job.job_id, ()))):
+            granted = False  # an attempt that has ended (its job runs elsewhere now): nothing recorded
+        elif job is not None and job.state is JobState.RUNNING:
+            granted, promoted = self.plocks.acquire(lock, msg.max_holders, job.job_id)
+            self._promote(promoted)
             if not granted:
                 self._pfunc(job.task_type).locked += 1
                 self._transition(job, JobState.QUEUED, now_millis, event=None)
@@ -463,7 +470,12 @@ class PeriodicJobs:
             self._not_text(conn)
             return
         if job is not None:
+            waited = self.plocks.waiting.get(job.job_id) == lock
             self._promote(self.plocks.release(lock, job.job_id))
+            if waited:  # it stops waiting: pending again (periodicd: Locked -> Pending)
+                pf = self._pfunc(job.task_type)
+                pf.locked -= 1
+                self._periodic_enter(job, pf)
         self._send(conn, pc.encode_success(msg.msgid))
 
     def _promote(self, job_ids: list[str]) -> None:

@@ -16,8 +16,10 @@ Frames the core marks ``Paced`` (a RECV_DATA's SUCCESS, chunks and EOF) are writ
 by one: each after everything before it has left, and at least ``PACE_SECONDS`` after
 the previous frame of its msgid, because aio-periodic keeps only the newest unread frame
 of a msgid. Later frames of the connection queue behind them, so the order the core
-decided holds. A connection that sends nothing for ``--idle-timeout-millis`` after its
-handshake is closed (aio-periodic pings every 10 s when it has nothing else to say).
+decided holds; more than ``MAX_UNSENT_BYTES`` waiting there closes the connection, as
+unsent bytes do. The handshake must come within ``--idle-timeout-millis``; after it, a
+connection that sends nothing for ``--periodic-keepalive-millis`` is closed (aio-periodic
+pings every 10 s when it has nothing else to say).
 
 A bad magic, a bad CRC, an oversized frame, an undecodable body or a handshake other
 than client (1) or worker (2) closes that connection only, without a reply (periodicd
@@ -35,7 +37,8 @@ import gevent
 
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import monotonic
-from jobmesh.coordinator.server import MAX_WORKER_BACKLOG, WRITER_JOIN_SECONDS, Output, Servers, _nodelay
+from jobmesh.coordinator.server import (MAX_UNSENT_BYTES, MAX_WORKER_BACKLOG, WRITER_JOIN_SECONDS, Output, Servers,
+                                        _nodelay)
 from jobmesh.errors import ProtocolError
 from jobmesh.periodic import codec as pc
 
@@ -76,13 +79,14 @@ def local_answer(msg: Any, config: dict[bytes, int]) -> bytes | None:
 class PeriodicConn(Output):
     """One Periodic connection: the core writes codec frames (bytes) to it, in order."""
 
-    __slots__ = ("addr", "kind", "_paced", "_pacer", "_last_paced")
+    __slots__ = ("addr", "kind", "_paced", "_paced_bytes", "_pacer", "_last_paced")
 
     def __init__(self, sock: Any, addr: Any) -> None:
         super().__init__(sock)
         self.addr = addr
         self.kind = 0  # 1 client, 2 worker, after the handshake
         self._paced: deque | None = None  # frames waiting for the pacer, in order (None: close)
+        self._paced_bytes = 0
         self._pacer: gevent.Greenlet | None = None
         self._last_paced: dict[int, float] = {}  # msgid -> when its last Paced frame went out
 
@@ -93,6 +97,8 @@ class PeriodicConn(Output):
         """Frames in order; a None among them closes after what precedes it. Plain frames
         go out with one write; from the first Paced frame on, everything goes through
         the pacer, in order."""
+        if self.closed:
+            return
         if self._paced is None and not any(type(msg) is pc.Paced for msg in msgs):
             close = None in msgs
             if close:
@@ -101,8 +107,14 @@ class PeriodicConn(Output):
             return
         if self._paced is None:
             self._paced = deque()
+            self._paced_bytes = 0
             self._pacer = gevent.spawn(self._pace)
         self._paced.extend(msgs)
+        self._paced_bytes += sum(len(msg.frame) if type(msg) is pc.Paced else len(msg or b"") for msg in msgs)
+        if self._paced_bytes > MAX_UNSENT_BYTES:  # a stream far faster than its reader: as unsent bytes
+            log.warning("closing periodic connection peer=%s:%s: %d bytes wait to be paced out (limit %d)",
+                        self.addr[0], self.addr[1], self._paced_bytes, MAX_UNSENT_BYTES)
+            self.abort()
 
     def _pace(self) -> None:
         paced = self._paced
@@ -114,8 +126,10 @@ class PeriodicConn(Output):
                     self.write(b"", True)
                     return
                 if type(item) is not pc.Paced:
+                    self._paced_bytes -= len(item)
                     self.write(item)
                     continue
+                self._paced_bytes -= len(item.frame)
                 self.flushed(WRITER_JOIN_SECONDS)
                 last = self._last_paced.get(item.msgid)
                 if last is not None and monotonic() - last < PACE_SECONDS:
@@ -135,6 +149,7 @@ class PeriodicConn(Output):
         finally:
             if self._pacer is not None:
                 self._pacer.kill(block=False)
+            self._paced = self._pacer = None
             self.release()
 
 
@@ -142,28 +157,30 @@ class PeriodicPort:
     """The Periodic port's handler; ``post`` feeds the core (clients), ``post_urgent`` (workers)."""
 
     def __init__(self, post: Callable[[Any], None], post_urgent: Callable[[Any], None], servers: Servers,
-                 idle_timeout: float, task_timeout: float = 0.0) -> None:
+                 idle_timeout: float, task_timeout: float = 0.0, keepalive: float = 120.0) -> None:
         self.post = post
         self.post_urgent = post_urgent
         self.servers = servers  # shares its connection counts (metrics)
-        self.idle_timeout = idle_timeout
+        self.idle_timeout = idle_timeout  # for the handshake
+        self.keepalive = keepalive  # after it (0: never)
         self.conns: set[PeriodicConn] = set()
         self._reaper: gevent.Greenlet | None = None
         # CONFIG_GET: the settings that mean the same here as in periodicd (seconds).
-        self.config = {b"timeout": int(task_timeout), b"keepalive": int(idle_timeout)}
+        self.config = {b"timeout": int(task_timeout), b"keepalive": int(keepalive)}
         servers.connections.setdefault("periodic", 0)
 
     def _reap(self) -> None:
-        """Close connections silent for longer than the idle timeout since their handshake
-        (checked every quarter of it, at most every 10 s); stops when none is left."""
-        every = min(max(self.idle_timeout / 4, 0.05), 10.0)
+        """Close connections silent for longer than the keepalive since their handshake
+        (checked every quarter of it, at most every 10 s); stops when none is left. A
+        connection whose reader is paused (the core is behind on it) is not silent."""
+        every = min(max(self.keepalive / 4, 0.05), 10.0)
         while self.conns:
             gevent.sleep(every)
-            limit = monotonic() - self.idle_timeout
+            limit = monotonic() - self.keepalive
             for conn in list(self.conns):
-                if conn.kind and conn.last_arrival < limit and not conn.closed:
-                    log.info("closing an idle periodic connection peer=%s:%s: nothing received for %.0f s",
-                             conn.addr[0], conn.addr[1], self.idle_timeout)
+                if conn.kind and not conn.paused and conn.last_arrival < limit and not conn.closed:
+                    log.info("closing an idle periodic connection peer=%s:%s: nothing received for %.1f s",
+                             conn.addr[0], conn.addr[1], self.keepalive)
                     conn.abort()
         self._reaper = None
 
@@ -171,7 +188,7 @@ class PeriodicPort:
         _nodelay(sock)
         conn = PeriodicConn(sock, addr)
         self.conns.add(conn)
-        if self._reaper is None:
+        if self._reaper is None and self.keepalive > 0:
             self._reaper = gevent.spawn(self._reap)
         self.servers.connections["periodic"] += 1
         decoder = pc.PacketDecoder()
@@ -201,6 +218,7 @@ class PeriodicPort:
                     conn.paused = True  # the core is behind on us: stop reading
                     conn._wait_for(lambda: len(conn.inbox) < MAX_WORKER_BACKLOG)
                     conn.paused = False
+                    conn.last_arrival = monotonic()
                 body = self._next(sock, decoder)
                 if body is None:
                     return

@@ -226,7 +226,8 @@ class Coordinator:
         self.servers: list[gevent.server.StreamServer] = []
         self.handlers = Servers(self.mailbox.put, self.mailbox.put_urgent, config.idle_timeout_millis / 1000.0)
         self.periodic = PeriodicPort(self.mailbox.put, self.mailbox.put_urgent, self.handlers,
-                                     config.idle_timeout_millis / 1000.0, config.task_timeout_millis / 1000.0)
+                                     config.idle_timeout_millis / 1000.0, config.task_timeout_millis / 1000.0,
+                                     config.periodic_keepalive_millis / 1000.0)
         self._core_greenlet: gevent.Greenlet | None = None
         self._sweep_timer: gevent.Greenlet | None = None
         self._next_sweep = 0.0

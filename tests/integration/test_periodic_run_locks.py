@@ -5,7 +5,7 @@ coordinator. The behaviour is PERIODIC.md's (sections 7, 8 and 10), with jobmesh
 decisions: a RUN_JOB job whose worker fails ends FAILED; a job refused a lock is QUEUED
 with waitingReason LOCK_WAIT; Periodic workers are in LIST_WORKERS with ``protocol:
 "periodic"`` (JSON workers with ``"json"``); a Periodic connection silent for longer than
-``--idle-timeout-millis`` after its handshake is closed."""
+``--periodic-keepalive-millis`` after its handshake is closed."""
 
 from __future__ import annotations
 
@@ -278,7 +278,7 @@ def test_periodic_workers_are_listed_until_their_process_dies(coord, peers):
 
 
 def test_a_silent_connection_is_closed_after_the_idle_timeout(coordinator_factory):
-    coord = coordinator_factory(periodic_port=0, idle_timeout_millis=500)
+    coord = coordinator_factory(periodic_port=0, periodic_keepalive_millis=500)
     started = time.monotonic()
     silent = RawPeriodic(coord.periodic_addr)
     busy = RawPeriodic(coord.periodic_addr)
@@ -290,7 +290,7 @@ def test_a_silent_connection_is_closed_after_the_idle_timeout(coordinator_factor
         elif silent.closed_within(0.1):
             closed_after = time.monotonic() - started
     assert closed_after is not None, "a connection silent since its handshake was still open after 2 s " \
-                                     "(--idle-timeout-millis=500)"
+                                     "(--periodic-keepalive-millis=500)"
     assert closed_after >= 0.45, "closed %.2fs after its handshake (idle timeout 0.5 s)" % closed_after
     assert busy.ping()
     busy.close()

@@ -148,13 +148,29 @@ def test_recv_data_without_a_worker_and_its_own_expiry():
 
 def test_lock_table_counts_holders_and_promotes_in_fifo_order():
     t = LockTable()
-    assert t.acquire("L", 2, "a") and t.acquire("L", 2, "b")
-    assert not t.acquire("L", 2, "c") and not t.acquire("L", 2, "d")
-    assert t.acquire("L", 1, "a")  # a holder asking again; the max stays the largest asked
+    assert t.acquire("L", 2, "a") == (True, []) and t.acquire("L", 2, "b") == (True, [])
+    assert t.acquire("L", 2, "c") == (False, []) and t.acquire("L", 2, "d") == (False, [])
+    assert t.acquire("L", 1, "a") == (True, [])  # a holder asking again; the max stays the largest asked
     assert t.release("L", "a") == ["c"]
     assert t.release_all("d") == []  # a waiting job that goes just leaves the FIFO
     assert t.release("L", "b") == [] and t.release("L", "c") == []
     assert len(t) == 0 and not t.held and not t.waiting
+
+
+def test_lock_table_a_larger_max_lets_the_waiting_in_first():
+    t = LockTable()
+    t.acquire("L", 1, "a")
+    assert t.acquire("L", 1, "b") == (False, [])
+    assert t.acquire("L", 3, "c") == (True, ["b"])  # b waited longer than c asked
+    assert t.held == {"a": {"L"}, "b": {"L"}, "c": {"L"}} and not t.waiting
+
+
+def test_lock_table_release_held_keeps_the_wait():
+    t = LockTable()
+    t.acquire("X", 1, "a")
+    t.acquire("Y", 1, "b")
+    t.acquire("Y", 1, "a")  # a holds X and waits for Y
+    assert t.release_held("a") == [] and t.waiting == {"a": "Y"} and "X" not in t.locks
 
 
 def contended(h: H, w: Conn) -> tuple[list, list]:
@@ -292,3 +308,73 @@ def test_a_connection_piling_up_waits_is_closed_and_counts_are_returned(monkeypa
     h.core.sweep(T0 + 60_000)
     h.finish(T0 + 60_000)
     assert not h.core._pwait_conns and h.core._pwait_live == 0
+
+
+def test_a_refused_job_gives_up_its_locks_so_opposite_orders_do_not_deadlock():
+    h = H()
+    w = Conn("w")
+    h.worker(T0, w, tokens=2)
+    h.submit(T0, name="a")
+    h.submit(T0, name="b")
+    ha, hb = pc.Handle(b"f", b"a"), pc.Handle(b"f", b"b")
+    h.send(T0, w, pc.Acquire(30, b"X", 1, ha))
+    h.send(T0, w, pc.Acquire(31, b"Y", 1, hb))
+    assert to(h.send(T0, w, pc.Acquire(32, b"Y", 1, ha)), w) == [pc.Acquired(32, False)]  # a waits for Y, drops X
+    assert to(h.send(T0, w, pc.Acquire(33, b"X", 1, hb)), w) == [pc.Acquired(33, True)]  # so b gets X
+    h.send(T0, w, pc.GrabJob(1))
+    [assign] = assigns(h.send(T0 + 1, w, pc.WorkDone(34, hb, b"")))  # b done: Y goes to a
+    assert assign.job.name == b"a"
+
+
+def test_release_by_a_waiting_job_makes_it_pending_again():
+    h = H()
+    w = Conn("w")
+    contended(h, w)  # b waits for L
+    h.send(T0, w, pc.GrabJob(2))
+    [assign] = assigns(h.send(T0 + 1, w, pc.Release(40, b"L", pc.Handle(b"f", b"b"))))
+    assert assign.job.name == b"b" and h.status(T0 + 1)[0].locked == 0 and not h.core.plocks.waiting
+
+
+def test_a_larger_max_dispatches_the_waiting_job():
+    h = H()
+    w = Conn("w")
+    contended(h, w)  # a holds L (max 1), b waits
+    h.submit(T0, name="c")
+    h.send(T0, w, pc.GrabJob(2))
+    h.send(T0, w, pc.GrabJob(3))
+    out = h.send(T0, w, pc.Acquire(41, b"L", 3, pc.Handle(b"f", b"c")))  # c asks with max 3
+    assert to(out, w)[0] == pc.Acquired(41, True) and [a.job.name for a in assigns(out)] == [b"b"]
+    assert h.status(T0)[0].locked == 0
+
+
+def test_acquire_from_an_attempt_that_has_ended_changes_nothing():
+    h = H()
+    w1, w2 = Conn("w1"), Conn("w2")
+    h.worker(T0, w1)
+    h.submit(T0, name="a", timeout=1)
+    h.core.sweep(T0 + 1000)  # the attempt on w1 timed out
+    h.core.sweep(T0 + 2000)
+    h.worker(T0 + 2000, w2)  # the retry runs on w2
+    assert h.job(name="a").worker_id == h.core.pconns[w2].worker_id
+    out = h.send(T0 + 2001, w1, pc.Acquire(50, b"L", 1, pc.Handle(b"f", b"a")))  # late, from w1
+    assert to(out, w1) == [pc.Acquired(50, False)]
+    assert h.job(name="a").state is JobState.RUNNING and not h.core.plocks.locks
+
+
+def test_retry_of_a_finished_periodic_job_is_refused():
+    h = H()
+    w = Conn("w")
+    h.worker(T0, w)
+    h.submit(T0)
+    h.send(T0, w, pc.WorkDone(9, HANDLE, b""))
+    [job] = h.core.finished.values()
+    reply = h.core.retry_job(T0, job.job_id)
+    assert isinstance(reply, m.Error) and "Periodic job" in reply.message
+
+
+def test_broadcast_after_can_do_marks_the_func():
+    h = H()
+    w = Conn("w")
+    h.send(T0, w, pc.CanDo(1, b"f"))
+    h.send(T0, w, pc.Broadcast(2, b"f"))
+    assert h.core.pfuncs["f"].broadcast and h.status(T0)[0].workers == 1

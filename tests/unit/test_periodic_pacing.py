@@ -82,3 +82,26 @@ def test_local_answers():
     assert local_answer(pc.Shutdown(4), config) == b""  # ignored: a Periodic client cannot stop jobmesh
     assert local_answer(pc.Sleep(5), config) == pc.encode_noop(5)
     assert local_answer(pc.SubmitJob(6, pc.Job(b"f", b"n")), config) is None  # the core's
+
+
+def test_more_than_the_unsent_cap_waiting_to_be_paced_closes_the_connection(monkeypatch):
+    from jobmesh.coordinator import periodic_port
+
+    monkeypatch.setattr(periodic_port, "MAX_UNSENT_BYTES", 10_000)
+    conn, peer, writes = pair()
+    chunk = pc.Paced(8, pc.encode_data(8, b"x" * 1000))
+    conn.send_many([chunk] * 5)
+    assert not conn.closed
+    conn.send_many([chunk] * 6)  # a stream far faster than 200 chunks a second
+    assert conn.closed
+    gevent.sleep(0.05)
+    assert conn._pacer is None
+
+
+def test_frames_for_a_finished_connection_are_dropped():
+    conn, peer, writes = pair()
+    conn.send_many([pc.Paced(8, pc.encode_success(8))])
+    conn.finish()  # the handler leaves before the pacer ran
+    assert conn._paced is None and conn._pacer is None
+    conn.send_many([pc.Paced(8, pc.encode_data(8, b"late"))] * 3)
+    assert conn._paced is None and writes == []
