@@ -18,12 +18,12 @@ from __future__ import annotations
 import base64
 import heapq
 import logging
-from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
 from jobmesh.config import CoreConfig
 from jobmesh.coordinator.job import MAX_RUN_AT_MILLIS, Job
 from jobmesh.coordinator.locks import LockTable
+from jobmesh.coordinator.periodic_waits import PeriodicWaits
 from jobmesh.coordinator.registry import PeriodicSession, Session
 from jobmesh.errors import PeriodicError
 from jobmesh.periodic import codec as pc
@@ -35,12 +35,6 @@ log = logging.getLogger(__name__)
 PERIODIC_RETRY_MILLIS = 1000  # WORK_FAIL, a lost worker or an expired deadline: again after 1 s (periodicd)
 PERIODIC_MAX_TOKENS = 4096  # grab tokens one Periodic worker may hold
 PERIODIC_MAX_DELAY_SECONDS = 10 * 366 * 86400  # SCHED_LATER delays are capped at ten years
-PERIODIC_WAIT_MILLIS = 60_000  # a RUN_JOB / RECV_DATA wait for a job without a timeout (periodicd)
-PERIODIC_MAX_WAIT_MILLIS = 3_600_000  # and at most, whatever the job's timeout
-PERIODIC_RECENT_MILLIS = 10_000  # a RECV_DATA this soon after its job ended gets EOF at once
-PERIODIC_RECENT_KEPT = 4096  # job ends remembered for that
-EXPIRED_ERROR = "expired"  # how the error of a job ended by its RUN_JOB wait begins
-PERIODIC_MAX_WAITS_PER_CONN = 10_000  # RUN_JOB + RECV_DATA waits one connection may hold; more closes it
 REJECTED = b"rejected: the coordinator is at its active-job limit"  # SUBMIT_JOB / RUN_JOB at admission
 _PENDING = frozenset({JobState.QUEUED, JobState.SCHEDULED, JobState.RETRY_WAIT})
 
@@ -63,21 +57,6 @@ class PeriodicFunc:
         self.broadcast = False  # declared with BROADCAST: each job goes to every worker holding a token
 
 
-class PeriodicWaiter:
-    """A RUN_JOB (result) or RECV_DATA (``stream``: chunks, then EOF) waiting for the job of
-    ``key`` = (func, name); ``deadline`` is core time; ``done`` once answered."""
-
-    __slots__ = ("key", "conn", "msgid", "stream", "deadline", "done")
-
-    def __init__(self, key: tuple[str, str], conn: Any, msgid: int, stream: bool, deadline: int) -> None:
-        self.key = key
-        self.conn = conn
-        self.msgid = msgid
-        self.stream = stream
-        self.deadline = deadline
-        self.done = False
-
-
 def _text(raw: bytes) -> str | None:
     """A func or name as text; None if it is not UTF-8 (the connection is then closed)."""
     try:
@@ -94,7 +73,7 @@ def _as_text(raw: bytes) -> tuple[str, bool]:
         return base64.b64encode(raw).decode("ascii"), True
 
 
-class PeriodicJobs:
+class PeriodicJobs(PeriodicWaits):
     """The core's Periodic requests and events; see the module docstring."""
 
     if TYPE_CHECKING:  # what the core (core.py) provides
@@ -129,13 +108,7 @@ class PeriodicJobs:
         self.pconns: dict[Any, PeriodicSession] = {}
         self._pready: set[str] = set()
         self._pseq = 0
-        # RUN_JOB / RECV_DATA waiters by (func, name), their deadlines, recent job ends.
-        self.pwaits: dict[tuple[str, str], list[PeriodicWaiter]] = {}
-        self._pwait_heap: list[tuple[int, int, PeriodicWaiter]] = []
-        self._pwait_live = 0
-        self._pwait_conns: Counter[Any] = Counter()  # connection -> its live waits
-        self._pwait_seq = 0
-        self._ended: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._init_waits()  # periodic_waits.py
         # A broadcast job's other workers (its lease holder is ``worker_id``), while it runs.
         self.pfanout: dict[str, set[str]] = {}
         self.plocks = LockTable()  # ACQUIRE / RELEASE
@@ -289,56 +262,6 @@ class PeriodicJobs:
         problem = self._periodic_store(now_millis, func, name, msg.job)
         self._send(conn, pc.encode_success(msg.msgid) if problem is None else pc.encode_data(msg.msgid, problem))
 
-    def _p_run(self, now_millis: int, conn: Any, msg: pc.RunJob) -> None:
-        """RUN_JOB: NO_WORKER at once if no connected worker declared the func; else store
-        (or attach to the job of that name) and answer when the job ends (``_pfire``)."""
-        func, name = _text(msg.job.func), _text(msg.job.name)
-        if func is None or name is None:
-            self._not_text(conn)
-            return
-        pf = self.pfuncs.get(func)
-        if pf is None or not pf.workers:
-            self._send(conn, pc.encode_no_worker(msg.msgid))
-            return
-        if not self._may_wait(conn):
-            return
-        problem = self._periodic_store(now_millis, func, name, msg.job)
-        if problem is not None:
-            self._send(conn, pc.encode_data(msg.msgid, problem))
-            return
-        wait = msg.job.timeout * 1000 if msg.job.timeout > 0 else PERIODIC_WAIT_MILLIS
-        self._pwait((func, name), conn, msg.msgid, False, now_millis + min(wait, PERIODIC_MAX_WAIT_MILLIS))
-
-    def _p_recv_data(self, now_millis: int, conn: Any, msg: pc.RecvData) -> None:
-        """RECV_DATA: SUCCESS, then the job's WORK_DATA chunks, then EOF when it ends. It
-        attaches to the live job of that name, or to the next one; one that ended moments
-        ago (aio-periodic sends RECV_DATA after RUN_JOB) gets its EOF at once."""
-        key, job = self._plive(pc.Handle(msg.job.func, msg.job.name))
-        if key is None:
-            self._not_text(conn)
-            return
-        pf = self.pfuncs.get(key[0])
-        if pf is None or not pf.workers:
-            self._send(conn, pc.Paced(msg.msgid, pc.encode_no_worker(msg.msgid)))
-            return
-        if not self._may_wait(conn):
-            return
-        self._send(conn, pc.Paced(msg.msgid, pc.encode_success(msg.msgid)))
-        ended = self._ended.get(key)
-        if job is None and ended is not None and now_millis - ended <= PERIODIC_RECENT_MILLIS:
-            self._send(conn, pc.Paced(msg.msgid, pc.encode_data(msg.msgid, pc.STREAM_EOF)))
-            return
-        wait = msg.job.timeout * 1000 if msg.job.timeout > 0 else PERIODIC_WAIT_MILLIS
-        self._pwait(key, conn, msg.msgid, True, now_millis + min(wait, PERIODIC_MAX_WAIT_MILLIS))
-
-    def _p_work_data(self, now_millis: int, conn: Any, msg: pc.WorkData) -> None:
-        """WORK_DATA: the chunk goes to every RECV_DATA waiter of the job, each its own write."""
-        key, _job = self._plive(msg.handle)
-        for waiter in self.pwaits.get(key, ()) if key is not None else ():
-            if waiter.stream and not waiter.done:
-                self._send(waiter.conn, pc.Paced(waiter.msgid, pc.encode_data(waiter.msgid, msg.data)))
-        self._send(conn, pc.encode_success(msg.msgid))
-
     def _p_status(self, now_millis: int, conn: Any, msg: pc.Status) -> None:
         self._send(conn, self.periodic_status(now_millis, msg.msgid))
 
@@ -486,97 +409,6 @@ class PeriodicJobs:
                 pf = self._pfunc(job.task_type)
                 pf.locked -= 1
                 self._periodic_enter(job, pf)
-
-    # ---- run-and-wait and streaming ---------------------------------------------------
-
-    def _may_wait(self, conn: Any) -> bool:
-        """Whether the connection may register one more wait; if not, it is closed (a
-        peer that piles up waits would otherwise hold memory for up to an hour each)."""
-        if self._pwait_conns[conn] < PERIODIC_MAX_WAITS_PER_CONN:
-            return True
-        log.warning("closing periodic connection %r: more than %d RUN_JOB / RECV_DATA waits pending",
-                    conn, PERIODIC_MAX_WAITS_PER_CONN)
-        self._send(conn, None)
-        return False
-
-    def _pwait(self, key: tuple[str, str], conn: Any, msgid: int, stream: bool, deadline: int) -> None:
-        waiter = PeriodicWaiter(key, conn, msgid, stream, deadline)
-        self.pwaits.setdefault(key, []).append(waiter)
-        self._pwait_live += 1
-        self._pwait_conns[conn] += 1
-        heap = self._pwait_heap
-        if len(heap) > 2 * self._pwait_live + 1024:
-            heap[:] = [entry for entry in heap if not entry[2].done]
-            heapq.heapify(heap)
-        self._pwait_seq += 1
-        heapq.heappush(heap, (deadline, self._pwait_seq, waiter))
-
-    def _pwait_retire(self, waiter: PeriodicWaiter) -> None:
-        """Answered: out of the live count and its connection's count."""
-        waiter.done = True
-        self._pwait_live -= 1
-        conns = self._pwait_conns
-        conns[waiter.conn] -= 1
-        if conns[waiter.conn] <= 0:
-            del conns[waiter.conn]
-
-    def _run_waited(self, job: Job) -> bool:
-        """Whether a RUN_JOB caller waits for this job (its failures then end it)."""
-        return any(not w.stream for w in self.pwaits.get((job.task_type, job.name or ""), ()))
-
-    def _pfire(self, job: Job, target: JobState, now_millis: int) -> None:
-        """The job ended: its RECV_DATA waiters get EOF, then its RUN_JOB waiters the result."""
-        key = (job.task_type, job.name or "")
-        ended = self._ended
-        ended[key] = now_millis
-        ended.move_to_end(key)
-        if len(ended) > PERIODIC_RECENT_KEPT:
-            ended.popitem(last=False)
-        waiters = self.pwaits.pop(key, None)
-        if not waiters:
-            return
-        if target is JobState.COMPLETED:
-            result = job.result or {}
-            data = result.get("data")
-            outcome = data.encode("utf-8") if data is not None else base64.b64decode(result.get("dataBase64", ""))
-        elif (job.error or "").startswith(EXPIRED_ERROR):
-            outcome = pc.RESULT_EXPIRED
-        else:
-            outcome = pc.RESULT_REMOVED if target is JobState.CANCELLED else pc.RESULT_FAILED
-        for waiter in waiters:
-            if waiter.stream:
-                self._send(waiter.conn, pc.Paced(waiter.msgid, pc.encode_data(waiter.msgid, pc.STREAM_EOF)))
-        for waiter in waiters:
-            if not waiter.stream:
-                self._send(waiter.conn, pc.encode_data(waiter.msgid, outcome))
-            self._pwait_retire(waiter)
-
-    def expire_periodic_waits(self, now_millis: int) -> None:
-        """RUN_JOB / RECV_DATA waits whose time is up: a RUN_JOB wait ends its job (every
-        waiter hears ``expired`` / EOF); a RECV_DATA wait alone gets its EOF."""
-        heap = self._pwait_heap
-        while heap and heap[0][0] <= now_millis:
-            waiter = heapq.heappop(heap)[2]
-            if waiter.done:
-                continue
-            job_id = self.named.get(waiter.key)
-            job = self.jobs.get(job_id) if job_id is not None else None
-            if not waiter.stream and job is not None:
-                job.error = "%s: no result within the RUN_JOB wait" % EXPIRED_ERROR
-                log.info("periodic run_job wait expired job=%s func=%s name=%s", job.job_id, *waiter.key)
-                # _pfire answers every waiter; a job that never ran is cancelled, not failed
-                self._transition(job, JobState.FAILED if job.state is JobState.RUNNING else JobState.CANCELLED,
-                                 now_millis)
-                continue
-            waiting = self.pwaits.get(waiter.key, [])
-            waiting.remove(waiter)
-            if not waiting:
-                self.pwaits.pop(waiter.key, None)
-            self._pwait_retire(waiter)
-            if waiter.stream:
-                self._send(waiter.conn, pc.Paced(waiter.msgid, pc.encode_data(waiter.msgid, pc.STREAM_EOF)))
-            else:
-                self._send(waiter.conn, pc.encode_data(waiter.msgid, pc.RESULT_EXPIRED))
 
     def _periodic_store(self, now_millis: int, func: str, name: str, pj: pc.Job) -> bytes | None:
         """SUBMIT_JOB's work (RUN_JOB and LOAD too): create, replace a pending job of that

@@ -294,9 +294,9 @@ def test_a_broadcast_job_goes_to_every_worker_holding_a_token_and_the_first_done
 
 
 def test_a_connection_piling_up_waits_is_closed_and_counts_are_returned(monkeypatch):
-    from jobmesh.coordinator import periodic_jobs
+    from jobmesh.coordinator import periodic_waits
 
-    monkeypatch.setattr(periodic_jobs, "PERIODIC_MAX_WAITS_PER_CONN", 3)
+    monkeypatch.setattr(periodic_waits, "PERIODIC_MAX_WAITS_PER_CONN", 3)
     h = H()
     c, w = Conn("c"), Conn("w")
     h.send(T0, w, pc.CanDo(1, b"f"))

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobmesh.coordinator.core import MAX_RUN_AT_MILLIS, CoordinatorCore, CoreConfig
+from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+from jobmesh.coordinator.job import MAX_RUN_AT_MILLIS
 from jobmesh.coordinator.store import JobStore
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState

@@ -1,0 +1,418 @@
+"""The core's client requests: submit, status, timelines, waits, listings, retry, purge,
+cancel, and the figures of the metrics port (docs/PROTOCOL.md).
+
+``ClientRequests`` is a mixin of ``CoordinatorCore`` (core.py), split off so that each
+file stays readable: the same single writer, on the same greenlet. Every request method
+returns its reply message (``wait_job`` may return None: its reply comes later, from
+``take_answers``); state changes go through the core's ``_transition`` and commit with
+the batch like everything else. Nothing here scans all jobs: listings read the store a
+page at a time, counts come from figures kept by ``_transition``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import ujson
+
+from jobmesh.config import CoreConfig
+from jobmesh.coordinator import scheduler
+from jobmesh.coordinator.job import MAX_RUN_AT_MILLIS, Job
+from jobmesh.coordinator.registry import Session, WorkerRegistry
+from jobmesh.coordinator.store import JobStore, load_events
+from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Waiter, Waiters
+from jobmesh.errors import PayloadError
+from jobmesh.protocol import messages as m
+from jobmesh.protocol.framing import MAX_FRAME
+from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
+from jobmesh.protocol.messages import quote
+from jobmesh.protocol.payloads import MAX_NESTING, TASK_SPECS, is_finite_json, too_deep, validate_payload
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS_LIMIT = 1_000_000
+MAX_KEY_CHARS = 1024
+MAX_PAYLOAD_BYTES = MAX_FRAME - 4096  # leaves room for TASK_ASSIGN's other fields
+LIST_DEFAULT = 100
+LIST_MAX = 1000
+LIST_MAX_BYTES = 900 * 1024  # keep JOB_LIST below the 1 MiB frame limit
+PURGE_SWEEP = 1000  # finished jobs purged per sweep at most (retention)
+PURGE_REQUEST_MAX = 10_000  # per PURGE_JOBS request
+EVENT_FIELDS = ("atMillis", "event", "attempt", "workerId", "detail", "retryAtMillis")  # one stored event
+
+
+class ClientRequests:
+    """The core's client requests; see the module docstring."""
+
+    if TYPE_CHECKING:  # what the core (core.py) provides
+        store: JobStore
+        config: CoreConfig
+        jobs: dict[str, Job]
+        finished: OrderedDict[str, Job]
+        keys: dict[str, str]
+        queued: scheduler.TypedQueues
+        workers: WorkerRegistry
+        workers_by_type: dict[str, set[Session]]
+        known_types: set[str]
+        next_seq: int
+        drift: int
+        waiters: Waiters
+        counts: Counter[tuple[JobState, str, Priority, bool]]
+        stats: dict[str, int]
+        finished_counts: dict[JobState, int]
+        paused: bool
+        pworkers: dict[str, Any]
+        _pwait_live: int
+        _dirty: dict[str, Job]
+        _new: set[str]
+        _purges: list[str]
+        _purge_backlog: bool
+        _purge_cursor: int
+
+        @property
+        def active_count(self) -> int: ...
+        def _job_id(self, seq: int) -> str: ...
+        def _lookup(self, job_id: str) -> Job | None: ...
+        def _lookup_key(self, key: str) -> Job | None: ...
+        def _event(self, job: Job, now_millis: int, event: str, detail: str | None = None,
+                   retry_at: int | None = None, attempt: int | None = None,
+                   worker_id: str | None = None) -> None: ...
+        def _transition(self, job: Job, target: JobState, now_millis: int, *, due_at: int | None = None,
+                        session: Session | None = None, event: str | None = "") -> None: ...
+        def _wait_until(self, job: Job, wake_at: int) -> None: ...
+        def _revoke_lease(self, job: Job, why: str) -> None: ...
+        def _periodic_waiting(self, job: Job) -> str: ...
+
+    def _check_payload(self, task_type: str, payload: dict[str, Any]) -> str | None:
+        """Why ``payload`` cannot be submitted as ``task_type``; None if it can."""
+        if task_type in TASK_SPECS:
+            try:
+                validate_payload(task_type, payload)
+            except PayloadError as exc:
+                return str(exc)
+            return None
+        if task_type not in self.known_types:
+            known = sorted(self.known_types)
+            listed = ", ".join(known[:20]) + (" and %d more" % (len(known) - 20) if len(known) > 20 else "")
+            return "unknown task type %s: no worker has declared it (known: %s)" % (quote(task_type), listed)
+        if too_deep(payload):
+            return "%s payload nested deeper than %d levels" % (task_type, MAX_NESTING)
+        if not is_finite_json(payload):
+            return "%s payload holds NaN or Infinity, which JSON does not allow" % task_type
+        return None
+
+    def _run_at(self, now_millis: int, req: m.SubmitJob) -> tuple[int | None, str | None]:
+        """(run-at time or None, error or None) from a submit's runAtMillis/delayMillis."""
+        run_at, delay = req.run_at_millis, req.delay_millis
+        if run_at is not None and delay is not None:
+            return None, "give runAtMillis or delayMillis, not both"
+        if delay is not None:
+            if delay < 0:
+                return None, "delayMillis must be a non-negative integer, got %s" % quote(delay)
+            run_at = now_millis + self.drift + delay
+        elif run_at is not None and run_at < 0:
+            return None, "runAtMillis must be a non-negative integer, got %s" % quote(run_at)
+        if run_at is not None and run_at > MAX_RUN_AT_MILLIS:
+            return None, "the run-at time must be before the year 10000"
+        return run_at, None
+
+    def submit_job(self, now_millis: int, req: m.SubmitJob) -> m.Message:
+        try:
+            priority = Priority.parse(req.priority)
+        except ValueError as exc:
+            return m.Error(str(exc))
+        max_attempts = req.max_attempts if req.max_attempts > 0 else self.config.default_max_attempts
+        if max_attempts > MAX_ATTEMPTS_LIMIT:
+            return m.Error("maxAttempts must be at most %d, got %s" % (MAX_ATTEMPTS_LIMIT, quote(max_attempts)))
+        problem = self._check_payload(req.task_type, req.payload)
+        if problem is not None:
+            return m.Error(problem)
+        run_at, problem = self._run_at(now_millis, req)
+        if problem is not None:
+            return m.Error(problem)
+        # The payload travels again inside TASK_ASSIGN, which must fit in one frame too.
+        payload_json = ujson.dumps(req.payload, ensure_ascii=False, escape_forward_slashes=False)
+        if len(payload_json) * 4 > MAX_PAYLOAD_BYTES:  # UTF-8 takes at most 4 bytes a character
+            size = len(payload_json.encode("utf-8"))
+            if size > MAX_PAYLOAD_BYTES:
+                return m.Error("payload is %d bytes encoded; at most %d fit in a task assignment" % (
+                    size, MAX_PAYLOAD_BYTES))
+        key = req.idempotency_key
+        if key is not None:
+            if len(key) > MAX_KEY_CHARS:
+                return m.Error("idempotencyKey must be at most %d characters" % MAX_KEY_CHARS)
+            existing = self._lookup_key(key)
+            if existing is not None:
+                if existing.same_request(req.task_type, req.payload, max_attempts, priority):
+                    return m.JobSubmitted(existing.job_id)
+                log.warning("idempotency conflict key=%s job=%s", quote(key), existing.job_id)
+                return m.Error(
+                    "idempotencyKey %s is already bound to job %s with a different request "
+                    "(taskType, payload, maxAttempts or priority differ)" % (quote(key), existing.job_id)
+                )
+        return self._create(now_millis, req.task_type, req.payload, payload_json, max_attempts, priority, key,
+                            run_at)
+
+    def _create(self, now_millis: int, task_type: str, payload: dict[str, Any], payload_json: str | None,
+                max_attempts: int, priority: Priority, key: str | None, run_at: int | None,
+                retry_of: str | None = None) -> m.Message:
+        """Admit and create a job (SUBMITTED, then QUEUED or SCHEDULED); the reply to its submit."""
+        if self.active_count >= self.config.max_active_jobs:
+            self.stats["rejected"] += 1
+            return m.SubmitRejected(
+                "coordinator is at its active-job limit; retry later",
+                self.active_count, self.config.max_active_jobs, True,
+            )
+        wall = now_millis + self.drift
+        later = run_at is not None and run_at > wall
+        job = Job(
+            job_id=self._job_id(self.next_seq), seq=self.next_seq, task_type=task_type, payload=payload,
+            max_attempts=max_attempts, priority=priority, created_at=wall, idempotency_key=key,
+            execution_timeout=self.config.task_timeout_millis, payload_json=payload_json, run_at=run_at,
+            state=JobState.SCHEDULED if later else JobState.QUEUED, retry_of=retry_of, ready_at=now_millis,
+            event_count=0,
+        )
+        self.next_seq += 1
+        self.jobs[job.job_id] = job
+        if key is not None:
+            self.keys[key] = job.job_id
+        self._new.add(job.job_id)
+        self.stats["submitted"] += 1
+        self.counts[(job.state, task_type, priority, False)] += 1
+        self._event(job, now_millis, "SUBMITTED", None if retry_of is None else "retry of %s" % retry_of)
+        if later:
+            assert run_at is not None
+            self._wait_until(job, run_at - self.drift)
+        else:
+            self.queued.add(job.job_id, job.task_type, priority.level, now_millis, job.seq)
+        log.debug("submitted job=%s type=%s priority=%s run_at=%s", job.job_id, task_type, priority.value, run_at)
+        return m.JobSubmitted(job.job_id)
+
+    def _waiting(self, job: Job) -> str | None:
+        """Why a QUEUED job is not running, from the worker indexes: O(workers of its type)."""
+        if job.periodic is not None:
+            return self._periodic_waiting(job)
+        if not len(self.workers):
+            return "NO_WORKER"
+        able = self.workers_by_type.get(job.task_type)
+        if not able:
+            return "NO_WORKER_FOR_TYPE"
+        for session in able:
+            if len(session.running) < session.capacity:
+                return "BEHIND_OTHER_JOBS"  # a worker has room: the next pass takes it, or better jobs
+        return "WORKERS_BUSY"
+
+    def snapshot(self, job: Job) -> dict[str, Any]:
+        """A job's wire snapshot, with its waiting reason."""
+        return job.snapshot(self._waiting(job) if job.state is JobState.QUEUED else None)
+
+    def get_job_status(self, now_millis: int, job_id: str) -> m.Message:
+        job = self._lookup(job_id)
+        if job is None:
+            return m.Error("unknown job %s" % quote(job_id))
+        return m.JobStatus(self.snapshot(job))
+
+    def get_job_events(self, now_millis: int, job_id: str) -> m.Message:
+        """The job's timeline: what the store holds, then this batch's events not committed yet."""
+        job = self._lookup(job_id)
+        if job is None:
+            return m.Error("unknown job %s" % quote(job_id))
+        events = []
+        for stored in load_events(job.events):
+            item = {name: value for name, value in zip(EVENT_FIELDS, stored) if value is not None}
+            if "attempt" in item:
+                item["attemptId"] = "%s.%d" % (job_id, item["attempt"])  # attempt ids are <jobId>.<n>
+            events.append(item)
+        return m.JobEvents(job_id, events)
+
+    def wait_job(self, now_millis: int, conn: Any, token: Any, req: m.WaitJob) -> m.Message | None:
+        """WAIT_JOB: the JOB_STATUS reply now if the job has ended (or the timeout is 0),
+        else None: a waiter holds ``token`` on ``conn`` and ``take_answers`` gives its
+        reply once the job ends or ``timeoutMillis`` has passed."""
+        timeout = req.timeout_millis
+        if not 0 <= timeout <= MAX_WAIT_MILLIS:
+            return m.Error("timeoutMillis must be 0..%d, got %s" % (MAX_WAIT_MILLIS, quote(timeout)))
+        job = self._lookup(req.job_id)
+        if job is None:
+            return m.Error("unknown job %s" % quote(req.job_id))
+        if job.state in TERMINAL or timeout == 0:
+            return m.JobStatus(self.snapshot(job))
+        self.waiters.add(Waiter(conn, token, job.job_id, now_millis + timeout))
+        return None
+
+    def expire_waits(self, now_millis: int) -> None:
+        """Answer the waits whose time is up, with their job as it stands."""
+        if self.waiters:
+            self.waiters.expire(now_millis)
+
+    def next_wait_deadline(self) -> int | None:
+        """When the earliest pending wait times out (core time), or None."""
+        return self.waiters.next_deadline() if self.waiters else None
+
+    def on_client_closed(self, now_millis: int, conn: Any) -> None:
+        """A client connection ended with requests unanswered: forget its waits."""
+        dropped = self.waiters.drop_conn(conn)
+        if dropped:
+            log.debug("dropped waits=%d of a closed client connection", dropped)
+
+    def has_answers(self) -> bool:
+        """Whether waits were answered since the last ``take_answers`` (checked every batch)."""
+        return self.waiters.answered
+
+    def take_answers(self) -> list[tuple[Waiter, m.Message]]:
+        """The waits answered since the last call, each with its reply: the job's
+        snapshot as it stands now (the end of the batch, which is what gets committed)."""
+        answers: list[tuple[Waiter, m.Message]] = []
+        for waiter in self.waiters.take():
+            job = self._lookup(waiter.job_id)
+            answers.append((waiter, m.JobStatus(self.snapshot(job)) if job is not None
+                            else m.Error("unknown job %s" % quote(waiter.job_id))))
+        return answers
+
+    def adopt_waiters(self, now_millis: int, waiters: list[Waiter]) -> None:
+        """Waits carried over from a core that was thrown away (a reload): each waits on
+        this core's state, keeping its deadline; a job that ended, or that this state
+        does not hold, is answered at the next ``take_answers``."""
+        for waiter in waiters:
+            job = self._lookup(waiter.job_id)
+            self.waiters.add(waiter)
+            if job is None or job.state in TERMINAL:
+                self.waiters.wake_job(waiter.job_id)
+
+    def retry_job(self, now_millis: int, job_id: str) -> m.Message:
+        """A new job with a finished job's type, payload, priority and budget; ``retryOf`` names it."""
+        job = self._lookup(job_id)
+        if job is None:
+            return m.Error("unknown job %s" % quote(job_id))
+        if job.state not in TERMINAL:
+            return m.Error("job %s is %s; only a finished job can be retried (cancel it first)"
+                           % (job_id, job.state.value))
+        if job.periodic is not None:
+            return m.Error("job %s is a Periodic job; submit it again on the Periodic port (SUBMIT_JOB)" % job_id)
+        problem = self._check_payload(job.task_type, job.payload)
+        if problem is not None:
+            return m.Error("job %s cannot be retried: %s" % (job_id, problem))
+        reply = self._create(now_millis, job.task_type, job.payload, None, job.max_attempts, job.priority, None,
+                             None, retry_of=job_id)
+        if isinstance(reply, m.JobSubmitted):
+            log.info("retry submitted job=%s retry_of=%s", reply.job_id, job_id)
+        return reply
+
+    def purge_jobs(self, now_millis: int, req: m.PurgeJobs) -> m.Message:
+        """Delete finished jobs last updated more than ``olderThanMillis`` ago (PURGE_JOBS)."""
+        if req.older_than_millis < 0:
+            return m.Error("olderThanMillis must be a non-negative integer, got %s" % quote(req.older_than_millis))
+        limit = PURGE_REQUEST_MAX if req.limit is None else req.limit
+        if not 1 <= limit <= PURGE_REQUEST_MAX:
+            return m.Error("limit must be 1..%d, got %s" % (PURGE_REQUEST_MAX, quote(limit)))
+        cutoff = now_millis + self.drift - req.older_than_millis
+        purged, cursor = 0, 0
+        while purged < limit:  # walk from the oldest row until enough are found or none are left
+            found, cursor = self.store.purgeable(cursor, cutoff, limit - purged)
+            purged += self._forget(found)
+            if not cursor:
+                break
+        log.info("purged finished jobs count=%d older_than_millis=%d", purged, req.older_than_millis)
+        return m.JobsPurged(purged, purged == limit)
+
+    def _forget(self, found: list[tuple[str, str | None]]) -> int:
+        """Drop finished jobs from memory (cache, keys, dirty rows); the batch's commit
+        deletes their rows. Their idempotency keys are free again."""
+        queued = set(self._purges)
+        for job_id, key in found:
+            if job_id in queued:
+                continue
+            self.finished.pop(job_id, None)
+            if key is not None and self.keys.get(key) == job_id:
+                del self.keys[key]
+            self._dirty.pop(job_id, None)
+            self._purges.append(job_id)
+        self.stats["purged"] += len(found)
+        return len(found)
+
+    def purge_expired(self, now_millis: int, limit: int = PURGE_SWEEP) -> None:
+        """Retention: purge finished jobs older than ``retain_finished_millis`` in small
+        steps (each sweep, and each batch while more are due), so the database stops
+        growing under a steady load without one large delete ever stalling the core."""
+        retain = self.config.retain_finished_millis
+        if retain <= 0 or self.paused:
+            return
+        found, self._purge_cursor = self.store.purgeable(self._purge_cursor, now_millis + self.drift - retain,
+                                                         limit)
+        self._forget(found)
+        # Keep purging every batch only while walks find plenty (a walk that steps over
+        # active jobs finds little, and waits for the next sweep).
+        self._purge_backlog = bool(self._purge_cursor) and len(found) * 2 >= limit
+
+    def metrics(self) -> dict[str, Any]:
+        """Plain figures for the metrics port: O(series), never O(jobs)."""
+        queued_by_priority = {p.value: 0 for p in Priority}
+        jobs = {}
+        for (state, task_type, priority, periodic), n in self.counts.items():
+            jobs[(state.value, task_type, priority.value, "periodic" if periodic else "json")] = n
+            if state is JobState.QUEUED:
+                queued_by_priority[priority.value] += n
+        capacity = busy = 0
+        for session in self.workers:
+            capacity += session.capacity
+            busy += len(session.running)
+        finished = {state.value: n for state, n in self.finished_counts.items()}
+        return dict(self.stats, jobs=jobs, finished=finished,
+                    workers=len(self.workers), capacity=capacity, busy_slots=busy,
+                    periodic_workers=len(self.pworkers), waits=len(self.waiters) + self._pwait_live,
+                    queued_by_priority=queued_by_priority)
+
+    def list_workers(self, now_millis: int) -> m.Message:
+        """Every live worker session: JSON workers, then Periodic ones (``protocol`` tells)."""
+        return m.WorkerList([s.snapshot(self.drift) for s in self.workers]
+                            + [s.snapshot(self.drift) for s in self.pworkers.values()])
+
+    def list_jobs(self, now_millis: int, req: m.ListJobs) -> m.Message:
+        limit = LIST_DEFAULT if req.limit is None else req.limit
+        if limit < 1:
+            return m.Error("limit must be at least 1, got %s" % quote(limit))
+        limit = min(limit, LIST_MAX)
+        state = req.state
+        if state is not None and state not in JobState.__members__:
+            return m.Error("unknown state %s (one of %s)" % (quote(state), ", ".join(JobState.__members__)))
+        before = None
+        if req.cursor is not None:
+            try:
+                before = int(req.cursor)
+                if not 1 <= before < 2**63:  # a rowid; anything else did not come from us
+                    raise ValueError
+            except ValueError:
+                return m.Error("invalid cursor %s" % quote(req.cursor))
+        rows = self.store.list_page(limit + 1, state, before, req.task_type)
+        jobs: list[dict[str, Any]] = []
+        size = 0
+        next_cursor = None
+        for i, (rowid, stored) in enumerate(rows):
+            if i == limit:
+                next_cursor = str(rows[i - 1][0])
+                break
+            live = self.jobs.get(stored.job_id) or self.finished.get(stored.job_id) or stored
+            if state is not None and live.state.value != state:
+                continue  # moved on since its last commit; it belongs to another state now
+            snap = self.snapshot(live)
+            size += len(ujson.dumps(snap)) + 1
+            if size > LIST_MAX_BYTES and jobs:
+                next_cursor = str(rows[i - 1][0])
+                break
+            jobs.append(snap)
+        return m.JobList(jobs, next_cursor)
+
+    def cancel_job(self, now_millis: int, job_id: str) -> m.Message:
+        job = self.jobs.get(job_id)
+        if job is None:
+            done = self._lookup(job_id)
+            if done is None:
+                return m.Error("unknown job %s" % quote(job_id))
+            return m.JobCancel(False, self.snapshot(done))
+        if job.state is JobState.RUNNING:
+            self._revoke_lease(job, "cancelled")
+        self._transition(job, JobState.CANCELLED, now_millis)
+        log.info("cancelled job=%s", job.job_id)
+        return m.JobCancel(True, self.snapshot(job))
