@@ -18,16 +18,14 @@ from __future__ import annotations
 import base64
 import heapq
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from jobmesh.config import CoreConfig
 from jobmesh.coordinator.job import MAX_RUN_AT_MILLIS, Job
 from jobmesh.coordinator.locks import LockTable
 from jobmesh.coordinator.periodic_waits import PeriodicWaits
-from jobmesh.coordinator.registry import PeriodicSession, Session
+from jobmesh.coordinator.registry import PeriodicSession
 from jobmesh.errors import PeriodicError
 from jobmesh.periodic import codec as pc
-from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 
 log = logging.getLogger(__name__)
@@ -75,29 +73,6 @@ def _as_text(raw: bytes) -> tuple[str, bool]:
 
 class PeriodicJobs(PeriodicWaits):
     """The core's Periodic requests and events; see the module docstring."""
-
-    if TYPE_CHECKING:  # what the core (core.py) provides
-        jobs: dict[str, Job]
-        config: CoreConfig
-        drift: int
-        stats: dict[str, int]
-        counts: Any
-        next_seq: int
-        _new: set[str]
-        draining: bool
-        paused: bool
-
-        @property
-        def active_count(self) -> int: ...
-        def _job_id(self, seq: int) -> str: ...
-        def _event(self, job: Job, now_millis: int, event: str, detail: str | None = None,
-                   retry_at: int | None = None, attempt: int | None = None,
-                   worker_id: str | None = None) -> None: ...
-        def _transition(self, job: Job, target: JobState, now_millis: int, *, due_at: int | None = None,
-                        session: Session | None = None, event: str | None = "") -> None: ...
-        def _wait_until(self, job: Job, wake_at: int) -> None: ...
-        def _send(self, conn: Any, msg: m.Message | bytes | pc.Paced | None) -> None: ...
-        def _retry_or_fail(self, job: Job, now_millis: int, error: str, cause: str) -> None: ...
 
     def _init_periodic(self) -> None:
         # Funcs, the live job of each (func, name), worker sessions by id and by

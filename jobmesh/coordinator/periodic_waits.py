@@ -17,10 +17,9 @@ import logging
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from jobmesh.coordinator.corebase import CoreBase
 from jobmesh.coordinator.job import Job
-from jobmesh.coordinator.registry import Session
 from jobmesh.periodic import codec as pc
-from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 
 log = logging.getLogger(__name__)
@@ -48,17 +47,13 @@ class PeriodicWaiter:
         self.done = False
 
 
-class PeriodicWaits:
+class PeriodicWaits(CoreBase):
     """RUN_JOB, RECV_DATA and WORK_DATA; see the module docstring."""
 
-    if TYPE_CHECKING:  # what the core and periodic_jobs.py provide
-        jobs: dict[str, Job]
+    if TYPE_CHECKING:  # what periodic_jobs.py provides
         named: dict[tuple[str, str], str]
         pfuncs: dict[str, Any]
 
-        def _send(self, conn: Any, msg: m.Message | bytes | pc.Paced | None) -> None: ...
-        def _transition(self, job: Job, target: JobState, now_millis: int, *, due_at: int | None = None,
-                        session: Session | None = None, event: str | None = "") -> None: ...
         def _periodic_store(self, now_millis: int, func: str, name: str, pj: pc.Job) -> bytes | None: ...
         def _plive(self, handle: pc.Handle) -> tuple[tuple[str, str] | None, Job | None]: ...
         def _not_text(self, conn: Any) -> None: ...

@@ -12,17 +12,14 @@ page at a time, counts come from figures kept by ``_transition``.
 from __future__ import annotations
 
 import logging
-from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import ujson
 
-from jobmesh.config import CoreConfig
-from jobmesh.coordinator import scheduler
+from jobmesh.coordinator.corebase import CoreBase
 from jobmesh.coordinator.job import MAX_RUN_AT_MILLIS, Job
-from jobmesh.coordinator.registry import Session, WorkerRegistry
-from jobmesh.coordinator.store import JobStore, load_events
-from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Waiter, Waiters
+from jobmesh.coordinator.store import load_events
+from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Waiter
 from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
@@ -43,46 +40,13 @@ PURGE_REQUEST_MAX = 10_000  # per PURGE_JOBS request
 EVENT_FIELDS = ("atMillis", "event", "attempt", "workerId", "detail", "retryAtMillis")  # one stored event
 
 
-class ClientRequests:
+class ClientRequests(CoreBase):
     """The core's client requests; see the module docstring."""
 
-    if TYPE_CHECKING:  # what the core (core.py) provides
-        store: JobStore
-        config: CoreConfig
-        jobs: dict[str, Job]
-        finished: OrderedDict[str, Job]
-        keys: dict[str, str]
-        queued: scheduler.TypedQueues
-        workers: WorkerRegistry
-        workers_by_type: dict[str, set[Session]]
-        known_types: set[str]
-        next_seq: int
-        drift: int
-        waiters: Waiters
-        counts: Counter[tuple[JobState, str, Priority, bool]]
-        stats: dict[str, int]
-        finished_counts: dict[JobState, int]
-        paused: bool
+    if TYPE_CHECKING:  # what the Periodic part (periodic_jobs.py, periodic_waits.py) provides
         pworkers: dict[str, Any]
         _pwait_live: int
-        _dirty: dict[str, Job]
-        _new: set[str]
-        _purges: list[str]
-        _purge_backlog: bool
-        _purge_cursor: int
 
-        @property
-        def active_count(self) -> int: ...
-        def _job_id(self, seq: int) -> str: ...
-        def _lookup(self, job_id: str) -> Job | None: ...
-        def _lookup_key(self, key: str) -> Job | None: ...
-        def _event(self, job: Job, now_millis: int, event: str, detail: str | None = None,
-                   retry_at: int | None = None, attempt: int | None = None,
-                   worker_id: str | None = None) -> None: ...
-        def _transition(self, job: Job, target: JobState, now_millis: int, *, due_at: int | None = None,
-                        session: Session | None = None, event: str | None = "") -> None: ...
-        def _wait_until(self, job: Job, wake_at: int) -> None: ...
-        def _revoke_lease(self, job: Job, why: str) -> None: ...
         def _periodic_waiting(self, job: Job) -> str: ...
 
     def _check_payload(self, task_type: str, payload: dict[str, Any]) -> str | None:

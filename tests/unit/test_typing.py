@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPED = ["jobmesh/coordinator/core.py", "jobmesh/coordinator/requests.py", "jobmesh/coordinator/periodic_jobs.py",
-         "jobmesh/coordinator/locks.py", "jobmesh/coordinator/periodic_waits.py", "jobmesh/coordinator/scheduler.py", "jobmesh/coordinator/job.py",
+         "jobmesh/coordinator/locks.py", "jobmesh/coordinator/periodic_waits.py",
+         "jobmesh/coordinator/corebase.py", "jobmesh/coordinator/scheduler.py", "jobmesh/coordinator/job.py",
          "jobmesh/coordinator/events.py", "jobmesh/coordinator/waiters.py", "jobmesh/protocol",
          "jobmesh/periodic/codec.py"]
 
