@@ -15,7 +15,7 @@ from typing import Any
 import gevent
 from gevent import socket
 
-from jobmesh.coordinator.runtime import raise_fd_limit  # noqa: F401  (re-exported for bench/)
+from jobmesh.coordinator.housekeeping import raise_fd_limit  # noqa: F401  (re-exported for bench/)
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol.framing import FrameReader, encode_frame
 

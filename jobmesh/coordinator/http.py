@@ -82,7 +82,7 @@ PAGE_DEFAULT = 50
 
 def _histogram(name: str, doc: str, hist: Any) -> HistogramMetricFamily:
     """A family from plain bucket counts (``bounds``, per-bucket ``counts`` with the
-    overflow last, ``sum``; see ``runtime.Histogram``), made cumulative here."""
+    overflow last, ``sum``; see ``housekeeping.Histogram``), made cumulative here."""
     buckets = []
     total = 0
     for bound, count in zip(hist.bounds, hist.counts):

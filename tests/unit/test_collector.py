@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from jobmesh.coordinator.runtime import CollectorPolicy
+from jobmesh.coordinator.housekeeping import CollectorPolicy
 
 
 class Node:

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobmesh.coordinator.http import HttpPort, JobmeshCollector, LocalConn, decode_reply
-from jobmesh.coordinator.runtime import COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
+from jobmesh.coordinator.housekeeping import COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
 
