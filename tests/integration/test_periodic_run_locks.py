@@ -9,6 +9,8 @@ with waitingReason LOCK_WAIT; Periodic workers are in LIST_WORKERS with ``protoc
 
 from __future__ import annotations
 
+import signal
+import sqlite3
 import time
 
 import pytest
@@ -295,3 +297,19 @@ def test_a_silent_connection_is_closed_after_the_idle_timeout(coordinator_factor
     assert busy.ping()
     busy.close()
     silent.close()
+
+
+def test_a_drain_waits_for_running_periodic_attempts(coordinator_factory, peers):
+    # Given a coordinator with --drain-millis and an aio-periodic worker running a 1.5 s job
+    coord = coordinator_factory(periodic_port=0, drain_millis=10_000)
+    worker = peers(coord.periodic_addr, "dr", "sleep=1.5")
+    assert client_ops(coord.periodic_addr, ["submit", "dr", "first", "w", 0, 0]) == [True]
+    assert worker.next()["name"] == "first"
+    # When it is told to stop
+    coord.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: "draining: no new assignments" in coord.stderr(), message="the drain started")
+    # Then it exits 0 once the attempt reported, with the job COMPLETED on disk
+    assert coord.proc.wait(15) == 0, coord.stderr()[-3000:]
+    assert "drained: no attempt is running" in coord.stderr()
+    with sqlite3.connect(str(coord.db)) as db:
+        assert db.execute("SELECT state FROM jobs WHERE name='first'").fetchone() == ("COMPLETED",)
