@@ -67,6 +67,9 @@ class RegistrationRefused(Exception):
     """The coordinator answered WORKER_REGISTER with ERROR (e.g. the id is still in use)."""
 
 
+CLIENT_PORT_REFUSAL = "this is the client port"  # how the client port answers a WORKER_REGISTER
+
+
 class ConnectionLost(Exception):
     """The connection ended; the message says how."""
 
@@ -85,6 +88,7 @@ class WorkerAgent:
         self.in_flight = InFlight(cfg.capacity)
         self._pause = pause
         self.registrations = 0
+        self.wrong_port: str | None = None  # set when the coordinator says this is its client port
         self.user_task_types: frozenset[str] = frozenset()
         self.processes: ProcessPool | None = None
         # None (absent on the wire) means the five built-ins.
@@ -104,13 +108,18 @@ class WorkerAgent:
     # ---- connection lifecycle ---------------------------------------------------------
 
     def run(self) -> None:
-        """Connect, register and serve until killed; never returns on its own."""
+        """Connect, register and serve until killed; returns on its own only when the
+        coordinator says this is its client port (``wrong_port`` tells why)."""
         delay = BACKOFF_INITIAL
         target = "%s:%d" % self.address
         while True:
             try:
                 sock, reader = self._connect_and_register()
             except RegistrationRefused as exc:
+                if str(exc).startswith(CLIENT_PORT_REFUSAL):  # pointed at the wrong port: retrying cannot help
+                    log.error("cannot register worker=%s at %s: %s", self.worker_id, target, exc)
+                    self.wrong_port = str(exc)
+                    return
                 log.warning("registration refused worker=%s coordinator=%s reason=%r retry_in=%.1fs",
                             self.worker_id, target, str(exc), delay)
             except (OSError, ProtocolError, ConnectionLost) as exc:
@@ -298,7 +307,8 @@ def _tune(sock: socket.socket, heartbeat_interval_millis: int) -> None:
 
 
 def run_worker(cfg: WorkerConfig) -> int:
-    """Run a worker until SIGTERM/SIGINT (exit 0); 1 if the agent dies of a bug."""
+    """Run a worker until SIGTERM/SIGINT (exit 0); 1 if it was pointed at the client port
+    or the agent dies of a bug."""
     agent = WorkerAgent(cfg)
     main = gevent.spawn(agent.run)
     stopping = []
@@ -316,6 +326,8 @@ def run_worker(cfg: WorkerConfig) -> int:
         for handler in handlers:
             handler.cancel()
         agent.close()
+    if agent.wrong_port is not None:
+        return 1  # logged with the right port to use
     if not main.successful():
         log.error("worker crashed worker=%s", cfg.worker_id, exc_info=main.exc_info)
         return 1
