@@ -227,6 +227,11 @@ class CoordinatorClient:
         """The live workers: ``workerId``, ``capacity``, ``activeJobs``, ``lastHeartbeatMillis``."""
         return self._request(m.ListWorkers(), m.WorkerList, idempotent=True).workers
 
+    def stats(self) -> m.Stats:
+        """The coordinator's figures (GET_STATS): jobs by state, counters since it started,
+        workers and slots; answered from counters, without listing any job."""
+        return self._request(m.GetStats(), m.Stats, idempotent=True)
+
     def cancel(self, job_id: str) -> tuple[bool, dict[str, Any]]:
         """Cancel a job: (True, snapshot) if this call cancelled it, (False, snapshot) if it had ended."""
         reply = self._request(m.CancelJob(job_id), m.JobCancel)

@@ -1,18 +1,17 @@
 """``jobmesh top``: a live view of a coordinator, redrawn in place until Ctrl-C.
 
 Each refresh takes one *sample* over the client port, with requests every coordinator
-answers (no metrics port needed):
+answers (no metrics port needed), none of which costs more than a page of jobs:
 
-- LIST_JOBS per non-terminal state (limit 1000): the count of each (``1000+`` past a page)
-  and, from the QUEUED and RETRY_WAIT pages, the jobs waiting longest;
-- LIST_JOBS unfiltered (limit 1000, newest first): the ids of the newest jobs. The jobs
-  submitted since the previous sample are those ahead of the newest id that sample saw;
+- GET_STATS: the jobs of each non-terminal state and the counters since the coordinator
+  started (submitted, finished by state), from figures the core keeps;
+- LIST_JOBS for QUEUED and for RETRY_WAIT (a page each): the jobs waiting longest among
+  them, with why;
 - LIST_WORKERS: the live workers and their slots.
 
-Rates come from two successive samples: submitted = new jobs / seconds between them, and
-finished = submitted - (change of the active count), since every job that arrives either
-is still active or has finished (COMPLETED, FAILED or CANCELLED). A rate that cannot be
-known (the first sample, a state past a page) reads ``-``; a lower bound reads ``>=``.
+Rates come from two successive samples: the change of the ``submitted`` and
+``finished`` counters over the seconds between them. A rate that cannot be known (the
+first sample, or a coordinator that restarted between two samples) reads ``-``.
 
 The screen is cleared and redrawn with ANSI escapes (home, clear), so no curses is needed
 and the output can be captured by tests (``--iterations=N`` stops after N refreshes).
@@ -41,9 +40,9 @@ class Sample:
 
     at: float
     at_millis: int
-    counts: dict[str, int]
-    capped: frozenset[str]          # states with more jobs than one page holds
-    newest_ids: list[str]           # newest first
+    counts: dict[str, int]          # non-terminal jobs by state
+    submitted: int                  # counters since the coordinator started
+    finished: int
     waiting: list[dict[str, Any]]   # QUEUED and RETRY_WAIT jobs, longest waiting first
     workers: list[dict[str, Any]] = field(default_factory=list)
 
@@ -53,49 +52,29 @@ class Sample:
 
 
 def take_sample(client: CoordinatorClient) -> Sample:
-    counts: dict[str, int] = {}
-    capped = set()
+    stats = client.stats()
     waiting: list[dict[str, Any]] = []
-    for state in ACTIVE_STATES:
-        jobs, cursor = client.list_jobs(PAGE, state)
-        counts[state] = len(jobs)
-        if cursor is not None:
-            capped.add(state)
-        if state in WAITING_STATES:
-            waiting.extend(jobs)
-    newest, _cursor = client.list_jobs(PAGE)
+    for state in WAITING_STATES:
+        jobs, _cursor = client.list_jobs(PAGE, state)
+        waiting.extend(jobs)
     workers = client.workers()
     waiting.sort(key=lambda j: (j.get("updatedAtMillis") or 0, j.get("createdAtMillis") or 0))
-    return Sample(time.monotonic(), int(time.time() * 1000), counts, frozenset(capped),
-                  [str(j.get("jobId")) for j in newest], waiting[:OLDEST], workers)
-
-
-def new_since(previous_ids: list[str], ids: list[str]) -> tuple[int, bool]:
-    """How many of ``ids`` (newest first) are newer than every id in ``previous_ids``;
-    True with it when that is only a lower bound (a full page, none of it seen before)."""
-    seen = set(previous_ids)
-    for index, job_id in enumerate(ids):
-        if job_id in seen:
-            return index, False
-    return len(ids), bool(previous_ids) and len(ids) >= PAGE
+    return Sample(time.monotonic(), stats.at_millis, {state: int(stats.jobs.get(state, 0)) for state in ACTIVE_STATES},
+                  stats.submitted, sum(int(n) for n in stats.finished.values()), waiting[:OLDEST], workers)
 
 
 def rates(previous: Sample | None, current: Sample) -> tuple[str, str]:
     """``(submitted, finished)`` per second between two samples, as text."""
-    if previous is None or current.at <= previous.at:
+    if (previous is None or current.at <= previous.at or current.submitted < previous.submitted
+            or current.finished < previous.finished):  # the first sample, or the coordinator restarted
         return render.MISSING, render.MISSING
     seconds = current.at - previous.at
-    submitted, lower_bound = new_since(previous.newest_ids, current.newest_ids)
-    mark = ">=" if lower_bound else ""
-    submitted_text = "%s%.1f/s" % (mark, submitted / seconds)
-    if previous.capped or current.capped:
-        return submitted_text, render.MISSING
-    finished = max(0, submitted - (current.active - previous.active))
-    return submitted_text, "%s%.1f/s" % (mark, finished / seconds)
+    return ("%.1f/s" % ((current.submitted - previous.submitted) / seconds),
+            "%.1f/s" % ((current.finished - previous.finished) / seconds))
 
 
 def count_text(sample: Sample, state: str) -> str:
-    return "%d%s" % (sample.counts.get(state, 0), "+" if state in sample.capped else "")
+    return "%d" % sample.counts.get(state, 0)
 
 
 def frame(sample: Sample, previous: Sample | None, target: str, interval_millis: int) -> str:
@@ -109,7 +88,7 @@ def frame(sample: Sample, previous: Sample | None, target: str, interval_millis:
         % (target, render.timestamp(now, zone=True), interval_millis / 1000.0),
         "",
         "jobs      " + "  ".join("%s %s" % (s.lower(), count_text(sample, s)) for s in ACTIVE_STATES)
-        + "  (active %d%s)" % (sample.active, "+" if sample.capped else ""),
+        + "  (active %d)" % sample.active,
         "rates     submitted %s  finished %s" % (submitted, finished),
         "workers   %d live, %d/%d slots busy" % (len(sample.workers), busy, slots),
         "",

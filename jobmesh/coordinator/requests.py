@@ -328,6 +328,16 @@ class ClientRequests(CoreBase):
                     periodic_workers=len(self.pworkers), waits=len(self.waiters) + self._pwait_live,
                     queued_by_priority=queued_by_priority)
 
+    def get_stats(self, now_millis: int) -> m.Message:
+        """GET_STATS: the figures the metrics port shows, from counters (O(series))."""
+        figures = self.metrics()
+        by_state = {state.value: 0 for state in JobState if state not in TERMINAL}
+        for (state, _task_type, _priority, _protocol), n in figures["jobs"].items():
+            by_state[state] += n
+        return m.Stats(now_millis + self.drift, by_state, figures["submitted"], figures["finished"],
+                       figures["rejected"], figures["retries"], figures["workers"], figures["periodic_workers"],
+                       figures["capacity"], figures["busy_slots"], figures["waits"])
+
     def list_workers(self, now_millis: int) -> m.Message:
         """Every live worker session: JSON workers, then Periodic ones (``protocol`` tells)."""
         return m.WorkerList([s.snapshot(self.drift) for s in self.workers]

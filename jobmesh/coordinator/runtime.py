@@ -339,6 +339,7 @@ class Coordinator:
             m.GetJobEvents: lambda now, r: core.get_job_events(now, r.job_id),
             m.RetryJob: lambda now, r: core.retry_job(now, r.job_id),
             m.PurgeJobs: core.purge_jobs,
+            m.GetStats: lambda now, _req: core.get_stats(now),
             ev.Refusal: lambda now, r: r.error,
         }
         wait = m.WaitJob  # the one request that needs its connection (its reply may come later)

@@ -365,21 +365,45 @@ class JobsPurged(Message):
     more: bool = wire("more", "bool", False)  # more such jobs remain: ask again
 
 
+@dataclass(frozen=True)
+class GetStats(Message):
+    """The coordinator's figures: what ``jobmesh top`` shows, without listing any job."""
+
+    TYPE = "GET_STATS"
+
+
+@dataclass(frozen=True)
+class Stats(Message):
+    TYPE = "STATS"
+    at_millis: int = wire("atMillis", "int")  # the coordinator's wall clock
+    jobs: dict[str, int] = wire("jobs", "obj", {})  # non-terminal jobs by state, every state listed
+    submitted: int = wire("submitted", "int", 0)  # jobs created since the process started
+    finished: dict[str, int] = wire("finished", "obj", {})  # jobs that ended since then, by state
+    rejected: int = wire("rejected", "int", 0)
+    retries: int = wire("retries", "int", 0)
+    workers: int = wire("workers", "int", 0)  # JSON worker sessions
+    periodic_workers: int = wire("periodicWorkers", "int", 0)
+    capacity: int = wire("capacity", "int", 0)  # the JSON workers' slots
+    busy_slots: int = wire("busySlots", "int", 0)
+    waits: int = wire("waits", "int", 0)  # pending WAIT_JOBs and Periodic RUN_JOB / RECV_DATA callers
+
+
 ALL_MESSAGES: tuple[type[Message], ...] = (
     WorkerRegister, WorkerRegistered, Heartbeat, TaskAssign, TaskCancel, TaskResult, Error,
     SubmitJob, JobSubmitted, SubmitRejected, GetJobStatus, JobStatus, ListJobs, JobList,
     ListWorkers, WorkerList, CancelJob, JobCancel, GetJobEvents, JobEvents, RetryJob, PurgeJobs,
-    JobsPurged, WaitJob,
+    JobsPurged, WaitJob, GetStats, Stats,
 )
 BY_TYPE: dict[str, type[Message]] = {cls.TYPE: cls for cls in ALL_MESSAGES}
 
 # What each side may legally receive.
 WORKER_PORT_REQUESTS = frozenset({"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"})
 CLIENT_PORT_REQUESTS = frozenset({"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
-                                  "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB"})
+                                  "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB",
+                                  "GET_STATS"})
 TO_WORKER = frozenset({"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR"})
 TO_CLIENT = frozenset({"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST", "JOB_CANCEL",
-                       "JOB_EVENTS", "JOBS_PURGED", "ERROR"})
+                       "JOB_EVENTS", "JOBS_PURGED", "STATS", "ERROR"})
 
 
 def decode(obj: dict[str, Any], allowed: frozenset[str] | None = None) -> Message:

@@ -186,6 +186,7 @@ CLIENT_REQUESTS = {
     "RETRY_JOB": {"type": "RETRY_JOB", "jobId": "j"},
     "PURGE_JOBS": {"type": "PURGE_JOBS", "olderThanMillis": 10 ** 12, "limit": 1},
     "WAIT_JOB": {"type": "WAIT_JOB", "jobId": "j", "timeoutMillis": 0},
+    "GET_STATS": {"type": "GET_STATS"},
 }
 WORKER_REQUESTS = {
     "WORKER_REGISTER": {"type": "WORKER_REGISTER", "workerId": "w", "capacity": 1, "taskTypes": ["SLEEP"]},

@@ -302,33 +302,42 @@ def page(jobs, more=False):
     return {"type": "JOB_LIST", "jobs": jobs, "nextCursor": "next" if more else None}
 
 
-def sample_replies(queued, running, newest, workers):
-    """The six replies of one refresh: QUEUED, SCHEDULED, RUNNING, RETRY_WAIT, newest, workers."""
-    return [page(queued), page([]), page(running), page([]), page(newest), {"type": "WORKER_LIST", "workers": workers}]
+def sample_replies(jobs, submitted, finished, queued, workers):
+    """The four replies of one refresh: STATS, QUEUED and RETRY_WAIT pages, workers."""
+    stats = {"type": "STATS", "atMillis": NOW, "jobs": jobs, "submitted": submitted,
+             "finished": {"COMPLETED": finished, "FAILED": 0, "CANCELLED": 0}}
+    return [stats, page(queued), page([]), {"type": "WORKER_LIST", "workers": workers}]
 
 
 def test_top_two_refreshes(jm):
     waiting = dict(SNAP, jobId="q-1", waitingReason="WORKERS_BUSY", updatedAtMillis=NOW - 5000)
-    running = dict(SNAP, jobId="r-1", state="RUNNING", workerId="w-1")
     workers = [worker("w-1", ["SHA256"], 1, 1)]
-    first = sample_replies([waiting], [running], [waiting, running], workers)
-    second = sample_replies([waiting], [running], [dict(SNAP, jobId="n-2"), dict(SNAP, jobId="n-1"), waiting],
-                            workers)
+    jobs = {"QUEUED": 1, "SCHEDULED": 0, "RUNNING": 1, "RETRY_WAIT": 0}
+    first = sample_replies(jobs, 10, 8, [waiting], workers)
+    second = sample_replies(jobs, 10_000, 9_998, [waiting], workers)
     code, out, err, server = jm(first + second, "top", "--iterations=2", "--interval-millis=1")
     assert (code, err) == (EXIT_OK, "")
     frames = out.split(top.CLEAR)
     assert frames[0] == "" and len(frames) == 3
-    assert [(r["type"], r.get("state")) for r in server.requests[:6]] == [
-        ("LIST_JOBS", "QUEUED"), ("LIST_JOBS", "SCHEDULED"), ("LIST_JOBS", "RUNNING"), ("LIST_JOBS", "RETRY_WAIT"),
-        ("LIST_JOBS", None), ("LIST_WORKERS", None)]
+    assert [(r["type"], r.get("state")) for r in server.requests[:4]] == [
+        ("GET_STATS", None), ("LIST_JOBS", "QUEUED"), ("LIST_JOBS", "RETRY_WAIT"), ("LIST_WORKERS", None)]
     for text in frames[1:]:
         assert "jobs      queued 1  scheduled 0  running 1  retry_wait 0  (active 2)" in text
         assert "workers   1 live, 1/1 slots busy" in text
         assert "q-1" in text and "the one worker that runs SHA256 is busy (1/1 slots)" in text
     assert "rates     submitted -  finished -" in frames[1]
-    # two new jobs, and the active count did not change: both finished
-    assert "rates     submitted " in frames[2] and "submitted -" not in frames[2]
-    assert "finished -" not in frames[2]
+    # 9,990 submitted and finished in the (short) time between the two samples
+    rates_line = [line for line in frames[2].splitlines() if line.startswith("rates")][0]
+    submitted, finished = [float(word[:-2]) for word in rates_line.split()[2::2]]
+    assert submitted == finished > 0
+
+
+def test_top_rates_after_a_coordinator_restart_are_unknown():
+    before = top.Sample(1.0, NOW, {"QUEUED": 5}, submitted=100, finished=90, waiting=[])
+    after = top.Sample(2.0, NOW, {"QUEUED": 0}, submitted=3, finished=1, waiting=[])
+    assert top.rates(before, after) == (render.MISSING, render.MISSING)
+    later = top.Sample(3.0, NOW, {"QUEUED": 0}, submitted=13, finished=6, waiting=[])
+    assert top.rates(after, later) == ("10.0/s", "5.0/s")
 
 
 def test_top_unreachable_exits_3():
@@ -342,28 +351,15 @@ def test_top_ctrl_c_exits_0():
     class Interrupting:
         host, port = "127.0.0.1", 1
 
-        def list_jobs(self, *args, **kwargs):
+        def stats(self, *args, **kwargs):
             raise KeyboardInterrupt
 
     out = io.StringIO()
     assert top.run(Interrupting(), Console(out, io.StringIO()), 1000, 0) == EXIT_OK
 
 
-@pytest.mark.parametrize("previous,current,expected", [
-    (["c", "b", "a"], ["e", "d", "c", "b", "a"], (2, False)),
-    (["a"], ["a"], (0, False)),
-    ([], ["b", "a"], (2, False)),
-    (["x"], ["b", "a"], (2, False)),
-    (["x"], ["j%d" % i for i in range(top.PAGE)], (top.PAGE, True)),
-])
-def test_new_jobs_between_samples(previous, current, expected):
-    assert top.new_since(previous, current) == expected
-
-
 def test_rates_from_two_samples():
-    before = top.Sample(10.0, NOW, {"QUEUED": 5, "RUNNING": 2}, frozenset(), ["b", "a"], [])
-    after = top.Sample(12.0, NOW + 2000, {"QUEUED": 3, "RUNNING": 2}, frozenset(), ["d", "c", "b", "a"], [])
+    before = top.Sample(10.0, NOW, {"QUEUED": 5, "RUNNING": 2}, submitted=40, finished=33, waiting=[])
+    after = top.Sample(12.0, NOW + 2000, {"QUEUED": 3, "RUNNING": 2}, submitted=42, finished=37, waiting=[])
     assert top.rates(None, after) == ("-", "-")
-    assert top.rates(before, after) == ("1.0/s", "2.0/s")  # 2 new, active 7 -> 5: 4 finished in 2 s
-    capped = top.Sample(12.0, NOW + 2000, {"QUEUED": 1000}, frozenset({"QUEUED"}), ["d", "c", "b", "a"], [])
-    assert top.rates(before, capped) == ("1.0/s", "-")
+    assert top.rates(before, after) == ("1.0/s", "2.0/s")  # 2 new, 4 finished in 2 s

@@ -46,6 +46,10 @@ SAMPLES: dict[str, m.Message] = {
     "PURGE_JOBS": m.PurgeJobs(older_than_millis=86_400_000, limit=500),
     "JOBS_PURGED": m.JobsPurged(purged=500, more=True),
     "WAIT_JOB": m.WaitJob(job_id="j-1", timeout_millis=60_000),
+    "GET_STATS": m.GetStats(),
+    "STATS": m.Stats(at_millis=1_700_000_000_000, jobs={"QUEUED": 3, "SCHEDULED": 0, "RUNNING": 2, "RETRY_WAIT": 1},
+                     submitted=10, finished={"COMPLETED": 3, "FAILED": 1, "CANCELLED": 0}, rejected=0, retries=2,
+                     workers=1, periodic_workers=0, capacity=4, busy_slots=2, waits=0),
 }
 
 
@@ -99,6 +103,9 @@ def test_wire_uses_camel_case_names_from_the_protocol(type_name):
         "PURGE_JOBS": {"olderThanMillis", "limit"},
         "JOBS_PURGED": {"purged", "more"},
         "WAIT_JOB": {"jobId", "timeoutMillis"},
+        "GET_STATS": set(),
+        "STATS": {"atMillis", "jobs", "submitted", "finished", "rejected", "retries", "workers", "periodicWorkers",
+                  "capacity", "busySlots", "waits"},
     }[type_name]
     assert set(SAMPLES[type_name].to_wire()) == expected | {"type"}
 
@@ -206,10 +213,10 @@ def test_missing_required_fields_are_rejected(obj):
 def test_port_tables_match_the_protocol():
     assert m.WORKER_PORT_REQUESTS == {"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"}
     assert m.CLIENT_PORT_REQUESTS == {"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
-                                      "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB"}
+                                      "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB", "GET_STATS"}
     assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR"}
     assert m.TO_CLIENT == {"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST",
-                           "JOB_CANCEL", "JOB_EVENTS", "JOBS_PURGED", "ERROR"}
+                           "JOB_CANCEL", "JOB_EVENTS", "JOBS_PURGED", "STATS", "ERROR"}
 
 
 @pytest.mark.parametrize("type_name", sorted(SAMPLES))
