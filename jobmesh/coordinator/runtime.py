@@ -22,7 +22,8 @@ connections are closed (their leases died with the discarded memory; they regist
 again). Until a write succeeds the core is paused (no assignments, no changes of its
 own), reads are served, and writes are tried and answered with the same ERROR while
 they fail; a probe write every ``STORAGE_PROBE_SECONDS`` notices when storage works
-again. Nothing exits: a restart could do no better (docs/FAILURE_MODEL.md).
+again. Nothing exits: a restart could do no better (docs/FAILURE_MODEL.md). That path
+is written in ``outage.py``.
 
 The sweep is armed by ``gevent.spawn_later``: the callback re-arms itself on a fixed
 cadence and only posts a SWEEP marker; the sweep itself runs inside the core loop,
@@ -57,6 +58,7 @@ from jobmesh.config import CoordinatorConfig
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
 from jobmesh.coordinator.mailbox import Mailbox
+from jobmesh.coordinator.outage import STORAGE_ERRORS, CommitFailed, StorageOutages, storage_error, write_outcome
 from jobmesh.coordinator.core import CoordinatorCore
 from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock
 from jobmesh.coordinator.housekeeping import (COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, CollectorPolicy, Histogram,
@@ -76,33 +78,9 @@ FD_MARGIN = 256
 WORKER_FD_RESERVE = 512  # descriptors client connections may not take (new workers can always register)
 EXIT_CORE_DIED = 70
 EXIT_COMMIT_FAILED = 71
-STORAGE_PROBE_SECONDS = 1.0  # while storage fails, how often a probe write checks it again
 DRAIN_POLL_SECONDS = 0.02
-# What a failed write raises when storage (not our code) is at fault.
-STORAGE_ERRORS = (sqlite3.Error, OSError)
-
-
-class CommitFailed(Exception):
-    """A commit failed in a way the coordinator cannot serve through (not a storage error,
-    or the state could not even be reloaded): the core stops, nothing of the batch is released."""
-
-
 class CannotStart(Exception):
     """A start-up failure whose message is the whole story (one line, exit 1)."""
-
-
-def storage_error(reason: str) -> m.Error:
-    return m.Error("storage unavailable: %s" % reason)
-
-
-def _outcome(write: Callable[..., None], *args: Any) -> Exception | None:
-    """Run a write on the DB thread; its exception is returned, not raised (gevent's pool
-    would print a traceback for each, and a storage outage would fill the log)."""
-    try:
-        write(*args)
-    except Exception as exc:  # judged on the hub: storage error or bug
-        return exc
-    return None
 
 
 INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
@@ -150,7 +128,7 @@ def _encode_reply(msg: m.Message) -> bytes:
         return encode_frame(INTERNAL_ERROR.to_wire())
 
 
-class Coordinator:
+class Coordinator(StorageOutages):
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
         self.mailbox = Mailbox()
@@ -511,7 +489,7 @@ class Coordinator:
         pending = self._pending
         if pending is not None and (any(rows) or self._outage is None):
             rows = merge_batches(pending, rows)
-        commit = self.dbpool.spawn(_outcome, self.store.write, *rows) if any(rows) else None
+        commit = self.dbpool.spawn(write_outcome, self.store.write, *rows) if any(rows) else None
         started = time.perf_counter()
         if unsent is not None:
             self._write_replies(unsent)
@@ -550,101 +528,6 @@ class Coordinator:
         return replies
 
     # ---- storage outages --------------------------------------------------------------
-
-    def _carry_waits(self, old: CoordinatorCore, answered: list, error: m.Error, replies: list) -> None:
-        """After a failed commit: the waits the old core answered in that batch were
-        answered by changes that are not durable, so they, and every wait still pending,
-        wait again on the reloaded core (an ended job answers them at once). Without a
-        reload (stopping) the answered ones get the storage ERROR."""
-        core = self.core
-        assert core is not None
-        if core is old:
-            if answered:
-                replies.append((None, [(waiter, error) for waiter, _ in answered]))
-            return
-        core.adopt_waiters(now_millis(), old.waiters.pending() + [waiter for waiter, _ in answered])
-        if core.has_answers():
-            replies.append((None, core.take_answers()))
-
-    def _storage_failed(self, reason: str, where: str, reload: bool = True) -> None:
-        """A write failed for a storage reason: log (once per outage), pause, and unless
-        stopping, throw memory away and reload state from the database."""
-        self._failed_commits += 1
-        if self._outage is None:
-            self._outage_since = time.monotonic()
-            self._failed_commits = 1
-            log.error("storage unavailable (%s): %s; nothing of the failed write is acknowledged, writes answer"
-                      " 'storage unavailable' and resume by themselves once storage works", where, reason)
-        else:
-            log.debug("storage still unavailable (%s): %s", where, reason)
-        self._outage = reason
-        self._next_probe = time.monotonic() + STORAGE_PROBE_SECONDS
-        self._probe = None
-        if reload:
-            self._reload()
-        assert self.core is not None
-        self.core.paused = True
-
-    def _reload(self) -> None:
-        """Replace the core with the database's state, as a restart would (``recover``).
-
-        Worker connections are closed: the discarded memory held their sessions and
-        leases; they register again. Recovery's own rows are kept to commit later."""
-        for conn in list(self.handlers.worker_conns):
-            conn.abort()
-        for pconn in list(self.periodic.conns):  # Periodic sessions too: they reconnect
-            pconn.abort()
-        old = self.core
-        assert old is not None and self.store is not None
-        try:
-            # Reopened: a connection opened on a read-only file stays read-only.
-            store = self._open_store()
-        except STORAGE_ERRORS as exc:
-            log.warning("could not reopen the database, reloading through the open connections: %s", exc)
-        else:
-            self.store.close()
-            self.store = store
-        try:
-            core = self._recovered_core()
-        except STORAGE_ERRORS as exc:
-            raise CommitFailed("could not reload state from the database after a failed commit: %s" % exc) from exc
-        for key, value in old.stats.items():  # counters count since the process started
-            core.stats[key] += value
-        for state, value in old.finished_counts.items():
-            core.finished_counts[state] += value
-        rows = core.take_dirty()
-        self._pending = rows if any(rows) else None
-        core.take_outbound()
-        core.paused = True
-        self.core = core
-        self._dispatch = self._dispatch_table()
-
-    def _check_probe(self) -> None:
-        """While storage fails and no batch writes: a probe write now and then, off the hub."""
-        assert self.dbpool is not None and self.store is not None
-        now = time.monotonic()
-        probe = self._probe
-        if probe is not None:
-            if not probe.ready():
-                return
-            self._probe = None
-            failure = probe.get()
-            if failure is None:
-                self._writes_resumed("a probe write")
-            else:
-                self._outage = storage_reason(failure)
-                self._next_probe = now + STORAGE_PROBE_SECONDS
-            return
-        if now >= self._next_probe:
-            self._probe = self.dbpool.spawn(_outcome, self.store.probe)
-
-    def _writes_resumed(self, how: str) -> None:
-        assert self.core is not None
-        log.warning("storage works again (%s succeeded): writes resumed after %.1f s and %d failed writes",
-                    how, time.monotonic() - self._outage_since, self._failed_commits)
-        self._outage = None
-        self._probe = None
-        self.core.paused = False
 
     def _write_replies(self, replies: list) -> None:
         """Encode a batch's replies and write each connection's with one write, in order.
