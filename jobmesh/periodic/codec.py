@@ -296,10 +296,39 @@ class _Reader:
         return self.take(self.int(1, False, what + " length"), what)
 
     def handle(self, what: str) -> Handle:
+        body, pos = self.body, self.pos
+        end = len(body)
+        if pos < end:  # fast path; anything short goes the slow way, which names the field
+            func_end = pos + 1 + body[pos]
+            if func_end < end:
+                name_end = func_end + 1 + body[func_end]
+                if name_end <= end:
+                    self.pos = name_end
+                    return Handle(body[pos + 1 : func_end], body[func_end + 1 : name_end])
         return Handle(self.str8(what + " func"), self.str8(what + " name"))
 
     def job(self, what: str) -> Job:
         func, name = self.handle(what)
+        body, pos = self.body, self.pos
+        end = len(body)
+        if pos + 4 <= end:  # fast path, as in ``handle``
+            fixed = pos + 4 + int.from_bytes(body[pos : pos + 4], "big")  # after the workload
+            if fixed + 9 <= end:
+                version = body[fixed + 8]
+                if version > 3:  # periodicd reads an unknown version as 0 (PERIODIC.md 4.1)
+                    version = 0
+                last = fixed + 9 + (4 if version & 1 else 0) + (4 if version & 2 else 0)
+                if last <= end:
+                    at = fixed + 9
+                    count = timeout = 0
+                    if version & 1:
+                        count = int.from_bytes(body[at : at + 4], "big", signed=True)
+                        at += 4
+                    if version & 2:
+                        timeout = int.from_bytes(body[at : at + 4], "big", signed=True)
+                    self.pos = last
+                    return Job(func, name, body[pos + 4 : fixed],
+                               int.from_bytes(body[fixed : fixed + 8], "big", signed=True), count, timeout)
         workload = self.take(self.int(4, False, what + " workload length"), what + " workload")
         sched_at = self.int(8, True, what + " sched_at")
         version = self.int(1, False, what + " version")
@@ -605,6 +634,7 @@ REPLIES: dict[Command, type[Message]] = {cls.COMMAND: cls for cls in (
 
 _Spec = tuple[tuple[Callable[[Any, str], bytes], Callable[["_Reader", str], Any], str], ...]
 _SPECS: dict[type, _Spec] = {}
+_MSGID_COMMAND = struct.Struct(">IB")
 
 
 def _spec(cls: type[Message]) -> _Spec:
@@ -619,9 +649,15 @@ def _spec(cls: type[Message]) -> _Spec:
 def encode_body(msg: Message) -> bytes:
     """msgid + command + payload of ``msg``. Fields are checked with their bare names; only
     when one does not fit is the body encoded again to name the message in the error."""
+    spec = _spec(type(msg))
     try:
-        payload = b"".join(write(getattr(msg, name), name) for write, _, name in _spec(type(msg)))
+        if not spec:  # SUCCESS, PONG, NO_WORKER, ...: the most frequent frames
+            return _MSGID_COMMAND.pack(msg.msgid, msg.COMMAND)
+        payload = b"".join(write(getattr(msg, name), name) for write, _, name in spec)
         return _u32(msg.msgid, "msgid") + bytes([msg.COMMAND]) + payload
+    except struct.error:
+        _u32(msg.msgid, "msgid")  # raises the PeriodicError that names it
+        raise
     except PeriodicError:
         context = "%s msgid=%s" % (msg.COMMAND.name, msg.msgid)
         for write, _, name in _spec(type(msg)):
