@@ -55,6 +55,18 @@ def still_fine(coord) -> None:
     bystander.close()
 
 
+def flood_beside_a_probe(coord, probe_job: str, hog: RawPeriodic, batch: Callable[[], bytes]) -> None:
+    """``hog`` floods ``batch()`` for FLOOD_SECONDS beside a probe client, which must be
+    served throughout; the coordinator is fine after."""
+    with Probe(coord, probe_job) as probe:
+        time.sleep(0.2)
+        flood(hog, batch, FLOOD_SECONDS)
+        time.sleep(0.3)
+    probe.check()
+    still_fine(coord)
+    hog.close()
+
+
 def test_a_periodic_client_pipelining_submits_and_status_without_reading(coord, probe_job):
     hog = RawPeriodic(coord.periodic_addr)
     names = iter(range(10 ** 9))
@@ -64,13 +76,7 @@ def test_a_periodic_client_pipelining_submits_and_status_without_reading(coord, 
                   for n in (next(names) for _ in range(32))]
         return b"".join(frames) + pc.encode_request(pc.Status(0))
 
-    with Probe(coord, probe_job) as probe:
-        time.sleep(0.2)
-        flood(hog, batch, FLOOD_SECONDS)
-        time.sleep(0.3)
-    probe.check()
-    still_fine(coord)
-    hog.close()
+    flood_beside_a_probe(coord, probe_job, hog, batch)
 
 
 def test_a_periodic_worker_flooding_stale_outcomes_and_tokens(coord, probe_job):
@@ -82,13 +88,7 @@ def test_a_periodic_worker_flooding_stale_outcomes_and_tokens(coord, probe_job):
         return b"".join(pc.encode_request(pc.WorkDone(next(msgids), pc.Handle(b"hogf", b"nobody"), b"r"))
                         + pc.encode_request(pc.GrabJob(next(msgids))) for _ in range(32))
 
-    with Probe(coord, probe_job) as probe:
-        time.sleep(0.2)
-        flood(hog, batch, FLOOD_SECONDS)
-        time.sleep(0.3)
-    probe.check()
-    still_fine(coord)
-    hog.close()
+    flood_beside_a_probe(coord, probe_job, hog, batch)
 
 
 def test_a_stream_to_a_client_that_never_reads_is_bounded(coord, probe_job):
