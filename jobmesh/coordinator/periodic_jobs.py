@@ -319,8 +319,7 @@ class PeriodicJobs(PeriodicWaits):
         """WORK_DONE, WORK_FAIL, SCHED_LATER from the worker the job runs on (others are stale)."""
         session = self._psession(conn, now_millis)
         _key, job = self._plive(msg.handle)
-        if job is None or job.state is not JobState.RUNNING or (
-                job.worker_id != session.worker_id and session.worker_id not in self.pfanout.get(job.job_id, ())):
+        if job is None or not self._runs_on(job, session):
             self.stats["stale_results"] += 1
             log.info("periodic outcome for a job not running on this worker dropped worker=%s func=%r name=%r",
                      session.worker_id, msg.handle.func, msg.handle.name)
@@ -336,6 +335,12 @@ class PeriodicJobs(PeriodicWaits):
             self._sched_later(job, now_millis, msg.delay, msg.step)
         self._send(conn, pc.encode_success(msg.msgid))
 
+    def _runs_on(self, job: Job, session: PeriodicSession | None) -> bool:
+        """Whether the job is RUNNING on that session: its lease holder, or (broadcast) one
+        of the other workers it went to."""
+        return session is not None and job.state is JobState.RUNNING and (
+            job.worker_id == session.worker_id or session.worker_id in self.pfanout.get(job.job_id, ()))
+
     def _p_acquire(self, now_millis: int, conn: Any, msg: pc.Acquire) -> None:
         """ACQUIRE: granted (1) or refused (0). A refused job leaves its worker and waits
         QUEUED (LOCK_WAIT) until a release gives it the lock; a job that is not running
@@ -346,10 +351,7 @@ class PeriodicJobs(PeriodicWaits):
             self._not_text(conn)
             return
         granted = True
-        session = self.pconns.get(conn)
-        if job is not None and job.state is JobState.RUNNING and (
-                session is None or (job.worker_id != session.worker_id
-                                    and session.worker_id not in self.pfanout.get(job.job_id, ()))):
+        if job is not None and job.state is JobState.RUNNING and not self._runs_on(job, self.pconns.get(conn)):
             granted = False  # an attempt that has ended (its job runs elsewhere now): nothing recorded
         elif job is not None and job.state is JobState.RUNNING:
             granted, promoted = self.plocks.acquire(lock, msg.max_holders, job.job_id)

@@ -660,7 +660,7 @@ def encode_body(msg: Message) -> bytes:
         raise
     except PeriodicError:
         context = "%s msgid=%s" % (msg.COMMAND.name, msg.msgid)
-        for write, _, name in _spec(type(msg)):
+        for write, _, name in spec:
             write(getattr(msg, name), "%s %s" % (context, name))
         raise
 

@@ -419,6 +419,9 @@ def decode(obj: dict[str, Any], allowed: frozenset[str] | None = None) -> Messag
     return cls.from_wire(obj)
 
 
+CLIENT_PORT_REFUSAL = "this is the client port"  # how the client port's refusals of worker messages begin
+
+
 def wrong_port(kind: str, allowed: frozenset[str] | None) -> str | None:
     """The reason for a request that belongs on the coordinator's other port, or None.
 
@@ -427,5 +430,5 @@ def wrong_port(kind: str, allowed: frozenset[str] | None) -> str | None:
     if allowed is WORKER_PORT_REQUESTS and kind in CLIENT_PORT_REQUESTS:
         return "this is the worker port; %s belongs on the client port (%d by default)" % (kind, DEFAULT_CLIENT_PORT)
     if allowed is CLIENT_PORT_REQUESTS and kind in WORKER_PORT_REQUESTS:
-        return "this is the client port; %s belongs on the worker port (%d by default)" % (kind, DEFAULT_WORKER_PORT)
+        return "%s; %s belongs on the worker port (%d by default)" % (CLIENT_PORT_REFUSAL, kind, DEFAULT_WORKER_PORT)
     return None

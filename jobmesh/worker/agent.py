@@ -37,6 +37,7 @@ from jobmesh.errors import PayloadError, ProtocolError
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.payloads import TASK_TYPES
 from jobmesh.protocol.messages import (
+    CLIENT_PORT_REFUSAL,
     TO_WORKER,
     Error,
     Heartbeat,
@@ -65,9 +66,6 @@ MIN_USER_TIMEOUT_MILLIS = 10_000
 
 class RegistrationRefused(Exception):
     """The coordinator answered WORKER_REGISTER with ERROR (e.g. the id is still in use)."""
-
-
-CLIENT_PORT_REFUSAL = "this is the client port"  # how the client port answers a WORKER_REGISTER
 
 
 class ConnectionLost(Exception):
