@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobmesh.coordinator.connection import Connection, OutboundConnection, ReplyConnection
 from jobmesh.protocol import messages as m
 
 LIST_ROWS_PER_COST = 4  # a LIST_JOBS page of 1000 rows costs about as much to build as 250 submits
@@ -16,7 +17,7 @@ LIST_ROWS_PER_COST = 4  # a LIST_JOBS page of 1000 rows costs about as much to b
 
 class Event:
     __slots__ = ()
-    conn: Any = None  # the connection an event came from; None for the core's own (sweep, stop)
+    conn: Connection | None = None  # the connection an event came from; None for the core's own (sweep, stop)
     cost = 1  # its share of a batch's budget (mailbox.py)
 
 
@@ -24,8 +25,9 @@ class Registered(Event):
     """A WORKER_REGISTER arrived on a worker connection."""
 
     __slots__ = ("conn", "msg")
+    conn: OutboundConnection
 
-    def __init__(self, conn: Any, msg: m.WorkerRegister) -> None:
+    def __init__(self, conn: OutboundConnection, msg: m.WorkerRegister) -> None:
         self.conn = conn
         self.msg = msg
 
@@ -34,8 +36,9 @@ class Result(Event):
     """A TASK_RESULT arrived."""
 
     __slots__ = ("conn", "msg")
+    conn: OutboundConnection
 
-    def __init__(self, conn: Any, msg: m.TaskResult) -> None:
+    def __init__(self, conn: OutboundConnection, msg: m.TaskResult) -> None:
         self.conn = conn
         self.msg = msg
 
@@ -44,8 +47,9 @@ class Disconnected(Event):
     """A registered worker's connection ended."""
 
     __slots__ = ("conn",)
+    conn: OutboundConnection
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: OutboundConnection) -> None:
         self.conn = conn
 
 
@@ -69,8 +73,9 @@ class Request(Event):
     page, which costs by the rows it may read."""
 
     __slots__ = ("conn", "msg", "cost")
+    conn: ReplyConnection
 
-    def __init__(self, conn: Any, msg: m.Message | Refusal) -> None:
+    def __init__(self, conn: ReplyConnection, msg: m.Message | Refusal) -> None:
         self.conn = conn
         self.msg = msg
         self.cost = 1
@@ -84,8 +89,9 @@ class ClientClosed(Event):
     nobody is left to answer. Posted after its requests, so it follows them."""
 
     __slots__ = ("conn",)
+    conn: ReplyConnection
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: ReplyConnection) -> None:
         self.conn = conn
 
 
@@ -111,8 +117,9 @@ class PeriodicPacket(Event):
     that the core must apply (docs/PERIODIC.md)."""
 
     __slots__ = ("conn", "msg")
+    conn: OutboundConnection
 
-    def __init__(self, conn: Any, msg: Any) -> None:
+    def __init__(self, conn: OutboundConnection, msg: Any) -> None:
         self.conn = conn
         self.msg = msg
 
@@ -121,6 +128,7 @@ class PeriodicClosed(Event):
     """A Periodic connection ended (posted after its packets, so it follows them)."""
 
     __slots__ = ("conn",)
+    conn: OutboundConnection
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: OutboundConnection) -> None:
         self.conn = conn

@@ -21,33 +21,35 @@ asks. Handlers stop reading while their connection has too many events queued
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 import gevent.event
+
+from jobmesh.coordinator.connection import Connection
+from jobmesh.coordinator.events import Event
 
 PER_CONN = 16  # events of one connection per turn of the round robin
 
 
 class Mailbox:
     def __init__(self) -> None:
-        self._own: deque = deque()  # the core's own items: sweep, stop
-        self._workers: deque = deque()  # worker connections with events waiting
-        self._clients: deque = deque()  # client connections with events waiting
+        self._own: deque[Event] = deque()  # the core's own items: sweep, stop
+        self._workers: deque[Connection] = deque()  # worker connections with events waiting
+        self._clients: deque[Connection] = deque()  # client connections with events waiting
         self._count = 0
         self._wake = gevent.event.Event()
 
     def __len__(self) -> int:
         return self._count
 
-    def put(self, item: Any) -> None:
+    def put(self, item: Event) -> None:
         """A client request (an event with a ``conn``), or one of the core's own items."""
         self._enqueue(item, self._clients)
 
-    def put_urgent(self, item: Any) -> None:
+    def put_urgent(self, item: Event) -> None:
         """A worker event (an event with a ``conn``), or one of the core's own items."""
         self._enqueue(item, self._workers)
 
-    def _enqueue(self, item: Any, ring: deque) -> None:
+    def _enqueue(self, item: Event, ring: deque[Connection]) -> None:
         conn = item.conn
         if conn is None:  # the sweep, STOP
             self._own.append(item)
@@ -61,12 +63,12 @@ class Mailbox:
         self._count += 1
         self._wake.set()
 
-    def take(self, budget: int) -> list:
+    def take(self, budget: int) -> list[Event]:
         """A fair batch of at most ``budget`` cost (at least one item); blocks while empty."""
         while not self._count:
             self._wake.clear()
             self._wake.wait()
-        batch: list = []
+        batch: list[Event] = []
         own = self._own
         while own:
             batch.append(own.popleft())
@@ -79,7 +81,7 @@ class Mailbox:
         return batch
 
     @staticmethod
-    def _serve(ring: deque, batch: list, budget: int) -> int:
+    def _serve(ring: deque[Connection], batch: list[Event], budget: int) -> int:
         """Round-robin over ``ring`` until ``budget`` is spent; returns what was spent.
 
         Each connection gets up to PER_CONN events per turn, then goes to the back of the
@@ -108,7 +110,7 @@ class Mailbox:
                 ring.append(conn)
         return spent
 
-    def take_all(self) -> list:
+    def take_all(self) -> list[Event]:
         """Everything left (the core is stopping)."""
         batch = list(self._own)
         self._own.clear()

@@ -4,7 +4,7 @@ One blocking-style greenlet per connection, like the JSON ports' handlers
 (``server.py``): it reads, decodes with the pure codec (``jobmesh.periodic.codec``) and
 posts ``PeriodicPacket`` events; it never touches core state. The core answers with
 codec frames through its ``outbound`` list, written after the batch's commit on the
-connection's one ordered ``Output``.
+connection's one ordered ``connection.Output``.
 
 The handshake is answered here (the connection id must be the first frame out), and so
 are the requests that need no state: PING, SLEEP, UNKNOWN, CONFIG_GET/SET, SHUTDOWN
@@ -37,8 +37,7 @@ import gevent
 
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import monotonic
-from jobmesh.coordinator.server import (MAX_UNSENT_BYTES, MAX_WORKER_BACKLOG, WRITER_JOIN_SECONDS, Output, Servers,
-                                        _nodelay)
+from jobmesh.coordinator.connection import MAX_UNSENT_BYTES, WRITER_JOIN_SECONDS, Output, nodelay
 from jobmesh.errors import ProtocolError
 from jobmesh.periodic import codec as pc
 
@@ -93,7 +92,7 @@ class PeriodicConn(Output):
     def __repr__(self) -> str:
         return "<PeriodicConn %s %s:%s>" % (self.kind, *self.addr[:2])
 
-    def send_many(self, msgs: list) -> None:
+    def send_many(self, msgs: list[Any]) -> None:
         """Frames in order; a None among them closes after what precedes it. Plain frames
         go out with one write; from the first Paced frame on, everything goes through
         the pacer, in order."""
@@ -143,31 +142,29 @@ class PeriodicConn(Output):
             self._paced = None
             self._pacer = None
 
-    def finish(self) -> None:
-        try:
-            self.flushed(WRITER_JOIN_SECONDS)
-        finally:
-            if self._pacer is not None:
-                self._pacer.kill(block=False)
-            self._paced = self._pacer = None
-            self.release()
+    def release(self) -> None:
+        """The handler is leaving: stop pacing too (see ``Output.release``)."""
+        if self._pacer is not None:
+            self._pacer.kill(block=False)
+        self._paced = self._pacer = None
+        super().release()
 
 
 class PeriodicPort:
     """The Periodic port's handler; ``post`` feeds the core (clients), ``post_urgent`` (workers)."""
 
-    def __init__(self, post: Callable[[Any], None], post_urgent: Callable[[Any], None], servers: Servers,
+    def __init__(self, post: Callable[[Any], None], post_urgent: Callable[[Any], None], connections: dict[str, int],
                  idle_timeout: float, task_timeout: float = 0.0, keepalive: float = 120.0) -> None:
         self.post = post
         self.post_urgent = post_urgent
-        self.servers = servers  # shares its connection counts (metrics)
+        self.connections = connections  # open connections per port, shared with the JSON ports (metrics)
         self.idle_timeout = idle_timeout  # for the handshake
         self.keepalive = keepalive  # after it (0: never)
         self.conns: set[PeriodicConn] = set()
         self._reaper: gevent.Greenlet | None = None
         # CONFIG_GET: the settings that mean the same here as in periodicd (seconds).
         self.config = {b"timeout": int(task_timeout), b"keepalive": int(keepalive)}
-        servers.connections.setdefault("periodic", 0)
+        connections.setdefault("periodic", 0)
 
     def _reap(self) -> None:
         """Close connections silent for longer than the keepalive since their handshake
@@ -185,12 +182,12 @@ class PeriodicPort:
         self._reaper = None
 
     def handle(self, sock: Any, addr: Any) -> None:
-        _nodelay(sock)
+        nodelay(sock)
         conn = PeriodicConn(sock, addr)
         self.conns.add(conn)
         if self._reaper is None and self.keepalive > 0:
             self._reaper = gevent.spawn(self._reap)
-        self.servers.connections["periodic"] += 1
+        self.connections["periodic"] += 1
         decoder = pc.PacketDecoder()
         posted = False
         try:
@@ -214,11 +211,7 @@ class PeriodicPort:
             worker = conn.kind == pc.ConnType.WORKER
             post = self.post_urgent if worker else self.post
             while True:
-                if len(conn.inbox) >= MAX_WORKER_BACKLOG:
-                    conn.paused = True  # the core is behind on us: stop reading
-                    conn._wait_for(lambda: len(conn.inbox) < MAX_WORKER_BACKLOG)
-                    conn.paused = False
-                    conn.last_arrival = monotonic()
+                conn.wait_for_core()  # stops reading while the core is behind on us
                 body = self._next(sock, decoder)
                 if body is None:
                     return
@@ -246,7 +239,7 @@ class PeriodicPort:
                     self.post(ev.PeriodicClosed(conn))
             conn.finish()
             self.conns.discard(conn)
-            self.servers.connections["periodic"] -= 1
+            self.connections["periodic"] -= 1
 
     @staticmethod
     def _next(sock: Any, decoder: pc.PacketDecoder) -> bytes | None:

@@ -137,7 +137,7 @@ class Coordinator(StorageOutages):
         self.dbpool: ThreadPool | None = None
         self.servers: list[gevent.server.StreamServer] = []
         self.handlers = Servers(self.mailbox.put, self.mailbox.put_urgent, config.idle_timeout_millis / 1000.0)
-        self.periodic = PeriodicPort(self.mailbox.put, self.mailbox.put_urgent, self.handlers,
+        self.periodic = PeriodicPort(self.mailbox.put, self.mailbox.put_urgent, self.handlers.connections,
                                      config.idle_timeout_millis / 1000.0, config.task_timeout_millis / 1000.0,
                                      config.periodic_keepalive_millis / 1000.0)
         self._core_greenlet: gevent.Greenlet | None = None

@@ -6,7 +6,7 @@ never touch core state. A framing or protocol violation gets an ERROR and closes
 one connection; nothing else is affected.
 
 Handlers only read. After a batch's commit the core writes what the batch released
-itself: one non-blocking write per connection (``Output``), which the socket almost
+itself: one non-blocking write per connection (``connection.Output``), which the socket almost
 always takes whole, so a request costs no reply handoff and no second wake-up of its
 handler, and a TASK_ASSIGN leaves as soon as its commit is done. Bytes a full socket did
 not take go to a flusher greenlet and later frames queue behind them, so the core never
@@ -24,17 +24,14 @@ that pipelines without reading can grow neither the mailbox nor the coordinator'
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
-from collections import deque
 from typing import Any, Callable
 
 import gevent
-from gevent.event import Event
 
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import monotonic
+from jobmesh.coordinator.connection import Output, nodelay
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame
@@ -42,10 +39,7 @@ from jobmesh.protocol.payloads import TASK_NAME_RULE, is_task_type_name
 
 log = logging.getLogger(__name__)
 
-WRITER_JOIN_SECONDS = 2.0  # how long a leaving worker handler lets queued frames go out
 MAX_PIPELINE = 64  # unanswered requests per client connection before its handler stops reading
-MAX_WORKER_BACKLOG = 64  # a worker's events not yet applied before its handler stops reading
-MAX_UNSENT_BYTES = 8 * 1024 * 1024  # a peer holding more unsent output than this is closed
 MAX_HEARTBEATS_PER_SECOND = 50  # more from one worker is a flood: the connection is closed
 IDLE_TIMEOUT_SECONDS = 120.0  # default: a client's first frame / a worker's registration must complete in this
 DRAIN_SECONDS = 30.0  # at EOF, how long a client handler waits for its replies to go out
@@ -68,128 +62,7 @@ def check_task_types(msg: m.WorkerRegister) -> None:
             raise ProtocolError("WORKER_REGISTER taskTypes holds %s; a task type is %s" % (shown, TASK_NAME_RULE))
 
 
-def _nodelay(sock) -> None:
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except OSError:
-        pass
-
-
-class Output:
-    """Ordered, non-blocking output of one connection; only the hub's thread touches it.
-
-    ``write`` tries the socket at once (the common case: it takes everything) and never
-    blocks its caller, the core. Bytes a full socket does not take go to a flusher
-    greenlet, and later writes queue behind them, so frames never interleave or reorder.
-    ``closed`` is set before the socket closes (by the handler on its way out, or here
-    on a failed write), and every write checks it first, so nothing is ever written to
-    a descriptor number the kernel has since given to another connection.
-    """
-
-    __slots__ = ("sock", "fileno", "closed", "_closing", "_leftover", "_flusher", "_progress", "inbox",
-                 "last_arrival", "paused")
-
-    def __init__(self, sock) -> None:
-        self.sock = sock
-        self.fileno = sock.fileno()
-        self.closed = False
-        self._closing = False  # shut the socket down once what is queued is out
-        self._leftover: bytearray | None = None  # bytes the socket has not taken yet
-        self._flusher: gevent.Greenlet | None = None
-        self._progress = Event()  # set whenever bytes go out, events are taken, or the connection ends
-        self.inbox: deque = deque()  # this connection's events not yet taken by the core (mailbox.py)
-        self.last_arrival = monotonic()  # when its last frame was read (clock.monotonic): liveness by arrival
-        self.paused = False  # its handler is not reading because the core is behind on it
-
-    def drained(self) -> None:
-        """The core took events from this connection's inbox: wake a paused reader."""
-        if self.paused:
-            self._progress.set()
-
-    def write(self, data: bytes, close: bool = False) -> None:
-        """Send ``data`` after everything written before; with ``close``, shut down after it."""
-        if close:
-            self._closing = True
-        if not self.closed:
-            if self._leftover is not None:
-                self._leftover += data
-                if len(self._leftover) > MAX_UNSENT_BYTES:
-                    log.warning("closing a connection that holds %d unsent bytes (limit %d): its peer does not read",
-                                len(self._leftover), MAX_UNSENT_BYTES)
-                    self._fail()
-                    return
-            else:
-                try:
-                    sent = os.write(self.fileno, data) if data else 0
-                except BlockingIOError:
-                    sent = 0
-                except OSError:
-                    self._fail()
-                    return
-                if sent < len(data):
-                    self._leftover = bytearray(memoryview(data)[sent:])
-                    self._flusher = gevent.spawn(self._flush)
-                elif self._closing:
-                    self._shutdown()
-        self._progress.set()
-
-    def _flush(self) -> None:
-        try:
-            while self._leftover:
-                data, self._leftover = bytes(self._leftover), bytearray()
-                self.sock.sendall(data)
-        except OSError:
-            self._fail()
-            return
-        finally:
-            self._flusher = None
-        self._leftover = None
-        if self._closing:
-            self._shutdown()
-        self._progress.set()
-
-    def _fail(self) -> None:
-        self.closed = True
-        self._leftover = None
-        self._shutdown()
-        self._progress.set()
-
-    def _shutdown(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def _wait_for(self, done: Callable[[], bool], timeout: float | None = None) -> bool:
-        """Block the calling greenlet until ``done()`` or the connection ends; False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not (self.closed or done()):
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            self._progress.clear()
-            self._progress.wait(left)
-        return True
-
-    def flushed(self, timeout: float) -> bool:
-        """Wait until nothing written is left unsent (or the connection ended); False on timeout."""
-        return self._wait_for(lambda: self._leftover is None, timeout)
-
-    def abort(self) -> None:
-        """Shut the socket down now (coordinator stopping); the handler then exits."""
-        self.closed = True
-        self._leftover = None
-        self._shutdown()
-
-    def release(self) -> None:
-        """The handler is leaving and its socket is about to close: write nothing more."""
-        self.closed = True
-        self._leftover = None
-        if self._flusher is not None:
-            self._flusher.kill(block=False)
-
-
-def _encode(msgs, worker_id: str | None) -> bytes:
+def _encode(msgs: list[m.Message], worker_id: str | None) -> bytes:
     frames = []
     for msg in msgs:
         try:
@@ -204,7 +77,7 @@ class WorkerConn(Output):
 
     __slots__ = ("addr", "worker_id")
 
-    def __init__(self, sock, addr) -> None:
+    def __init__(self, sock: Any, addr: Any) -> None:
         super().__init__(sock)
         self.addr = addr
         self.worker_id: str | None = None
@@ -216,23 +89,12 @@ class WorkerConn(Output):
         """Send one message; None closes the connection once what came before it is sent."""
         self.send_many([msg])
 
-    def send_many(self, msgs: list) -> None:
+    def send_many(self, msgs: list[Any]) -> None:
         """Send messages in order with one write; a None among them closes after what precedes it."""
         close = None in msgs
         if close:
             msgs = msgs[: msgs.index(None)]
         self.write(_encode(msgs, self.worker_id), close)
-
-    def finish(self) -> None:
-        """Called by the handler on its way out: let queued bytes go (bounded), then stop writing.
-
-        ``release`` runs even if the wait is interrupted (the server killing handlers at
-        stop): the socket closes right after, and nothing may write to its number again.
-        """
-        try:
-            self.flushed(WRITER_JOIN_SECONDS)
-        finally:
-            self.release()
 
 
 class ClientConn(Output):
@@ -240,7 +102,7 @@ class ClientConn(Output):
 
     __slots__ = ("inflight",)
 
-    def __init__(self, sock) -> None:
+    def __init__(self, sock: Any) -> None:
         super().__init__(sock)
         self.inflight = 0  # requests posted to the core and not answered yet
 
@@ -251,12 +113,12 @@ class ClientConn(Output):
 
     def wait_for_room(self) -> None:
         """Block the reader while the client is too far ahead of its replies."""
-        if self.inflight >= MAX_PIPELINE or self._leftover is not None:  # rare: checked per request
-            self._wait_for(lambda: self.inflight < MAX_PIPELINE and self._leftover is None)
+        if self.inflight >= MAX_PIPELINE or self.unsent:  # rare: checked per request
+            self.wait_until(lambda: self.inflight < MAX_PIPELINE and not self.unsent)
 
     def drain(self, timeout: float) -> bool:
         """Wait until every posted request is answered and written; False on timeout."""
-        return self._wait_for(lambda: self.inflight == 0 and self._leftover is None, timeout)
+        return self.wait_until(lambda: self.inflight == 0 and not self.unsent, timeout)
 
 
 class Servers:
@@ -288,8 +150,8 @@ class Servers:
 
     # ---- worker port ---------------------------------------------------------------
 
-    def handle_worker(self, sock, addr) -> None:
-        _nodelay(sock)
+    def handle_worker(self, sock: Any, addr: Any) -> None:
+        nodelay(sock)
         conn = WorkerConn(sock, addr)
         self.worker_conns.add(conn)
         self.connections["worker"] += 1
@@ -308,16 +170,13 @@ class Servers:
             self.post_worker(ev.Registered(conn, msg))
             registered = True
             while True:
-                if len(conn.inbox) >= MAX_WORKER_BACKLOG:
-                    conn.paused = True  # the core is behind on us: stop reading (the sweep counts us alive)
-                    conn._wait_for(lambda: len(conn.inbox) < MAX_WORKER_BACKLOG)
-                    conn.paused = False
+                conn.wait_for_core()  # stops reading while the core is behind on us
                 obj = reader.read_frame()
                 if obj is None:
                     return
                 conn.last_arrival = monotonic()
                 msg = m.decode(obj, m.WORKER_PORT_REQUESTS)
-                if isinstance(msg, m.WorkerRegister):
+                if not isinstance(msg, (m.TaskResult, m.Heartbeat)):  # the port's one other request
                     raise ProtocolError("WORKER_REGISTER sent twice on one connection")
                 if msg.worker_id != conn.worker_id:
                     raise ProtocolError(
@@ -347,8 +206,8 @@ class Servers:
 
     # ---- client port ----------------------------------------------------------------
 
-    def handle_client(self, sock, addr) -> None:
-        _nodelay(sock)
+    def handle_client(self, sock: Any, addr: Any) -> None:
+        nodelay(sock)
         conn = ClientConn(sock)
         self.connections["client"] += 1
         reader = FrameReader(sock.recv)

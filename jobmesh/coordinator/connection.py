@@ -1,0 +1,227 @@
+"""Connections as the mailbox, the core and the runtime see them, and the ordered output
+every socket connection writes through.
+
+Three protocols say what the rest of the coordinator may use of a connection, and
+nothing more:
+
+* ``Connection``: what the mailbox needs of anything that posts events: its own queue
+  of events not yet taken (``inbox``) and ``drained()``, called when the core took some;
+* ``ReplyConnection``: a connection whose requests the core answers in order with
+  ``reply(data, count, close)`` after the batch's commit: a client-port connection
+  (``server.ClientConn``) or the metrics port's in-process one (``http.LocalConn``);
+* ``OutboundConnection``: a connection the core sends messages or frames to through
+  ``core.outbound`` (the runtime calls ``send_many`` after the commit): a worker-port
+  connection (``server.WorkerConn``) or a Periodic one (``periodic_port.PeriodicConn``).
+  Its handler stamps ``last_arrival`` for every frame it reads and sets ``paused`` while
+  it stops reading because the core is behind on it: the sweep's liveness by arrival.
+
+The core treats a connection as an opaque key (sessions, waiters, ``outbound`` pairs);
+only the runtime and the mailbox call these methods.
+
+``Output`` is the ordered, non-blocking output of one socket, shared by the worker,
+client and Periodic ports (each port's connection class builds on it), and ``nodelay``
+the socket option every port sets on accept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections import deque
+from typing import Any, Callable, Protocol
+
+import gevent
+from gevent.event import Event
+
+from jobmesh.coordinator.clock import monotonic
+
+log = logging.getLogger(__name__)
+
+MAX_UNSENT_BYTES = 8 * 1024 * 1024  # a peer holding more unsent output than this is closed
+MAX_BACKLOG = 64  # a connection's events not yet applied before its handler stops reading
+WRITER_JOIN_SECONDS = 2.0  # how long a leaving handler lets queued bytes go out
+
+
+class Connection(Protocol):
+    """Anything whose events go through the mailbox (``mailbox.py``)."""
+
+    inbox: deque  # its events not yet taken by the core, in order
+
+    def drained(self) -> None:
+        """The core took events from ``inbox``."""
+
+
+class ReplyConnection(Connection, Protocol):
+    """A connection answered in request order (the client port, the metrics port's reads)."""
+
+    def reply(self, data: bytes, count: int, close: bool = False) -> None:
+        """Write the encoded replies to ``count`` requests; with ``close``, close after them."""
+
+
+class OutboundConnection(Connection, Protocol):
+    """A connection the core sends to through ``core.outbound`` (worker and Periodic ports)."""
+
+    last_arrival: float  # when its last frame was read (clock.monotonic)
+    paused: bool  # its handler is not reading because the core is behind on it
+
+    def send_many(self, msgs: list[Any]) -> None:
+        """Messages (or frames) in order, with one write; a None among them closes after what precedes it."""
+
+    def abort(self) -> None:
+        """Shut the connection down now; its handler then exits."""
+
+
+def nodelay(sock: socket.socket) -> None:
+    """Send small frames at once (no Nagle delay); a socket that refuses keeps its default."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
+
+
+class Output:
+    """Ordered, non-blocking output of one connection; only the hub's thread touches it.
+
+    ``write`` tries the socket at once (the common case: it takes everything) and never
+    blocks its caller, the core. Bytes a full socket does not take go to a flusher
+    greenlet, and later writes queue behind them, so frames never interleave or reorder.
+    ``closed`` is set before the socket closes (by the handler on its way out, or here
+    on a failed write), and every write checks it first, so nothing is ever written to
+    a descriptor number the kernel has since given to another connection.
+
+    It also holds what the mailbox keeps per connection (``inbox``) and the handler's
+    liveness stamps (``last_arrival``, ``paused``), so every port's connection is a
+    ``Connection``.
+    """
+
+    __slots__ = ("sock", "fileno", "closed", "_closing", "_leftover", "_flusher", "_progress", "inbox",
+                 "last_arrival", "paused")
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.fileno = sock.fileno()
+        self.closed = False
+        self._closing = False  # shut the socket down once what is queued is out
+        self._leftover: bytearray | None = None  # bytes the socket has not taken yet
+        self._flusher: gevent.Greenlet | None = None
+        self._progress = Event()  # set whenever bytes go out, events are taken, or the connection ends
+        self.inbox: deque = deque()  # this connection's events not yet taken by the core (mailbox.py)
+        self.last_arrival = monotonic()  # when its last frame was read (clock.monotonic): liveness by arrival
+        self.paused = False  # its handler is not reading because the core is behind on it
+
+    def drained(self) -> None:
+        """The core took events from this connection's inbox: wake a paused reader."""
+        if self.paused:
+            self._progress.set()
+
+    @property
+    def unsent(self) -> bool:
+        """Whether written bytes wait for the socket to take them."""
+        return self._leftover is not None
+
+    def write(self, data: bytes, close: bool = False) -> None:
+        """Send ``data`` after everything written before; with ``close``, shut down after it."""
+        if close:
+            self._closing = True
+        if not self.closed:
+            if self._leftover is not None:
+                self._leftover += data
+                if len(self._leftover) > MAX_UNSENT_BYTES:
+                    log.warning("closing a connection that holds %d unsent bytes (limit %d): its peer does not read",
+                                len(self._leftover), MAX_UNSENT_BYTES)
+                    self._fail()
+                    return
+            else:
+                try:
+                    sent = os.write(self.fileno, data) if data else 0
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    self._fail()
+                    return
+                if sent < len(data):
+                    self._leftover = bytearray(memoryview(data)[sent:])
+                    self._flusher = gevent.spawn(self._flush)
+                elif self._closing:
+                    self._shutdown()
+        self._progress.set()
+
+    def _flush(self) -> None:
+        try:
+            while self._leftover:
+                data, self._leftover = bytes(self._leftover), bytearray()
+                self.sock.sendall(data)
+        except OSError:
+            self._fail()
+            return
+        finally:
+            self._flusher = None
+        self._leftover = None
+        if self._closing:
+            self._shutdown()
+        self._progress.set()
+
+    def _fail(self) -> None:
+        self.closed = True
+        self._leftover = None
+        self._shutdown()
+        self._progress.set()
+
+    def _shutdown(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def wait_until(self, done: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block the calling greenlet (its handler) until ``done()`` or the connection ends;
+        False on timeout. ``done`` is checked whenever bytes go out, the core takes events
+        or the connection ends."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (self.closed or done()):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self._progress.clear()
+            self._progress.wait(left)
+        return True
+
+    def wait_for_core(self, limit: int = MAX_BACKLOG) -> None:
+        """Called by the handler before it reads: while ``limit`` or more of this
+        connection's events wait for the core, stop reading (``paused``: the sweep counts
+        the connection alive meanwhile); stamped as an arrival when reading resumes."""
+        if len(self.inbox) >= limit:
+            self.paused = True
+            self.wait_until(lambda: len(self.inbox) < limit)
+            self.paused = False
+            self.last_arrival = monotonic()
+
+    def flushed(self, timeout: float) -> bool:
+        """Wait until nothing written is left unsent (or the connection ended); False on timeout."""
+        return self.wait_until(lambda: self._leftover is None, timeout)
+
+    def abort(self) -> None:
+        """Shut the socket down now (coordinator stopping); the handler then exits."""
+        self.closed = True
+        self._leftover = None
+        self._shutdown()
+
+    def release(self) -> None:
+        """The handler is leaving and its socket is about to close: write nothing more."""
+        self.closed = True
+        self._leftover = None
+        if self._flusher is not None:
+            self._flusher.kill(block=False)
+
+    def finish(self) -> None:
+        """Called by the handler on its way out: let queued bytes go (bounded), then stop writing.
+
+        ``release`` runs even if the wait is interrupted (the server killing handlers at
+        stop): the socket closes right after, and nothing may write to its number again.
+        """
+        try:
+            self.flushed(WRITER_JOIN_SECONDS)
+        finally:
+            self.release()
