@@ -38,7 +38,7 @@ import itertools
 import logging
 import random
 from collections import Counter, OrderedDict
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import ujson
 
@@ -55,6 +55,9 @@ from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.messages import quote
 from jobmesh.protocol.payloads import MAX_NESTING, TASK_TYPES, is_finite_json, too_deep
+
+if TYPE_CHECKING:  # a protocol only: the core imports no gevent
+    from jobmesh.coordinator.connection import OutboundConnection
 
 log = logging.getLogger(__name__)
 _random = random.Random()
@@ -109,7 +112,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
         self.next_seq = 1
         self.workers_by_type: dict[str, set[Session]] = {}  # task type -> live sessions that run it
         self.drift = 0  # wall clock minus core time (observe_wall)
-        self.outbound: list[tuple[Any, Any]] = []  # a Message (bytes for a Periodic connection) or None
+        self.outbound: list[tuple[OutboundConnection, Any]] = []  # a Message (bytes for a Periodic connection) or None
         self._init_periodic()  # periodic_jobs.py
         self.waiters = Waiters()  # pending WAIT_JOB requests
         self._dirty: dict[str, Job] = {}
@@ -190,11 +193,11 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
             job.event_count = len(kept)
         self._dirty[job.job_id] = job
 
-    def take_outbound(self) -> list[tuple[Any, Any]]:
+    def take_outbound(self) -> list[tuple[OutboundConnection, Any]]:
         out, self.outbound = self.outbound, []
         return out
 
-    def _send(self, conn: Any, msg: m.Message | bytes | pc.Paced | None) -> None:
+    def _send(self, conn: OutboundConnection, msg: m.Message | bytes | pc.Paced | None) -> None:
         self.outbound.append((conn, msg))
 
     def _remember_finished(self, job: Job) -> None:
@@ -383,7 +386,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
 
     # ---- worker events -------------------------------------------------------------------
 
-    def on_worker_registered(self, now_millis: int, conn: Any, msg: m.WorkerRegister) -> None:
+    def on_worker_registered(self, now_millis: int, conn: OutboundConnection, msg: m.WorkerRegister) -> None:
         worker_id, capacity = msg.worker_id, msg.capacity
         if not 1 <= capacity <= 1024:
             self._refuse(conn, "capacity must be 1..1024, got %s" % quote(capacity))
@@ -410,16 +413,16 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
         self._send(conn, m.WorkerRegistered(worker_id))
         log.info("worker registered worker=%s capacity=%d types=%s", worker_id, capacity, ",".join(sorted(types)))
 
-    def _refuse(self, conn: Any, reason: str) -> None:
+    def _refuse(self, conn: OutboundConnection, reason: str) -> None:
         self._send(conn, m.Error(reason))
         self._send(conn, None)
 
-    def on_heartbeat(self, now_millis: int, conn: Any, worker_id: str) -> None:
+    def on_heartbeat(self, now_millis: int, conn: OutboundConnection, worker_id: str) -> None:
         session = self.workers.by_conn(conn)
         if session is not None and session.worker_id == worker_id and now_millis > session.last_heartbeat:
             session.last_heartbeat = now_millis
 
-    def on_task_result(self, now_millis: int, conn: Any, res: m.TaskResult) -> None:
+    def on_task_result(self, now_millis: int, conn: OutboundConnection, res: m.TaskResult) -> None:
         session = self.workers.by_conn(conn)
         job = self.jobs.get(res.job_id)
         if (
@@ -473,7 +476,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
         session.stale_count = -10**9  # refused once is enough
         return True
 
-    def on_worker_disconnected(self, now_millis: int, conn: Any) -> None:
+    def on_worker_disconnected(self, now_millis: int, conn: OutboundConnection) -> None:
         session = self.workers.by_conn(conn)
         if session is None:
             return

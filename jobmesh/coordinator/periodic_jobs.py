@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import heapq
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from jobmesh.coordinator.job import MAX_RUN_AT_MILLIS, Job
 from jobmesh.coordinator.locks import LockTable
@@ -27,6 +27,9 @@ from jobmesh.coordinator.registry import PeriodicSession
 from jobmesh.errors import PeriodicError
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
+
+if TYPE_CHECKING:  # a protocol only: the core imports no gevent
+    from jobmesh.coordinator.connection import OutboundConnection
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +185,7 @@ class PeriodicJobs(PeriodicWaits):
         timeout = int(fields.get("timeout") or 0)
         return timeout * 1000 if timeout > 0 else self.config.task_timeout_millis
 
-    def _psession(self, conn: Any, now_millis: int) -> PeriodicSession:
+    def _psession(self, conn: OutboundConnection, now_millis: int) -> PeriodicSession:
         session = self.pconns.get(conn)
         if session is None:
             self._pseq += 1
@@ -213,7 +216,7 @@ class PeriodicJobs(PeriodicWaits):
         job_id = self.named.get(key)
         return key, (self.jobs.get(job_id) if job_id is not None else None)
 
-    def on_periodic(self, now_millis: int, conn: Any, msg: Any) -> None:
+    def on_periodic(self, now_millis: int, conn: OutboundConnection, msg: Any) -> None:
         """One decoded Periodic request (``jobmesh.periodic.codec``) the connection handler
         does not answer itself. Replies are frames on ``conn``, after this batch's commit;
         a func or name that is not UTF-8 closes the connection (None)."""
@@ -224,12 +227,12 @@ class PeriodicJobs(PeriodicWaits):
             return
         handler(self, now_millis, conn, msg)
 
-    def _not_text(self, conn: Any) -> None:
+    def _not_text(self, conn: OutboundConnection) -> None:
         """A func, name or lock name that is not UTF-8: jobmesh cannot store it; closed."""
         log.warning("closing periodic connection %r: a func, name or lock name is not valid UTF-8", conn)
         self._send(conn, None)
 
-    def _p_submit(self, now_millis: int, conn: Any, msg: pc.SubmitJob) -> None:
+    def _p_submit(self, now_millis: int, conn: OutboundConnection, msg: pc.SubmitJob) -> None:
         func, name = _text(msg.job.func), _text(msg.job.name)
         if func is None or name is None:
             self._not_text(conn)
@@ -237,10 +240,10 @@ class PeriodicJobs(PeriodicWaits):
         problem = self._periodic_store(now_millis, func, name, msg.job)
         self._send(conn, pc.encode_success(msg.msgid) if problem is None else pc.encode_data(msg.msgid, problem))
 
-    def _p_status(self, now_millis: int, conn: Any, msg: pc.Status) -> None:
+    def _p_status(self, now_millis: int, conn: OutboundConnection, msg: pc.Status) -> None:
         self._send(conn, self.periodic_status(now_millis, msg.msgid))
 
-    def _p_remove(self, now_millis: int, conn: Any, msg: pc.RemoveJob) -> None:
+    def _p_remove(self, now_millis: int, conn: OutboundConnection, msg: pc.RemoveJob) -> None:
         key, job = self._plive(msg.handle)
         if key is None:
             self._not_text(conn)
@@ -250,7 +253,7 @@ class PeriodicJobs(PeriodicWaits):
             self._transition(job, JobState.CANCELLED, now_millis)
         self._send(conn, pc.encode_success(msg.msgid))
 
-    def _p_drop_func(self, now_millis: int, conn: Any, msg: pc.DropFunc) -> None:
+    def _p_drop_func(self, now_millis: int, conn: OutboundConnection, msg: pc.DropFunc) -> None:
         func = _text(msg.func)
         if func is None:
             self._not_text(conn)
@@ -258,13 +261,13 @@ class PeriodicJobs(PeriodicWaits):
         self._drop_func(now_millis, func)
         self._send(conn, pc.encode_success(msg.msgid))
 
-    def _p_dump(self, now_millis: int, conn: Any, msg: pc.Dump) -> None:
+    def _p_dump(self, now_millis: int, conn: OutboundConnection, msg: pc.Dump) -> None:
         """DUMP: every live Periodic job, as a job list (a backup LOAD can read back)."""
         jobs = [self._pjob(self.jobs[job_id], dump=True) for pf in self.pfuncs.values() for job_id in sorted(pf.ids)
                 if job_id in self.jobs]
         self._send(conn, pc.encode_dump(msg.msgid, jobs))
 
-    def _p_load(self, now_millis: int, conn: Any, msg: pc.Load) -> None:
+    def _p_load(self, now_millis: int, conn: OutboundConnection, msg: pc.Load) -> None:
         """LOAD: each job of the list as a SUBMIT_JOB; a refused one ends the load with its reason."""
         for pj in msg.jobs:
             func, name = _text(pj.func), _text(pj.name)
@@ -277,7 +280,7 @@ class PeriodicJobs(PeriodicWaits):
                 return
         self._send(conn, pc.encode_success(msg.msgid))
 
-    def _p_can_do(self, now_millis: int, conn: Any, msg: pc.CanDo | pc.Broadcast | pc.CantDo) -> None:
+    def _p_can_do(self, now_millis: int, conn: OutboundConnection, msg: pc.CanDo | pc.Broadcast | pc.CantDo) -> None:
         func = _text(msg.func)
         if func is None:
             self._not_text(conn)
@@ -300,14 +303,14 @@ class PeriodicJobs(PeriodicWaits):
                 self._pready.add(func)
         self._send(conn, pc.encode_success(msg.msgid))
 
-    def _p_grab(self, now_millis: int, conn: Any, msg: pc.GrabJob) -> None:
+    def _p_grab(self, now_millis: int, conn: OutboundConnection, msg: pc.GrabJob) -> None:
         session = self._psession(conn, now_millis)
         if msg.msgid not in session.tokens and len(session.tokens) < PERIODIC_MAX_TOKENS:
             session.tokens.append(msg.msgid)
             self._pready.update(session.funcs)
         self._send(conn, pc.encode_success(msg.msgid))
 
-    def _p_unassigned(self, now_millis: int, conn: Any, msg: pc.JobUnassigned) -> None:
+    def _p_unassigned(self, now_millis: int, conn: OutboundConnection, msg: pc.JobUnassigned) -> None:
         """The worker gives the job back: pending again, at once; no reply."""
         session = self._psession(conn, now_millis)
         job_id = session.assigned.pop(msg.msgid, None)
@@ -315,7 +318,7 @@ class PeriodicJobs(PeriodicWaits):
         if job is not None and job.state is JobState.RUNNING and job.worker_id == session.worker_id:
             self._transition(job, JobState.QUEUED, now_millis)
 
-    def _p_outcome(self, now_millis: int, conn: Any, msg: pc.WorkDone | pc.WorkFail | pc.SchedLater) -> None:
+    def _p_outcome(self, now_millis: int, conn: OutboundConnection, msg: pc.WorkDone | pc.WorkFail | pc.SchedLater) -> None:
         """WORK_DONE, WORK_FAIL, SCHED_LATER from the worker the job runs on (others are stale)."""
         session = self._psession(conn, now_millis)
         _key, job = self._plive(msg.handle)
@@ -341,7 +344,7 @@ class PeriodicJobs(PeriodicWaits):
         return session is not None and job.state is JobState.RUNNING and (
             job.worker_id == session.worker_id or session.worker_id in self.pfanout.get(job.job_id, ()))
 
-    def _p_acquire(self, now_millis: int, conn: Any, msg: pc.Acquire) -> None:
+    def _p_acquire(self, now_millis: int, conn: OutboundConnection, msg: pc.Acquire) -> None:
         """ACQUIRE: granted (1) or refused (0). A refused job leaves its worker and waits
         QUEUED (LOCK_WAIT) until a release gives it the lock; a job that is not running
         is granted without taking anything, as periodicd does."""
@@ -363,7 +366,7 @@ class PeriodicJobs(PeriodicWaits):
                             % (lock, self.plocks.locks[lock].max_holders), attempt=job.attempts)
         self._send(conn, pc.encode_acquired(msg.msgid, granted))
 
-    def _p_release(self, now_millis: int, conn: Any, msg: pc.Release) -> None:
+    def _p_release(self, now_millis: int, conn: OutboundConnection, msg: pc.Release) -> None:
         lock = _text(msg.lock)
         key, job = self._plive(msg.handle)
         if lock is None or key is None:
@@ -548,7 +551,7 @@ class PeriodicJobs(PeriodicWaits):
                 return session
         return None
 
-    def on_periodic_closed(self, now_millis: int, conn: Any) -> None:
+    def on_periodic_closed(self, now_millis: int, conn: OutboundConnection) -> None:
         """A Periodic connection ended: its funcs lose a worker, its running jobs go back
         to be retried (after 1 s), its tokens vanish."""
         session = self.pconns.pop(conn, None)

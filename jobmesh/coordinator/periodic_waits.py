@@ -22,6 +22,9 @@ from jobmesh.coordinator.job import Job
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol.jobs import JobState
 
+if TYPE_CHECKING:  # a protocol only: the core imports no gevent
+    from jobmesh.coordinator.connection import OutboundConnection
+
 log = logging.getLogger(__name__)
 
 PERIODIC_WAIT_MILLIS = 60_000  # a RUN_JOB / RECV_DATA wait for a job without a timeout (periodicd)
@@ -38,7 +41,7 @@ class PeriodicWaiter:
 
     __slots__ = ("key", "conn", "msgid", "stream", "deadline", "done")
 
-    def __init__(self, key: tuple[str, str], conn: Any, msgid: int, stream: bool, deadline: int) -> None:
+    def __init__(self, key: tuple[str, str], conn: OutboundConnection, msgid: int, stream: bool, deadline: int) -> None:
         self.key = key
         self.conn = conn
         self.msgid = msgid
@@ -56,7 +59,7 @@ class PeriodicWaits(CoreBase):
 
         def _periodic_store(self, now_millis: int, func: str, name: str, pj: pc.Job) -> bytes | None: ...
         def _plive(self, handle: pc.Handle) -> tuple[tuple[str, str] | None, Job | None]: ...
-        def _not_text(self, conn: Any) -> None: ...
+        def _not_text(self, conn: OutboundConnection) -> None: ...
 
     def _init_waits(self) -> None:
         # Waiters by (func, name), their deadlines, counts, and recent job ends.
@@ -67,7 +70,7 @@ class PeriodicWaits(CoreBase):
         self._pwait_seq = 0
         self._ended: OrderedDict[tuple[str, str], int] = OrderedDict()
 
-    def _p_run(self, now_millis: int, conn: Any, msg: pc.RunJob) -> None:
+    def _p_run(self, now_millis: int, conn: OutboundConnection, msg: pc.RunJob) -> None:
         """RUN_JOB: NO_WORKER at once if no connected worker declared the func; else store
         (or attach to the job of that name) and answer when the job ends (``_pfire``)."""
         key, _job = self._plive(pc.Handle(msg.job.func, msg.job.name))
@@ -88,7 +91,7 @@ class PeriodicWaits(CoreBase):
         wait = msg.job.timeout * 1000 if msg.job.timeout > 0 else PERIODIC_WAIT_MILLIS
         self._pwait((func, name), conn, msg.msgid, False, now_millis + min(wait, PERIODIC_MAX_WAIT_MILLIS))
 
-    def _p_recv_data(self, now_millis: int, conn: Any, msg: pc.RecvData) -> None:
+    def _p_recv_data(self, now_millis: int, conn: OutboundConnection, msg: pc.RecvData) -> None:
         """RECV_DATA: SUCCESS, then the job's WORK_DATA chunks, then EOF when it ends. It
         attaches to the live job of that name, or to the next one; one that ended moments
         ago (aio-periodic sends RECV_DATA after RUN_JOB) gets its EOF at once."""
@@ -110,7 +113,7 @@ class PeriodicWaits(CoreBase):
         wait = msg.job.timeout * 1000 if msg.job.timeout > 0 else PERIODIC_WAIT_MILLIS
         self._pwait(key, conn, msg.msgid, True, now_millis + min(wait, PERIODIC_MAX_WAIT_MILLIS))
 
-    def _p_work_data(self, now_millis: int, conn: Any, msg: pc.WorkData) -> None:
+    def _p_work_data(self, now_millis: int, conn: OutboundConnection, msg: pc.WorkData) -> None:
         """WORK_DATA: the chunk goes to every RECV_DATA waiter of the job, each its own write."""
         key, _job = self._plive(msg.handle)
         for waiter in self.pwaits.get(key, ()) if key is not None else ():
@@ -118,7 +121,7 @@ class PeriodicWaits(CoreBase):
                 self._send(waiter.conn, pc.Paced(waiter.msgid, pc.encode_data(waiter.msgid, msg.data)))
         self._send(conn, pc.encode_success(msg.msgid))
 
-    def _may_wait(self, conn: Any) -> bool:
+    def _may_wait(self, conn: OutboundConnection) -> bool:
         """Whether the connection may register one more wait; if not, it is closed (a
         peer that piles up waits would otherwise hold memory for up to an hour each)."""
         if self._pwait_conns[conn] < PERIODIC_MAX_WAITS_PER_CONN:
@@ -128,7 +131,7 @@ class PeriodicWaits(CoreBase):
         self._send(conn, None)
         return False
 
-    def _pwait(self, key: tuple[str, str], conn: Any, msgid: int, stream: bool, deadline: int) -> None:
+    def _pwait(self, key: tuple[str, str], conn: OutboundConnection, msgid: int, stream: bool, deadline: int) -> None:
         waiter = PeriodicWaiter(key, conn, msgid, stream, deadline)
         self.pwaits.setdefault(key, []).append(waiter)
         self._pwait_live += 1

@@ -1,20 +1,23 @@
 """Worker sessions: identity, advertised capacity and task types, running attempts, last heartbeat.
 
 Owned by the core (plain dicts, safe by confinement to the core greenlet). ``conn`` is
-an opaque handle the runtime gave the core; the core only uses it as a key and as the
-address of outbound frames.
+the session's connection (``connection.OutboundConnection``); the core only uses it as a
+key and as the address of outbound frames.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:  # a protocol only: the registry stays free of gevent
+    from jobmesh.coordinator.connection import OutboundConnection
 
 
 class Session:
     __slots__ = ("worker_id", "capacity", "conn", "last_heartbeat", "connected_at", "running", "task_types",
                  "stale_since", "stale_count")
 
-    def __init__(self, worker_id: str, capacity: int, conn: Any, now_millis: int,
+    def __init__(self, worker_id: str, capacity: int, conn: OutboundConnection, now_millis: int,
                  task_types: frozenset[str] = frozenset()) -> None:
         self.worker_id = worker_id
         self.capacity = capacity
@@ -48,7 +51,7 @@ class WorkerRegistry:
 
     def __init__(self) -> None:
         self._by_id: dict[str, Session] = {}
-        self._by_conn: dict[Any, Session] = {}
+        self._by_conn: dict[OutboundConnection, Session] = {}
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -59,7 +62,7 @@ class WorkerRegistry:
     def get(self, worker_id: str) -> Session | None:
         return self._by_id.get(worker_id)
 
-    def by_conn(self, conn: Any) -> Session | None:
+    def by_conn(self, conn: OutboundConnection) -> Session | None:
         return self._by_conn.get(conn)
 
     def add(self, session: Session) -> None:
@@ -82,7 +85,7 @@ class PeriodicSession(Session):
 
     __slots__ = ("tokens", "funcs", "assigned")
 
-    def __init__(self, worker_id: str, conn: Any, now_millis: int) -> None:
+    def __init__(self, worker_id: str, conn: OutboundConnection, now_millis: int) -> None:
         super().__init__(worker_id, 0, conn, now_millis)
         self.tokens: list[int] = []  # held grab tokens, oldest first (the newest is used first)
         self.funcs: set[str] = set()  # what it declared with CAN_DO / BROADCAST

@@ -27,6 +27,9 @@ from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.messages import quote
 from jobmesh.protocol.payloads import MAX_NESTING, TASK_SPECS, is_finite_json, too_deep, validate_payload
 
+if TYPE_CHECKING:  # a protocol only: the core imports no gevent
+    from jobmesh.coordinator.connection import ReplyConnection
+
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS_LIMIT = 1_000_000
@@ -191,7 +194,7 @@ class ClientRequests(CoreBase):
             events.append(item)
         return m.JobEvents(job_id, events)
 
-    def wait_job(self, now_millis: int, conn: Any, token: Any, req: m.WaitJob) -> m.Message | None:
+    def wait_job(self, now_millis: int, conn: ReplyConnection, token: Any, req: m.WaitJob) -> m.Message | None:
         """WAIT_JOB: the JOB_STATUS reply now if the job has ended (or the timeout is 0),
         else None: a waiter holds ``token`` on ``conn`` and ``take_answers`` gives its
         reply once the job ends or ``timeoutMillis`` has passed."""
@@ -215,7 +218,7 @@ class ClientRequests(CoreBase):
         """When the earliest pending wait times out (core time), or None."""
         return self.waiters.next_deadline() if self.waiters else None
 
-    def on_client_closed(self, now_millis: int, conn: Any) -> None:
+    def on_client_closed(self, now_millis: int, conn: ReplyConnection) -> None:
         """A client connection ended with requests unanswered: forget its waits."""
         dropped = self.waiters.drop_conn(conn)
         if dropped:

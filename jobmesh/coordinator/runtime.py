@@ -57,6 +57,7 @@ from gevent.threadpool import ThreadPool
 from jobmesh.config import CoordinatorConfig
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
+from jobmesh.coordinator.connection import ReplyConnection
 from jobmesh.coordinator.mailbox import Mailbox
 from jobmesh.coordinator.outage import STORAGE_ERRORS, CommitFailed, StorageOutages, storage_error, write_outcome
 from jobmesh.coordinator.core import CoordinatorCore
@@ -381,7 +382,7 @@ class Coordinator(StorageOutages):
         self._expire_pending = True
         self.mailbox.put_urgent(ev.EXPIRE)
 
-    def _release(self, conn: Any, held: Held) -> None:
+    def _release(self, conn: ReplyConnection, held: Held) -> None:
         """Write the longest ready prefix of a connection's held replies, in one write."""
         queue = held.queue
         data, count, close = b"", 0, False

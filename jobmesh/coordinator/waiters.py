@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # a protocol only: this module stays pure
+    from jobmesh.coordinator.connection import ReplyConnection
 
 MAX_WAIT_MILLIS = 3_600_000  # the longest WAIT_JOB timeout
 
@@ -32,7 +35,7 @@ class Waiter:
 
     __slots__ = ("conn", "token", "job_id", "deadline", "done")
 
-    def __init__(self, conn: Any, token: Any, job_id: str, deadline: int) -> None:
+    def __init__(self, conn: ReplyConnection, token: Any, job_id: str, deadline: int) -> None:
         self.conn = conn
         self.token = token
         self.job_id = job_id
@@ -46,7 +49,7 @@ class Waiter:
 class Waiters:
     def __init__(self) -> None:
         self.by_job: dict[str, list[Waiter]] = {}
-        self.by_conn: dict[Any, set[Waiter]] = {}
+        self.by_conn: dict[ReplyConnection, set[Waiter]] = {}
         self.heap: list[tuple[int, int, Waiter]] = []
         self.live = 0
         self._order = itertools.count()
@@ -107,7 +110,7 @@ class Waiters:
             if not waiting:
                 del self.by_job[waiter.job_id]
 
-    def drop_conn(self, conn: Any) -> int:
+    def drop_conn(self, conn: ReplyConnection) -> int:
         """Forget the waiters of a connection that has gone (nobody to answer); how many."""
         mine = self.by_conn.pop(conn, None)
         if not mine:

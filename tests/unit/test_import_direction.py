@@ -5,11 +5,16 @@ Every module under ``jobmesh/`` is parsed with ``ast``, never imported, and ever
 ``TYPE_CHECKING``, everywhere). ``from pkg import name`` counts as importing ``pkg``, and
 ``pkg.name`` too when that is a module. A rule's modules are a module name and
 everything below it.
+
+The order is read from the module map itself: within each package, a module (or a
+subpackage, with everything in it) imports only the entries listed below it, so
+reordering the map is how the order changes.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +23,7 @@ import pytest
 import jobmesh
 
 PACKAGE_DIR = Path(jobmesh.__file__).parent
+ARCHITECTURE = PACKAGE_DIR.parent / "docs" / "ARCHITECTURE.md"
 
 @dataclass(frozen=True)
 class Rule:
@@ -129,6 +135,65 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+ENTRY = re.compile(r"^( +)([A-Za-z_][A-Za-z0-9_]*)(\.py|/)(?=\s|$)")
+
+
+def module_map(text: str) -> dict[str, list[str]]:
+    """Package -> its entries (modules and subpackages, by dotted name) top to bottom, from
+    the indented block under "## Module map". An entry is a ``name.py`` or ``name/`` two
+    spaces deeper than its package's line; deeper lines continue a description."""
+    lines = text.split("## Module map", 1)[1].split("\n## ", 1)[0].splitlines()
+    order: dict[str, list[str]] = {}
+    stack: list[tuple[int, str]] = []  # (indent, dotted name) of the packages enclosing this line
+    for line in lines:
+        match = ENTRY.match(line)
+        if not match:
+            continue
+        indent, name, kind = len(match.group(1)), match.group(2), match.group(3)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        if not stack:
+            if kind != "/" or order:
+                continue  # not the map's root line
+            dotted = name
+        elif indent == stack[-1][0] + 2:
+            dotted = stack[-1][1] + "." + name
+            order[stack[-1][1]].append(dotted)
+        else:
+            continue  # a description running on
+        if kind == "/":
+            order[dotted] = []
+            stack.append((indent, dotted))
+    return order
+
+
+def order_violations(order: dict[str, list[str]], graph: dict[str, list[tuple[int, str]]],
+                     modules: dict[str, Path]) -> list[str]:
+    """Imports of an entry listed above the importer's entry in their nearest common package."""
+    position = {entry: (package, i) for package, entries in order.items() for i, entry in enumerate(entries)}
+    out = []
+    for name, imported in sorted(graph.items()):
+        for line, target in imported:
+            if within(name, target) or within(target, name):
+                continue  # its own package's __init__, or a package's __init__ importing its modules
+            here, there = name.split("."), target.split(".")
+            common = 0
+            while here[common] == there[common]:
+                common += 1
+            mine, theirs = ".".join(here[: common + 1]), ".".join(there[: common + 1])
+            if mine not in position or theirs not in position:
+                continue  # a module missing from the map is reported by test_the_map_lists_every_module
+            if position[theirs][1] < position[mine][1]:
+                out.append("%s:%d imports %s, listed above %s" % (
+                    modules[name].relative_to(PACKAGE_DIR.parent), line, target, mine))
+    return out
+
+
+@pytest.fixture(scope="module")
+def order():
+    return module_map(ARCHITECTURE.read_text())
+
+
 @pytest.fixture(scope="module")
 def modules():
     return find_modules()
@@ -142,6 +207,16 @@ def graph(modules):
 @pytest.mark.parametrize("rule", RULES, ids=[r.modules for r in RULES])
 def test_layering(rule, graph, modules):
     assert violations(rule, graph, modules) == []
+
+
+def test_the_map_lists_every_module(order, modules):
+    listed = {entry for entries in order.values() for entry in entries} | set(order)
+    assert sorted(set(modules) - listed) == []  # modules (and packages) the map does not list
+    assert sorted(listed - set(modules)) == []  # entries of the map that do not exist
+
+
+def test_imports_point_down_the_map_within_packages(order, graph, modules):
+    assert order_violations(order, graph, modules) == []
 
 
 def test_no_import_cycles(graph):
@@ -183,3 +258,24 @@ def test_cycles_are_found():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"a"}}) == [["a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_map_is_read_in_order():
+    text = ("# x\n\n## Module map\n\nprose\n\n    pkg/\n      top.py       runs mid.py and a\n"
+            "                   sub/ (a description running on)\n      sub/         (imports nothing)\n"
+            "        leaf.py    pure\n      mid.py       the middle\n\n## Next\n    other.py\n")
+    assert module_map(text) == {"pkg": ["pkg.top", "pkg.sub", "pkg.mid"], "pkg.sub": ["pkg.sub.leaf"]}
+
+
+def test_an_import_of_an_entry_listed_above_is_reported():
+    order = {"jobmesh": ["jobmesh.coordinator", "jobmesh.errors"],
+             "jobmesh.coordinator": ["jobmesh.coordinator.server", "jobmesh.coordinator.periodic_port"]}
+    graph = {"jobmesh.coordinator.periodic_port": [(3, "jobmesh.errors"), (4, "jobmesh.coordinator.server"),
+                                                   (5, "jobmesh.coordinator")],
+             "jobmesh.errors": [(9, "jobmesh.coordinator.server")]}
+    modules = {"jobmesh.coordinator.periodic_port": PACKAGE_DIR / "coordinator" / "periodic_port.py",
+               "jobmesh.errors": PACKAGE_DIR / "errors.py"}
+    assert order_violations(order, graph, modules) == [
+        "jobmesh/coordinator/periodic_port.py:4 imports jobmesh.coordinator.server, listed above "
+        "jobmesh.coordinator.periodic_port",
+        "jobmesh/errors.py:9 imports jobmesh.coordinator.server, listed above jobmesh.errors"]
