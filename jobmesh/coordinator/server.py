@@ -68,7 +68,7 @@ def check_task_types(msg: m.WorkerRegister) -> None:
             raise ProtocolError("WORKER_REGISTER taskTypes holds %s; a task type is %s" % (shown, TASK_NAME_RULE))
 
 
-def _nodelay(sock) -> None:
+def _nodelay(sock: socket.socket) -> None:
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except OSError:
@@ -89,7 +89,7 @@ class Output:
     __slots__ = ("sock", "fileno", "closed", "_closing", "_leftover", "_flusher", "_progress", "inbox",
                  "last_arrival", "paused")
 
-    def __init__(self, sock) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.fileno = sock.fileno()
         self.closed = False
@@ -189,7 +189,7 @@ class Output:
             self._flusher.kill(block=False)
 
 
-def _encode(msgs, worker_id: str | None) -> bytes:
+def _encode(msgs: list[m.Message], worker_id: str | None) -> bytes:
     frames = []
     for msg in msgs:
         try:
@@ -204,7 +204,7 @@ class WorkerConn(Output):
 
     __slots__ = ("addr", "worker_id")
 
-    def __init__(self, sock, addr) -> None:
+    def __init__(self, sock: socket.socket, addr: tuple[Any, ...]) -> None:
         super().__init__(sock)
         self.addr = addr
         self.worker_id: str | None = None
@@ -240,7 +240,7 @@ class ClientConn(Output):
 
     __slots__ = ("inflight",)
 
-    def __init__(self, sock) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         super().__init__(sock)
         self.inflight = 0  # requests posted to the core and not answered yet
 
@@ -288,7 +288,7 @@ class Servers:
 
     # ---- worker port ---------------------------------------------------------------
 
-    def handle_worker(self, sock, addr) -> None:
+    def handle_worker(self, sock: socket.socket, addr: tuple[Any, ...]) -> None:
         _nodelay(sock)
         conn = WorkerConn(sock, addr)
         self.worker_conns.add(conn)
@@ -319,6 +319,7 @@ class Servers:
                 msg = m.decode(obj, m.WORKER_PORT_REQUESTS)
                 if isinstance(msg, m.WorkerRegister):
                     raise ProtocolError("WORKER_REGISTER sent twice on one connection")
+                assert isinstance(msg, (m.TaskResult, m.Heartbeat)), "the rest of WORKER_PORT_REQUESTS"
                 if msg.worker_id != conn.worker_id:
                     raise ProtocolError(
                         "%s workerId %s does not match this session's %s"
@@ -347,7 +348,7 @@ class Servers:
 
     # ---- client port ----------------------------------------------------------------
 
-    def handle_client(self, sock, addr) -> None:
+    def handle_client(self, sock: socket.socket, addr: tuple[Any, ...]) -> None:
         _nodelay(sock)
         conn = ClientConn(sock)
         self.connections["client"] += 1
