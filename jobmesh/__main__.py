@@ -11,7 +11,7 @@ monkey.patch_all()
 import sys  # noqa: E402
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     from jobmesh.cli import main as cli_main
 
     return cli_main(sys.argv[1:] if argv is None else argv)

@@ -405,9 +405,9 @@ def _run(command: str, args: dict, json_logs: bool) -> int:
             from jobmesh.config import worker_config
             from jobmesh.worker.agent import run_worker
 
-            cfg = worker_config(args)
-            setup_logging(cfg.log_level, cfg.log_format)
-            return run_worker(cfg)
+            worker_cfg = worker_config(args)
+            setup_logging(worker_cfg.log_level, worker_cfg.log_format)
+            return run_worker(worker_cfg)
         from jobmesh.client.commands import Console, run_client_command
 
         setup_logging("WARNING")

@@ -151,7 +151,7 @@ class Supervisor:
     def run(self) -> int:
         handlers = [gevent.signal_handler(s, self.request_stop, s) for s in (signal.SIGTERM, signal.SIGINT)]
         try:
-            target = self._start_coordinator()
+            coordinator, target = self._start_coordinator()
             if target is None:
                 return 1
             heartbeat = worker_heartbeat_millis(self.cfg.heartbeat_timeout_millis)
@@ -166,8 +166,8 @@ class Supervisor:
                 self.slots.append(slot)
                 self._start_worker(slot)
             log.info("up coordinator_pid=%d workers=%d capacity=%d worker_port=%s",
-                     self.coordinator.pid, self.workers, self.capacity, target)
-            return self._supervise()
+                     coordinator.pid, self.workers, self.capacity, target)
+            return self._supervise(coordinator)
         finally:
             self._stop_children()
             for handler in handlers:
@@ -193,11 +193,12 @@ class Supervisor:
 
     # ---- children ---------------------------------------------------------------------
 
-    def _start_coordinator(self) -> str | None:
-        """Start the coordinator and return the worker target from its listening line."""
-        self.coordinator = self._spawn(coordinator_argv(self.cfg), stdout=subprocess.PIPE)
+    def _start_coordinator(self) -> tuple[subprocess.Popen, str | None]:
+        """Start the coordinator; return it and the worker target from its listening line
+        (None if it did not start or a stop came first)."""
+        coordinator = self.coordinator = self._spawn(coordinator_argv(self.cfg), stdout=subprocess.PIPE)
         listening: AsyncResult = AsyncResult()
-        gevent.spawn(self._relay_stdout, self.coordinator.stdout, listening)
+        gevent.spawn(self._relay_stdout, coordinator.stdout, listening)
         waiter = gevent.spawn(self.stop_requested.wait)
         try:
             gevent.wait([listening, waiter], timeout=START_TIMEOUT, count=1)
@@ -206,9 +207,9 @@ class Supervisor:
         match = listening.get() if listening.ready() else None
         if match is None:
             if not self.stop_requested.is_set():
-                log.error("coordinator did not start rc=%s", self.coordinator.poll())
-            return None
-        return worker_target(match["host"], int(match["port"]))
+                log.error("coordinator did not start rc=%s", coordinator.poll())
+            return coordinator, None
+        return coordinator, worker_target(match["host"], int(match["port"]))
 
     def _relay_stdout(self, stream: Any, listening: AsyncResult) -> None:
         """Copy the coordinator's stdout to ours, line by line, and spot the listening line."""
@@ -224,14 +225,14 @@ class Supervisor:
             listening.set(None)
 
     def _start_worker(self, slot: WorkerSlot) -> None:
-        slot.proc = self._spawn(slot.argv)
+        proc = slot.proc = self._spawn(slot.argv)
         slot.started_at = time.monotonic()
         slot.restart_at = None
-        log.info("worker started worker=%s pid=%d", slot.worker_id, slot.proc.pid)
+        log.info("worker started worker=%s pid=%d", slot.worker_id, proc.pid)
 
-    def _supervise(self) -> int:
+    def _supervise(self, coordinator: subprocess.Popen) -> int:
         while not self.stop_requested.wait(POLL_INTERVAL):
-            rc = self.coordinator.poll()
+            rc = coordinator.poll()
             if rc is not None:
                 if self.stop_requested.wait(STOP_GRACE):
                     return 0
@@ -247,7 +248,9 @@ class Supervisor:
             if now >= slot.restart_at:
                 self._start_worker(slot)
             return
-        rc = slot.proc.poll()
+        proc = slot.proc
+        assert proc is not None, "a slot is started when it is added"
+        rc = proc.poll()
         if rc is None:
             return
         if now - slot.started_at >= HEALTHY_AFTER:
@@ -255,7 +258,7 @@ class Supervisor:
         delay = min(RESTART_CAP, RESTART_INITIAL * 2 ** slot.failures)
         slot.failures += 1
         slot.restart_at = now + delay
-        log.warning("worker exited worker=%s pid=%d rc=%s restart_in=%.1fs", slot.worker_id, slot.proc.pid, rc, delay)
+        log.warning("worker exited worker=%s pid=%d rc=%s restart_in=%.1fs", slot.worker_id, proc.pid, rc, delay)
 
     def _stop_children(self) -> None:
         """Drain: SIGTERM the coordinator and wait for it (its drain time and then some,

@@ -140,14 +140,14 @@ class JobmeshCollector:
         for state in FINISHED:
             finished.add_metric([state], core["finished"].get(state, 0))
         yield finished
-        for key, name, doc in (
+        for stat, name, doc in (
             ("rejected", "jobmesh_submits_rejected_total", "Submits refused at the active-job limit."),
             ("retries", "jobmesh_retries_total", "Attempts that ended and were scheduled for a retry."),
             ("deadline_expiries", "jobmesh_deadline_expiries_total", "Attempts that passed their deadline."),
             ("workers_lost", "jobmesh_workers_lost_total", "Worker sessions lost (dead or disconnected)."),
             ("stale_results", "jobmesh_stale_results_total", "Results for an old lease, dropped."),
         ):
-            yield CounterMetricFamily(name, doc, value=core.get(key, 0))
+            yield CounterMetricFamily(name, doc, value=core.get(stat, 0))
 
         yield GaugeMetricFamily("jobmesh_workers", "Live worker sessions (JSON workers).", value=core["workers"])
         yield GaugeMetricFamily("jobmesh_periodic_workers", "Live Periodic worker connections (that declared "

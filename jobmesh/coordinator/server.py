@@ -24,6 +24,7 @@ that pipelines without reading can grow neither the mailbox nor the coordinator'
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from typing import Any, Callable
 
@@ -77,7 +78,7 @@ class WorkerConn(Output):
 
     __slots__ = ("addr", "worker_id")
 
-    def __init__(self, sock: Any, addr: Any) -> None:
+    def __init__(self, sock: socket.socket, addr: tuple[Any, ...]) -> None:
         super().__init__(sock)
         self.addr = addr
         self.worker_id: str | None = None
@@ -102,7 +103,7 @@ class ClientConn(Output):
 
     __slots__ = ("inflight",)
 
-    def __init__(self, sock: Any) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         super().__init__(sock)
         self.inflight = 0  # requests posted to the core and not answered yet
 
@@ -150,7 +151,7 @@ class Servers:
 
     # ---- worker port ---------------------------------------------------------------
 
-    def handle_worker(self, sock: Any, addr: Any) -> None:
+    def handle_worker(self, sock: socket.socket, addr: tuple[Any, ...]) -> None:
         nodelay(sock)
         conn = WorkerConn(sock, addr)
         self.worker_conns.add(conn)
@@ -178,6 +179,7 @@ class Servers:
                 msg = m.decode(obj, m.WORKER_PORT_REQUESTS)
                 if not isinstance(msg, (m.TaskResult, m.Heartbeat)):  # the port's one other request
                     raise ProtocolError("WORKER_REGISTER sent twice on one connection")
+                assert isinstance(msg, (m.TaskResult, m.Heartbeat)), "the rest of WORKER_PORT_REQUESTS"
                 if msg.worker_id != conn.worker_id:
                     raise ProtocolError(
                         "%s workerId %s does not match this session's %s"
@@ -206,7 +208,7 @@ class Servers:
 
     # ---- client port ----------------------------------------------------------------
 
-    def handle_client(self, sock: Any, addr: Any) -> None:
+    def handle_client(self, sock: socket.socket, addr: tuple[Any, ...]) -> None:
         nodelay(sock)
         conn = ClientConn(sock)
         self.connections["client"] += 1

@@ -232,11 +232,11 @@ class WorkerAgent:
         if key in self.in_flight:
             log.warning("duplicate assignment ignored job=%s attempt=%s", *key)
             return
-        attempt = self.in_flight.start(
-            msg.job_id, msg.attempt_id,
-            lambda a: self._run_attempt(msg, a),
-            lambda a, frame: frame is not None and outbox.put(frame),
-        )
+        def send(_attempt: Attempt, frame: bytes | None) -> None:
+            if frame is not None:
+                outbox.put(frame)
+
+        attempt = self.in_flight.start(msg.job_id, msg.attempt_id, lambda a: self._run_attempt(msg, a), send)
         if attempt is None:
             log.warning("assignment over capacity job=%s attempt=%s capacity=%d",
                         msg.job_id, msg.attempt_id, self.cfg.capacity)
@@ -309,7 +309,7 @@ def run_worker(cfg: WorkerConfig) -> int:
     or the agent dies of a bug."""
     agent = WorkerAgent(cfg)
     main = gevent.spawn(agent.run)
-    stopping = []
+    stopping: list[int] = []
 
     def stop(signum: int) -> None:
         if not stopping:

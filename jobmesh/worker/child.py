@@ -70,9 +70,9 @@ class Child:
                     self.runs.put((frame, ctx))
                 elif op == "cancel":
                     with self._lock:
-                        ctx = self._contexts.get(str(frame.get("attemptId")))
-                    if ctx is not None:
-                        ctx.cancelled.set()
+                        running = self._contexts.get(str(frame.get("attemptId")))
+                    if running is not None:
+                        running.cancelled.set()
         except (OSError, ProtocolError, KeyError, TypeError, ValueError):
             pass
         os._exit(0)

@@ -1,5 +1,6 @@
-"""The core, the scheduler, the job record, the mailbox events and the protocol stay fully
-typed: mypy, with every function annotated, finds nothing (docs/ARCHITECTURE.md)."""
+"""The whole package is typed: ``python -m mypy jobmesh`` with the configuration in
+setup.cfg (every function annotated; gevent, which has no type information, is the one
+library whose imports are unchecked) reports nothing."""
 
 from __future__ import annotations
 
@@ -10,17 +11,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TYPED = ["jobmesh/coordinator/core.py", "jobmesh/coordinator/requests.py", "jobmesh/coordinator/periodic_jobs.py",
-         "jobmesh/coordinator/locks.py", "jobmesh/coordinator/periodic_waits.py",
-         "jobmesh/coordinator/corebase.py", "jobmesh/coordinator/scheduler.py", "jobmesh/coordinator/job.py",
-         "jobmesh/coordinator/events.py", "jobmesh/coordinator/waiters.py", "jobmesh/protocol",
-         "jobmesh/periodic/codec.py"]
 
 
-def test_the_typed_modules_are_mypy_clean():
+def test_the_package_is_mypy_clean() -> None:
     pytest.importorskip("mypy", reason="mypy is in the dev extra: pip install -e '.[dev]'")
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--disallow-untyped-defs", "--disallow-incomplete-defs",
-         "--follow-imports=silent", "--no-error-summary", "--cache-dir", str(ROOT / ".mypy_cache"), *TYPED],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # From the repository root, so that mypy reads setup.cfg; the incremental cache (the one
+    # a plain ``mypy`` run there uses too) keeps a run after small changes to a few seconds.
+    proc = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(ROOT / ".mypy_cache"), "jobmesh"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("Success:") and not proc.stderr, \
+        proc.stdout + proc.stderr
