@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TYPED = ["jobmesh/coordinator/core.py", "jobmesh/coordinator/requests.py", "jobmesh/coordinator/periodic_jobs.py",
          "jobmesh/coordinator/locks.py", "jobmesh/coordinator/periodic_waits.py",
-         "jobmesh/coordinator/corebase.py", "jobmesh/coordinator/scheduler.py", "jobmesh/coordinator/job.py",
+         "jobmesh/coordinator/corebase.py", "jobmesh/coordinator/scheduler.py", "jobmesh/store/base.py",
+         "jobmesh/store/columns.py", "jobmesh/store/job.py",
          "jobmesh/coordinator/events.py", "jobmesh/coordinator/waiters.py", "jobmesh/protocol",
          "jobmesh/periodic/codec.py"]
 
