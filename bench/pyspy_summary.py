@@ -3,7 +3,7 @@
 Input: the output of ``py-spy record -p PID -d 4 -f raw --threads --idle -o FILE``
 (one line per distinct stack, ``thread (TID);frame;...;frame COUNT``). The thread with
 the most samples under ``_run_core`` or a server handler is the hub's (main) thread; the
-thread that runs ``JobStore.write`` is the DB thread. Each sample is put in the first
+thread that runs ``SQLiteStore.write`` (``JobStore.write`` in older trees) is the DB thread. Each sample is put in the first
 matching bucket:
 
 main thread
@@ -22,13 +22,14 @@ main thread
                 ``epoll_wait`` with nothing to do
   other
 DB thread
-  insert, update, commit   the three statements of ``JobStore.write`` (commit = COMMIT + fsync)
+  insert, update, commit   the three statements of ``SQLiteStore.write`` (commit = COMMIT + fsync)
   waiting                  waiting for the next batch
 
 Usage:
   pyspy_summary.py [--store=PATH] FILE...
 
-``--store`` names the ``store.py`` of the tree that was profiled (default: this tree's),
+``--store`` names the store module of the tree that was profiled (default: this tree's
+``jobmesh/store/sqlite.py``; older trees: ``jobmesh/coordinator/store.py``),
 whose line numbers tell the three statements apart.
 """
 
@@ -38,7 +39,8 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-STORE = Path(__file__).resolve().parent.parent / "jobmesh" / "coordinator" / "store.py"
+STORE = Path(__file__).resolve().parent.parent / "jobmesh" / "store" / "sqlite.py"
+WRITE_FRAMES = ("SQLiteStore.write", "JobStore.write")  # the store class now, and before it was renamed
 
 CORE_STEPS = (
     ("submit_job", "CoordinatorCore.submit_job"), ("on_task_result", "CoordinatorCore.on_task_result"),
@@ -88,7 +90,7 @@ def main_bucket(frames: list[str]) -> str:
 
 
 def statement_lines(store: Path) -> dict[str, str]:
-    """Line number -> insert/update/commit, for the statements of ``JobStore.write``."""
+    """Line number -> insert/update/commit, for the statements of the store's ``write``."""
     lines: dict[str, str] = {}
     inside = False
     for no, text in enumerate(store.read_text().splitlines(), 1):
@@ -104,7 +106,7 @@ def statement_lines(store: Path) -> dict[str, str]:
 
 def db_bucket(frames: list[str], lines: dict[str, str]) -> str:
     for f in frames:
-        if f.startswith("JobStore.write"):
+        if f.startswith(WRITE_FRAMES):
             line = f.rsplit(":", 1)[-1].rstrip(")")
             return lines.get(line, "write (other)")
     return "waiting"
@@ -113,7 +115,7 @@ def db_bucket(frames: list[str], lines: dict[str, str]) -> str:
 def summarise(path: str, lines: dict[str, str]) -> str:
     threads = read(path)
     totals = {t: sum(n for _, n in stacks) for t, stacks in threads.items()}
-    db = [t for t, stacks in threads.items() if any(_has(fr, "JobStore.write") for fr, _ in stacks)]
+    db = [t for t, stacks in threads.items() if any(_has(fr, w) for fr, _ in stacks for w in WRITE_FRAMES)]
     main = [t for t in threads if t not in db]
     main = max(main, key=lambda t: totals[t]) if main else None
     out = ["%s: %d threads" % (path, len(threads))]

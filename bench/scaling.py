@@ -33,7 +33,7 @@ Four levels, each printed as a table (``--out`` also writes them as JSON):
 
 ``stored``
     A database with ``--stored`` finished (COMPLETED) rows is written directly with
-    sqlite3, in the row format of ``jobmesh/coordinator/store.py`` (ids as the core
+    sqlite3, in the row format of ``jobmesh/store/columns.py`` (ids as the core
     makes them: 8 hex digits of the sequence, 24 random ones; sequence 1..N). Built once
     per run in the work directory and copied for every trial. For each of
     ``--stored-runs`` runs, an empty database and a copy of the big one each get a fresh
@@ -99,10 +99,11 @@ from bench.drive import Phase, run_clients, submit_client, wait_phase  # noqa: E
 from bench.loadgen import _loadavg, _revision  # noqa: E402
 from bench.workload import Workload  # noqa: E402
 from jobmesh.coordinator.core import CoordinatorCore, CoreConfig  # noqa: E402
-from jobmesh.coordinator.job import Job  # noqa: E402
-from jobmesh.coordinator.store import INSERT_SQL, JobStore, insert_row  # noqa: E402
 from jobmesh.protocol import messages as m  # noqa: E402
 from jobmesh.protocol.jobs import JobState, Priority  # noqa: E402
+from jobmesh.store.columns import insert_row  # noqa: E402
+from jobmesh.store.job import Job  # noqa: E402
+from jobmesh.store.sqlite import INSERT_SQL, SQLiteStore  # noqa: E402
 
 LEVELS = ("core", "history", "e2e", "stored")
 WARMUP_ROUNDS = 3
@@ -188,7 +189,7 @@ class SteadyCore:
     round, and every session heartbeats every 2 s of that clock.
     """
 
-    def __init__(self, size: int, opts: dict[str, Any], store: JobStore, step_millis: int = 1) -> None:
+    def __init__(self, size: int, opts: dict[str, Any], store: SQLiteStore, step_millis: int = 1) -> None:
         self.size = size
         self.slots = opts["workers"] * opts["capacity"]
         self.store = store
@@ -202,7 +203,7 @@ class SteadyCore:
             self.core.submit_job(self.now, req)
         self.prefill_s = time.perf_counter() - t
         del reqs
-        store.write(*self.core.take_dirty())
+        store.write(self.core.take_dirty())
         self.conns = [FakeConn("scaling-w%d" % i) for i in range(opts["workers"])]
         for conn in self.conns:
             self.core.on_worker_registered(self.now, conn, m.WorkerRegister(conn.worker_id, opts["capacity"]))
@@ -250,7 +251,7 @@ class SteadyCore:
         t = time.perf_counter()
         batch = core.take_dirty()
         inserts, updates = batch.inserts, batch.updates
-        self.store.write(*batch)
+        self.store.write(batch)
         t_commit = time.perf_counter() - t
         self.rounds += 1
         return {"depth": depth, "assigned": assigned, "results": len(results),
@@ -272,11 +273,11 @@ def step_medians(samples: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def open_store(opts: dict[str, Any], path: Path) -> JobStore:
+def open_store(opts: dict[str, Any], path: Path) -> SQLiteStore:
     if opts["core_store"] == "memory":
-        return JobStore(":memory:")
+        return SQLiteStore(":memory:")
     remove_db(path)
-    return JobStore(str(path), "FULL")
+    return SQLiteStore(str(path), "FULL")
 
 
 def core_size(size: int, opts: dict[str, Any], work_dir: Path) -> dict[str, Any]:
@@ -556,7 +557,7 @@ def build_stored_db(path: Path, rows: int, seed: int = 1) -> float:
     """Write ``rows`` COMPLETED jobs (sequence 1..rows) straight into a new database."""
     remove_db(path)
     t = time.perf_counter()
-    JobStore(str(path), "OFF").close()  # the schema and indexes, exactly as the coordinator makes them
+    SQLiteStore(str(path), "OFF").close()  # the schema and indexes, exactly as the coordinator makes them
     conn = sqlite3.connect(str(path), isolation_level=None)
     conn.execute("PRAGMA synchronous=OFF")
     conn.execute("PRAGMA cache_size=-262144")
@@ -598,7 +599,7 @@ def stored_db(work_dir: Path, rows: int) -> tuple[Path, float | None]:
 def recovery_in_process(path: Path) -> dict[str, Any]:
     """Open + migrate + recover, as the coordinator does before it listens."""
     t = time.perf_counter()
-    store = JobStore(str(path), "FULL")
+    store = SQLiteStore(str(path), "FULL")
     t_open = time.perf_counter() - t
     try:
         core = CoordinatorCore(store, CoreConfig())

@@ -44,17 +44,18 @@ import ujson
 
 from jobmesh.config import CoreConfig
 from jobmesh.coordinator import scheduler
-from jobmesh.coordinator.job import Job
 from jobmesh.coordinator.periodic_jobs import PeriodicJobs
 from jobmesh.coordinator.requests import ClientRequests
 from jobmesh.coordinator.registry import Session, WorkerRegistry
-from jobmesh.coordinator.store import Batch, JobStore, dump_events, event_fragment, insert_row, load_events, update_row
 from jobmesh.coordinator.waiters import Waiters
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.messages import quote
 from jobmesh.protocol.payloads import MAX_NESTING, TASK_TYPES, is_finite_json, too_deep
+from jobmesh.store.base import Batch, Store
+from jobmesh.store.columns import dump_events, event_fragment, insert_row, load_events, update_row
+from jobmesh.store.job import Job
 
 if TYPE_CHECKING:  # a protocol only: the core imports no gevent
     from jobmesh.coordinator.connection import OutboundConnection
@@ -97,7 +98,7 @@ def _due_time(job: Job) -> int | None:
 
 
 class CoordinatorCore(ClientRequests, PeriodicJobs):
-    def __init__(self, store: JobStore, config: CoreConfig, new_id: Callable[[], str] | None = None) -> None:
+    def __init__(self, store: Store, config: CoreConfig, new_id: Callable[[], str] | None = None) -> None:
         self.store = store
         self.config = config
         self._new_id = new_id
@@ -120,7 +121,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
         self._new_types: list[tuple[str, int]] = []
         self._purges: list[str] = []
         self._purge_backlog = False  # the last retention walk stopped early: more may be due
-        self._purge_cursor = 0  # where the next retention walk starts (a rowid)
+        self._purge_cursor = 0  # where the next retention walk starts (a job sequence)
         # Metrics: plain counters (read at scrape time), and the active jobs by
         # (state, task type, priority), kept by _transition.
         # (state, task type or Periodic func, priority, whether Periodic); enum keys: no .value on the hot path

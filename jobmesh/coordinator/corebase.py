@@ -9,24 +9,23 @@ checks core.py's definitions against these declarations, so the parts cannot dri
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from jobmesh.config import CoreConfig
     from jobmesh.coordinator import scheduler
-    from jobmesh.coordinator.connection import OutboundConnection
-    from jobmesh.coordinator.job import Job
     from jobmesh.coordinator.registry import Session, WorkerRegistry
-    from jobmesh.coordinator.store import JobStore
     from jobmesh.coordinator.waiters import Waiters
     from jobmesh.periodic import codec as pc
     from jobmesh.protocol import messages as m
     from jobmesh.protocol.jobs import JobState, Priority
+    from jobmesh.store.base import Store
+    from jobmesh.store.job import Job
 
 
 class CoreBase:
     if TYPE_CHECKING:
-        store: JobStore
+        store: Store
         config: CoreConfig
         jobs: dict[str, Job]
         finished: OrderedDict[str, Job]
@@ -60,6 +59,6 @@ class CoreBase:
         def _transition(self, job: Job, target: JobState, now_millis: int, *, due_at: int | None = None,
                         session: Session | None = None, event: str | None = "") -> None: ...
         def _wait_until(self, job: Job, wake_at: int) -> None: ...
-        def _send(self, conn: OutboundConnection, msg: m.Message | bytes | pc.Paced | None) -> None: ...
+        def _send(self, conn: Any, msg: m.Message | bytes | pc.Paced | None) -> None: ...
         def _retry_or_fail(self, job: Job, now_millis: int, error: str, cause: str) -> None: ...
         def _revoke_lease(self, job: Job, why: str) -> None: ...

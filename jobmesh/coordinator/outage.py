@@ -1,7 +1,7 @@
 """Storage outages: what the coordinator does when a write fails for a storage reason.
 
 ``StorageOutages`` is a mixin of the runtime's ``Coordinator`` (runtime.py), which calls
-it from its commit path; it uses the runtime's store, DB thread, core and connections.
+it from its commit path; it uses the runtime's store, core and connections.
 A failed commit acknowledges nothing of its batch; memory, now ahead of disk, is thrown
 away and state reloaded from the database as a restart would (``_reload``); worker and
 Periodic connections are closed (their sessions died with that memory) and register
@@ -13,20 +13,15 @@ storage works again (docs/FAILURE_MODEL.md, "Storage faults").
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
-from typing import Any, Callable
 
 from jobmesh.coordinator.clock import now_millis
 from jobmesh.coordinator.core import CoordinatorCore
-from jobmesh.coordinator.store import storage_reason
 from jobmesh.protocol import messages as m
 
 log = logging.getLogger("jobmesh.coordinator.runtime")  # one logger for the runtime's lines
 
 STORAGE_PROBE_SECONDS = 1.0  # while storage fails, how often a probe write checks it again
-# What a failed write raises when storage (not our code) is at fault.
-STORAGE_ERRORS = (sqlite3.Error, OSError)
 
 
 class CommitFailed(Exception):
@@ -36,16 +31,6 @@ class CommitFailed(Exception):
 
 def storage_error(reason: str) -> m.Error:
     return m.Error("storage unavailable: %s" % reason)
-
-
-def write_outcome(write: Callable[..., None], *args: Any) -> Exception | None:
-    """Run a write on the DB thread; its exception is returned, not raised (gevent's pool
-    would print a traceback for each, and a storage outage would fill the log)."""
-    try:
-        write(*args)
-    except Exception as exc:  # judged on the hub: storage error or bug
-        return exc
-    return None
 
 
 class StorageOutages:
@@ -99,14 +84,18 @@ class StorageOutages:
         try:
             # Reopened: a connection opened on a read-only file stays read-only.
             store = self._open_store()
-        except STORAGE_ERRORS as exc:
+        except Exception as exc:
+            if not self.store.is_storage_fault(exc):
+                raise
             log.warning("could not reopen the database, reloading through the open connections: %s", exc)
         else:
             self.store.close()
             self.store = store
         try:
             core = self._recovered_core()
-        except STORAGE_ERRORS as exc:
+        except Exception as exc:
+            if not self.store.is_storage_fault(exc):
+                raise
             raise CommitFailed("could not reload state from the database after a failed commit: %s" % exc) from exc
         for key, value in old.stats.items():  # counters count since the process started
             core.stats[key] += value
@@ -121,7 +110,7 @@ class StorageOutages:
 
     def _check_probe(self) -> None:
         """While storage fails and no batch writes: a probe write now and then, off the hub."""
-        assert self.dbpool is not None and self.store is not None
+        assert self.store is not None
         now = time.monotonic()
         probe = self._probe
         if probe is not None:
@@ -132,11 +121,11 @@ class StorageOutages:
             if failure is None:
                 self._writes_resumed("a probe write")
             else:
-                self._outage = storage_reason(failure)
+                self._outage = self.store.fault_reason(failure)
                 self._next_probe = now + STORAGE_PROBE_SECONDS
             return
         if now >= self._next_probe:
-            self._probe = self.dbpool.spawn(write_outcome, self.store.probe)
+            self._probe = self.store.commit_probe()
 
     def _writes_resumed(self, how: str) -> None:
         assert self.core is not None

@@ -20,13 +20,13 @@ import heapq
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
-from jobmesh.coordinator.job import MAX_RUN_AT_MILLIS, Job
 from jobmesh.coordinator.locks import LockTable
 from jobmesh.coordinator.periodic_waits import PeriodicWaits
 from jobmesh.coordinator.registry import PeriodicSession
 from jobmesh.errors import PeriodicError
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
+from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
 
 if TYPE_CHECKING:  # a protocol only: the core imports no gevent
     from jobmesh.coordinator.connection import OutboundConnection

@@ -18,9 +18,9 @@ from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from jobmesh.coordinator.corebase import CoreBase
-from jobmesh.coordinator.job import Job
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol.jobs import JobState
+from jobmesh.store.job import Job
 
 if TYPE_CHECKING:  # a protocol only: the core imports no gevent
     from jobmesh.coordinator.connection import OutboundConnection

@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any
 import ujson
 
 from jobmesh.coordinator.corebase import CoreBase
-from jobmesh.coordinator.job import MAX_RUN_AT_MILLIS, Job
-from jobmesh.coordinator.store import load_events
 from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Waiter
 from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
@@ -26,6 +24,8 @@ from jobmesh.protocol.framing import MAX_FRAME
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.messages import quote
 from jobmesh.protocol.payloads import MAX_NESTING, TASK_SPECS, is_finite_json, too_deep, validate_payload
+from jobmesh.store.columns import load_events
+from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
 
 if TYPE_CHECKING:  # a protocol only: the core imports no gevent
     from jobmesh.coordinator.connection import ReplyConnection
@@ -358,7 +358,7 @@ class ClientRequests(CoreBase):
         if req.cursor is not None:
             try:
                 before = int(req.cursor)
-                if not 1 <= before < 2**63:  # a rowid; anything else did not come from us
+                if not 1 <= before < 2**63:  # a job sequence; anything else did not come from us
                     raise ValueError
             except ValueError:
                 return m.Error("invalid cursor %s" % quote(req.cursor))
@@ -366,7 +366,7 @@ class ClientRequests(CoreBase):
         jobs: list[dict[str, Any]] = []
         size = 0
         next_cursor = None
-        for i, (rowid, stored) in enumerate(rows):
+        for i, (_seq, stored) in enumerate(rows):
             if i == limit:
                 next_cursor = str(rows[i - 1][0])
                 break

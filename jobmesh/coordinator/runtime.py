@@ -9,7 +9,7 @@ running attempts get up to that long to finish (a second signal stops at once).
 
 The core greenlet takes a fair batch from the mailbox (``mailbox.py``: connections served
 round-robin within a cost budget of ``MAX_BATCH``), applies each event with one clock read, schedules, and commits every changed row in
-one SQLite transaction on a one-thread pool (group commit), and only then releases the
+one store transaction, run off the hub by the store (group commit), and only then releases the
 batch's replies and outbound frames. It starts no new batch while a commit is in flight,
 so no client or worker ever observes a state that is not on disk, and memory is never
 more than one batch ahead of disk.
@@ -52,24 +52,24 @@ import gevent
 import gevent.event
 import gevent.pool
 import gevent.server
-from gevent.threadpool import ThreadPool
 
 from jobmesh.config import CoordinatorConfig
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
 from jobmesh.coordinator.connection import ReplyConnection
 from jobmesh.coordinator.mailbox import Mailbox
-from jobmesh.coordinator.outage import STORAGE_ERRORS, CommitFailed, StorageOutages, storage_error, write_outcome
+from jobmesh.coordinator.outage import CommitFailed, StorageOutages, storage_error
 from jobmesh.coordinator.core import CoordinatorCore
 from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock
 from jobmesh.coordinator.housekeeping import (COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, CollectorPolicy, Histogram,
                                               raise_fd_limit)
 from jobmesh.coordinator.periodic_port import PeriodicPort
 from jobmesh.coordinator.server import SHUTTING_DOWN, Servers
-from jobmesh.coordinator.store import FAULT_FILE_ENV, Batch, JobStore, merge_batches, storage_reason
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
+from jobmesh.store.base import Batch, Store, merge_batches
+from jobmesh.store.sqlite import FAULT_FILE_ENV, SQLiteStore
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +133,8 @@ class Coordinator(StorageOutages):
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
         self.mailbox = Mailbox()
-        self.store: JobStore | None = None
+        self.store: Store | None = None
         self.core: CoordinatorCore | None = None
-        self.dbpool: ThreadPool | None = None
         self.servers: list[gevent.server.StreamServer] = []
         self.handlers = Servers(self.mailbox.put, self.mailbox.put_urgent, config.idle_timeout_millis / 1000.0)
         self.periodic = PeriodicPort(self.mailbox.put, self.mailbox.put_urgent, self.handlers.connections,
@@ -199,14 +198,15 @@ class Coordinator(StorageOutages):
         rows = self.core.take_dirty()
         if any(rows):
             try:
-                self.store.write(*rows)
-            except STORAGE_ERRORS as exc:
+                self.store.write(rows)
+            except Exception as exc:
+                if not self.store.is_storage_fault(exc):
+                    raise
                 self._pending = rows  # recovery's decisions: committed with the first write that works
-                self._storage_failed(storage_reason(exc), "at start", reload=False)
+                self._storage_failed(self.store.fault_reason(exc), "at start", reload=False)
         self._dispatch = self._dispatch_table()
         gc.collect()
         gc.freeze()  # the recovered working set and everything imported: never scanned again
-        self.dbpool = ThreadPool(1)
         self._core_greenlet = gevent.spawn(self._run_core)
         self._core_greenlet.link_exception(self._core_died)
         self._next_sweep = time.monotonic()
@@ -249,9 +249,9 @@ class Coordinator(StorageOutages):
                  cfg.bind, client_srv.server_port, fd_limit)
         return line
 
-    def _open_store(self) -> JobStore:
+    def _open_store(self) -> Store:
         # The fault file is a testing aid only (docs/FAILURE_MODEL.md, "Testing storage faults").
-        return JobStore(self.config.db, self.config.db_synchronous, os.environ.get(FAULT_FILE_ENV) or None)
+        return SQLiteStore(self.config.db, self.config.db_synchronous, os.environ.get(FAULT_FILE_ENV) or None)
 
     def _recovered_core(self) -> CoordinatorCore:
         """A fresh core with the database's state, after recovery (its rows not yet written)."""
@@ -484,20 +484,21 @@ class Coordinator(StorageOutages):
         (``_storage_failed``). Recovery rows not committed yet (``_pending``) go with the
         next batch that writes, or with the next batch at all once storage works."""
         core = self.core
-        assert core is not None and self.dbpool is not None and self.store is not None
+        store = self.store
+        assert core is not None and store is not None
         rows = core.take_dirty()
         outbound = core.take_outbound()
         pending = self._pending
         if pending is not None and (any(rows) or self._outage is None):
             rows = merge_batches(pending, rows)
-        commit = self.dbpool.spawn(write_outcome, self.store.write, *rows) if any(rows) else None
+        commit = store.commit(rows) if any(rows) else None
         started = time.perf_counter()
         if unsent is not None:
             self._write_replies(unsent)
         if commit is not None:
             failure = commit.get()
-            if isinstance(failure, STORAGE_ERRORS):
-                reason = storage_reason(failure)
+            if failure is not None and store.is_storage_fault(failure):
+                reason = store.fault_reason(failure)
                 answered = replies.pop()[1] if replies and replies[-1][0] is None else []
                 self._storage_failed(reason, "commit", reload=not stop)
                 error = storage_error(reason)
@@ -658,8 +659,6 @@ class Coordinator(StorageOutages):
         gevent.joinall([gevent.spawn(srv.stop, 0.3) for srv in self.servers], timeout=5)
         if self._probe is not None:
             self._probe.wait(10)  # the DB thread must be done with the connections it closes
-        if self.dbpool is not None:
-            self.dbpool.kill()
         if self.store is not None:
             self.store.close()
         self.lock.release()

@@ -14,7 +14,7 @@ import sqlite3
 
 import pytest
 
-from jobmesh.coordinator.store import FAULT_FILE_ENV
+from jobmesh.store.sqlite import FAULT_FILE_ENV
 from tests.helpers import run_cli, wait_until
 
 BIG_TEXT = "x " * 3000  # a few pages a job: a database that cannot grow fails at once

@@ -21,10 +21,11 @@ import pytest
 
 from jobmesh.coordinator import core as core_mod
 from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
-from jobmesh.coordinator.store import BASE_COLUMNS, JobStore, insert_row
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME, encode_frame
 from jobmesh.protocol.jobs import TERMINAL, JobState
+from jobmesh.store.columns import insert_row
+from jobmesh.store.sqlite import BASE_COLUMNS, SQLiteStore
 
 SLEEP = {"durationMillis": 10}
 HB = 1000          # heartbeat timeout
@@ -45,12 +46,12 @@ class Conn:
 
 
 class Harness:
-    def __init__(self, store: JobStore | None = None, prefix: str = "id", **cfg: Any) -> None:
+    def __init__(self, store: SQLiteStore | None = None, prefix: str = "id", **cfg: Any) -> None:
         config = dict(heartbeat_timeout_millis=HB, task_timeout_millis=TIMEOUT, max_active_jobs=1000,
                       aging_step_millis=STEP, retry_base_millis=BASE, retry_cap_millis=CAP,
                       default_max_attempts=3)
         config.update(cfg)
-        self.store = store if store is not None else JobStore(":memory:")
+        self.store = store if store is not None else SQLiteStore(":memory:")
         counter = itertools.count(1)
         self.core = CoordinatorCore(self.store, CoreConfig(**config), new_id=lambda: "%s-%d" % (prefix, next(counter)))
         self.sent: list[tuple[Any, m.Message | None]] = []
@@ -67,7 +68,7 @@ class Harness:
         return out
 
     def commit(self) -> None:
-        self.store.write(*self.core.take_dirty())
+        self.store.write(self.core.take_dirty())
         self.check()
 
     def check(self) -> None:
@@ -1197,12 +1198,14 @@ def test_legacy_rows_recover_in_creation_order_before_new_work(tmp_path):
             " NULL, NULL, NULL, NULL, ?, ?, NULL, NULL)", (job_id, created, created))
     conn.commit()
     conn.close()
-    h = Harness(store=JobStore(str(path)))
+    h = Harness(store=SQLiteStore(str(path)))
     h.core.recover(400)
     h.commit()
-    assert h.core.next_seq == 1
+    # Opening numbered the legacy rows (seq 0) 1..3 in creation order; new work follows them.
+    assert [h.store.get(i).seq for i in ("a", "b", "c")] == [1, 2, 3]
+    assert h.core.next_seq == 4
     newer = h.submit_ok(400)
-    assert h.store.get(newer).seq == 1
+    assert h.store.get(newer).seq == 4
     assert h.core.queued.ordered(400, STEP) == ["a", "b", "c", newer]
     assert all(h.status(i)["priority"] == "NORMAL" for i in ("a", "b", "c"))
     h.store.close()
@@ -1211,13 +1214,13 @@ def test_legacy_rows_recover_in_creation_order_before_new_work(tmp_path):
 def test_recovered_retry_wait_without_retry_time_is_still_retried():
     # A RETRY_WAIT row with no retry_at (written by an older or foreign writer): recover()
     # queues it "due now" (``job.retry_at or now_millis``), so it must be retried.
-    store = JobStore(":memory:")
+    store = SQLiteStore(":memory:")
     seed = Harness(store=store, prefix="old")
     job_id = seed.submit_ok(0)
     store.conn.execute("UPDATE jobs SET state='RETRY_WAIT', attempts=1, retry_at=NULL WHERE job_id=?", (job_id,))
     h = Harness(store=store, prefix="new")
     h.core.recover(100)
-    h.commit = lambda: (store.write(*h.core.take_dirty()))  # the row itself breaks the retry_at invariant
+    h.commit = lambda: (store.write(h.core.take_dirty()))  # the row itself breaks the retry_at invariant
     h.register(100, "w1")
     for now in (100, 101, 10_000):
         h.sweep(now)
@@ -1277,10 +1280,10 @@ def test_random_event_sequences_keep_the_invariants(seed):
 def test_deadline_index_stays_bounded_by_running_leases():
     # Given one worker completing thousands of jobs, each with a long deadline
     from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
-    from jobmesh.coordinator.store import JobStore
     from jobmesh.protocol import messages as mm
+    from jobmesh.store.sqlite import SQLiteStore
 
-    core = CoordinatorCore(JobStore(":memory:"), CoreConfig(task_timeout_millis=600_000, max_active_jobs=10**6))
+    core = CoordinatorCore(SQLiteStore(":memory:"), CoreConfig(task_timeout_millis=600_000, max_active_jobs=10**6))
     conn = object()
     core.on_worker_registered(0, conn, m.WorkerRegister("w", 4))
     now = 1
@@ -1301,10 +1304,10 @@ def test_deadline_index_stays_bounded_by_running_leases():
 
 def test_cursor_out_of_rowid_range_is_an_error_not_a_crash():
     from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
-    from jobmesh.coordinator.store import JobStore
     from jobmesh.protocol import messages as mm
+    from jobmesh.store.sqlite import SQLiteStore
 
-    core = CoordinatorCore(JobStore(":memory:"), CoreConfig())
+    core = CoordinatorCore(SQLiteStore(":memory:"), CoreConfig())
     for cursor in ("99999999999999999999999", "0", "-5", "abc"):
         reply = core.list_jobs(0, mm.ListJobs(cursor=cursor))
         assert isinstance(reply, mm.Error), cursor
@@ -1313,10 +1316,10 @@ def test_cursor_out_of_rowid_range_is_an_error_not_a_crash():
 
 def test_worker_ids_must_be_short_and_non_empty():
     from jobmesh.coordinator.core import MAX_WORKER_ID_CHARS, CoordinatorCore, CoreConfig
-    from jobmesh.coordinator.store import JobStore
     from jobmesh.protocol import messages as mm
+    from jobmesh.store.sqlite import SQLiteStore
 
-    core = CoordinatorCore(JobStore(":memory:"), CoreConfig())
+    core = CoordinatorCore(SQLiteStore(":memory:"), CoreConfig())
     for bad in ("", "w" * (MAX_WORKER_ID_CHARS + 1)):
         conn = object()
         core.on_worker_registered(0, conn, m.WorkerRegister(bad, 1))

@@ -11,9 +11,9 @@ import itertools
 from typing import Any
 
 from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
-from jobmesh.coordinator.store import JobStore
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol.jobs import JobState
+from jobmesh.store.sqlite import SQLiteStore
 
 T0 = 1_700_000_000_000  # epoch millis
 TIMEOUT = 30_000
@@ -28,11 +28,11 @@ class Conn:
 
 
 class H:
-    def __init__(self, store: JobStore | None = None, **cfg: Any) -> None:
+    def __init__(self, store: SQLiteStore | None = None, **cfg: Any) -> None:
         config = dict(heartbeat_timeout_millis=1000, task_timeout_millis=TIMEOUT, max_active_jobs=1000,
                       aging_step_millis=60_000, retry_base_millis=100, retry_cap_millis=1000, default_max_attempts=3)
         config.update(cfg)
-        self.store = store if store is not None else JobStore(":memory:")
+        self.store = store if store is not None else SQLiteStore(":memory:")
         ids = itertools.count(1)
         self.core = CoordinatorCore(self.store, CoreConfig(**config), new_id=lambda: "p-%d" % next(ids))
         self.msgid = itertools.count(100)
@@ -45,7 +45,7 @@ class H:
 
     def finish(self, now: int) -> list[Any]:
         self.core.after_batch(now)
-        self.store.write(*self.core.take_dirty())
+        self.store.write(self.core.take_dirty())
         out = []
         for conn, data in self.core.take_outbound():
             if isinstance(data, pc.Paced):  # a stream frame: written on its own (periodic_port.py)
@@ -226,7 +226,7 @@ def test_admission_limit_answers_a_non_success_reply():
 
 def test_recovery_keeps_queued_and_scheduled_periodic_jobs_with_their_names(tmp_path):
     db = str(tmp_path / "p.db")
-    h = H(JobStore(db))
+    h = H(SQLiteStore(db))
     h.submit(T0, name="now")
     h.submit(T0, name="later", sched_at=(T0 + 60_000) // 1000)
     h.submit(T0, name="running")
@@ -235,7 +235,7 @@ def test_recovery_keeps_queued_and_scheduled_periodic_jobs_with_their_names(tmp_
     h.send(T0, w, pc.GrabJob(1))
     assert h.job(name="now").state is JobState.RUNNING  # (sched, name) order: "now" < "running"
     h.store.close()
-    h2 = H(JobStore(db))
+    h2 = H(SQLiteStore(db))
     h2.core.recover(T0 + 10)
     assert {name: h2.job(name=name).state for name in ("now", "later", "running")} == {
         "now": JobState.QUEUED, "later": JobState.SCHEDULED, "running": JobState.QUEUED}  # "now" was RUNNING

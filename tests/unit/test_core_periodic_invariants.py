@@ -16,9 +16,9 @@ from collections import Counter
 
 import pytest
 
-from jobmesh.coordinator.store import JobStore
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol.jobs import JobState
+from jobmesh.store.sqlite import SQLiteStore
 from tests.unit.test_core_periodic import T0, Conn, H
 
 FUNCS = ["f", "g"]
@@ -282,7 +282,7 @@ class RestartingDriver(Driver):
         self.h = self._core()
 
     def _core(self) -> H:
-        h = H(JobStore(self.db))
+        h = H(SQLiteStore(self.db))
         h.core._new_id = lambda: "p-%d" % next(self.ids)
         return h
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
-from jobmesh.coordinator.job import MAX_RUN_AT_MILLIS
-from jobmesh.coordinator.store import JobStore
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from jobmesh.protocol.payloads import TASK_TYPES
+from jobmesh.store.job import MAX_RUN_AT_MILLIS
+from jobmesh.store.sqlite import SQLiteStore
 from tests.unit.test_core import STEP, Harness
 
 GREET = {"name": "Ada"}
@@ -101,13 +101,13 @@ def test_least_loaded_choice_is_among_the_workers_that_run_the_type(h):
 
 
 def test_new_types_are_durable_and_known_after_a_restart(tmp_path):
-    store = JobStore(str(tmp_path / "jm.db"))
+    store = SQLiteStore(str(tmp_path / "jm.db"))
     h = Harness(store=store)
     h.register(0, "w1", task_types=["GREET", "SLEEP"])
     assert store.load_task_types() == ["GREET"]  # committed with the registration's batch (built-ins are implied)
     store.close()
     # A new core on the same database, with no worker attached, accepts GREET
-    store2 = JobStore(str(tmp_path / "jm.db"))
+    store2 = SQLiteStore(str(tmp_path / "jm.db"))
     core = CoordinatorCore(store2, CoreConfig())
     core.recover(10)
     assert "GREET" in core.known_types and set(TASK_TYPES) <= core.known_types
@@ -212,12 +212,12 @@ def test_a_running_job_can_be_put_back_to_scheduled(h):
 
 
 def test_recovery_keeps_future_schedules_and_queues_those_that_fell_due(tmp_path):
-    store = JobStore(str(tmp_path / "jm.db"))
+    store = SQLiteStore(str(tmp_path / "jm.db"))
     h = Harness(store=store)
     soon = h.submit_ok(0, run_at=1000)
     later = h.submit_ok(0, run_at=50_000)
     store.close()
-    store2 = JobStore(str(tmp_path / "jm.db"))
+    store2 = SQLiteStore(str(tmp_path / "jm.db"))
     h2 = Harness(store=store2)
     stats = h2.core.recover(2000)
     h2.commit()

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from jobmesh.coordinator.core import EVENTS_KEPT
-from jobmesh.coordinator.store import JobStore, load_events
 from jobmesh.protocol import messages as m
+from jobmesh.store.columns import load_events
+from jobmesh.store.sqlite import SQLiteStore
 from tests.unit.test_core import BASE, HB, TIMEOUT, Harness
 
 DAY = 86_400_000
@@ -75,12 +76,12 @@ def test_a_stale_result_is_noted_on_the_timeline(h):
     assert h.core.stats["stale_results"] == 1
 
 
-def stored_events(store: JobStore, job_id: str) -> list[str]:
+def stored_events(store: SQLiteStore, job_id: str) -> list[str]:
     return [e[1] for e in load_events(store.get(job_id).events)]
 
 
 def test_events_are_committed_with_their_batch_and_read_back(tmp_path):
-    store = JobStore(str(tmp_path / "jm.db"))
+    store = SQLiteStore(str(tmp_path / "jm.db"))
     h = Harness(store=store)
     job_id = h.submit_ok(1)
     assert stored_events(store, job_id) == ["SUBMITTED"]
@@ -97,12 +98,12 @@ def test_events_are_committed_with_their_batch_and_read_back(tmp_path):
 
 
 def test_a_restart_records_recovered(tmp_path):
-    store = JobStore(str(tmp_path / "jm.db"))
+    store = SQLiteStore(str(tmp_path / "jm.db"))
     h = Harness(store=store)
     h.register(0, "w1")
     job_id = h.submit_ok(1)
     store.close()
-    h2 = Harness(store=JobStore(str(tmp_path / "jm.db")))
+    h2 = Harness(store=SQLiteStore(str(tmp_path / "jm.db")))
     h2.core.recover(50)
     h2.commit()
     got = events(h2, job_id)
@@ -111,7 +112,7 @@ def test_a_restart_records_recovered(tmp_path):
 
 
 def test_only_the_newest_events_are_kept(tmp_path):
-    store = JobStore(str(tmp_path / "jm.db"))
+    store = SQLiteStore(str(tmp_path / "jm.db"))
     h = Harness(store=store, default_max_attempts=1000, retry_base_millis=1, retry_cap_millis=1)
     h.register(0, "w1")
     job_id = h.submit_ok(1)
@@ -186,7 +187,7 @@ def test_retry_of_an_active_or_unknown_job_is_an_error(h):
 
 
 def test_purge_deletes_old_finished_jobs_their_events_and_frees_their_keys(tmp_path):
-    store = JobStore(str(tmp_path / "jm.db"))
+    store = SQLiteStore(str(tmp_path / "jm.db"))
     h = Harness(store=store)
     old = h.submit_ok(1, key="k-old")
     h.cancel(2, old)

@@ -38,6 +38,7 @@ RULES = [
     Rule("jobmesh.errors",      only=()),
     Rule("jobmesh.protocol",    only=("jobmesh.errors", "jobmesh.protocol")),
     Rule("jobmesh.periodic",    only=("jobmesh.errors", "jobmesh.protocol", "jobmesh.periodic")),
+    Rule("jobmesh.store",       only=("jobmesh.errors", "jobmesh.protocol", "jobmesh.store")),
     Rule("jobmesh.coordinator", never=("jobmesh.worker", "jobmesh.client", "jobmesh.cli", "jobmesh.up")),
     Rule("jobmesh.worker",      never=("jobmesh.coordinator", "jobmesh.client", "jobmesh.cli")),
     Rule("jobmesh.client",      never=("jobmesh.coordinator", "jobmesh.worker", "jobmesh.cli")),

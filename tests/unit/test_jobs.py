@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from jobmesh.coordinator.job import Job
 from jobmesh.errors import IllegalTransition, JobmeshError
+from jobmesh.store.job import Job
 from jobmesh.protocol.jobs import (
     MAX_LEVEL, TERMINAL, TRANSITIONS, JobState, Priority, check_transition,
 )

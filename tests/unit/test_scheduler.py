@@ -281,10 +281,10 @@ def test_queue_order_stays_fifo_when_the_wall_clock_steps_back():
     # The queues are keyed by core time (monotonic), so a wall-clock step back cannot put
     # a later submission ahead of an earlier one.
     from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
-    from jobmesh.coordinator.store import JobStore
     from jobmesh.protocol import messages as m
+    from jobmesh.store.sqlite import SQLiteStore
 
-    core = CoordinatorCore(JobStore(":memory:"), CoreConfig())
+    core = CoordinatorCore(SQLiteStore(":memory:"), CoreConfig())
     first = core.submit_job(5000, m.SubmitJob("SLEEP", {"durationMillis": 0}, priority="LOW")).job_id
     core.observe_wall(5001, 5001 - 3_600_000)  # the wall clock steps back an hour
     second = core.submit_job(5002, m.SubmitJob("SLEEP", {"durationMillis": 0}, priority="LOW")).job_id

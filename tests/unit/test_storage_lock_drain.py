@@ -8,8 +8,9 @@ import sqlite3
 import pytest
 
 from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock, lock_path
-from jobmesh.coordinator.store import Batch, JobStore, merge_batches, storage_reason
 from jobmesh.protocol.jobs import JobState
+from jobmesh.store.base import Batch, merge_batches
+from jobmesh.store.sqlite import SQLiteStore
 from tests.unit.test_core import Harness
 
 
@@ -50,9 +51,12 @@ def test_a_lock_file_that_cannot_be_created_is_an_os_error(tmp_path):
 
 
 def test_storage_reasons_are_short_words():
-    assert storage_reason(sqlite3.OperationalError("database or disk is full")) == "disk full"
-    assert storage_reason(sqlite3.OperationalError("attempt to write a readonly database")) == "database is read-only"
-    assert storage_reason(sqlite3.OperationalError("database is locked")) == "database is locked"
+    store = SQLiteStore(":memory:")
+    reason = store.fault_reason
+    assert reason(sqlite3.OperationalError("database or disk is full")) == "disk full"
+    assert reason(sqlite3.OperationalError("attempt to write a readonly database")) == "database is read-only"
+    assert reason(sqlite3.OperationalError("database is locked")) == "database is locked"
+    store.close()
 
 
 def test_merge_batches_keeps_the_newer_row_of_a_job():
@@ -68,13 +72,13 @@ def test_merge_batches_keeps_the_newer_row_of_a_job():
 def test_fault_file_makes_writes_fail_and_clearing_it_heals(tmp_path):
     fault = tmp_path / "fault"
     db = str(tmp_path / "jm.db")
-    JobStore(db).close()  # a current schema: opening later writes nothing
+    SQLiteStore(db).close()  # a current schema: opening later writes nothing
     for text, reason in (("readonly", "database is read-only"), ("full", "disk full")):
         fault.write_text(text)
-        store = JobStore(db, fault_file=str(fault))  # opens (reads only) despite the fault
+        store = SQLiteStore(db, fault_file=str(fault))  # opens (reads only) despite the fault
         with pytest.raises(sqlite3.OperationalError) as caught:
             store.probe()
-        assert storage_reason(caught.value) == reason
+        assert store.is_storage_fault(caught.value) and store.fault_reason(caught.value) == reason
         fault.write_text("")
         store.probe()
         store.close()

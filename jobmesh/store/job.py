@@ -5,7 +5,8 @@ core's one transition method, which calls ``move_to`` here (so the state machine
 ``protocol/jobs.py`` is enforced in one place) and keeps the core's indexes in step.
 Other components see jobs as wire snapshots (plain dicts), never as these objects.
 
-The stored columns of a job are declared once, in ``store.COLUMNS``; the attributes
+The record lives with the store because the store builds it from rows; the stored
+columns of a job are declared once, in ``store.columns.COLUMNS``, and the attributes
 here are the record itself (plus ``payload_json``, the payload as already encoded).
 """
 
@@ -41,7 +42,7 @@ class Job:
     deadline: int | None = None
     run_at: int | None = None  # when the job was asked to run (runAtMillis), None: at once
     retry_of: str | None = None  # the finished job this one retries (RETRY_JOB)
-    # The timeline as stored (store.event_fragment, comma-joined): text, so that a job's
+    # The timeline as stored (store.columns.event_fragment, comma-joined): text, so that a job's
     # events cost one string, not a list of tuples, and the row needs no re-encoding.
     events: str = ""
     event_count: int = -1  # events in ``events``; -1: not counted yet (a job read back from the store)

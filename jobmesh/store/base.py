@@ -1,0 +1,133 @@
+"""The storage seam: what the core and the runtime ask of a job store.
+
+``Store`` is the whole interface; ``sqlite.py`` is its first implementation, and every
+implementation passes ``tests/unit/test_store_contract.py``. The core and the runtime
+never see SQL, a rowid, a driver's exception type or the thread a write runs on:
+
+* Writes come as one ``Batch`` per core batch, applied in one transaction (group
+  commit). ``write`` applies it on the calling thread (start-up, tests); ``commit``
+  applies it where the store runs its writes (SQLite: one thread off the hub) and
+  returns an ``Outcome`` the runtime waits on, or polls, without blocking the hub.
+* A failed write raises the driver's exception; ``is_storage_fault`` tells a storage
+  fault (disk full, read-only, locked, unreachable: serve reads, answer writes with
+  "storage unavailable", probe until it works) from a bug (stop), and ``fault_reason``
+  gives the short words clients see.
+* Jobs are ordered by their sequence (``Job.seq``, unique per row): listings page
+  newest first with a sequence as the cursor, and the retention walk goes oldest first.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
+
+from jobmesh.store.job import Job
+
+
+class Batch(NamedTuple):
+    """Everything one core batch writes, in one transaction."""
+
+    inserts: list[tuple]  # columns.insert_row() of new jobs
+    updates: list[tuple]  # columns.update_row() of changed jobs
+    task_types: Sequence[tuple[str, int]] = ()  # newly declared (name, first seen millis)
+    purges: Sequence[str] = ()  # finished jobs to delete
+
+
+def merge_batches(older: Batch, newer: Batch) -> Batch:
+    """One batch that writes both: for a job in both, ``newer``'s row wins.
+
+    Used for rows that could not be committed yet (recovery's, during a storage outage)
+    and the next batch's rows, which may hold a newer row of the same job.
+    """
+    inserted = {row[0]: row for row in older.inserts}
+    inserted.update((row[0], row) for row in newer.inserts)
+    updated = {row[-1]: row for row in older.updates}
+    updated.update((row[-1], row) for row in newer.updates)
+    for job_id in inserted:
+        updated.pop(job_id, None)  # never both: a new job's row already holds its latest state
+    types = list(dict.fromkeys(list(older.task_types) + list(newer.task_types)))
+    purges = list(dict.fromkeys(list(older.purges) + list(newer.purges)))
+    return Batch(list(inserted.values()), list(updated.values()), types, purges)
+
+
+def outcome_of(call: Callable[..., None], *args: Any) -> Exception | None:
+    """Run a store call and return its exception rather than raise it (an executor would
+    print a traceback for each, and a storage outage would fill the log)."""
+    try:
+        call(*args)
+    except Exception as exc:  # judged by the caller: storage fault or bug
+        return exc
+    return None
+
+
+class Outcome(Protocol):
+    """A write in flight (``Store.commit``, ``Store.commit_probe``)."""
+
+    def ready(self) -> bool:
+        """Whether it has finished (never blocks)."""
+
+    def get(self) -> Exception | None:
+        """Wait for it (other greenlets run meanwhile); None if it succeeded, else what it raised."""
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Wait up to ``timeout`` seconds for it to finish; raises nothing."""
+
+
+class Store(Protocol):
+    """A durable job table; see the module docstring. Reads return ``Job`` records that
+    belong to the caller (a new object per call)."""
+
+    migrated: list[str]  # columns this open added to an older table (for the log)
+
+    # ---- writes ----------------------------------------------------------------------
+
+    def write(self, batch: Batch) -> None:
+        """Apply ``batch`` in one transaction, on the calling thread: all of it or nothing."""
+
+    def commit(self, batch: Batch) -> Outcome:
+        """``write(batch)`` where the store runs its writes, one at a time in call order."""
+
+    def probe(self) -> None:
+        """A write that changes nothing and needs what a batch needs (the write lock,
+        room to grow); raises what a failing commit would."""
+
+    def commit_probe(self) -> Outcome:
+        """``probe()`` where the store runs its writes, after the writes before it."""
+
+    def is_storage_fault(self, exc: BaseException) -> bool:
+        """Whether ``exc`` (raised by this store) is a storage fault rather than a bug."""
+
+    def fault_reason(self, exc: BaseException) -> str:
+        """A storage fault in a few words: "disk full", "database is read-only", ..."""
+
+    # ---- reads -----------------------------------------------------------------------
+
+    def load_active(self) -> list[Job]:
+        """Every non-terminal job (recovery)."""
+
+    def load_task_types(self) -> list[str]:
+        """Every task type ever declared to this store, sorted by name."""
+
+    def max_seq(self) -> int:
+        """The largest sequence stored; 0 if there is no job."""
+
+    def get(self, job_id: str) -> Job | None:
+        """The job with this id as last committed, or None."""
+
+    def find_by_key(self, key: str) -> Job | None:
+        """The job holding this idempotency key as last committed, or None."""
+
+    def list_page(self, limit: int, state: str | None, before: int | None,
+                  task_type: str | None = None) -> list[tuple[int, Job]]:
+        """Up to ``limit`` (sequence, job) pairs, newest (largest sequence) first, with
+        sequences below ``before`` (None: from the newest); filtered by state and task
+        type when given. A pair's sequence is the cursor of the page after it."""
+
+    def purgeable(self, after: int, cutoff_millis: int, limit: int) -> tuple[list[tuple[str, str | None]], int]:
+        """Retention: finished jobs last updated before ``cutoff_millis``, walking jobs in
+        sequence order from just past ``after`` (0: the oldest) and examining at most
+        ``limit`` of them. Returns (job id, idempotency key) pairs and where the next walk
+        starts: past the examined jobs, or 0 once the walk met a finished job not old
+        enough yet (the rest are newer), or the end. Active jobs are stepped over."""
+
+    def close(self) -> None:
+        """Release connections and the write executor; the store is unusable after."""

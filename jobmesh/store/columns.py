@@ -1,0 +1,188 @@
+"""The jobs table's columns, declared once, and the row form of a ``Job``.
+
+Each column has a logical kind (``Kind``): text, a 64-bit integer, or JSON. A backend
+renders the kind to its own SQL type (``sqlite.py``: TEXT / INTEGER / TEXT); everything
+else about a column is said here: whether it may be NULL, its default for rows written
+before it existed, whether later writes change it, and how a ``Job`` attribute becomes
+a stored value and back. Adding a column is one line in ``COLUMNS`` (and the attribute
+on ``Job``); a backend that adds columns to older tables does so from ``added``.
+
+A row is a tuple in ``COLUMNS`` order (``insert_row``), or the mutable columns followed
+by the job id (``update_row``). In a row a JSON column holds JSON text; a backend with a
+JSON type converts at its boundary. The functions are compiled from the declarations
+once, at import, so a row costs what hand-written tuple code would.
+
+A job's timeline (the ``events`` column) is stored compactly: each event an array
+[time, code, attempt, worker, detail, retry time] with trailing nulls dropped, its time
+as milliseconds after the previous event (the first: absolute) and its retry time as
+milliseconds after it. In memory an event is the full tuple
+(atMillis, name, attempt, workerId, detail, retryAtMillis).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import ujson
+
+from jobmesh.protocol.jobs import ACTIVE, JobState, Priority
+from jobmesh.store.job import Job
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else ujson.loads(text)
+
+
+class Kind(enum.Enum):
+    """What a column holds, independent of any database's type names."""
+
+    TEXT = "text"
+    INT64 = "int64"  # a signed 64-bit integer (milliseconds, counts, the sequence)
+    JSON = "json"  # JSON text in a row; a backend may store it in a JSON type
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the jobs table and how a ``Job`` attribute maps to it.
+
+    ``encode`` / ``decode`` are Python expressions over ``job`` (the record) and ``v``
+    (the stored value). ``default`` is a literal (str or int) that rows written before
+    the column existed hold; ``mutable`` columns are written again by each update;
+    ``added`` columns were not in the first schema (a backend adds them to older tables).
+    """
+
+    name: str
+    kind: Kind
+    nullable: bool = True
+    encode: str = ""  # default: job.<name>
+    decode: str = "v"
+    mutable: bool = False
+    added: bool = False
+    default: str | int | None = None
+    primary_key: bool = False
+
+    @property
+    def encode_expr(self) -> str:
+        return self.encode or "job." + self.name
+
+
+T, I, J = Kind.TEXT, Kind.INT64, Kind.JSON
+
+COLUMNS: tuple[Column, ...] = (
+    Column("job_id", T, nullable=False, primary_key=True),
+    Column("task_type", T, nullable=False),
+    Column("payload", J, nullable=False, encode="job.payload_json or _dumps(job.payload)", decode="_loads(v) or {}"),
+    Column("state", T, nullable=False, encode="job.state.value", decode="JobState(v)", mutable=True),
+    Column("attempts", I, nullable=False, mutable=True),
+    Column("max_attempts", I, nullable=False),
+    Column("worker_id", T, mutable=True),
+    Column("attempt_id", T, mutable=True),
+    Column("result", J, encode="_dumps(job.result)", decode="_loads(v)", mutable=True),
+    Column("error", T, mutable=True),
+    Column("created_at", I, nullable=False),
+    Column("updated_at", I, nullable=False, mutable=True),
+    Column("retry_at", I, mutable=True),
+    Column("idempotency_key", T),
+    # v2: the lease deadline
+    Column("execution_timeout", I, added=True),
+    Column("deadline", I, mutable=True, added=True),
+    # v3: priority (older rows: NORMAL) and the submission sequence, unique per job: the
+    # order of listings, paging cursors and the retention walk.
+    Column("priority", T, nullable=False, encode="job.priority.value", decode="Priority.parse(v or None)",
+           added=True, default="NORMAL"),
+    Column("seq", I, nullable=False, decode="v or 0", added=True, default=0),
+    # v4: scheduled jobs; v5: retries of finished jobs and the timeline (last, below)
+    Column("run_at", I, mutable=True, added=True),
+    Column("retry_of", T, added=True),
+    # v6: Periodic jobs (docs/PERIODIC.md): the name, and the Periodic fields (NULL for JSON jobs).
+    Column("name", T, added=True),
+    Column("periodic", J, encode="job.periodic and _dumps(job.periodic)", decode="_loads(v)", mutable=True,
+           added=True),
+    # The job's timeline (its newest events, EVENT_CODES below), rewritten with the row it
+    # belongs to, so it is exactly as durable as the state it explains. In memory the job
+    # keeps it as text too (Job.events), appended one fragment per event.
+    Column("events", J, encode="'[' + job.events + ']'", decode="v[1:-1] if v else ''", mutable=True, added=True),
+)
+
+MUTABLE_COLUMNS = tuple(c for c in COLUMNS if c.mutable)
+COLUMN_NAMES = tuple(c.name for c in COLUMNS)
+ACTIVE_STATES = tuple(sorted(s.value for s in ACTIVE))
+TERMINAL_STATES = tuple(sorted(s.value for s in JobState if s.value not in ACTIVE_STATES))
+
+
+def _compile(name: str, source: str) -> Callable[..., Any]:
+    namespace: dict[str, Any] = {"_dumps": _dumps, "_loads": _loads, "JobState": JobState,
+                                 "Priority": Priority, "Job": Job}
+    exec(source, namespace)  # noqa: S102 - source built from COLUMNS only
+    return namespace[name]
+
+
+def _decoder(index: int, column: Column) -> str:
+    return "%s=%s" % (column.name, re.sub(r"\bv\b", "_c%d" % index, column.decode))
+
+
+insert_row: Callable[[Job], tuple] = _compile(
+    "insert_row", "def insert_row(job):\n    return (%s,)\n" % ", ".join(c.encode_expr for c in COLUMNS))
+update_row: Callable[[Job], tuple] = _compile(
+    "update_row", "def update_row(job):\n    return (%s, job.job_id)\n" % ", ".join(c.encode_expr for c in MUTABLE_COLUMNS))
+job_from_row: Callable[[tuple], Job] = _compile(
+    "job_from_row",
+    "def job_from_row(row):\n    (%s,) = row\n    return Job(%s)\n" % (
+        ", ".join("_c%d" % i for i in range(len(COLUMNS))),
+        ", ".join(_decoder(i, c) for i, c in enumerate(COLUMNS))),
+)
+
+
+# ---- the timeline's stored form -------------------------------------------------------
+
+EVENT_CODES = {
+    "SUBMITTED": "S", "ASSIGNED": "A", "COMPLETED": "C", "ATTEMPT_FAILED": "F", "LEASE_EXPIRED": "E",
+    "WORKER_LOST": "L", "RETRY_WAIT": "R", "FAILED": "X", "QUEUED": "Q", "RESCHEDULED": "D", "REPLACED": "P",
+    "CANCELLED": "K", "STALE_RESULT": "T", "RECOVERED": "V",
+}
+EVENT_NAMES = {code: name for name, code in EVENT_CODES.items()}
+
+
+def event_fragment(since: int, at: int, name: str, attempt: int | None, worker: str | None,
+                   detail: str | None, retry_at: int | None) -> str:
+    """One event's stored form: JSON text, its time ``at`` relative to ``since``."""
+    code = EVENT_CODES.get(name)
+    if code is not None and detail is None and retry_at is None:  # the common shapes, formatted directly
+        if attempt is None and worker is None:
+            return '[%d,"%s"]' % (at - since, code)
+        if attempt is not None and worker is not None:
+            return '[%d,"%s",%d,%s]' % (at - since, code, attempt, _dumps(worker))
+    item: list[Any] = [at - since, code or name, attempt, worker, detail,
+                       None if retry_at is None else retry_at - at]
+    while item[-1] is None:
+        item.pop()
+    return ujson.dumps(item, ensure_ascii=False, escape_forward_slashes=False)
+
+
+def dump_events(events: list) -> str:
+    """The stored text of a timeline given as full tuples (without the outer brackets)."""
+    out = []
+    previous = 0
+    for at, name, attempt, worker, detail, retry_at in events:
+        out.append(event_fragment(previous, at, name, attempt, worker, detail, retry_at))
+        previous = at
+    return ",".join(out)
+
+
+def load_events(text: str | None) -> list:
+    """A stored timeline (without the outer brackets) as full tuples, oldest first."""
+    events = []
+    at = 0
+    for item in ujson.loads("[" + text + "]") if text else ():
+        item += [None] * (6 - len(item))
+        at += item[0]
+        events.append((at, EVENT_NAMES.get(item[1], item[1]), item[2], item[3], item[4],
+                       None if item[5] is None else at + item[5]))
+    return events

@@ -1,0 +1,392 @@
+"""SQLiteStore: the ``Store`` (base.py) on an SQLite file.
+
+One row per job, written through by the core: every transition is committed before any
+client or worker can observe it (the runtime commits each core batch in one transaction
+before releasing its replies and frames — docs/ARCHITECTURE.md, "Group commit").
+The working set lives in memory; the table exists for recovery and for reading jobs that
+have finished and left memory.
+
+The columns come from ``columns.COLUMNS``, rendered here to SQLite types (text and JSON
+as TEXT, 64-bit integers as INTEGER); the CREATE TABLE, the migrations, the SELECT list
+and the multi-row INSERT and UPDATE statements are all derived from that list.
+
+Schema history, migrated in place on open (a column marked ``added`` is created by
+ALTER TABLE on an older database):
+
+* v1 (legacy): the base columns only;
+* v2: ``execution_timeout``, ``deadline``;
+* v3: ``priority`` (legacy rows become NORMAL) and ``seq`` (legacy rows got 0);
+* v4: ``run_at`` (scheduled jobs), and the ``task_types`` table of declared task types;
+* v5: ``retry_of`` and ``events`` (the job's timeline, compactly encoded);
+* v6: ``name`` and ``periodic`` (Periodic jobs: their name and Periodic fields);
+* v7: ``seq`` is unique and indexed, alone and after ``state`` and ``task_type``:
+  listings, their cursors and the retention walk order by it. A database whose rows
+  lack unique sequences (rows from before v3 hold 0) has every row renumbered 1..n in
+  (seq, created_at, rowid) order, which is submission order, once, when the index is built.
+
+Two connections: ``conn`` is the writer (migrations, recovery, then batch writes on the
+store's one-thread pool, ``commit``); ``reader`` serves reads inline on the hub's thread.
+In WAL mode a reader never waits for a writer, so a read never stalls the hub behind an
+fsync; it sees the last committed state, which is all the core asks of it (finished jobs,
+idempotency keys of finished jobs, listing pages). An in-memory store (unit tests) has a
+single connection for both.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from gevent.threadpool import ThreadPool
+
+from jobmesh.store.base import Batch, Outcome, outcome_of
+from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, TERMINAL_STATES, Column,
+                                   Kind, job_from_row)
+from jobmesh.store.job import Job
+
+log = logging.getLogger(__name__)
+
+_SQL_TYPES = {Kind.TEXT: "TEXT", Kind.INT64: "INTEGER", Kind.JSON: "TEXT"}
+
+
+def column_sql(column: Column) -> str:
+    """The column's type and constraints in SQLite's dialect."""
+    sql = _SQL_TYPES[column.kind]
+    if column.primary_key:
+        sql += " PRIMARY KEY"
+    elif not column.nullable:
+        sql += " NOT NULL"
+    default = column.default
+    if default is not None:
+        sql += " DEFAULT " + ("'%s'" % default.replace("'", "''") if isinstance(default, str) else "%d" % default)
+    return sql
+
+
+SELECT_COLUMNS = ", ".join(COLUMN_NAMES)
+# The v1 table, as CREATE TABLE text (tests build legacy databases from it).
+BASE_COLUMNS = ",\n".join("    %s %s" % (c.name, column_sql(c)) for c in COLUMNS if not c.added)
+# Columns added by later schema versions: name -> column definition for ALTER TABLE.
+ADDED_COLUMNS = {c.name: column_sql(c) for c in COLUMNS if c.added}
+INSERT_WIDTH = len(COLUMNS)
+UPDATE_WIDTH = len(MUTABLE_COLUMNS) + 1  # and the job id, last
+# Every index by name. Listings page by (state, seq) or (task_type, seq) or seq alone,
+# and the retention walk by seq: each reads O(page) rows at any table size.
+INDEXES = {
+    "jobs_idempotency_key": "CREATE UNIQUE INDEX jobs_idempotency_key ON jobs(idempotency_key)"
+                            " WHERE idempotency_key IS NOT NULL",
+    "jobs_seq": "CREATE UNIQUE INDEX jobs_seq ON jobs(seq)",
+    "jobs_state_seq": "CREATE INDEX jobs_state_seq ON jobs(state, seq)",
+    "jobs_task_type_seq": "CREATE INDEX jobs_task_type_seq ON jobs(task_type, seq)",
+}
+# Indexes of older schemas, ordered by rowid within state or task type: replaced above.
+OBSOLETE_INDEXES = ("jobs_state", "jobs_task_type")
+TASK_TYPES_TABLE = "CREATE TABLE IF NOT EXISTS task_types (name TEXT PRIMARY KEY, first_seen INTEGER NOT NULL)"
+# A scratch table for the storage probe (``SQLiteStore.probe``); it is always empty.
+PROBE_TABLE = "CREATE TABLE IF NOT EXISTS storage_probe (x BLOB)"
+PROBE_FREE_PAGES = 256  # beyond this many free pages, a probe no longer insists that the file grow
+# What a current database holds besides the jobs columns; when all of it is there (and no
+# obsolete index), opening writes nothing, so a read-only or full database still opens
+# (and serves reads).
+SCHEMA_OBJECTS = frozenset(INDEXES) | {"task_types", "storage_probe"}
+# Rows renumbered 1..n in submission order (v7), when their sequences are not unique.
+RENUMBER_SQL = ("UPDATE jobs SET seq = r.n FROM (SELECT rowid AS id, row_number() OVER (ORDER BY seq, created_at, rowid) AS n"
+                " FROM jobs) AS r WHERE jobs.rowid = r.id")
+# The test-only fault switch (docs/FAILURE_MODEL.md, "Testing storage faults"): the
+# environment variable names a file that the store reads before each write.
+FAULT_FILE_ENV = "JOBMESH_TEST_STORAGE_FAULT_FILE"
+# sqlite3 messages -> the words clients see after "storage unavailable: ".
+_REASONS = {
+    "database or disk is full": "disk full",
+    "attempt to write a readonly database": "database is read-only",
+}
+
+# A batch is written with multi-row statements, ROWS_PER_STATEMENT rows each: one
+# sqlite3_step per statement instead of one per row. The sqlite3 module releases the GIL
+# around each step, and every reacquisition may wait for the hub's thread, so per-row
+# statements made the commit thread ping-pong the GIL with the hub (docs/PERFORMANCE.md).
+ROWS_PER_STATEMENT = 64
+
+
+def _insert_sql(rows: int) -> str:
+    values = ",".join(["(%s)" % ",".join("?" * INSERT_WIDTH)] * rows)
+    return "INSERT INTO jobs (%s) VALUES %s" % (SELECT_COLUMNS, values)
+
+
+def _update_sql(rows: int) -> str:
+    # UPDATE ... FROM a VALUES list (SQLite >= 3.33): the planner scans the list and finds
+    # each job by its primary key. A batch never holds two rows for one job.
+    values = ",".join(["(%s)" % ",".join("?" * UPDATE_WIDTH)] * rows)
+    sets = ", ".join("%s=u.column%d" % (c.name, i + 1) for i, c in enumerate(MUTABLE_COLUMNS))
+    return "UPDATE jobs SET %s FROM (VALUES %s) AS u WHERE jobs.job_id=u.column%d" % (sets, values, UPDATE_WIDTH)
+
+
+def _chunks(rows: list[tuple]) -> Iterator[tuple[int, list[Any]]]:
+    """(sql row count, flat parameters) for each statement that writes ``rows``."""
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[start : start + ROWS_PER_STATEMENT]
+        yield len(chunk), [v for row in chunk for v in row]
+
+
+def _in_list(sql: str, rows: int) -> str:
+    return sql % ",".join("?" * rows)
+
+
+INSERT_SQL = _insert_sql(1)  # one row, for executemany (bench/scaling.py builds big tables with it)
+_INSERT_SQL = {n: _insert_sql(n) for n in range(1, ROWS_PER_STATEMENT + 1)}
+_UPDATE_SQL = {n: _update_sql(n) for n in range(1, ROWS_PER_STATEMENT + 1)}
+_PURGE_SQL = {n: _in_list("DELETE FROM jobs WHERE job_id IN (%s)", n) for n in range(1, ROWS_PER_STATEMENT + 1)}
+
+
+class SQLiteStore:
+    """The ``Store`` on SQLite. ``SQLiteStore(":memory:")`` serves the unit tests.
+
+    ``synchronous`` is SQLite's PRAGMA (FULL, NORMAL or OFF). ``fault_file`` (tests only)
+    names a file read before each write: ``full`` makes the database unable to grow
+    (``PRAGMA max_page_count``), ``readonly`` makes the writer refuse writes
+    (``PRAGMA query_only``), anything else or no file clears both.
+
+    Raises ``sqlite3.Error`` if the file cannot be opened or migrated.
+    """
+
+    def __init__(self, path: str, synchronous: str = "FULL", fault_file: str | None = None) -> None:
+        self.path = path
+        self.fault_file = fault_file
+        # Room in the statement cache for every multi-row statement size, both kinds.
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                                    cached_statements=3 * ROWS_PER_STATEMENT + 32)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA cache_size=-65536")  # 64 MiB: keeps hot index pages of big tables
+        self.conn.execute("PRAGMA synchronous=%s" % {"FULL": "FULL", "NORMAL": "NORMAL", "OFF": "OFF"}[synchronous])
+        self._max_pages = int(self.conn.execute("PRAGMA max_page_count").fetchone()[0])
+        self._pool: ThreadPool | None = None  # the write thread, started by the first commit
+        self.migrated: list[str] = []
+        self._inject_fault()
+        self._migrate()
+        if path == ":memory:":
+            self.reader = self.conn
+        else:
+            self.reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self.reader.execute("PRAGMA cache_size=-16384")
+
+    # ---- schema ---------------------------------------------------------------
+
+    def _columns(self) -> set[str]:
+        return {row[1] for row in self.conn.execute("PRAGMA table_info(jobs)")}
+
+    def _objects(self) -> set[str]:
+        return {row[0] for row in self.conn.execute("SELECT name FROM sqlite_master")}
+
+    def _current(self) -> bool:
+        """True if the schema needs nothing: opening then writes nothing."""
+        if not set(ADDED_COLUMNS) <= self._columns():
+            return False
+        names = self._objects()
+        return SCHEMA_OBJECTS <= names and not names & set(OBSOLETE_INDEXES)
+
+    def _migrate(self) -> None:
+        if self._current():
+            return
+        c = self.conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            have = self._columns()
+            if not have:
+                c.execute("CREATE TABLE jobs (%s)" % ", ".join("%s %s" % (col.name, column_sql(col)) for col in COLUMNS))
+                have = self._columns()
+            for name, definition in ADDED_COLUMNS.items():
+                if name not in have:
+                    c.execute("ALTER TABLE jobs ADD COLUMN %s %s" % (name, definition))
+                    self.migrated.append(name)
+            names = self._objects()
+            if "jobs_seq" not in names:
+                self._number_rows()
+            for name in OBSOLETE_INDEXES:
+                c.execute("DROP INDEX IF EXISTS %s" % name)
+            for name, sql in INDEXES.items():
+                if name not in names:
+                    c.execute(sql)
+            c.execute(TASK_TYPES_TABLE)
+            c.execute(PROBE_TABLE)
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
+    def _number_rows(self) -> None:
+        """Before the unique index on seq: renumber every row if any lacks a unique sequence."""
+        c = self.conn
+        if (c.execute("SELECT 1 FROM jobs WHERE seq IS NULL OR seq <= 0 LIMIT 1").fetchone() is None
+                and c.execute("SELECT 1 FROM jobs GROUP BY seq HAVING COUNT(*) > 1 LIMIT 1").fetchone() is None):
+            return
+        count = c.execute(RENUMBER_SQL).rowcount
+        log.info("numbered the %d jobs of %s 1..%d in submission order (rows without a unique sequence)",
+                 count, self.path, count)
+
+    # ---- writes ------------------------------------------------------------------
+
+    def write(self, batch: Batch) -> None:
+        """Apply one batch in a single transaction (group commit)."""
+        inserts, updates, task_types, purges = batch
+        c = self.conn
+        with self._transaction("BEGIN"):
+            for n, params in _chunks(inserts):
+                c.execute(_INSERT_SQL[n], params)
+            for n, params in _chunks(updates):
+                c.execute(_UPDATE_SQL[n], params)
+            for start in range(0, len(purges), ROWS_PER_STATEMENT):
+                ids = list(purges[start : start + ROWS_PER_STATEMENT])
+                c.execute(_PURGE_SQL[len(ids)], ids)
+            if task_types:
+                c.executemany("INSERT OR IGNORE INTO task_types (name, first_seen) VALUES (?, ?)", task_types)
+
+    def commit(self, batch: Batch) -> Outcome:
+        """``write`` on the store's one write thread, off the hub."""
+        return self._executor().spawn(outcome_of, self.write, batch)
+
+    def commit_probe(self) -> Outcome:
+        return self._executor().spawn(outcome_of, self.probe)
+
+    def _executor(self) -> ThreadPool:
+        # One thread: writes apply in call order, and the writer connection is never shared.
+        if self._pool is None:
+            self._pool = ThreadPool(1)
+        return self._pool
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[None]:
+        """One write transaction on the writer: committed if the body returns, else rolled back."""
+        c = self.conn
+        if self.fault_file is not None:
+            self._inject_fault()
+        c.execute(begin)
+        try:
+            yield
+            c.execute("COMMIT")
+        except BaseException:
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+            raise
+
+    def probe(self) -> None:
+        """A write that changes nothing, to learn whether writes work again; raises what a
+        commit would. It needs what a batch needs: the write lock, room in the WAL, and
+        new pages: its blob is larger than the free pages (up to PROBE_FREE_PAGES of
+        them), so a database that cannot grow fails it, however often it ran before."""
+        c = self.conn
+        page_size = int(c.execute("PRAGMA page_size").fetchone()[0])
+        free = int(c.execute("PRAGMA freelist_count").fetchone()[0])
+        with self._transaction("BEGIN IMMEDIATE"):
+            c.execute("INSERT INTO storage_probe (x) VALUES (zeroblob(?))",
+                      ((min(free, PROBE_FREE_PAGES) + 2) * page_size,))
+            c.execute("DELETE FROM storage_probe")
+
+    def is_storage_fault(self, exc: BaseException) -> bool:
+        """Every sqlite3 error and OSError counts as a storage fault: the coordinator then
+        serves reads and retries writes rather than stopping."""
+        return isinstance(exc, (sqlite3.Error, OSError))
+
+    def fault_reason(self, exc: BaseException) -> str:
+        """A short reason for a failed write: "disk full", "database is locked", ..."""
+        text = str(exc).strip() or type(exc).__name__
+        return _REASONS.get(text, text)
+
+    def _inject_fault(self) -> None:
+        """Tests only: simulate a full or read-only database as ``fault_file`` says."""
+        if self.fault_file is None:
+            return
+        try:
+            with open(self.fault_file) as f:
+                fault = f.read().strip()
+        except OSError:
+            fault = ""
+        # 1 is below any database's size, and SQLite raises the limit to the current size:
+        # the file cannot grow, as on a full disk.
+        self.conn.execute("PRAGMA max_page_count=%d" % (1 if fault == "full" else self._max_pages))
+        self.conn.execute("PRAGMA query_only=%d" % (fault == "readonly"))
+
+    # ---- reads -----------------------------------------------------------------
+
+    def load_active(self) -> list[Job]:
+        """Every non-terminal job, for recovery."""
+        rows = self.conn.execute(
+            "SELECT %s FROM jobs WHERE state IN (%s)" % (SELECT_COLUMNS, ",".join("?" * len(ACTIVE_STATES))),
+            ACTIVE_STATES,
+        ).fetchall()
+        return [job_from_row(r) for r in rows]
+
+    def load_task_types(self) -> list[str]:
+        """Every task type a worker ever declared to this database."""
+        return [row[0] for row in self.conn.execute("SELECT name FROM task_types ORDER BY name")]
+
+    def max_seq(self) -> int:
+        return int(self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()[0])
+
+    def count(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
+
+    def get(self, job_id: str) -> Job | None:
+        row = self.reader.execute("SELECT %s FROM jobs WHERE job_id=?" % SELECT_COLUMNS, (job_id,)).fetchone()
+        return None if row is None else job_from_row(row)
+
+    def find_by_key(self, key: str) -> Job | None:
+        row = self.reader.execute(
+            "SELECT %s FROM jobs WHERE idempotency_key=?" % SELECT_COLUMNS, (key,)
+        ).fetchone()
+        return None if row is None else job_from_row(row)
+
+    def list_page(self, limit: int, state: str | None, before: int | None,
+                  task_type: str | None = None) -> list[tuple[int, Job]]:
+        """Up to ``limit`` (seq, job) pairs, newest first, with seq below ``before``."""
+        sql, params = self.page_query(limit, state, before, task_type)
+        return [(job.seq, job) for job in map(job_from_row, self.reader.execute(sql, params))]
+
+    @staticmethod
+    def page_query(limit: int, state: str | None, before: int | None,
+                   task_type: str | None = None) -> tuple[str, list[Any]]:
+        """The SELECT behind ``list_page`` and its parameters."""
+        where: list[str] = []
+        params: list[Any] = []
+        for condition, value in (("state=?", state), ("task_type=?", task_type), ("seq<?", before)):
+            if value is not None:
+                where.append(condition)
+                params.append(value)
+        params.append(limit)
+        return "SELECT %s FROM jobs %sORDER BY seq DESC LIMIT ?" % (
+            SELECT_COLUMNS, ("WHERE " + " AND ".join(where) + " ") if where else ""), params
+
+    # The walk's SELECT: the seq index gives the rows in order, O(rows examined).
+    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at FROM jobs WHERE seq > ?"
+                      " ORDER BY seq LIMIT ?")
+
+    def purgeable(self, after: int, cutoff_millis: int, limit: int) -> tuple[list[tuple[str, str | None]], int]:
+        """Finished jobs last updated before ``cutoff_millis``, walking the table in
+        sequence (submission) order from just past ``after``, examining at most ``limit``
+        rows (see ``Store.purgeable``).
+
+        Rows are purged oldest first, so the walk's front is always the oldest rows: a
+        walk reads little more than it returns and needs no index by update time (such an
+        index cost every finished job one more B-tree update at commit, measured as a loss
+        of throughput). Active jobs are stepped over, so a long queue of old jobs cannot
+        stall it."""
+        found: list[tuple[str, str | None]] = []
+        seq = after
+        rows = self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall()
+        for seq, job_id, key, state, updated_at in rows:
+            if state in TERMINAL_STATES:
+                if updated_at >= cutoff_millis:
+                    return found, 0
+                found.append((job_id, key))
+        return found, (seq if len(rows) == limit else 0)
+
+    def close(self) -> None:
+        """Stop the write thread and close the connections; call with no write in flight."""
+        if self._pool is not None:
+            self._pool.kill()
+            self._pool = None
+        for c in {id(self.reader): self.reader, id(self.conn): self.conn}.values():
+            try:
+                c.close()
+            except sqlite3.Error:
+                pass
