@@ -44,6 +44,7 @@ import ujson
 
 from jobmesh.config import CoreConfig
 from jobmesh.coordinator import scheduler
+from jobmesh.coordinator.figures import Counters
 from jobmesh.coordinator.job import Job
 from jobmesh.coordinator.periodic_jobs import PeriodicJobs
 from jobmesh.coordinator.requests import ClientRequests
@@ -122,8 +123,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
         # (state, task type, priority), kept by _transition.
         # (state, task type or Periodic func, priority, whether Periodic); enum keys: no .value on the hot path
         self.counts: Counter[tuple[JobState, str, Priority, bool]] = Counter()
-        self.stats = {"submitted": 0, "rejected": 0, "retries": 0, "deadline_expiries": 0, "workers_lost": 0,
-                      "stale_results": 0, "purged": 0}
+        self.stats = Counters()
         self.finished_counts = {state: 0 for state in TERMINAL}
         # Set by the runtime between batches. Draining (a graceful stop in progress):
         # assign nothing, let running attempts finish. Paused (storage is failing): also
@@ -279,7 +279,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
             assert due_at is not None, "a waiting job needs its due time"
             if target is JobState.RETRY_WAIT:
                 job.retry_at = due_at + self.drift
-                self.stats["retries"] += 1
+                self.stats.retries += 1
             else:
                 job.run_at = due_at + self.drift
             self._wait_until(job, due_at)
@@ -431,7 +431,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
             or job.worker_id != res.worker_id
         ):
             log.warning("stale result dropped job=%s attempt=%s worker=%s", res.job_id, res.attempt_id, res.worker_id)
-            self.stats["stale_results"] += 1
+            self.stats.stale_results += 1
             if session is not None and self._stale_flood(session, now_millis):
                 return
             if job is not None:
@@ -482,7 +482,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
 
     def _drop_session(self, session: Session, now_millis: int, reason: str) -> None:
         self.workers.remove(session)
-        self.stats["workers_lost"] += 1
+        self.stats.workers_lost += 1
         for name in session.task_types:
             able = self.workers_by_type.get(name)
             if able is not None:
@@ -589,7 +589,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
                 continue  # that lease already ended
             timeout = job.execution_timeout or self.config.task_timeout_millis
             log.warning("deadline expired job=%s attempt=%s worker=%s", job_id, attempt_id, job.worker_id)
-            self.stats["deadline_expiries"] += 1
+            self.stats.deadline_expiries += 1
             self._revoke_lease(job, "deadline")
             self._retry_or_fail(
                 job, now_millis, "attempt %d exceeded its execution deadline of %d ms" % (job.attempts, timeout),

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from jobmesh.config import CoreConfig
     from jobmesh.coordinator import scheduler
+    from jobmesh.coordinator.figures import Counters
     from jobmesh.coordinator.job import Job
     from jobmesh.coordinator.registry import Session, WorkerRegistry
     from jobmesh.coordinator.store import JobStore
@@ -38,7 +39,7 @@ class CoreBase:
         drift: int
         waiters: Waiters
         counts: Counter[tuple[JobState, str, Priority, bool]]
-        stats: dict[str, int]
+        stats: Counters
         finished_counts: dict[JobState, int]
         draining: bool
         paused: bool

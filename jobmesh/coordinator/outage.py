@@ -108,8 +108,7 @@ class StorageOutages:
             core = self._recovered_core()
         except STORAGE_ERRORS as exc:
             raise CommitFailed("could not reload state from the database after a failed commit: %s" % exc) from exc
-        for key, value in old.stats.items():  # counters count since the process started
-            core.stats[key] += value
+        core.stats.add(old.stats)  # counters count since the process started
         for state, value in old.finished_counts.items():
             core.finished_counts[state] += value
         rows = core.take_dirty()
