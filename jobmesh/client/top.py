@@ -26,9 +26,9 @@ from typing import Any
 from jobmesh.client import render
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK
+from jobmesh.protocol.jobs import ACTIVE_STATES, TERMINAL_STATES, JobState
 
-ACTIVE_STATES = ("QUEUED", "SCHEDULED", "RUNNING", "RETRY_WAIT")
-WAITING_STATES = ("QUEUED", "RETRY_WAIT")
+WAITING_STATES = (JobState.QUEUED, JobState.RETRY_WAIT)  # the states whose oldest jobs are listed
 PAGE = 1000
 OLDEST = 10
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
@@ -45,6 +45,7 @@ class Sample:
     finished: int
     waiting: list[dict[str, Any]]   # QUEUED and RETRY_WAIT jobs, longest waiting first
     workers: list[dict[str, Any]] = field(default_factory=list)
+    ended: dict[str, int] = field(default_factory=dict)  # jobs finished since the start, by terminal state
 
     @property
     def active(self) -> int:
@@ -55,12 +56,14 @@ def take_sample(client: CoordinatorClient) -> Sample:
     stats = client.stats()
     waiting: list[dict[str, Any]] = []
     for state in WAITING_STATES:
-        jobs, _cursor = client.list_jobs(PAGE, state)
+        jobs, _cursor = client.list_jobs(PAGE, state.value)
         waiting.extend(jobs)
     workers = client.workers()
     waiting.sort(key=lambda j: (j.get("updatedAtMillis") or 0, j.get("createdAtMillis") or 0))
-    return Sample(time.monotonic(), stats.at_millis, {state: int(stats.jobs.get(state, 0)) for state in ACTIVE_STATES},
-                  stats.submitted, sum(int(n) for n in stats.finished.values()), waiting[:OLDEST], workers)
+    return Sample(time.monotonic(), stats.at_millis,
+                  {state.value: int(stats.jobs.get(state.value, 0)) for state in ACTIVE_STATES},
+                  stats.submitted, sum(int(n) for n in stats.finished.values()), waiting[:OLDEST], workers,
+                  {state.value: int(stats.finished.get(state.value, 0)) for state in TERMINAL_STATES})
 
 
 def rates(previous: Sample | None, current: Sample) -> tuple[str, str]:
@@ -73,8 +76,8 @@ def rates(previous: Sample | None, current: Sample) -> tuple[str, str]:
             "%.1f/s" % ((current.finished - previous.finished) / seconds))
 
 
-def count_text(sample: Sample, state: str) -> str:
-    return "%d" % sample.counts.get(state, 0)
+def counts_text(counts: dict[str, int], states: tuple[JobState, ...]) -> str:
+    return "  ".join("%s %d" % (s.value.lower(), counts.get(s.value, 0)) for s in states)
 
 
 def frame(sample: Sample, previous: Sample | None, target: str, interval_millis: int) -> str:
@@ -87,8 +90,8 @@ def frame(sample: Sample, previous: Sample | None, target: str, interval_millis:
         "jobmesh top  %s  %s  (every %.1fs, Ctrl-C to quit)"
         % (target, render.timestamp(now, zone=True), interval_millis / 1000.0),
         "",
-        "jobs      " + "  ".join("%s %s" % (s.lower(), count_text(sample, s)) for s in ACTIVE_STATES)
-        + "  (active %d)" % sample.active,
+        "jobs      " + counts_text(sample.counts, ACTIVE_STATES) + "  (active %d)" % sample.active,
+        "ended     " + counts_text(sample.ended, TERMINAL_STATES) + "  (since the coordinator started)",
         "rates     submitted %s  finished %s" % (submitted, finished),
         "workers   %d live, %d/%d slots busy" % (len(sample.workers), busy, slots),
         "",

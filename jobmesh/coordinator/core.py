@@ -38,27 +38,24 @@ import itertools
 import logging
 import random
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import ujson
 
 from jobmesh.config import CoreConfig
 from jobmesh.coordinator import scheduler
+from jobmesh.coordinator.figures import Counters
+from jobmesh.coordinator.job import Job
 from jobmesh.coordinator.periodic_jobs import PeriodicJobs
 from jobmesh.coordinator.requests import ClientRequests
 from jobmesh.coordinator.registry import Session, WorkerRegistry
+from jobmesh.coordinator.store import Batch, JobStore, dump_events, event_fragment, insert_row, load_events, update_row
 from jobmesh.coordinator.waiters import Waiters
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.messages import quote
 from jobmesh.protocol.payloads import MAX_NESTING, TASK_TYPES, is_finite_json, too_deep
-from jobmesh.store.base import Batch, Store
-from jobmesh.store.columns import dump_events, event_fragment, insert_row, load_events, update_row
-from jobmesh.store.job import Job
-
-if TYPE_CHECKING:  # a protocol only: the core imports no gevent
-    from jobmesh.coordinator.connection import OutboundConnection
 
 log = logging.getLogger(__name__)
 _random = random.Random()
@@ -98,7 +95,7 @@ def _due_time(job: Job) -> int | None:
 
 
 class CoordinatorCore(ClientRequests, PeriodicJobs):
-    def __init__(self, store: Store, config: CoreConfig, new_id: Callable[[], str] | None = None) -> None:
+    def __init__(self, store: JobStore, config: CoreConfig, new_id: Callable[[], str] | None = None) -> None:
         self.store = store
         self.config = config
         self._new_id = new_id
@@ -113,7 +110,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
         self.next_seq = 1
         self.workers_by_type: dict[str, set[Session]] = {}  # task type -> live sessions that run it
         self.drift = 0  # wall clock minus core time (observe_wall)
-        self.outbound: list[tuple[OutboundConnection, Any]] = []  # a Message (bytes for a Periodic connection) or None
+        self.outbound: list[tuple[Any, Any]] = []  # a Message (bytes for a Periodic connection) or None
         self._init_periodic()  # periodic_jobs.py
         self.waiters = Waiters()  # pending WAIT_JOB requests
         self._dirty: dict[str, Job] = {}
@@ -121,13 +118,12 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
         self._new_types: list[tuple[str, int]] = []
         self._purges: list[str] = []
         self._purge_backlog = False  # the last retention walk stopped early: more may be due
-        self._purge_cursor = 0  # where the next retention walk starts (a job sequence)
+        self._purge_cursor = 0  # where the next retention walk starts (a rowid)
         # Metrics: plain counters (read at scrape time), and the active jobs by
         # (state, task type, priority), kept by _transition.
         # (state, task type or Periodic func, priority, whether Periodic); enum keys: no .value on the hot path
         self.counts: Counter[tuple[JobState, str, Priority, bool]] = Counter()
-        self.stats = {"submitted": 0, "rejected": 0, "retries": 0, "deadline_expiries": 0, "workers_lost": 0,
-                      "stale_results": 0, "purged": 0}
+        self.stats = Counters()
         self.finished_counts = {state: 0 for state in TERMINAL}
         # Set by the runtime between batches. Draining (a graceful stop in progress):
         # assign nothing, let running attempts finish. Paused (storage is failing): also
@@ -194,11 +190,11 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
             job.event_count = len(kept)
         self._dirty[job.job_id] = job
 
-    def take_outbound(self) -> list[tuple[OutboundConnection, Any]]:
+    def take_outbound(self) -> list[tuple[Any, Any]]:
         out, self.outbound = self.outbound, []
         return out
 
-    def _send(self, conn: OutboundConnection, msg: m.Message | bytes | pc.Paced | None) -> None:
+    def _send(self, conn: Any, msg: m.Message | bytes | pc.Paced | None) -> None:
         self.outbound.append((conn, msg))
 
     def _remember_finished(self, job: Job) -> None:
@@ -283,7 +279,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
             assert due_at is not None, "a waiting job needs its due time"
             if target is JobState.RETRY_WAIT:
                 job.retry_at = due_at + self.drift
-                self.stats["retries"] += 1
+                self.stats.retries += 1
             else:
                 job.run_at = due_at + self.drift
             self._wait_until(job, due_at)
@@ -387,7 +383,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
 
     # ---- worker events -------------------------------------------------------------------
 
-    def on_worker_registered(self, now_millis: int, conn: OutboundConnection, msg: m.WorkerRegister) -> None:
+    def on_worker_registered(self, now_millis: int, conn: Any, msg: m.WorkerRegister) -> None:
         worker_id, capacity = msg.worker_id, msg.capacity
         if not 1 <= capacity <= 1024:
             self._refuse(conn, "capacity must be 1..1024, got %s" % quote(capacity))
@@ -414,16 +410,16 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
         self._send(conn, m.WorkerRegistered(worker_id))
         log.info("worker registered worker=%s capacity=%d types=%s", worker_id, capacity, ",".join(sorted(types)))
 
-    def _refuse(self, conn: OutboundConnection, reason: str) -> None:
+    def _refuse(self, conn: Any, reason: str) -> None:
         self._send(conn, m.Error(reason))
         self._send(conn, None)
 
-    def on_heartbeat(self, now_millis: int, conn: OutboundConnection, worker_id: str) -> None:
+    def on_heartbeat(self, now_millis: int, conn: Any, worker_id: str) -> None:
         session = self.workers.by_conn(conn)
         if session is not None and session.worker_id == worker_id and now_millis > session.last_heartbeat:
             session.last_heartbeat = now_millis
 
-    def on_task_result(self, now_millis: int, conn: OutboundConnection, res: m.TaskResult) -> None:
+    def on_task_result(self, now_millis: int, conn: Any, res: m.TaskResult) -> None:
         session = self.workers.by_conn(conn)
         job = self.jobs.get(res.job_id)
         if (
@@ -435,7 +431,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
             or job.worker_id != res.worker_id
         ):
             log.warning("stale result dropped job=%s attempt=%s worker=%s", res.job_id, res.attempt_id, res.worker_id)
-            self.stats["stale_results"] += 1
+            self.stats.stale_results += 1
             if session is not None and self._stale_flood(session, now_millis):
                 return
             if job is not None:
@@ -477,7 +473,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
         session.stale_count = -10**9  # refused once is enough
         return True
 
-    def on_worker_disconnected(self, now_millis: int, conn: OutboundConnection) -> None:
+    def on_worker_disconnected(self, now_millis: int, conn: Any) -> None:
         session = self.workers.by_conn(conn)
         if session is None:
             return
@@ -486,7 +482,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
 
     def _drop_session(self, session: Session, now_millis: int, reason: str) -> None:
         self.workers.remove(session)
-        self.stats["workers_lost"] += 1
+        self.stats.workers_lost += 1
         for name in session.task_types:
             able = self.workers_by_type.get(name)
             if able is not None:
@@ -593,7 +589,7 @@ class CoordinatorCore(ClientRequests, PeriodicJobs):
                 continue  # that lease already ended
             timeout = job.execution_timeout or self.config.task_timeout_millis
             log.warning("deadline expired job=%s attempt=%s worker=%s", job_id, attempt_id, job.worker_id)
-            self.stats["deadline_expiries"] += 1
+            self.stats.deadline_expiries += 1
             self._revoke_lease(job, "deadline")
             self._retry_or_fail(
                 job, now_millis, "attempt %d exceeded its execution deadline of %d ms" % (job.attempts, timeout),

@@ -14,18 +14,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from jobmesh.config import CoreConfig
     from jobmesh.coordinator import scheduler
+    from jobmesh.coordinator.figures import Counters
+    from jobmesh.coordinator.job import Job
     from jobmesh.coordinator.registry import Session, WorkerRegistry
+    from jobmesh.coordinator.store import JobStore
     from jobmesh.coordinator.waiters import Waiters
     from jobmesh.periodic import codec as pc
     from jobmesh.protocol import messages as m
     from jobmesh.protocol.jobs import JobState, Priority
-    from jobmesh.store.base import Store
-    from jobmesh.store.job import Job
 
 
 class CoreBase:
     if TYPE_CHECKING:
-        store: Store
+        store: JobStore
         config: CoreConfig
         jobs: dict[str, Job]
         finished: OrderedDict[str, Job]
@@ -38,7 +39,7 @@ class CoreBase:
         drift: int
         waiters: Waiters
         counts: Counter[tuple[JobState, str, Priority, bool]]
-        stats: dict[str, int]
+        stats: Counters
         finished_counts: dict[JobState, int]
         draining: bool
         paused: bool

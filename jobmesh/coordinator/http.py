@@ -4,13 +4,15 @@ An adapter like ``server.py``: it owns no job state. It runs gevent's WSGI serve
 the coordinator's hub (``--metrics-port``, on the ``--bind`` address) and answers
 
     /metrics                 Prometheus text format (prometheus_client's registry and
-                             exposition), from a custom collector that reads the core's
-                             plain counters and the runtime's figures at scrape time
+                             exposition), from a custom collector that walks
+                             ``figures.METRICS`` over the core's and the runtime's figures
+                             at scrape time
     /healthz                 200 while the process serves
     /readyz                  200 once recovered and listening; 503 while stopping
     /                        the dashboard: one static HTML file (dashboard.html) whose
                              script polls the JSON endpoints below
-    /api/summary             counts by state and type, counters, workers, slots, figures
+    /api/summary             the registry's summary figures (counts by state, counters,
+                             workers, slots...), the list of states, counts by type
     /api/series              samples of the last minutes (one a second) for the chart
     /api/jobs?state=&type=&cursor=&limit=     a page of jobs, newest first
     /api/jobs/<id>           one job's snapshot
@@ -19,8 +21,9 @@ the coordinator's hub (``--metrics-port``, on the ``--bind`` address) and answer
 
 Two ways of reading, and why:
 
-* ``core.metrics()`` is read directly: plain ints and a dict whose size is the number of
-  series (never the number of jobs), and nothing in it changes a cache. A scrape runs on
+* ``core.metrics()`` is read directly: a ``figures.Figures`` of plain ints and dicts whose
+  size is the number of series (never the number of jobs), and nothing in it changes a
+  cache. A scrape runs on
   the hub like everything else, never yields while it reads, and costs O(series); it
   never waits for the core. The core keeps plain counters rather than prometheus_client
   metric objects because those take a lock on every update.
@@ -41,6 +44,7 @@ import logging
 import re
 import time
 from collections import deque
+from dataclasses import replace
 from importlib import resources
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs
@@ -57,16 +61,14 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from jobmesh.coordinator import events as ev
+from jobmesh.coordinator.figures import (ACTIVE, FINISHED, METRICS, SUMMARY_KEYS, BucketCounts, Figures, Kind,
+                                         Metric, RuntimeFigures)
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameDecoder
+from jobmesh.protocol.jobs import JobState
 
 log = logging.getLogger(__name__)
-
-NON_TERMINAL = ("QUEUED", "SCHEDULED", "RUNNING", "RETRY_WAIT")
-FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
-PRIORITIES = ("HIGH", "NORMAL", "LOW")
-PORTS = ("worker", "client", "metrics", "periodic")
 
 MAX_CONNECTIONS = 64  # concurrent HTTP connections; each holds at most one request to the core
 ASK_TIMEOUT = 10.0  # seconds a JSON request waits for the core's answer before a 504
@@ -80,7 +82,7 @@ PAGE_DEFAULT = 50
 # ---- /metrics -----------------------------------------------------------------------------
 
 
-def _histogram(name: str, doc: str, hist: Any) -> HistogramMetricFamily:
+def _histogram(name: str, doc: str, hist: BucketCounts) -> HistogramMetricFamily:
     """A family from plain bucket counts (``bounds``, per-bucket ``counts`` with the
     overflow last, ``sum``; see ``housekeeping.Histogram``), made cumulative here."""
     buckets = []
@@ -93,83 +95,35 @@ def _histogram(name: str, doc: str, hist: Any) -> HistogramMetricFamily:
     return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=hist.sum)
 
 
+def family(metric: Metric, core: Figures, runtime: RuntimeFigures) -> Any:
+    """The Prometheus family of one registry entry, with its values now."""
+    value = metric.value(core, runtime)
+    if metric.kind is Kind.HISTOGRAM:
+        return _histogram(metric.name, metric.help, value)
+    cls = CounterMetricFamily if metric.kind is Kind.COUNTER else GaugeMetricFamily
+    if not metric.labels:
+        return cls(metric.name, metric.help, value=value)
+    out = cls(metric.name, metric.help, labels=list(metric.labels))
+    for key, n in value.items():
+        out.add_metric(list(key) if isinstance(key, tuple) else [key], n)
+    return out
+
+
 class JobmeshCollector:
-    """A prometheus_client collector over ``read() -> (core.metrics(), figures)``.
+    """A prometheus_client collector over ``read() -> (core.metrics(), runtime figures)``:
+    one family per entry of ``figures.METRICS``, built from those two records alone
+    (O(series), no job is visited)."""
 
-    ``figures`` holds ``inbox_depth``, ``max_active_jobs``, ``connections`` (by port name) and the plain
-    histograms ``commit_seconds``, ``commit_rows`` and ``batch_events``. Every family is
-    built from those two dicts alone: O(series), no job is visited.
-    """
-
-    def __init__(self, read: Callable[[], tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    def __init__(self, read: Callable[[], tuple[Figures, RuntimeFigures]]) -> None:
         self._read = read
 
     def describe(self) -> list:
         return []  # unchecked collector: names are fixed by the contract, not probed at registration
 
     def collect(self) -> Iterator[Any]:
-        core, fig = self._read()
-        by_state: dict[str, int] = dict.fromkeys(NON_TERMINAL, 0)
-        by_type: dict[tuple[str, str, str], int] = {}
-        for (state, task_type, _priority, protocol), count in core["jobs"].items():
-            if state in by_state and count:
-                by_state[state] += count
-                key = (state, task_type, protocol)
-                by_type[key] = by_type.get(key, 0) + count
-
-        jobs = GaugeMetricFamily("jobmesh_jobs", "Non-terminal jobs by state.", labels=["state"])
-        for state, count in by_state.items():
-            jobs.add_metric([state], count)
-        yield jobs
-        typed = GaugeMetricFamily("jobmesh_jobs_by_type", "Non-terminal jobs by state and task type (a "
-                                  "Periodic func for protocol=\"periodic\").", labels=["state", "task_type", "protocol"])
-        for (state, task_type, protocol), count in sorted(by_type.items()):
-            typed.add_metric([state, task_type, protocol], count)
-        yield typed
-        depth = GaugeMetricFamily("jobmesh_queue_depth", "QUEUED jobs by base priority.", labels=["priority"])
-        queued = core.get("queued_by_priority", {})
-        for priority in PRIORITIES:
-            depth.add_metric([priority], queued.get(priority, 0))
-        yield depth
-
-        yield CounterMetricFamily("jobmesh_jobs_submitted_total",
-                                  "Jobs created (rejected submits and idempotent repeats are not).",
-                                  value=core["submitted"])
-        finished = CounterMetricFamily("jobmesh_jobs_finished_total", "Jobs that reached a terminal state.",
-                                       labels=["state"])
-        for state in FINISHED:
-            finished.add_metric([state], core["finished"].get(state, 0))
-        yield finished
-        for stat, name, doc in (
-            ("rejected", "jobmesh_submits_rejected_total", "Submits refused at the active-job limit."),
-            ("retries", "jobmesh_retries_total", "Attempts that ended and were scheduled for a retry."),
-            ("deadline_expiries", "jobmesh_deadline_expiries_total", "Attempts that passed their deadline."),
-            ("workers_lost", "jobmesh_workers_lost_total", "Worker sessions lost (dead or disconnected)."),
-            ("stale_results", "jobmesh_stale_results_total", "Results for an old lease, dropped."),
-        ):
-            yield CounterMetricFamily(name, doc, value=core.get(stat, 0))
-
-        yield GaugeMetricFamily("jobmesh_workers", "Live worker sessions (JSON workers).", value=core["workers"])
-        yield GaugeMetricFamily("jobmesh_periodic_workers", "Live Periodic worker connections (that declared "
-                                "a func or grabbed).", value=core.get("periodic_workers", 0))
-        yield GaugeMetricFamily("jobmesh_waits", "Pending waits: WAIT_JOB requests and Periodic RUN_JOB / "
-                                "RECV_DATA callers.", value=core.get("waits", 0))
-        yield GaugeMetricFamily("jobmesh_worker_slots", "Task slots of the live workers (their capacity).",
-                                value=core.get("capacity", 0))
-        yield GaugeMetricFamily("jobmesh_worker_slots_busy", "Task slots running an attempt.",
-                                value=core.get("busy_slots", 0))
-        conns = GaugeMetricFamily("jobmesh_connections", "Open connections by port.", labels=["port"])
-        for port in PORTS:
-            conns.add_metric([port], fig["connections"].get(port, 0))
-        yield conns
-        yield GaugeMetricFamily("jobmesh_active_jobs_limit", "The admission limit on non-terminal jobs "
-                                "(--max-active-jobs).", value=fig.get("max_active_jobs", 0))
-        yield GaugeMetricFamily("jobmesh_core_inbox_depth", "Events waiting in the core's mailbox.",
-                                value=fig["inbox_depth"])
-        yield _histogram("jobmesh_commit_seconds", "Group commits: from the start of a batch's transaction "
-                         "until the core has its result.", fig["commit_seconds"])
-        yield _histogram("jobmesh_commit_batch_rows", "Job rows written per group commit.", fig["commit_rows"])
-        yield _histogram("jobmesh_core_batch_events", "Mailbox events applied per core batch.", fig["batch_events"])
+        core, runtime = self._read()
+        for metric in METRICS:
+            yield family(metric, core, runtime)
 
 
 # ---- asking the core ----------------------------------------------------------------------
@@ -291,12 +245,11 @@ class HttpPort:
 
     # ---- figures ------------------------------------------------------------------------
 
-    def _read(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        figures = self.source.figures()
-        connections = dict(figures["connections"])
+    def _read(self) -> tuple[Figures, RuntimeFigures]:
+        runtime = self.source.figures()
+        connections = dict(runtime.connections)
         connections["metrics"] = self.server.open_connections if self.server is not None else 0
-        figures["connections"] = connections
-        return self.source.core.metrics(), figures
+        return self.source.core.metrics(), replace(runtime, connections=connections)
 
     def _run_timer(self) -> None:
         next_sample = time.monotonic() + SAMPLE_SECONDS
@@ -316,51 +269,29 @@ class HttpPort:
 
     def _sample(self, _now: float) -> None:
         core = self.source.core.metrics()
-        jobs = self._jobs_by_state(core)
-        finished = core["finished"]
+        jobs = core.jobs_by_state
+        finished = core.finished_by_state
+        queued, running = jobs.pop(JobState.QUEUED.value), jobs.pop(JobState.RUNNING.value)
         self.samples.append((
-            int(time.time() * 1000), core["submitted"], sum(finished.values()), finished.get("FAILED", 0),
-            jobs["QUEUED"], jobs["RUNNING"], jobs["RETRY_WAIT"] + jobs["SCHEDULED"], core.get("busy_slots", 0),
-            core.get("capacity", 0), round(self._lag_max * 1000, 1),
+            int(time.time() * 1000), core.counters.submitted, sum(finished.values()), finished[JobState.FAILED.value],
+            queued, running, sum(jobs.values()), core.busy_slots, core.capacity, round(self._lag_max * 1000, 1),
         ))
         self._lag_max = 0.0
 
-    @staticmethod
-    def _jobs_by_state(core: dict[str, Any]) -> dict[str, int]:
-        jobs = dict.fromkeys(NON_TERMINAL, 0)
-        for (state, _task_type, _priority, _protocol), count in core["jobs"].items():
-            if state in jobs:
-                jobs[state] += count
-        return jobs
-
     def summary(self) -> dict[str, Any]:
-        core, fig = self._read()
-        by_type: dict[tuple[str, str, str], int] = {}
-        for (state, task_type, _priority, protocol), count in core["jobs"].items():
-            if state in NON_TERMINAL and count:
-                key = (state, task_type, protocol)
-                by_type[key] = by_type.get(key, 0) + count
-        lag = self.samples[-1][9] if self.samples else 0.0
-        return {
+        """The registry's ``summary`` figures, and what the page needs beside them: the
+        states (the page lists no state of its own), jobs by type, readiness, loop lag."""
+        core, runtime = self._read()
+        out = {key: metric.value(core, runtime) for key, metric in SUMMARY_KEYS}
+        out.update({
             "ready": bool(self.source.ready),
             "startedAtMillis": self.started_at_millis,
-            "jobs": self._jobs_by_state(core),
-            "byType": [{"state": s, "taskType": t, "protocol": p, "count": n} for (s, t, p), n in sorted(by_type.items())],
-            "submitted": core["submitted"],
-            "finished": {state: core["finished"].get(state, 0) for state in FINISHED},
-            "rejected": core.get("rejected", 0),
-            "retries": core.get("retries", 0),
-            "deadlineExpiries": core.get("deadline_expiries", 0),
-            "workersLost": core.get("workers_lost", 0),
-            "staleResults": core.get("stale_results", 0),
-            "workers": core["workers"],
-            "capacity": core.get("capacity", 0),
-            "busySlots": core.get("busy_slots", 0),
-            "queuedByPriority": {p: core.get("queued_by_priority", {}).get(p, 0) for p in PRIORITIES},
-            "inboxDepth": fig["inbox_depth"],
-            "connections": fig["connections"],
-            "loopLagMillis": lag,
-        }
+            "states": {"active": list(ACTIVE), "terminal": list(FINISHED)},
+            "byType": [{"state": s, "taskType": t, "protocol": p, "count": n}
+                       for (s, t, p), n in core.jobs_by_type.items()],
+            "loopLagMillis": self.samples[-1][9] if self.samples else 0.0,
+        })
+        return out
 
     def series(self) -> dict[str, Any]:
         """The ring buffer as columns; rates are per second between consecutive samples."""

@@ -97,8 +97,7 @@ class StorageOutages:
             if not self.store.is_storage_fault(exc):
                 raise
             raise CommitFailed("could not reload state from the database after a failed commit: %s" % exc) from exc
-        for key, value in old.stats.items():  # counters count since the process started
-            core.stats[key] += value
+        core.stats.add(old.stats)  # counters count since the process started
         for state, value in old.finished_counts.items():
             core.finished_counts[state] += value
         rows = core.take_dirty()

@@ -323,7 +323,7 @@ class PeriodicJobs(PeriodicWaits):
         session = self._psession(conn, now_millis)
         _key, job = self._plive(msg.handle)
         if job is None or not self._runs_on(job, session):
-            self.stats["stale_results"] += 1
+            self.stats.stale_results += 1
             log.info("periodic outcome for a job not running on this worker dropped worker=%s func=%r name=%r",
                      session.worker_id, msg.handle.func, msg.handle.name)
         elif type(msg) is pc.WorkDone:
@@ -408,7 +408,7 @@ class PeriodicJobs(PeriodicWaits):
                 log.debug("periodic submit dropped: job=%s func=%s name=%s is running", existing.job_id, func, name)
             return None
         if self.active_count >= self.config.max_active_jobs:
-            self.stats["rejected"] += 1
+            self.stats.rejected += 1
             return REJECTED
         later = sched > wall
         job = Job(
@@ -420,7 +420,7 @@ class PeriodicJobs(PeriodicWaits):
         self.next_seq += 1
         self.jobs[job.job_id] = job
         self._new.add(job.job_id)
-        self.stats["submitted"] += 1
+        self.stats.submitted += 1
         self.counts[(job.state, func, job.priority, True)] += 1
         self._event(job, now_millis, "SUBMITTED")
         self.named[(func, name)] = job.job_id
@@ -564,7 +564,7 @@ class PeriodicJobs(PeriodicWaits):
                 pf.workers.remove(session)
         session.tokens.clear()
         if session.running:
-            self.stats["workers_lost"] += 1
+            self.stats.workers_lost += 1
             log.warning("periodic worker disconnected worker=%s running=%d", session.worker_id, len(session.running))
         for job_id in sorted(session.running):
             job = self.jobs.get(job_id)

@@ -12,11 +12,15 @@ page at a time, counts come from figures kept by ``_transition``.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import ujson
 
 from jobmesh.coordinator.corebase import CoreBase
+from jobmesh.coordinator.figures import Figures, stats_message
+from jobmesh.coordinator.job import MAX_RUN_AT_MILLIS, Job
+from jobmesh.coordinator.store import load_events
 from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Waiter
 from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
@@ -24,11 +28,6 @@ from jobmesh.protocol.framing import MAX_FRAME
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.messages import quote
 from jobmesh.protocol.payloads import MAX_NESTING, TASK_SPECS, is_finite_json, too_deep, validate_payload
-from jobmesh.store.columns import load_events
-from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
-
-if TYPE_CHECKING:  # a protocol only: the core imports no gevent
-    from jobmesh.coordinator.connection import ReplyConnection
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +126,7 @@ class ClientRequests(CoreBase):
                 retry_of: str | None = None) -> m.Message:
         """Admit and create a job (SUBMITTED, then QUEUED or SCHEDULED); the reply to its submit."""
         if self.active_count >= self.config.max_active_jobs:
-            self.stats["rejected"] += 1
+            self.stats.rejected += 1
             return m.SubmitRejected(
                 "coordinator is at its active-job limit; retry later",
                 self.active_count, self.config.max_active_jobs, True,
@@ -146,7 +145,7 @@ class ClientRequests(CoreBase):
         if key is not None:
             self.keys[key] = job.job_id
         self._new.add(job.job_id)
-        self.stats["submitted"] += 1
+        self.stats.submitted += 1
         self.counts[(job.state, task_type, priority, False)] += 1
         self._event(job, now_millis, "SUBMITTED", None if retry_of is None else "retry of %s" % retry_of)
         if later:
@@ -194,7 +193,7 @@ class ClientRequests(CoreBase):
             events.append(item)
         return m.JobEvents(job_id, events)
 
-    def wait_job(self, now_millis: int, conn: ReplyConnection, token: Any, req: m.WaitJob) -> m.Message | None:
+    def wait_job(self, now_millis: int, conn: Any, token: Any, req: m.WaitJob) -> m.Message | None:
         """WAIT_JOB: the JOB_STATUS reply now if the job has ended (or the timeout is 0),
         else None: a waiter holds ``token`` on ``conn`` and ``take_answers`` gives its
         reply once the job ends or ``timeoutMillis`` has passed."""
@@ -218,7 +217,7 @@ class ClientRequests(CoreBase):
         """When the earliest pending wait times out (core time), or None."""
         return self.waiters.next_deadline() if self.waiters else None
 
-    def on_client_closed(self, now_millis: int, conn: ReplyConnection) -> None:
+    def on_client_closed(self, now_millis: int, conn: Any) -> None:
         """A client connection ended with requests unanswered: forget its waits."""
         dropped = self.waiters.drop_conn(conn)
         if dropped:
@@ -296,7 +295,7 @@ class ClientRequests(CoreBase):
                 del self.keys[key]
             self._dirty.pop(job_id, None)
             self._purges.append(job_id)
-        self.stats["purged"] += len(found)
+        self.stats.purged += len(found)
         return len(found)
 
     def purge_expired(self, now_millis: int, limit: int = PURGE_SWEEP) -> None:
@@ -313,33 +312,22 @@ class ClientRequests(CoreBase):
         # active jobs finds little, and waits for the next sweep).
         self._purge_backlog = bool(self._purge_cursor) and len(found) * 2 >= limit
 
-    def metrics(self) -> dict[str, Any]:
-        """Plain figures for the metrics port: O(series), never O(jobs)."""
-        queued_by_priority = {p.value: 0 for p in Priority}
-        jobs = {}
-        for (state, task_type, priority, periodic), n in self.counts.items():
-            jobs[(state.value, task_type, priority.value, "periodic" if periodic else "json")] = n
-            if state is JobState.QUEUED:
-                queued_by_priority[priority.value] += n
+    def metrics(self) -> Figures:
+        """Plain figures for the metrics port and GET_STATS: O(series), never O(jobs)."""
+        jobs = {(state.value, task_type, priority.value, "periodic" if periodic else "json"): n
+                for (state, task_type, priority, periodic), n in self.counts.items()}
         capacity = busy = 0
         for session in self.workers:
             capacity += session.capacity
             busy += len(session.running)
-        finished = {state.value: n for state, n in self.finished_counts.items()}
-        return dict(self.stats, jobs=jobs, finished=finished,
-                    workers=len(self.workers), capacity=capacity, busy_slots=busy,
-                    periodic_workers=len(self.pworkers), waits=len(self.waiters) + self._pwait_live,
-                    queued_by_priority=queued_by_priority)
+        return Figures(counters=replace(self.stats), jobs=jobs,
+                       finished={state.value: n for state, n in self.finished_counts.items()},
+                       workers=len(self.workers), capacity=capacity, busy_slots=busy,
+                       periodic_workers=len(self.pworkers), waits=len(self.waiters) + self._pwait_live)
 
     def get_stats(self, now_millis: int) -> m.Message:
         """GET_STATS: the figures the metrics port shows, from counters (O(series))."""
-        figures = self.metrics()
-        by_state = {state.value: 0 for state in JobState if state not in TERMINAL}
-        for (state, _task_type, _priority, _protocol), n in figures["jobs"].items():
-            by_state[state] += n
-        return m.Stats(now_millis + self.drift, by_state, figures["submitted"], figures["finished"],
-                       figures["rejected"], figures["retries"], figures["workers"], figures["periodic_workers"],
-                       figures["capacity"], figures["busy_slots"], figures["waits"])
+        return stats_message(self.metrics(), now_millis + self.drift)
 
     def list_workers(self, now_millis: int) -> m.Message:
         """Every live worker session: JSON workers, then Periodic ones (``protocol`` tells)."""
@@ -358,7 +346,7 @@ class ClientRequests(CoreBase):
         if req.cursor is not None:
             try:
                 before = int(req.cursor)
-                if not 1 <= before < 2**63:  # a job sequence; anything else did not come from us
+                if not 1 <= before < 2**63:  # a rowid; anything else did not come from us
                     raise ValueError
             except ValueError:
                 return m.Error("invalid cursor %s" % quote(req.cursor))
@@ -366,7 +354,7 @@ class ClientRequests(CoreBase):
         jobs: list[dict[str, Any]] = []
         size = 0
         next_cursor = None
-        for i, (_seq, stored) in enumerate(rows):
+        for i, (rowid, stored) in enumerate(rows):
             if i == limit:
                 next_cursor = str(rows[i - 1][0])
                 break

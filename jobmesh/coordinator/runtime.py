@@ -61,6 +61,7 @@ from jobmesh.coordinator.mailbox import Mailbox
 from jobmesh.coordinator.outage import CommitFailed, StorageOutages, storage_error
 from jobmesh.coordinator.core import CoordinatorCore
 from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock
+from jobmesh.coordinator.figures import RuntimeFigures
 from jobmesh.coordinator.housekeeping import (COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, CollectorPolicy, Histogram,
                                               raise_fd_limit)
 from jobmesh.coordinator.periodic_port import PeriodicPort
@@ -578,16 +579,11 @@ class Coordinator(StorageOutages):
 
     # ---- what the metrics port reads ----------------------------------------------------
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> RuntimeFigures:
         """The runtime's own figures, read at scrape time (O(1); never touches job state)."""
-        return {
-            "inbox_depth": len(self.mailbox),
-            "max_active_jobs": self.config.max_active_jobs,
-            "connections": dict(self.handlers.connections),
-            "commit_seconds": self.commit_seconds,
-            "commit_rows": self.commit_rows,
-            "batch_events": self.batch_events,
-        }
+        return RuntimeFigures(inbox_depth=len(self.mailbox), max_active_jobs=self.config.max_active_jobs,
+                              connections=dict(self.handlers.connections), commit_seconds=self.commit_seconds,
+                              commit_rows=self.commit_rows, batch_events=self.batch_events)
 
     # ---- stop -----------------------------------------------------------------------
 

@@ -36,6 +36,10 @@ class JobState(str, Enum):
 
 TERMINAL: frozenset[JobState] = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
 ACTIVE: frozenset[JobState] = frozenset(JobState) - TERMINAL
+# The same two sets in declaration order, for whatever lists states (metrics, the
+# dashboard, ``jobmesh top``): a new state shows up there without another edit.
+ACTIVE_STATES: tuple[JobState, ...] = tuple(s for s in JobState if s not in TERMINAL)
+TERMINAL_STATES: tuple[JobState, ...] = tuple(s for s in JobState if s in TERMINAL)
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.SCHEDULED}),

@@ -225,3 +225,31 @@ def test_the_dashboard_page_is_served(coord):
     assert status == 200
     assert headers["Content-Type"] == "text/html; charset=utf-8"
     assert b"<title>jobmesh</title>" in body
+
+
+def test_every_state_is_in_the_metrics_the_summary_get_stats_and_top(coord):
+    # Given a fresh coordinator: no job in any state
+    from jobmesh.client import top
+    from jobmesh.client.api import CoordinatorClient
+    from jobmesh.protocol.jobs import TERMINAL, JobState
+
+    states = [s.value for s in JobState]
+    # Then /metrics has a series for every state (a gauge of the active ones, a counter of the ended ones)
+    samples = scrape(coord)
+    for state in JobState:
+        name = "jobmesh_jobs_finished_total" if state in TERMINAL else "jobmesh_jobs"
+        assert value(samples, name, state=state.value) == 0
+    # and the dashboard's summary lists them all, which is where the page takes them from
+    _status, summary = get_json(coord.metrics_url + "/api/summary")
+    assert summary["states"]["active"] + summary["states"]["terminal"] == states
+    assert list(summary["jobs"]) + list(summary["finished"]) == states
+    # and GET_STATS counts every one of them, and top shows every one
+    client = CoordinatorClient(*coord.client_addr)
+    try:
+        stats = client.stats()
+        assert list(stats.jobs) + list(stats.finished) == states
+        text = top.frame(top.take_sample(client), None, "here", 1000)
+    finally:
+        client.close()
+    for state in states:
+        assert " %s 0" % state.lower() in text, text

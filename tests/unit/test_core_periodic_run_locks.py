@@ -268,8 +268,8 @@ def test_periodic_workers_appear_in_the_worker_list():
     assert h.core.running_attempts == 1  # what a drain waits for
     h.send(T0, Conn("c"), pc.RunJob(7, pc.Job(b"resize", b"b", b"", 0, 0, 10)))
     figures = h.core.metrics()
-    assert (figures["periodic_workers"], figures["waits"]) == (1, 1)
-    assert figures["jobs"] == {("RUNNING", "resize", "NORMAL", "periodic"): 2}  # two tokens
+    assert (figures.periodic_workers, figures.waits) == (1, 1)
+    assert figures.jobs == {("RUNNING", "resize", "NORMAL", "periodic"): 2}  # two tokens
     h.core.on_periodic_closed(T0, w)
     assert isinstance(h.core.list_workers(T0), m.WorkerList) and h.core.list_workers(T0).workers == []
 

@@ -73,7 +73,7 @@ def test_a_stale_result_is_noted_on_the_timeline(h):
     h.report(3, job_id, attempt=first)  # the old lease reports late
     stale = events(h, job_id)[-1]
     assert stale["event"] == "STALE_RESULT" and stale["attemptId"] == first.attempt_id and stale["attempt"] == 1
-    assert h.core.stats["stale_results"] == 1
+    assert h.core.stats.stale_results == 1
 
 
 def stored_events(store: SQLiteStore, job_id: str) -> list[str]:
@@ -231,7 +231,7 @@ def test_retention_purges_in_small_batches_each_sweep_and_batch():
     h.sweep(1_005)  # jobs finished at 0..4 are older than 1000 ms
     assert h.store.count() == 5
     h.sweep(5_000)
-    assert h.store.count() == 0 and h.core.stats["purged"] == 10
+    assert h.store.count() == 0 and h.core.stats.purged == 10
     assert not h.core.finished
 
 
@@ -253,19 +253,19 @@ def test_metrics_count_what_happened(h):
     h.report(3, queued, success=False, error="x")
     h.submit_ok(4, delay=100)
     figures = h.core.metrics()
-    assert figures["submitted"] == 3
-    assert figures["finished"] == {"COMPLETED": 1, "FAILED": 0, "CANCELLED": 0}
-    assert figures["retries"] == 1
-    assert figures["jobs"] == {("RETRY_WAIT", "SLEEP", "HIGH", "json"): 1, ("SCHEDULED", "SLEEP", "NORMAL", "json"): 1}
-    assert (figures["workers"], figures["capacity"], figures["busy_slots"]) == (1, 1, 0)
+    assert figures.counters.submitted == 3
+    assert figures.finished_by_state == {"COMPLETED": 1, "FAILED": 0, "CANCELLED": 0}
+    assert figures.counters.retries == 1
+    assert figures.jobs == {("RETRY_WAIT", "SLEEP", "HIGH", "json"): 1, ("SCHEDULED", "SLEEP", "NORMAL", "json"): 1}
+    assert (figures.workers, figures.capacity, figures.busy_slots) == (1, 1, 0)
     stats = h.core.get_stats(5)  # GET_STATS: the same figures for `jobmesh top`
     assert stats.jobs == {"QUEUED": 0, "SCHEDULED": 1, "RUNNING": 0, "RETRY_WAIT": 1}
     assert (stats.submitted, stats.finished["COMPLETED"], stats.retries, stats.workers) == (3, 1, 1, 1)
     assert m.decode(stats.to_wire(), m.TO_CLIENT) == stats
     h.disconnect(5, "w1")
     h.sweep(3 + BASE)
-    assert h.core.metrics()["workers_lost"] == 1
-    assert h.core.metrics()["queued_by_priority"] == {"HIGH": 1, "NORMAL": 0, "LOW": 0}
+    assert h.core.metrics().counters.workers_lost == 1
+    assert h.core.metrics().queued_by_priority == {"HIGH": 1, "NORMAL": 0, "LOW": 0}
 
 
 def test_the_state_counts_always_match_the_jobs():

@@ -1,4 +1,5 @@
-"""The metrics port without sockets: the collector's output and the WSGI app against a fake core.
+"""The metrics port without sockets: the collector's output and the WSGI app against a fake core;
+the metrics registry (a misspelled counter or metric fails) and the one list of states.
 
 The fake mailbox answers each posted request at once (as the core would after its commit),
 so ``HttpPort.ask`` finds its ``AsyncResult`` already set and never waits on the hub.
@@ -6,15 +7,21 @@ so ``HttpPort.ask`` finds its ``AsyncResult`` already set and never waits on the
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from jobmesh.client import top
+from jobmesh.coordinator import figures as f
+from jobmesh.coordinator.figures import METRICS, Counters, Figures, Kind, Metric, RuntimeFigures
 from jobmesh.coordinator.http import HttpPort, JobmeshCollector, LocalConn, decode_reply
 from jobmesh.coordinator.housekeeping import COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
+from jobmesh.protocol.jobs import TERMINAL, JobState
 
 CONTRACT_SAMPLES = {
     "jobmesh_jobs", "jobmesh_jobs_submitted_total", "jobmesh_jobs_finished_total", "jobmesh_submits_rejected_total",
@@ -24,16 +31,17 @@ CONTRACT_SAMPLES = {
 }
 
 
-def core_metrics(**overrides):
-    figures = {
-        "jobs": {("QUEUED", "SLEEP", "HIGH", "json"): 2, ("QUEUED", "SLEEP", "LOW", "json"): 1,
-                 ("RUNNING", "SHA256", "NORMAL", "json"): 4, ("RETRY_WAIT", "FAIL", "NORMAL", "json"): 0},
-        "submitted": 20, "finished": {"COMPLETED": 10, "FAILED": 2, "CANCELLED": 1}, "rejected": 3, "retries": 5,
-        "deadline_expiries": 1, "workers_lost": 2, "stale_results": 7, "workers": 2, "capacity": 8, "busy_slots": 4,
-        "queued_by_priority": {"HIGH": 2, "NORMAL": 0, "LOW": 1}, "periodic_workers": 3, "waits": 6,
-    }
+def core_metrics(submitted=20, **overrides):
+    figures = dict(
+        jobs={("QUEUED", "SLEEP", "HIGH", "json"): 2, ("QUEUED", "SLEEP", "LOW", "json"): 1,
+              ("RUNNING", "SHA256", "NORMAL", "json"): 4, ("RETRY_WAIT", "FAIL", "NORMAL", "json"): 0},
+        counters=Counters(submitted=submitted, rejected=3, retries=5, deadline_expiries=1, workers_lost=2,
+                          stale_results=7),
+        finished={"COMPLETED": 10, "FAILED": 2, "CANCELLED": 1}, workers=2, capacity=8, busy_slots=4,
+        periodic_workers=3, waits=6,
+    )
     figures.update(overrides)
-    return figures
+    return Figures(**figures)
 
 
 class FakeCore:
@@ -69,8 +77,9 @@ class FakeSource:
         self.batch_events = Histogram(SIZE_BUCKETS)
 
     def figures(self):
-        return {"inbox_depth": 9, "max_active_jobs": 100, "connections": {"worker": 2, "client": 3}, "commit_seconds": self.commit_seconds,
-                "commit_rows": self.commit_rows, "batch_events": self.batch_events}
+        return RuntimeFigures(inbox_depth=9, max_active_jobs=100, connections={"worker": 2, "client": 3},
+                              commit_seconds=self.commit_seconds, commit_rows=self.commit_rows,
+                              batch_events=self.batch_events)
 
 
 def families(text):
@@ -329,7 +338,7 @@ def test_summary_and_series(source, port):
     assert body["finished"] == {"COMPLETED": 10, "FAILED": 2, "CANCELLED": 1}
     assert body["byType"] == [{"state": "QUEUED", "taskType": "SLEEP", "protocol": "json", "count": 3},
                               {"state": "RUNNING", "taskType": "SHA256", "protocol": "json", "count": 4}]
-    assert body["connections"] == {"worker": 2, "client": 3, "metrics": 0}
+    assert body["connections"] == {"worker": 2, "client": 3, "metrics": 0, "periodic": 0}
     assert (body["workers"], body["capacity"], body["busySlots"], body["inboxDepth"]) == (2, 8, 4, 9)
     # Two samples a second apart: rates are the counters' differences per second.
     port._sample(0.0)
@@ -349,6 +358,143 @@ def test_local_conn_hands_the_reply_bytes_over():
     conn = LocalConn()
     conn.reply(encode_frame(m.JobSubmitted("j").to_wire()), 1, close=False)
     assert decode_reply(conn.answer.get(block=False)) == {"type": "JOB_SUBMITTED", "jobId": "j"}
+
+
+# ---- the registry, and the list of states ------------------------------------------------
+
+
+STATES = [s.value for s in JobState]
+
+
+def test_a_misspelled_counter_raises_instead_of_counting_elsewhere():
+    counters = Counters()
+    counters.retries += 1
+    with pytest.raises(AttributeError):
+        counters.retires += 1  # type: ignore[attr-defined]
+    assert dataclasses.astuple(counters) == (0, 0, 1, 0, 0, 0, 0)
+
+
+def test_counters_add_up_field_by_field():
+    total = Counters(submitted=2, purged=1)
+    total.add(Counters(submitted=3, workers_lost=4))
+    assert total == Counters(submitted=5, workers_lost=4, purged=1)
+
+
+@pytest.mark.parametrize("path, runtime", [
+    ("counters.submited", False),  # a counter that does not exist
+    ("submitted", False),  # a counter read as if it were a figure of its own
+    ("jobs_by_stat", False),
+    ("workers.count", False),  # through a plain number
+    ("inbox_depth", False),  # a runtime figure read from the core's
+    ("inbox_dept", True),
+    ("connections_by_prot", True),
+])
+def test_a_metric_with_a_misspelled_figure_is_refused_when_declared(path, runtime):
+    with pytest.raises(ValueError, match="metric path"):
+        Metric("jobmesh_x", "x", Kind.GAUGE, path, runtime=runtime)
+
+
+def test_get_stats_cannot_take_a_runtime_figure():
+    with pytest.raises(ValueError, match="GET_STATS"):
+        Metric("jobmesh_x", "x", Kind.GAUGE, "inbox_depth", runtime=True, stats="waits")
+
+
+def test_names_summary_keys_and_stats_fields_are_each_used_once():
+    for attribute in ("name", "summary", "stats"):
+        values = [getattr(metric, attribute) for metric in METRICS if getattr(metric, attribute) is not None]
+        assert len(values) == len(set(values)), attribute
+
+
+def test_every_counter_is_exported_by_exactly_one_metric():
+    read = [metric.path for metric in METRICS if metric.path.startswith("counters.")]
+    assert sorted(read) == sorted("counters." + field.name for field in dataclasses.fields(Counters))
+    for metric in METRICS:
+        assert (metric.kind is Kind.COUNTER) == metric.name.endswith("_total"), metric.name
+
+
+def test_every_metric_reads_a_value_of_its_kind_and_labels():
+    source = FakeSource()
+    core, runtime = source.core.metrics(), source.figures()
+    for metric in METRICS:
+        value = metric.value(core, runtime)
+        if metric.kind is Kind.HISTOGRAM:
+            assert len(value.counts) == len(value.bounds) + 1, metric.name
+        elif not metric.labels:
+            assert isinstance(value, int), metric.name
+        else:
+            assert isinstance(value, dict) and value, metric.name
+            for key, n in value.items():
+                labels = key if isinstance(key, tuple) else (key,)
+                assert len(labels) == len(metric.labels) and isinstance(n, int), metric.name
+
+
+def test_get_stats_is_built_from_the_registry_with_the_wire_names_unchanged():
+    fields = {field.name for field in dataclasses.fields(m.Stats)} - {"at_millis"}
+    assert {name for name, _metric in f.STATS_FIELDS} == fields
+    stats = f.stats_message(core_metrics(), 123)
+    # docs/PROTOCOL.md: STATS {atMillis, jobs, submitted, finished, rejected, retries, workers, periodicWorkers,
+    # capacity, busySlots, waits}
+    assert list(stats.to_wire()) == ["type", "atMillis", "jobs", "submitted", "finished", "rejected", "retries",
+                                     "workers", "periodicWorkers", "capacity", "busySlots", "waits"]
+    assert (stats.at_millis, stats.submitted, stats.rejected, stats.retries, stats.workers, stats.periodic_workers,
+            stats.capacity, stats.busy_slots, stats.waits) == (123, 20, 3, 5, 2, 3, 8, 4, 6)
+    assert stats.jobs == {"QUEUED": 3, "SCHEDULED": 0, "RUNNING": 4, "RETRY_WAIT": 0}
+
+
+def test_an_unknown_state_in_the_figures_is_an_error_not_a_silent_zero():
+    figures = core_metrics(jobs={("QUEUD", "SLEEP", "NORMAL", "json"): 1})
+    with pytest.raises(KeyError):
+        figures.jobs_by_state
+    with pytest.raises(KeyError):
+        core_metrics(finished={"COMPLETED": 1}).finished_by_state
+
+
+def test_every_state_is_in_the_metrics_the_dashboards_data_get_stats_and_top():
+    source = FakeSource()
+    port = HttpPort(source, "127.0.0.1", 0)
+    # /metrics: a series of every state
+    text = call(port, "/metrics")[2].decode()
+    labelled = {(s.name, s.labels.get("state")) for family in text_string_to_metric_families(text)
+                for s in family.samples}
+    for state in JobState:
+        assert ("jobmesh_jobs_finished_total" if state in TERMINAL else "jobmesh_jobs", state.value) in labelled
+    # the dashboard's data: the list of states the page builds its cards and filter from, and a count of each
+    summary = port.summary()
+    assert summary["states"]["active"] + summary["states"]["terminal"] == STATES
+    assert list(summary["jobs"]) + list(summary["finished"]) == STATES
+    # GET_STATS, and top drawing what it answers
+    stats = f.stats_message(source.core.metrics(), 1_700_000_000_000)
+    assert list(stats.jobs) + list(stats.finished) == STATES
+
+    class Client:
+        host, port = "127.0.0.1", 1
+
+        def stats(self):
+            return stats
+
+        def list_jobs(self, limit, state):
+            return [], None
+
+        def workers(self):
+            return []
+
+    out = io.StringIO()
+
+    class Console:
+        def out(self, text):
+            out.write(text)
+
+    assert top.run(Client(), Console(), 1, 1) == 0
+    for state in JobState:
+        count = stats.finished[state.value] if state in TERMINAL else stats.jobs[state.value]
+        assert " %s %d" % (state.value.lower(), count) in out.getvalue()
+
+
+def test_the_dashboard_takes_its_states_from_the_summary():
+    page = call(HttpPort(FakeSource(), "127.0.0.1", 0), "/")[2].decode()
+    assert "s.states.active" in page and "s.states.terminal" in page
+    for state in STATES:
+        assert "<option>%s</option>" % state not in page
 
 
 # ---- the flag -----------------------------------------------------------------------------------
