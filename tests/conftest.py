@@ -1,7 +1,8 @@
-"""Shared fixtures. The test process is never monkey-patched (docs/ARCHITECTURE.md)."""
+"""Shared fixtures: real coordinators, scripted peers and worker processes. The test
+process is never monkey-patched (docs/ARCHITECTURE.md)."""
 import pytest
 
-from tests.helpers import CoordinatorProc
+from tests.helpers import CoordinatorProc, Peers, WorkerProcs
 
 
 @pytest.fixture(scope="module")
@@ -11,3 +12,40 @@ def module_coordinator(tmp_path_factory):
     proc.start()
     yield proc
     proc.cleanup()
+
+
+@pytest.fixture
+def coordinator_factory(tmp_path):
+    """Start coordinators with ``coordinator_factory(**flags)``; all are stopped at teardown."""
+    started = []
+
+    def make(**flags):
+        proc = CoordinatorProc(tmp_path, name="coord%d" % len(started), **flags)
+        started.append(proc)
+        return proc.start()
+
+    yield make
+    for proc in started:
+        proc.cleanup()
+
+
+@pytest.fixture
+def coordinator(coordinator_factory):
+    """A running coordinator with FAST_FLAGS on port 0 and a temp database."""
+    return coordinator_factory()
+
+
+@pytest.fixture
+def peers():
+    """Stdlib clients, scripted workers and raw connections, all closed at teardown."""
+    p = Peers()
+    yield p
+    p.close_all()
+
+
+@pytest.fixture
+def worker_procs(tmp_path):
+    """``worker_procs.start(coord, worker_id, capacity=...)``: real workers, stopped at teardown."""
+    procs = WorkerProcs(tmp_path)
+    yield procs
+    procs.cleanup()

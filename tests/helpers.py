@@ -35,8 +35,12 @@ FAST_FLAGS = {
 }
 
 
-def wait_until(predicate, timeout=10.0, interval=0.01, message="condition"):
-    """Poll ``predicate`` until it returns a truthy value (returned) or fail after timeout."""
+def wait_until(predicate, timeout=10.0, interval=0.01, message="condition", sleep=time.sleep):
+    """Poll ``predicate`` until it returns a truthy value (returned) or fail after timeout.
+
+    ``sleep`` pauses between polls: ``gevent.sleep`` in a test that runs greenlets in its
+    own process, so they get to run while it waits.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -44,7 +48,38 @@ def wait_until(predicate, timeout=10.0, interval=0.01, message="condition"):
             return value
         if time.monotonic() > deadline:
             raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, message))
-        time.sleep(interval)
+        sleep(interval)
+
+
+# A request beside hostile peers may take this many times its baseline (the same request,
+# measured in the same test before they arrived), or LATENCY_FLOOR seconds if that is
+# longer: on loopback a baseline is a fraction of a millisecond, and a machine that runs
+# the test slowly is slow for both. A peer that blocks the others costs them seconds, or
+# their whole timeout.
+LATENCY_FACTOR = 100
+LATENCY_FLOOR = 1.0
+
+
+def timed(fn):
+    """``(fn(), seconds it took)``."""
+    started = time.monotonic()
+    value = fn()
+    return value, time.monotonic() - started
+
+
+def baseline(fn, n: int = 10) -> float:
+    """The median of ``n`` timed calls of ``fn``, in seconds."""
+    return sorted(timed(fn)[1] for _ in range(n))[n // 2]
+
+
+def latency_limit(base: float) -> float:
+    return max(LATENCY_FLOOR, LATENCY_FACTOR * base)
+
+
+def assert_prompt(seconds: float, base: float, what: str = "the request") -> None:
+    """Fail if ``seconds`` is over ``latency_limit(base)``."""
+    limit = latency_limit(base)
+    assert seconds < limit, "%s took %.3f s: over %.3f s (baseline %.2f ms)" % (what, seconds, limit, base * 1000)
 
 
 def alive(pid: int) -> bool:
@@ -647,9 +682,6 @@ class ScriptedServer:
 
 # ---- real worker processes and the CLI as a subprocess ------------------------------
 
-import pytest  # noqa: E402
-
-
 class WorkerProc:
     """A real ``jobmesh worker`` subprocess; stdout and stderr (its log) go to files."""
 
@@ -719,14 +751,6 @@ class WorkerProcs:
             w.cleanup()
 
 
-@pytest.fixture
-def worker_procs(tmp_path):
-    """Fixture: ``worker_procs.start(coord, worker_id, capacity=...)``; import it into a test module."""
-    procs = WorkerProcs(tmp_path)
-    yield procs
-    procs.cleanup()
-
-
 def wait_registered(client, worker_ids, timeout: float = 10.0) -> list[dict]:
     """Wait until every id in ``worker_ids`` is in the coordinator's live worker list."""
     wanted = set(worker_ids)
@@ -748,3 +772,53 @@ def run_cli(*args: str, coordinator: str | None = None, stdin: str | None = None
     env.pop("GEVENT_MONITOR_THREAD_ENABLE", None)  # its warnings would muddy stderr checks
     return subprocess.run(argv, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout, env=env)
+
+
+class UpProc:
+    """``jobmesh up`` as a subprocess (coordinator and workers), output to files."""
+
+    def __init__(self, tmp_path, *extra: str, new_session: bool = False):
+        self.out_path = tmp_path / "up.out"
+        self.err_path = tmp_path / "up.err"
+        args = [sys.executable, "-m", "jobmesh", "up", "--worker-port=0", "--client-port=0",
+                "--db=%s" % (tmp_path / "up.db"), "--heartbeat-timeout-millis=1500",
+                "--sweep-interval-millis=50", "--db-synchronous=NORMAL", *extra]
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env(),
+                                         start_new_session=new_session)
+        self.seen_pids: set[int] = set()
+
+    def log(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def listening(self):
+        if self.proc.poll() is not None:
+            raise AssertionError("up exited rc=%s\n%s" % (self.proc.returncode, self.log()))
+        return LISTENING.search(self.out_path.read_text(errors="replace"))
+
+    def worker_pids(self) -> dict[str, int]:
+        """The latest pid of each worker slot."""
+        pids = {wid: int(pid) for wid, pid in re.findall(r"worker started worker=(\S+) pid=(\d+)", self.log())}
+        self.seen_pids.update(pids.values())
+        return pids
+
+    def coordinator_pid(self) -> int:
+        pid = int(wait_until(lambda: re.search(r"coordinator_pid=(\d+)", self.log()), timeout=10)[1])
+        self.seen_pids.add(pid)
+        return pid
+
+    def cleanup(self) -> None:
+        self.worker_pids()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        for pid in self.seen_pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def assert_all_gone(up: UpProc) -> None:
+    """No process ``up`` started (coordinator, workers, any seen so far) is left."""
+    pids = set(up.worker_pids().values()) | {up.coordinator_pid()} | up.seen_pids
+    left = [pid for pid in pids if alive(pid)]
+    assert not left, "orphaned children %s" % left

@@ -53,9 +53,10 @@ def cpu(payload):
 
 @task("NAP")
 def nap(payload):
-    started = time.monotonic()
+    started = time.monotonic()  # CLOCK_MONOTONIC: comparable across the worker's processes
     time.sleep(payload["seconds"])
-    return {"sleptSeconds": time.monotonic() - started}
+    ended = time.monotonic()
+    return {"sleptSeconds": ended - started, "began": started, "ended": ended}
 
 
 @task("LOGS")

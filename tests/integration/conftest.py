@@ -1,33 +1,47 @@
+"""The integration tier's own fixtures; the shared ones are in tests/conftest.py."""
+
 import pytest
 
-from tests.helpers import CoordinatorProc, Peers
-from tests.helpers import worker_procs  # noqa: F401  (a fixture: real worker processes)
+from jobmesh.client import CoordinatorClient
+from tests.helpers import UpProc, wait_registered, wait_until
+from tests.integration.periodic_support import PeerSet
 
 
 @pytest.fixture
-def coordinator_factory(tmp_path):
-    """Start coordinators with ``coordinator_factory(**flags)``; all are stopped at teardown."""
+def live(coordinator, worker_procs):
+    """A coordinator with one real worker attached; yields the coordinator."""
+    worker_procs.start(coordinator, "w-cli", capacity=2)
+    with CoordinatorClient(*coordinator.client_addr) as client:
+        wait_registered(client, ["w-cli"])
+    return coordinator
+
+
+@pytest.fixture
+def start_up(tmp_path):
+    """``start_up(*flags, new_session=False)``: ``jobmesh up`` as a subprocess, killed at teardown."""
     started = []
 
-    def make(**flags):
-        proc = CoordinatorProc(tmp_path, name="coord%d" % len(started), **flags)
-        started.append(proc)
-        return proc.start()
+    def make(*extra, new_session=False):
+        up = UpProc(tmp_path, *extra, new_session=new_session)
+        started.append(up)
+        m = wait_until(up.listening, timeout=15, message="up's listening line")
+        up.client_addr = (m["c"], int(m["cp"]))
+        return up
 
     yield make
-    for proc in started:
-        proc.cleanup()
+    for up in started:
+        up.cleanup()
 
 
 @pytest.fixture
-def coordinator(coordinator_factory):
-    """A running coordinator with FAST_FLAGS on port 0 and a temp database."""
-    return coordinator_factory()
+def coord(coordinator_factory):
+    """A coordinator with its Periodic port open."""
+    return coordinator_factory(periodic_port=0)
 
 
 @pytest.fixture
-def peers():
-    """Stdlib clients, scripted workers and raw connections, all closed at teardown."""
-    p = Peers()
-    yield p
-    p.close_all()
+def periodic_peers():
+    """aio-periodic workers and clients in subprocesses (``PeerSet``), all ended at teardown."""
+    made = PeerSet()
+    yield made
+    made.close()

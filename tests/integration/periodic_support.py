@@ -2,7 +2,7 @@
 its own asyncio subprocess, tests/periodic_aio_peer.py), a raw Periodic connection made
 with jobmesh's codec, and the JSON port's view of Periodic jobs.
 
-Import the fixtures (``coord``, ``peers``) into a test module to use them."""
+The fixtures ``coord`` and ``periodic_peers`` are in conftest.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import sys
 import threading
 from pathlib import Path
 
-import pytest
 
 from jobmesh.periodic import codec as pc
 from tests.helpers import Client
@@ -110,7 +109,7 @@ def client_ops(addr, *ops) -> list:
 
 
 class PeerSet:
-    """Made by the ``peers`` fixture: ``peers(addr, func, mode, size, lock=, broadcast=)`` starts
+    """Made by the ``periodic_peers`` fixture: ``periodic_peers(addr, func, mode, size, lock=, broadcast=)`` starts
     a worker and waits until its func is declared; ``several`` starts n alike at once;
     ``client(addr, *ops)`` runs client operations in the background. All end at teardown."""
 
@@ -133,18 +132,6 @@ class PeerSet:
     def close(self) -> None:
         for p in self._all:
             p.kill()
-
-
-@pytest.fixture
-def peers():
-    made = PeerSet()
-    yield made
-    made.close()
-
-
-@pytest.fixture
-def coord(coordinator_factory):
-    return coordinator_factory(periodic_port=0)
 
 
 def periodic_jobs(coord) -> list[dict]:

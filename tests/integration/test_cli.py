@@ -14,22 +14,12 @@ import time
 
 import pytest
 
-from jobmesh.client import CoordinatorClient
-from tests.helpers import run_cli, wait_registered
+from tests.helpers import run_cli
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
                    "retryAtMillis", "retryOf", "waitingReason", "protocol", "name"}
 BUILT_INS = ["FAIL", "PRIME_COUNT", "SHA256", "SLEEP", "WORD_COUNT"]
-
-
-@pytest.fixture
-def live(coordinator, worker_procs):
-    """A coordinator with one real worker attached; yields the coordinator."""
-    worker_procs.start(coordinator, "w-cli", capacity=2)
-    with CoordinatorClient(*coordinator.client_addr) as client:
-        wait_registered(client, ["w-cli"])
-    return coordinator
 
 
 def jm(coord, *args, **kwargs):

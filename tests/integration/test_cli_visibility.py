@@ -10,8 +10,7 @@ import time
 
 from jobmesh.client import CoordinatorClient
 from tests.helpers import run_cli, wait_registered, wait_until
-from tests.integration.test_cli import jm, live  # noqa: F401  (live: a fixture, a coordinator and worker w-cli)
-from tests.integration.test_up import start_up  # noqa: F401  (a fixture: jobmesh up as a subprocess)
+from tests.integration.test_cli import jm
 
 
 def json_lines(text: str) -> list[dict]:

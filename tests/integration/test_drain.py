@@ -10,8 +10,7 @@ import sqlite3
 import time
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import wait_registered, wait_until
-from tests.integration.test_up import assert_all_gone, start_up  # noqa: F401  (a fixture)
+from tests.helpers import assert_all_gone, wait_registered, wait_until
 
 
 def db_job(db, job_id: str) -> tuple[str, int]:

@@ -13,8 +13,7 @@ import pytest
 
 from jobmesh.protocol.framing import HEADER
 from jobmesh.protocol.payloads import MAX_NESTING
-from tests.helpers import RawConn, read_until_closed, run_cli, wait_until
-from tests.helpers import worker_procs  # noqa: F401  (fixture)
+from tests.helpers import RawConn, read_until_closed, run_cli
 
 HUGE = {
     "del": "\x7f" * 300_000,

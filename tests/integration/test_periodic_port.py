@@ -10,14 +10,13 @@ import pytest
 
 from jobmesh.periodic import codec as pc
 from tests.helpers import Client, wait_until
-from tests.integration.periodic_support import (RawPeriodic, client_ops, closed, coord, job_named,  # noqa: F401
-                                                peers, periodic_jobs)
+from tests.integration.periodic_support import RawPeriodic, client_ops, closed, job_named, periodic_jobs
 
 pytest.importorskip("aio_periodic")
 
 
-def test_submit_then_work_done(coord, peers):
-    worker = peers(coord.periodic_addr, "echo")
+def test_submit_then_work_done(coord, periodic_peers):
+    worker = periodic_peers(coord.periodic_addr, "echo")
     assert client_ops(coord.periodic_addr, ["submit", "echo", "j1", "hi", 0, 10]) == [True]
     seen = worker.next()
     assert (seen["func"], seen["name"], seen["workload"], seen["timeout"]) == ("echo", "j1", "hi", 10)
@@ -29,8 +28,8 @@ def test_submit_then_work_done(coord, peers):
     assert Client(coord.client_addr).status(job["jobId"])["name"] == "j1"
 
 
-def test_sched_at_in_the_future_waits(coord, peers):
-    worker = peers(coord.periodic_addr, "later")
+def test_sched_at_in_the_future_waits(coord, periodic_peers):
+    worker = periodic_peers(coord.periodic_addr, "later")
     at = int(time.time()) + 3
     assert client_ops(coord.periodic_addr, ["submit", "later", "j", "x", at, 0]) == [True]
     assert job_named(coord, "later", "j")["state"] == "SCHEDULED"
@@ -39,12 +38,12 @@ def test_sched_at_in_the_future_waits(coord, peers):
     assert seen["name"] == "j" and time.time() >= at - 0.01
 
 
-def test_resubmitting_a_pending_name_replaces_it(coord, peers):
+def test_resubmitting_a_pending_name_replaces_it(coord, periodic_peers):
     ops = client_ops(coord.periodic_addr, ["submit", "rep", "n", "old", 0, 0], ["submit", "rep", "n", "new", 0, 0],
                      ["status"])
     assert ops[:2] == [True, True]
     assert ops[2]["rep"]["job_count"] == 1  # one job per (func, name)
-    worker = peers(coord.periodic_addr, "rep")
+    worker = periodic_peers(coord.periodic_addr, "rep")
     assert worker.next()["workload"] == "new"
     assert worker.none_within(1.0)
     wait_until(lambda: job_named(coord, "rep", "n")["state"] == "COMPLETED", timeout=10)
@@ -52,8 +51,8 @@ def test_resubmitting_a_pending_name_replaces_it(coord, peers):
     assert "REPLACED" in [e["event"] for e in events["events"]]
 
 
-def test_work_fail_is_retried_after_a_second(coord, peers):
-    worker = peers(coord.periodic_addr, "flaky", "fail_once")
+def test_work_fail_is_retried_after_a_second(coord, periodic_peers):
+    worker = periodic_peers(coord.periodic_addr, "flaky", "fail_once")
     client_ops(coord.periodic_addr, ["submit", "flaky", "f", "w", 0, 0])
     first = time.monotonic()
     worker.next()
@@ -62,8 +61,8 @@ def test_work_fail_is_retried_after_a_second(coord, peers):
     wait_until(lambda: job_named(coord, "flaky", "f")["state"] == "COMPLETED", timeout=10)
 
 
-def test_sched_later_puts_the_job_back_with_its_count(coord, peers):
-    worker = peers(coord.periodic_addr, "sl", "later_once")
+def test_sched_later_puts_the_job_back_with_its_count(coord, periodic_peers):
+    worker = periodic_peers(coord.periodic_addr, "sl", "later_once")
     client_ops(coord.periodic_addr, ["submit", "sl", "s", "w", 0, 0])
     assert worker.next()["count"] == 0
     wait_until(lambda: job_named(coord, "sl", "s")["state"] in ("SCHEDULED", "QUEUED", "RUNNING", "COMPLETED"))
@@ -72,7 +71,7 @@ def test_sched_later_puts_the_job_back_with_its_count(coord, peers):
     wait_until(lambda: job_named(coord, "sl", "s")["state"] == "COMPLETED", timeout=10)
 
 
-def test_status_text_counts(coord, peers):
+def test_status_text_counts(coord, periodic_peers):
     at = int(time.time()) + 600
     ops = client_ops(coord.periodic_addr, ["submit", "st", "a", "", at, 0], ["submit", "st", "b", "", at + 5, 0],
                      ["status"])
@@ -89,24 +88,24 @@ def test_remove_job_and_drop_func(coord):
     assert {j["name"]: j["state"] for j in periodic_jobs(coord)} == {"a": "CANCELLED", "b": "CANCELLED"}
 
 
-def test_a_worker_killed_mid_job_hands_it_to_another(coord, peers):
-    hung = peers(coord.periodic_addr, "k", "hang")
+def test_a_worker_killed_mid_job_hands_it_to_another(coord, periodic_peers):
+    hung = periodic_peers(coord.periodic_addr, "k", "hang")
     client_ops(coord.periodic_addr, ["submit", "k", "x", "w", 0, 0])
     assert hung.next()["name"] == "x"
-    other = peers(coord.periodic_addr, "k")
+    other = periodic_peers(coord.periodic_addr, "k")
     hung.kill()
     assert other.next(10)["name"] == "x"
     wait_until(lambda: job_named(coord, "k", "x")["state"] == "COMPLETED", timeout=10)
 
 
-def test_restart_keeps_queued_and_scheduled_periodic_jobs(coord, peers):
+def test_restart_keeps_queued_and_scheduled_periodic_jobs(coord, periodic_peers):
     at = int(time.time()) + 4
     client_ops(coord.periodic_addr, ["submit", "r", "now", "1", 0, 0], ["submit", "r", "soon", "2", at, 0])
     coord.terminate()
     coord.start()
     ops = client_ops(coord.periodic_addr, ["status"])
     assert ops[0]["r"]["job_count"] == 2
-    worker = peers(coord.periodic_addr, "r")
+    worker = periodic_peers(coord.periodic_addr, "r")
     assert worker.next()["name"] == "now"
     soon = worker.next(10)
     assert soon["name"] == "soon" and time.time() >= at - 0.01

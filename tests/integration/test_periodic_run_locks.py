@@ -17,8 +17,7 @@ import pytest
 
 from jobmesh.periodic import codec as pc
 from tests.helpers import Client, ScriptedWorker, wait_until
-from tests.integration.periodic_support import (RawPeriodic, client_ops, coord, job_named,  # noqa: F401
-                                                peers, periodic_jobs)
+from tests.integration.periodic_support import RawPeriodic, client_ops, job_named, periodic_jobs
 
 pytest.importorskip("aio_periodic")
 
@@ -62,8 +61,8 @@ def test_run_job_without_a_worker_is_no_worker_and_stores_nothing(coord):
     assert "nw" not in client_ops(coord.periodic_addr, ["status"])[0]
 
 
-def test_run_job_returns_the_workers_bytes(coord, peers):
-    worker = peers(coord.periodic_addr, "rj")
+def test_run_job_returns_the_workers_bytes(coord, periodic_peers):
+    worker = periodic_peers(coord.periodic_addr, "rj")
     [ran] = client_ops(coord.periodic_addr, ["run", "rj", "j1", "hi", 10])
     assert ran.get("data") == "done:hi", ran
     seen = worker.next(5)
@@ -73,10 +72,10 @@ def test_run_job_returns_the_workers_bytes(coord, peers):
 
 
 @pytest.mark.parametrize("mode", ["fail_once", "later_once"])
-def test_run_job_whose_worker_fails_is_failed_and_not_retried(coord, peers, mode):
+def test_run_job_whose_worker_fails_is_failed_and_not_retried(coord, periodic_peers, mode):
     """WORK_FAIL and SCHED_LATER both give the caller b"failed"; the job ends there
     (the worker, which would succeed the second time, never sees it again)."""
-    worker = peers(coord.periodic_addr, "rf", mode)
+    worker = periodic_peers(coord.periodic_addr, "rf", mode)
     [ran] = client_ops(coord.periodic_addr, ["run", "rf", "f", "w", 10])
     assert ran.get("data") == "failed", ran
     assert worker.next(5)["name"] == "f"
@@ -86,17 +85,17 @@ def test_run_job_whose_worker_fails_is_failed_and_not_retried(coord, peers, mode
     assert client_ops(coord.periodic_addr, ["status"])[0]["rf"]["job_count"] == 0
 
 
-def test_run_job_streams_work_data_to_the_caller(coord, peers):
-    worker = peers(coord.periodic_addr, "rs", "stream")
+def test_run_job_streams_work_data_to_the_caller(coord, periodic_peers):
+    worker = periodic_peers(coord.periodic_addr, "rs", "stream")
     [ran] = client_ops(coord.periodic_addr, ["run_stream", "rs", "s", "w", 10])
     assert ran.get("chunks") == ["c1", "c2", "c3"] and ran.get("data") == "end", ran
     assert worker.next(5)["name"] == "s"
     wait_job_state(coord, "rs", "s", "COMPLETED")
 
 
-def test_remove_job_ends_a_waiting_run_job_with_removed(coord, peers):
-    worker = peers(coord.periodic_addr, "rr", "hang")
-    caller = peers.client(coord.periodic_addr, ["run", "rr", "x", "w", 15])
+def test_remove_job_ends_a_waiting_run_job_with_removed(coord, periodic_peers):
+    worker = periodic_peers(coord.periodic_addr, "rr", "hang")
+    caller = periodic_peers.client(coord.periodic_addr, ["run", "rr", "x", "w", 15])
     assert wait_running(worker, caller)["name"] == "x"
     assert client_ops(coord.periodic_addr, ["remove", "rr", "x"]) == [True]
     [ran] = caller.result(10)
@@ -150,8 +149,8 @@ def max_overlap(intervals) -> int:
     return most
 
 
-def test_a_lock_of_one_runs_its_jobs_one_at_a_time(coord, peers):
-    workers = peers.several(2, coord.periodic_addr, "lk", "sleep=0.3", 2, lock="L:1")
+def test_a_lock_of_one_runs_its_jobs_one_at_a_time(coord, periodic_peers):
+    workers = periodic_peers.several(2, coord.periodic_addr, "lk", "sleep=0.3", 2, lock="L:1")
     runs, most_locked, lock_wait = run_contended(coord, workers, "lk", 5)
     assert max_overlap(runs.values()) == 1, sorted(runs.values())
     assert most_locked > 0, "STATUS never showed a locked job"
@@ -161,8 +160,8 @@ def test_a_lock_of_one_runs_its_jobs_one_at_a_time(coord, peers):
     assert client_ops(coord.periodic_addr, ["status"])[0]["lk"]["locked"] == 0
 
 
-def test_a_lock_of_two_lets_two_jobs_run_at_once(coord, peers):
-    workers = peers.several(2, coord.periodic_addr, "lk2", "sleep=0.3", 2, lock="L2:2")
+def test_a_lock_of_two_lets_two_jobs_run_at_once(coord, periodic_peers):
+    workers = periodic_peers.several(2, coord.periodic_addr, "lk2", "sleep=0.3", 2, lock="L2:2")
     runs, _, _ = run_contended(coord, workers, "lk2", 5)
     assert max_overlap(runs.values()) == 2, sorted(runs.values())
     wait_until(lambda: {j["state"] for j in periodic_jobs(coord)} == {"COMPLETED"}, timeout=10,
@@ -178,21 +177,21 @@ def wait_locked(coord, func: str, count: int) -> None:
         conn.close()
 
 
-def hold_and_refuse(coord, peers, func: str):
+def hold_and_refuse(coord, periodic_peers, func: str):
     """A hanging worker holding lock K (max 1) with job x, and a second worker whose job y
     was refused that lock; returns (holder, other)."""
-    holder = peers(coord.periodic_addr, func, "hang", 1, lock="K:1")
+    holder = periodic_peers(coord.periodic_addr, func, "hang", 1, lock="K:1")
     client_ops(coord.periodic_addr, ["submit", func, "x", "1", 0, 0])
     assert holder.next()["name"] == "x"
-    other = peers(coord.periodic_addr, func, "done", 1, lock="K:1")
+    other = periodic_peers(coord.periodic_addr, func, "done", 1, lock="K:1")
     client_ops(coord.periodic_addr, ["submit", func, "y", "2", 0, 0])
     wait_locked(coord, func, 1)
     assert other.none_within(0.5)  # refused: its task did not run
     return holder, other
 
 
-def test_killing_the_lock_holder_releases_the_lock(coord, peers):
-    holder, other = hold_and_refuse(coord, peers, "lkk")
+def test_killing_the_lock_holder_releases_the_lock(coord, periodic_peers):
+    holder, other = hold_and_refuse(coord, periodic_peers, "lkk")
     holder.kill()
     ran = [other.next()["name"], other.next()["name"]]
     assert sorted(ran) == ["x", "y"] and ran[0] == "y", ran  # y was promoted at once; x retries after 1 s
@@ -200,14 +199,14 @@ def test_killing_the_lock_holder_releases_the_lock(coord, peers):
                timeout=10, message="x and y COMPLETED")
 
 
-def test_restart_keeps_a_running_and_a_locked_job(coord, peers):
-    holder, other = hold_and_refuse(coord, peers, "lkr")
+def test_restart_keeps_a_running_and_a_locked_job(coord, periodic_peers):
+    holder, other = hold_and_refuse(coord, periodic_peers, "lkr")
     coord.kill()  # a crash: nothing runs between the stop and the start
     holder.kill()  # only now: with the coordinator up, this would release the lock
     other.kill()
     coord.start()
     assert client_ops(coord.periodic_addr, ["status"])[0]["lkr"]["job_count"] == 2
-    fresh = peers(coord.periodic_addr, "lkr", "done", 1, lock="K:1")
+    fresh = periodic_peers(coord.periodic_addr, "lkr", "done", 1, lock="K:1")
     assert sorted([fresh.next()["name"], fresh.next()["name"]]) == ["x", "y"]
     wait_until(lambda: {j["name"]: j["state"] for j in periodic_jobs(coord)} == {"x": "COMPLETED", "y": "COMPLETED"},
                timeout=10, message="x and y COMPLETED")
@@ -216,8 +215,8 @@ def test_restart_keeps_a_running_and_a_locked_job(coord, peers):
 # ---- BROADCAST (PERIODIC.md 7.15) ---------------------------------------------------------
 
 
-def test_broadcast_runs_a_job_on_every_worker_once(coord, peers):
-    a, b = peers.several(2, coord.periodic_addr, "bc", broadcast=True)
+def test_broadcast_runs_a_job_on_every_worker_once(coord, periodic_peers):
+    a, b = periodic_peers.several(2, coord.periodic_addr, "bc", broadcast=True)
     # due in 1-2 s: by then both workers hold a grab token
     assert client_ops(coord.periodic_addr, ["submit", "bc", "all", "w", int(time.time()) + 2, 0]) == [True]
     assert a.next(5)["name"] == "all"
@@ -258,8 +257,8 @@ def test_a_worker_connection_may_send_client_commands(coord):
 # ---- LIST_WORKERS -------------------------------------------------------------------------
 
 
-def test_periodic_workers_are_listed_until_their_process_dies(coord, peers):
-    worker = peers(coord.periodic_addr, "lw")
+def test_periodic_workers_are_listed_until_their_process_dies(coord, periodic_peers):
+    worker = periodic_peers(coord.periodic_addr, "lw")
     client = Client(coord.client_addr)
 
     def periodic_workers():
@@ -299,10 +298,10 @@ def test_a_silent_connection_is_closed_after_the_idle_timeout(coordinator_factor
     silent.close()
 
 
-def test_a_drain_waits_for_running_periodic_attempts(coordinator_factory, peers):
+def test_a_drain_waits_for_running_periodic_attempts(coordinator_factory, periodic_peers):
     # Given a coordinator with --drain-millis and an aio-periodic worker running a 1.5 s job
     coord = coordinator_factory(periodic_port=0, drain_millis=10_000)
-    worker = peers(coord.periodic_addr, "dr", "sleep=1.5")
+    worker = periodic_peers(coord.periodic_addr, "dr", "sleep=1.5")
     assert client_ops(coord.periodic_addr, ["submit", "dr", "first", "w", 0, 0]) == [True]
     assert worker.next()["name"] == "first"
     # When it is told to stop

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from tests.helpers import assert_stays
+from tests.helpers import assert_stays, wait_until
 
 STOPS = ["kill", "terminate"]
 
@@ -440,7 +440,7 @@ def test_a_graceful_stop_under_load_answers_or_closes_and_keeps_every_acknowledg
     threads = [threading.Thread(target=client, daemon=True) for _ in range(20)]
     for t in threads:
         t.start()
-    time.sleep(0.4)
+    wait_until(lambda: len(acknowledged) >= 200, timeout=30, message="the load under way")
     # When it is stopped with SIGTERM in the middle of that
     assert coord.terminate() == 0, coord.stderr()[-3000:]
     # Then every client finishes: each request was answered, refused as shutting down,

@@ -7,78 +7,12 @@ the test can check none is left behind and kill any that would be, by pid.
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import LISTENING, alive, child_env, wait_registered, wait_until
-
-
-class UpProc:
-    def __init__(self, tmp_path, *extra: str, new_session: bool = False):
-        self.out_path = tmp_path / "up.out"
-        self.err_path = tmp_path / "up.err"
-        args = [sys.executable, "-m", "jobmesh", "up", "--worker-port=0", "--client-port=0",
-                "--db=%s" % (tmp_path / "up.db"), "--heartbeat-timeout-millis=1500",
-                "--sweep-interval-millis=50", "--db-synchronous=NORMAL", *extra]
-        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env(),
-                                         start_new_session=new_session)
-        self.seen_pids: set[int] = set()
-
-    def log(self) -> str:
-        return self.err_path.read_text(errors="replace")
-
-    def listening(self):
-        if self.proc.poll() is not None:
-            raise AssertionError("up exited rc=%s\n%s" % (self.proc.returncode, self.log()))
-        return LISTENING.search(self.out_path.read_text(errors="replace"))
-
-    def worker_pids(self) -> dict[str, int]:
-        """The latest pid of each worker slot."""
-        pids = {wid: int(pid) for wid, pid in re.findall(r"worker started worker=(\S+) pid=(\d+)", self.log())}
-        self.seen_pids.update(pids.values())
-        return pids
-
-    def coordinator_pid(self) -> int:
-        pid = int(wait_until(lambda: re.search(r"coordinator_pid=(\d+)", self.log()), timeout=10)[1])
-        self.seen_pids.add(pid)
-        return pid
-
-    def cleanup(self) -> None:
-        self.worker_pids()
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-        for pid in self.seen_pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def start_up(tmp_path):
-    started = []
-
-    def make(*extra, new_session=False):
-        up = UpProc(tmp_path, *extra, new_session=new_session)
-        started.append(up)
-        m = wait_until(up.listening, timeout=15, message="up's listening line")
-        up.client_addr = (m["c"], int(m["cp"]))
-        return up
-
-    yield make
-    for up in started:
-        up.cleanup()
-
-
-def assert_all_gone(up: UpProc) -> None:
-    pids = set(up.worker_pids().values()) | {up.coordinator_pid()} | up.seen_pids
-    left = [pid for pid in pids if alive(pid)]
-    assert not left, "orphaned children %s" % left
+from tests.helpers import alive, assert_all_gone, wait_registered, wait_until
 
 
 @pytest.mark.parametrize("how", ["SIGTERM to up", "SIGINT to the process group (Ctrl-C)"])

@@ -14,6 +14,7 @@ import json
 import queue
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -161,20 +162,23 @@ def test_registration_declares_the_builtins_and_the_user_types(start_worker, via
 # ---- the traps -------------------------------------------------------------------------
 
 def test_heartbeats_keep_their_cadence_during_a_cpu_bound_task(start_worker):
-    # Given a worker heartbeating every 200 ms
+    # Given a worker heartbeating every 200 ms, its idle cadence measured first
     worker, session = start_worker(heartbeat_millis=200)
+    wait_until(lambda: len(session.heartbeats) >= 6, timeout=10, message="heartbeats")
+    idle = session.heartbeats[:]
+    idle_gap = statistics.median(b - a for a, b in zip(idle, idle[1:]))
     # When a pure-Python function burns the CPU for 3 s
-    wait_until(lambda: len(session.heartbeats) >= 2, timeout=5, message="heartbeats")
     assigned = time.monotonic()
     session.assign("j1", "CPU", {"seconds": 3.0})
     result = session.result(timeout=15)
     done = time.monotonic()
-    # Then it completes, and heartbeats never paused for more than a second meanwhile
+    # Then it completes, and from the assignment to the result no heartbeat came later than
+    # a few idle periods (a blocked hub would leave one gap as long as the task)
     assert result["success"] is True and result["result"]["rounds"] > 0, result
-    beats = [t for t in session.heartbeats if assigned - 0.5 <= t <= done]
+    beats = [assigned] + [t for t in session.heartbeats if assigned < t < done] + [done]
     gaps = [b - a for a, b in zip(beats, beats[1:])]
-    assert len(beats) >= 12, beats
-    assert max(gaps) < 1.0, "max heartbeat gap %.3fs" % max(gaps)
+    limit = max(1.0, 5 * idle_gap)
+    assert max(gaps) < limit, "max heartbeat gap %.3fs, idle %.3fs" % (max(gaps), idle_gap)
     print("heartbeat gaps during a 3 s CPU task: n=%d max=%.0f ms mean=%.0f ms"
           % (len(gaps), max(gaps) * 1000, sum(gaps) / len(gaps) * 1000))
 
@@ -183,13 +187,13 @@ def test_time_sleep_in_tasks_sleeps_for_real_and_in_parallel(start_worker):
     worker, session = start_worker(capacity=2)
     session.assign("j0", "WHOAMI", {})  # warm one child; the second starts with the batch
     session.result()
-    began = time.monotonic()
     session.assign("j1", "NAP", {"seconds": 0.6})
     session.assign("j2", "NAP", {"seconds": 0.6})
-    results = session.results(2, timeout=5)
-    elapsed = time.monotonic() - began
+    results = session.results(2, timeout=10)
     assert all(r["success"] and r["result"]["sleptSeconds"] >= 0.6 for r in results.values()), results
-    assert elapsed < 1.15, "two 0.6 s sleeps took %.2fs: not in parallel" % elapsed
+    # in parallel: each began before the other ended
+    naps = [r["result"] for r in results.values()]
+    assert max(n["began"] for n in naps) < min(n["ended"] for n in naps), naps
 
 
 def test_heavy_logging_from_threads_in_concurrent_tasks_does_not_deadlock(start_worker, tmp_path):
@@ -246,12 +250,10 @@ def test_a_task_ignoring_cancel_frees_its_slot_at_once_and_its_result_never_arri
     wait_until((tmp_path / "started").exists, timeout=10, message="STUBBORN started")
     # When it is cancelled and a new assignment follows at once
     session.cancel("j1", attempt)
-    began = time.monotonic()
     session.assign("j2", "GREET", {"name": "next"})
     # Then the new one starts and finishes while the cancelled one still runs
     result = session.result(timeout=5)
     assert (result["jobId"], result["success"]) == ("j2", True), result
-    assert time.monotonic() - began < 1.5
     assert not (tmp_path / "finished").exists()
     log = worker.wait_log("cancelled task still running in pid ")
     assert "an extra process" in log

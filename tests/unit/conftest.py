@@ -1,8 +1,12 @@
 """Fixtures for the unit tier."""
 
+import io
+
 import pytest
 
+from jobmesh.cli import parse
 from jobmesh.client.api import CoordinatorClient
+from jobmesh.client.commands import Console, run_client_command
 from tests.helpers import ScriptedServer
 
 
@@ -21,3 +25,21 @@ def serve():
     yield make
     for s in reversed(servers):
         s.close()
+
+
+@pytest.fixture
+def jm():
+    """``code, stdout, stderr, server = jm([replies...], *argv)``: one command against a ScriptedServer."""
+    servers: list[ScriptedServer] = []
+
+    def run(replies, *argv, stdin=None):
+        server = ScriptedServer(replies)
+        servers.append(server)
+        command, args = parse(list(argv) + ["--coordinator=127.0.0.1:%d" % server.port])
+        out, err = io.StringIO(), io.StringIO()
+        code = run_client_command(command, args, Console(out, err, stdin))
+        return code, out.getvalue(), err.getvalue(), server
+
+    yield run
+    for server in servers:
+        server.close()

@@ -33,24 +33,6 @@ def utc_millis(*fields: int) -> int:
     return calendar.timegm(datetime(*fields).timetuple()) * 1000
 
 
-@pytest.fixture
-def jm():
-    """``code, stdout, stderr, server = jm([replies...], *argv)``: one command against a ScriptedServer."""
-    servers: list[ScriptedServer] = []
-
-    def run(replies, *argv, stdin=None):
-        server = ScriptedServer(replies)
-        servers.append(server)
-        command, args = parse(list(argv) + ["--coordinator=127.0.0.1:%d" % server.port])
-        out, err = io.StringIO(), io.StringIO()
-        code = run_client_command(command, args, Console(out, err, stdin))
-        return code, out.getvalue(), err.getvalue(), server
-
-    yield run
-    for server in servers:
-        server.close()
-
-
 # ---- --run-at -----------------------------------------------------------------------------
 
 

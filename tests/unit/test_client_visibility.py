@@ -16,7 +16,6 @@ from jobmesh.client.commands import Console, parse_duration_millis, run_client_c
 from jobmesh.errors import ConfigError, RequestFailed, SubmitRejected
 from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from tests.helpers import ScriptedServer
-from tests.unit.test_client_commands import jm  # noqa: F401  (a fixture: one command against a ScriptedServer)
 
 NOW = 1_700_000_000_000
 SNAP = {"jobId": "j-1", "taskType": "SHA256", "state": "QUEUED", "attempts": 0, "maxAttempts": 3,

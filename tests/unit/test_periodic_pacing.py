@@ -10,6 +10,7 @@ import gevent.socket
 from jobmesh.coordinator.clock import monotonic
 from jobmesh.coordinator.periodic_port import PACE_SECONDS, PeriodicConn, local_answer
 from jobmesh.periodic import codec as pc
+from tests.helpers import wait_until
 
 
 class Recording(PeriodicConn):
@@ -54,14 +55,14 @@ def test_paced_frames_are_separate_spaced_per_msgid_and_keep_the_order():
     conn.send_many([chunks[1], chunks[2], result])  # the plain frame waits behind the paced ones
     expected = [ok.frame, chunks[0].frame, other.frame, chunks[1].frame, chunks[2].frame, result]
     assert read_all(peer, sum(map(len, expected))) == b"".join(expected)
-    gevent.sleep(0.01)
+    # the pacer stops when its queue is empty
+    wait_until(lambda: conn._pacer is None, timeout=5, message="the pacer done", sleep=gevent.sleep)
     assert [w[1] for w in writes] == expected
     times = [t for t, data in writes if data in {ok.frame} | {c.frame for c in chunks}]
     assert all(b - a >= PACE_SECONDS * 0.99 for a, b in zip(times, times[1:]))
     # another msgid does not wait for msgid 8's pause
     t_other = [t for t, data in writes if data == other.frame][0]
     assert t_other - times[1] < PACE_SECONDS
-    assert conn._pacer is None  # the pacer stops when its queue is empty
 
 
 def test_a_close_after_paced_frames_comes_after_them():
@@ -94,8 +95,7 @@ def test_more_than_the_unsent_cap_waiting_to_be_paced_closes_the_connection(monk
     assert not conn.closed
     conn.send_many([chunk] * 6)  # a stream far faster than 200 chunks a second
     assert conn.closed
-    gevent.sleep(0.05)
-    assert conn._pacer is None
+    wait_until(lambda: conn._pacer is None, timeout=5, message="the pacer stopped", sleep=gevent.sleep)
 
 
 def test_frames_for_a_finished_connection_are_dropped():

@@ -17,18 +17,14 @@ import gevent
 import pytest
 
 from jobmesh.worker.processes import ProcessPool
-from tests.helpers import alive
+from tests.helpers import alive, wait_until
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
 
 
 def gevent_wait_until(predicate, timeout=10.0, message="condition"):
     """``wait_until`` for this process's hub: polls with ``gevent.sleep`` so greenlets run."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, message))
-        gevent.sleep(0.01)
+    return wait_until(predicate, timeout=timeout, message=message, sleep=gevent.sleep)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from gevent.server import StreamServer
 from jobmesh.config import WorkerConfig
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.worker.agent import WorkerAgent
+from tests.helpers import wait_until
 
 
 class ScriptedCoordinator:
@@ -187,8 +188,7 @@ def test_connection_loss_abandons_attempts_and_reconnects(coordinator, start_age
     first = coordinator.next_conn()
     first.accept_registration()
     assign(first, "j1", "a1", "SLEEP", {"durationMillis": 60_000})
-    gevent.sleep(0.05)
-    assert len(agent.in_flight) == 1
+    wait_until(lambda: len(agent.in_flight) == 1, timeout=5, message="the attempt in flight", sleep=gevent.sleep)
     # When the coordinator goes away
     first.close()
     # Then the agent registers again, the old attempt is gone and reports nothing
