@@ -1,13 +1,15 @@
-"""Storage outages: what the coordinator does when a write fails for a storage reason.
+"""Storage outages: the state of the coordinator while writes fail for a storage reason.
 
-``StorageOutages`` is a mixin of the runtime's ``Coordinator`` (runtime.py), which calls
-it from its commit path; it uses the runtime's store, core and connections.
 A failed commit acknowledges nothing of its batch; memory, now ahead of disk, is thrown
-away and state reloaded from the database as a restart would (``_reload``); worker and
-Periodic connections are closed (their sessions died with that memory) and register
-again. Until a write succeeds the core is paused, reads are served, writes are answered
-``storage unavailable``, and a probe write every ``STORAGE_PROBE_SECONDS`` notices when
-storage works again (docs/FAILURE_MODEL.md, "Storage faults").
+away and state reloaded from the database as a restart would (the runtime's ``_reload``);
+worker and Periodic connections are closed (their sessions died with that memory) and
+register again. Until a write succeeds the core is paused, reads are served, writes are
+answered ``storage unavailable``, and a probe write every ``STORAGE_PROBE_SECONDS``
+notices when storage works again (docs/FAILURE_MODEL.md, "Storage faults").
+
+``StorageOutage`` is the runtime's record of that: whether writes fail and why, since
+when, how many failed, recovery's rows not committed yet, and the probe in flight. It
+logs the outage's start and end once each and runs the probes through the store.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ from __future__ import annotations
 import logging
 import time
 
-from jobmesh.coordinator.clock import now_millis
-from jobmesh.coordinator.core import CoordinatorCore
 from jobmesh.protocol import messages as m
+from jobmesh.store.base import Batch, Outcome, Store, merge_batches
 
 log = logging.getLogger("jobmesh.coordinator.runtime")  # one logger for the runtime's lines
 
@@ -33,103 +34,71 @@ def storage_error(reason: str) -> m.Error:
     return m.Error("storage unavailable: %s" % reason)
 
 
-class StorageOutages:
-    """The runtime's storage-outage path; see the module docstring."""
+class StorageOutage:
+    def __init__(self) -> None:
+        self.reason: str | None = None  # why writes fail; None: they work
+        self.since = 0.0
+        self.failures = 0
+        self.pending: Batch | None = None  # recovery's rows, committed with the first write that works
+        self.probe: Outcome | None = None
+        self._next_probe = 0.0
 
-    def _carry_waits(self, old: CoordinatorCore, answered: list, error: m.Error, replies: list) -> None:
-        """After a failed commit: the waits the old core answered in that batch were
-        answered by changes that are not durable, so they, and every wait still pending,
-        wait again on the reloaded core (an ended job answers them at once). Without a
-        reload (stopping) the answered ones get the storage ERROR."""
-        core = self.core
-        assert core is not None
-        if core is old:
-            if answered:
-                replies.append((None, [(waiter, error) for waiter, _ in answered]))
-            return
-        core.adopt_waiters(now_millis(), old.waiters.pending() + [waiter for waiter, _ in answered])
-        if core.has_answers():
-            replies.append((None, core.take_answers()))
+    @property
+    def active(self) -> bool:
+        return self.reason is not None
 
-    def _storage_failed(self, reason: str, where: str, reload: bool = True) -> None:
-        """A write failed for a storage reason: log (once per outage), pause, and unless
-        stopping, throw memory away and reload state from the database."""
-        self._failed_commits += 1
-        if self._outage is None:
-            self._outage_since = time.monotonic()
-            self._failed_commits = 1
+    def failed(self, reason: str, where: str) -> None:
+        """A write failed for a storage reason: log once per outage."""
+        self.failures += 1
+        if self.reason is None:
+            self.since = time.monotonic()
+            self.failures = 1
             log.error("storage unavailable (%s): %s; nothing of the failed write is acknowledged, writes answer"
                       " 'storage unavailable' and resume by themselves once storage works", where, reason)
         else:
             log.debug("storage still unavailable (%s): %s", where, reason)
-        self._outage = reason
+        self.reason = reason
         self._next_probe = time.monotonic() + STORAGE_PROBE_SECONDS
-        self._probe = None
-        if reload:
-            self._reload()
-        assert self.core is not None
-        self.core.paused = True
+        self.probe = None
 
-    def _reload(self) -> None:
-        """Replace the core with the database's state, as a restart would (``recover``).
+    def with_pending(self, rows: Batch) -> Batch:
+        """The rows to commit now: recovery's pending rows go with a batch that writes, or
+        with any batch once storage works."""
+        if self.pending is not None and (any(rows) or self.reason is None):
+            return merge_batches(self.pending, rows)
+        return rows
 
-        Worker connections are closed: the discarded memory held their sessions and
-        leases; they register again. Recovery's own rows are kept to commit later."""
-        for conn in list(self.handlers.worker_conns):
-            conn.abort()
-        for pconn in list(self.periodic.conns):  # Periodic sessions too: they reconnect
-            pconn.abort()
-        old = self.core
-        assert old is not None and self.store is not None
-        try:
-            # Reopened: a connection opened on a read-only file stays read-only.
-            store = self._open_store()
-        except Exception as exc:
-            if not self.store.is_storage_fault(exc):
-                raise
-            log.warning("could not reopen the database, reloading through the open connections: %s", exc)
-        else:
-            self.store.close()
-            self.store = store
-        try:
-            core = self._recovered_core()
-        except Exception as exc:
-            if not self.store.is_storage_fault(exc):
-                raise
-            raise CommitFailed("could not reload state from the database after a failed commit: %s" % exc) from exc
-        core.stats.add(old.stats)  # counters count since the process started
-        for state, value in old.finished_counts.items():
-            core.finished_counts[state] += value
-        rows = core.take_dirty()
-        self._pending = rows if any(rows) else None
-        core.take_outbound()
-        core.paused = True
-        self.core = core
-        self._dispatch = self._dispatch_table()
+    def committed(self, rows: Batch) -> bool:
+        """A commit of ``rows`` succeeded (it merged the pending rows, if any); True if that
+        ended an outage."""
+        self.pending = None
+        if self.reason is None:
+            return False
+        self._resumed("a commit")
+        return True
 
-    def _check_probe(self) -> None:
-        """While storage fails and no batch writes: a probe write now and then, off the hub."""
-        assert self.store is not None
+    def check_probe(self, store: Store) -> bool:
+        """While storage fails and no batch writes: a probe write now and then, off the hub.
+        True once one succeeded (the outage is over)."""
         now = time.monotonic()
-        probe = self._probe
+        probe = self.probe
         if probe is not None:
             if not probe.ready():
-                return
-            self._probe = None
+                return False
+            self.probe = None
             failure = probe.get()
             if failure is None:
-                self._writes_resumed("a probe write")
-            else:
-                self._outage = self.store.fault_reason(failure)
-                self._next_probe = now + STORAGE_PROBE_SECONDS
-            return
+                self._resumed("a probe write")
+                return True
+            self.reason = store.fault_reason(failure)
+            self._next_probe = now + STORAGE_PROBE_SECONDS
+            return False
         if now >= self._next_probe:
-            self._probe = self.store.commit_probe()
+            self.probe = store.commit_probe()
+        return False
 
-    def _writes_resumed(self, how: str) -> None:
-        assert self.core is not None
+    def _resumed(self, how: str) -> None:
         log.warning("storage works again (%s succeeded): writes resumed after %.1f s and %d failed writes",
-                    how, time.monotonic() - self._outage_since, self._failed_commits)
-        self._outage = None
-        self._probe = None
-        self.core.paused = False
+                    how, time.monotonic() - self.since, self.failures)
+        self.reason = None
+        self.probe = None

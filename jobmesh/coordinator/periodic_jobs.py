@@ -1,16 +1,16 @@
-"""The Periodic part of the core: named jobs, funcs, grab tokens and STATUS (docs/PERIODIC.md).
+"""The Periodic part of the core: named jobs, funcs, grab tokens, locks and waits (docs/PERIODIC.md).
 
-``PeriodicJobs`` is a mixin of ``CoordinatorCore`` (core.py): the same single writer,
-split across two files so that each stays readable. Everything here runs on the core
-greenlet, changes jobs only through the core's ``_transition`` and sends only through
-its ``outbound`` list; the Periodic connection handler (``periodic_port.py``) decodes
-frames and posts events, and owns no state.
+``PeriodicJobs`` is the core's part for the Periodic port. Everything here runs on the
+core greenlet, changes jobs only through the job table and sends only through the outbox;
+the Periodic connection handler (``periodic_port.py``) decodes frames and posts events,
+and owns no state.
 
 A Periodic job is a job whose ``periodic`` fields are set: taskType is its func, and
 ``name`` is unique per func among live jobs (``named``). It moves through the same
-states as every job; ``_periodic_moved`` (called by ``_transition``) keeps the per-func
-figures, the dispatch queue and the name index in step. Periodic connections get bytes
-(codec frames) through ``outbound``, released after the batch's commit like every frame.
+states as every job; as the table's listener for Periodic jobs (``entered``, ``moved``)
+this part keeps the per-func figures, the dispatch queue, the name index, the locks and
+the RUN_JOB / RECV_DATA waiters (``periodic_waits.py``) in step. Periodic connections get
+bytes (codec frames) through the outbox, released after the batch's commit like every frame.
 """
 
 from __future__ import annotations
@@ -20,22 +20,26 @@ import heapq
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
+from jobmesh.coordinator.figures import Counters
+from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
 from jobmesh.coordinator.locks import LockTable
-from jobmesh.coordinator.periodic_waits import PeriodicWaits
+from jobmesh.coordinator.outbox import Outbox
+from jobmesh.coordinator.periodic_waits import EXPIRED_ERROR, PeriodicWaits, wait_deadline
 from jobmesh.coordinator.registry import PeriodicSession
+from jobmesh.coordinator.table import JobTable, new_job
+from jobmesh.coordinator.timers import Timers
 from jobmesh.errors import PeriodicError
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
-from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
 
-if TYPE_CHECKING:  # a protocol only: the core imports no gevent
+if TYPE_CHECKING:
     from jobmesh.coordinator.connection import OutboundConnection
 
 log = logging.getLogger(__name__)
 
-PERIODIC_RETRY_MILLIS = 1000  # WORK_FAIL, a lost worker or an expired deadline: again after 1 s (periodicd)
-PERIODIC_MAX_TOKENS = 4096  # grab tokens one Periodic worker may hold
-PERIODIC_MAX_DELAY_SECONDS = 10 * 366 * 86400  # SCHED_LATER delays are capped at ten years
+RETRY_MILLIS = 1000  # WORK_FAIL, a lost worker or an expired deadline: again after 1 s (periodicd)
+MAX_TOKENS = 4096  # grab tokens one Periodic worker may hold
+MAX_DELAY_SECONDS = 10 * 366 * 86400  # SCHED_LATER delays are capped at ten years
 REJECTED = b"rejected: the coordinator is at its active-job limit"  # SUBMIT_JOB / RUN_JOB at admission
 _PENDING = frozenset({JobState.QUEUED, JobState.SCHEDULED, JobState.RETRY_WAIT})
 
@@ -74,128 +78,153 @@ def _as_text(raw: bytes) -> tuple[str, bool]:
         return base64.b64encode(raw).decode("ascii"), True
 
 
-class PeriodicJobs(PeriodicWaits):
+class PeriodicJobs:
     """The core's Periodic requests and events; see the module docstring."""
 
-    def _init_periodic(self) -> None:
+    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters) -> None:
+        self.table = table
+        self.timers = timers
+        self.outbox = outbox
+        self.counters = counters
         # Funcs, the live job of each (func, name), worker sessions by id and by
         # connection, and the funcs worth a dispatch pass.
-        self.pfuncs: dict[str, PeriodicFunc] = {}
+        self.funcs: dict[str, PeriodicFunc] = {}
         self.named: dict[tuple[str, str], str] = {}
-        self.pworkers: dict[str, PeriodicSession] = {}
-        self.pconns: dict[Any, PeriodicSession] = {}
-        self._pready: set[str] = set()
-        self._pseq = 0
-        self._init_waits()  # periodic_waits.py
+        self.workers: dict[str, PeriodicSession] = {}
+        self.conns: dict[OutboundConnection, PeriodicSession] = {}
+        self._ready: set[str] = set()
+        self._session_seq = 0
+        self.waits = PeriodicWaits(outbox)  # RUN_JOB / RECV_DATA
         # A broadcast job's other workers (its lease holder is ``worker_id``), while it runs.
-        self.pfanout: dict[str, set[str]] = {}
-        self.plocks = LockTable()  # ACQUIRE / RELEASE
+        self.fanout: dict[str, set[str]] = {}
+        self.locks = LockTable()  # ACQUIRE / RELEASE
+        # Set by the core between batches: assign nothing (draining, or storage failing).
+        self.hold = False
+        self._handlers: dict[type, Callable[[int, OutboundConnection, Any], None]] = {
+            pc.SubmitJob: self._on_submit, pc.RunJob: self._on_run, pc.RecvData: self._on_recv_data,
+            pc.WorkData: self._on_work_data, pc.Status: self._on_status, pc.RemoveJob: self._on_remove,
+            pc.DropFunc: self._on_drop_func, pc.Dump: self._on_dump, pc.Load: self._on_load,
+            pc.CanDo: self._on_can_do, pc.Broadcast: self._on_can_do, pc.CantDo: self._on_can_do,
+            pc.GrabJob: self._on_grab, pc.JobUnassigned: self._on_unassigned,
+            pc.WorkDone: self._on_outcome, pc.WorkFail: self._on_outcome, pc.SchedLater: self._on_outcome,
+            pc.Acquire: self._on_acquire, pc.Release: self._on_release,
+        }
+        table.listen(self, json=False)
 
-    def _periodic_waiting(self, job: Job) -> str:
-        """Why a QUEUED Periodic job is not running."""
-        if job.job_id in self.plocks.waiting:
-            return "LOCK_WAIT"
-        pf = self.pfuncs.get(job.task_type)
-        if pf is None or not pf.workers:
-            return "NO_WORKER_FOR_TYPE"
-        return "BEHIND_OTHER_JOBS" if any(s.tokens for s in pf.workers) else "WORKERS_BUSY"
+    # ---- the table's listener ----------------------------------------------------------
 
-    def _periodic_retry(self, job: Job, now_millis: int, error: str) -> None:
-        """An attempt ended without a result: again after 1 s, without any attempt budget
-        (periodicd); but a job a RUN_JOB caller waits for ends (the caller hears ``failed``)."""
+    def entered(self, job: Job, now_millis: int) -> None:
+        """A Periodic job is in the table (submitted, or recovered as it was stored)."""
         assert job.periodic is not None
-        if self.pwaits and self._run_waited(job):
-            self._transition(job, JobState.FAILED, now_millis)
-            return
-        job.periodic = dict(job.periodic, sched=now_millis + self.drift + PERIODIC_RETRY_MILLIS)
-        self._transition(job, JobState.RETRY_WAIT, now_millis, due_at=now_millis + PERIODIC_RETRY_MILLIS)
-        log.info("retry periodic job=%s func=%s in=%dms error=%s", job.job_id, job.task_type,
-                 PERIODIC_RETRY_MILLIS, error)
-
-    def _pfunc(self, func: str) -> PeriodicFunc:
-        pf = self.pfuncs.get(func)
-        if pf is None:
-            pf = self.pfuncs[func] = PeriodicFunc()
-        return pf
-
-    def _periodic_adopt(self, job: Job) -> None:
-        """Recovery: index a Periodic job read back from the store."""
-        assert job.periodic is not None
-        pf = self._pfunc(job.task_type)
+        pf = self._func(job.task_type)
         pf.ids.add(job.job_id)
         self.named[(job.task_type, job.name or "")] = job.job_id
-        job.execution_timeout = self._ptimeout(job.periodic)
+        job.execution_timeout = self._timeout(job.periodic)
         if job.state is JobState.RUNNING:
-            pf.processing += 1  # recovery moves it on through _transition
+            pf.processing += 1  # recovery moves it on through the table
+        else:
+            self._enter(job, pf)
 
-    def _periodic_moved(self, job: Job, source: JobState, target: JobState, now_millis: int) -> None:
-        """``_transition``'s part for Periodic jobs: per-func figures, queue, name index,
+    def moved(self, job: Job, source: JobState, target: JobState, now_millis: int) -> None:
+        """A Periodic job moved: per-func figures, queue, name index,
         locks (a job that stops running lets go of them, unless a lock just refused it)
         and RUN_JOB / RECV_DATA waiters (answered when the job ends)."""
-        pf = self._pfunc(job.task_type)
-        waits_lock = job.job_id in self.plocks.waiting
+        pf = self._func(job.task_type)
+        waits_lock = job.job_id in self.locks.waiting
         if source is JobState.RUNNING:
             pf.processing -= 1
-            if self.pfanout:
-                for worker_id in self.pfanout.pop(job.job_id, ()):
-                    other = self.pworkers.get(worker_id)
+            if self.fanout:
+                for worker_id in self.fanout.pop(job.job_id, ()):
+                    other = self.workers.get(worker_id)
                     if other is not None:
                         other.running.discard(job.job_id)
-            if job.job_id in self.plocks.held:  # its run ended (a refused job gives them up too)
-                self._promote(self.plocks.release_held(job.job_id))
+            if job.job_id in self.locks.held:  # its run ended (a refused job gives them up too)
+                self._promote(self.locks.release_held(job.job_id))
         if target is JobState.RUNNING:
             pf.processing += 1
         elif target in TERMINAL:
-            if waits_lock or job.job_id in self.plocks.held:
+            if waits_lock or job.job_id in self.locks.held:
                 if waits_lock:
                     pf.locked -= 1
-                self._promote(self.plocks.release_all(job.job_id))
+                self._promote(self.locks.release_all(job.job_id))
             pf.ids.discard(job.job_id)
             key = (job.task_type, job.name or "")
             if self.named.get(key) == job.job_id:
                 del self.named[key]
-            self._pfire(job, target, now_millis)
+            self.waits.fire(job, target, now_millis)
         elif not waits_lock:
-            self._periodic_enter(job, pf)
+            self._enter(job, pf)
 
-    def _periodic_enter(self, job: Job, pf: PeriodicFunc) -> None:
+    def waiting_reason(self, job: Job) -> str:
+        """Why a QUEUED Periodic job is not running."""
+        if job.job_id in self.locks.waiting:
+            return "LOCK_WAIT"
+        pf = self.funcs.get(job.task_type)
+        if pf is None or not pf.workers:
+            return "NO_WORKER_FOR_TYPE"
+        return "BEHIND_OTHER_JOBS" if any(s.tokens for s in pf.workers) else "WORKERS_BUSY"
+
+    def attempt_failed(self, job: Job, now_millis: int, error: str, cause: str) -> None:
+        """An attempt ended without a result: again after 1 s, without any attempt budget
+        (periodicd); but a job a RUN_JOB caller waits for ends (the caller hears ``failed``)."""
+        assert job.periodic is not None
+        self.table.attempt_ended(job, now_millis, error, cause)
+        if self.waits and self.waits.run_waited(job):
+            self.table.transition(job, JobState.FAILED, now_millis)
+            return
+        job.periodic = dict(job.periodic, sched=now_millis + self.table.drift + RETRY_MILLIS)
+        self.table.transition(job, JobState.RETRY_WAIT, now_millis, due_at=now_millis + RETRY_MILLIS)
+        log.info("retry periodic job=%s func=%s in=%dms error=%s", job.job_id, job.task_type,
+                 RETRY_MILLIS, error)
+
+    @property
+    def running_attempts(self) -> int:
+        return sum(len(s.running) for s in self.workers.values())
+
+    def _func(self, func: str) -> PeriodicFunc:
+        pf = self.funcs.get(func)
+        if pf is None:
+            pf = self.funcs[func] = PeriodicFunc()
+        return pf
+
+    def _enter(self, job: Job, pf: PeriodicFunc) -> None:
         """A Periodic job is pending (again, or with a new sched time): index it."""
         assert job.periodic is not None
         sched = job.periodic["sched"]
         if len(pf.pending) > 2 * len(pf.ids) + 64:
-            pf.pending = [(t, i) for t, i in pf.pending if self._pvalid(i, t)]
+            pf.pending = [(t, i) for t, i in pf.pending if self.entry_current(i, t)]
             heapq.heapify(pf.pending)
         heapq.heappush(pf.pending, (sched, job.job_id))
         if job.state is JobState.QUEUED:
             if len(pf.queue) > 2 * len(pf.ids) + 64:
-                pf.queue = [e for e in pf.queue if self._pvalid(e[2], e[0], JobState.QUEUED)]
+                pf.queue = [e for e in pf.queue if self.entry_current(e[2], e[0], JobState.QUEUED)]
                 heapq.heapify(pf.queue)
             heapq.heappush(pf.queue, (sched, job.name or "", job.job_id))
-            self._pready.add(job.task_type)
+            self._ready.add(job.task_type)
 
-    def _pvalid(self, job_id: str, sched: int, state: JobState | None = None) -> bool:
+    def entry_current(self, job_id: str, sched: int, state: JobState | None = None) -> bool:
         """Whether a queue or pending entry still describes its job."""
-        job = self.jobs.get(job_id)
-        if job is None or job.periodic is None or job.periodic["sched"] != sched or job_id in self.plocks.waiting:
+        job = self.table.jobs.get(job_id)
+        if job is None or job.periodic is None or job.periodic["sched"] != sched or job_id in self.locks.waiting:
             return False
         return job.state is state if state is not None else job.state in _PENDING
 
-    def _ptimeout(self, fields: dict[str, Any]) -> int:
+    def _timeout(self, fields: dict[str, Any]) -> int:
         """The effective per-attempt timeout (ms): the job's, else the coordinator's."""
         timeout = int(fields.get("timeout") or 0)
-        return timeout * 1000 if timeout > 0 else self.config.task_timeout_millis
+        return timeout * 1000 if timeout > 0 else self.table.config.task_timeout_millis
 
-    def _psession(self, conn: OutboundConnection, now_millis: int) -> PeriodicSession:
-        session = self.pconns.get(conn)
+    def _session(self, conn: OutboundConnection, now_millis: int) -> PeriodicSession:
+        session = self.conns.get(conn)
         if session is None:
-            self._pseq += 1
-            session = PeriodicSession("periodic-%d" % self._pseq, conn, now_millis)
-            self.pconns[conn] = session
-            self.pworkers[session.worker_id] = session
+            self._session_seq += 1
+            session = PeriodicSession("periodic-%d" % self._session_seq, conn, now_millis)
+            self.conns[conn] = session
+            self.workers[session.worker_id] = session
         session.last_heartbeat = now_millis
         return session
 
-    def _pjob(self, job: Job, dump: bool = False) -> pc.Job:
+    def _wire_job(self, job: Job, dump: bool = False) -> pc.Job:
         """The job as JOB_ASSIGN carries it, with its effective timeout (as DUMP lists it:
         with its own timeout, 0 for none)."""
         fields = job.periodic
@@ -203,296 +232,282 @@ class PeriodicJobs(PeriodicWaits):
         text = fields["workload"]
         workload = base64.b64decode(text) if fields.get("b64") else text.encode("utf-8")
         timeout = int(fields.get("timeout") or 0) if dump else \
-            max(1, (job.execution_timeout or self.config.task_timeout_millis) // 1000)
+            max(1, (job.execution_timeout or self.table.config.task_timeout_millis) // 1000)
         return pc.Job(job.task_type.encode("utf-8"), (job.name or "").encode("utf-8"), workload,
                       fields["sched"] // 1000, int(fields.get("count") or 0), min(timeout, 2**31 - 1))
 
-    def _plive(self, handle: pc.Handle) -> tuple[tuple[str, str] | None, Job | None]:
+    def live(self, handle: pc.Handle) -> tuple[tuple[str, str] | None, Job | None]:
         """(the handle as text, or None if it is not UTF-8; its live job, or None)."""
         func, name = _text(handle.func), _text(handle.name)
         if func is None or name is None:
             return None, None
         key = (func, name)
         job_id = self.named.get(key)
-        return key, (self.jobs.get(job_id) if job_id is not None else None)
+        return key, (self.table.jobs.get(job_id) if job_id is not None else None)
 
-    def on_periodic(self, now_millis: int, conn: OutboundConnection, msg: Any) -> None:
+    def on_packet(self, now_millis: int, conn: OutboundConnection, msg: Any) -> None:
         """One decoded Periodic request (``jobmesh.periodic.codec``) the connection handler
         does not answer itself. Replies are frames on ``conn``, after this batch's commit;
         a func or name that is not UTF-8 closes the connection (None)."""
-        handler = _HANDLERS.get(type(msg))
+        handler = self._handlers.get(type(msg))
         if handler is None:
             log.warning("periodic request %s not handled by the core", type(msg).__name__)
-            self._send(conn, pc.encode_unknown(msg.msgid))
+            self.outbox.send(conn, pc.encode_unknown(msg.msgid))
             return
-        handler(self, now_millis, conn, msg)
+        handler(now_millis, conn, msg)
 
     def _not_text(self, conn: OutboundConnection) -> None:
         """A func, name or lock name that is not UTF-8: jobmesh cannot store it; closed."""
         log.warning("closing periodic connection %r: a func, name or lock name is not valid UTF-8", conn)
-        self._send(conn, None)
+        self.outbox.send(conn, None)
 
-    def _p_submit(self, now_millis: int, conn: OutboundConnection, msg: pc.SubmitJob) -> None:
+    def _on_submit(self, now_millis: int, conn: OutboundConnection, msg: pc.SubmitJob) -> None:
         func, name = _text(msg.job.func), _text(msg.job.name)
         if func is None or name is None:
             self._not_text(conn)
             return
-        problem = self._periodic_store(now_millis, func, name, msg.job)
-        self._send(conn, pc.encode_success(msg.msgid) if problem is None else pc.encode_data(msg.msgid, problem))
+        problem = self._store(now_millis, func, name, msg.job)
+        self.outbox.send(conn, pc.encode_success(msg.msgid) if problem is None else pc.encode_data(msg.msgid, problem))
 
-    def _p_status(self, now_millis: int, conn: OutboundConnection, msg: pc.Status) -> None:
-        self._send(conn, self.periodic_status(now_millis, msg.msgid))
+    def _on_status(self, now_millis: int, conn: OutboundConnection, msg: pc.Status) -> None:
+        self.outbox.send(conn, self.status(now_millis, msg.msgid))
 
-    def _p_remove(self, now_millis: int, conn: OutboundConnection, msg: pc.RemoveJob) -> None:
-        key, job = self._plive(msg.handle)
+    def _on_remove(self, now_millis: int, conn: OutboundConnection, msg: pc.RemoveJob) -> None:
+        key, job = self.live(msg.handle)
         if key is None:
             self._not_text(conn)
             return
         if job is not None:
             job.error = "removed by a Periodic client (REMOVE_JOB)"
-            self._transition(job, JobState.CANCELLED, now_millis)
-        self._send(conn, pc.encode_success(msg.msgid))
+            self.table.transition(job, JobState.CANCELLED, now_millis)
+        self.outbox.send(conn, pc.encode_success(msg.msgid))
 
-    def _p_drop_func(self, now_millis: int, conn: OutboundConnection, msg: pc.DropFunc) -> None:
+    def _on_drop_func(self, now_millis: int, conn: OutboundConnection, msg: pc.DropFunc) -> None:
         func = _text(msg.func)
         if func is None:
             self._not_text(conn)
             return
         self._drop_func(now_millis, func)
-        self._send(conn, pc.encode_success(msg.msgid))
+        self.outbox.send(conn, pc.encode_success(msg.msgid))
 
-    def _p_dump(self, now_millis: int, conn: OutboundConnection, msg: pc.Dump) -> None:
+    def _on_dump(self, now_millis: int, conn: OutboundConnection, msg: pc.Dump) -> None:
         """DUMP: every live Periodic job, as a job list (a backup LOAD can read back)."""
-        jobs = [self._pjob(self.jobs[job_id], dump=True) for pf in self.pfuncs.values() for job_id in sorted(pf.ids)
-                if job_id in self.jobs]
-        self._send(conn, pc.encode_dump(msg.msgid, jobs))
+        jobs = [self._wire_job(self.table.jobs[job_id], dump=True) for pf in self.funcs.values() for job_id in sorted(pf.ids)
+                if job_id in self.table.jobs]
+        self.outbox.send(conn, pc.encode_dump(msg.msgid, jobs))
 
-    def _p_load(self, now_millis: int, conn: OutboundConnection, msg: pc.Load) -> None:
+    def _on_load(self, now_millis: int, conn: OutboundConnection, msg: pc.Load) -> None:
         """LOAD: each job of the list as a SUBMIT_JOB; a refused one ends the load with its reason."""
         for pj in msg.jobs:
             func, name = _text(pj.func), _text(pj.name)
             if func is None or name is None:
                 self._not_text(conn)
                 return
-            problem = self._periodic_store(now_millis, func, name, pj)
+            problem = self._store(now_millis, func, name, pj)
             if problem is not None:
-                self._send(conn, pc.encode_data(msg.msgid, problem))
+                self.outbox.send(conn, pc.encode_data(msg.msgid, problem))
                 return
-        self._send(conn, pc.encode_success(msg.msgid))
+        self.outbox.send(conn, pc.encode_success(msg.msgid))
 
-    def _p_can_do(self, now_millis: int, conn: OutboundConnection, msg: pc.CanDo | pc.Broadcast | pc.CantDo) -> None:
+    def _on_can_do(self, now_millis: int, conn: OutboundConnection, msg: pc.CanDo | pc.Broadcast | pc.CantDo) -> None:
         func = _text(msg.func)
         if func is None:
             self._not_text(conn)
             return
-        session = self._psession(conn, now_millis)
+        session = self._session(conn, now_millis)
         if type(msg) is pc.CantDo:
             if func in session.funcs:
                 session.funcs.discard(func)
                 session.task_types = frozenset(session.funcs)
-                pf = self.pfuncs.get(func)
+                pf = self.funcs.get(func)
                 if pf is not None and session in pf.workers:
                     pf.workers.remove(session)
         else:
-            pf = self._pfunc(func)
+            pf = self._func(func)
             pf.broadcast = pf.broadcast or type(msg) is pc.Broadcast
             if func not in session.funcs:
                 session.funcs.add(func)
                 session.task_types = frozenset(session.funcs)
                 pf.workers.append(session)
-                self._pready.add(func)
-        self._send(conn, pc.encode_success(msg.msgid))
+                self._ready.add(func)
+        self.outbox.send(conn, pc.encode_success(msg.msgid))
 
-    def _p_grab(self, now_millis: int, conn: OutboundConnection, msg: pc.GrabJob) -> None:
-        session = self._psession(conn, now_millis)
-        if msg.msgid not in session.tokens and len(session.tokens) < PERIODIC_MAX_TOKENS:
+    def _on_grab(self, now_millis: int, conn: OutboundConnection, msg: pc.GrabJob) -> None:
+        session = self._session(conn, now_millis)
+        if msg.msgid not in session.tokens and len(session.tokens) < MAX_TOKENS:
             session.tokens.append(msg.msgid)
-            self._pready.update(session.funcs)
-        self._send(conn, pc.encode_success(msg.msgid))
+            self._ready.update(session.funcs)
+        self.outbox.send(conn, pc.encode_success(msg.msgid))
 
-    def _p_unassigned(self, now_millis: int, conn: OutboundConnection, msg: pc.JobUnassigned) -> None:
+    def _on_unassigned(self, now_millis: int, conn: OutboundConnection, msg: pc.JobUnassigned) -> None:
         """The worker gives the job back: pending again, at once; no reply."""
-        session = self._psession(conn, now_millis)
+        session = self._session(conn, now_millis)
         job_id = session.assigned.pop(msg.msgid, None)
-        job = self.jobs.get(job_id) if job_id is not None else None
+        job = self.table.jobs.get(job_id) if job_id is not None else None
         if job is not None and job.state is JobState.RUNNING and job.worker_id == session.worker_id:
-            self._transition(job, JobState.QUEUED, now_millis)
+            self.table.transition(job, JobState.QUEUED, now_millis)
 
-    def _p_outcome(self, now_millis: int, conn: OutboundConnection, msg: pc.WorkDone | pc.WorkFail | pc.SchedLater) -> None:
+    def _on_outcome(self, now_millis: int, conn: OutboundConnection, msg: pc.WorkDone | pc.WorkFail | pc.SchedLater) -> None:
         """WORK_DONE, WORK_FAIL, SCHED_LATER from the worker the job runs on (others are stale)."""
-        session = self._psession(conn, now_millis)
-        _key, job = self._plive(msg.handle)
+        session = self._session(conn, now_millis)
+        _key, job = self.live(msg.handle)
         if job is None or not self._runs_on(job, session):
-            self.stats.stale_results += 1
+            self.counters.stale_results += 1
             log.info("periodic outcome for a job not running on this worker dropped worker=%s func=%r name=%r",
                      session.worker_id, msg.handle.func, msg.handle.name)
         elif type(msg) is pc.WorkDone:
             text, b64 = _as_text(msg.data)
             job.result = {"dataBase64": text} if b64 else {"data": text}
-            self._transition(job, JobState.COMPLETED, now_millis)
+            self.table.transition(job, JobState.COMPLETED, now_millis)
         elif type(msg) is pc.WorkFail:
-            self._retry_or_fail(job, now_millis, "the Periodic worker reported WORK_FAIL (attempt %d)"
+            self.attempt_failed(job, now_millis, "the Periodic worker reported WORK_FAIL (attempt %d)"
                                 % job.attempts, "ATTEMPT_FAILED")
         else:
             assert isinstance(msg, pc.SchedLater)
             self._sched_later(job, now_millis, msg.delay, msg.step)
-        self._send(conn, pc.encode_success(msg.msgid))
+        self.outbox.send(conn, pc.encode_success(msg.msgid))
 
     def _runs_on(self, job: Job, session: PeriodicSession | None) -> bool:
         """Whether the job is RUNNING on that session: its lease holder, or (broadcast) one
         of the other workers it went to."""
         return session is not None and job.state is JobState.RUNNING and (
-            job.worker_id == session.worker_id or session.worker_id in self.pfanout.get(job.job_id, ()))
+            job.worker_id == session.worker_id or session.worker_id in self.fanout.get(job.job_id, ()))
 
-    def _p_acquire(self, now_millis: int, conn: OutboundConnection, msg: pc.Acquire) -> None:
+    def _on_acquire(self, now_millis: int, conn: OutboundConnection, msg: pc.Acquire) -> None:
         """ACQUIRE: granted (1) or refused (0). A refused job leaves its worker and waits
         QUEUED (LOCK_WAIT) until a release gives it the lock; a job that is not running
         is granted without taking anything, as periodicd does."""
         lock = _text(msg.lock)
-        key, job = self._plive(msg.handle)
+        key, job = self.live(msg.handle)
         if lock is None or key is None:
             self._not_text(conn)
             return
         granted = True
-        if job is not None and job.state is JobState.RUNNING and not self._runs_on(job, self.pconns.get(conn)):
+        if job is not None and job.state is JobState.RUNNING and not self._runs_on(job, self.conns.get(conn)):
             granted = False  # an attempt that has ended (its job runs elsewhere now): nothing recorded
         elif job is not None and job.state is JobState.RUNNING:
-            granted, promoted = self.plocks.acquire(lock, msg.max_holders, job.job_id)
+            granted, promoted = self.locks.acquire(lock, msg.max_holders, job.job_id)
             self._promote(promoted)
             if not granted:
-                self._pfunc(job.task_type).locked += 1
-                self._transition(job, JobState.QUEUED, now_millis, event=None)
-                self._event(job, now_millis, "QUEUED", "waiting for lock %s (%d holders at most)"
-                            % (lock, self.plocks.locks[lock].max_holders), attempt=job.attempts)
-        self._send(conn, pc.encode_acquired(msg.msgid, granted))
+                self._func(job.task_type).locked += 1
+                self.table.transition(job, JobState.QUEUED, now_millis, event=None)
+                self.table.event(job, now_millis, "QUEUED", "waiting for lock %s (%d holders at most)"
+                            % (lock, self.locks.locks[lock].max_holders), attempt=job.attempts)
+        self.outbox.send(conn, pc.encode_acquired(msg.msgid, granted))
 
-    def _p_release(self, now_millis: int, conn: OutboundConnection, msg: pc.Release) -> None:
+    def _on_release(self, now_millis: int, conn: OutboundConnection, msg: pc.Release) -> None:
         lock = _text(msg.lock)
-        key, job = self._plive(msg.handle)
+        key, job = self.live(msg.handle)
         if lock is None or key is None:
             self._not_text(conn)
             return
         if job is not None:
-            waited = self.plocks.waiting.get(job.job_id) == lock
-            self._promote(self.plocks.release(lock, job.job_id))
+            waited = self.locks.waiting.get(job.job_id) == lock
+            self._promote(self.locks.release(lock, job.job_id))
             if waited:  # it stops waiting: pending again (periodicd: Locked -> Pending)
-                pf = self._pfunc(job.task_type)
+                pf = self._func(job.task_type)
                 pf.locked -= 1
-                self._periodic_enter(job, pf)
-        self._send(conn, pc.encode_success(msg.msgid))
+                self._enter(job, pf)
+        self.outbox.send(conn, pc.encode_success(msg.msgid))
 
     def _promote(self, job_ids: list[str]) -> None:
         """Jobs a release gave a lock to: back in their func's dispatch queue."""
         for job_id in job_ids:
-            job = self.jobs.get(job_id)
+            job = self.table.jobs.get(job_id)
             if job is not None and job.state is JobState.QUEUED:
-                pf = self._pfunc(job.task_type)
+                pf = self._func(job.task_type)
                 pf.locked -= 1
-                self._periodic_enter(job, pf)
+                self._enter(job, pf)
 
-    def _periodic_store(self, now_millis: int, func: str, name: str, pj: pc.Job) -> bytes | None:
+    def _store(self, now_millis: int, func: str, name: str, pj: pc.Job) -> bytes | None:
         """SUBMIT_JOB's work (RUN_JOB and LOAD too): create, replace a pending job of that
         name, or drop it if it runs. None, or why it was refused (the DATA text)."""
-        wall = now_millis + self.drift
+        wall = now_millis + self.table.drift
         sched = min(max(pj.sched_at * 1000 if 0 < pj.sched_at < MAX_RUN_AT_MILLIS // 1000 else 0, wall),
                     MAX_RUN_AT_MILLIS)
         workload, b64 = _as_text(pj.workload)
         fields = {"workload": workload, "b64": b64, "count": pj.count, "timeout": max(pj.timeout, 0),
                   "sched": sched}
         job_id = self.named.get((func, name))
-        existing = self.jobs.get(job_id) if job_id is not None else None
+        existing = self.table.jobs.get(job_id) if job_id is not None else None
         if existing is not None:
             if existing.state is not JobState.RUNNING:
                 self._replace(existing, fields, now_millis)
             else:
                 log.debug("periodic submit dropped: job=%s func=%s name=%s is running", existing.job_id, func, name)
             return None
-        if self.active_count >= self.config.max_active_jobs:
-            self.stats.rejected += 1
+        if self.table.active_count >= self.table.config.max_active_jobs:
+            self.counters.rejected += 1
             return REJECTED
         later = sched > wall
-        job = Job(
-            job_id=self._job_id(self.next_seq), seq=self.next_seq, task_type=func, payload={}, max_attempts=0,
-            priority=Priority.NORMAL, created_at=wall, execution_timeout=self._ptimeout(fields), run_at=sched,
-            state=JobState.SCHEDULED if later else JobState.QUEUED, ready_at=now_millis, event_count=0,
-            name=name, periodic=fields,
-        )
-        self.next_seq += 1
-        self.jobs[job.job_id] = job
-        self._new.add(job.job_id)
-        self.stats.submitted += 1
-        self.counts[(job.state, func, job.priority, True)] += 1
-        self._event(job, now_millis, "SUBMITTED")
-        self.named[(func, name)] = job.job_id
-        pf = self._pfunc(func)
-        pf.ids.add(job.job_id)
-        if later:
-            self._wait_until(job, sched - self.drift)
-        self._periodic_enter(job, pf)
+        job = new_job(self.table, now_millis, task_type=func, payload={}, max_attempts=0, priority=Priority.NORMAL,
+                      execution_timeout=self._timeout(fields), run_at=sched,
+                      state=JobState.SCHEDULED if later else JobState.QUEUED, name=name, periodic=fields)
+        self.table.admit(job, now_millis)  # entered() indexes it
         log.debug("periodic submit job=%s func=%s name=%s sched=%d", job.job_id, func, name, sched)
         return None
 
     def _replace(self, job: Job, fields: dict[str, Any], now_millis: int) -> None:
         """A pending named job resubmitted: new workload, sched time, count and timeout
         (REPLACED); one waiting for a lock stops waiting (periodicd: Locked -> Pending)."""
-        lock = self.plocks.waiting.get(job.job_id)
+        lock = self.locks.waiting.get(job.job_id)
         if lock is not None:
-            self._pfunc(job.task_type).locked -= 1
-            self.plocks.release(lock, job.job_id)
+            self._func(job.task_type).locked -= 1
+            self.locks.release(lock, job.job_id)
         job.periodic = fields
-        job.execution_timeout = self._ptimeout(fields)
+        job.execution_timeout = self._timeout(fields)
         sched = fields["sched"]
         job.run_at = sched
-        self._event(job, now_millis, "REPLACED")
-        later = sched > now_millis + self.drift
+        self.table.event(job, now_millis, "REPLACED")
+        later = sched > now_millis + self.table.drift
         target = JobState.SCHEDULED if later else JobState.QUEUED
         if job.state is target:  # same state, new time: re-index
             if later:
-                self._wait_until(job, sched - self.drift)
-            self._periodic_enter(job, self._pfunc(job.task_type))
+                self.timers.wake(job, sched - self.table.drift)
+            self._enter(job, self._func(job.task_type))
         else:
-            self._transition(job, target, now_millis, due_at=sched - self.drift if later else None, event=None)
+            self.table.transition(job, target, now_millis, due_at=sched - self.table.drift if later else None, event=None)
 
     def _sched_later(self, job: Job, now_millis: int, delay: int, step: int) -> None:
         """SCHED_LATER: back to pending, due in ``delay`` seconds, count += step; a job a
         RUN_JOB caller waits for ends instead (``failed``), as periodicd does."""
         assert job.periodic is not None
-        if self.pwaits and self._run_waited(job):
+        if self.waits and self.waits.run_waited(job):
             job.error = "the Periodic worker asked SCHED_LATER while a RUN_JOB caller waited"
-            self._transition(job, JobState.FAILED, now_millis)
+            self.table.transition(job, JobState.FAILED, now_millis)
             return
-        delay_ms = min(max(delay, 0), PERIODIC_MAX_DELAY_SECONDS) * 1000
+        delay_ms = min(max(delay, 0), MAX_DELAY_SECONDS) * 1000
         job.periodic = dict(job.periodic, count=int(job.periodic.get("count") or 0) + step,
-                            sched=now_millis + self.drift + delay_ms)
+                            sched=now_millis + self.table.drift + delay_ms)
         if delay_ms > 0:
-            self._transition(job, JobState.SCHEDULED, now_millis, due_at=now_millis + delay_ms)
+            self.table.transition(job, JobState.SCHEDULED, now_millis, due_at=now_millis + delay_ms)
         else:
             job.run_at = job.periodic["sched"]
-            self._transition(job, JobState.QUEUED, now_millis, event="RESCHEDULED")
+            self.table.transition(job, JobState.QUEUED, now_millis, event="RESCHEDULED")
 
     def _drop_func(self, now_millis: int, func: str) -> None:
         """DROP_FUNC: with no worker declaring it, the func and all its jobs go."""
-        pf = self.pfuncs.get(func)
+        pf = self.funcs.get(func)
         if pf is None or pf.workers:
             return
         for job_id in sorted(pf.ids):
-            job = self.jobs.get(job_id)
+            job = self.table.jobs.get(job_id)
             if job is not None:
                 job.error = "removed by a Periodic client (DROP_FUNC)"
-                self._transition(job, JobState.CANCELLED, now_millis)
-        self.pfuncs.pop(func, None)
-        self._pready.discard(func)
+                self.table.transition(job, JobState.CANCELLED, now_millis)
+        self.funcs.pop(func, None)
+        self._ready.discard(func)
 
-    def periodic_status(self, now_millis: int, msgid: int) -> bytes:
+    def status(self, now_millis: int, msgid: int) -> bytes:
         """STATUS: one line per func from the per-func figures (PERIODIC.md 7.4)."""
-        now_s = (now_millis + self.drift) // 1000
+        now_s = (now_millis + self.table.drift) // 1000
         rows = []
-        for func, pf in self.pfuncs.items():
+        for func, pf in self.funcs.items():
             sched = now_s
             pending = pf.pending
             while pending:
                 at, job_id = pending[0]
-                if self._pvalid(job_id, at):
+                if self.entry_current(job_id, at):
                     sched = at // 1000
                     break
                 heapq.heappop(pending)
@@ -500,15 +515,79 @@ class PeriodicJobs(PeriodicWaits):
                                       sched))
         return pc.encode_status(msgid, rows)
 
-    def dispatch_periodic(self, now_millis: int) -> int:
+    # ---- run-and-wait and streaming --------------------------------------------------------
+
+    def _on_run(self, now_millis: int, conn: OutboundConnection, msg: pc.RunJob) -> None:
+        """RUN_JOB: NO_WORKER at once if no connected worker declared the func; else store
+        (or attach to the job of that name) and answer when the job ends."""
+        key, _job = self.live(pc.Handle(msg.job.func, msg.job.name))
+        if key is None:
+            self._not_text(conn)
+            return
+        func, name = key
+        pf = self.funcs.get(func)
+        if pf is None or not pf.workers:
+            self.outbox.send(conn, pc.encode_no_worker(msg.msgid))
+            return
+        if not self.waits.may_wait(conn):
+            return
+        problem = self._store(now_millis, func, name, msg.job)
+        if problem is not None:
+            self.outbox.send(conn, pc.encode_data(msg.msgid, problem))
+            return
+        self.waits.add(key, conn, msg.msgid, False, wait_deadline(now_millis, msg.job.timeout))
+
+    def _on_recv_data(self, now_millis: int, conn: OutboundConnection, msg: pc.RecvData) -> None:
+        """RECV_DATA: SUCCESS, then the job's WORK_DATA chunks, then EOF when it ends. It
+        attaches to the live job of that name, or to the next one; one that ended moments
+        ago (aio-periodic sends RECV_DATA after RUN_JOB) gets its EOF at once."""
+        key, job = self.live(pc.Handle(msg.job.func, msg.job.name))
+        if key is None:
+            self._not_text(conn)
+            return
+        pf = self.funcs.get(key[0])
+        if pf is None or not pf.workers:
+            self.outbox.send(conn, pc.Paced(msg.msgid, pc.encode_no_worker(msg.msgid)))
+            return
+        if not self.waits.may_wait(conn):
+            return
+        self.outbox.send(conn, pc.Paced(msg.msgid, pc.encode_success(msg.msgid)))
+        if job is None and self.waits.ended_lately(key, now_millis):
+            self.outbox.send(conn, pc.Paced(msg.msgid, pc.encode_data(msg.msgid, pc.STREAM_EOF)))
+            return
+        self.waits.add(key, conn, msg.msgid, True, wait_deadline(now_millis, msg.job.timeout))
+
+    def _on_work_data(self, now_millis: int, conn: OutboundConnection, msg: pc.WorkData) -> None:
+        """WORK_DATA: the chunk goes to every RECV_DATA waiter of the job."""
+        key, _job = self.live(msg.handle)
+        if key is not None:
+            self.waits.chunk(key, msg.data)
+        self.outbox.send(conn, pc.encode_success(msg.msgid))
+
+    def expire_waits(self, now_millis: int) -> None:
+        """RUN_JOB / RECV_DATA waits whose time is up: a RUN_JOB wait ends its job (every
+        waiter hears ``expired`` / EOF); a RECV_DATA wait alone gets its EOF."""
+        for waiter in self.waits.due(now_millis):
+            job_id = self.named.get(waiter.key)
+            job = self.table.jobs.get(job_id) if job_id is not None else None
+            if not waiter.stream and job is not None:
+                job.error = "%s: no result within the RUN_JOB wait" % EXPIRED_ERROR
+                log.info("periodic run_job wait expired job=%s func=%s name=%s", job.job_id, *waiter.key)
+                # the job's end answers every waiter; a job that never ran is cancelled, not failed
+                self.table.transition(job, JobState.FAILED if job.state is JobState.RUNNING else JobState.CANCELLED,
+                                      now_millis)
+            else:
+                self.waits.give_up(waiter)
+
+    def dispatch(self, now_millis: int) -> int:
         """Hand due Periodic jobs to grab tokens: per func, (sched, name) order, rotating
         over the func's workers, the newest token of the chosen worker."""
-        if self.draining or self.paused:
+        if self.hold or not self._ready:
             return 0
         assigned = 0
-        for func in list(self._pready):
-            self._pready.discard(func)
-            pf = self.pfuncs.get(func)
+        for func in list(self._ready):
+            self._ready.discard(func)
+            pf = self.funcs.get(func)
             if pf is None:
                 continue
             queue = pf.queue
@@ -517,15 +596,15 @@ class PeriodicJobs(PeriodicWaits):
                 if session is None:
                     break
                 sched, _, job_id = heapq.heappop(queue)
-                if not self._pvalid(job_id, sched, JobState.QUEUED):
+                if not self.entry_current(job_id, sched, JobState.QUEUED):
                     continue
-                job = self.jobs[job_id]
-                self._transition(job, JobState.RUNNING, now_millis, session=session)
+                job = self.table.jobs[job_id]
+                self.table.transition(job, JobState.RUNNING, now_millis, session=session)
                 self._assign(session, job)
                 if pf.broadcast:  # and to every other worker of the func that holds a token
                     others = [s for s in pf.workers if s is not session and s.tokens]
                     if others:
-                        self.pfanout[job_id] = {s.worker_id for s in others}
+                        self.fanout[job_id] = {s.worker_id for s in others}
                         for other in others:
                             other.running.add(job_id)
                             self._assign(other, job)
@@ -536,7 +615,7 @@ class PeriodicJobs(PeriodicWaits):
         """JOB_ASSIGN on the session's newest token (the job is RUNNING already)."""
         token = session.tokens.pop()
         session.assigned[token] = job.job_id
-        self._send(session.conn, pc.encode_job_assign(token, self._pjob(job)))
+        self.outbox.send(session.conn, pc.encode_job_assign(token, self._wire_job(job)))
         log.debug("periodic assign job=%s func=%s worker=%s token=%d", job.job_id, job.task_type,
                   session.worker_id, token)
 
@@ -551,38 +630,26 @@ class PeriodicJobs(PeriodicWaits):
                 return session
         return None
 
-    def on_periodic_closed(self, now_millis: int, conn: OutboundConnection) -> None:
+    def on_closed(self, now_millis: int, conn: OutboundConnection) -> None:
         """A Periodic connection ended: its funcs lose a worker, its running jobs go back
         to be retried (after 1 s), its tokens vanish."""
-        session = self.pconns.pop(conn, None)
+        session = self.conns.pop(conn, None)
         if session is None:
             return
-        self.pworkers.pop(session.worker_id, None)
+        self.workers.pop(session.worker_id, None)
         for func in session.funcs:
-            pf = self.pfuncs.get(func)
+            pf = self.funcs.get(func)
             if pf is not None and session in pf.workers:
                 pf.workers.remove(session)
         session.tokens.clear()
         if session.running:
-            self.stats.workers_lost += 1
+            self.counters.workers_lost += 1
             log.warning("periodic worker disconnected worker=%s running=%d", session.worker_id, len(session.running))
         for job_id in sorted(session.running):
-            job = self.jobs.get(job_id)
+            job = self.table.jobs.get(job_id)
             if job is not None and job.state is JobState.RUNNING and job.worker_id == session.worker_id:
-                self._retry_or_fail(job, now_millis, "attempt %d lost: Periodic worker %s disconnected"
+                self.attempt_failed(job, now_millis, "attempt %d lost: Periodic worker %s disconnected"
                                     % (job.attempts, session.worker_id), "WORKER_LOST")
-            elif job_id in self.pfanout:  # one of a broadcast job's other workers: the rest go on
-                self.pfanout[job_id].discard(session.worker_id)
+            elif job_id in self.fanout:  # one of a broadcast job's other workers: the rest go on
+                self.fanout[job_id].discard(session.worker_id)
         session.running.clear()
-
-
-# Request type -> handler (``on_periodic``).
-_HANDLERS: dict[type, Callable[[Any, int, Any, Any], None]] = {
-    pc.SubmitJob: PeriodicJobs._p_submit, pc.RunJob: PeriodicJobs._p_run, pc.RecvData: PeriodicJobs._p_recv_data,
-    pc.WorkData: PeriodicJobs._p_work_data, pc.Status: PeriodicJobs._p_status, pc.RemoveJob: PeriodicJobs._p_remove,
-    pc.DropFunc: PeriodicJobs._p_drop_func, pc.Dump: PeriodicJobs._p_dump, pc.Load: PeriodicJobs._p_load,
-    pc.CanDo: PeriodicJobs._p_can_do, pc.Broadcast: PeriodicJobs._p_can_do, pc.CantDo: PeriodicJobs._p_can_do,
-    pc.GrabJob: PeriodicJobs._p_grab, pc.JobUnassigned: PeriodicJobs._p_unassigned,
-    pc.WorkDone: PeriodicJobs._p_outcome, pc.WorkFail: PeriodicJobs._p_outcome, pc.SchedLater: PeriodicJobs._p_outcome,
-    pc.Acquire: PeriodicJobs._p_acquire, pc.Release: PeriodicJobs._p_release,
-}

@@ -1,33 +1,37 @@
-"""The core's client requests: submit, status, timelines, waits, listings, retry, purge,
-cancel, and the figures of the metrics port (docs/PROTOCOL.md).
+"""The core's client requests: submit, status, timelines, waits, listings, retry, purge
+and cancel (docs/PROTOCOL.md), and retention.
 
-``ClientRequests`` is a mixin of ``CoordinatorCore`` (core.py), split off so that each
-file stays readable: the same single writer, on the same greenlet. Every request method
-returns its reply message (``wait_job`` may return None: its reply comes later, from
-``take_answers``); state changes go through the core's ``_transition`` and commit with
-the batch like everything else. Nothing here scans all jobs: listings read the store a
-page at a time, counts come from figures kept by ``_transition``.
+``ClientRequests`` is a plain class over the job table and the two protocol parts, on
+the core greenlet. Every request method returns its reply message (``wait_job`` may
+return a Slot: its reply comes later, from ``take_answers``); state changes go through
+the table and commit with the batch like everything else. Nothing here scans all jobs:
+listings read the store a page at a time. Pending WAIT_JOBs (``waiters.py``) are its
+own; as the table's listener it answers them when their job ends.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import ujson
 
-from jobmesh.coordinator.corebase import CoreBase
-from jobmesh.coordinator.figures import Figures, stats_message
-from jobmesh.coordinator.job import MAX_RUN_AT_MILLIS, Job
-from jobmesh.coordinator.store import load_events
-from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Waiter
+from jobmesh.coordinator.figures import Counters
+from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
+from jobmesh.coordinator.json_jobs import JsonJobs
+from jobmesh.coordinator.periodic_jobs import PeriodicJobs
+from jobmesh.store.columns import load_events
+from jobmesh.coordinator.table import JobTable, new_job
+from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Slot, Waiter, Waiters
 from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.messages import quote
 from jobmesh.protocol.payloads import MAX_NESTING, TASK_SPECS, is_finite_json, too_deep, validate_payload
+
+if TYPE_CHECKING:
+    from jobmesh.coordinator.connection import ReplyConnection
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +46,28 @@ PURGE_REQUEST_MAX = 10_000  # per PURGE_JOBS request
 EVENT_FIELDS = ("atMillis", "event", "attempt", "workerId", "detail", "retryAtMillis")  # one stored event
 
 
-class ClientRequests(CoreBase):
+class ClientRequests:
     """The core's client requests; see the module docstring."""
 
-    if TYPE_CHECKING:  # what the Periodic part (periodic_jobs.py, periodic_waits.py) provides
-        pworkers: dict[str, Any]
-        _pwait_live: int
+    def __init__(self, table: JobTable, json: JsonJobs, periodic: PeriodicJobs, counters: Counters) -> None:
+        self.table = table
+        self.config = table.config
+        self.json = json
+        self.periodic = periodic
+        self.counters = counters
+        self.waiters = Waiters()  # pending WAIT_JOB requests
+        self.purge_backlog = False  # the last retention walk stopped early: more may be due
+        self._purge_cursor = 0  # where the next retention walk starts
+        table.listen(self)
 
-        def _periodic_waiting(self, job: Job) -> str: ...
+    # ---- the table's listener: a job that ends answers its waits ---------------------------
+
+    def entered(self, job: Job, now_millis: int) -> None:
+        pass
+
+    def moved(self, job: Job, source: JobState, target: JobState, now_millis: int) -> None:
+        if target in TERMINAL and self.waiters:
+            self.waiters.wake_job(job.job_id)  # answered after this batch's commit
 
     def _check_payload(self, task_type: str, payload: dict[str, Any]) -> str | None:
         """Why ``payload`` cannot be submitted as ``task_type``; None if it can."""
@@ -59,8 +77,8 @@ class ClientRequests(CoreBase):
             except PayloadError as exc:
                 return str(exc)
             return None
-        if task_type not in self.known_types:
-            known = sorted(self.known_types)
+        if task_type not in self.table.known_types:
+            known = sorted(self.table.known_types)
             listed = ", ".join(known[:20]) + (" and %d more" % (len(known) - 20) if len(known) > 20 else "")
             return "unknown task type %s: no worker has declared it (known: %s)" % (quote(task_type), listed)
         if too_deep(payload):
@@ -77,7 +95,7 @@ class ClientRequests(CoreBase):
         if delay is not None:
             if delay < 0:
                 return None, "delayMillis must be a non-negative integer, got %s" % quote(delay)
-            run_at = now_millis + self.drift + delay
+            run_at = now_millis + self.table.drift + delay
         elif run_at is not None and run_at < 0:
             return None, "runAtMillis must be a non-negative integer, got %s" % quote(run_at)
         if run_at is not None and run_at > MAX_RUN_AT_MILLIS:
@@ -109,7 +127,7 @@ class ClientRequests(CoreBase):
         if key is not None:
             if len(key) > MAX_KEY_CHARS:
                 return m.Error("idempotencyKey must be at most %d characters" % MAX_KEY_CHARS)
-            existing = self._lookup_key(key)
+            existing = self.table.lookup_key(key)
             if existing is not None:
                 if existing.same_request(req.task_type, req.payload, max_attempts, priority):
                     return m.JobSubmitted(existing.job_id)
@@ -125,64 +143,42 @@ class ClientRequests(CoreBase):
                 max_attempts: int, priority: Priority, key: str | None, run_at: int | None,
                 retry_of: str | None = None) -> m.Message:
         """Admit and create a job (SUBMITTED, then QUEUED or SCHEDULED); the reply to its submit."""
-        if self.active_count >= self.config.max_active_jobs:
-            self.stats.rejected += 1
+        if self.table.active_count >= self.config.max_active_jobs:
+            self.counters.rejected += 1
             return m.SubmitRejected(
                 "coordinator is at its active-job limit; retry later",
-                self.active_count, self.config.max_active_jobs, True,
+                self.table.active_count, self.config.max_active_jobs, True,
             )
-        wall = now_millis + self.drift
-        later = run_at is not None and run_at > wall
-        job = Job(
-            job_id=self._job_id(self.next_seq), seq=self.next_seq, task_type=task_type, payload=payload,
-            max_attempts=max_attempts, priority=priority, created_at=wall, idempotency_key=key,
-            execution_timeout=self.config.task_timeout_millis, payload_json=payload_json, run_at=run_at,
-            state=JobState.SCHEDULED if later else JobState.QUEUED, retry_of=retry_of, ready_at=now_millis,
-            event_count=0,
-        )
-        self.next_seq += 1
-        self.jobs[job.job_id] = job
-        if key is not None:
-            self.keys[key] = job.job_id
-        self._new.add(job.job_id)
-        self.stats.submitted += 1
-        self.counts[(job.state, task_type, priority, False)] += 1
-        self._event(job, now_millis, "SUBMITTED", None if retry_of is None else "retry of %s" % retry_of)
-        if later:
-            assert run_at is not None
-            self._wait_until(job, run_at - self.drift)
-        else:
-            self.queued.add(job.job_id, job.task_type, priority.level, now_millis, job.seq)
+        later = run_at is not None and run_at > now_millis + self.table.drift
+        job = new_job(self.table, now_millis, task_type=task_type, payload=payload, max_attempts=max_attempts,
+                      priority=priority, idempotency_key=key, execution_timeout=self.config.task_timeout_millis,
+                      payload_json=payload_json, run_at=run_at, state=JobState.SCHEDULED if later else JobState.QUEUED,
+                      retry_of=retry_of)
+        self.table.admit(job, now_millis, None if retry_of is None else "retry of %s" % retry_of)
         log.debug("submitted job=%s type=%s priority=%s run_at=%s", job.job_id, task_type, priority.value, run_at)
         return m.JobSubmitted(job.job_id)
 
-    def _waiting(self, job: Job) -> str | None:
-        """Why a QUEUED job is not running, from the worker indexes: O(workers of its type)."""
-        if job.periodic is not None:
-            return self._periodic_waiting(job)
-        if not len(self.workers):
-            return "NO_WORKER"
-        able = self.workers_by_type.get(job.task_type)
-        if not able:
-            return "NO_WORKER_FOR_TYPE"
-        for session in able:
-            if len(session.running) < session.capacity:
-                return "BEHIND_OTHER_JOBS"  # a worker has room: the next pass takes it, or better jobs
-        return "WORKERS_BUSY"
+    def _waiting(self, job: Job) -> str:
+        """Why a QUEUED job is not running: its part knows."""
+        return self.json.waiting_reason(job) if job.periodic is None else self.periodic.waiting_reason(job)
+
+    def _revoke(self, job: Job) -> None:
+        if job.periodic is None:
+            self.json.revoke_lease(job, "cancelled")
 
     def snapshot(self, job: Job) -> dict[str, Any]:
         """A job's wire snapshot, with its waiting reason."""
         return job.snapshot(self._waiting(job) if job.state is JobState.QUEUED else None)
 
     def get_job_status(self, now_millis: int, job_id: str) -> m.Message:
-        job = self._lookup(job_id)
+        job = self.table.lookup(job_id)
         if job is None:
             return m.Error("unknown job %s" % quote(job_id))
         return m.JobStatus(self.snapshot(job))
 
     def get_job_events(self, now_millis: int, job_id: str) -> m.Message:
         """The job's timeline: what the store holds, then this batch's events not committed yet."""
-        job = self._lookup(job_id)
+        job = self.table.lookup(job_id)
         if job is None:
             return m.Error("unknown job %s" % quote(job_id))
         events = []
@@ -193,20 +189,21 @@ class ClientRequests(CoreBase):
             events.append(item)
         return m.JobEvents(job_id, events)
 
-    def wait_job(self, now_millis: int, conn: Any, token: Any, req: m.WaitJob) -> m.Message | None:
+    def wait_job(self, now_millis: int, conn: ReplyConnection, req: m.WaitJob) -> m.Message | Slot:
         """WAIT_JOB: the JOB_STATUS reply now if the job has ended (or the timeout is 0),
-        else None: a waiter holds ``token`` on ``conn`` and ``take_answers`` gives its
-        reply once the job ends or ``timeoutMillis`` has passed."""
+        else a Slot: the reply's place on ``conn``, filled by ``take_answers`` once the
+        job ends or ``timeoutMillis`` has passed."""
         timeout = req.timeout_millis
         if not 0 <= timeout <= MAX_WAIT_MILLIS:
             return m.Error("timeoutMillis must be 0..%d, got %s" % (MAX_WAIT_MILLIS, quote(timeout)))
-        job = self._lookup(req.job_id)
+        job = self.table.lookup(req.job_id)
         if job is None:
             return m.Error("unknown job %s" % quote(req.job_id))
         if job.state in TERMINAL or timeout == 0:
             return m.JobStatus(self.snapshot(job))
-        self.waiters.add(Waiter(conn, token, job.job_id, now_millis + timeout))
-        return None
+        slot = Slot()
+        self.waiters.add(Waiter(conn, slot, job.job_id, now_millis + timeout))
+        return slot
 
     def expire_waits(self, now_millis: int) -> None:
         """Answer the waits whose time is up, with their job as it stands."""
@@ -217,7 +214,7 @@ class ClientRequests(CoreBase):
         """When the earliest pending wait times out (core time), or None."""
         return self.waiters.next_deadline() if self.waiters else None
 
-    def on_client_closed(self, now_millis: int, conn: Any) -> None:
+    def on_client_closed(self, now_millis: int, conn: ReplyConnection) -> None:
         """A client connection ended with requests unanswered: forget its waits."""
         dropped = self.waiters.drop_conn(conn)
         if dropped:
@@ -232,7 +229,7 @@ class ClientRequests(CoreBase):
         snapshot as it stands now (the end of the batch, which is what gets committed)."""
         answers: list[tuple[Waiter, m.Message]] = []
         for waiter in self.waiters.take():
-            job = self._lookup(waiter.job_id)
+            job = self.table.lookup(waiter.job_id)
             answers.append((waiter, m.JobStatus(self.snapshot(job)) if job is not None
                             else m.Error("unknown job %s" % quote(waiter.job_id))))
         return answers
@@ -242,14 +239,14 @@ class ClientRequests(CoreBase):
         this core's state, keeping its deadline; a job that ended, or that this state
         does not hold, is answered at the next ``take_answers``."""
         for waiter in waiters:
-            job = self._lookup(waiter.job_id)
+            job = self.table.lookup(waiter.job_id)
             self.waiters.add(waiter)
             if job is None or job.state in TERMINAL:
                 self.waiters.wake_job(waiter.job_id)
 
     def retry_job(self, now_millis: int, job_id: str) -> m.Message:
         """A new job with a finished job's type, payload, priority and budget; ``retryOf`` names it."""
-        job = self._lookup(job_id)
+        job = self.table.lookup(job_id)
         if job is None:
             return m.Error("unknown job %s" % quote(job_id))
         if job.state not in TERMINAL:
@@ -273,66 +270,35 @@ class ClientRequests(CoreBase):
         limit = PURGE_REQUEST_MAX if req.limit is None else req.limit
         if not 1 <= limit <= PURGE_REQUEST_MAX:
             return m.Error("limit must be 1..%d, got %s" % (PURGE_REQUEST_MAX, quote(limit)))
-        cutoff = now_millis + self.drift - req.older_than_millis
+        cutoff = now_millis + self.table.drift - req.older_than_millis
         purged, cursor = 0, 0
         while purged < limit:  # walk from the oldest row until enough are found or none are left
-            found, cursor = self.store.purgeable(cursor, cutoff, limit - purged)
-            purged += self._forget(found)
+            found, cursor = self.table.store.purgeable(cursor, cutoff, limit - purged)
+            purged += self.table.forget(found)
             if not cursor:
                 break
         log.info("purged finished jobs count=%d older_than_millis=%d", purged, req.older_than_millis)
         return m.JobsPurged(purged, purged == limit)
-
-    def _forget(self, found: list[tuple[str, str | None]]) -> int:
-        """Drop finished jobs from memory (cache, keys, dirty rows); the batch's commit
-        deletes their rows. Their idempotency keys are free again."""
-        queued = set(self._purges)
-        for job_id, key in found:
-            if job_id in queued:
-                continue
-            self.finished.pop(job_id, None)
-            if key is not None and self.keys.get(key) == job_id:
-                del self.keys[key]
-            self._dirty.pop(job_id, None)
-            self._purges.append(job_id)
-        self.stats.purged += len(found)
-        return len(found)
 
     def purge_expired(self, now_millis: int, limit: int = PURGE_SWEEP) -> None:
         """Retention: purge finished jobs older than ``retain_finished_millis`` in small
         steps (each sweep, and each batch while more are due), so the database stops
         growing under a steady load without one large delete ever stalling the core."""
         retain = self.config.retain_finished_millis
-        if retain <= 0 or self.paused:
+        if retain <= 0:
             return
-        found, self._purge_cursor = self.store.purgeable(self._purge_cursor, now_millis + self.drift - retain,
-                                                         limit)
-        self._forget(found)
+        cutoff = now_millis + self.table.drift - retain
+        found, self._purge_cursor = self.table.store.purgeable(self._purge_cursor, cutoff, limit)
+        self.table.forget(found)
         # Keep purging every batch only while walks find plenty (a walk that steps over
         # active jobs finds little, and waits for the next sweep).
-        self._purge_backlog = bool(self._purge_cursor) and len(found) * 2 >= limit
-
-    def metrics(self) -> Figures:
-        """Plain figures for the metrics port and GET_STATS: O(series), never O(jobs)."""
-        jobs = {(state.value, task_type, priority.value, "periodic" if periodic else "json"): n
-                for (state, task_type, priority, periodic), n in self.counts.items()}
-        capacity = busy = 0
-        for session in self.workers:
-            capacity += session.capacity
-            busy += len(session.running)
-        return Figures(counters=replace(self.stats), jobs=jobs,
-                       finished={state.value: n for state, n in self.finished_counts.items()},
-                       workers=len(self.workers), capacity=capacity, busy_slots=busy,
-                       periodic_workers=len(self.pworkers), waits=len(self.waiters) + self._pwait_live)
-
-    def get_stats(self, now_millis: int) -> m.Message:
-        """GET_STATS: the figures the metrics port shows, from counters (O(series))."""
-        return stats_message(self.metrics(), now_millis + self.drift)
+        self.purge_backlog = bool(self._purge_cursor) and len(found) * 2 >= limit
 
     def list_workers(self, now_millis: int) -> m.Message:
         """Every live worker session: JSON workers, then Periodic ones (``protocol`` tells)."""
-        return m.WorkerList([s.snapshot(self.drift) for s in self.workers]
-                            + [s.snapshot(self.drift) for s in self.pworkers.values()])
+        drift = self.table.drift
+        return m.WorkerList([s.snapshot(drift) for s in self.json.workers]
+                            + [s.snapshot(drift) for s in self.periodic.workers.values()])
 
     def list_jobs(self, now_millis: int, req: m.ListJobs) -> m.Message:
         limit = LIST_DEFAULT if req.limit is None else req.limit
@@ -350,7 +316,7 @@ class ClientRequests(CoreBase):
                     raise ValueError
             except ValueError:
                 return m.Error("invalid cursor %s" % quote(req.cursor))
-        rows = self.store.list_page(limit + 1, state, before, req.task_type)
+        rows = self.table.store.list_page(limit + 1, state, before, req.task_type)
         jobs: list[dict[str, Any]] = []
         size = 0
         next_cursor = None
@@ -358,7 +324,7 @@ class ClientRequests(CoreBase):
             if i == limit:
                 next_cursor = str(rows[i - 1][0])
                 break
-            live = self.jobs.get(stored.job_id) or self.finished.get(stored.job_id) or stored
+            live = self.table.current(stored)
             if state is not None and live.state.value != state:
                 continue  # moved on since its last commit; it belongs to another state now
             snap = self.snapshot(live)
@@ -370,14 +336,14 @@ class ClientRequests(CoreBase):
         return m.JobList(jobs, next_cursor)
 
     def cancel_job(self, now_millis: int, job_id: str) -> m.Message:
-        job = self.jobs.get(job_id)
+        job = self.table.jobs.get(job_id)
         if job is None:
-            done = self._lookup(job_id)
+            done = self.table.lookup(job_id)
             if done is None:
                 return m.Error("unknown job %s" % quote(job_id))
             return m.JobCancel(False, self.snapshot(done))
         if job.state is JobState.RUNNING:
-            self._revoke_lease(job, "cancelled")
-        self._transition(job, JobState.CANCELLED, now_millis)
+            self._revoke(job)
+        self.table.transition(job, JobState.CANCELLED, now_millis)
         log.info("cancelled job=%s", job.job_id)
         return m.JobCancel(True, self.snapshot(job))

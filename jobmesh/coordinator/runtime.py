@@ -58,7 +58,7 @@ from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
 from jobmesh.coordinator.connection import ReplyConnection
 from jobmesh.coordinator.mailbox import Mailbox
-from jobmesh.coordinator.outage import CommitFailed, StorageOutages, storage_error
+from jobmesh.coordinator.outage import CommitFailed, StorageOutage, storage_error
 from jobmesh.coordinator.core import CoordinatorCore
 from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock
 from jobmesh.coordinator.figures import RuntimeFigures
@@ -66,10 +66,11 @@ from jobmesh.coordinator.housekeeping import (COMMIT_SECONDS_BUCKETS, SIZE_BUCKE
                                               raise_fd_limit)
 from jobmesh.coordinator.periodic_port import PeriodicPort
 from jobmesh.coordinator.server import SHUTTING_DOWN, Servers
+from jobmesh.coordinator.waiters import Slot, Waiter
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
-from jobmesh.store.base import Batch, Store, merge_batches
+from jobmesh.store.base import Store
 from jobmesh.store.sqlite import FAULT_FILE_ENV, SQLiteStore
 
 log = logging.getLogger(__name__)
@@ -86,16 +87,6 @@ class CannotStart(Exception):
 
 
 INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
-
-
-class Slot:
-    """The place of a pending WAIT_JOB's reply in its connection's order; ``msg`` is set
-    once the core answers it."""
-
-    __slots__ = ("msg",)
-
-    def __init__(self) -> None:
-        self.msg: m.Message | None = None
 
 
 class Held:
@@ -130,7 +121,19 @@ def _encode_reply(msg: m.Message) -> bytes:
         return encode_frame(INTERNAL_ERROR.to_wire())
 
 
-class Coordinator(StorageOutages):
+class Answers:
+    """A batch's replies: ``(conn, (reply or Slot, close after it))`` in order, and the
+    waits the core answered in it, ``(Waiter, reply)``, written after them."""
+
+    __slots__ = ("replies", "waits")
+
+    def __init__(self, replies: list[tuple[ReplyConnection, tuple[m.Message | Slot, bool]]],
+                 waits: list[tuple[Waiter, m.Message]]) -> None:
+        self.replies = replies
+        self.waits = waits
+
+
+class Coordinator:
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
         self.mailbox = Mailbox()
@@ -156,15 +159,11 @@ class Coordinator(StorageOutages):
         self.exit_code = 0  # what run_coordinator returns once stopped
         self.collector = CollectorPolicy()
         self.lock = DatabaseLock(config.db)
-        self._dispatch: dict[type, Callable[[int, Any], Any]] = {}
-        # Storage outage: its reason while writes fail (None: writes work), since when, how
-        # many commits failed, recovery's rows not committed yet, and the probe in flight.
-        self._outage: str | None = None
-        self._outage_since = 0.0
-        self._failed_commits = 0
-        self._pending: Batch | None = None
-        self._probe: Any = None
-        self._next_probe = 0.0
+        self.outage = StorageOutage()
+        # What the runtime itself does before the core applies an event of that kind.
+        self._before: dict[type, Callable[[Any], None]] = {
+            ev.Sweep: self._before_sweep, ev.Expire: self._before_expire, ev.ClientClosed: self._before_client_closed,
+        }
         self._draining = False
         # Figures for the metrics port (jobmesh/coordinator/http.py), kept as plain numbers.
         self.ready = False  # recovered and listening (and not stopping)
@@ -203,9 +202,8 @@ class Coordinator(StorageOutages):
             except Exception as exc:
                 if not self.store.is_storage_fault(exc):
                     raise
-                self._pending = rows  # recovery's decisions: committed with the first write that works
+                self.outage.pending = rows  # recovery's decisions: committed with the first write that works
                 self._storage_failed(self.store.fault_reason(exc), "at start", reload=False)
-        self._dispatch = self._dispatch_table()
         gc.collect()
         gc.freeze()  # the recovered working set and everything imported: never scanned again
         self._core_greenlet = gevent.spawn(self._run_core)
@@ -260,14 +258,14 @@ class Coordinator(StorageOutages):
         assert self.store is not None
         core = CoordinatorCore(self.store, cfg)  # a CoordinatorConfig is a CoreConfig
         if self.core is not None:
-            core.drift = self.core.drift  # a reload: keep the wall clock's known offset
+            core.table.drift = self.core.table.drift  # a reload: keep the wall clock's known offset
         stats = core.recover(now_millis())
         core.draining = self._draining
         log.info(
             "recovered db=%s active=%d queued=%d scheduled=%d retry_wait=%d requeued=%d due_while_down=%d"
             " failed_on_restart=%d task_types=%d next_seq=%d",
             cfg.db, core.active_count, stats["queued"], stats["scheduled"], stats["retry_wait"],
-            stats["requeued"], stats["due"], stats["failed"], len(core.known_types), core.next_seq,
+            stats["requeued"], stats["due"], stats["failed"], len(core.table.known_types), core.table.next_seq,
         )
         return core
 
@@ -306,68 +304,43 @@ class Coordinator(StorageOutages):
 
     # ---- the core loop -----------------------------------------------------------------
 
-    def _dispatch_table(self) -> dict[type, Callable[[int, Any], Any]]:
-        """Event class -> what the core does with it. Client requests answer with a reply."""
+    # ---- what the runtime does before the core applies an event ------------------------
+
+    def _before_sweep(self, _event: ev.Sweep) -> None:
+        """Liveness by arrival: each worker's handler stamps when its last frame arrived,
+        and one whose handler is paused (the core is behind on its events) is alive now;
+        and the wall clock's offset."""
         core = self.core
         assert core is not None
-        answers: dict[type, Callable[[int, Any], m.Message]] = {
-            m.SubmitJob: core.submit_job,
-            m.GetJobStatus: lambda now, r: core.get_job_status(now, r.job_id),
-            m.ListJobs: core.list_jobs,
-            m.ListWorkers: lambda now, r: core.list_workers(now),
-            m.CancelJob: lambda now, r: core.cancel_job(now, r.job_id),
-            m.GetJobEvents: lambda now, r: core.get_job_events(now, r.job_id),
-            m.RetryJob: lambda now, r: core.retry_job(now, r.job_id),
-            m.PurgeJobs: core.purge_jobs,
-            m.GetStats: lambda now, _req: core.get_stats(now),
-            ev.Refusal: lambda now, r: r.error,
-        }
-        wait = m.WaitJob  # the one request that needs its connection (its reply may come later)
-        return {
-            ev.Registered: lambda now, e: core.on_worker_registered(now, e.conn, e.msg),
-            ev.Result: lambda now, e: core.on_task_result(now, e.conn, e.msg),
-            ev.Disconnected: lambda now, e: core.on_worker_disconnected(now, e.conn),
-            ev.PeriodicPacket: lambda now, e: core.on_periodic(now, e.conn, e.msg),
-            ev.PeriodicClosed: lambda now, e: core.on_periodic_closed(now, e.conn),
-            ev.Sweep: self._sweep,
-            ev.Expire: self._expire,
-            ev.ClientClosed: self._client_closed,
-            ev.Request: lambda now, e: (answers[type(e.msg)](now, e.msg) if type(e.msg) is not wait
-                                        else self._wait_job(now, e)),
-        }
+        self._sweep_pending = False
+        now = now_millis()
+        core.observe_arrivals(now, {s.conn: now if s.conn.paused else core_millis(s.conn.last_arrival)
+                                    for s in core.json.workers})
+        core.observe_wall(now, wall_millis())
+        self.collector.tick(time.monotonic())
+
+    def _before_expire(self, _event: ev.Expire) -> None:
+        self._expire_pending = False
+
+    def _before_client_closed(self, event: ev.ClientClosed) -> None:
+        """Its waits will never be read: forget what is held behind them (the core forgets the waits)."""
+        self._held.pop(event.conn, None)
 
     # ---- WAIT_JOB: held replies and the expiry timer -------------------------------------
 
-    def _wait_job(self, now: int, event: ev.Request) -> m.Message | Slot:
-        """The reply to a WAIT_JOB, or a Slot that later replies on its connection wait behind."""
-        assert self.core is not None
-        slot = Slot()
-        answer = self.core.wait_job(now, event.conn, slot, event.msg)
-        if answer is not None:
-            return answer
-        held = self._held.get(event.conn)
+    def _hold(self, conn: ReplyConnection) -> None:
+        """A WAIT_JOB on ``conn`` got a Slot: its later replies wait behind it."""
+        held = self._held.get(conn)
         if held is None:
-            held = self._held[event.conn] = Held()
+            held = self._held[conn] = Held()
         held.slots += 1
-        return slot
-
-    def _client_closed(self, now: int, event: ev.ClientClosed) -> None:
-        """Its waits will never be read: forget them and what is held behind them."""
-        assert self.core is not None
-        self._held.pop(event.conn, None)
-        self.core.on_client_closed(now, event.conn)
-
-    def _expire(self, now: int, _event: ev.Expire) -> None:
-        assert self.core is not None
-        self._expire_pending = False
-        self.core.expire_waits(now)
 
     def _arm_expiry(self) -> None:
         """Keep a timer armed for the earliest pending wait's deadline."""
         core = self.core
         if core is None or self._expire_pending or self._stopping:
             return
-        due = core.next_wait_deadline()
+        due = core.requests.next_wait_deadline()
         if due is None or (self._expire_at is not None and self._expire_at <= due):
             return
         if self._expire_timer is not None:
@@ -403,31 +376,18 @@ class Coordinator(StorageOutages):
         if not queue and not held.slots:
             del self._held[conn]
 
-    def _sweep(self, now: int, _event: ev.Sweep) -> None:
-        assert self.core is not None
-        self._sweep_pending = False
-        # Liveness by arrival: each worker's handler stamps when its last frame arrived,
-        # and one whose handler is paused (the core is behind on its events) is alive.
-        for session in self.core.workers:
-            conn = session.conn
-            self.core.on_heartbeat(now if conn.paused else core_millis(conn.last_arrival), conn, session.worker_id)
-        self.core.observe_wall(now, wall_millis())
-        self.core.sweep(now)
-        self.collector.tick(time.monotonic())
-
     def _run_core(self) -> None:
         """Take a batch, apply it, commit it, release it; until a STOP."""
         mailbox = self.mailbox
-        unsent = None  # the replies of the last committed batch, not written yet
+        unsent: Answers | None = None  # the replies of the last committed batch, not written yet
         while True:
             if unsent is not None and not len(mailbox):
                 self._write_replies(unsent)
                 unsent = None
             batch = mailbox.take(MAX_BATCH)
             self.batch_events.observe(len(batch))
-            # self._dispatch: a storage failure replaces the core, and the table with it.
-            replies, stop = self._apply_batch(batch, self._dispatch)
-            unsent = self._commit_and_release(replies, unsent, stop)
+            answers, stop = self._apply_batch(batch)
+            unsent = self._commit_and_release(answers, unsent, stop)
             if stop:
                 self._answer_waits(SHUTTING_DOWN)
                 for item in mailbox.take_all():
@@ -435,19 +395,17 @@ class Coordinator(StorageOutages):
                 return
             self._arm_expiry()
 
-    def _apply_batch(self, batch: list, dispatch: dict[type, Callable[[int, Any], Any]]) -> tuple[list, bool]:
-        """Apply each event of a batch (one clock read each), then schedule.
+    def _apply_batch(self, batch: list) -> tuple[Answers, bool]:
+        """Apply each event of a batch (one clock read each), then the core's end of batch.
 
-        Returns the batch's replies and whether a STOP was in it (events after a STOP are
-        refused, not applied). The replies are ``(conn, (reply, close after it))`` (the
-        reply a ``Slot`` for a pending wait) and then ``(None, answers)``: the waits the
-        core answered in this batch, ``(Waiter, reply)`` pairs.
-        """
-        core = self.core
+        Returns the batch's answers and whether a STOP was in it (events after a STOP are
+        refused, not applied)."""
+        core = self.core  # a storage failure replaces the core, between batches
         assert core is not None
-        replies: list[tuple[Any, tuple[m.Message, bool]]] = []
+        replies: list[tuple[ReplyConnection, tuple[m.Message | Slot, bool]]] = []
         stop = False
         now = now_millis()
+        before = self._before
         for item in batch:
             kind = type(item)
             if kind is ev.Stop:
@@ -458,40 +416,41 @@ class Coordinator(StorageOutages):
                 continue
             now = now_millis()
             try:
-                answer = dispatch[kind](now, item)
+                hook = before.get(kind)
+                if hook is not None:
+                    hook(item)
+                answer = core.apply(item, now)
                 if kind is ev.Request:
+                    assert answer is not None
+                    if type(answer) is Slot:
+                        self._hold(item.conn)
                     replies.append((item.conn, (answer, type(item.msg) is ev.Refusal)))
             except Exception:
                 log.exception("error while handling %s; continuing", kind.__name__)
                 if kind is ev.Request:
                     replies.append((item.conn, (INTERNAL_ERROR, False)))
         try:
-            core.after_batch(now)
+            waits = core.end_batch(now)
         except Exception:
             log.exception("error while scheduling; continuing")
-        if core.has_answers():
-            replies.append((None, core.take_answers()))
-        return replies, stop
+            waits = core.requests.take_answers()
+        return Answers(replies, waits), stop
 
-    def _commit_and_release(self, replies: list, unsent: list | None, stop: bool) -> list | None:
+    def _commit_and_release(self, answers: Answers, unsent: Answers | None, stop: bool) -> Answers | None:
         """Group commit: the whole batch in one transaction; its replies and frames go out
         only after it. One commit in flight at a time (measured: overlapping the next
         batch with the commit made batches smaller and submits slower; docs/PERFORMANCE.md).
         The previous batch's replies (``unsent``) are written while this commit runs.
         Returns the replies still to write (None if all are written).
 
-        A commit that fails for a storage reason releases nothing of the batch: its replies
-        become the storage ERROR, its frames are dropped, and state is reloaded
-        (``_storage_failed``). Recovery rows not committed yet (``_pending``) go with the
-        next batch that writes, or with the next batch at all once storage works."""
-        core = self.core
-        store = self.store
+        A commit that fails for a storage reason releases nothing of the batch
+        (``_refuse_batch``). Recovery rows not committed yet (the outage's ``pending``) go
+        with the next batch that writes, or with the next batch at all once storage works."""
+        core, store = self.core, self.store
         assert core is not None and store is not None
-        rows = core.take_dirty()
+        outage = self.outage
+        rows = outage.with_pending(core.take_dirty())
         outbound = core.take_outbound()
-        pending = self._pending
-        if pending is not None and (any(rows) or self._outage is None):
-            rows = merge_batches(pending, rows)
         commit = store.commit(rows) if any(rows) else None
         started = time.perf_counter()
         if unsent is not None:
@@ -499,71 +458,125 @@ class Coordinator(StorageOutages):
         if commit is not None:
             failure = commit.get()
             if failure is not None and store.is_storage_fault(failure):
-                reason = store.fault_reason(failure)
-                answered = replies.pop()[1] if replies and replies[-1][0] is None else []
-                self._storage_failed(reason, "commit", reload=not stop)
-                error = storage_error(reason)
-                # A pending wait stays pending (it writes nothing): see _carry_waits.
-                replies = [(conn, (msg if closes or type(msg) is Slot else error, closes))
-                           for conn, (msg, closes) in replies]
-                self._carry_waits(core, answered, error, replies)
+                answers = self._refuse_batch(core, answers, store.fault_reason(failure), stop)
                 outbound = []
             elif failure is not None:
                 raise CommitFailed("%s: %s" % (type(failure).__name__, failure)) from failure
             else:
                 self.commit_seconds.observe(time.perf_counter() - started)
-                self.commit_rows.observe(len(rows[0]) + len(rows[1]))
-                if pending is not None:
-                    self._pending = None  # a commit with pending rows always merged them
-                if self._outage is not None:
-                    self._writes_resumed("a commit")
-        elif self._outage is not None and not stop:
-            self._check_probe()
+                self.commit_rows.observe(len(rows.inserts) + len(rows.updates))
+                if outage.committed(rows):
+                    core.paused = False
+        elif outage.active and not stop:
+            if outage.check_probe(store):
+                core.paused = False
         self._send_outbound(outbound)
         if stop or commit is None:
-            self._write_replies(replies)  # nothing to overlap with
+            self._write_replies(answers)  # nothing to overlap with
             if not stop:
                 # The mailbox never blocks while it has items: let the hub run a whole loop
                 # (I/O and timers too; sleep(0) only runs callbacks, so a stream of batches
                 # without writes left the sweep timer and idle sockets unserved for seconds).
                 gevent.idle()
             return None
-        return replies
+        return answers
 
     # ---- storage outages --------------------------------------------------------------
 
-    def _write_replies(self, replies: list) -> None:
+    def _refuse_batch(self, old: CoordinatorCore, answers: Answers, reason: str, stop: bool) -> Answers:
+        """A batch whose commit failed for a storage reason: its replies become the storage
+        ERROR (a protocol refusal keeps its own; a pending wait stays pending: it wrote
+        nothing), and state is reloaded (``_storage_failed``). The waits the old core
+        answered in that batch were answered by changes that are not durable, so they, and
+        every wait still pending, wait again on the reloaded core (an ended job answers
+        them at once); without a reload (stopping) they get the storage ERROR."""
+        self._storage_failed(reason, "commit", reload=not stop)
+        error = storage_error(reason)
+        replies = [(conn, (msg if closes or type(msg) is Slot else error, closes))
+                   for conn, (msg, closes) in answers.replies]
+        core = self.core
+        assert core is not None
+        if core is old:
+            return Answers(replies, [(waiter, error) for waiter, _ in answers.waits])
+        core.requests.adopt_waiters(now_millis(), old.requests.waiters.pending()
+                                    + [waiter for waiter, _ in answers.waits])
+        return Answers(replies, core.requests.take_answers())
+
+    def _storage_failed(self, reason: str, where: str, reload: bool = True) -> None:
+        """A write failed for a storage reason: pause, and unless stopping, throw memory
+        away and reload state from the database."""
+        self.outage.failed(reason, where)
+        if reload:
+            self._reload()
+        assert self.core is not None
+        self.core.paused = True
+
+    def _reload(self) -> None:
+        """Replace the core with the database's state, as a restart would (``recover``).
+
+        Worker connections are closed: the discarded memory held their sessions and
+        leases; they register again. Recovery's own rows are kept to commit later."""
+        for conn in list(self.handlers.worker_conns):
+            conn.abort()
+        for pconn in list(self.periodic.conns):  # Periodic sessions too: they reconnect
+            pconn.abort()
+        old = self.core
+        assert old is not None and self.store is not None
+        try:
+            # Reopened: a connection opened on a read-only file stays read-only.
+            store = self._open_store()
+        except Exception as exc:
+            if not self.store.is_storage_fault(exc):
+                raise
+            log.warning("could not reopen the database, reloading through the open connections: %s", exc)
+        else:
+            self.store.close()
+            self.store = store
+        try:
+            core = self._recovered_core()
+        except Exception as exc:
+            if not self.store.is_storage_fault(exc):
+                raise
+            raise CommitFailed("could not reload state from the database after a failed commit: %s" % exc) from exc
+        core.carry_over(old)
+        rows = core.take_dirty()
+        self.outage.pending = rows if any(rows) else None
+        core.take_outbound()
+        core.paused = True
+        self.core = core
+
+    # ---- writing replies --------------------------------------------------------------
+
+    def _write_replies(self, answers: Answers) -> None:
         """Encode a batch's replies and write each connection's with one write, in order.
 
         A connection with a pending wait has its replies queued behind it (``_release``
         writes what is ready); the waits answered in the batch come last."""
-        answered = replies.pop() if replies and replies[-1][0] is None else None
         held = self._held
-        for conn, answers in _by_conn(replies).items():
+        for conn, replies in _by_conn(answers.replies).items():
             waiting = held.get(conn) if held else None
             if waiting is not None:
-                waiting.queue.extend(answers)
+                waiting.queue.extend(replies)
                 self._release(conn, waiting)
                 continue
             data, close = b"", False
-            for msg, closes in answers:
+            for msg, closes in replies:
                 data += _encode_reply(msg)
                 close = close or closes
-            conn.reply(data, len(answers), close)
-        if answered is not None:
-            for waiter, msg in answered[1]:
-                slot = waiter.token
-                if slot.msg is None:
-                    slot.msg = msg
-                waiting = held.get(waiter.conn)
-                if waiting is not None:  # None: the client has gone
-                    self._release(waiter.conn, waiting)
+            conn.reply(data, len(replies), close)
+        for waiter, msg in answers.waits:
+            slot = waiter.token
+            if slot.msg is None:
+                slot.msg = msg
+            waiting = held.get(waiter.conn)
+            if waiting is not None:  # None: the client has gone
+                self._release(waiter.conn, waiting)
 
     def _answer_waits(self, msg: m.Message) -> None:
         """Answer every pending wait with ``msg`` now (stopping)."""
         core = self.core
-        if core is not None and core.waiters:
-            self._write_replies([(None, [(waiter, msg) for waiter in core.waiters.pending()])])
+        if core is not None and core.requests.waiters:
+            self._write_replies(Answers([], [(waiter, msg) for waiter in core.requests.waiters.pending()]))
 
     @staticmethod
     def _send_outbound(outbound: list) -> None:
@@ -653,8 +666,8 @@ class Coordinator(StorageOutages):
             pconn.abort()
         # Handlers get a moment to finish writing replies the core already released.
         gevent.joinall([gevent.spawn(srv.stop, 0.3) for srv in self.servers], timeout=5)
-        if self._probe is not None:
-            self._probe.wait(10)  # the DB thread must be done with the connections it closes
+        if self.outage.probe is not None:
+            self.outage.probe.wait(10)  # the DB thread must be done with the connections it closes
         if self.store is not None:
             self.store.close()
         self.lock.release()

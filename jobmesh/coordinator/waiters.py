@@ -29,13 +29,23 @@ if TYPE_CHECKING:  # a protocol only: this module stays pure
 MAX_WAIT_MILLIS = 3_600_000  # the longest WAIT_JOB timeout
 
 
+class Slot:
+    """The place of a pending WAIT_JOB's reply in its connection's order; ``msg`` is set
+    once the core answers it (the runtime holds later replies of that connection behind it)."""
+
+    __slots__ = ("msg",)
+
+    def __init__(self) -> None:
+        self.msg: Any = None
+
+
 class Waiter:
     """One pending WAIT_JOB. ``token`` is the runtime's handle for the reply slot it
     holds on ``conn``; ``deadline`` is core time (ms); ``done`` once answered or dropped."""
 
     __slots__ = ("conn", "token", "job_id", "deadline", "done")
 
-    def __init__(self, conn: ReplyConnection, token: Any, job_id: str, deadline: int) -> None:
+    def __init__(self, conn: ReplyConnection, token: Slot, job_id: str, deadline: int) -> None:
         self.conn = conn
         self.token = token
         self.job_id = job_id

@@ -91,7 +91,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("retry_at", I, mutable=True),
     Column("idempotency_key", T),
     # v2: the lease deadline
-    Column("execution_timeout", I, added=True),
+    Column("execution_timeout", I, mutable=True, added=True),  # a Periodic resubmit changes it
     Column("deadline", I, mutable=True, added=True),
     # v3: priority (older rows: NORMAL) and the submission sequence, unique per job: the
     # order of listings, paging cursors and the retention walk.

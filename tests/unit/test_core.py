@@ -4,28 +4,27 @@ Specs: PROTOCOL.md (messages, admission, idempotency, priority), ARCHITECTURE.md
 sweep, leases, recovery), the lease-deadlines PR (deadlines, TASK_CANCEL, CANCELLED),
 CONTRACT.md (list paging, worker list fields, ERROR vs close).
 
-``Harness.step`` emulates one runtime batch: the event, then ``schedule_queued_jobs``,
-then the group commit of ``take_dirty()``, then the release of outbound frames. After
-each commit it checks that the store holds exactly what the core holds, and that no
-worker is above its capacity and every lease is held by exactly one session.
+``Harness`` is the shared ``CoreDriver`` (core_driver.py) with the JSON ports' requests
+and worker events: each goes through ``core.apply``, and ``step`` ends the batch as the
+runtime does (``core.end_batch``, commit, invariant checks, release).
 """
 
 from __future__ import annotations
 
-import itertools
 import random
 import sqlite3
 from typing import Any
 
 import pytest
 
-from jobmesh.coordinator import core as core_mod
-from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+from jobmesh.coordinator import table as table_mod
+from jobmesh.coordinator import events as ev
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME, encode_frame
-from jobmesh.protocol.jobs import TERMINAL, JobState
+from jobmesh.protocol.jobs import JobState
 from jobmesh.store.columns import insert_row
 from jobmesh.store.sqlite import BASE_COLUMNS, SQLiteStore
+from tests.unit.core_driver import Conn, CoreDriver
 
 SLEEP = {"durationMillis": 10}
 HB = 1000          # heartbeat timeout
@@ -35,71 +34,22 @@ CAP = 1000         # retry cap
 STEP = 60_000      # aging step
 
 
-class Conn:
-    """A stand-in for a connection: hashable by identity, with a readable name."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return "Conn(%s)" % self.name
-
-
-class Harness:
+class Harness(CoreDriver):
     def __init__(self, store: SQLiteStore | None = None, prefix: str = "id", **cfg: Any) -> None:
         config = dict(heartbeat_timeout_millis=HB, task_timeout_millis=TIMEOUT, max_active_jobs=1000,
                       aging_step_millis=STEP, retry_base_millis=BASE, retry_cap_millis=CAP,
                       default_max_attempts=3)
         config.update(cfg)
-        self.store = store if store is not None else SQLiteStore(":memory:")
-        counter = itertools.count(1)
-        self.core = CoordinatorCore(self.store, CoreConfig(**config), new_id=lambda: "%s-%d" % (prefix, next(counter)))
-        self.sent: list[tuple[Any, m.Message | None]] = []
+        super().__init__(store, prefix, **config)
         self.conns: dict[str, Conn] = {}
 
-    # -- the batch: event, schedule, commit, release -------------------------------------
-
-    def step(self, now: int, schedule: bool = True) -> list[tuple[Any, m.Message | None]]:
-        if schedule:
-            self.core.schedule_queued_jobs(now)
-        self.commit()
-        out = self.core.take_outbound()
-        self.sent.extend(out)
-        return out
+    def step(self, now: int) -> list[tuple[Any, m.Message | None]]:
+        """End the batch: schedule, commit, check, release."""
+        return self.end_batch(now)
 
     def commit(self) -> None:
         self.store.write(self.core.take_dirty())
         self.check()
-
-    def check(self) -> None:
-        core = self.core
-        # The store holds exactly what the core holds.
-        for job in list(core.jobs.values()) + list(core.finished.values()):
-            stored = self.store.get(job.job_id)
-            assert stored is not None, job.job_id
-            assert insert_row(stored) == insert_row(job), job.job_id
-        assert all(j.state not in TERMINAL for j in core.jobs.values())
-        assert core.active_count == len(self.store.load_active())
-        # Capacity and leases.
-        holders: dict[str, str] = {}
-        for session in core.workers:
-            assert len(session.running) <= session.capacity, session.worker_id
-            for job_id in session.running:
-                assert job_id not in holders, job_id
-                holders[job_id] = session.worker_id
-        for job in core.jobs.values():
-            if job.state is JobState.RUNNING:
-                assert holders.get(job.job_id) == job.worker_id, job.job_id
-                assert job.attempt_id is not None and job.deadline is not None
-            else:
-                assert job.job_id not in holders
-                assert job.worker_id is None and job.attempt_id is None and job.deadline is None
-            assert (job.retry_at is not None) == (job.state is JobState.RETRY_WAIT)
-            assert (job.job_id in core.queued) == (job.state is JobState.QUEUED)
-            if job.state in (JobState.SCHEDULED, JobState.RETRY_WAIT):
-                assert job.wake_at is not None and (job.wake_at, job.job_id) in core.due_heap
-            if job.state is JobState.SCHEDULED:
-                assert job.run_at is not None
 
     # -- client side ------------------------------------------------------------------------
 
@@ -108,7 +58,7 @@ class Harness:
                delay: int | None = None) -> m.Message:
         req = m.SubmitJob(task_type, dict(SLEEP) if payload is None else payload, max_attempts, key, priority,
                           run_at, delay)
-        reply = self.core.submit_job(now, req)
+        reply = self.request(now, req)
         self.step(now)
         return reply
 
@@ -118,7 +68,7 @@ class Harness:
         return reply.job_id
 
     def status(self, job_id: str, now: int = 0) -> dict:
-        reply = self.core.get_job_status(now, job_id)
+        reply = self.request(now, m.GetJobStatus(job_id))
         assert isinstance(reply, m.JobStatus), reply
         return reply.job
 
@@ -126,12 +76,12 @@ class Harness:
         return self.status(job_id)["state"]
 
     def cancel(self, now: int, job_id: str) -> m.Message:
-        reply = self.core.cancel_job(now, job_id)
+        reply = self.request(now, m.CancelJob(job_id))
         self.step(now)
         return reply
 
     def list(self, now: int = 0, **kw: Any) -> m.Message:
-        return self.core.list_jobs(now, m.ListJobs(**kw))
+        return self.request(now, m.ListJobs(**kw))
 
     # -- worker side ------------------------------------------------------------------------
 
@@ -144,24 +94,24 @@ class Harness:
 
     def register_on(self, now: int, conn: Conn, worker_id: str, capacity: int,
                     task_types: list[str] | None = None) -> list:
-        self.core.on_worker_registered(now, conn, m.WorkerRegister(worker_id, capacity, task_types))
+        self.apply(now, ev.Registered(conn, m.WorkerRegister(worker_id, capacity, task_types)))
         return self.step(now)
 
     def heartbeat(self, now: int, worker_id: str) -> None:
-        self.core.on_heartbeat(now, self.conns[worker_id], worker_id)
+        self.core.json.on_heartbeat(now, self.conns[worker_id], worker_id)
         self.step(now)
 
     def disconnect(self, now: int, worker_id: str) -> list:
-        self.core.on_worker_disconnected(now, self.conns[worker_id])
+        self.apply(now, ev.Disconnected(self.conns[worker_id]))
         return self.step(now)
 
     def sweep(self, now: int, beat: bool = True) -> list:
         """One sweep; by default every live worker heartbeats just before it, as a healthy
         worker does (pass ``beat=False`` to let silent workers time out)."""
         if beat:
-            for session in self.core.workers:
-                self.core.on_heartbeat(now, session.conn, session.worker_id)
-        self.core.sweep(now)
+            for session in self.core.json.workers:
+                self.core.json.on_heartbeat(now, session.conn, session.worker_id)
+        self.apply(now, ev.SWEEP)
         return self.step(now)
 
     def assigns(self, conn: Conn | None = None) -> list[m.TaskAssign]:
@@ -190,11 +140,11 @@ class Harness:
         worker_id = worker_id or conn.name
         if success and result is None:
             result = {"sleptMillis": 10}
-        self.core.on_task_result(now, conn, m.TaskResult(worker_id, job_id, attempt.attempt_id, success, result, error))
+        self.apply(now, ev.Result(conn, m.TaskResult(worker_id, job_id, attempt.attempt_id, success, result, error)))
         return self.step(now)
 
     def running(self, worker_id: str) -> int:
-        return len(self.core.workers.get(worker_id).running)
+        return len(self.core.json.workers.get(worker_id).running)
 
 
 @pytest.fixture
@@ -221,7 +171,7 @@ def test_submit_creates_a_queued_job(h):
     stored = h.store.get(job_id)
     assert stored.state is JobState.QUEUED and stored.payload == {"durationMillis": 7}
     assert stored.execution_timeout == TIMEOUT
-    assert h.core.active_count == 1 and job_id in h.core.queued
+    assert h.core.active_count == 1 and job_id in h.core.json.queued
 
 
 def test_submission_sequence_is_strictly_increasing_and_persisted(h):
@@ -229,7 +179,7 @@ def test_submission_sequence_is_strictly_increasing_and_persisted(h):
     seqs = [h.store.get(i).seq for i in ids]
     assert seqs == sorted(seqs) and len(set(seqs)) == 5
     assert seqs == [1, 2, 3, 4, 5]
-    assert h.core.next_seq == 6
+    assert h.core.table.next_seq == 6
 
 
 @pytest.mark.parametrize("given, effective", [(0, 3), (-1, 3), (-1000, 3), (1, 1), (7, 7)])
@@ -260,14 +210,14 @@ def test_max_attempts_at_or_below_zero_means_the_default(h, given, effective):
 ], ids=lambda kw: ",".join("%s=%.20r" % item for item in kw.items()))
 def test_invalid_submission_is_an_error_and_creates_nothing(h, kw):
     h.submit_ok(0)
-    before_count, before_seq = h.store.count(), h.core.next_seq
+    before_count, before_seq = h.store.count(), h.core.table.next_seq
     reply = h.submit(1, **kw)
     assert isinstance(reply, m.Error) and reply.message
     assert h.store.count() == before_count
-    assert h.core.next_seq == before_seq
+    assert h.core.table.next_seq == before_seq
     assert h.core.active_count == 1
     assert not any(h.core.take_dirty())
-    assert h.core.outbound == []
+    assert h.core.outbox.items == []
 
 
 def test_an_invalid_submission_does_not_bind_its_idempotency_key(h):
@@ -335,10 +285,10 @@ def test_retries_do_not_pass_admission_control():
 
 def test_same_key_same_request_returns_the_same_job(h):
     job_id = h.submit_ok(0, key="k", payload={"durationMillis": 5}, max_attempts=2, priority="HIGH")
-    seq_before = h.core.next_seq
+    seq_before = h.core.table.next_seq
     again = h.submit(5, key="k", payload={"durationMillis": 5}, max_attempts=2, priority="HIGH")
     assert again == m.JobSubmitted(job_id)
-    assert h.store.count() == 1 and h.core.next_seq == seq_before
+    assert h.store.count() == 1 and h.core.table.next_seq == seq_before
     assert h.status(job_id)["updatedAtMillis"] == 0
 
 
@@ -401,14 +351,14 @@ def test_known_key_is_answered_even_at_the_active_limit():
 
 
 def test_key_found_after_eviction_from_the_finished_cache(monkeypatch):
-    monkeypatch.setattr(core_mod, "FINISHED_CACHE", 1)
+    monkeypatch.setattr(table_mod, "FINISHED_CACHE", 1)
     h = Harness()
     h.register(0, "w1", capacity=1)
     first = h.submit_ok(0, key="first")
     h.report(1, first)
     second = h.submit_ok(2, key="second")
     h.report(3, second)
-    assert first not in h.core.finished and "first" not in h.core.keys  # evicted
+    assert first not in h.core.table.finished and "first" not in h.core.table.keys  # evicted
     assert h.submit(4, key="first") == m.JobSubmitted(first)
     assert h.state(first) == "COMPLETED"
     assert isinstance(h.submit(5, key="first", payload={"durationMillis": 1}), m.Error)
@@ -440,7 +390,7 @@ def test_key_found_by_a_new_core_over_the_same_store(h):
 
 def test_registration_is_acknowledged_and_listed(h):
     h.register(50, "w1", capacity=3)
-    workers = h.core.list_workers(60).workers
+    workers = h.core.requests.list_workers(60).workers
     assert len(workers) == 1
     w = workers[0]
     assert (w["workerId"], w["capacity"], w["activeJobs"], w["lastHeartbeatMillis"]) == ("w1", 3, 0, 50)
@@ -455,9 +405,9 @@ def test_duplicate_live_worker_id_is_refused_with_error_then_close(h):
     assert out[0][0] is intruder and isinstance(out[0][1], m.Error) and "w1" in out[0][1].message
     assert out[1] == (intruder, None)
     # The live session is untouched.
-    assert h.core.workers.get("w1").conn is first
+    assert h.core.json.workers.get("w1").conn is first
     assert h.holder(job_id) is first and h.state(job_id) == "RUNNING"
-    assert [w["capacity"] for w in h.core.list_workers(3).workers] == [2]
+    assert [w["capacity"] for w in h.core.requests.list_workers(3).workers] == [2]
 
 
 @pytest.mark.parametrize("capacity", [0, -1, 1025, 10**6])
@@ -466,21 +416,21 @@ def test_capacity_out_of_range_is_refused(h, capacity):
     out = h.register_on(0, conn, "bad", capacity)
     assert [c for c, _ in out] == [conn, conn]
     assert isinstance(out[0][1], m.Error) and out[1][1] is None
-    assert h.core.list_workers(0).workers == []
+    assert h.core.requests.list_workers(0).workers == []
 
 
 @pytest.mark.parametrize("capacity", [1, 1024])
 def test_capacity_at_the_bounds_is_accepted(h, capacity):
     h.register(0, "w", capacity=capacity)
-    assert h.core.list_workers(0).workers[0]["capacity"] == capacity
+    assert h.core.requests.list_workers(0).workers[0]["capacity"] == capacity
 
 
 def test_worker_id_can_register_again_after_disconnect(h):
     h.register(0, "w1")
     h.disconnect(1, "w1")
-    assert h.core.list_workers(1).workers == []
+    assert h.core.requests.list_workers(1).workers == []
     h.register(2, "w1", capacity=8)
-    assert h.core.list_workers(2).workers[0]["capacity"] == 8
+    assert h.core.requests.list_workers(2).workers[0]["capacity"] == 8
 
 
 def test_worker_id_can_register_again_after_heartbeat_timeout(h):
@@ -489,9 +439,9 @@ def test_worker_id_can_register_again_after_heartbeat_timeout(h):
     assert (old, None) in out
     h.register(HB + 2, "w1")
     # A late disconnect of the old connection does not touch the new session.
-    h.core.on_worker_disconnected(HB + 3, old)
+    h.core.json.on_disconnected(HB + 3, old)
     h.step(HB + 3)
-    assert [w["workerId"] for w in h.core.list_workers(0).workers] == ["w1"]
+    assert [w["workerId"] for w in h.core.requests.list_workers(0).workers] == ["w1"]
 
 
 # ==== scheduling ============================================================================
@@ -501,13 +451,13 @@ def test_task_assign_carries_the_lease(h):
     job_id = h.submit_ok(0, task_type="WORD_COUNT", payload={"text": "a b c"})
     conn = h.register(100, "w1")
     (assign,) = h.assigns(conn)
-    job = h.core.jobs[job_id]
+    job = h.core.table.jobs[job_id]
     assert assign == m.TaskAssign(job_id, job.attempt_id, 1, "WORD_COUNT", {"text": "a b c"})
     snap = h.status(job_id)
     assert (snap["state"], snap["attempts"], snap["workerId"], snap["updatedAtMillis"]) == ("RUNNING", 1, "w1", 100)
     stored = h.store.get(job_id)
     assert stored.attempt_id == assign.attempt_id and stored.deadline == 100 + TIMEOUT
-    assert h.core.list_workers(100).workers[0]["activeJobs"] == 1
+    assert h.core.requests.list_workers(100).workers[0]["activeJobs"] == 1
 
 
 def test_each_job_goes_to_the_least_loaded_worker(h):
@@ -602,7 +552,7 @@ def test_success_completes_the_job_and_frees_the_slot(h):
     assert (snap["state"], snap["result"], snap["workerId"], snap["attempts"], snap["updatedAtMillis"]) == (
         "COMPLETED", {"sleptMillis": 10, "ü": "✓"}, None, 1, 5)
     assert h.running("w1") == 0
-    assert h.core.active_count == 0 and job_id not in h.core.jobs
+    assert h.core.active_count == 0 and job_id not in h.core.table.jobs
     assert h.store.get(job_id).result == {"sleptMillis": 10, "ü": "✓"}
 
 
@@ -646,11 +596,11 @@ def test_results_that_do_not_match_the_lease_are_dropped(h, case):
         h.disconnect(2, "w1")  # the reader may still deliver a frame it had buffered
     snap_before = h.status(job_id)
     row_before = row(h, job_id)
-    workers_before = h.core.list_workers(3).workers
+    workers_before = h.core.requests.list_workers(3).workers
     out = h.report(3, target, result={"sleptMillis": 999}, attempt=attempt, conn=conn, worker_id=worker_id)
     assert h.status(job_id) == snap_before
     assert row(h, job_id)[:-1] == row_before[:-1]  # all but the timeline (events, last): it notes the result
-    assert h.core.list_workers(3).workers == workers_before
+    assert h.core.requests.list_workers(3).workers == workers_before
     assert out == []
 
 
@@ -660,12 +610,12 @@ def test_failure_with_budget_waits_then_retries_only_when_due(h):
     h.report(1000, job_id, success=False, error="boom 1")
     snap = h.status(job_id)
     assert (snap["state"], snap["attempts"], snap["error"], snap["workerId"]) == ("RETRY_WAIT", 1, "boom 1", None)
-    assert h.core.jobs[job_id].retry_at == 1000 + BASE
+    assert h.core.table.jobs[job_id].retry_at == 1000 + BASE
     assert h.store.get(job_id).retry_at == 1000 + BASE
     assert h.running("w1") == 0
     h.sweep(1000 + BASE - 1)
     assert h.state(job_id) == "RETRY_WAIT"
-    h.core.schedule_queued_jobs(1000 + BASE - 1)  # scheduling alone does not promote
+    h.core.json.schedule(1000 + BASE - 1)  # scheduling alone does not promote
     h.step(1000 + BASE - 1)
     assert h.state(job_id) == "RETRY_WAIT"
     h.sweep(1000 + BASE)
@@ -674,7 +624,7 @@ def test_failure_with_budget_waits_then_retries_only_when_due(h):
     assert second.attempt_number == 2 and second.attempt_id != h.assigns(w)[0].attempt_id
     # Backoff doubles on the next failure.
     h.report(2000, job_id, success=False, error="boom 2")
-    assert h.core.jobs[job_id].retry_at == 2000 + 2 * BASE
+    assert h.core.table.jobs[job_id].retry_at == 2000 + 2 * BASE
     assert h.status(job_id)["error"] == "boom 2"
 
 
@@ -688,7 +638,7 @@ def test_a_retry_keeps_its_priority_and_submission_sequence(h):
     h.report(3, first, success=False, error="x")   # frees the slot: second runs
     assert h.state(second) == "RUNNING"
     h.sweep(3 + BASE)                               # first is queued again, beside third
-    assert h.core.queued.ordered(3 + BASE, STEP) == [first, third]
+    assert h.core.json.queued.ordered(3 + BASE, STEP) == [first, third]
     h.report(4 + BASE, second)
     assert h.state(first) == "RUNNING" and h.state(third) == "QUEUED"
     assert h.status(first)["priority"] == "LOW" and h.store.get(first).seq == 1
@@ -743,7 +693,7 @@ def test_worker_loss_retries_or_fails_its_running_jobs(h, how):
         now = HB + 1
         out = h.sweep(now, beat=False)
         assert (conn, None) in out  # the runtime closes the silent worker's connection
-    assert h.core.list_workers(now).workers == []
+    assert h.core.requests.list_workers(now).workers == []
     snap = h.status(retried)
     assert (snap["state"], snap["workerId"], snap["attempts"]) == ("RETRY_WAIT", None, 1)
     assert "w1" in snap["error"]
@@ -763,9 +713,9 @@ def test_heartbeats_keep_a_worker_alive(h):
     for now in range(HB // 2, 5 * HB, HB // 2):
         h.heartbeat(now, "w1")
         h.sweep(now + HB // 4, beat=False)
-    assert [w["workerId"] for w in h.core.list_workers(0).workers] == ["w1"]
+    assert [w["workerId"] for w in h.core.requests.list_workers(0).workers] == ["w1"]
     assert h.state(job_id) == "RUNNING"
-    assert h.core.list_workers(0).workers[0]["lastHeartbeatMillis"] == 5 * HB - HB // 2
+    assert h.core.requests.list_workers(0).workers[0]["lastHeartbeatMillis"] == 5 * HB - HB // 2
 
 
 def test_worker_silent_for_exactly_the_timeout_is_still_alive(h):
@@ -773,16 +723,16 @@ def test_worker_silent_for_exactly_the_timeout_is_still_alive(h):
     h.register(0, "w1")
     h.heartbeat(100, "w1")
     assert all(msg is not None for _, msg in h.sweep(100 + HB, beat=False))
-    assert len(h.core.list_workers(0).workers) == 1
+    assert len(h.core.requests.list_workers(0).workers) == 1
     h.sweep(100 + HB + 1, beat=False)
-    assert h.core.list_workers(0).workers == []
+    assert h.core.requests.list_workers(0).workers == []
 
 
 def test_disconnect_of_an_unknown_connection_is_harmless(h):
     h.register(0, "w1")
-    h.core.on_worker_disconnected(1, Conn("stranger"))
+    h.core.json.on_disconnected(1, Conn("stranger"))
     h.step(1)
-    assert len(h.core.list_workers(1).workers) == 1
+    assert len(h.core.requests.list_workers(1).workers) == 1
 
 
 # ==== deadlines =============================================================================
@@ -859,7 +809,7 @@ def test_cancel_a_queued_job_and_it_is_never_scheduled(h):
     assert isinstance(reply, m.JobCancel) and reply.cancelled is True
     assert reply.job["state"] == "CANCELLED" and reply.job["updatedAtMillis"] == 5
     assert h.store.get(job_id).state is JobState.CANCELLED
-    assert h.core.active_count == 0 and job_id not in h.core.queued
+    assert h.core.active_count == 0 and job_id not in h.core.json.queued
     h.register(6, "w1")
     h.sweep(100_000)
     assert h.assigns() == [] and h.state(job_id) == "CANCELLED"
@@ -882,7 +832,7 @@ def test_cancel_a_running_job_revokes_the_lease_and_frees_capacity(h):
     attempt = h.assign_of(job_id)
     assert h.state(waiting) == "QUEUED"
     h.sent.clear()
-    reply = h.core.cancel_job(3, job_id)
+    reply = h.core.requests.cancel_job(3, job_id)
     out = h.step(3)
     assert reply.cancelled and reply.job["state"] == "CANCELLED" and reply.job["workerId"] is None
     assert out[0] == (conn, m.TaskCancel(job_id, attempt.attempt_id))
@@ -924,7 +874,7 @@ def test_cancel_a_terminal_job_known_only_to_the_store(h):
 
 def test_cancel_or_status_of_an_unknown_job_is_an_error(h):
     assert isinstance(h.cancel(0, "nope"), m.Error)
-    assert isinstance(h.core.get_job_status(0, "nope"), m.Error)
+    assert isinstance(h.core.requests.get_job_status(0, "nope"), m.Error)
     assert h.store.count() == 0
 
 
@@ -943,7 +893,7 @@ def test_list_jobs_is_newest_first(h):
 def test_list_jobs_limit_defaults_to_100_and_is_clamped_to_1000():
     h = Harness(max_active_jobs=2000)
     for t in range(1001):
-        h.core.submit_job(t, m.SubmitJob("SLEEP", SLEEP))
+        h.core.requests.submit_job(t, m.SubmitJob("SLEEP", SLEEP))
     h.commit()
     default = h.list()
     assert len(default.jobs) == 100 and default.next_cursor is not None
@@ -1036,9 +986,9 @@ def test_state_filter_follows_live_state_before_the_commit(h):
     # before that batch is committed: a filtered page must not show another state.
     job_id = h.submit_ok(0)
     cancelled = h.submit_ok(0)
-    h.core.on_worker_registered(1, Conn("w1"), m.WorkerRegister("w1", 1))
-    h.core.schedule_queued_jobs(1)      # job_id -> RUNNING, not committed yet
-    h.core.cancel_job(1, cancelled)     # cancelled -> CANCELLED, not committed yet
+    h.core.json.on_registered(1, Conn("w1"), m.WorkerRegister("w1", 1))
+    h.core.json.schedule(1)      # job_id -> RUNNING, not committed yet
+    h.core.requests.cancel_job(1, cancelled)     # cancelled -> CANCELLED, not committed yet
     for state in ("QUEUED", "RUNNING", "CANCELLED"):
         reply = h.list(state=state)
         assert all(j["state"] == state for j in reply.jobs), (state, reply.jobs)
@@ -1053,7 +1003,7 @@ def test_list_workers_fields(h):
     h.register(20, "w2", capacity=5)
     h.submit_ok(30)
     h.heartbeat(40, "w2")
-    workers = {w["workerId"]: w for w in h.core.list_workers(50).workers}
+    workers = {w["workerId"]: w for w in h.core.requests.list_workers(50).workers}
     assert set(workers) == {"w1", "w2"}
     assert {k: workers["w1"][k] for k in ("capacity", "activeJobs", "lastHeartbeatMillis")} == {
         "capacity": 2, "activeJobs": 1, "lastHeartbeatMillis": 10}
@@ -1108,16 +1058,16 @@ def test_recovery_requeues_running_jobs_with_budget_and_fails_final_attempts():
     assert snap["state"] == "FAILED" and snap["attempts"] == 2
     assert "restart" in snap["error"]
     assert h.store.get(ids["final"]).state is JobState.FAILED
-    retry = h.core.jobs[ids["retry"]]
+    retry = h.core.table.jobs[ids["retry"]]
     assert retry.state is JobState.RETRY_WAIT and retry.retry_at == 202 + BASE and retry.error == "later"
     for name in ("q-low", "q-high", "q-normal"):
         assert h.state(ids[name]) == "QUEUED"
     # Terminal jobs stay in the store only.
-    assert set(h.core.jobs) == {ids[n] for n in ("running", "filler", "retry", "q-low", "q-high", "q-normal")}
+    assert set(h.core.table.jobs) == {ids[n] for n in ("running", "filler", "retry", "q-low", "q-high", "q-normal")}
     for name in ("completed", "cancelled", "failed"):
         assert h.status(ids[name])["state"] == old.status(ids[name])["state"]
     assert h.core.active_count == 6
-    assert h.core.next_seq == h.store.max_seq() + 1 == 11
+    assert h.core.table.next_seq == h.store.max_seq() + 1 == 11
 
 
 def test_recovery_reproduces_the_scheduling_order():
@@ -1127,11 +1077,11 @@ def test_recovery_reproduces_the_scheduling_order():
     h.commit()
     for now in (1000, 204 + STEP, 10 * STEP):
         model = sorted(
-            (j for j in h.core.jobs.values() if j.state is JobState.QUEUED),
+            (j for j in h.core.table.jobs.values() if j.state is JobState.QUEUED),
             key=lambda j: (-min(2, j.priority.level + max(0, now - j.created_at) // STEP), j.seq),
         )
-        assert h.core.queued.ordered(now, STEP) == [j.job_id for j in model]
-    assert h.core.queued.ordered(1000, STEP) == [
+        assert h.core.json.queued.ordered(now, STEP) == [j.job_id for j in model]
+    assert h.core.json.queued.ordered(1000, STEP) == [
         ids["q-high"], ids["running"], ids["filler"], ids["q-normal"], ids["q-low"]]
     # New work sorts after recovered work of the same level.
     newer = h.submit_ok(1001)
@@ -1139,7 +1089,7 @@ def test_recovery_reproduces_the_scheduling_order():
     h.register(1002, "w9", capacity=1)
     order = []
     for t in range(1003, 1010):
-        running = [j for j in h.core.jobs.values() if j.state is JobState.RUNNING]
+        running = [j for j in h.core.table.jobs.values() if j.state is JobState.RUNNING]
         if not running:
             h.sweep(t)
             continue
@@ -1203,10 +1153,10 @@ def test_legacy_rows_recover_in_creation_order_before_new_work(tmp_path):
     h.commit()
     # Opening numbered the legacy rows (seq 0) 1..3 in creation order; new work follows them.
     assert [h.store.get(i).seq for i in ("a", "b", "c")] == [1, 2, 3]
-    assert h.core.next_seq == 4
+    assert h.core.table.next_seq == 4
     newer = h.submit_ok(400)
     assert h.store.get(newer).seq == 4
-    assert h.core.queued.ordered(400, STEP) == ["a", "b", "c", newer]
+    assert h.core.json.queued.ordered(400, STEP) == ["a", "b", "c", newer]
     assert all(h.status(i)["priority"] == "NORMAL" for i in ("a", "b", "c"))
     h.store.close()
 
@@ -1256,19 +1206,19 @@ def test_random_event_sequences_keep_the_invariants(seed):
                 h.register(now, name, capacity=rng.randint(1, 3))
                 live.add(name)
         elif r < 0.65:
-            running = sorted(j for j, job in h.core.jobs.items() if job.state is JobState.RUNNING)
+            running = sorted(j for j, job in h.core.table.jobs.items() if job.state is JobState.RUNNING)
             if running:
                 job_id = rng.choice(running)
                 h.report(now, job_id, success=rng.random() < 0.6, error="e")
         elif r < 0.7:
-            if h.core.jobs:
-                h.cancel(now, rng.choice(sorted(h.core.jobs)))
+            if h.core.table.jobs:
+                h.cancel(now, rng.choice(sorted(h.core.table.jobs)))
         elif r < 0.8:
             for name in sorted(live):
                 h.heartbeat(now, name)
         else:
             h.sweep(now, beat=rng.random() < 0.7)
-            live = {s.worker_id for s in h.core.workers}
+            live = {s.worker_id for s in h.core.json.workers}
     for a in h.assigns():
         assigned.setdefault(a.job_id, []).append(a.attempt_id)
     for job_id, attempts in assigned.items():
@@ -1285,20 +1235,20 @@ def test_deadline_index_stays_bounded_by_running_leases():
 
     core = CoordinatorCore(SQLiteStore(":memory:"), CoreConfig(task_timeout_millis=600_000, max_active_jobs=10**6))
     conn = object()
-    core.on_worker_registered(0, conn, m.WorkerRegister("w", 4))
+    core.json.on_registered(0, conn, m.WorkerRegister("w", 4))
     now = 1
     for i in range(5000):
-        core.submit_job(now, mm.SubmitJob("SLEEP", {"durationMillis": 0}))
-        core.schedule_queued_jobs(now)
+        core.requests.submit_job(now, mm.SubmitJob("SLEEP", {"durationMillis": 0}))
+        core.json.schedule(now)
         for c, msg in core.take_outbound():
             if isinstance(msg, mm.TaskAssign):
-                core.on_task_result(now, conn, mm.TaskResult("w", msg.job_id, msg.attempt_id, True, {}))
+                core.json.on_result(now, conn, mm.TaskResult("w", msg.job_id, msg.attempt_id, True, {}))
         core.take_dirty()
         if i % 100 == 0:
             core.sweep(now)
         now += 1
     # Then ended leases were dropped from the deadline index
-    assert len(core.deadline_heap) <= 2 * 4 + 1024
+    assert len(core.timers.deadline_heap) <= 2 * 4 + 1024
     assert core.active_count == 0
 
 
@@ -1309,22 +1259,23 @@ def test_cursor_out_of_rowid_range_is_an_error_not_a_crash():
 
     core = CoordinatorCore(SQLiteStore(":memory:"), CoreConfig())
     for cursor in ("99999999999999999999999", "0", "-5", "abc"):
-        reply = core.list_jobs(0, mm.ListJobs(cursor=cursor))
+        reply = core.requests.list_jobs(0, mm.ListJobs(cursor=cursor))
         assert isinstance(reply, mm.Error), cursor
         assert "cursor" in reply.message
 
 
 def test_worker_ids_must_be_short_and_non_empty():
-    from jobmesh.coordinator.core import MAX_WORKER_ID_CHARS, CoordinatorCore, CoreConfig
+    from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+    from jobmesh.coordinator.json_jobs import MAX_WORKER_ID_CHARS
     from jobmesh.protocol import messages as mm
     from jobmesh.store.sqlite import SQLiteStore
 
     core = CoordinatorCore(SQLiteStore(":memory:"), CoreConfig())
     for bad in ("", "w" * (MAX_WORKER_ID_CHARS + 1)):
         conn = object()
-        core.on_worker_registered(0, conn, m.WorkerRegister(bad, 1))
+        core.json.on_registered(0, conn, m.WorkerRegister(bad, 1))
         out = core.take_outbound()
         assert isinstance(out[0][1], mm.Error) and out[1] == (conn, None)
     conn = object()
-    core.on_worker_registered(0, conn, m.WorkerRegister("w" * MAX_WORKER_ID_CHARS, 1))
+    core.json.on_registered(0, conn, m.WorkerRegister("w" * MAX_WORKER_ID_CHARS, 1))
     assert isinstance(core.take_outbound()[0][1], mm.WorkerRegistered)

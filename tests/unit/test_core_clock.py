@@ -11,7 +11,7 @@ HOUR = 3_600_000
 
 
 def step_wall(h: Harness, now: int, by: int) -> None:
-    h.core.observe_wall(now, now + h.core.drift + by)
+    h.core.observe_wall(now, now + h.core.table.drift + by)
 
 
 def test_a_forward_step_declares_no_healthy_worker_dead():
@@ -20,7 +20,7 @@ def test_a_forward_step_declares_no_healthy_worker_dead():
     job_id = h.submit_ok(10)
     step_wall(h, 20, +HOUR)
     h.sweep(20 + HB // 2)  # core time moved half a heartbeat timeout; the wall an hour
-    assert h.state(job_id) == "RUNNING" and h.core.workers.get("w1") is not None
+    assert h.state(job_id) == "RUNNING" and h.core.json.workers.get("w1") is not None
     later = h.submit_ok(30)
     assert h.status(later)["createdAtMillis"] == 30 + HOUR  # instants follow the wall
 
@@ -36,7 +36,7 @@ def test_a_backward_step_postpones_no_retry_and_keeps_dead_workers_dead():
     h.sweep(2 + BASE)  # the backoff elapsed in core time: due, whatever the wall says
     assert h.state(job_id) == "RUNNING"
     h.sweep(2 + BASE + HB + 1, beat=False)  # a silent worker is still found silent
-    assert h.core.workers.get("w1") is None
+    assert h.core.json.workers.get("w1") is None
 
 
 def test_scheduled_jobs_follow_the_wall_clock():
@@ -58,7 +58,7 @@ def test_small_drifts_are_followed_without_re_timing():
     h = Harness()
     job_id = h.submit_ok(0, delay=1000)
     h.core.observe_wall(10, 10 + 300)  # a slew, not a step
-    assert h.core.drift == 300
+    assert h.core.table.drift == 300
     h.sweep(1000)
     assert h.state(job_id) == "QUEUED"  # its core-time wake-up was kept
 
@@ -67,4 +67,4 @@ def test_event_times_are_wall_clock_instants():
     h = Harness()
     step_wall(h, 0, +HOUR)
     job_id = h.submit_ok(5)
-    assert h.core.get_job_events(5, job_id).events[0]["atMillis"] == 5 + HOUR
+    assert h.core.requests.get_job_events(5, job_id).events[0]["atMillis"] == 5 + HOUR

@@ -8,50 +8,39 @@ wall time here, drift 0); frames it sends are decoded back with the codec.
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, Iterator
 
-from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+from jobmesh.coordinator import events as ev
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol.jobs import JobState
+from jobmesh.store.job import Job
 from jobmesh.store.sqlite import SQLiteStore
+from tests.unit.core_driver import Conn, CoreDriver
 
 T0 = 1_700_000_000_000  # epoch millis
 TIMEOUT = 30_000
 
 
-class Conn:
-    def __init__(self, name: str) -> None:
-        self.name = name
+class H(CoreDriver):
+    """The shared ``CoreDriver`` with the Periodic port's requests; frames decoded back."""
 
-    def __repr__(self) -> str:
-        return "Conn(%s)" % self.name
-
-
-class H:
-    def __init__(self, store: SQLiteStore | None = None, **cfg: Any) -> None:
-        config = dict(heartbeat_timeout_millis=1000, task_timeout_millis=TIMEOUT, max_active_jobs=1000,
-                      aging_step_millis=60_000, retry_base_millis=100, retry_cap_millis=1000, default_max_attempts=3)
-        config.update(cfg)
-        self.store = store if store is not None else SQLiteStore(":memory:")
-        ids = itertools.count(1)
-        self.core = CoordinatorCore(self.store, CoreConfig(**config), new_id=lambda: "p-%d" % next(ids))
+    def __init__(self, store: SQLiteStore | None = None, ids: Iterator[int] | None = None, **cfg: Any) -> None:
+        super().__init__(store, "p", ids=ids, task_timeout_millis=TIMEOUT, **cfg)
         self.msgid = itertools.count(100)
         self.paced: list[tuple[Conn, int]] = []  # (conn, msgid) of every Paced frame sent
 
     def send(self, now: int, conn: Conn, msg: Any) -> list[Any]:
-        """Apply one request, run the after-batch work, commit; the frames sent, decoded."""
-        self.core.on_periodic(now, conn, msg)
+        """Apply one request, end the batch; the frames sent, decoded."""
+        self.apply(now, ev.PeriodicPacket(conn, msg))
         return self.finish(now)
 
     def finish(self, now: int) -> list[Any]:
-        self.core.after_batch(now)
-        self.store.write(self.core.take_dirty())
         out = []
-        for conn, data in self.core.take_outbound():
+        for conn, data in self.end_batch(now):
             if isinstance(data, pc.Paced):  # a stream frame: written on its own (periodic_port.py)
                 self.paced.append((conn, data.msgid))
                 data = data.frame
-            out.append((conn, None if data is None else pc.decode_reply(_body(data))))
+            out.append((conn, data if data is None or not isinstance(data, bytes) else pc.decode_reply(_body(data))))
         return out
 
     def submit(self, now: int, func: str = "f", name: str = "a", workload: bytes = b"w", sched_at: int = 0,
@@ -65,12 +54,12 @@ class H:
             out += self.send(now, conn, pc.GrabJob(i + 1))
         return out
 
-    def job(self, func: str = "f", name: str = "a"):  # type: ignore[no-untyped-def]
-        job_id = self.core.named.get((func, name))
-        return None if job_id is None else self.core._lookup(job_id)
+    def job(self, func: str = "f", name: str = "a") -> Job | None:
+        job_id = self.core.periodic.named.get((func, name))
+        return None if job_id is None else self.core.table.lookup(job_id)
 
     def status(self, now: int) -> list[pc.FuncStatus]:
-        data = pc.decode_reply(_body(self.core.periodic_status(now, 1)))
+        data = pc.decode_reply(_body(self.core.periodic.status(now, 1)))
         assert isinstance(data, pc.Data)
         return pc.parse_status(data.data)
 
@@ -93,7 +82,7 @@ def test_submit_creates_a_named_queued_job_and_answers_success():
     assert [type(msg) for _, msg in out] == [pc.Success]
     job = h.job()
     assert job.state is JobState.QUEUED and job.task_type == "f" and job.name == "a"
-    snap = h.core.snapshot(job)
+    snap = h.core.requests.snapshot(job)
     assert snap["protocol"] == "periodic" and snap["name"] == "a" and snap["runAtMillis"] == T0
     assert h.store.get(job.job_id).periodic["workload"] == "w"  # durable
 
@@ -111,8 +100,8 @@ def test_a_job_goes_only_to_a_periodic_worker_on_a_held_token():
     # a repeated GRAB_JOB with a held msgid counts once
     h.submit(T0, name="b")
     h.submit(T0, name="c")
-    h.core.on_periodic(T0, w, pc.GrabJob(8))
-    h.core.on_periodic(T0, w, pc.GrabJob(8))
+    h.core.periodic.on_packet(T0, w, pc.GrabJob(8))
+    h.core.periodic.on_packet(T0, w, pc.GrabJob(8))
     h.finish(T0)
     assert h.job(name="b").state is JobState.RUNNING and h.job(name="c").state is JobState.QUEUED
 
@@ -123,17 +112,17 @@ def test_resubmitting_a_pending_name_replaces_it_and_running_drops_it():
     h.submit(T0 + 1, workload=b"new", sched_at=(T0 + 60_000) // 1000)
     job = h.job()
     assert job.state is JobState.SCHEDULED and job.periodic["workload"] == "new"
-    assert len(h.core.jobs) == 1 and h.status(T0)[0].jobs == 1
+    assert len(h.core.table.jobs) == 1 and h.status(T0)[0].jobs == 1
     h.submit(T0 + 2, workload=b"now")
     assert job.state is JobState.QUEUED
     w = Conn("w")
     [assign] = assigns(h.worker(T0 + 3, w))
     assert assign.job.workload == b"now"
     h.submit(T0 + 4, workload=b"while running")
-    assert job.state is JobState.RUNNING and job.periodic["workload"] == "now" and len(h.core.jobs) == 1
+    assert job.state is JobState.RUNNING and job.periodic["workload"] == "now" and len(h.core.table.jobs) == 1
     h.send(T0 + 5, w, pc.WorkDone(9, pc.Handle(b"f", b"a"), b"ok"))
     assert job.state is JobState.COMPLETED and job.result == {"data": "ok"}
-    assert ("f", "a") not in h.core.named  # released: the name is free again
+    assert ("f", "a") not in h.core.periodic.named  # released: the name is free again
     h.submit(T0 + 6)
     assert h.job().job_id != job.job_id
 
@@ -182,7 +171,7 @@ def test_status_counts_come_from_figures_kept_by_transitions():
     assert h.status(T0)[0] == pc.FuncStatus(b"f", 1, 2, 1, 0, later)
     h.send(T0, w, pc.WorkDone(9, pc.Handle(b"f", b"a"), b""))
     assert h.status(T0)[0] == pc.FuncStatus(b"f", 1, 1, 0, 0, later)
-    h.core.on_periodic_closed(T0, w)
+    h.core.periodic.on_closed(T0, w)
     assert h.status(T0 + 1000)[0] == pc.FuncStatus(b"f", 0, 1, 0, 0, later)
 
 
@@ -199,7 +188,7 @@ def test_remove_job_and_drop_func():
     h.send(T0, w, pc.CantDo(2, b"f"))
     out = h.send(T0, Conn("c"), pc.DropFunc(5, b"f"))
     assert [type(msg) for _, msg in out] == [pc.Success]
-    assert h.status(T0) == [] and not h.core.jobs
+    assert h.status(T0) == [] and not h.core.table.jobs
 
 
 def test_a_lost_worker_gives_its_job_back_and_the_deadline_sweep_applies():
@@ -207,7 +196,7 @@ def test_a_lost_worker_gives_its_job_back_and_the_deadline_sweep_applies():
     h.submit(T0, timeout=2)
     w1, w2 = Conn("w1"), Conn("w2")
     h.worker(T0, w1)
-    h.core.on_periodic_closed(T0, w1)
+    h.core.periodic.on_closed(T0, w1)
     h.finish(T0)
     assert h.job().state is JobState.RETRY_WAIT
     h.core.sweep(T0 + 1000)
@@ -249,9 +238,8 @@ def test_json_workers_never_get_periodic_jobs():
     h = H()
     h.submit(T0, func="SLEEP")
     conn = Conn("json")
-    h.core.on_worker_registered(T0, conn, m.WorkerRegister("w", 4, None))
-    h.core.after_batch(T0)
-    assert not [msg for c, msg in h.core.take_outbound() if isinstance(msg, m.TaskAssign)]
+    h.apply(T0, ev.Registered(conn, m.WorkerRegister("w", 4, None)))
+    assert not [msg for c, msg in h.end_batch(T0) if isinstance(msg, m.TaskAssign)]
     assert h.job(func="SLEEP").state is JobState.QUEUED
 
 

@@ -34,54 +34,54 @@ class Inv(AssertionError):
 
 def check(h: H, now: int) -> None:
     c = h.core
-    live = {jid: j for jid, j in c.jobs.items() if j.periodic is not None}
+    live = {jid: j for jid, j in c.table.jobs.items() if j.periodic is not None}
     # per func figures
-    for func, pf in c.pfuncs.items():
+    for func, pf in c.periodic.funcs.items():
         mine = {jid for jid, j in live.items() if j.task_type == func}
         if pf.ids != mine:
             raise Inv("pf.ids(%s)=%s scan=%s" % (func, sorted(pf.ids), sorted(mine)))
         run = sum(1 for jid in mine if live[jid].state is JobState.RUNNING)
         if pf.processing != run:
             raise Inv("pf.processing(%s)=%d scan=%d" % (func, pf.processing, run))
-        locked = sum(1 for jid in mine if jid in c.plocks.waiting)
+        locked = sum(1 for jid in mine if jid in c.periodic.locks.waiting)
         if pf.locked != locked:
             raise Inv("pf.locked(%s)=%d scan=%d" % (func, pf.locked, locked))
-        decl = [s for s in c.pworkers.values() if func in s.funcs]
+        decl = [s for s in c.periodic.workers.values() if func in s.funcs]
         if sorted(id(s) for s in pf.workers) != sorted(id(s) for s in decl) or len(set(map(id, pf.workers))) != len(pf.workers):
             raise Inv("pf.workers(%s) mismatch" % func)
     for jid, j in live.items():
-        if j.task_type not in c.pfuncs:
+        if j.task_type not in c.periodic.funcs:
             raise Inv("live job %s of func %s not in pfuncs" % (jid, j.task_type))
-        if c.named.get((j.task_type, j.name or "")) != jid:
+        if c.periodic.named.get((j.task_type, j.name or "")) != jid:
             raise Inv("named lacks live job %s" % jid)
-    for key, jid in c.named.items():
+    for key, jid in c.periodic.named.items():
         if jid not in live:
             raise Inv("named %s -> dead job %s" % (key, jid))
     # every pending job findable
     for jid, j in live.items():
-        pf = c.pfuncs[j.task_type]
+        pf = c.periodic.funcs[j.task_type]
         sched = j.periodic["sched"]
-        if j.state is JobState.QUEUED and jid not in c.plocks.waiting:
-            if not any(e[2] == jid and c._pvalid(jid, e[0], JobState.QUEUED) for e in pf.queue):
+        if j.state is JobState.QUEUED and jid not in c.periodic.locks.waiting:
+            if not any(e[2] == jid and c.periodic.entry_current(jid, e[0], JobState.QUEUED) for e in pf.queue):
                 raise Inv("QUEUED job %s (%s/%s) not in its func's dispatch queue and not LOCK_WAIT: stuck"
                           % (jid, j.task_type, j.name))
-        if j.state in PENDING and jid not in c.plocks.waiting:
+        if j.state in PENDING and jid not in c.periodic.locks.waiting:
             if not any(i == jid and t == sched for t, i in pf.pending):
                 raise Inv("pending job %s has no pending entry" % jid)
         if j.state in (JobState.SCHEDULED, JobState.RETRY_WAIT):
-            if not any(i == jid and t == j.wake_at for t, i in c.due_heap):
+            if not any(i == jid and t == j.wake_at for t, i in c.timers.due_heap):
                 raise Inv("waiting job %s not on due heap" % jid)
         if j.state is JobState.RUNNING:
-            s = c.pworkers.get(j.worker_id)
+            s = c.periodic.workers.get(j.worker_id)
             if s is None or jid not in s.running:
                 raise Inv("RUNNING job %s holder %s not live/not running it" % (jid, j.worker_id))
     # counts
     cnt = Counter((j.state, j.task_type) for j in live.values())
-    got = Counter({(k[0], k[1]): n for k, n in c.counts.items() if k[3]})
+    got = Counter({(k[0], k[1]): n for k, n in c.table.counts.items() if k[3]})
     if +cnt != +got:
         raise Inv("counts %s vs scan %s" % (dict(got), dict(cnt)))
     # locks
-    pl = c.plocks
+    pl = c.periodic.locks
     for jid in list(pl.held) + list(pl.waiting):
         if jid not in live:
             raise Inv("lock table holds dead job %s" % jid)
@@ -110,22 +110,22 @@ def check(h: H, now: int) -> None:
         if jid in pl.waiting:
             raise Inv("waiting job %s holds %s: a refused job gives up its locks" % (jid, sorted(names)))
     # fanout
-    for jid, ws in c.pfanout.items():
+    for jid, ws in c.periodic.fanout.items():
         if jid not in live or live[jid].state is not JobState.RUNNING:
             raise Inv("pfanout for non-running job %s" % jid)
         for w in ws:
-            s = c.pworkers.get(w)
+            s = c.periodic.workers.get(w)
             if s is None or jid not in s.running:
                 raise Inv("fanout worker %s of %s gone/not running" % (w, jid))
-    for s in c.pworkers.values():
+    for s in c.periodic.workers.values():
         for jid in s.running:
             j = live.get(jid)
-            if j is None or j.state is not JobState.RUNNING or (j.worker_id != s.worker_id and s.worker_id not in c.pfanout.get(jid, ())):
+            if j is None or j.state is not JobState.RUNNING or (j.worker_id != s.worker_id and s.worker_id not in c.periodic.fanout.get(jid, ())):
                 raise Inv("session %s running stale job %s" % (s.worker_id, jid))
     # waiters
     n = 0
     conns = Counter()
-    for key, ws in c.pwaits.items():
+    for key, ws in c.periodic.waits.by_key.items():
         if not ws:
             raise Inv("empty pwaits list %s" % (key,))
         for w in ws:
@@ -133,14 +133,14 @@ def check(h: H, now: int) -> None:
                 raise Inv("done waiter listed")
             n += 1
             conns[w.conn] += 1
-            if not w.stream and key not in c.named:
+            if not w.stream and key not in c.periodic.named:
                 raise Inv("RUN_JOB waiter %s with no live job" % (key,))
-    if n != c._pwait_live:
-        raise Inv("_pwait_live=%d scan=%d" % (c._pwait_live, n))
-    if +conns != +Counter(c._pwait_conns):
-        raise Inv("_pwait_conns %s vs %s" % (dict(c._pwait_conns), dict(conns)))
-    heap_live = {id(e[2]) for e in c._pwait_heap if not e[2].done}
-    for ws in c.pwaits.values():
+    if n != c.periodic.waits.live:
+        raise Inv("_pwait_live=%d scan=%d" % (c.periodic.waits.live, n))
+    if +conns != +Counter(c.periodic.waits.per_conn):
+        raise Inv("_pwait_conns %s vs %s" % (dict(c.periodic.waits.per_conn), dict(conns)))
+    heap_live = {id(e[2]) for e in c.periodic.waits.heap if not e[2].done}
+    for ws in c.periodic.waits.by_key.values():
         for w in ws:
             if id(w) not in heap_live:
                 raise Inv("waiter not on heap")
@@ -204,10 +204,10 @@ class Driver:
             if w is None:
                 return "noop"
             # prefer the handle of a job running on w
-            s = h.core.pconns.get(w)
+            s = h.core.periodic.conns.get(w)
             if s is not None and s.running and r.random() < 0.8:
                 jid = r.choice(sorted(s.running))
-                j = h.core.jobs[jid]
+                j = h.core.table.jobs[jid]
                 hd = pc.Handle(j.task_type.encode(), (j.name or "").encode())
             desc = "%s %s %s/%s" % (op, w, hd.func.decode(), hd.name.decode())
             if op == "done":
@@ -245,7 +245,7 @@ class Driver:
                 return "noop"
             desc = "close %s" % w
             self.workers.remove(w)
-            h.core.on_periodic_closed(now, w)
+            h.core.periodic.on_closed(now, w)
             h.finish(now)
         elif op == "tick":
             d = r.choice([100, 500, 1000, 1000, 2000, 5000, 31000])
@@ -254,11 +254,11 @@ class Driver:
             h.core.sweep(self.now)
             h.finish(self.now)
         elif op == "cancel":
-            jid = h.core.named.get((f, n))
+            jid = h.core.periodic.named.get((f, n))
             if jid is None:
                 return "noop"
             desc = "json cancel %s/%s" % (f, n)
-            h.core.cancel_job(now, jid)
+            h.core.requests.cancel_job(now, jid)
             h.finish(now)
         elif op == "status":
             desc = "status"
@@ -282,17 +282,15 @@ class RestartingDriver(Driver):
         self.h = self._core()
 
     def _core(self) -> H:
-        h = H(SQLiteStore(self.db))
-        h.core._new_id = lambda: "p-%d" % next(self.ids)
-        return h
+        return H(SQLiteStore(self.db), ids=self.ids)
 
     def step(self) -> str:
         r, h = self.rng, self.h
         x = r.random()
-        waiting = h.core.plocks.waiting
+        waiting = h.core.periodic.locks.waiting
         if waiting and self.workers and r.random() < 0.2:  # a job waiting for a lock lets go of it
             job_id = r.choice(sorted(waiting))
-            j = h.core.jobs[job_id]
+            j = h.core.table.jobs[job_id]
             lk = waiting[job_id]
             h.send(self.now, r.choice(self.workers),
                    pc.Release(next(h.msgid), lk.encode(), pc.Handle(j.task_type.encode(), (j.name or "").encode())))
@@ -306,26 +304,24 @@ class RestartingDriver(Driver):
             return "restart"
         if x < 0.04:
             h.core.draining = not h.core.draining
-            h.core.after_batch(self.now)
             h.finish(self.now)
             return "draining=%s" % h.core.draining
         if x < 0.06:
             h.core.paused = not h.core.paused
-            h.core.after_batch(self.now)
             h.finish(self.now)
             return "paused=%s" % h.core.paused
         if x < 0.08:
             step = r.choice([-5000, 5000, 60000])
-            h.core.observe_wall(self.now, self.now + h.core.drift + step)
+            h.core.observe_wall(self.now, self.now + h.core.table.drift + step)
             h.finish(self.now)
             return "wall step %+d" % step
-        running = [j for j in h.core.jobs.values() if j.periodic is not None and j.state is JobState.RUNNING]
+        running = [j for j in h.core.table.jobs.values() if j.periodic is not None and j.state is JobState.RUNNING]
         if x < 0.22 and running:  # contention: a running job asks its worker's way for L1 (one holder)
             j = r.choice(running)
-            h.send(self.now, h.core.pworkers[j.worker_id].conn, pc.Acquire(
+            h.send(self.now, h.core.periodic.workers[j.worker_id].conn, pc.Acquire(
                 next(h.msgid), b"L1", 1, pc.Handle(j.task_type.encode(), (j.name or "").encode())))
             return "acquire(contended) %s/%s" % (j.task_type, j.name)
-        live = [j for j in h.core.jobs.values() if j.periodic is not None]
+        live = [j for j in h.core.table.jobs.values() if j.periodic is not None]
         if x < 0.25 and self.workers and live:
             w = r.choice(self.workers)
             j = r.choice(live)

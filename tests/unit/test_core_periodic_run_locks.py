@@ -28,10 +28,10 @@ def test_run_job_without_a_worker_is_no_worker_and_stores_nothing():
     h = H()
     c = Conn("c")
     assert [type(msg) for msg in to(run(h, T0, c), c)] == [pc.NoWorker]
-    assert not h.core.jobs
+    assert not h.core.table.jobs
     w = Conn("w")
     h.send(T0, w, pc.CanDo(1, b"f"))
-    h.core.on_periodic_closed(T0, w)  # a worker that left does not count
+    h.core.periodic.on_closed(T0, w)  # a worker that left does not count
     assert [type(msg) for msg in to(run(h, T0, c), c)] == [pc.NoWorker]
 
 
@@ -43,8 +43,8 @@ def test_run_job_answers_with_the_result_after_the_commit_of_the_end():
     [assign] = assigns(h.send(T0, w, pc.GrabJob(1)))
     out = h.send(T0 + 5, w, pc.WorkDone(9, HANDLE, b"RESULT"))
     assert to(out, c) == [pc.Data(7, b"RESULT")]
-    assert h.job() is None and h.core.finished  # ended: the name is free again
-    assert not h.core.pwaits
+    assert h.job() is None and h.core.table.finished  # ended: the name is free again
+    assert not h.core.periodic.waits.by_key
 
 
 def test_run_job_failures_end_the_job_with_failed_instead_of_retrying():
@@ -55,7 +55,7 @@ def test_run_job_failures_end_the_job_with_failed_instead_of_retrying():
         run(h, T0, c)
         out = h.send(T0 + 1, w, outcome)
         assert to(out, c) == [pc.Data(7, pc.RESULT_FAILED)], outcome
-        [job] = h.core.finished.values()
+        [job] = h.core.table.finished.values()
         assert job.state is JobState.FAILED
 
 
@@ -64,7 +64,7 @@ def test_run_job_on_a_lost_worker_and_on_removal():
     c, w = Conn("c"), Conn("w")
     h.worker(T0, w)
     run(h, T0, c)
-    h.core.on_periodic_closed(T0 + 1, w)
+    h.core.periodic.on_closed(T0 + 1, w)
     assert to(h.finish(T0 + 1), c) == [pc.Data(7, pc.RESULT_FAILED)]
     w2 = Conn("w2")
     h.worker(T0, w2)
@@ -82,13 +82,13 @@ def test_run_job_wait_expiry_ends_the_job_with_expired():
     assert to(h.finish(T0 + 1999), c) == []
     h.core.sweep(T0 + 2000)
     assert to(h.finish(T0 + 2000), c) == [pc.Data(7, pc.RESULT_EXPIRED)]
-    [job] = h.core.finished.values()
+    [job] = h.core.table.finished.values()
     assert job.state is JobState.CANCELLED and job.error.startswith("expired")  # it never ran
     h.send(T0 + 3000, w, pc.GrabJob(1))
     assert assigns(run(h, T0 + 3000, c, msgid=8, timeout=2))
     h.core.sweep(T0 + 5000)  # a running job: its attempt's deadline (the same 2 s) ends it first
     assert to(h.finish(T0 + 5000), c) == [pc.Data(8, pc.RESULT_FAILED)]
-    assert h.core.finished[next(reversed(h.core.finished))].state is JobState.FAILED
+    assert h.core.table.finished[next(reversed(h.core.table.finished))].state is JobState.FAILED
 
 
 def test_a_second_run_job_attaches_to_the_running_job():
@@ -128,7 +128,7 @@ def test_recv_data_for_a_job_that_just_ended_gets_eof_at_once():
     h.send(T0 + 1, w, pc.WorkDone(9, HANDLE, b"x"))  # finished before RECV_DATA arrived
     out = h.send(T0 + 2, c, pc.RecvData(8, pc.Job(b"f", b"a")))
     assert to(out, c) == [pc.Success(8), pc.Data(8, pc.STREAM_EOF)]
-    assert not h.core.pwaits
+    assert not h.core.periodic.waits.by_key
 
 
 def test_recv_data_without_a_worker_and_its_own_expiry():
@@ -140,7 +140,7 @@ def test_recv_data_without_a_worker_and_its_own_expiry():
     h.send(T0, c, pc.RecvData(9, pc.Job(b"f", b"a", timeout=3)))
     h.core.sweep(T0 + 3000)
     assert to(h.finish(T0 + 3000), c) == [pc.Data(9, pc.STREAM_EOF)]
-    assert not h.core.pwaits and h.core._pwait_live == 0
+    assert not h.core.periodic.waits.by_key and h.core.periodic.waits.live == 0
 
 
 # ---- locks --------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ def test_a_refused_job_waits_queued_with_lock_wait_and_runs_after_the_release():
     ha, hb = pc.Handle(b"f", b"a"), pc.Handle(b"f", b"b")
     assert contended(h, w) == ([pc.Acquired(30, True)], [pc.Acquired(31, False)])
     b = h.job(name="b")
-    assert b.state is JobState.QUEUED and h.core.snapshot(b)["waitingReason"] == "LOCK_WAIT"
+    assert b.state is JobState.QUEUED and h.core.requests.snapshot(b)["waitingReason"] == "LOCK_WAIT"
     [row] = h.status(T0)
     assert (row.jobs, row.processing, row.locked) == (2, 1, 1)
     h.send(T0, w, pc.GrabJob(2))
@@ -209,25 +209,25 @@ def test_locks_are_released_on_fail_sched_later_worker_loss_and_removal():
         h.submit(T0, name="a")
         h.submit(T0, name="b")
         ha, hb = pc.Handle(b"f", b"a"), pc.Handle(b"f", b"b")
-        holder = w1 if h.job(name="a").worker_id == h.core.pconns[w1].worker_id else w2
+        holder = w1 if h.job(name="a").worker_id == h.core.periodic.conns[w1].worker_id else w2
         other = w2 if holder is w1 else w1
         h.send(T0, holder, pc.Acquire(30, b"L", 1, ha))
         h.send(T0, other, pc.Acquire(31, b"L", 1, hb))
-        assert h.core.plocks.waiting == {h.job(name="b").job_id: "L"}
+        assert h.core.periodic.locks.waiting == {h.job(name="b").job_id: "L"}
         h.send(T0, other, pc.GrabJob(1))  # its token is back (aio-periodic re-grabs)
         if end == "fail":
             out = h.send(T0 + 1, holder, pc.WorkFail(40, ha))
         elif end == "later":
             out = h.send(T0 + 1, holder, pc.SchedLater(40, ha, 60, 0))
         elif end == "lost":
-            h.core.on_periodic_closed(T0 + 1, holder)
+            h.core.periodic.on_closed(T0 + 1, holder)
             out = h.finish(T0 + 1)
         elif end == "remove":
             out = h.send(T0 + 1, Conn("c"), pc.RemoveJob(40, ha))
         else:
             out = h.send(T0 + 1, holder, pc.Release(40, b"L", ha))
         assert [a.job.name for a in assigns(out)] == [b"b"], end
-        assert not h.core.plocks.waiting and h.status(T0 + 1)[0].locked == 0
+        assert not h.core.periodic.locks.waiting and h.status(T0 + 1)[0].locked == 0
 
 
 def test_a_waiting_job_removed_or_replaced_leaves_the_lock_queue():
@@ -235,7 +235,7 @@ def test_a_waiting_job_removed_or_replaced_leaves_the_lock_queue():
     w = Conn("w")
     contended(h, w)
     h.submit(T0 + 1, name="b", workload=b"new")  # replaced: pending again, no longer locked
-    assert not h.core.plocks.waiting and h.status(T0 + 1)[0].locked == 0
+    assert not h.core.periodic.locks.waiting and h.status(T0 + 1)[0].locked == 0
     [assign] = assigns(h.send(T0 + 1, w, pc.GrabJob(2)))
     assert assign.job.workload == b"new"
 
@@ -260,18 +260,18 @@ def test_periodic_workers_appear_in_the_worker_list():
     h = H()
     w = Conn("w")
     h.worker(T0, w, func="resize", tokens=2)
-    [item] = h.core.list_workers(T0).workers
+    [item] = h.core.requests.list_workers(T0).workers
     assert item["protocol"] == "periodic" and item["taskTypes"] == ["resize"] and item["capacity"] == 2
     h.submit(T0, func="resize")
-    [item] = h.core.list_workers(T0).workers
+    [item] = h.core.requests.list_workers(T0).workers
     assert (item["capacity"], item["activeJobs"]) == (2, 1)
     assert h.core.running_attempts == 1  # what a drain waits for
     h.send(T0, Conn("c"), pc.RunJob(7, pc.Job(b"resize", b"b", b"", 0, 0, 10)))
     figures = h.core.metrics()
     assert (figures.periodic_workers, figures.waits) == (1, 1)
     assert figures.jobs == {("RUNNING", "resize", "NORMAL", "periodic"): 2}  # two tokens
-    h.core.on_periodic_closed(T0, w)
-    assert isinstance(h.core.list_workers(T0), m.WorkerList) and h.core.list_workers(T0).workers == []
+    h.core.periodic.on_closed(T0, w)
+    assert isinstance(h.core.requests.list_workers(T0), m.WorkerList) and h.core.requests.list_workers(T0).workers == []
 
 
 def test_a_broadcast_job_goes_to_every_worker_holding_a_token_and_the_first_done_ends_it():
@@ -284,19 +284,19 @@ def test_a_broadcast_job_goes_to_every_worker_holding_a_token_and_the_first_done
     out = h.submit(T0)
     assert sorted(c.name for c, msg in out if isinstance(msg, pc.JobAssign)) == ["w1", "w2"]
     assert h.status(T0)[0].processing == 1 and h.status(T0)[0].workers == 3
-    other = w2 if h.job().worker_id == h.core.pconns[w1].worker_id else w1
-    h.core.on_periodic_closed(T0 + 1, w3)
+    other = w2 if h.job().worker_id == h.core.periodic.conns[w1].worker_id else w1
+    h.core.periodic.on_closed(T0 + 1, w3)
     out = h.send(T0 + 2, other, pc.WorkDone(9, HANDLE, b"x"))  # the other one finishes first
     assert [type(msg) for _, msg in out] == [pc.Success] and h.job() is None
-    assert not h.core.pfanout and not any(s.running for s in h.core.pworkers.values())
-    [job] = h.core.finished.values()
+    assert not h.core.periodic.fanout and not any(s.running for s in h.core.periodic.workers.values())
+    [job] = h.core.table.finished.values()
     assert job.state is JobState.COMPLETED and job.result == {"data": "x"}
 
 
 def test_a_connection_piling_up_waits_is_closed_and_counts_are_returned(monkeypatch):
     from jobmesh.coordinator import periodic_waits
 
-    monkeypatch.setattr(periodic_waits, "PERIODIC_MAX_WAITS_PER_CONN", 3)
+    monkeypatch.setattr(periodic_waits, "MAX_WAITS_PER_CONN", 3)
     h = H()
     c, w = Conn("c"), Conn("w")
     h.send(T0, w, pc.CanDo(1, b"f"))
@@ -304,10 +304,10 @@ def test_a_connection_piling_up_waits_is_closed_and_counts_are_returned(monkeypa
         assert to(h.send(T0, c, pc.RecvData(10 + i, pc.Job(b"f", b"n%d" % i))), c) == [pc.Success(10 + i)]
     assert to(run(h, T0, c, msgid=20, name="x"), c) == [None]  # the fourth wait: closed
     assert h.job(name="x") is None  # and nothing stored for it
-    assert h.core._pwait_conns[c] == 3
+    assert h.core.periodic.waits.per_conn[c] == 3
     h.core.sweep(T0 + 60_000)
     h.finish(T0 + 60_000)
-    assert not h.core._pwait_conns and h.core._pwait_live == 0
+    assert not h.core.periodic.waits.per_conn and h.core.periodic.waits.live == 0
 
 
 def test_a_refused_job_gives_up_its_locks_so_opposite_orders_do_not_deadlock():
@@ -332,7 +332,7 @@ def test_release_by_a_waiting_job_makes_it_pending_again():
     contended(h, w)  # b waits for L
     h.send(T0, w, pc.GrabJob(2))
     [assign] = assigns(h.send(T0 + 1, w, pc.Release(40, b"L", pc.Handle(b"f", b"b"))))
-    assert assign.job.name == b"b" and h.status(T0 + 1)[0].locked == 0 and not h.core.plocks.waiting
+    assert assign.job.name == b"b" and h.status(T0 + 1)[0].locked == 0 and not h.core.periodic.locks.waiting
 
 
 def test_a_larger_max_dispatches_the_waiting_job():
@@ -355,10 +355,10 @@ def test_acquire_from_an_attempt_that_has_ended_changes_nothing():
     h.core.sweep(T0 + 1000)  # the attempt on w1 timed out
     h.core.sweep(T0 + 2000)
     h.worker(T0 + 2000, w2)  # the retry runs on w2
-    assert h.job(name="a").worker_id == h.core.pconns[w2].worker_id
+    assert h.job(name="a").worker_id == h.core.periodic.conns[w2].worker_id
     out = h.send(T0 + 2001, w1, pc.Acquire(50, b"L", 1, pc.Handle(b"f", b"a")))  # late, from w1
     assert to(out, w1) == [pc.Acquired(50, False)]
-    assert h.job(name="a").state is JobState.RUNNING and not h.core.plocks.locks
+    assert h.job(name="a").state is JobState.RUNNING and not h.core.periodic.locks.locks
 
 
 def test_retry_of_a_finished_periodic_job_is_refused():
@@ -367,8 +367,8 @@ def test_retry_of_a_finished_periodic_job_is_refused():
     h.worker(T0, w)
     h.submit(T0)
     h.send(T0, w, pc.WorkDone(9, HANDLE, b""))
-    [job] = h.core.finished.values()
-    reply = h.core.retry_job(T0, job.job_id)
+    [job] = h.core.table.finished.values()
+    reply = h.core.requests.retry_job(T0, job.job_id)
     assert isinstance(reply, m.Error) and "Periodic job" in reply.message
 
 
@@ -377,4 +377,4 @@ def test_broadcast_after_can_do_marks_the_func():
     w = Conn("w")
     h.send(T0, w, pc.CanDo(1, b"f"))
     h.send(T0, w, pc.Broadcast(2, b"f"))
-    assert h.core.pfuncs["f"].broadcast and h.status(T0)[0].workers == 1
+    assert h.core.periodic.funcs["f"].broadcast and h.status(T0)[0].workers == 1

@@ -110,8 +110,8 @@ def test_new_types_are_durable_and_known_after_a_restart(tmp_path):
     store2 = SQLiteStore(str(tmp_path / "jm.db"))
     core = CoordinatorCore(store2, CoreConfig())
     core.recover(10)
-    assert "GREET" in core.known_types and set(TASK_TYPES) <= core.known_types
-    reply = core.submit_job(11, m.SubmitJob("GREET", GREET))
+    assert "GREET" in core.table.known_types and set(TASK_TYPES) <= core.table.known_types
+    reply = core.requests.submit_job(11, m.SubmitJob("GREET", GREET))
     assert isinstance(reply, m.JobSubmitted)
     store2.close()
 
@@ -119,7 +119,7 @@ def test_new_types_are_durable_and_known_after_a_restart(tmp_path):
 def test_worker_list_items_carry_task_types(h):
     h.register(0, "w1", task_types=["GREET", "A.b:c-d_e"])
     h.register(0, "w2")
-    items = {w["workerId"]: w for w in h.core.list_workers(0).workers}
+    items = {w["workerId"]: w for w in h.core.requests.list_workers(0).workers}
     assert items["w1"]["taskTypes"] == ["A.b:c-d_e", "GREET"]
     assert items["w2"]["taskTypes"] == sorted(TASK_TYPES)
 
@@ -190,21 +190,21 @@ def test_aging_counts_from_the_due_time_not_the_submission(h):
     scheduled_low = h.submit_ok(0, priority="LOW", run_at=10 * STEP)
     normal = h.submit_ok(9 * STEP)
     h.sweep(10 * STEP)  # scheduled_low becomes QUEUED now
-    order = h.core.queued.ordered(10 * STEP, STEP)
+    order = h.core.json.queued.ordered(10 * STEP, STEP)
     assert order == [normal, scheduled_low]
     # Once it has waited two steps from its due time it reaches HIGH like any LOW job
     later_normal = h.submit_ok(12 * STEP)
-    assert h.core.queued.ordered(12 * STEP, STEP)[:1] == [normal]
-    assert h.core.queued.ordered(12 * STEP, STEP).index(scheduled_low) < \
-        h.core.queued.ordered(12 * STEP, STEP).index(later_normal)
+    assert h.core.json.queued.ordered(12 * STEP, STEP)[:1] == [normal]
+    assert h.core.json.queued.ordered(12 * STEP, STEP).index(scheduled_low) < \
+        h.core.json.queued.ordered(12 * STEP, STEP).index(later_normal)
 
 
 def test_a_running_job_can_be_put_back_to_scheduled(h):
     # RUNNING -> SCHEDULED (the Periodic port's SCHED_LATER): the slot frees, the lease ends
     h.register(0, "w1", capacity=1)
     job_id = h.submit_ok(1)
-    job = h.core.jobs[job_id]
-    h.core._transition(job, JobState.SCHEDULED, 2, due_at=500)
+    job = h.core.table.jobs[job_id]
+    h.core.table.transition(job, JobState.SCHEDULED, 2, due_at=500)
     h.step(2)
     assert h.state(job_id) == "SCHEDULED" and h.running("w1") == 0 and job.worker_id is None
     h.sweep(500)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobmesh.coordinator.core import EVENTS_KEPT
+from jobmesh.coordinator.table import EVENTS_KEPT
 from jobmesh.protocol import messages as m
 from jobmesh.store.columns import load_events
 from jobmesh.store.sqlite import SQLiteStore
@@ -21,7 +21,7 @@ def h() -> Harness:
 
 
 def events(h: Harness, job_id: str) -> list[dict]:
-    reply = h.core.get_job_events(0, job_id)
+    reply = h.core.requests.get_job_events(0, job_id)
     assert isinstance(reply, m.JobEvents), reply
     return reply.events
 
@@ -73,7 +73,7 @@ def test_a_stale_result_is_noted_on_the_timeline(h):
     h.report(3, job_id, attempt=first)  # the old lease reports late
     stale = events(h, job_id)[-1]
     assert stale["event"] == "STALE_RESULT" and stale["attemptId"] == first.attempt_id and stale["attempt"] == 1
-    assert h.core.stats.stale_results == 1
+    assert h.core.counters.stale_results == 1
 
 
 def stored_events(store: SQLiteStore, job_id: str) -> list[str]:
@@ -86,13 +86,13 @@ def test_events_are_committed_with_their_batch_and_read_back(tmp_path):
     job_id = h.submit_ok(1)
     assert stored_events(store, job_id) == ["SUBMITTED"]
     # An event of the batch being applied is shown before its commit too
-    h.core.cancel_job(2, job_id)
+    h.core.requests.cancel_job(2, job_id)
     assert names(h, job_id) == ["SUBMITTED", "CANCELLED"]
     h.commit()
     assert stored_events(store, job_id) == ["SUBMITTED", "CANCELLED"]
-    assert isinstance(h.core.get_job_events(0, "nope"), m.Error)
+    assert isinstance(h.core.requests.get_job_events(0, "nope"), m.Error)
     # A finished job that left memory is read back with its timeline
-    h.core.finished.clear()
+    h.core.table.finished.clear()
     assert names(h, job_id) == ["SUBMITTED", "CANCELLED"]
     store.close()
 
@@ -117,7 +117,7 @@ def test_only_the_newest_events_are_kept(tmp_path):
     h.register(0, "w1")
     job_id = h.submit_ok(1)
     now = 1
-    while h.core.jobs[job_id].attempts < 40:  # four events an attempt
+    while h.core.table.jobs[job_id].attempts < 40:  # four events an attempt
         now += 2
         h.report(now, job_id, success=False, error="again")
         h.sweep(now + 1)
@@ -149,8 +149,8 @@ def test_waiting_reasons(h):
     assert h.state(blocked) == "RUNNING"  # the failed attempt freed the slot
     # A worker for the type has room, but the job was not picked yet (before the batch's pass)
     h.register(7, "sleeper", capacity=2)  # takes `queued` at once; one slot stays free
-    fresh = h.core.submit_job(8, m.SubmitJob("SLEEP", {"durationMillis": 1}))
-    assert h.core.get_job_status(8, fresh.job_id).job["waitingReason"] == "BEHIND_OTHER_JOBS"
+    fresh = h.core.requests.submit_job(8, m.SubmitJob("SLEEP", {"durationMillis": 1}))
+    assert h.core.requests.get_job_status(8, fresh.job_id).job["waitingReason"] == "BEHIND_OTHER_JOBS"
     h.step(8)
     assert h.state(fresh.job_id) == "RUNNING"
 
@@ -170,7 +170,7 @@ def test_retry_makes_a_new_job_that_names_the_old_one(h):
     old = h.submit_ok(1, payload={"durationMillis": 3}, priority="HIGH", max_attempts=1)
     h.report(2, old, success=False, error="x")
     assert h.state(old) == "FAILED"
-    reply = h.core.retry_job(3, old)
+    reply = h.core.requests.retry_job(3, old)
     assert isinstance(reply, m.JobSubmitted)
     h.step(3)
     new = h.status(reply.job_id)
@@ -182,8 +182,8 @@ def test_retry_makes_a_new_job_that_names_the_old_one(h):
 
 def test_retry_of_an_active_or_unknown_job_is_an_error(h):
     job_id = h.submit_ok(1)
-    assert "only a finished job" in h.core.retry_job(2, job_id).message
-    assert isinstance(h.core.retry_job(2, "nope"), m.Error)
+    assert "only a finished job" in h.core.requests.retry_job(2, job_id).message
+    assert isinstance(h.core.requests.retry_job(2, "nope"), m.Error)
 
 
 def test_purge_deletes_old_finished_jobs_their_events_and_frees_their_keys(tmp_path):
@@ -194,10 +194,10 @@ def test_purge_deletes_old_finished_jobs_their_events_and_frees_their_keys(tmp_p
     recent = h.submit_ok(DAY, key="k-recent")
     h.cancel(DAY + 1, recent)
     active = h.submit_ok(DAY + 2)
-    reply = h.core.purge_jobs(DAY + 10, m.PurgeJobs(older_than_millis=DAY // 2))
+    reply = h.core.requests.purge_jobs(DAY + 10, m.PurgeJobs(older_than_millis=DAY // 2))
     h.commit()
     assert (reply.purged, reply.more) == (1, False)
-    assert isinstance(h.core.get_job_status(0, old), m.Error)
+    assert isinstance(h.core.requests.get_job_status(0, old), m.Error)
     assert h.state(recent) == "CANCELLED" and h.state(active) == "QUEUED"
     # The purged job's key is free again; the retained one's is still bound
     again = h.submit(DAY + 11, key="k-old")
@@ -209,13 +209,13 @@ def test_purge_deletes_old_finished_jobs_their_events_and_frees_their_keys(tmp_p
 def test_purge_reports_more_when_its_limit_was_reached(h):
     for i in range(5):
         h.cancel(2, h.submit_ok(1))
-    reply = h.core.purge_jobs(100, m.PurgeJobs(older_than_millis=0, limit=3))
+    reply = h.core.requests.purge_jobs(100, m.PurgeJobs(older_than_millis=0, limit=3))
     h.commit()
     assert (reply.purged, reply.more) == (3, True)
-    reply = h.core.purge_jobs(100, m.PurgeJobs(older_than_millis=0, limit=3))
+    reply = h.core.requests.purge_jobs(100, m.PurgeJobs(older_than_millis=0, limit=3))
     h.commit()
     assert (reply.purged, reply.more) == (2, False)
-    assert isinstance(h.core.purge_jobs(100, m.PurgeJobs(older_than_millis=-1)), m.Error)
+    assert isinstance(h.core.requests.purge_jobs(100, m.PurgeJobs(older_than_millis=-1)), m.Error)
 
 
 def test_retention_purges_in_small_batches_each_sweep_and_batch():
@@ -231,8 +231,8 @@ def test_retention_purges_in_small_batches_each_sweep_and_batch():
     h.sweep(1_005)  # jobs finished at 0..4 are older than 1000 ms
     assert h.store.count() == 5
     h.sweep(5_000)
-    assert h.store.count() == 0 and h.core.stats.purged == 10
-    assert not h.core.finished
+    assert h.store.count() == 0 and h.core.counters.purged == 10
+    assert not h.core.table.finished
 
 
 def test_retention_zero_keeps_everything():
@@ -279,16 +279,16 @@ def test_the_state_counts_always_match_the_jobs():
         op = rng.random()
         if op < 0.4:
             h.submit_ok(now, delay=rng.choice([None, 0, 50]), priority=rng.choice(["LOW", "NORMAL", "HIGH"]))
-        elif op < 0.6 and h.core.workers.get("w1").running:
-            job_id = rng.choice(sorted(h.core.workers.get("w1").running))
+        elif op < 0.6 and h.core.json.workers.get("w1").running:
+            job_id = rng.choice(sorted(h.core.json.workers.get("w1").running))
             h.report(now, job_id, success=rng.random() < 0.6, error="e")
-        elif op < 0.7 and h.core.jobs:
-            h.cancel(now, rng.choice(sorted(h.core.jobs)))
+        elif op < 0.7 and h.core.table.jobs:
+            h.cancel(now, rng.choice(sorted(h.core.table.jobs)))
         else:
             h.sweep(now)
         expected: dict = {}
-        for job in h.core.jobs.values():
+        for job in h.core.table.jobs.values():
             key = (job.state.value, job.task_type, job.priority.value, job.periodic is not None)
             expected[key] = expected.get(key, 0) + 1
-        assert dict(h.core.counts) == expected
+        assert dict(h.core.table.counts) == expected
     assert HB  # the harness's heartbeat timeout is what keeps w1 alive through the sweeps

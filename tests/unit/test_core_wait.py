@@ -1,15 +1,16 @@
 """WAIT_JOB in the core: waiters answered at the job's end or at their deadline.
 
 Spec: CONTRACT.md "Waiting without polling"; docs/PROTOCOL.md "WAIT_JOB". The Harness
-(test_core.py) stands in for the runtime's batches; ``answers`` takes what the core
-answered since the last call, as ``(token, reply)``.
+(test_core.py) stands in for the runtime's batches; a pending wait's reply is a Slot,
+which ``wait`` names with a token; ``answers`` takes what the core answered since the
+last call, as ``(token, reply)``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS
+from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Slot, Waiter
 from jobmesh.protocol import messages as m
 from tests.unit.test_core import Conn, Harness
 
@@ -19,14 +20,30 @@ def h() -> Harness:
     return Harness()
 
 
+TOKENS: dict[int, object] = {}  # id(slot) -> the name a test gave that wait
+
+
+def wait_on(h: Harness, now: int, conn: Conn, token: object, req: m.WaitJob) -> m.Message | None:
+    """A WAIT_JOB through the core; None if it is pending (its Slot is named ``token``)."""
+    reply = h.request(now, req, conn)
+    if isinstance(reply, Slot):
+        TOKENS[id(reply)] = token
+        return None
+    return reply
+
+
 def wait(h: Harness, now: int, job_id: str, timeout: int, conn: Conn | None = None, token: object = "t") -> m.Message | None:
-    reply = h.core.wait_job(now, conn or Conn("client"), token, m.WaitJob(job_id, timeout))
+    reply = wait_on(h, now, conn or Conn("client"), token, m.WaitJob(job_id, timeout))
     h.step(now)
     return reply
 
 
+def token(waiter: Waiter) -> object:
+    return TOKENS[id(waiter.token)]
+
+
 def answers(h: Harness) -> list[tuple[object, m.Message]]:
-    return [(w.token, msg) for w, msg in h.core.take_answers()]
+    return [(token(w), msg) for w, msg in h.take_answers()]
 
 
 def running(h: Harness, now: int = 0) -> str:
@@ -42,7 +59,7 @@ def test_a_wait_is_answered_when_its_job_ends(h, end):
     h.register(0, "w1", capacity=4)
     job_id = h.submit_ok(0, max_attempts=1)
     assert wait(h, 10, job_id, 60_000) is None
-    assert answers(h) == [] and not h.core.has_answers()
+    assert answers(h) == [] and not h.core.requests.has_answers()
     # When the job ends
     if end == "complete":
         h.report(20, job_id)
@@ -56,7 +73,7 @@ def test_a_wait_is_answered_when_its_job_ends(h, end):
     assert len(got) == 1 and got[0][0] == "t"
     assert isinstance(got[0][1], m.JobStatus) and got[0][1].job["state"] == state
     assert got[0][1] == m.JobStatus(h.status(job_id))
-    assert answers(h) == [] and len(h.core.waiters) == 0 and h.core.next_wait_deadline() is None
+    assert answers(h) == [] and len(h.core.requests.waiters) == 0 and h.core.requests.next_wait_deadline() is None
 
 
 def test_a_failed_attempt_that_retries_does_not_answer(h):
@@ -70,14 +87,14 @@ def test_a_failed_attempt_that_retries_does_not_answer(h):
 def test_a_wait_times_out_with_the_snapshot_as_it_stands(h):
     job_id = h.submit_ok(0)  # no worker: stays QUEUED
     assert wait(h, 100, job_id, 200) is None
-    assert h.core.next_wait_deadline() == 300
-    h.core.expire_waits(299)
+    assert h.core.requests.next_wait_deadline() == 300
+    h.core.requests.expire_waits(299)
     assert answers(h) == []
-    h.core.expire_waits(300)
+    h.core.requests.expire_waits(300)
     [(token, reply)] = answers(h)
     assert token == "t" and reply == m.JobStatus(h.status(job_id))
     assert reply.job["state"] == "QUEUED" and reply.job["waitingReason"] == "NO_WORKER"
-    assert h.core.next_wait_deadline() is None
+    assert h.core.requests.next_wait_deadline() is None
 
 
 def test_the_sweep_expires_waits(h):
@@ -93,7 +110,7 @@ def test_timeout_zero_answers_at_once(h):
     job_id = h.submit_ok(0)
     reply = wait(h, 0, job_id, 0)
     assert reply == m.JobStatus(h.status(job_id))
-    assert len(h.core.waiters) == 0
+    assert len(h.core.requests.waiters) == 0
 
 
 def test_a_finished_job_is_answered_at_once(h):
@@ -101,7 +118,7 @@ def test_a_finished_job_is_answered_at_once(h):
     h.report(10, job_id)
     reply = wait(h, 20, job_id, 60_000)
     assert isinstance(reply, m.JobStatus) and reply.job["state"] == "COMPLETED"
-    assert len(h.core.waiters) == 0
+    assert len(h.core.requests.waiters) == 0
 
 
 def test_a_finished_job_read_back_from_the_store_is_answered_at_once():
@@ -110,14 +127,14 @@ def test_a_finished_job_read_back_from_the_store_is_answered_at_once():
     h.report(10, job_id)
     fresh = Harness(store=h.store)  # a restart: the job is only on disk
     fresh.core.recover(100)
-    reply = fresh.core.wait_job(100, Conn("c"), "t", m.WaitJob(job_id, 1000))
+    reply = wait_on(fresh, 100, Conn("c"), "t", m.WaitJob(job_id, 1000))
     assert isinstance(reply, m.JobStatus) and reply.job["state"] == "COMPLETED"
 
 
 def test_unknown_job_is_an_error_at_once(h):
     reply = wait(h, 0, "nope", 1000)
     assert isinstance(reply, m.Error) and "unknown job" in reply.message
-    assert len(h.core.waiters) == 0
+    assert len(h.core.requests.waiters) == 0
 
 
 @pytest.mark.parametrize("timeout", [-1, MAX_WAIT_MILLIS + 1, 10 ** 12])
@@ -125,13 +142,13 @@ def test_a_timeout_out_of_range_is_an_error(h, timeout):
     job_id = h.submit_ok(0)
     reply = wait(h, 0, job_id, timeout)
     assert isinstance(reply, m.Error) and "timeoutMillis" in reply.message
-    assert len(h.core.waiters) == 0
+    assert len(h.core.requests.waiters) == 0
 
 
 def test_the_longest_timeout_is_accepted(h):
     job_id = h.submit_ok(0)
     assert wait(h, 0, job_id, MAX_WAIT_MILLIS) is None
-    assert h.core.next_wait_deadline() == MAX_WAIT_MILLIS
+    assert h.core.requests.next_wait_deadline() == MAX_WAIT_MILLIS
 
 
 def test_several_waiters_on_one_job_and_on_several_jobs(h):
@@ -142,17 +159,17 @@ def test_several_waiters_on_one_job_and_on_several_jobs(h):
     wait(h, 0, a, 60_000, two, "a2")
     wait(h, 0, b, 100, one, "b1")
     wait(h, 0, a, 30, one, "a3")
-    assert len(h.core.waiters) == 4
+    assert len(h.core.requests.waiters) == 4
     h.sweep(30)  # a3 times out
     assert [t for t, _ in answers(h)] == ["a3"]
     h.report(40, a)
     got = answers(h)
     assert [t for t, _ in got] == ["a1", "a2"] and all(r.job["state"] == "COMPLETED" for _, r in got)
-    assert h.core.next_wait_deadline() == 100
+    assert h.core.requests.next_wait_deadline() == 100
     h.sweep(100)
     got = answers(h)
     assert [t for t, _ in got] == ["b1"] and got[0][1].job["state"] == "RUNNING"
-    assert len(h.core.waiters) == 0
+    assert len(h.core.requests.waiters) == 0
 
 
 def test_a_wait_answered_early_leaves_no_live_deadline(h):
@@ -160,7 +177,7 @@ def test_a_wait_answered_early_leaves_no_live_deadline(h):
     wait(h, 0, job_id, 1000)
     h.report(10, job_id)
     answers(h)
-    assert h.core.next_wait_deadline() is None
+    assert h.core.requests.next_wait_deadline() is None
     h.sweep(2000)
     assert answers(h) == []
 
@@ -171,8 +188,8 @@ def test_a_closed_client_drops_its_waits(h):
     wait(h, 0, a, 100, gone, "g1")
     wait(h, 0, b, 100, gone, "g2")
     wait(h, 0, a, 100, stays, "s1")
-    h.core.on_client_closed(10, gone)
-    assert len(h.core.waiters) == 1
+    h.core.requests.on_client_closed(10, gone)
+    assert len(h.core.requests.waiters) == 1
     h.cancel(20, a)
     h.cancel(20, b)
     assert [t for t, _ in answers(h)] == ["s1"]
@@ -183,31 +200,31 @@ def test_waits_carry_over_to_a_reloaded_core(h):
     h.register(0, "w1", capacity=4)
     live = h.submit_ok(0)
     wait(h, 10, live, 500, token="live")
-    old = h.core.waiters.pending()
+    old = h.core.requests.waiters.pending()
     fresh = Harness(store=h.store)
     fresh.core.recover(20)
     # The wait keeps its deadline on the new core.
-    fresh.core.adopt_waiters(20, old)
-    assert len(fresh.core.waiters) == 1 and fresh.core.next_wait_deadline() == 510
-    fresh.core.expire_waits(510)
-    [(waiter, reply)] = fresh.core.take_answers()
-    assert waiter.token == "live" and reply.job["state"] == "QUEUED"  # recovery requeued it
+    fresh.core.requests.adopt_waiters(20, old)
+    assert len(fresh.core.requests.waiters) == 1 and fresh.core.requests.next_wait_deadline() == 510
+    fresh.core.requests.expire_waits(510)
+    [(waiter, reply)] = fresh.take_answers()
+    assert token(waiter) == "live" and reply.job["state"] == "QUEUED"  # recovery requeued it
 
 
 def test_adopted_waits_of_ended_or_unknown_jobs_are_answered_at_once(h):
     job_id = running(h)
     wait(h, 0, job_id, 500, token="ended")
     wait(h, 0, job_id, 500, token="ended2")
-    pending = h.core.waiters.pending()
+    pending = h.core.requests.waiters.pending()
     h.report(10, job_id)
-    h.core.take_answers()
+    h.take_answers()
     other = Harness(prefix="other")
-    other.core.adopt_waiters(20, pending)  # the job is unknown to this store
-    got = other.core.take_answers()
-    assert [w.token for w, _ in got] == ["ended", "ended2"]
+    other.core.requests.adopt_waiters(20, pending)  # the job is unknown to this store
+    got = other.take_answers()
+    assert [token(w) for w, _ in got] == ["ended", "ended2"]
     assert all(isinstance(r, m.Error) for _, r in got)
-    h.core.adopt_waiters(20, pending)
-    got = h.core.take_answers()
+    h.core.requests.adopt_waiters(20, pending)
+    got = h.take_answers()
     assert [r.job["state"] for _, r in got] == ["COMPLETED", "COMPLETED"]
 
 
@@ -215,12 +232,12 @@ def test_many_short_waits_keep_the_deadline_heap_bounded(h):
     job_ids = [h.submit_ok(0) for _ in range(5)]
     h.register(1, "w1", capacity=5)
     for i in range(5000):
-        h.core.wait_job(1, Conn("c"), i, m.WaitJob(job_ids[i % 5], 3_600_000))
+        wait_on(h, 1, Conn("c"), i, m.WaitJob(job_ids[i % 5], 3_600_000))
     for job_id in job_ids:
         h.report(2, job_id)
-    assert len(h.core.take_answers()) == 5000
+    assert len(h.take_answers()) == 5000
     later = h.submit_ok(3)
     for i in range(3000):
-        assert h.core.wait_job(3, Conn("c"), i, m.WaitJob(later, 3_600_000)) is None
+        assert wait_on(h, 3, Conn("c"), i, m.WaitJob(later, 3_600_000)) is None
     # Answered entries were dropped from the heap once they outnumbered live ones.
-    assert len(h.core.waiters.heap) <= 2 * len(h.core.waiters) + 1025
+    assert len(h.core.requests.waiters.heap) <= 2 * len(h.core.requests.waiters) + 1025

@@ -25,7 +25,7 @@ OWN = {"self", "cls"}
 # Known exceptions, (module, name): the Periodic part's handler table names the methods of
 # its mixin base in periodic_waits.py. Composed parts that call each other's public
 # methods leave this empty.
-EXCEPTIONS = {("jobmesh/coordinator/periodic_jobs.py", name) for name in ("_p_run", "_p_recv_data", "_p_work_data")}
+EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 def private(name: str) -> bool:

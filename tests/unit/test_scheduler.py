@@ -285,11 +285,11 @@ def test_queue_order_stays_fifo_when_the_wall_clock_steps_back():
     from jobmesh.store.sqlite import SQLiteStore
 
     core = CoordinatorCore(SQLiteStore(":memory:"), CoreConfig())
-    first = core.submit_job(5000, m.SubmitJob("SLEEP", {"durationMillis": 0}, priority="LOW")).job_id
+    first = core.requests.submit_job(5000, m.SubmitJob("SLEEP", {"durationMillis": 0}, priority="LOW")).job_id
     core.observe_wall(5001, 5001 - 3_600_000)  # the wall clock steps back an hour
-    second = core.submit_job(5002, m.SubmitJob("SLEEP", {"durationMillis": 0}, priority="LOW")).job_id
-    assert core.jobs[second].created_at < core.jobs[first].created_at  # the instants follow the wall
-    assert core.queued.pop_best(5002 + STEP, STEP, {"SLEEP"}) == (first, "SLEEP")
+    second = core.requests.submit_job(5002, m.SubmitJob("SLEEP", {"durationMillis": 0}, priority="LOW")).job_id
+    assert core.table.jobs[second].created_at < core.table.jobs[first].created_at  # the instants follow the wall
+    assert core.json.queued.pop_best(5002 + STEP, STEP, {"SLEEP"}) == (first, "SLEEP")
 
 
 # ---- least_loaded -----------------------------------------------------------------------

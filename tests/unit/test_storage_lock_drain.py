@@ -95,10 +95,10 @@ def test_a_draining_core_assigns_nothing_but_takes_results():
     h.core.draining = True
     second = h.submit_ok(2)
     h.step(3)
-    assert h.core.jobs[second].state is JobState.QUEUED
+    assert h.core.table.jobs[second].state is JobState.QUEUED
     h.report(4, first)
     assert h.core.running_attempts == 0
-    assert h.core.jobs[second].state is JobState.QUEUED
+    assert h.core.table.jobs[second].state is JobState.QUEUED
 
 
 def test_a_paused_core_neither_promotes_nor_assigns():
@@ -108,8 +108,8 @@ def test_a_paused_core_neither_promotes_nor_assigns():
     later = h.submit_ok(1, delay=10)
     queued = h.submit_ok(2)
     h.sweep(100)
-    assert h.core.jobs[later].state is JobState.SCHEDULED
-    assert h.core.jobs[queued].state is JobState.QUEUED
+    assert h.core.table.jobs[later].state is JobState.SCHEDULED
+    assert h.core.table.jobs[queued].state is JobState.QUEUED
     h.core.paused = False
     h.sweep(101)
-    assert {h.core.jobs[j].state for j in (later, queued)} == {JobState.RUNNING}
+    assert {h.core.table.jobs[j].state for j in (later, queued)} == {JobState.RUNNING}

@@ -1,0 +1,286 @@
+"""The JSON ports' jobs and workers: typed queues, worker sessions, the scheduling pass.
+
+``JsonJobs`` is the core's part for jobs submitted on the client port and run by workers
+on the worker port (docs/PROTOCOL.md). It listens to the job table for JSON jobs (a job
+entering QUEUED joins its type's queue, leaving it leaves), keeps the worker sessions and
+which of them run each type, applies worker events (registration, heartbeats, results,
+disconnects), detects dead workers, decides what follows an attempt that ended without a
+result (backoff while attempts remain), and assigns queued jobs to free workers. It
+changes jobs only through the table and sends only through the outbox.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+import logging
+from collections import Counter
+
+import ujson
+
+from jobmesh.coordinator import scheduler
+from jobmesh.coordinator.figures import Counters
+from jobmesh.store.job import Job
+from jobmesh.coordinator.outbox import Outbox
+from jobmesh.coordinator.registry import Session, WorkerRegistry
+from jobmesh.coordinator.table import BUILTIN_TYPES, JobTable
+from jobmesh.protocol import messages as m
+from jobmesh.protocol.jobs import JobState
+from jobmesh.protocol.messages import quote
+from jobmesh.protocol.payloads import MAX_NESTING, is_finite_json, too_deep
+
+if TYPE_CHECKING:
+    from jobmesh.coordinator.connection import OutboundConnection
+
+log = logging.getLogger(__name__)
+
+MAX_WORKER_ID_CHARS = 256
+MAX_RESULT_BYTES = 64 * 1024
+MAX_ERROR_CHARS = m.MAX_ERROR_CHARS
+MAX_STALE_PER_SECOND = 100  # results for leases a worker does not hold, before it is cut off
+
+
+def _attempt_number(job_id: str, attempt_id: str) -> int | None:
+    """n of an attempt id ``<jobId>.<n>`` of this job; None if it is not one."""
+    head, _, tail = attempt_id.rpartition(".")
+    return int(tail) if head == job_id and tail.isdigit() and len(tail) < 10 else None
+
+
+class JsonJobs:
+    def __init__(self, table: JobTable, outbox: Outbox, counters: Counters) -> None:
+        self.table = table
+        self.config = table.config
+        self.outbox = outbox
+        self.counters = counters
+        self.queued = scheduler.TypedQueues()
+        self.workers = WorkerRegistry()
+        self.workers_by_type: dict[str, set[Session]] = {}  # task type -> live sessions that run it
+        # Set by the core between batches: assign nothing (draining, or storage failing).
+        self.hold = False
+        table.listen(self, periodic=False)
+
+    # ---- the table's listener ----------------------------------------------------------
+
+    def entered(self, job: Job, now: int) -> None:
+        if job.state is JobState.QUEUED:
+            self.queued.add(job.job_id, job.task_type, job.priority.level, job.ready_at, job.seq)
+
+    def moved(self, job: Job, source: JobState, target: JobState, now: int) -> None:
+        if source is JobState.QUEUED:
+            self.queued.discard(job.job_id)
+        if target is JobState.QUEUED:
+            self.queued.add(job.job_id, job.task_type, job.priority.level, job.ready_at, job.seq)
+
+    def waiting_reason(self, job: Job) -> str:
+        """Why a QUEUED job is not running, from the worker indexes: O(workers of its type)."""
+        if not len(self.workers):
+            return "NO_WORKER"
+        able = self.workers_by_type.get(job.task_type)
+        if not able:
+            return "NO_WORKER_FOR_TYPE"
+        for session in able:
+            if len(session.running) < session.capacity:
+                return "BEHIND_OTHER_JOBS"  # a worker has room: the next pass takes it, or better jobs
+        return "WORKERS_BUSY"
+
+    # ---- worker events -------------------------------------------------------------------
+
+    def on_registered(self, now: int, conn: OutboundConnection, msg: m.WorkerRegister) -> None:
+        worker_id, capacity = msg.worker_id, msg.capacity
+        if not 1 <= capacity <= 1024:
+            self._refuse(conn, "capacity must be 1..1024, got %s" % quote(capacity))
+            return
+        if not worker_id or len(worker_id) > MAX_WORKER_ID_CHARS:
+            self._refuse(conn, "workerId must be 1..%d characters" % MAX_WORKER_ID_CHARS)
+            return
+        if self.workers.by_conn(conn) is not None:
+            self._refuse(conn, "this connection is already registered")
+            return
+        if self.workers.get(worker_id) is not None:
+            log.warning("refused duplicate registration worker=%s", worker_id)
+            self._refuse(conn, "worker id %s belongs to a live session" % quote(worker_id))
+            return
+        types = BUILTIN_TYPES if msg.task_types is None else frozenset(msg.task_types)
+        for name in self.table.declare_types(types, now):
+            log.info("new task type declared type=%s worker=%s", name, worker_id)
+        session = Session(worker_id, capacity, conn, now, types)
+        self.workers.add(session)
+        for name in types:
+            self.workers_by_type.setdefault(name, set()).add(session)
+        self.outbox.send(conn, m.WorkerRegistered(worker_id))
+        log.info("worker registered worker=%s capacity=%d types=%s", worker_id, capacity, ",".join(sorted(types)))
+
+    def _refuse(self, conn: OutboundConnection, reason: str) -> None:
+        self.outbox.send(conn, m.Error(reason))
+        self.outbox.send(conn, None)
+
+    def on_heartbeat(self, now: int, conn: OutboundConnection, worker_id: str) -> None:
+        session = self.workers.by_conn(conn)
+        if session is not None and session.worker_id == worker_id and now > session.last_heartbeat:
+            session.last_heartbeat = now
+
+    def on_result(self, now: int, conn: OutboundConnection, res: m.TaskResult) -> None:
+        session = self.workers.by_conn(conn)
+        job = self.table.jobs.get(res.job_id)
+        if (
+            session is None
+            or session.worker_id != res.worker_id
+            or job is None
+            or job.state is not JobState.RUNNING
+            or job.attempt_id != res.attempt_id
+            or job.worker_id != res.worker_id
+            or job.periodic is not None
+        ):
+            log.warning("stale result dropped job=%s attempt=%s worker=%s", res.job_id, res.attempt_id, res.worker_id)
+            self.counters.stale_results += 1
+            if session is not None and self._stale_flood(session, now):
+                return
+            if job is not None:
+                self.table.event(job, now, "STALE_RESULT", "a result for a lease that had ended was dropped",
+                                 attempt=_attempt_number(job.job_id, res.attempt_id), worker_id=res.worker_id)
+            return
+        if res.success:
+            result = res.result if res.result is not None else {}
+            if too_deep(result):
+                self.attempt_failed(job, now, "result nested deeper than %d levels" % MAX_NESTING, "ATTEMPT_FAILED")
+                return
+            if not is_finite_json(result):
+                self.attempt_failed(job, now, "result holds NaN or Infinity, which JSON does not allow",
+                                    "ATTEMPT_FAILED")
+                return
+            if len(ujson.dumps(result)) > MAX_RESULT_BYTES:
+                self.attempt_failed(job, now, "result larger than %d bytes" % MAX_RESULT_BYTES, "ATTEMPT_FAILED")
+                return
+            job.result = result
+            self.table.transition(job, JobState.COMPLETED, now)
+            log.debug("completed job=%s attempt=%d", job.job_id, job.attempts)
+        else:
+            error = (res.error or "task failed without an error message")[:MAX_ERROR_CHARS]
+            self.attempt_failed(job, now, error, "ATTEMPT_FAILED")
+
+    def _stale_flood(self, session: Session, now: int) -> bool:
+        """Count a session's stale results; more than MAX_STALE_PER_SECOND in a second
+        is a flood (or forgery): the connection is closed."""
+        if now - session.stale_since >= 1000:
+            session.stale_since, session.stale_count = now, 0
+        session.stale_count += 1
+        if session.stale_count <= MAX_STALE_PER_SECOND:
+            return False
+        log.warning("closing worker=%s: more than %d results a second for leases it does not hold",
+                    session.worker_id, MAX_STALE_PER_SECOND)
+        self._refuse(session.conn, "more than %d results a second for leases this worker does not hold"
+                     % MAX_STALE_PER_SECOND)
+        session.stale_count = -10**9  # refused once is enough
+        return True
+
+    def on_disconnected(self, now: int, conn: OutboundConnection) -> None:
+        session = self.workers.by_conn(conn)
+        if session is None:
+            return
+        log.warning("worker disconnected worker=%s running=%d", session.worker_id, len(session.running))
+        self._drop_session(session, now, "worker %s disconnected" % session.worker_id)
+
+    def _drop_session(self, session: Session, now: int, reason: str) -> None:
+        self.workers.remove(session)
+        self.counters.workers_lost += 1
+        for name in session.task_types:
+            able = self.workers_by_type.get(name)
+            if able is not None:
+                able.discard(session)
+                if not able:
+                    del self.workers_by_type[name]
+        jobs = self.table.jobs
+        for job_id in sorted(session.running):
+            job = jobs.get(job_id)
+            if job is not None and job.state is JobState.RUNNING and job.worker_id == session.worker_id:
+                self.attempt_failed(job, now, "attempt %d lost: %s" % (job.attempts, reason), "WORKER_LOST")
+        session.running.clear()
+
+    def stamp_arrivals(self, now: int, arrival_millis: dict[OutboundConnection, int]) -> None:
+        """Liveness by arrival: each worker is alive as of the last frame its handler read
+        (``arrival_millis``, core time, by connection)."""
+        for session in self.workers:
+            at = arrival_millis.get(session.conn)
+            if at is not None:
+                self.on_heartbeat(at, session.conn, session.worker_id)
+
+    def detect_dead_workers(self, now: int) -> None:
+        limit = self.config.heartbeat_timeout_millis
+        for session in self.workers:
+            silent = now - session.last_heartbeat
+            if silent > limit:
+                log.warning("worker presumed dead worker=%s silent=%dms running=%d",
+                            session.worker_id, silent, len(session.running))
+                self.outbox.send(session.conn, None)
+                self._drop_session(
+                    session, now, "worker %s presumed dead (no heartbeat for %d ms)" % (session.worker_id, silent)
+                )
+
+    # ---- outcomes ---------------------------------------------------------------------
+
+    def revoke_lease(self, job: Job, why: str) -> None:
+        """Tell the lease holder to stop this attempt (best effort); the transition that
+        follows frees its slot."""
+        session = self.table.leases.get(job.job_id)
+        if session is not None and job.attempt_id is not None:
+            self.outbox.send(session.conn, m.TaskCancel(job.job_id, job.attempt_id))
+        log.debug("revoked lease job=%s attempt=%s why=%s", job.job_id, job.attempt_id, why)
+
+    def attempt_failed(self, job: Job, now: int, error: str, cause: str) -> None:
+        """An attempt ended without a result: RETRY_WAIT while attempts remain, else FAILED."""
+        self.table.attempt_ended(job, now, error, cause)
+        if job.attempts < job.max_attempts:
+            delay = scheduler.retry_delay_millis(job.attempts, self.config.retry_base_millis, self.config.retry_cap_millis)
+            self.table.transition(job, JobState.RETRY_WAIT, now, due_at=now + delay)
+            log.info("retry job=%s attempt=%d/%d in=%dms error=%s", job.job_id, job.attempts, job.max_attempts, delay, error)
+        else:
+            self.table.transition(job, JobState.FAILED, now)
+            log.info("failed job=%s attempts=%d error=%s", job.job_id, job.attempts, error)
+
+    # ---- scheduling ---------------------------------------------------------------------
+
+    def schedule(self, now: int) -> int:
+        """Assign queued jobs, best first, each to the least-loaded free worker that runs its type.
+
+        Only the types some free worker declared are candidates, so a job no free worker
+        can run never holds back one that a free worker can run. Held (draining, or
+        storage failing), it assigns nothing.
+        """
+        queued = self.queued
+        if not len(queued) or self.hold:
+            return 0
+        free = [s for s in self.workers if len(s.running) < s.capacity]
+        if not free:
+            return 0
+        runnable: Counter[str] = Counter()  # type -> free workers that run it
+        for session in free:
+            runnable.update(session.task_types)
+        assigned = 0
+        step = self.config.aging_step_millis
+        jobs = self.table.jobs
+        transition = self.table.transition
+        while free and len(queued):
+            picked = queued.pop_best(now, step, runnable)
+            if picked is None:
+                break
+            job_id, task_type = picked
+            worker = scheduler.least_loaded(
+                (s for s in free if task_type in s.task_types), lambda s: len(s.running), lambda s: s.capacity
+            )
+            assert worker is not None, "runnable counts a free worker for this type"
+            job = jobs[job_id]
+            transition(job, JobState.RUNNING, now, session=worker)
+            self.outbox.send(worker.conn, m.TaskAssign(job.job_id, job.attempt_id or "", job.attempts, job.task_type,
+                                                       job.payload))
+            log.debug("assigned job=%s attempt=%s worker=%s", job.job_id, job.attempt_id, worker.worker_id)
+            assigned += 1
+            if len(worker.running) >= worker.capacity:
+                free.remove(worker)
+                for name in worker.task_types:
+                    runnable[name] -= 1
+                    if runnable[name] <= 0:
+                        del runnable[name]  # no free worker runs it any more
+        return assigned
+
+    @property
+    def running_attempts(self) -> int:
+        return sum(len(s.running) for s in self.workers)

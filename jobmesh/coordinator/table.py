@@ -1,0 +1,320 @@
+"""The job table: every job the core holds, and the one place a job is added or moves.
+
+``JobTable`` owns the jobs in memory (the active ones, a bounded cache of finished ones),
+the idempotency-key index, the rows to commit (dirty, new, purged), the per-state counts,
+the leases (which session holds each running job), the known task types, each job's
+timeline, and the submission sequence. Jobs enter it through ``admit`` (a new job) or
+``adopt`` (recovery), and change state only through ``transition``; both tell the
+registered listeners, which keep their own indexes (queues, due times, Periodic funcs,
+waiters) in step. A listener is any object with ``entered(job, now)`` (the job is in the
+table, in its current state) and ``moved(job, source, target, now)`` (after the move);
+it says whether it wants JSON jobs, Periodic jobs or both. A new index is a listener; a
+new state is a row of the table in ``protocol/jobs.py`` and, if it needs one, a branch
+in ``transition``.
+
+Pure: no gevent, no clock; ``now`` is core time from the caller, and ``drift`` (kept by
+the core) turns it into the wall-clock instants a job's record holds.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, OrderedDict
+from typing import Any, Callable, Iterable, Protocol
+
+from jobmesh.config import CoreConfig
+from jobmesh.coordinator.figures import Counters
+from jobmesh.store.job import Job
+from jobmesh.coordinator.registry import Session
+from jobmesh.store.base import Batch, Store
+from jobmesh.store.columns import dump_events, event_fragment, insert_row, load_events, update_row
+from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
+from jobmesh.protocol.payloads import TASK_TYPES
+
+FINISHED_CACHE = 20_000
+EVENTS_KEPT = 100  # a job's timeline keeps its newest events
+BUILTIN_TYPES = frozenset(TASK_TYPES)
+_ABOUT_THE_LEASE = frozenset({JobState.COMPLETED, JobState.CANCELLED})  # events naming the attempt that ended
+# The timeline event a transition writes, by target state (None: the caller writes its own).
+TRANSITION_EVENTS = {
+    JobState.QUEUED: "QUEUED", JobState.RUNNING: "ASSIGNED", JobState.RETRY_WAIT: "RETRY_WAIT",
+    JobState.SCHEDULED: "RESCHEDULED", JobState.COMPLETED: "COMPLETED", JobState.FAILED: "FAILED",
+    JobState.CANCELLED: "CANCELLED",
+}
+_random = random.Random()
+
+
+class Listener(Protocol):
+    """What the table tells the parts that index jobs."""
+
+    def entered(self, job: Job, now: int) -> None:
+        """The job is in the table now (admitted or recovered), in ``job.state``."""
+
+    def moved(self, job: Job, source: JobState, target: JobState, now: int) -> None:
+        """The job moved from ``source`` to ``target`` (``job`` already shows the move)."""
+
+
+def due_time(job: Job) -> int | None:
+    """When a waiting job becomes due (wall clock): its retry time (RETRY_WAIT) or run-at
+    time (SCHEDULED); None in other states."""
+    if job.state is JobState.RETRY_WAIT:
+        return job.retry_at
+    if job.state is JobState.SCHEDULED:
+        return job.run_at
+    return None
+
+
+class JobTable:
+    def __init__(self, store: Store, config: CoreConfig, counters: Counters,
+                 new_id: Callable[[], str] | None = None) -> None:
+        self.store = store
+        self.config = config
+        self.counters = counters
+        self._new_id = new_id
+        self.jobs: dict[str, Job] = {}  # every non-terminal job
+        self.finished: OrderedDict[str, Job] = OrderedDict()  # LRU of terminal jobs
+        self.keys: dict[str, str] = {}  # idempotency key -> job id, for jobs held in memory
+        self.leases: dict[str, Session] = {}  # running job id -> the session holding its lease
+        self.known_types: set[str] = set(BUILTIN_TYPES)  # built-ins and every type ever declared
+        self.next_seq = 1
+        self.drift = 0  # wall clock minus core time (the core keeps it current)
+        # (state, task type or Periodic func, priority, whether Periodic) -> active jobs;
+        # enum keys: no .value on the hot path
+        self.counts: Counter[tuple[JobState, str, Priority, bool]] = Counter()
+        self.finished_counts = {state: 0 for state in TERMINAL}
+        self._json: list[Listener] = []
+        self._periodic: list[Listener] = []
+        self._dirty: dict[str, Job] = {}
+        self._new: set[str] = set()
+        self._new_types: list[tuple[str, int]] = []
+        self._purges: list[str] = []
+
+    def listen(self, listener: Listener, json: bool = True, periodic: bool = True) -> None:
+        """Tell ``listener`` of every JSON and/or Periodic job that enters or moves."""
+        if json:
+            self._json.append(listener)
+        if periodic:
+            self._periodic.append(listener)
+
+    # ---- jobs in and out ------------------------------------------------------------
+
+    @property
+    def active_count(self) -> int:
+        """Non-terminal jobs: the admission-control counter (O(1))."""
+        return len(self.jobs)
+
+    def new_job_id(self) -> tuple[str, int]:
+        """A new job id and its sequence number: the sequence (so ids sort, and inserts
+        append to the primary-key index) followed by 96 random bits (so ids never collide
+        with rows of an older database, whatever their sequence). No syscall."""
+        seq = self.next_seq
+        self.next_seq += 1
+        if self._new_id is not None:
+            return self._new_id(), seq
+        return "%08x%024x" % (seq, _random.getrandbits(96)), seq
+
+    def admit(self, job: Job, now: int, detail: str | None = None) -> None:
+        """A new job (QUEUED or SCHEDULED), with its SUBMITTED event; inserted at the commit."""
+        job_id = job.job_id
+        self.jobs[job_id] = job
+        if job.idempotency_key is not None:
+            self.keys[job.idempotency_key] = job_id
+        self._new.add(job_id)
+        self.counters.submitted += 1
+        self.counts[(job.state, job.task_type, job.priority, job.periodic is not None)] += 1
+        self.event(job, now, "SUBMITTED", detail)
+        for listener in self._periodic if job.periodic is not None else self._json:
+            listener.entered(job, now)
+
+    def adopt(self, job: Job, now: int) -> None:
+        """Recovery: a non-terminal job read back from the store, as it was stored."""
+        self.jobs[job.job_id] = job
+        job.ready_at = job.due_at - self.drift
+        self.counts[(job.state, job.task_type, job.priority, job.periodic is not None)] += 1
+        if job.idempotency_key is not None:
+            self.keys[job.idempotency_key] = job.job_id
+        for listener in self._periodic if job.periodic is not None else self._json:
+            listener.entered(job, now)
+
+    def transition(self, job: Job, target: JobState, now: int, *, due_at: int | None = None,
+                   session: Session | None = None, event: str | None = "") -> None:
+        """Move an active job to ``target``; the listeners keep their indexes in step.
+
+        Leaving RUNNING frees the lease holder's slot; entering RUNNING takes ``session``
+        and issues a new lease with its deadline; RETRY_WAIT and SCHEDULED take ``due_at``
+        (core time); a terminal state leaves the active set (freeing its admission slot)
+        for the finished cache. The per-state counts follow, the move is written to the
+        job's timeline (``event``: "" the state's own event, None none, or another name),
+        and the job is marked dirty for the batch's commit.
+        """
+        source = job.state
+        holder_id = job.worker_id  # the lease holder while RUNNING
+        periodic = job.periodic is not None
+        if source is JobState.RUNNING:
+            holder = self.leases.pop(job.job_id, None)
+            if holder is not None:
+                holder.running.discard(job.job_id)
+        job.move_to(target, now + self.drift)
+        counts = self.counts
+        key = (source, job.task_type, job.priority, periodic)
+        counts[key] -= 1
+        if not counts[key]:
+            del counts[key]
+        if target is JobState.QUEUED:
+            if source is JobState.SCHEDULED and job.wake_at is not None:
+                job.ready_at = job.wake_at  # it became due at its run-at time, not when the sweep saw it
+        elif target is JobState.RUNNING:
+            assert session is not None, "an assignment needs a worker"
+            job.attempts += 1
+            # Unique per assignment: attempts only grows, and is durable before any send.
+            job.attempt_id = "%s.%d" % (job.job_id, job.attempts)
+            job.worker_id = holder_id = session.worker_id
+            job.deadline = now + (job.execution_timeout or self.config.task_timeout_millis)
+            self.leases[job.job_id] = session
+            session.running.add(job.job_id)
+        elif target is JobState.RETRY_WAIT:
+            assert due_at is not None, "a waiting job needs its due time"
+            job.retry_at = due_at + self.drift
+            self.counters.retries += 1
+        elif target is JobState.SCHEDULED:
+            assert due_at is not None, "a waiting job needs its due time"
+            job.run_at = due_at + self.drift
+        if target in TERMINAL:
+            self.jobs.pop(job.job_id, None)
+            self._remember_finished(job)
+            self.finished_counts[target] += 1
+        else:
+            counts[(target, job.task_type, job.priority, periodic)] += 1
+        for listener in self._periodic if periodic else self._json:
+            listener.moved(job, source, target, now)
+        if event is None:
+            self._dirty[job.job_id] = job
+        elif target is JobState.RUNNING or (source is JobState.RUNNING and target in _ABOUT_THE_LEASE):
+            self.event(job, now, event or TRANSITION_EVENTS[target], None, None, job.attempts, holder_id)
+        else:
+            detail = job.error if target is JobState.FAILED else None
+            self.event(job, now, event or TRANSITION_EVENTS[target], detail, due_at)
+
+    def attempt_ended(self, job: Job, now: int, error: str, cause: str) -> None:
+        """An attempt ended without a result (``cause``: ATTEMPT_FAILED, LEASE_EXPIRED or
+        WORKER_LOST): the error and the timeline say so; the job's part decides what next."""
+        job.error = error
+        self.event(job, now, cause, error, attempt=job.attempts, worker_id=job.worker_id)
+
+    # ---- timelines and rows ---------------------------------------------------------
+
+    def event(self, job: Job, now: int, event: str, detail: str | None = None, retry_at: int | None = None,
+              attempt: int | None = None, worker_id: str | None = None) -> None:
+        """Append one event to the job's timeline (its ``events`` column, committed with the
+        job's row in this batch); only the newest EVENTS_KEPT are kept. ``retry_at`` is
+        core time; the timeline holds wall-clock instants."""
+        if job.event_count < 0:  # read back from the store: count what it holds
+            stored = load_events(job.events)
+            job.event_count = len(stored)
+            job.event_last_at = stored[-1][0] if stored else 0
+        at = now + self.drift
+        fragment = event_fragment(job.event_last_at, at, event, attempt, worker_id, detail,
+                                  None if retry_at is None else retry_at + self.drift)
+        job.events = job.events + "," + fragment if job.events else fragment
+        job.event_last_at = at
+        job.event_count += 1
+        if job.event_count > EVENTS_KEPT:
+            kept = load_events(job.events)[-EVENTS_KEPT:]
+            job.events = dump_events(kept)
+            job.event_count = len(kept)
+        self._dirty[job.job_id] = job
+
+    def touch(self, job: Job) -> None:
+        """The job's row changed outside a transition: write it with this batch."""
+        self._dirty[job.job_id] = job
+
+    def declare_types(self, names: Iterable[str], now: int) -> list[str]:
+        """Task types a worker declared; the new ones are stored with this batch (durable
+        before its registration is answered). Returns the new names."""
+        new = sorted(set(names) - self.known_types)
+        for name in new:
+            self.known_types.add(name)
+            self._new_types.append((name, now + self.drift))
+        return new
+
+    def take_dirty(self) -> Batch:
+        """What to commit for everything changed since the last call."""
+        inserts, updates = [], []
+        new = self._new
+        for job_id, job in self._dirty.items():
+            if job_id in new:
+                inserts.append(insert_row(job))
+            else:
+                updates.append(update_row(job))
+        batch = Batch(inserts, updates, self._new_types, self._purges)
+        self._new_types, self._purges = [], []
+        self._dirty = {}
+        self._new = set()
+        return batch
+
+    # ---- lookups --------------------------------------------------------------------
+
+    def _remember_finished(self, job: Job) -> None:
+        self.finished[job.job_id] = job
+        self.finished.move_to_end(job.job_id)
+        if job.idempotency_key is not None:
+            self.keys[job.idempotency_key] = job.job_id
+        while len(self.finished) > FINISHED_CACHE:
+            _, old = self.finished.popitem(last=False)
+            if old.idempotency_key is not None and self.keys.get(old.idempotency_key) == old.job_id:
+                del self.keys[old.idempotency_key]
+
+    def lookup(self, job_id: str) -> Job | None:
+        """Any job by id: active, recently finished, or read back from the store."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            return job
+        job = self.finished.get(job_id)
+        if job is not None:
+            return job
+        job = self.store.get(job_id)
+        if job is not None and job.state in TERMINAL:
+            self._remember_finished(job)
+        return job
+
+    def lookup_key(self, key: str) -> Job | None:
+        """The job bound to an idempotency key, wherever it is."""
+        job_id = self.keys.get(key)
+        if job_id is not None:
+            return self.lookup(job_id)
+        job = self.store.find_by_key(key)
+        if job is not None and job.state in TERMINAL:
+            self._remember_finished(job)
+        return job
+
+    def current(self, stored: Job) -> Job:
+        """The job as memory holds it now, if it does (a row read back may be older)."""
+        return self.jobs.get(stored.job_id) or self.finished.get(stored.job_id) or stored
+
+    # ---- purges -----------------------------------------------------------------------
+
+    def forget(self, found: list[tuple[str, str | None]]) -> int:
+        """Drop finished jobs from memory (cache, keys, dirty rows); the batch's commit
+        deletes their rows. Their idempotency keys are free again."""
+        queued = set(self._purges)
+        for job_id, key in found:
+            if job_id in queued:
+                continue
+            self.finished.pop(job_id, None)
+            if key is not None and self.keys.get(key) == job_id:
+                del self.keys[key]
+            self._dirty.pop(job_id, None)
+            self._purges.append(job_id)
+        self.counters.purged += len(found)
+        return len(found)
+
+    def carry_totals(self, old: JobTable) -> None:
+        """A reload: the finished counts count since the process started."""
+        for state, value in old.finished_counts.items():
+            self.finished_counts[state] += value
+
+
+def new_job(table: JobTable, now: int, **fields: Any) -> Job:
+    """A Job with a fresh id and sequence, created now (wall clock), due now (core time)."""
+    job_id, seq = table.new_job_id()
+    return Job(job_id=job_id, seq=seq, created_at=now + table.drift, ready_at=now, event_count=0, **fields)

@@ -1,0 +1,105 @@
+"""The one driver of ``CoordinatorCore`` in unit tests: plain numbers for time, a real store.
+
+A batch here is what the runtime does with one (``runtime._apply_batch`` and
+``_commit_and_release``): events go through ``core.apply``, then ``core.end_batch``, then
+the rows are committed, then the outbound frames are released. After every commit the
+driver checks the invariants that must hold between batches: the store holds exactly
+what the core holds, no JSON worker runs more than its capacity, every running job has
+exactly one lease and its holder knows it, and every index agrees with each job's state.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator
+
+from jobmesh.config import CoreConfig
+from jobmesh.coordinator import events as ev
+from jobmesh.coordinator.core import CoordinatorCore
+from jobmesh.coordinator.waiters import Waiter
+from jobmesh.protocol import messages as m
+from jobmesh.protocol.jobs import TERMINAL, JobState
+from jobmesh.store.columns import insert_row
+from jobmesh.store.sqlite import SQLiteStore
+
+DEFAULTS = dict(heartbeat_timeout_millis=1000, task_timeout_millis=10_000, max_active_jobs=1000,
+                aging_step_millis=60_000, retry_base_millis=100, retry_cap_millis=1000, default_max_attempts=3)
+
+
+class Conn:
+    """A stand-in for a connection: hashable by identity, with a readable name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return "Conn(%s)" % self.name
+
+
+CLIENT = Conn("client")
+
+
+class CoreDriver:
+    def __init__(self, store: SQLiteStore | None = None, prefix: str = "id", ids: Iterator[int] | None = None,
+                 **cfg: Any) -> None:
+        config = dict(DEFAULTS)
+        config.update(cfg)
+        self.store = store if store is not None else SQLiteStore(":memory:")
+        counter = ids if ids is not None else itertools.count(1)
+        self.core = CoordinatorCore(self.store, CoreConfig(**config), new_id=lambda: "%s-%d" % (prefix, next(counter)))
+        self.sent: list[tuple[Any, Any]] = []  # every frame released, in order
+        self.answers: list[tuple[Waiter, m.Message]] = []  # waits answered, not yet taken
+
+    # -- one batch ------------------------------------------------------------------------
+
+    def apply(self, now: int, event: ev.Event) -> Any:
+        """One event into the core (its reply, for a request); the batch goes on."""
+        return self.core.apply(event, now)
+
+    def request(self, now: int, msg: Any, conn: Any = CLIENT) -> Any:
+        return self.apply(now, ev.Request(conn, msg))
+
+    def end_batch(self, now: int) -> list[tuple[Any, Any]]:
+        """The end of the batch: the core's after-batch work, the commit, the checks, the
+        release; the frames released."""
+        self.answers.extend(self.core.end_batch(now))
+        self.store.write(self.core.take_dirty())
+        self.check()
+        out = self.core.take_outbound()
+        self.sent.extend(out)
+        return out
+
+    def take_answers(self) -> list[tuple[Waiter, m.Message]]:
+        answers, self.answers = self.answers + self.core.requests.take_answers(), []
+        return answers
+
+    # -- between batches -----------------------------------------------------------------------
+
+    def check(self) -> None:
+        core = self.core
+        table = core.table
+        for job in list(table.jobs.values()) + list(table.finished.values()):
+            stored = self.store.get(job.job_id)
+            assert stored is not None, job.job_id
+            assert insert_row(stored) == insert_row(job), job.job_id
+        assert all(j.state not in TERMINAL for j in table.jobs.values())
+        assert core.active_count == len(self.store.load_active())
+        for session in core.json.workers:
+            assert len(session.running) <= session.capacity, session.worker_id
+        for job_id, session in table.leases.items():
+            assert job_id in session.running, job_id
+        for job in table.jobs.values():
+            if job.state is JobState.RUNNING:
+                lease = table.leases.get(job.job_id)
+                assert lease is not None and lease.worker_id == job.worker_id, job.job_id
+                assert job.attempt_id is not None and job.deadline is not None
+            else:
+                assert job.job_id not in table.leases, job.job_id
+                assert job.worker_id is None and job.attempt_id is None and job.deadline is None
+            assert (job.retry_at is not None) == (job.state is JobState.RETRY_WAIT)
+            if job.periodic is None:
+                assert (job.job_id in core.json.queued) == (job.state is JobState.QUEUED)
+            if job.state in (JobState.SCHEDULED, JobState.RETRY_WAIT):
+                assert job.wake_at is not None and (job.wake_at, job.job_id) in core.timers.due_heap
+            if job.state is JobState.SCHEDULED:
+                assert job.run_at is not None
