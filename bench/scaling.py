@@ -200,13 +200,13 @@ class SteadyCore:
         reqs = submit_requests(size, 0)
         t = time.perf_counter()
         for req in reqs:
-            self.core.submit_job(self.now, req)
+            self.core.requests.submit_job(self.now, req)
         self.prefill_s = time.perf_counter() - t
         del reqs
         store.write(self.core.take_dirty())
         self.conns = [FakeConn("scaling-w%d" % i) for i in range(opts["workers"])]
         for conn in self.conns:
-            self.core.on_worker_registered(self.now, conn, m.WorkerRegister(conn.worker_id, opts["capacity"]))
+            self.core.json.on_registered(self.now, conn, m.WorkerRegister(conn.worker_id, opts["capacity"]))
         self.core.take_outbound()
         self.beat_at = self.now
         self.running: list = []
@@ -219,7 +219,7 @@ class SteadyCore:
         if self.now - self.beat_at >= HEARTBEAT_MILLIS:  # as a worker's heartbeat greenlet would
             self.beat_at = self.now
             for conn in self.conns:
-                core.on_heartbeat(self.now, conn, conn.worker_id)
+                core.json.on_heartbeat(self.now, conn, conn.worker_id)
         results = [(conn, m.TaskResult(conn.worker_id, a.job_id, a.attempt_id, True, {"sleptMillis": 0}))
                    for conn, a in self.running]
         reqs = submit_requests(len(results), self.submitted)
@@ -227,17 +227,17 @@ class SteadyCore:
 
         t = time.perf_counter()
         for conn, res in results:
-            core.on_task_result(self.now, conn, res)
+            core.json.on_result(self.now, conn, res)
         t_result = time.perf_counter() - t
 
         t = time.perf_counter()
         for req in reqs:
-            core.submit_job(self.now, req)
+            core.requests.submit_job(self.now, req)
         t_submit = time.perf_counter() - t
 
-        depth = len(core.queued)
+        depth = len(core.json.queued)
         t = time.perf_counter()
-        assigned = core.schedule_queued_jobs(self.now)
+        assigned = core.json.schedule(self.now)
         t_schedule = time.perf_counter() - t
         self.running = [(conn, msg) for conn, msg in core.take_outbound() if isinstance(msg, m.TaskAssign)]
         if assigned != self.slots or len(self.running) != self.slots:
@@ -324,7 +324,7 @@ def core_level(opts: dict[str, Any], work_dir: Path) -> dict[str, Any]:
 def heap_bytes(core: CoordinatorCore, sample: int = 2000) -> int:
     """Estimated bytes held by the deadline heap: list slot, tuple, int, attempt id, and the
     job id when nothing else holds it (the job is neither active nor cached), from a sample."""
-    heap = core.deadline_heap
+    heap = core.timers.deadline_heap
     if not heap:
         return 0
     step = max(1, len(heap) // sample)
@@ -333,7 +333,7 @@ def heap_bytes(core: CoordinatorCore, sample: int = 2000) -> int:
     for deadline, job_id, attempt_id in picked:
         total += 8 + sys.getsizeof((deadline, job_id, attempt_id)) + sys.getsizeof(deadline) \
             + sys.getsizeof(attempt_id)
-        if job_id not in core.jobs and job_id not in core.finished:
+        if job_id not in core.table.jobs and job_id not in core.table.finished:
             total += sys.getsizeof(job_id)
     return total * len(heap) // len(picked)
 
@@ -362,9 +362,9 @@ def history_level(opts: dict[str, Any], work_dir: Path) -> dict[str, Any]:
             core = steady.core
             rows.append(dict(step_medians(samples), completed=(steady.rounds - 1) * slots,
                              simulated_s=round((steady.now - T0_MILLIS) / 1000, 1),
-                             deadline_heap=len(core.deadline_heap),
-                             deadline_heap_mb=round(heap_bytes(core) / 1e6, 1), due_heap=len(core.due_heap),
-                             finished_cache=len(core.finished), active=core.active_count,
+                             deadline_heap=len(core.timers.deadline_heap),
+                             deadline_heap_mb=round(heap_bytes(core) / 1e6, 1), due_heap=len(core.timers.due_heap),
+                             finished_cache=len(core.table.finished), active=core.active_count,
                              rss_kb=rss_kb()))
         print_table(
             "history (in process, %s queued, %d sessions x %d slots, clock at %s assignments/s, task timeout "
@@ -607,7 +607,7 @@ def recovery_in_process(path: Path) -> dict[str, Any]:
         core.recover(int(time.time() * 1000))
         t_recover = time.perf_counter() - t
         return {"open_s": round(t_open, 4), "recover_s": round(t_recover, 4), "active": core.active_count,
-                "next_seq": core.next_seq}
+                "next_seq": core.table.next_seq}
     finally:
         store.close()
 

@@ -1,7 +1,7 @@
 """The exit codes of the ``jobmesh`` command line (CONTRACT.md, "Command line").
 
-A leaf module: ``cli`` and ``client.commands`` both use these, and neither imports the other
-at module level.
+A leaf module: ``cli``, ``client.commands`` and the coordinator's runtime use these, and
+none of them imports another at module level for it.
 """
 
 EXIT_OK = 0
@@ -11,3 +11,5 @@ EXIT_UNREACHABLE = 3
 EXIT_TIMEOUT = 4
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 EXIT_BROKEN_PIPE = 141  # stdout's reader went away (``jobmesh list | head``): 128 + SIGPIPE, as for any Unix tool
+EXIT_CORE_DIED = 70  # the coordinator's core greenlet died (a bug): it stops rather than serve without it
+EXIT_COMMIT_FAILED = 71  # a commit failed in a way storage faults do not explain: recovery repairs it at the next start

@@ -40,8 +40,8 @@ from jobmesh.coordinator.json_jobs import JsonJobs
 from jobmesh.coordinator.outbox import Frame, Outbox
 from jobmesh.coordinator.periodic_jobs import PeriodicJobs
 from jobmesh.coordinator.requests import ClientRequests
-from jobmesh.store.base import Batch, Store
-from jobmesh.coordinator.table import JobTable, due_time
+from jobmesh.store.base import Batch, Read, Store
+from jobmesh.coordinator.table import JobTable, ReadPending, due_time
 from jobmesh.coordinator.timers import Timers
 from jobmesh.coordinator.waiters import Slot, Waiter
 from jobmesh.protocol import messages as m
@@ -55,7 +55,8 @@ log = logging.getLogger(__name__)
 PURGE_BATCH = 256  # finished jobs purged per batch while more are due
 WALL_STEP_MILLIS = 1000  # a change of the wall clock against core time beyond this is a step
 
-Reply = m.Message | Slot  # a client request's answer: now, or a place for it later (WAIT_JOB)
+Reply = m.Message | Slot  # a client request's answer: now, or a place for it later
+INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
 
 
 class CoordinatorCore:
@@ -71,6 +72,12 @@ class CoordinatorCore:
         self.requests = ClientRequests(self.table, self.json, self.periodic, self.counters)
         self._draining = False
         self._paused = False
+        # Requests held for a store read (``ReadPending``), in arrival order, with the
+        # Slot their reply fills; reads the runtime has not been told of; replies of
+        # held requests applied again in this batch.
+        self._held: list[tuple[Read, ev.Request, Slot]] = []
+        self._new_reads: list[Read] = []
+        self._resumed: list[tuple[Waiter, m.Message]] = []
         requests = self.requests
         self._answers: dict[type, Callable[[int, Any], m.Message]] = {
             m.SubmitJob: requests.submit_job,
@@ -95,6 +102,7 @@ class CoordinatorCore:
             ev.Sweep: lambda e, now: self.sweep(now),
             ev.Expire: lambda e, now: requests.expire_waits(now),
             ev.ClientClosed: lambda e, now: requests.on_client_closed(now, e.conn),
+            ev.ReadsDone: lambda e, now: self.resume_held(now),
         }
 
     # ---- applying events ----------------------------------------------------------------
@@ -105,10 +113,51 @@ class CoordinatorCore:
         return self._dispatch[type(event)](event, now)
 
     def _request(self, event: ev.Request, now: int) -> Reply:
+        try:
+            return self._answer(event, now)
+        except ReadPending as pending:  # its reply waits, in order, for the read
+            slot = Slot()
+            self._hold_for(pending.read, event, slot)
+            return slot
+
+    def _answer(self, event: ev.Request, now: int, slot: Slot | None = None) -> Reply:
         msg = event.msg
         if type(msg) is m.WaitJob:  # the one request that needs its connection
-            return self.requests.wait_job(now, event.conn, msg)
+            return self.requests.wait_job(now, event.conn, msg, slot)
         return self._answers[type(msg)](now, msg)
+
+    def _hold_for(self, read: Read, event: ev.Request, slot: Slot) -> None:
+        self._held.append((read, event, slot))
+        self._new_reads.append(read)
+
+    def resume_held(self, now: int) -> None:
+        """Apply again, in arrival order, the held requests whose store read is done;
+        their replies fill their Slots at the end of the batch."""
+        held, self._held = self._held, []
+        for read, event, slot in held:
+            if not read.ready():
+                self._held.append((read, event, slot))
+                continue
+            try:
+                answer = self._answer(event, now, slot)
+            except ReadPending as pending:  # another read: wait for that one too
+                self._hold_for(pending.read, event, slot)
+                continue
+            except Exception:
+                log.exception("error while applying a held %s; continuing", type(event.msg).__name__)
+                answer = INTERNAL_ERROR
+            if not isinstance(answer, Slot):  # (a WAIT_JOB now waiting for its job fills the slot later)
+                self._resumed.append((Waiter(event.conn, slot, "", 0), answer))
+
+    def take_new_reads(self) -> list[Read]:
+        """Store reads requests began to wait for since the last call (the runtime asks
+        each to wake it when done); none on a store that answers reads at once."""
+        reads, self._new_reads = self._new_reads, []
+        return reads
+
+    def held_requests(self) -> list[Waiter]:
+        """Requests still held for a store read, as waiters of their Slots (a stop answers them)."""
+        return [Waiter(event.conn, slot, "", 0) for _read, event, slot in self._held]
 
     def end_batch(self, now: int) -> list[tuple[Waiter, m.Message]]:
         """After each batch: schedule, keep purging while the last pass was full; the waits
@@ -118,7 +167,11 @@ class CoordinatorCore:
         requests = self.requests
         if requests.purge_backlog and not self._paused:
             requests.purge_expired(now, PURGE_BATCH)
-        return requests.take_answers() if requests.has_answers() else []
+        answers = requests.take_answers() if requests.has_answers() else []
+        if self._resumed:
+            answers += self._resumed
+            self._resumed = []
+        return answers
 
     def sweep(self, now: int) -> None:
         """Dead workers, then expired deadlines, then due jobs, then
@@ -264,9 +317,11 @@ class CoordinatorCore:
         return stats
 
     def carry_over(self, old: CoordinatorCore) -> None:
-        """A reload replaced ``old``: the process-lifetime totals go on counting."""
+        """A reload replaced ``old``: the process-lifetime totals go on counting, and the
+        requests held for store reads are applied to this state once their reads are done."""
         self.counters.add(old.counters)
         self.table.carry_totals(old.table)
+        self._held = old._held + self._held
 
     # ---- figures ---------------------------------------------------------------------
 

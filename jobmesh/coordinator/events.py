@@ -103,6 +103,10 @@ class Expire(Event):
     """The earliest pending WAIT_JOB's time is up (at most one pending)."""
 
 
+class ReadsDone(Event):
+    """A store read a held request waits for has finished (at most one pending)."""
+
+
 class Stop(Event):
     """Stop the core after this batch."""
 
@@ -110,6 +114,7 @@ class Stop(Event):
 SWEEP = Sweep()
 EXPIRE = Expire()
 STOP = Stop()
+READS_DONE = ReadsDone()
 
 
 class PeriodicPacket(Event):

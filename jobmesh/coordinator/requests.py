@@ -189,10 +189,12 @@ class ClientRequests:
             events.append(item)
         return m.JobEvents(job_id, events)
 
-    def wait_job(self, now_millis: int, conn: ReplyConnection, req: m.WaitJob) -> m.Message | Slot:
+    def wait_job(self, now_millis: int, conn: ReplyConnection, req: m.WaitJob, slot: Slot | None = None
+                 ) -> m.Message | Slot:
         """WAIT_JOB: the JOB_STATUS reply now if the job has ended (or the timeout is 0),
-        else a Slot: the reply's place on ``conn``, filled by ``take_answers`` once the
-        job ends or ``timeoutMillis`` has passed."""
+        else a Slot (``slot`` if given: the request was held for a store read): the
+        reply's place on ``conn``, filled by ``take_answers`` once the job ends or
+        ``timeoutMillis`` has passed."""
         timeout = req.timeout_millis
         if not 0 <= timeout <= MAX_WAIT_MILLIS:
             return m.Error("timeoutMillis must be 0..%d, got %s" % (MAX_WAIT_MILLIS, quote(timeout)))
@@ -201,7 +203,7 @@ class ClientRequests:
             return m.Error("unknown job %s" % quote(req.job_id))
         if job.state in TERMINAL or timeout == 0:
             return m.JobStatus(self.snapshot(job))
-        slot = Slot()
+        slot = slot or Slot()
         self.waiters.add(Waiter(conn, slot, job.job_id, now_millis + timeout))
         return slot
 

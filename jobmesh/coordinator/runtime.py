@@ -59,7 +59,7 @@ from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
 from jobmesh.coordinator.connection import ReplyConnection
 from jobmesh.coordinator.mailbox import Mailbox
 from jobmesh.coordinator.outage import CommitFailed, StorageOutage, storage_error
-from jobmesh.coordinator.core import CoordinatorCore
+from jobmesh.coordinator.core import INTERNAL_ERROR, CoordinatorCore
 from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock
 from jobmesh.coordinator.figures import RuntimeFigures
 from jobmesh.coordinator.housekeeping import (COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, CollectorPolicy, Histogram,
@@ -68,6 +68,7 @@ from jobmesh.coordinator.periodic_port import PeriodicPort
 from jobmesh.coordinator.server import SHUTTING_DOWN, Servers
 from jobmesh.coordinator.waiters import Slot, Waiter
 from jobmesh.errors import ProtocolError
+from jobmesh.exitcodes import EXIT_COMMIT_FAILED, EXIT_CORE_DIED
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
 from jobmesh.store.base import Store
@@ -79,14 +80,11 @@ MAX_BATCH = 512
 BACKLOG = 4096
 FD_MARGIN = 256
 WORKER_FD_RESERVE = 512  # descriptors client connections may not take (new workers can always register)
-EXIT_CORE_DIED = 70
-EXIT_COMMIT_FAILED = 71
 DRAIN_POLL_SECONDS = 0.02
 class CannotStart(Exception):
     """A start-up failure whose message is the whole story (one line, exit 1)."""
 
 
-INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
 
 
 class Held:
@@ -163,7 +161,9 @@ class Coordinator:
         # What the runtime itself does before the core applies an event of that kind.
         self._before: dict[type, Callable[[Any], None]] = {
             ev.Sweep: self._before_sweep, ev.Expire: self._before_expire, ev.ClientClosed: self._before_client_closed,
+            ev.ReadsDone: self._before_reads_done,
         }
+        self._reads_pending = False  # a READS_DONE marker is in the mailbox
         self._draining = False
         # Figures for the metrics port (jobmesh/coordinator/http.py), kept as plain numbers.
         self.ready = False  # recovered and listening (and not stopping)
@@ -322,6 +322,15 @@ class Coordinator:
     def _before_expire(self, _event: ev.Expire) -> None:
         self._expire_pending = False
 
+    def _before_reads_done(self, _event: ev.ReadsDone) -> None:
+        self._reads_pending = False
+
+    def _read_done(self) -> None:
+        """A store read a held request waits for finished: wake the core (one marker at a time)."""
+        if not self._reads_pending and not self._stopping:
+            self._reads_pending = True
+            self.mailbox.put_urgent(ev.READS_DONE)
+
     def _before_client_closed(self, event: ev.ClientClosed) -> None:
         """Its waits will never be read: forget what is held behind them (the core forgets the waits)."""
         self._held.pop(event.conn, None)
@@ -394,6 +403,10 @@ class Coordinator:
                     self._fail(item)
                 return
             self._arm_expiry()
+            core = self.core
+            if core is not None:
+                for read in core.take_new_reads():  # none on SQLite: its reads answer at once
+                    read.then(self._read_done)
 
     def _apply_batch(self, batch: list) -> tuple[Answers, bool]:
         """Apply each event of a batch (one clock read each), then the core's end of batch.
@@ -496,11 +509,13 @@ class Coordinator:
                    for conn, (msg, closes) in answers.replies]
         core = self.core
         assert core is not None
+        # A held request applied again in this batch answered like any reply of it.
+        resumed: list[tuple[Waiter, m.Message]] = [(waiter, error) for waiter, _ in answers.waits if not waiter.job_id]
+        waits = [waiter for waiter, _ in answers.waits if waiter.job_id]
         if core is old:
-            return Answers(replies, [(waiter, error) for waiter, _ in answers.waits])
-        core.requests.adopt_waiters(now_millis(), old.requests.waiters.pending()
-                                    + [waiter for waiter, _ in answers.waits])
-        return Answers(replies, core.requests.take_answers())
+            return Answers(replies, resumed + [(waiter, error) for waiter in waits])
+        core.requests.adopt_waiters(now_millis(), old.requests.waiters.pending() + waits)
+        return Answers(replies, resumed + core.requests.take_answers())
 
     def _storage_failed(self, reason: str, where: str, reload: bool = True) -> None:
         """A write failed for a storage reason: pause, and unless stopping, throw memory
@@ -575,8 +590,10 @@ class Coordinator:
     def _answer_waits(self, msg: m.Message) -> None:
         """Answer every pending wait with ``msg`` now (stopping)."""
         core = self.core
-        if core is not None and core.requests.waiters:
-            self._write_replies(Answers([], [(waiter, msg) for waiter in core.requests.waiters.pending()]))
+        if core is not None:
+            waiting = core.requests.waiters.pending() + core.held_requests()
+            if waiting:
+                self._write_replies(Answers([], [(waiter, msg) for waiter in waiting]))
 
     @staticmethod
     def _send_outbound(outbound: list) -> None:

@@ -26,7 +26,7 @@ from jobmesh.config import CoreConfig
 from jobmesh.coordinator.figures import Counters
 from jobmesh.store.job import Job
 from jobmesh.coordinator.registry import Session
-from jobmesh.store.base import Batch, Store
+from jobmesh.store.base import Batch, Read, Store
 from jobmesh.store.columns import dump_events, event_fragment, insert_row, load_events, update_row
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.payloads import TASK_TYPES
@@ -52,6 +52,15 @@ class Listener(Protocol):
 
     def moved(self, job: Job, source: JobState, target: JobState, now: int) -> None:
         """The job moved from ``source`` to ``target`` (``job`` already shows the move)."""
+
+
+class ReadPending(Exception):
+    """A lookup needs a row the store has not read yet (``Store.read_later``): the
+    request that asked waits for ``read`` and is applied again once it is done."""
+
+    def __init__(self, read: Read) -> None:
+        super().__init__("a store read is in flight")
+        self.read = read
 
 
 def due_time(job: Job) -> int | None:
@@ -88,6 +97,7 @@ class JobTable:
         self._new: set[str] = set()
         self._new_types: list[tuple[str, int]] = []
         self._purges: list[str] = []
+        self._reads: dict[tuple[str, str], Read] = {}  # store reads a waiting request will use
 
     def listen(self, listener: Listener, json: bool = True, periodic: bool = True) -> None:
         """Tell ``listener`` of every JSON and/or Periodic job that enters or moves."""
@@ -272,17 +282,25 @@ class JobTable:
         job = self.finished.get(job_id)
         if job is not None:
             return job
-        job = self.store.get(job_id)
-        if job is not None and job.state in TERMINAL:
-            self._remember_finished(job)
-        return job
+        return self._read("id", job_id)
 
     def lookup_key(self, key: str) -> Job | None:
         """The job bound to an idempotency key, wherever it is."""
         job_id = self.keys.get(key)
         if job_id is not None:
             return self.lookup(job_id)
-        job = self.store.find_by_key(key)
+        return self._read("key", key)
+
+    def _read(self, kind: str, value: str) -> Job | None:
+        """A job from the store; raises ``ReadPending`` while the read is in flight. A
+        read that finished is used once, by the request applied again for it."""
+        read = self._reads.pop((kind, value), None)
+        if read is None:
+            read = self.store.read_later(job_id=value) if kind == "id" else self.store.read_later(key=value)
+        if not read.ready():
+            self._reads[(kind, value)] = read
+            raise ReadPending(read)
+        job = read.result()
         if job is not None and job.state in TERMINAL:
             self._remember_finished(job)
         return job

@@ -40,8 +40,9 @@ class Slot:
 
 
 class Waiter:
-    """One pending WAIT_JOB. ``token`` is the runtime's handle for the reply slot it
-    holds on ``conn``; ``deadline`` is core time (ms); ``done`` once answered or dropped."""
+    """One pending WAIT_JOB. ``token`` is the reply's Slot on ``conn``; ``deadline`` is
+    core time (ms); ``done`` once answered or dropped. With an empty ``job_id`` it is no
+    wait but the Slot of a request held for a store read (``CoordinatorCore.resume_held``)."""
 
     __slots__ = ("conn", "token", "job_id", "deadline", "done")
 

@@ -14,6 +14,12 @@ never see SQL, a rowid, a driver's exception type or the thread a write runs on:
   gives the short words clients see.
 * Jobs are ordered by their sequence (``Job.seq``, unique per row): listings page
   newest first with a sequence as the cursor, and the retention walk goes oldest first.
+* The reads a request makes of a job not in memory (a finished job by id, the job of an
+  idempotency key) go through ``read_later``, which returns a ``Read``: SQLite's is ready
+  at once (its reader never waits for the writer); a networked store's may finish later,
+  and the core then holds that request's reply in order and applies the request again
+  once the read is done (``Read.then`` wakes the runtime), so a slow read never stalls
+  the core.
 """
 
 from __future__ import annotations
@@ -72,6 +78,44 @@ class Outcome(Protocol):
         """Wait up to ``timeout`` seconds for it to finish; raises nothing."""
 
 
+class Read(Protocol):
+    """A read of one job in flight (``Store.read_later``)."""
+
+    def ready(self) -> bool:
+        """Whether it has finished (never blocks)."""
+
+    def result(self) -> Job | None:
+        """The job read (None: no such job); raises what the read raised. Only once ready."""
+
+    def then(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the hub) once the read has finished; at once if it has."""
+
+
+class Done:
+    """A read answered at once."""
+
+    __slots__ = ("_job", "_error")
+
+    def __init__(self, read: Callable[[], Job | None]) -> None:
+        self._job: Job | None = None
+        self._error: Exception | None = None
+        try:
+            self._job = read()
+        except Exception as exc:  # raised to the reader by result()
+            self._error = exc
+
+    def ready(self) -> bool:
+        return True
+
+    def result(self) -> Job | None:
+        if self._error is not None:
+            raise self._error
+        return self._job
+
+    def then(self, callback: Callable[[], None]) -> None:
+        callback()
+
+
 class Store(Protocol):
     """A durable job table; see the module docstring. Reads return ``Job`` records that
     belong to the caller (a new object per call)."""
@@ -115,6 +159,10 @@ class Store(Protocol):
 
     def find_by_key(self, key: str) -> Job | None:
         """The job holding this idempotency key as last committed, or None."""
+
+    def read_later(self, job_id: str | None = None, key: str | None = None) -> Read:
+        """``get(job_id)`` or ``find_by_key(key)`` (exactly one is given), where and when
+        the store runs its reads: a ``Read`` that may be ready at once."""
 
     def list_page(self, limit: int, state: str | None, before: int | None,
                   task_type: str | None = None) -> list[tuple[int, Job]]:

@@ -41,7 +41,7 @@ from typing import Any, Iterator
 
 from gevent.threadpool import ThreadPool
 
-from jobmesh.store.base import Batch, Outcome, outcome_of
+from jobmesh.store.base import Batch, Done, Outcome, Read, outcome_of
 from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, TERMINAL_STATES, Column,
                                    Kind, job_from_row)
 from jobmesh.store.job import Job
@@ -335,6 +335,14 @@ class SQLiteStore:
             "SELECT %s FROM jobs WHERE idempotency_key=?" % SELECT_COLUMNS, (key,)
         ).fetchone()
         return None if row is None else job_from_row(row)
+
+    def read_later(self, job_id: str | None = None, key: str | None = None) -> Read:
+        """Answered at once: in WAL mode the reader never waits for the writer, and these
+        are indexed reads of one row."""
+        if job_id is not None:
+            return Done(lambda: self.get(job_id))
+        assert key is not None, "read_later needs a job id or a key"
+        return Done(lambda: self.find_by_key(key))
 
     def list_page(self, limit: int, state: str | None, before: int | None,
                   task_type: str | None = None) -> list[tuple[int, Job]]:

@@ -8,6 +8,7 @@ backend's own tests (test_store.py for SQLite).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -337,3 +338,19 @@ def test_reopening_keeps_everything(backend, store):
         assert again.migrated == []
     finally:
         again.close()
+
+
+def test_a_read_later_gives_what_get_and_find_by_key_give_and_wakes_its_caller(store):
+    insert(store, make_job("a", 1, idempotency_key="k"), make_job("b", 2))
+    for read, expected in ((store.read_later(job_id="a"), "a"), (store.read_later(key="k"), "a"),
+                           (store.read_later(job_id="missing"), None), (store.read_later(key="nope"), None)):
+        woken: list[int] = []
+        read.then(lambda: woken.append(1))
+        deadline = time.monotonic() + 10
+        while not read.ready() and time.monotonic() < deadline:
+            time.sleep(0.001)  # a networked store finishes the read on its own
+        assert read.ready() and woken == [1]
+        job = read.result()
+        assert (job.job_id if job is not None else None) == expected
+        if job is not None:
+            assert fields_of(job) == fields_of(store.get("a"))

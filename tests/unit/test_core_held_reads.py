@@ -1,0 +1,157 @@
+"""Requests that need a store read the store answers later: held in order, applied again.
+
+Spec: the storage seam (store/base.py, ``Store.read_later``): a networked store may finish
+a read after the core has moved on; the request waits with its reply's Slot, later
+requests are applied meanwhile, and it is applied again once the read is done. The store
+here is a real SQLite store whose ``read_later`` finishes only when the test says so.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+
+from jobmesh.coordinator import events as ev
+from jobmesh.coordinator import table as table_mod
+from jobmesh.coordinator.waiters import Slot
+from jobmesh.protocol import messages as m
+from jobmesh.store.base import Read
+from jobmesh.store.job import Job
+from jobmesh.store.sqlite import SQLiteStore
+from tests.unit.core_driver import Conn, CoreDriver
+
+SLEEP = {"durationMillis": 1}
+
+
+class LateRead:
+    """A read that finishes when ``finish`` is called (then reads the row for real)."""
+
+    def __init__(self, read: Callable[[], Job | None]) -> None:
+        self._read = read
+        self._done = False
+        self._job: Job | None = None
+        self._callbacks: list[Callable[[], None]] = []
+
+    def finish(self) -> None:
+        self._job = self._read()
+        self._done = True
+        for callback in self._callbacks:
+            callback()
+
+    def ready(self) -> bool:
+        return self._done
+
+    def result(self) -> Job | None:
+        assert self._done
+        return self._job
+
+    def then(self, callback: Callable[[], None]) -> None:
+        if self._done:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+
+class LateStore(SQLiteStore):
+    def __init__(self) -> None:
+        super().__init__(":memory:")
+        self.reads: list[LateRead] = []
+
+    def read_later(self, job_id: str | None = None, key: str | None = None) -> Read:
+        read = LateRead((lambda: self.get(job_id)) if job_id is not None else (lambda: self.find_by_key(key or "")))
+        self.reads.append(read)
+        return read
+
+
+@pytest.fixture
+def d(monkeypatch) -> CoreDriver:
+    monkeypatch.setattr(table_mod, "FINISHED_CACHE", 1)  # finished jobs leave memory at once
+    driver = CoreDriver(LateStore())
+    driver.apply(0, ev.Registered(Conn("w1"), m.WorkerRegister("w1", 4, None)))
+    driver.end_batch(0)
+    return driver
+
+
+def submit(d: CoreDriver, now: int, key: str | None) -> str:
+    """A submit, its key's read (if any) finished at once."""
+    reply = d.request(now, m.SubmitJob("SLEEP", SLEEP, 0, key))
+    if isinstance(reply, Slot):
+        store = d.store
+        assert isinstance(store, LateStore)
+        store.reads[-1].finish()
+        d.apply(now, ev.READS_DONE)
+        d.end_batch(now)
+        [(_waiter, reply)] = d.take_answers()
+    assert isinstance(reply, m.JobSubmitted), reply
+    return reply.job_id
+
+
+def finished_job(d: CoreDriver, now: int, key: str | None = None) -> str:
+    """A job that completed and then left memory (another job finished after it)."""
+    job_ids = []
+    for k in (key, None):
+        job_ids.append(submit(d, now, k))
+        d.end_batch(now)
+        [(conn, assign)] = [(c, f) for c, f in d.sent if isinstance(f, m.TaskAssign) and f.job_id == job_ids[-1]]
+        d.apply(now, ev.Result(conn, m.TaskResult("w1", assign.job_id, assign.attempt_id, True, {"n": len(job_ids)})))
+        d.end_batch(now)
+    assert job_ids[0] not in d.core.table.finished and job_ids[0] not in d.core.table.jobs
+    return job_ids[0]
+
+
+def test_a_status_that_needs_a_late_read_is_held_and_answered_once_it_is_done(d):
+    job_id = finished_job(d, 10)
+    store = d.store
+    assert isinstance(store, LateStore)
+    client = Conn("c")
+    # The status of a job not in memory waits for the read; a later request is answered now
+    held = d.request(20, m.GetJobStatus(job_id), client)
+    assert isinstance(held, Slot)
+    later = d.request(20, m.GetStats(), client)
+    assert isinstance(later, m.Stats)
+    assert d.end_batch(20) == [] and d.take_answers() == []
+    [read] = d.core.take_new_reads()
+    woken: list[int] = []
+    read.then(lambda: woken.append(1))
+    # When the read finishes, the runtime is woken and the request is applied again
+    store.reads[-1].finish()
+    assert woken == [1]
+    d.apply(30, ev.READS_DONE)
+    d.end_batch(30)
+    [(waiter, reply)] = d.take_answers()
+    assert waiter.token is held and waiter.conn is client and not waiter.job_id
+    assert isinstance(reply, m.JobStatus) and reply.job["jobId"] == job_id and reply.job["state"] == "COMPLETED"
+    # and the job is in memory again: the next status needs no read
+    assert isinstance(d.request(40, m.GetJobStatus(job_id), client), m.JobStatus)
+
+
+def test_keyed_submits_held_for_the_same_key_resolve_in_order_to_one_job(d):
+    first = finished_job(d, 10, key="k1")
+    d.core.table.keys.pop("k1", None)  # the key's job left memory long ago
+    store = d.store
+    assert isinstance(store, LateStore)
+    a = d.request(20, m.SubmitJob("SLEEP", SLEEP, 0, "k1"))
+    b = d.request(20, m.SubmitJob("SLEEP", SLEEP, 0, "k1"))
+    fresh = d.request(20, m.SubmitJob("SLEEP", SLEEP, 0, "k2"))
+    assert isinstance(a, Slot) and isinstance(b, Slot) and isinstance(fresh, Slot)  # every key not in memory
+    for read in store.reads:
+        if not read.ready():
+            read.finish()
+    d.apply(30, ev.READS_DONE)
+    d.end_batch(30)
+    replies = {id(w.token): r for w, r in d.take_answers()}
+    assert replies[id(a)] == m.JobSubmitted(first) and replies[id(b)] == m.JobSubmitted(first)
+    new = replies[id(fresh)]
+    assert isinstance(new, m.JobSubmitted) and new.job_id != first
+    assert d.core.active_count == 1  # one new job (k2), no duplicate of k1's
+
+
+def test_a_request_whose_read_is_not_done_stays_held(d):
+    job_id = finished_job(d, 10)
+    held = d.request(20, m.GetJobEvents(job_id))
+    assert isinstance(held, Slot)
+    d.apply(30, ev.READS_DONE)  # a wake-up for another read: this one is not done
+    d.end_batch(30)
+    assert d.take_answers() == []
+    assert [w.token for w in d.core.held_requests()] == [held]
