@@ -46,7 +46,7 @@ import signal
 import sqlite3
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
 import gevent.event
@@ -73,6 +73,9 @@ from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
 from jobmesh.store.base import Store
 from jobmesh.store.sqlite import FAULT_FILE_ENV, SQLiteStore
+
+if TYPE_CHECKING:
+    from jobmesh.coordinator.http import HttpPort
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +170,7 @@ class Coordinator:
         self._draining = False
         # Figures for the metrics port (jobmesh/coordinator/http.py), kept as plain numbers.
         self.ready = False  # recovered and listening (and not stopping)
-        self.http: Any = None  # the metrics port, when --metrics-port is given
+        self.http: HttpPort | None = None  # the metrics port, when --metrics-port is given
         self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)
         self.commit_rows = Histogram(SIZE_BUCKETS)  # job rows written per commit
         self.batch_events = Histogram(SIZE_BUCKETS)  # mailbox items per batch

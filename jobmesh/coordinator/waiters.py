@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from jobmesh.protocol.messages import Message
 
 if TYPE_CHECKING:  # a protocol only: this module stays pure
     from jobmesh.coordinator.connection import ReplyConnection
@@ -36,7 +38,7 @@ class Slot:
     __slots__ = ("msg",)
 
     def __init__(self) -> None:
-        self.msg: Any = None
+        self.msg: Message | None = None
 
 
 class Waiter:
