@@ -31,9 +31,13 @@ class DatabaseInUse(Exception):
 
 
 def lock_path(db_path: str) -> str | None:
-    """The lock file beside ``db_path``; None for an in-memory database."""
+    """The lock file beside the database file ``db_path`` names, with symlinks and relative
+    parts resolved (two names of one file must take one lock); None for an in-memory
+    database."""
     if db_path == ":memory:" or db_path.startswith("file::memory:"):
         return None
+    if not db_path.startswith("file:"):
+        db_path = os.path.realpath(db_path)
     return db_path + LOCK_SUFFIX
 
 

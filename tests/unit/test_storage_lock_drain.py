@@ -35,6 +35,27 @@ def test_a_second_lock_on_the_same_database_names_the_holder(tmp_path):
     again.release()
 
 
+@pytest.mark.parametrize("alias", ["link", "relative"])
+def test_two_names_of_one_database_file_take_one_lock(tmp_path, monkeypatch, alias):
+    db = tmp_path / "jm.db"
+    db.write_bytes(b"")
+    if alias == "link":  # a symlink to the database file
+        other = tmp_path / "alias.db"
+        other.symlink_to(db)
+        name = str(other)
+    else:  # the same file through a relative path with a detour
+        (tmp_path / "sub").mkdir()
+        monkeypatch.chdir(tmp_path / "sub")
+        name = "../sub/../jm.db"
+    first = DatabaseLock(str(db))
+    first.acquire()
+    try:
+        with pytest.raises(DatabaseInUse):
+            DatabaseLock(name).acquire()
+    finally:
+        first.release()
+
+
 def test_an_in_memory_database_takes_no_lock(tmp_path):
     assert lock_path(":memory:") is None
     lock = DatabaseLock(":memory:")
