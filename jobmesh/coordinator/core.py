@@ -104,6 +104,9 @@ class CoordinatorCore:
             ev.ClientClosed: lambda e, now: requests.on_client_closed(now, e.conn),
             ev.ReadsDone: lambda e, now: self.resume_held(now),
         }
+        self._sweep_steps: tuple[Callable[[int], Any], ...] = (
+            json.detect_dead_workers, self.expire_deadlines, self.promote_due_jobs, json.schedule,
+            periodic.dispatch, self._purge, requests.expire_waits, periodic.expire_waits)
 
     # ---- applying events ----------------------------------------------------------------
 
@@ -176,16 +179,15 @@ class CoordinatorCore:
     def sweep(self, now: int) -> None:
         """Dead workers, then expired deadlines, then due jobs, then
         scheduling, then retention, then waits whose time is up."""
-        json = self.json
-        json.detect_dead_workers(now)
-        self.expire_deadlines(now)
-        self.promote_due_jobs(now)
-        json.schedule(now)
-        self.periodic.dispatch(now)
+        for step in self._sweep_steps:
+            try:
+                step(now)
+            except Exception:  # one step's error must not skip the others
+                log.exception("error in the sweep's %s; the sweep goes on", step.__name__)
+
+    def _purge(self, now: int) -> None:
         if not self._paused:
             self.requests.purge_expired(now)
-        self.requests.expire_waits(now)
-        self.periodic.expire_waits(now)
 
     def expire_deadlines(self, now: int) -> None:
         """Attempts past their deadline: revoked, then retried or failed by their part."""

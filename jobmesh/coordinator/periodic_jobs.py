@@ -41,6 +41,8 @@ RETRY_MILLIS = 1000  # WORK_FAIL, a lost worker or an expired deadline: again af
 MAX_TOKENS = 4096  # grab tokens one Periodic worker may hold
 MAX_DELAY_SECONDS = 10 * 366 * 86400  # SCHED_LATER delays are capped at ten years
 REJECTED = b"rejected: the coordinator is at its active-job limit"  # SUBMIT_JOB / RUN_JOB at admission
+TOO_LATE = b"rejected: sched_at must be before the year 10000"
+I32_MAX = 2**31 - 1  # count and timeout travel as signed 32-bit integers
 _PENDING = frozenset({JobState.QUEUED, JobState.SCHEDULED, JobState.RETRY_WAIT})
 
 
@@ -60,6 +62,11 @@ class PeriodicFunc:
         self.pending: list[tuple[int, str]] = []  # (sched, job id) of pending jobs; stale entries skipped
         self.turn = 0  # where the next token search starts among ``workers``
         self.broadcast = False  # declared with BROADCAST: each job goes to every worker holding a token
+
+
+def _i32(n: int) -> int:
+    """``n`` saturated to a signed 32-bit integer (SCHED_LATER steps a count without bound)."""
+    return max(-I32_MAX - 1, min(n, I32_MAX))
 
 
 def _text(raw: bytes) -> str | None:
@@ -192,12 +199,12 @@ class PeriodicJobs:
         assert job.periodic is not None
         sched = job.periodic["sched"]
         if len(pf.pending) > 2 * len(pf.ids) + 64:
-            pf.pending = [(t, i) for t, i in pf.pending if self.entry_current(i, t)]
+            pf.pending = [(t, i) for t, i in set(pf.pending) if self.entry_current(i, t)]
             heapq.heapify(pf.pending)
         heapq.heappush(pf.pending, (sched, job.job_id))
         if job.state is JobState.QUEUED:
             if len(pf.queue) > 2 * len(pf.ids) + 64:
-                pf.queue = [e for e in pf.queue if self.entry_current(e[2], e[0], JobState.QUEUED)]
+                pf.queue = [e for e in set(pf.queue) if self.entry_current(e[2], e[0], JobState.QUEUED)]
                 heapq.heapify(pf.queue)
             heapq.heappush(pf.queue, (sched, job.name or "", job.job_id))
             self._ready.add(job.task_type)
@@ -234,7 +241,7 @@ class PeriodicJobs:
         timeout = int(fields.get("timeout") or 0) if dump else \
             max(1, (job.execution_timeout or self.table.config.task_timeout_millis) // 1000)
         return pc.Job(job.task_type.encode("utf-8"), (job.name or "").encode("utf-8"), workload,
-                      fields["sched"] // 1000, int(fields.get("count") or 0), min(timeout, 2**31 - 1))
+                      fields["sched"] // 1000, _i32(int(fields.get("count") or 0)), min(timeout, I32_MAX))
 
     def live(self, handle: pc.Handle) -> tuple[tuple[str, str] | None, Job | None]:
         """(the handle as text, or None if it is not UTF-8; its live job, or None)."""
@@ -423,8 +430,9 @@ class PeriodicJobs:
         """SUBMIT_JOB's work (RUN_JOB and LOAD too): create, replace a pending job of that
         name, or drop it if it runs. None, or why it was refused (the DATA text)."""
         wall = now_millis + self.table.drift
-        sched = min(max(pj.sched_at * 1000 if 0 < pj.sched_at < MAX_RUN_AT_MILLIS // 1000 else 0, wall),
-                    MAX_RUN_AT_MILLIS)
+        if pj.sched_at > MAX_RUN_AT_MILLIS // 1000:
+            return TOO_LATE  # (the JSON port refuses such times too)
+        sched = min(max(pj.sched_at * 1000 if pj.sched_at > 0 else 0, wall), MAX_RUN_AT_MILLIS)
         workload, b64 = _as_text(pj.workload)
         fields = {"workload": workload, "b64": b64, "count": pj.count, "timeout": max(pj.timeout, 0),
                   "sched": sched}
@@ -454,6 +462,7 @@ class PeriodicJobs:
         if lock is not None:
             self._func(job.task_type).locked -= 1
             self.locks.release(lock, job.job_id)
+        old_sched = job.periodic["sched"] if job.periodic is not None else None
         job.periodic = fields
         job.execution_timeout = self._timeout(fields)
         sched = fields["sched"]
@@ -461,10 +470,11 @@ class PeriodicJobs:
         self.table.event(job, now_millis, "REPLACED")
         later = sched > now_millis + self.table.drift
         target = JobState.SCHEDULED if later else JobState.QUEUED
-        if job.state is target:  # same state, new time: re-index
-            if later:
-                self.timers.wake(job, sched - self.table.drift)
-            self._enter(job, self._func(job.task_type))
+        if job.state is target:  # same state: re-index if the time moved (or a lock let it go)
+            if sched != old_sched or lock is not None:
+                if later:
+                    self.timers.wake(job, sched - self.table.drift)
+                self._enter(job, self._func(job.task_type))
         else:
             self.table.transition(job, target, now_millis, due_at=sched - self.table.drift if later else None, event=None)
 
@@ -477,7 +487,7 @@ class PeriodicJobs:
             self.table.transition(job, JobState.FAILED, now_millis)
             return
         delay_ms = min(max(delay, 0), MAX_DELAY_SECONDS) * 1000
-        job.periodic = dict(job.periodic, count=int(job.periodic.get("count") or 0) + step,
+        job.periodic = dict(job.periodic, count=_i32(int(job.periodic.get("count") or 0) + step),
                             sched=now_millis + self.table.drift + delay_ms)
         if delay_ms > 0:
             self.table.transition(job, JobState.SCHEDULED, now_millis, due_at=now_millis + delay_ms)
@@ -599,23 +609,31 @@ class PeriodicJobs:
                 if not self.entry_current(job_id, sched, JobState.QUEUED):
                     continue
                 job = self.table.jobs[job_id]
+                try:  # before the job moves: one that cannot be sent must not hold a worker
+                    wire = self._wire_job(job)
+                    frame = pc.encode_job_assign(session.tokens[-1], wire)
+                except Exception as exc:
+                    log.exception("periodic job=%s func=%s cannot be assigned; cancelling it", job_id, func)
+                    job.error = "cannot be assigned: %s" % str(exc)[:200]
+                    self.table.transition(job, JobState.CANCELLED, now_millis)
+                    continue
                 self.table.transition(job, JobState.RUNNING, now_millis, session=session)
-                self._assign(session, job)
+                self._assign(session, job, frame)
                 if pf.broadcast:  # and to every other worker of the func that holds a token
                     others = [s for s in pf.workers if s is not session and s.tokens]
                     if others:
                         self.fanout[job_id] = {s.worker_id for s in others}
                         for other in others:
                             other.running.add(job_id)
-                            self._assign(other, job)
+                            self._assign(other, job, pc.encode_job_assign(other.tokens[-1], wire))
                 assigned += 1
         return assigned
 
-    def _assign(self, session: PeriodicSession, job: Job) -> None:
-        """JOB_ASSIGN on the session's newest token (the job is RUNNING already)."""
+    def _assign(self, session: PeriodicSession, job: Job, frame: bytes) -> None:
+        """JOB_ASSIGN ``frame``, encoded for the session's newest token (the job is RUNNING already)."""
         token = session.tokens.pop()
         session.assigned[token] = job.job_id
-        self.outbox.send(session.conn, pc.encode_job_assign(token, self._wire_job(job)))
+        self.outbox.send(session.conn, frame)
         log.debug("periodic assign job=%s func=%s worker=%s token=%d", job.job_id, job.task_type,
                   session.worker_id, token)
 

@@ -252,3 +252,69 @@ def test_job_unassigned_puts_the_job_back_without_a_reply():
     assert out == [] and h.job().state is JobState.QUEUED
     [again] = assigns(h.send(T0, w, pc.GrabJob(assign.msgid)))
     assert again.job.name == b"a" and h.job().attempts == 2
+
+
+# ---- hardening: what a hostile or careless peer sent once -------------------------------------
+
+
+def test_a_count_stepped_past_32_bits_saturates_and_dispatch_and_dump_go_on():
+    h = H()
+    job = pc.Job(b"f", b"a", b"w", 0, 2**31 - 1, 0)
+    h.send(T0, Conn("client"), pc.SubmitJob(1, job))
+    w = Conn("w")
+    [first] = assigns(h.worker(T0, w))
+    assert first.job.count == 2**31 - 1
+    h.send(T0, w, pc.SchedLater(2, pc.Handle(b"f", b"a"), 0, 1))  # count + 1: past an i32
+    assert h.job().periodic["count"] == 2**31 - 1
+    [again] = assigns(h.send(T0, w, pc.GrabJob(3)))
+    assert again.job.count == 2**31 - 1 and h.job().state is JobState.RUNNING
+    [(_conn, dump)] = h.send(T0, Conn("admin"), pc.Dump(4))
+    assert [j.count for j in pc.decode_jobs(dump.data)] == [2**31 - 1]
+
+
+def test_a_job_that_cannot_be_encoded_fails_alone_and_the_pass_goes_on():
+    h = H()
+    h.submit(T0, name="bad")
+    h.submit(T0, name="good")
+    damaged = h.job(name="bad")
+    damaged.periodic["count"] = "not a number"  # a row damaged by hand
+    h.core.table.touch(damaged)
+    h.end_batch(T0)
+    out = h.worker(T0, Conn("w"), tokens=2)
+    assert [a.job.name for a in assigns(out)] == [b"good"]
+    assert damaged.state is JobState.CANCELLED and "cannot be assigned" in (damaged.error or "")
+
+
+def test_resending_one_scheduled_submit_does_not_grow_the_indexes():
+    h = H()
+    later = (T0 + 3_600_000) // 1000
+    for _ in range(3000):
+        h.submit(T0, sched_at=later)
+    pf = h.core.periodic.funcs["f"]
+    assert len(h.core.table.jobs) == 1 and h.job().state is JobState.SCHEDULED
+    assert len(pf.pending) <= 2 and len(h.core.timers.due_heap) <= 2
+    h.submit(T0, sched_at=later + 60)  # a new time re-indexes
+    assert h.status(T0)[0].sched_at == later + 60
+
+
+def test_a_sched_at_in_the_year_10000_is_refused():
+    h = H()
+    [(_conn, reply)] = h.submit(T0, sched_at=253_402_300_800)  # 10000-01-01T00:00:00Z
+    assert isinstance(reply, pc.Data) and b"year 10000" in reply.data
+    assert h.job() is None
+
+
+def test_a_json_worker_named_like_a_periodic_session_keeps_its_own_slots():
+    from jobmesh.protocol import messages as m
+    h = H()
+    json_conn = Conn("json")
+    h.apply(T0, ev.Registered(json_conn, m.WorkerRegister("periodic-1", 4, None)))
+    h.end_batch(T0)
+    h.submit(T0)
+    w = Conn("w")
+    [assign] = assigns(h.worker(T0, w))  # the Periodic session is "periodic-1" too
+    job = h.job()
+    assert job.worker_id == "periodic-1" and h.core.running_attempts == 1
+    h.send(T0, w, pc.WorkDone(9, pc.Handle(b"f", b"a"), b"ok"))
+    assert job.state is JobState.COMPLETED
+    assert h.core.running_attempts == 0  # the Periodic session let go of it: a drain ends at once

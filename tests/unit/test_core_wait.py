@@ -106,6 +106,20 @@ def test_the_sweep_expires_waits(h):
     assert [msg.job["state"] for _, msg in answers(h)] == ["QUEUED"]
 
 
+def test_an_error_in_one_sweep_step_does_not_skip_the_others(monkeypatch):
+    from jobmesh.coordinator.json_jobs import JsonJobs
+
+    def broken(self: JsonJobs, now: int) -> None:
+        raise RuntimeError("a bug in one step")
+
+    monkeypatch.setattr(JsonJobs, "detect_dead_workers", broken)  # the sweep's first step
+    h = Harness()
+    job_id = h.submit_ok(0)
+    wait(h, 0, job_id, 50)
+    h.sweep(50)
+    assert [msg.job["state"] for _, msg in answers(h)] == ["QUEUED"]  # the last step still ran
+
+
 def test_timeout_zero_answers_at_once(h):
     job_id = h.submit_ok(0)
     reply = wait(h, 0, job_id, 0)
