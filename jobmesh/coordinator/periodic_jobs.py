@@ -649,8 +649,11 @@ class PeriodicJobs:
         return None
 
     def on_closed(self, now_millis: int, conn: OutboundConnection) -> None:
-        """A Periodic connection ended: its funcs lose a worker, its running jobs go back
-        to be retried (after 1 s), its tokens vanish."""
+        """A Periodic connection ended: its RUN_JOB / RECV_DATA waits are forgotten; its
+        funcs lose a worker, its running jobs go back to be retried (after 1 s), its tokens
+        vanish."""
+        if self.waits.per_conn.get(conn):
+            log.debug("dropped periodic waits=%d of a closed connection", self.waits.drop_conn(conn))
         session = self.conns.pop(conn, None)
         if session is None:
             return

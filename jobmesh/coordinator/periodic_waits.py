@@ -63,6 +63,7 @@ class PeriodicWaits:
         self.by_key: dict[tuple[str, str], list[PeriodicWaiter]] = {}
         self.live = 0
         self.per_conn: Counter[OutboundConnection] = Counter()  # connection -> its live waits
+        self._by_conn: dict[OutboundConnection, list[PeriodicWaiter]] = {}  # its waiters (some answered)
         self.heap: list[tuple[int, int, PeriodicWaiter]] = []
         self._seq = 0
         self._ended: OrderedDict[tuple[str, str], int] = OrderedDict()
@@ -85,6 +86,10 @@ class PeriodicWaits:
         self.by_key.setdefault(key, []).append(waiter)
         self.live += 1
         self.per_conn[conn] += 1
+        mine = self._by_conn.setdefault(conn, [])
+        if len(mine) > 2 * self.per_conn[conn] + 64:  # answered ones outnumber the live: drop them
+            mine[:] = [w for w in mine if not w.done]
+        mine.append(waiter)
         heap = self.heap
         if len(heap) > 2 * self.live + 1024:
             heap[:] = [entry for entry in heap if not entry[2].done]
@@ -100,10 +105,31 @@ class PeriodicWaits:
         conns[waiter.conn] -= 1
         if conns[waiter.conn] <= 0:
             del conns[waiter.conn]
+            self._by_conn.pop(waiter.conn, None)
 
     def run_waited(self, job: Job) -> bool:
         """Whether a RUN_JOB caller waits for this job (its failures then end it)."""
         return any(not w.stream for w in self.by_key.get((job.task_type, job.name or ""), ()))
+
+    def drop_conn(self, conn: OutboundConnection) -> int:
+        """The connection has gone: its waits are forgotten (their answers have nowhere to
+        go; their jobs go on). How many."""
+        mine = self._by_conn.pop(conn, None)
+        if not mine:
+            return 0
+        dropped = 0
+        for waiter in mine:
+            if waiter.done:
+                continue
+            waiting = self.by_key.get(waiter.key, [])
+            waiting.remove(waiter)
+            if not waiting:
+                self.by_key.pop(waiter.key, None)
+            waiter.done = True
+            self.live -= 1
+            dropped += 1
+        self.per_conn.pop(conn, None)
+        return dropped
 
     def ended_lately(self, key: tuple[str, str], now: int) -> bool:
         """Whether the job of that key ended at most RECENT_MILLIS ago."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.locks import LockTable
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol import messages as m
@@ -378,3 +379,23 @@ def test_broadcast_after_can_do_marks_the_func():
     h.send(T0, w, pc.CanDo(1, b"f"))
     h.send(T0, w, pc.Broadcast(2, b"f"))
     assert h.core.periodic.funcs["f"].broadcast and h.status(T0)[0].workers == 1
+
+
+def test_a_closed_connection_takes_its_waits_with_it_and_its_jobs_go_on():
+    h = H()
+    c, other, w = Conn("c"), Conn("other"), Conn("w")
+    h.send(T0, w, pc.CanDo(1, b"f"))
+    for i in range(50):
+        run(h, T0, c, msgid=100 + i, name="j%d" % i)
+    run(h, T0, other, msgid=7, name="j0")  # a second caller on one of those jobs
+    assert h.core.periodic.waits.live == 51 and h.core.periodic.waits.per_conn[c] == 50
+    h.apply(T0, ev.PeriodicClosed(c))
+    h.finish(T0)
+    waits = h.core.periodic.waits
+    assert waits.live == 1 and c not in waits.per_conn and sum(len(v) for v in waits.by_key.values()) == 1
+    assert len(h.core.table.jobs) == 50  # the jobs themselves go on
+    # the other caller is still answered when its job ends
+    [assign] = assigns(h.send(T0, w, pc.GrabJob(2)))
+    assert assign.job.name == b"j0"  # (sched, name) order
+    out = h.send(T0, w, pc.WorkDone(3, pc.Handle(b"f", b"j0"), b"done"))
+    assert to(out, other) == [pc.Data(7, b"done")]
