@@ -408,7 +408,12 @@ class PeriodicJobs:
         if lock is None or key is None:
             self._not_text(conn)
             return
-        if job is not None:
+        if job is not None and job.state is JobState.RUNNING and not self._runs_on(job, self.conns.get(conn)):
+            # an attempt that has ended (its job runs elsewhere now): its locks went with it
+            self.counters.stale_results += 1
+            log.info("periodic RELEASE from a worker the job does not run on ignored job=%s lock=%s",
+                     job.job_id, lock)
+        elif job is not None:
             waited = self.locks.waiting.get(job.job_id) == lock
             self._promote(self.locks.release(lock, job.job_id))
             if waited:  # it stops waiting: pending again (periodicd: Locked -> Pending)
@@ -568,10 +573,14 @@ class PeriodicJobs:
         self.waits.add(key, conn, msg.msgid, True, wait_deadline(now_millis, msg.job.timeout))
 
     def _on_work_data(self, now_millis: int, conn: OutboundConnection, msg: pc.WorkData) -> None:
-        """WORK_DATA: the chunk goes to every RECV_DATA waiter of the job."""
-        key, _job = self.live(msg.handle)
-        if key is not None:
+        """WORK_DATA: the chunk goes to every RECV_DATA waiter of the job, if it comes from
+        a worker the job runs on (anything else is stale, or forged, and dropped)."""
+        key, job = self.live(msg.handle)
+        if key is not None and job is not None and self._runs_on(job, self.conns.get(conn)):
             self.waits.chunk(key, msg.data)
+        elif key is not None:
+            self.counters.stale_results += 1
+            log.info("periodic WORK_DATA from a worker the job does not run on dropped func=%s name=%s", *key)
         self.outbox.send(conn, pc.encode_success(msg.msgid))
 
     def expire_waits(self, now_millis: int) -> None:

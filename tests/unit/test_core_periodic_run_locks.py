@@ -399,3 +399,23 @@ def test_a_closed_connection_takes_its_waits_with_it_and_its_jobs_go_on():
     assert assign.job.name == b"j0"  # (sched, name) order
     out = h.send(T0, w, pc.WorkDone(3, pc.Handle(b"f", b"j0"), b"done"))
     assert to(out, other) == [pc.Data(7, b"done")]
+
+
+def test_release_and_work_data_from_a_worker_the_job_does_not_run_on_are_ignored():
+    h = H()
+    w1, w2, c = Conn("w1"), Conn("w2"), Conn("c")
+    h.worker(T0, w1, tokens=1)
+    h.worker(T0, w2, tokens=1)
+    h.submit(T0, name="a")
+    h.submit(T0, name="b")
+    ha, hb = pc.Handle(b"f", b"a"), pc.Handle(b"f", b"b")
+    runs_a = h.core.periodic.conns[w1].worker_id == h.job(name="a").worker_id
+    wa, wb = (w1, w2) if runs_a else (w2, w1)  # the worker a runs on, and the one b runs on
+    assert to(h.send(T0, wa, pc.Acquire(30, b"L", 1, ha)), wa) == [pc.Acquired(30, True)]
+    # a worker that does not run a releases a's lock: nothing happens, b is still kept out
+    assert to(h.send(T0, wb, pc.Release(31, b"L", ha)), wb) == [pc.Success(31)]
+    assert to(h.send(T0, wb, pc.Acquire(32, b"L", 1, hb)), wb) == [pc.Acquired(32, False)]
+    # a stream of a's data from the wrong worker reaches no RECV_DATA caller
+    assert to(h.send(T0, c, pc.RecvData(40, pc.Job(b"f", b"a"))), c) == [pc.Success(40)]
+    assert to(h.send(T0, wb, pc.WorkData(41, ha, b"forged")), c) == []
+    assert to(h.send(T0, wa, pc.WorkData(42, ha, b"real")), c) == [pc.Data(40, b"real")]
