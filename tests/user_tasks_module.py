@@ -123,9 +123,16 @@ def coop(payload, ctx):
 
 @task("STUBBORN")
 def stubborn(payload, ctx):
-    """Ignores ctx.cancelled and runs to its end."""
+    """Ignores ctx.cancelled and runs to its end: ``seconds``, or until the file ``release``
+    in ``dir`` exists if ``seconds`` pass first."""
     mark(payload, "started", {"pid": os.getpid()})
-    time.sleep(payload["seconds"])
+    if payload.get("untilReleased"):
+        release = Path(payload["dir"]) / "release"
+        deadline = time.monotonic() + payload["seconds"]
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    else:
+        time.sleep(payload["seconds"])
     mark(payload, "finished", {"cancelledSet": ctx.cancelled.is_set()})
     return {"done": True}
 

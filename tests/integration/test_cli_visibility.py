@@ -93,7 +93,7 @@ def test_purge_deletes_finished_jobs_only(live):
     done = [finished_job(live, "WORD_COUNT", '{"text": "a b"}') for _ in range(3)]
     r = jm(live, "purge", "--older-than=7d", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["purged"] == 0
-    time.sleep(0.01)
+    time.sleep(0.01)  # the jobs must age past 1 ms: time passing is what --older-than measures
     r = jm(live, "purge", "--older-than=1")
     assert r.returncode == 0, r.stderr
     assert r.stdout == "purged 3 finished jobs last updated more than 1 ago\n"

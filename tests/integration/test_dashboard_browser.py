@@ -75,7 +75,7 @@ def _load(client, worker, seconds: float) -> None:
         for _ in range(1 + n % 4):
             client.submit_ok("SLEEP", {"durationMillis": 1})
         n += 1
-        time.sleep(0.25)
+        time.sleep(0.25)  # the load's pace, spread over ``seconds`` so the chart has a curve: not a wait
     wait_until(lambda: not any(client.list_jobs(state=s)["jobs"] for s in ("QUEUED", "RUNNING")),
                message="the load finished")
     done.set()
@@ -119,7 +119,9 @@ def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_fa
     # the chart has drawn its lines
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-depth path[data-series='running']"))
     if SCREENSHOT_DIR:
-        time.sleep(2.5)  # one more poll, so the chart reaches the latest sample
+        # one more poll, so the chart reaches the latest sample: its next redraw
+        drawn = browser.find_element(By.ID, "chart-depth").get_attribute("innerHTML")
+        wait.until(lambda d: d.find_element(By.ID, "chart-depth").get_attribute("innerHTML") != drawn)
         _save(browser, "dashboard.png")
 
     # The state filter narrows the list
@@ -158,5 +160,7 @@ def _save(browser, name: str) -> None:
     # The whole page: grow the window to the document's height first.
     height = browser.execute_script("return document.documentElement.scrollHeight")
     browser.set_window_size(1400, max(900, min(int(height) + 20, 2400)))
-    time.sleep(0.3)
+    # two animation frames: the page has been laid out and painted at the new size
+    browser.execute_async_script("const done = arguments[arguments.length - 1];"
+                                 "requestAnimationFrame(() => requestAnimationFrame(() => done()));")
     assert browser.save_screenshot(str(path)), path

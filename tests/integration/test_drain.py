@@ -44,12 +44,13 @@ def test_a_second_ctrl_c_during_the_drain_stops_at_once(start_up, tmp_path):
     job_id = running_sleep(up, 8000)
     os.killpg(up.proc.pid, signal.SIGINT)
     wait_until(lambda: "draining: no new assignments" in up.log(), message="the drain started")
-    began = time.monotonic()
     os.killpg(up.proc.pid, signal.SIGINT)
     assert up.proc.wait(10) == 0, up.log()[-3000:]
-    assert time.monotonic() - began < 5
-    # The attempt did not finish: it stays RUNNING on disk, for recovery to requeue
+    # up did not wait for the attempt, which ends well within the drain time: it stays
+    # RUNNING on disk, for recovery to requeue, and the drain neither ended nor timed out
     assert db_job(tmp_path / "up.db", job_id) == ("RUNNING", 1)
+    assert "drained: no attempt is running" not in up.log()
+    assert "drain time passed" not in up.log()
     assert_all_gone(up)
 
 
@@ -83,6 +84,7 @@ def test_coordinator_drain_ends_when_its_time_passes(coordinator_factory, peers)
     began = time.monotonic()
     coord.proc.send_signal(signal.SIGTERM)
     assert coord.proc.wait(10) == 0
-    assert 0.25 < time.monotonic() - began < 5
+    assert time.monotonic() - began >= 0.3  # the drain time, not less
+    # It stopped when the drain time passed, not when the minute-long attempt ended
     assert "drain time passed with 1 attempts still running" in coord.stderr()
     assert db_job(coord.db, job_id) == ("RUNNING", 1)

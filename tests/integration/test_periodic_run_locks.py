@@ -55,8 +55,8 @@ def wait_running(worker, caller) -> dict:
 
 def test_run_job_without_a_worker_is_no_worker_and_stores_nothing(coord):
     [ran] = client_ops(coord.periodic_addr, ["run", "nw", "j", "x", 5])
+    # answered NO_WORKER, not left to its 5 s timeout (that would be a TimeoutError)
     assert ran["error"] == "Exception: no worker", ran
-    assert ran["seconds"] < 2.0, ran
     assert [j for j in periodic_jobs(coord) if j["taskType"] == "nw"] == []
     assert "nw" not in client_ops(coord.periodic_addr, ["status"])[0]
 
@@ -117,11 +117,9 @@ def run_contended(coord, workers, func: str, n: int, timeout: float = 20.0):
     assert client_ops(coord.periodic_addr, *[["submit", func, name, name, 0, 0] for name in names]) == [True] * n
     starts: dict[str, float] = {}
     ends: dict[str, float] = {}
-    most_locked = 0
-    lock_wait = False
-    deadline = time.monotonic() + timeout
-    while len(ends) < n:
-        assert time.monotonic() < deadline, "after %.0fs: started %s, ended %s" % (timeout, sorted(starts), sorted(ends))
+    seen = {"locked": 0, "lock_wait": False}
+
+    def every_job_ended() -> bool:
         for w in workers:
             for line in w.drain():
                 if "end" in line:
@@ -130,13 +128,18 @@ def run_contended(coord, workers, func: str, n: int, timeout: float = 20.0):
                     assert line["name"] not in starts, "%s ran twice" % line["name"]
                     starts[line["name"]] = line["t"]
         row = status.status().get(func)
-        most_locked = max(most_locked, row.locked if row else 0)
-        lock_wait = lock_wait or any(j["state"] == "QUEUED" and j["waitingReason"] == "LOCK_WAIT"
-                                     for j in client.list_jobs(taskType=func)["jobs"])
-        time.sleep(0.01)
+        seen["locked"] = max(seen["locked"], row.locked if row else 0)
+        seen["lock_wait"] = seen["lock_wait"] or any(j["state"] == "QUEUED" and j["waitingReason"] == "LOCK_WAIT"
+                                                     for j in client.list_jobs(taskType=func)["jobs"])
+        return len(ends) == n
+
+    try:
+        wait_until(every_job_ended, timeout=timeout, message="every %s job to end" % func)
+    except AssertionError as exc:
+        raise AssertionError("%s: started %s, ended %s" % (exc, sorted(starts), sorted(ends))) from None
     status.close()
     assert sorted(starts) == sorted(ends) == names
-    return {name: (starts[name], ends[name]) for name in names}, most_locked, lock_wait
+    return {name: (starts[name], ends[name]) for name in names}, seen["locked"], seen["lock_wait"]
 
 
 def max_overlap(intervals) -> int:
@@ -284,14 +287,16 @@ def test_a_silent_connection_is_closed_after_the_idle_timeout(coordinator_factor
     silent = RawPeriodic(coord.periodic_addr)
     busy = RawPeriodic(coord.periodic_addr)
     closed_after = None
-    while time.monotonic() - started < 2.0:  # four idle timeouts
+    # The busy one pings until the silent one is closed, and for four idle timeouts at least
+    while closed_after is None or time.monotonic() - started < 2.0:
         assert busy.ping(), "a connection that pings every ~0.1 s was closed"
         if closed_after is not None:
-            time.sleep(0.1)
+            time.sleep(0.1)  # the busy connection's pace, a ping every ~0.1 s: the behaviour under test
         elif silent.closed_within(0.1):
             closed_after = time.monotonic() - started
-    assert closed_after is not None, "a connection silent since its handshake was still open after 2 s " \
-                                     "(--periodic-keepalive-millis=500)"
+        else:
+            assert time.monotonic() - started < 30, "a connection silent since its handshake was still open " \
+                                                    "after 30 s (--periodic-keepalive-millis=500)"
     assert closed_after >= 0.45, "closed %.2fs after its handshake (idle timeout 0.5 s)" % closed_after
     assert busy.ping()
     busy.close()

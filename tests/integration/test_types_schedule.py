@@ -94,7 +94,7 @@ def test_schedules_survive_a_restart_and_overdue_ones_are_queued_by_recovery(coo
         coord.kill()
     else:
         assert coord.terminate() == 0
-    while now_ms() <= due_at:  # the job falls due while the coordinator is down
+    while now_ms() <= due_at:  # time passing is the behaviour: the job falls due while the coordinator is down
         time.sleep(0.05)
     coord.start()
     assert "due_while_down=1" in coord.stderr() and "scheduled=1" in coord.stderr()
