@@ -41,12 +41,18 @@ class Console:
     stdin: TextIO | None = None
 
     def out(self, text: str) -> None:
-        self.stdout.write(text + "\n")
+        """A line of output; control characters in it are shown escaped (``render.printable``)."""
+        self.stdout.write(render.printable(text) + "\n")
+        self.stdout.flush()
+
+    def screen(self, codes: str, text: str) -> None:
+        """Terminal ``codes`` of our own (``top``'s clear-screen), then a line of output."""
+        self.stdout.write(codes + render.printable(text) + "\n")
         self.stdout.flush()
 
     def error(self, command: str, text: str) -> None:
         """One line on stderr, named after the command: ``jobmesh COMMAND: TEXT``."""
-        self.stderr.write("jobmesh %s: %s\n" % (command, text))
+        self.stderr.write("jobmesh %s: %s\n" % (command, render.printable(text)))
         self.stderr.flush()
 
 

@@ -12,6 +12,14 @@ import time
 from typing import Any, Iterable, Sequence
 
 MISSING = "-"
+# Control characters (C0 but newline and tab, DEL, C1): a value that holds one (a Periodic
+# func, a name, an error text) must not drive the reader's terminal.
+_CONTROL = {c: "\\x%02x" % c for c in list(range(0x20)) + list(range(0x7f, 0xa0)) if c not in (0x09, 0x0a)}
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but newline and tab shown as ``\\xNN``."""
+    return text.translate(_CONTROL)
 
 
 def to_json(document: Any) -> str:

@@ -122,7 +122,7 @@ def run(client: CoordinatorClient, console: Any, interval_millis: int, iteration
     try:
         while True:
             sample = take_sample(client)
-            console.out(CLEAR + frame(sample, previous, target, interval_millis))
+            console.screen(CLEAR, frame(sample, previous, target, interval_millis))
             previous = sample
             shown += 1
             if iterations and shown >= iterations:

@@ -177,3 +177,25 @@ def test_worker_table_marks_periodic_workers():
          "taskTypes": ["resize"], "protocol": "periodic"},
     ], NOW)
     assert out.splitlines()[1].split() == ["periodic-3", "2", "1", "just", "now", "resize", "(periodic)"]
+
+
+HOSTILE = "resize\x1b]0;owned\x07\x1b[2J\x9b31m"  # a title change, a screen clear, a C1 CSI
+
+
+def test_control_characters_from_the_wire_never_reach_the_terminal():
+    import io
+
+    from jobmesh.client.commands import Console
+
+    job = {"jobId": "j1", "taskType": HOSTILE, "state": "FAILED", "attempts": 1, "maxAttempts": 1,
+           "error": "boom " + HOSTILE, "protocol": "periodic", "name": HOSTILE}
+    out, err = io.StringIO(), io.StringIO()
+    console = Console(out, err)
+    console.out(render.job_detail(job, 0))
+    console.out(render.job_table([job], 0))
+    console.error("status", "unknown job " + HOSTILE)
+    console.screen("\x1b[H\x1b[2J", "top " + HOSTILE)  # our own codes pass, the value's do not
+    text = out.getvalue() + err.getvalue()
+    assert "\x1b" not in text.replace("\x1b[H\x1b[2J", "", 1) and "\x07" not in text and "\x9b" not in text
+    assert "resize\\x1b]0;owned\\x07\\x1b[2J\\x9b31m" in out.getvalue()
+    assert render.printable("two\nlines\tand a tab") == "two\nlines\tand a tab"
