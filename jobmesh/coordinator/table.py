@@ -97,6 +97,7 @@ class JobTable:
         self._new: set[str] = set()
         self._new_types: list[tuple[str, int]] = []
         self._purges: list[str] = []
+        self._purging: set[str] = set()  # the same, to look up: their rows are gone as of this batch
         self._reads: dict[tuple[str, str], Read] = {}  # store reads a waiting request will use
 
     def listen(self, listener: Listener, json: bool = True, periodic: bool = True) -> None:
@@ -258,6 +259,7 @@ class JobTable:
                 updates.append(update_row(job))
         batch = Batch(inserts, updates, self._new_types, self._purges)
         self._new_types, self._purges = [], []
+        self._purging = set()
         self._dirty = {}
         self._new = set()
         return batch
@@ -301,6 +303,8 @@ class JobTable:
             self._reads[(kind, value)] = read
             raise ReadPending(read)
         job = read.result()
+        if job is not None and job.job_id in self._purging:
+            return None  # read back from a row this batch deletes
         if job is not None and job.state in TERMINAL:
             self._remember_finished(job)
         return job
@@ -314,15 +318,16 @@ class JobTable:
     def forget(self, found: list[tuple[str, str | None]]) -> int:
         """Drop finished jobs from memory (cache, keys, dirty rows); the batch's commit
         deletes their rows. Their idempotency keys are free again."""
-        queued = set(self._purges)
+        purging = self._purging
         for job_id, key in found:
-            if job_id in queued:
+            if job_id in purging:
                 continue
             self.finished.pop(job_id, None)
             if key is not None and self.keys.get(key) == job_id:
                 del self.keys[key]
             self._dirty.pop(job_id, None)
             self._purges.append(job_id)
+            purging.add(job_id)
         self.counters.purged += len(found)
         return len(found)
 

@@ -35,7 +35,7 @@ class Batch(NamedTuple):
     inserts: list[tuple]  # columns.insert_row() of new jobs
     updates: list[tuple]  # columns.update_row() of changed jobs
     task_types: Sequence[tuple[str, int]] = ()  # newly declared (name, first seen millis)
-    purges: Sequence[str] = ()  # finished jobs to delete
+    purges: Sequence[str] = ()  # finished jobs to delete, before the inserts (their keys are free)
 
 
 def merge_batches(older: Batch, newer: Batch) -> Batch:

@@ -231,13 +231,13 @@ class SQLiteStore:
         inserts, updates, task_types, purges = batch
         c = self.conn
         with self._transaction("BEGIN"):
+            for start in range(0, len(purges), ROWS_PER_STATEMENT):  # first: a new job may take a purged key
+                ids = list(purges[start : start + ROWS_PER_STATEMENT])
+                c.execute(_PURGE_SQL[len(ids)], ids)
             for n, params in _chunks(inserts):
                 c.execute(_INSERT_SQL[n], params)
             for n, params in _chunks(updates):
                 c.execute(_UPDATE_SQL[n], params)
-            for start in range(0, len(purges), ROWS_PER_STATEMENT):
-                ids = list(purges[start : start + ROWS_PER_STATEMENT])
-                c.execute(_PURGE_SQL[len(ids)], ids)
             if task_types:
                 c.executemany("INSERT OR IGNORE INTO task_types (name, first_seen) VALUES (?, ?)", task_types)
 

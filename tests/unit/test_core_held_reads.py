@@ -155,3 +155,20 @@ def test_a_request_whose_read_is_not_done_stays_held(d):
     d.end_batch(30)
     assert d.take_answers() == []
     assert [w.token for w in d.core.held_requests()] == [held]
+
+
+def test_a_keyed_submit_in_the_batch_that_purges_the_key_s_job_makes_a_new_job(monkeypatch):
+    monkeypatch.setattr(table_mod, "FINISHED_CACHE", 1)
+    d = CoreDriver()  # a plain SQLite store: reads answer at once
+    d.apply(0, ev.Registered(Conn("w1"), m.WorkerRegister("w1", 4, None)))
+    d.end_batch(0)
+    old = finished_job(d, 10, key="k")
+    # One batch: the purge of every finished job, then a submit under the purged job's key
+    purged = d.request(20, m.PurgeJobs(0))
+    assert isinstance(purged, m.JobsPurged) and purged.purged == 2
+    again = d.request(20, m.SubmitJob("SLEEP", SLEEP, 0, "k"))
+    d.end_batch(20)
+    assert isinstance(again, m.JobSubmitted) and again.job_id != old
+    assert d.request(30, m.GetJobStatus(old)) == m.Error("unknown job '%s'" % old)
+    again_status = d.request(30, m.SubmitJob("SLEEP", SLEEP, 0, "k"))
+    assert again_status == m.JobSubmitted(again.job_id)  # the key now names the new job

@@ -354,3 +354,9 @@ def test_a_read_later_gives_what_get_and_find_by_key_give_and_wakes_its_caller(s
         assert (job.job_id if job is not None else None) == expected
         if job is not None:
             assert fields_of(job) == fields_of(store.get("a"))
+
+
+def test_a_batch_deletes_before_it_inserts_so_a_new_job_may_take_a_purged_key(store):
+    insert(store, finished("old", 1, 100, key="k"))
+    store.write(Batch([insert_row(make_job("new", 2, idempotency_key="k"))], [], (), ["old"]))
+    assert store.get("old") is None and store.find_by_key("k").job_id == "new"
