@@ -59,6 +59,10 @@ class ReplyConnection(Connection, Protocol):
     def reply(self, data: bytes, count: int, close: bool = False) -> None:
         """Write the encoded replies to ``count`` requests; with ``close``, close after them."""
 
+    def held_back(self, count: int) -> None:
+        """``count`` of its unanswered requests wait for a pending WAIT_JOB (their replies
+        are held in order behind it); the rest are on their way."""
+
 
 class OutboundConnection(Connection, Protocol):
     """A connection the core sends to through ``core.outbound`` (worker and Periodic ports)."""
@@ -115,6 +119,10 @@ class Output:
         """The core took events from this connection's inbox: wake a paused reader."""
         if self.paused:
             self._progress.set()
+
+    def wake(self) -> None:
+        """Something its handler may be waiting for changed: let it look again."""
+        self._progress.set()
 
     @property
     def unsent(self) -> bool:

@@ -148,6 +148,9 @@ class LocalConn:
     def reply(self, data: bytes, count: int, close: bool = False) -> None:
         self.answer.set(data)
 
+    def held_back(self, count: int) -> None:
+        """(The metrics port sends no WAIT_JOB.)"""
+
 
 class HttpError(Exception):
     def __init__(self, status: str, message: str) -> None:

@@ -385,6 +385,7 @@ class Coordinator:
             close = close or closes
         if count:
             conn.reply(data, count, close)
+        conn.held_back(len(queue))
         if not queue and not held.slots:
             del self._held[conn]
 

@@ -24,11 +24,13 @@ that pipelines without reading can grow neither the mailbox nor the coordinator'
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import time
 from typing import Any, Callable
 
 import gevent
+import gevent.monkey
 
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import monotonic
@@ -41,6 +43,9 @@ from jobmesh.protocol.payloads import TASK_NAME_RULE, is_task_type_name
 log = logging.getLogger(__name__)
 
 MAX_PIPELINE = 64  # unanswered requests per client connection before its handler stops reading
+PEER_CHECK_SECONDS = 0.25  # while a client's handler is not reading, how often it checks that the peer is there
+_PEER_GONE = select.POLLRDHUP | select.POLLHUP | select.POLLERR
+_poll = gevent.monkey.get_original("select", "poll")  # a zero-timeout check: never blocks the hub
 MAX_HEARTBEATS_PER_SECOND = 50  # more from one worker is a flood: the connection is closed
 IDLE_TIMEOUT_SECONDS = 120.0  # default: a client's first frame / a worker's registration must complete in this
 DRAIN_SECONDS = 30.0  # at EOF, how long a client handler waits for its replies to go out
@@ -101,25 +106,45 @@ class WorkerConn(Output):
 class ClientConn(Output):
     """A client connection as the core sees it: a destination for replies, in request order."""
 
-    __slots__ = ("inflight",)
+    __slots__ = ("inflight", "blocked", "peer_gone")
 
     def __init__(self, sock: socket.socket) -> None:
         super().__init__(sock)
         self.inflight = 0  # requests posted to the core and not answered yet
+        self.blocked = 0  # of those, the ones waiting for a pending WAIT_JOB (the runtime says)
+        self.peer_gone = False  # the peer closed while the handler was not reading
 
     def reply(self, data: bytes, count: int, close: bool = False) -> None:
         """Write ``count`` replies' bytes without blocking; called by the core only."""
         self.inflight -= count
         self.write(data, close)
 
+    def held_back(self, count: int) -> None:
+        self.blocked = count
+        self.wake()
+
     def wait_for_room(self) -> None:
-        """Block the reader while the client is too far ahead of its replies."""
+        """Block the reader while the client is too far ahead of its replies; meanwhile
+        notice the peer going away (``peer_gone``), since nothing reads its socket."""
         if self.inflight >= MAX_PIPELINE or self.unsent:  # rare: checked per request
-            self.wait_until(lambda: self.inflight < MAX_PIPELINE and not self.unsent)
+            while not self.wait_until(lambda: self.inflight < MAX_PIPELINE and not self.unsent, PEER_CHECK_SECONDS):
+                if self._peer_closed():
+                    self.peer_gone = True
+                    return
+
+    def _peer_closed(self) -> bool:
+        poller = _poll()
+        poller.register(self.fileno, _PEER_GONE)
+        try:
+            return any(events & _PEER_GONE for _fd, events in poller.poll(0))
+        except OSError:
+            return True
 
     def drain(self, timeout: float) -> bool:
-        """Wait until every posted request is answered and written; False on timeout."""
-        return self.wait_until(lambda: self.inflight == 0 and not self.unsent, timeout)
+        """At the end: wait until every posted request is answered and written, but for
+        those held behind a pending WAIT_JOB (the peer has gone: nobody reads them); False
+        on timeout."""
+        return self.wait_until(lambda: self.inflight <= self.blocked and not self.unsent, timeout)
 
 
 class Servers:
@@ -230,6 +255,9 @@ class Servers:
                 conn.inflight += 1
                 self.post(ev.Request(conn, req))
                 conn.wait_for_room()
+                if conn.peer_gone:
+                    conn.drain(DRAIN_SECONDS)
+                    return
         except ProtocolError as exc:
             log.warning("protocol violation on client port peer=%s:%s: %s", addr[0], addr[1], exc)
             # Answered in order, after the replies to what came before; then the connection closes.

@@ -157,11 +157,11 @@ def test_a_client_that_leaves_while_waiting_costs_nothing(coordinator, peers):
 
     for _ in range(5):
         raw = peers.raw(coordinator.client_addr)
-        held = waits()
         raw.send(wait_job(job_id, 60_000))
         raw.send(status(job_id))
-        wait_until(lambda: waits() > held, message="the wait held")
+        wait_until(lambda: waits() == 1, message="the wait held")
         raw.close()
+        wait_until(lambda: waits() == 0, message="the closed client's wait dropped")
     # The coordinator goes on serving, and answers a later wait when the job ends.
     raw = peers.raw(coordinator.client_addr)
     raw.send(wait_job(job_id, 60_000))
@@ -197,3 +197,33 @@ def test_jobmesh_wait_exit_codes(coordinator, peers):
     result = run_cli("wait", job_id, "--json", coordinator=coordinator.client_target)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["state"] == "COMPLETED"
+
+
+@pytest.mark.parametrize("pending", [63, 64])  # 64: the handler has stopped reading
+def test_a_client_that_closes_with_pending_waits_is_cleaned_up_at_once(coordinator_factory, peers, pending):
+    coordinator = coordinator_factory()
+    client = peers.client(coordinator)
+    job_id = client.submit_ok("SLEEP", SLEEP)  # no worker: it never ends on its own
+
+    def waits() -> int:
+        return client.request({"type": "GET_STATS"})["waits"]
+
+    fds = coordinator.open_fds()
+    raws = []
+    for _ in range(3):
+        raw = peers.raw(coordinator.client_addr)
+        for _ in range(pending):
+            raw.send(wait_job(job_id, 3_600_000))
+        raws.append(raw)
+    wait_until(lambda: waits() == 3 * pending, message="every wait held")
+    for raw in raws:
+        raw.close()
+    # The waits (their answers have nowhere to go) and the connections go at once, not
+    # when the waits time out (an hour) or a drain gives up (30 s).
+    wait_until(lambda: waits() == 0, timeout=10, message="the waits of the closed clients dropped")
+    wait_until(lambda: coordinator.open_fds() <= fds, timeout=10, message="their descriptors closed")
+    # and a later client is served as usual
+    raw = peers.raw(coordinator.client_addr)
+    raw.send(wait_job(job_id, 60_000))
+    client.cancel(job_id)
+    assert raw.recv()["job"]["state"] == "CANCELLED"

@@ -480,11 +480,9 @@ def test_every_state_is_in_the_metrics_the_dashboards_data_get_stats_and_top():
 
     out = io.StringIO()
 
-    class Console:
-        def out(self, text):
-            out.write(text)
+    from jobmesh.client.commands import Console
 
-    assert top.run(Client(), Console(), 1, 1) == 0
+    assert top.run(Client(), Console(out, io.StringIO()), 1, 1) == 0
     for state in JobState:
         count = stats.finished[state.value] if state in TERMINAL else stats.jobs[state.value]
         assert " %s %d" % (state.value.lower(), count) in out.getvalue()
