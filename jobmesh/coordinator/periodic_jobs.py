@@ -77,6 +77,15 @@ def _text(raw: bytes) -> str | None:
         return None
 
 
+def _func_name(raw: bytes) -> str | None:
+    """A func as text; None if it is not UTF-8 or holds a separator of STATUS's lines (a
+    comma or a line break would break every client's STATUS parse for good)."""
+    func = _text(raw)
+    if func is None or "," in func or "\n" in func or "\r" in func:
+        return None
+    return func
+
+
 def _as_text(raw: bytes) -> tuple[str, bool]:
     """Bytes as stored text: (the text, False) if UTF-8, else (base64, True)."""
     try:
@@ -245,7 +254,7 @@ class PeriodicJobs:
 
     def live(self, handle: pc.Handle) -> tuple[tuple[str, str] | None, Job | None]:
         """(the handle as text, or None if it is not UTF-8; its live job, or None)."""
-        func, name = _text(handle.func), _text(handle.name)
+        func, name = _func_name(handle.func), _text(handle.name)
         if func is None or name is None:
             return None, None
         key = (func, name)
@@ -264,12 +273,14 @@ class PeriodicJobs:
         handler(now_millis, conn, msg)
 
     def _not_text(self, conn: OutboundConnection) -> None:
-        """A func, name or lock name that is not UTF-8: jobmesh cannot store it; closed."""
-        log.warning("closing periodic connection %r: a func, name or lock name is not valid UTF-8", conn)
+        """A func, name or lock name that is not UTF-8, or a func holding a comma or a line
+        break: jobmesh cannot store or list it; closed."""
+        log.warning("closing periodic connection %r: a func, name or lock name is not valid UTF-8,"
+                    " or a func holds a comma or a line break", conn)
         self.outbox.send(conn, None)
 
     def _on_submit(self, now_millis: int, conn: OutboundConnection, msg: pc.SubmitJob) -> None:
-        func, name = _text(msg.job.func), _text(msg.job.name)
+        func, name = _func_name(msg.job.func), _text(msg.job.name)
         if func is None or name is None:
             self._not_text(conn)
             return
@@ -290,7 +301,7 @@ class PeriodicJobs:
         self.outbox.send(conn, pc.encode_success(msg.msgid))
 
     def _on_drop_func(self, now_millis: int, conn: OutboundConnection, msg: pc.DropFunc) -> None:
-        func = _text(msg.func)
+        func = _func_name(msg.func)
         if func is None:
             self._not_text(conn)
             return
@@ -306,7 +317,7 @@ class PeriodicJobs:
     def _on_load(self, now_millis: int, conn: OutboundConnection, msg: pc.Load) -> None:
         """LOAD: each job of the list as a SUBMIT_JOB; a refused one ends the load with its reason."""
         for pj in msg.jobs:
-            func, name = _text(pj.func), _text(pj.name)
+            func, name = _func_name(pj.func), _text(pj.name)
             if func is None or name is None:
                 self._not_text(conn)
                 return
@@ -317,7 +328,7 @@ class PeriodicJobs:
         self.outbox.send(conn, pc.encode_success(msg.msgid))
 
     def _on_can_do(self, now_millis: int, conn: OutboundConnection, msg: pc.CanDo | pc.Broadcast | pc.CantDo) -> None:
-        func = _text(msg.func)
+        func = _func_name(msg.func)
         if func is None:
             self._not_text(conn)
             return

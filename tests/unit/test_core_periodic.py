@@ -318,3 +318,14 @@ def test_a_json_worker_named_like_a_periodic_session_keeps_its_own_slots():
     h.send(T0, w, pc.WorkDone(9, pc.Handle(b"f", b"a"), b"ok"))
     assert job.state is JobState.COMPLETED
     assert h.core.running_attempts == 0  # the Periodic session let go of it: a drain ends at once
+
+
+def test_a_func_holding_a_status_separator_is_refused_and_status_stays_parseable():
+    h = H()
+    for bad in (b"resize,v2", b"two\nlines", b"cr\rlf"):
+        w = Conn("w")
+        assert h.send(T0, w, pc.CanDo(1, bad)) == [(w, None)]  # closed
+        c = Conn("c")
+        assert h.send(T0, c, pc.SubmitJob(2, pc.Job(bad, b"a", b"w", 0, 0, 0))) == [(c, None)]
+    h.worker(T0, Conn("ok"), func="resize.v2")
+    assert [row.func for row in h.status(T0)] == [b"resize.v2"] and not h.core.table.jobs
