@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import time
 from collections import deque
 from dataclasses import replace
@@ -71,6 +72,9 @@ from jobmesh.protocol.jobs import JobState
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 64  # concurrent HTTP connections; each holds at most one request to the core
+READ_TIMEOUT_SECONDS = 5.0  # a connection that sends no complete request (or idles) this long is closed
+OVERFLOW_READ_SECONDS = 1.0  # past MAX_CONNECTIONS: how long a connection gets to send its request line
+OVERFLOW_MAX = 256  # connections past MAX_CONNECTIONS being answered at once (health checks, 503s)
 ASK_TIMEOUT = 10.0  # seconds a JSON request waits for the core's answer before a 504
 TICK_SECONDS = 0.25  # the lag timer's period
 SAMPLE_SECONDS = 1.0  # one chart sample a second ...
@@ -182,14 +186,53 @@ def _error_status(message: str, not_found: bool) -> str:
 
 
 class _Server(WSGIServer):
-    """gevent's WSGI server, counting its open connections for ``jobmesh_connections``."""
+    """gevent's WSGI server, counting its open connections for ``jobmesh_connections``.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    A connection that sends no complete request within ``READ_TIMEOUT_SECONDS`` (or idles
+    that long between requests) is closed. At most ``MAX_CONNECTIONS`` are served fully;
+    past that, a connection gets a short answer from ``overflow`` instead of waiting in the
+    accept queue, so half-sent requests can never keep ``/healthz`` from answering."""
+
+    def __init__(self, *args: Any, overflow: Callable[[socket.socket], None], **kwargs: Any) -> None:
+        self.full_pool = Pool(MAX_CONNECTIONS)
+        self.overflow_pool = Pool(OVERFLOW_MAX)
+        self._overflow = overflow
         super().__init__(*args, **kwargs)
         self.open_connections = 0
 
+    def do_handle(self, *args: Any) -> None:
+        """An accepted connection, ``(socket, address)``: served, answered short, or closed."""
+        if not self.full_pool.full():
+            self.full_pool.spawn(self._serve, *args)
+        elif not self.overflow_pool.full():
+            self.overflow_pool.spawn(self._answer_overflow, args[0])
+        else:
+            self.do_close(*args)  # beyond even that: the peer sees its connection closed at once
+
+    def _serve(self, *args: Any) -> None:
+        try:
+            self.handle(*args)
+        finally:
+            self.do_close(*args)
+
+    def _answer_overflow(self, sock: socket.socket) -> None:
+        try:
+            sock.settimeout(OVERFLOW_READ_SECONDS)
+            self._overflow(sock)
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+    def stop(self, timeout: float | None = None) -> None:
+        super().stop(timeout)
+        self.full_pool.join(timeout=timeout)
+        self.full_pool.kill(block=False)
+        self.overflow_pool.kill(block=False)
+
     def handle(self, sock: Any, address: Any) -> None:
         self.open_connections += 1
+        sock.settimeout(READ_TIMEOUT_SECONDS)
         try:
             super().handle(sock, address)
         finally:
@@ -233,13 +276,34 @@ class HttpPort:
     def start(self) -> _Server:
         """Listen and start the timer; returns the server (the runtime stops it with the others)."""
         self.server = _Server(
-            (self.bind, self.requested_port), self.app, spawn=Pool(MAX_CONNECTIONS),
+            (self.bind, self.requested_port), self.app, overflow=self._overflow,
             log=LoggingLogAdapter(log, logging.DEBUG), error_log=LoggingLogAdapter(log, logging.ERROR),
         )
         self.server.start()
         self._sample(time.monotonic())
         self._timer = gevent.spawn(self._run_timer)
         return self.server
+
+    def _overflow(self, sock: socket.socket) -> None:
+        """A connection past MAX_CONNECTIONS: /healthz and /readyz are answered as usual,
+        anything else gets 503 (try again); then it is closed."""
+        data = b""
+        while b"\r\n" not in data and len(data) < 2048:
+            chunk = sock.recv(2048)
+            if not chunk:
+                return
+            data += chunk
+        parts = data.split(b"\r\n", 1)[0].split()
+        path = parts[1].split(b"?", 1)[0] if len(parts) >= 2 else b""
+        if path == b"/healthz":
+            status, body = "200 OK", b"ok\n"
+        elif path == b"/readyz":
+            status, body = ("200 OK", b"ready\n") if self.source.ready else ("503 Service Unavailable", b"not ready\n")
+        else:
+            status, body = "503 Service Unavailable", b"the metrics port is busy; try again\n"
+        sock.sendall(b"HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
+                     b"Connection: close\r\nCache-Control: no-store\r\n\r\n%s"
+                     % (status.encode("ascii"), len(body), body))
 
     def stop_timers(self) -> None:
         if self._timer is not None:

@@ -253,3 +253,32 @@ def test_every_state_is_in_the_metrics_the_summary_get_stats_and_top(coord):
         client.close()
     for state in states:
         assert " %s 0" % state.lower() in text, text
+
+
+def test_half_sent_requests_cannot_block_the_health_checks(coord):
+    import socket
+
+    host, port = coord.metrics_addr
+    base = "http://%s:%d" % (host, port)
+    fds = coord.open_fds()
+    stalled = []
+    for _ in range(100):  # more than the port serves at once, each stuck in its headers
+        s = socket.create_connection((host, port))
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        stalled.append(s)
+    # Health checks are answered (a load balancer must not restart a healthy coordinator)
+    assert get(base + "/healthz", timeout=30)[0] == 200
+    assert get(base + "/readyz", timeout=30)[0] == 200
+    # and the stalled connections are answered (400/408: the request never came; 503: busy,
+    # past the connections served at once) and closed by the coordinator, not kept forever
+    statuses = set()
+    for s in stalled:
+        s.settimeout(30)
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+        statuses.add(data.split(b" ", 2)[1])
+        s.close()
+    assert statuses <= {b"400", b"408", b"503"} and statuses & {b"400", b"408"}
+    wait_until(lambda: coord.open_fds() <= fds, timeout=30, message="the stalled connections' descriptors closed")
+    assert get(base + "/metrics")[0] == 200  # and the port serves as before
