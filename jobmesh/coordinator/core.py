@@ -280,7 +280,7 @@ class CoordinatorCore:
         due while the coordinator was down are queued now.
         """
         # queued: QUEUED after recovery, including the requeued and those due while down
-        stats = {"queued": 0, "scheduled": 0, "retry_wait": 0, "requeued": 0, "due": 0, "failed": 0}
+        stats = {"queued": 0, "scheduled": 0, "retry_wait": 0, "requeued": 0, "due": 0, "failed": 0, "damaged": 0}
         table = self.table
         table.known_types.update(self.store.load_task_types())
         wall = now + table.drift
@@ -292,7 +292,13 @@ class CoordinatorCore:
             table.adopt(job, now)
             if repaired:
                 table.touch(job)
-            if state is JobState.RUNNING:
+            if job.damaged is not None:  # a row that does not decode: it cannot run; the rest can
+                job.error = "the stored row could not be read (%s); the job cannot run" % job.damaged
+                log.error("recovered a damaged row job=%s: %s; it ends %s", job.job_id, job.damaged,
+                          "FAILED" if state is JobState.RUNNING else "CANCELLED")
+                table.transition(job, JobState.FAILED if state is JobState.RUNNING else JobState.CANCELLED, now)
+                stats["damaged"] += 1
+            elif state is JobState.RUNNING:
                 if job.periodic is not None or job.attempts < job.max_attempts:
                     table.event(job, now, "RECOVERED", "coordinator restarted: attempt %d requeued" % job.attempts,
                                 attempt=job.attempts, worker_id=job.worker_id)

@@ -139,6 +139,33 @@ job_from_row: Callable[[tuple], Job] = _compile(
         ", ".join(_decoder(i, c) for i, c in enumerate(COLUMNS))),
 )
 
+# What a column that cannot be decoded reads as in a damaged row (others: None).
+_FALLBACK: dict[str, Any] = {"payload": {}, "state": JobState.QUEUED, "priority": Priority.NORMAL, "events": "",
+                             "attempts": 0, "max_attempts": 0, "created_at": 0, "updated_at": 0, "seq": 0,
+                             "task_type": "", "job_id": ""}
+_COLUMN_DECODERS = [(c.name, _compile("decode", "def decode(v):\n    return %s\n" % c.decode)) for c in COLUMNS]
+
+
+def read_row(row: tuple) -> Job:
+    """The Job of a stored row. A row that does not decode (edited by hand, or by another
+    program: a payload that is not JSON, an unknown priority) is read column by column,
+    each column that fails as its fallback, and the Job says why in ``damaged``."""
+    try:
+        return job_from_row(row)
+    except Exception:
+        pass
+    fields: dict[str, Any] = {}
+    problems = []
+    for (name, decode), value in zip(_COLUMN_DECODERS, row):
+        try:
+            fields[name] = decode(value)
+        except Exception as exc:
+            fields[name] = _FALLBACK.get(name)
+            problems.append("%s: %s" % (name, str(exc)[:100]))
+    job = Job(**fields)
+    job.damaged = "; ".join(problems) or "the row does not decode"
+    return job
+
 
 # ---- the timeline's stored form -------------------------------------------------------
 

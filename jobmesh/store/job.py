@@ -55,6 +55,7 @@ class Job:
     # Not stored; core time (monotonic, see coordinator/clock.py), set by the core:
     ready_at: int = 0  # when the job first became due: priority aging and queue order count from here
     wake_at: int | None = None  # SCHEDULED / RETRY_WAIT: when it becomes due
+    damaged: str | None = None  # why its stored row did not decode (columns.read_row); None: it did
 
     def __post_init__(self) -> None:
         if self.updated_at is None or self.updated_at == -(1 << 62):

@@ -43,7 +43,7 @@ from gevent.threadpool import ThreadPool
 
 from jobmesh.store.base import Batch, Done, Outcome, Read, outcome_of
 from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, TERMINAL_STATES, Column,
-                                   Kind, job_from_row)
+                                   Kind, read_row)
 from jobmesh.store.job import Job
 
 log = logging.getLogger(__name__)
@@ -314,7 +314,7 @@ class SQLiteStore:
             "SELECT %s FROM jobs WHERE state IN (%s)" % (SELECT_COLUMNS, ",".join("?" * len(ACTIVE_STATES))),
             ACTIVE_STATES,
         ).fetchall()
-        return [job_from_row(r) for r in rows]
+        return [read_row(r) for r in rows]
 
     def load_task_types(self) -> list[str]:
         """Every task type a worker ever declared to this database."""
@@ -328,13 +328,13 @@ class SQLiteStore:
 
     def get(self, job_id: str) -> Job | None:
         row = self.reader.execute("SELECT %s FROM jobs WHERE job_id=?" % SELECT_COLUMNS, (job_id,)).fetchone()
-        return None if row is None else job_from_row(row)
+        return None if row is None else read_row(row)
 
     def find_by_key(self, key: str) -> Job | None:
         row = self.reader.execute(
             "SELECT %s FROM jobs WHERE idempotency_key=?" % SELECT_COLUMNS, (key,)
         ).fetchone()
-        return None if row is None else job_from_row(row)
+        return None if row is None else read_row(row)
 
     def read_later(self, job_id: str | None = None, key: str | None = None) -> Read:
         """Answered at once: in WAL mode the reader never waits for the writer, and these
@@ -348,7 +348,7 @@ class SQLiteStore:
                   task_type: str | None = None) -> list[tuple[int, Job]]:
         """Up to ``limit`` (seq, job) pairs, newest first, with seq below ``before``."""
         sql, params = self.page_query(limit, state, before, task_type)
-        return [(job.seq, job) for job in map(job_from_row, self.reader.execute(sql, params))]
+        return [(job.seq, job) for job in map(read_row, self.reader.execute(sql, params))]
 
     @staticmethod
     def page_query(limit: int, state: str | None, before: int | None,

@@ -172,3 +172,31 @@ def test_a_keyed_submit_in_the_batch_that_purges_the_key_s_job_makes_a_new_job(m
     assert d.request(30, m.GetJobStatus(old)) == m.Error("unknown job '%s'" % old)
     again_status = d.request(30, m.SubmitJob("SLEEP", SLEEP, 0, "k"))
     assert again_status == m.JobSubmitted(again.job_id)  # the key now names the new job
+
+
+def test_a_damaged_row_ends_alone_and_recovery_serves_the_rest(tmp_path):
+    import sqlite3
+
+    db = str(tmp_path / "jm.db")
+    d = CoreDriver(SQLiteStore(db))
+    d.apply(0, ev.Registered(Conn("w1"), m.WorkerRegister("w1", 1, None)))
+    d.end_batch(0)
+    ids = [d.request(0, m.SubmitJob("SLEEP", SLEEP)).job_id for _ in range(4)]
+    d.end_batch(0)  # the first runs, three wait
+    d.store.close()
+    with sqlite3.connect(db) as raw:  # edited by hand, or by another program
+        raw.execute("UPDATE jobs SET payload='not json' WHERE job_id=?", (ids[0],))  # the running one
+        raw.execute("UPDATE jobs SET priority='URGENT' WHERE job_id=?", (ids[1],))
+        raw.execute("UPDATE jobs SET periodic='{broken' WHERE job_id=?", (ids[2],))
+    again = CoreDriver(SQLiteStore(db))
+    stats = again.core.recover(10)
+    again.end_batch(10)
+    assert stats["damaged"] == 3 and stats["requeued"] == 0
+    states = {job_id: again.request(10, m.GetJobStatus(job_id)).job for job_id in ids}
+    assert [states[i]["state"] for i in ids] == ["FAILED", "CANCELLED", "CANCELLED", "QUEUED"]
+    assert "payload" in states[ids[0]]["error"] and "priority" in states[ids[1]]["error"]
+    assert "could not be read" in states[ids[2]]["error"] and "periodic" in states[ids[2]]["error"]
+    # a worker runs the one job that was fine
+    again.apply(20, ev.Registered(Conn("w2"), m.WorkerRegister("w2", 1, None)))
+    out = again.end_batch(20)
+    assert [f.job_id for _c, f in out if isinstance(f, m.TaskAssign)] == [ids[3]]
