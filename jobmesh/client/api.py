@@ -131,6 +131,11 @@ class CoordinatorClient:
         connect_timeout: float = 5.0,
         timeout: float = 30.0,
     ):
+        if port == DEFAULT_PORT and host.count(":") == 1:  # "HOST:PORT", as the CLI takes it
+            name, _, number = host.partition(":")
+            if not number.isdigit() or not 0 < int(number) < 65536:
+                raise ValueError("a coordinator address is HOST or HOST:PORT with a port 1..65535, got %r" % host)
+            host, port = name or "127.0.0.1", int(number)
         self.host = host
         self.port = port
         self.connect_timeout = connect_timeout

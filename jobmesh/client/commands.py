@@ -27,6 +27,8 @@ from jobmesh.protocol.payloads import TASK_TYPES
 MAX_PAGE = 1000
 _EPOCH_MILLIS = re.compile(r"[+-]?[0-9]+")
 RUN_AT_FORMS = "epoch milliseconds or an ISO 8601 time such as 2026-12-24T18:00:00Z"
+EPOCH_SECONDS_2000 = 946_684_800  # 2000-01-01T00:00:00Z: a --run-at number below this many ms is a mistake
+EPOCH_MILLIS_2000 = EPOCH_SECONDS_2000 * 1000
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)?")
 DURATION_UNITS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 DURATION_FORMS = "a number with a unit (90s, 15m, 12h, 7d) or plain milliseconds"
@@ -46,8 +48,10 @@ class Console:
         self.stdout.flush()
 
     def screen(self, codes: str, text: str) -> None:
-        """Terminal ``codes`` of our own (``top``'s clear-screen), then a line of output."""
-        self.stdout.write(codes + render.printable(text) + "\n")
+        """Terminal ``codes`` of our own (``top``'s clear-screen), then a line of output; into
+        a pipe or a file, only the line (codes are for a terminal)."""
+        isatty = getattr(self.stdout, "isatty", None)
+        self.stdout.write((codes if isatty is not None and isatty() else "") + render.printable(text) + "\n")
         self.stdout.flush()
 
     def error(self, command: str, text: str) -> None:
@@ -106,6 +110,10 @@ def parse_run_at(text: str) -> datetime:
             millis = int(raw)
             if millis < 0:
                 raise ConfigError("--run-at must not be negative, got %s" % raw)
+            if millis < EPOCH_MILLIS_2000:
+                hint = (" (%s looks like epoch seconds: %s000 is that time in milliseconds)" % (raw, raw)
+                        if EPOCH_SECONDS_2000 <= millis < 10**11 else "")
+                raise ConfigError("--run-at in epoch milliseconds must be after 2000-01-01, got %s%s" % (raw, hint))
             return EPOCH + timedelta(milliseconds=millis)
         when = datetime.fromisoformat(raw)
         if when.tzinfo is None:

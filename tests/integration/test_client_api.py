@@ -120,3 +120,12 @@ def test_one_client_shared_by_threads(coordinator):
         assert not errors
         assert len(set(ids)) == 100
         assert len(list(client.iter_jobs())) == 100
+
+
+def test_the_client_takes_host_colon_port_as_the_cli_does(coordinator):
+    host, port = coordinator.client_addr
+    with CoordinatorClient("%s:%d" % (host, port)) as client:
+        assert (client.host, client.port) == (host, port)
+        assert client.stats().jobs is not None
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        CoordinatorClient("%s:notaport" % host)

@@ -39,7 +39,15 @@ def utc_millis(*fields: int) -> int:
 def test_run_at_epoch_millis():
     assert parse_run_at("1796055997317") == datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(
         milliseconds=1796055997317)
-    assert parse_run_at("0") == datetime(1970, 1, 1, tzinfo=timezone.utc)
+    assert parse_run_at("946684800000") == datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("text,hint", [("1796281550", True), ("0", False), ("946684799999", False)])
+def test_run_at_numbers_before_2000_are_refused_with_a_hint_about_seconds(text, hint):
+    with pytest.raises(ConfigError) as caught:
+        parse_run_at(text)
+    message = str(caught.value)
+    assert "after 2000-01-01" in message and ("%s000" % text in message) == hint
 
 
 def test_run_at_iso_with_z_and_with_offset():
@@ -118,7 +126,7 @@ def test_submit_with_delay_millis_sends_delay_millis(jm):
     ("--run-at=2026-12-24T18:00:00Z", utc_millis(2026, 12, 24, 18)),
     ("--run-at=2026-12-24T18:00:00+01:00", utc_millis(2026, 12, 24, 17)),
     ("--run-at=1796055997317", 1796055997317),
-    ("--run-at=0", 0),
+    ("--run-at=1970-01-01T00:00:00Z", 0),  # a time in the past runs at once
 ])
 def test_submit_with_run_at_sends_run_at_millis(jm, flag, millis):
     code, out, _err, server = jm([SUBMITTED], "submit", "SLEEP", '{"durationMillis": 1}', flag, "--json")

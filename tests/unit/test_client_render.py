@@ -199,3 +199,18 @@ def test_control_characters_from_the_wire_never_reach_the_terminal():
     assert "\x1b" not in text.replace("\x1b[H\x1b[2J", "", 1) and "\x07" not in text and "\x9b" not in text
     assert "resize\\x1b]0;owned\\x07\\x1b[2J\\x9b31m" in out.getvalue()
     assert render.printable("two\nlines\tand a tab") == "two\nlines\tand a tab"
+
+
+def test_top_draws_in_place_on_a_terminal_but_writes_plain_lines_into_a_pipe():
+    import io
+
+    from jobmesh.client.commands import Console
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    piped, terminal = io.StringIO(), Terminal()
+    Console(piped, io.StringIO()).screen("\x1b[H\x1b[2J", "frame")
+    Console(terminal, io.StringIO()).screen("\x1b[H\x1b[2J", "frame")
+    assert piped.getvalue() == "frame\n" and terminal.getvalue() == "\x1b[H\x1b[2Jframe\n"

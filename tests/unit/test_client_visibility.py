@@ -316,7 +316,8 @@ def test_top_two_refreshes(jm):
     second = sample_replies(jobs, 10_000, 9_998, [waiting], workers)
     code, out, err, server = jm(first + second, "top", "--iterations=2", "--interval-millis=1")
     assert (code, err) == (EXIT_OK, "")
-    frames = out.split(top.CLEAR)
+    assert top.CLEAR not in out  # into a pipe: plain frames, one after the other
+    frames = out.split("jobmesh top ")
     assert frames[0] == "" and len(frames) == 3
     assert [(r["type"], r.get("state")) for r in server.requests[:4]] == [
         ("GET_STATS", None), ("LIST_JOBS", "QUEUED"), ("LIST_JOBS", "RETRY_WAIT"), ("LIST_WORKERS", None)]
