@@ -11,8 +11,10 @@ goes away (``jobmesh list | head``) ends the command quietly with 141, as for an
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
+import re
 import sys
 import traceback
 from typing import Any
@@ -291,18 +293,46 @@ def parse(argv: list[str]) -> tuple[str, dict]:
                          % argv[0]) from None
     command = top["<command>"]
     if command not in DOCS:
-        raise UsageError("jobmesh: unknown command %r\n\n%s" % (command, MAIN_DOC.strip()))
+        raise UsageError("jobmesh: unknown command %r%s\n\nUsage: jobmesh <command> [<args>...]; commands: %s\n"
+                         "Run 'jobmesh --help' for what each does."
+                         % (command, _did_you_mean(command, DOCS), ", ".join(SERVER_COMMANDS + CLIENT_COMMANDS)))
     try:
         args = docopt(DOCS[command], argv=[command] + list(top["<args>"]), version="jobmesh " + __version__)
     except DocoptExit as exc:
         # docopt-ng reports a missing positional as "found unmatched (duplicate?) arguments";
-        # say what is wrong in our own words and show the command's usage lines.
+        # say what is wrong in our own words: the flag it does not know, or the usage lines.
         usage = str(exc).split("Usage:", 1)[-1].strip()
+        unknown = _unknown_options(DOCS[command], top["<args>"])
+        what = ("unknown option %s%s" % (unknown[0], _did_you_mean(unknown[0], _options_of(DOCS[command])))
+                if unknown else "missing, unknown or misplaced arguments")
         raise UsageError(
-            "jobmesh %s: missing, unknown or misplaced arguments\n\nUsage:\n  %s\n\n"
-            "Run 'jobmesh %s --help' for details." % (command, usage, command)
+            "jobmesh %s: %s\n\nUsage:\n  %s\n\nRun 'jobmesh %s --help' for details." % (command, what, usage, command)
         ) from None
     return command, args
+
+
+def _options_of(doc: str) -> list[str]:
+    """The long options a usage text declares."""
+    return sorted(set(re.findall(r"--[a-z][a-z0-9-]*", doc)))
+
+
+def _unknown_options(doc: str, args: list[str]) -> list[str]:
+    """The ``--flags`` in ``args`` that ``doc`` declares neither whole nor as a unique prefix."""
+    known = _options_of(doc)
+    unknown = []
+    for arg in args:
+        if arg == "--":
+            break
+        if arg.startswith("--"):
+            name = arg.split("=", 1)[0]
+            if name not in known and len([k for k in known if k.startswith(name)]) != 1:
+                unknown.append(name)
+    return unknown
+
+
+def _did_you_mean(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return " (did you mean %r?)" % close[0] if close else ""
 
 
 def setup_logging(level: str = "INFO", log_format: str = "text") -> None:

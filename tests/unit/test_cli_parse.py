@@ -165,3 +165,22 @@ def test_usage_errors(argv):
 def test_help_exits(command):
     with pytest.raises(SystemExit):
         parse([command, "--help"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["lst"], "unknown command 'lst' (did you mean 'list'?)"),
+    (["frobnicate"], "unknown command 'frobnicate'\n"),
+    (["list", "--bogus"], "jobmesh list: unknown option --bogus\n"),
+    (["list", "--jsn"], "jobmesh list: unknown option --jsn (did you mean '--json'?)"),
+    (["submit", "SLEEP", "--prority=HIGH"], "unknown option --prority (did you mean '--priority'?)"),
+])
+def test_a_bad_command_or_flag_is_named_with_the_closest_one(argv, message):
+    with pytest.raises(UsageError) as info:
+        parse(argv)
+    assert message in str(info.value)
+    assert "Commands:" not in str(info.value)  # not the whole help
+
+
+def test_a_unique_prefix_of_an_option_is_not_called_unknown():
+    command, args = parse(["submit", "SLEEP", "--prio=HIGH"])
+    assert args["--priority"] == "HIGH"
