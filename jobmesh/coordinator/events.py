@@ -121,12 +121,13 @@ class PeriodicPacket(Event):
     """A decoded Periodic request (``jobmesh.periodic.codec``) from a Periodic connection
     that the core must apply (docs/PERIODIC.md)."""
 
-    __slots__ = ("conn", "msg")
+    __slots__ = ("conn", "msg", "cost")
     conn: OutboundConnection
 
-    def __init__(self, conn: OutboundConnection, msg: Any) -> None:
+    def __init__(self, conn: OutboundConnection, msg: Any, cost: int = 1) -> None:
         self.conn = conn
         self.msg = msg
+        self.cost = cost  # DUMP, STATUS and LOAD cost by their size (periodic_port.PeriodicPort.cost_of)
 
 
 class PeriodicClosed(Event):

@@ -193,6 +193,10 @@ class PeriodicJobs:
         log.info("retry periodic job=%s func=%s in=%dms error=%s", job.job_id, job.task_type,
                  RETRY_MILLIS, error)
 
+    def sizes(self) -> tuple[int, int]:
+        """(live Periodic jobs, funcs)."""
+        return sum(len(pf.ids) for pf in self.funcs.values()), len(self.funcs)
+
     @property
     def running_attempts(self) -> int:
         return sum(len(s.running) for s in self.workers.values())

@@ -154,8 +154,10 @@ class PeriodicPort:
     """The Periodic port's handler; ``post`` feeds the core (clients), ``post_urgent`` (workers)."""
 
     def __init__(self, post: Callable[[Any], None], post_urgent: Callable[[Any], None], connections: dict[str, int],
-                 idle_timeout: float, task_timeout: float = 0.0, keepalive: float = 120.0) -> None:
+                 idle_timeout: float, task_timeout: float = 0.0, keepalive: float = 120.0,
+                 sizes: Callable[[], tuple[int, int]] = lambda: (0, 0)) -> None:
         self.post = post
+        self.sizes = sizes  # (live Periodic jobs, funcs): what a DUMP or a STATUS walks
         self.post_urgent = post_urgent
         self.connections = connections  # open connections per port, shared with the JSON ports (metrics)
         self.idle_timeout = idle_timeout  # for the handshake
@@ -165,6 +167,19 @@ class PeriodicPort:
         # CONFIG_GET: the settings that mean the same here as in periodicd (seconds).
         self.config = {b"timeout": int(task_timeout), b"keepalive": int(keepalive)}
         connections.setdefault("periodic", 0)
+
+    def cost_of(self, msg: Any) -> int:
+        """A request's share of a core batch (mailbox.py): 1, but a DUMP, a STATUS or a LOAD
+        by the jobs or funcs it walks, as a LIST_JOBS page costs by its rows, so one
+        client's large DUMPs cannot crowd the other connections out of the core's batches."""
+        kind = type(msg)
+        if kind is pc.Load:
+            return 1 + len(msg.jobs) // ev.LIST_ROWS_PER_COST
+        if kind is pc.Dump:
+            return 1 + self.sizes()[0] // ev.LIST_ROWS_PER_COST
+        if kind is pc.Status:
+            return 1 + self.sizes()[1] // ev.LIST_ROWS_PER_COST
+        return 1
 
     def _reap(self) -> None:
         """Close connections silent for longer than the keepalive since their handshake
@@ -221,7 +236,7 @@ class PeriodicPort:
                     conn.write(pc.encode_no_worker(msg.msgid))  # a client may not act as a worker
                     continue
                 if isinstance(msg, CORE_REQUESTS):
-                    post(ev.PeriodicPacket(conn, msg))
+                    post(ev.PeriodicPacket(conn, msg, self.cost_of(msg)))
                     posted = True
                     continue
                 answer = local_answer(msg, self.config)

@@ -144,7 +144,7 @@ class Coordinator:
         self.handlers = Servers(self.mailbox.put, self.mailbox.put_urgent, config.idle_timeout_millis / 1000.0)
         self.periodic = PeriodicPort(self.mailbox.put, self.mailbox.put_urgent, self.handlers.connections,
                                      config.idle_timeout_millis / 1000.0, config.task_timeout_millis / 1000.0,
-                                     config.periodic_keepalive_millis / 1000.0)
+                                     config.periodic_keepalive_millis / 1000.0, self._periodic_sizes)
         self._core_greenlet: gevent.Greenlet | None = None
         self._sweep_timer: gevent.Greenlet | None = None
         self._next_sweep = 0.0
@@ -309,6 +309,11 @@ class Coordinator:
     # ---- the core loop -----------------------------------------------------------------
 
     # ---- what the runtime does before the core applies an event ------------------------
+
+    def _periodic_sizes(self) -> tuple[int, int]:
+        """(live Periodic jobs, funcs): what a DUMP or a STATUS costs the core (O(funcs))."""
+        core = self.core
+        return core.periodic.sizes() if core is not None else (0, 0)
 
     def _before_sweep(self, _event: ev.Sweep) -> None:
         """Liveness by arrival: each worker's handler stamps when its last frame arrived,

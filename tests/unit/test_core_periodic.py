@@ -329,3 +329,14 @@ def test_a_func_holding_a_status_separator_is_refused_and_status_stays_parseable
         assert h.send(T0, c, pc.SubmitJob(2, pc.Job(bad, b"a", b"w", 0, 0, 0))) == [(c, None)]
     h.worker(T0, Conn("ok"), func="resize.v2")
     assert [row.func for row in h.status(T0)] == [b"resize.v2"] and not h.core.table.jobs
+
+
+def test_sizes_count_the_live_jobs_and_funcs_a_dump_or_status_walks():
+    h = H()
+    assert h.core.periodic.sizes() == (0, 0)
+    h.submit(T0, name="a")
+    h.submit(T0, name="b")
+    h.submit(T0, func="g", name="a")
+    assert h.core.periodic.sizes() == (3, 2)
+    h.send(T0, Conn("c"), pc.RemoveJob(9, pc.Handle(b"f", b"a")))
+    assert h.core.periodic.sizes() == (2, 2)

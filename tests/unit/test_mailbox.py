@@ -94,3 +94,22 @@ def test_take_all_empties_everything():
     box.put_urgent(Item(None, 1))
     assert sorted(names(box.take_all())) == ["c1", "own1", "w1"]
     assert len(box) == 0 and not w.inbox and not c.inbox
+
+
+def test_a_client_pipelining_large_dumps_leaves_room_for_the_others():
+    from jobmesh.coordinator import events as ev
+    from jobmesh.coordinator.periodic_port import PeriodicPort
+    from jobmesh.coordinator.runtime import MAX_BATCH
+    from jobmesh.periodic import codec as pc
+
+    box = Mailbox()
+    port = PeriodicPort(box.put, box.put_urgent, {}, 1.0, sizes=lambda: (50_000, 3))
+    dumper, other = Conn("dumper"), Conn("other")
+    for i in range(32):  # one client pipelining DUMPs of 50k live jobs
+        box.put(ev.PeriodicPacket(dumper, pc.Dump(i), port.cost_of(pc.Dump(i))))
+    box.put(Item(other, 1))  # a JSON client's status
+    batches = [box.take(MAX_BATCH) for _ in range(3)]
+    assert all(sum(type(e) is ev.PeriodicPacket for e in batch) <= 1 for batch in batches)  # one DUMP a batch
+    assert any(any(getattr(e, "conn", None) is other for e in batch) for batch in batches[:2])
+    assert port.cost_of(pc.Load(1, ())) == 1 and port.cost_of(pc.Status(2)) == 1
+    assert port.cost_of(pc.Load(3, (pc.Job(b"f", b"n", b""),) * 400)) == 101
