@@ -115,7 +115,6 @@ def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any
         ("priority", job.get("priority")),
         ("attempts", "%s of %s" % (job.get("attempts", MISSING), _max_attempts(job))),
         ("worker", job.get("workerId")),
-        ("payload", compact(job.get("payload"))),
         ("result", compact(job.get("result"))),
         ("error", compact(job.get("error"))),
         ("created", when(created, now_millis)),

@@ -119,5 +119,4 @@ class Job:
             "waitingReason": waiting,
             "protocol": "json" if self.periodic is None else "periodic",
             "name": self.name,
-            "payload": self.payload if self.periodic is None else None,
         }
