@@ -116,8 +116,11 @@ class CoordinatorCore:
         return self._dispatch[type(event)](event, now)
 
     def _request(self, event: ev.Request, now: int) -> Reply:
+        msg = event.msg
         try:
-            return self._answer(event, now)
+            if type(msg) is m.WaitJob:  # the one request that needs its connection
+                return self.requests.wait_job(now, event.conn, msg)
+            return self._answers[type(msg)](now, msg)
         except ReadPending as pending:  # its reply waits, in order, for the read
             slot = Slot()
             self._hold_for(pending.read, event, slot)

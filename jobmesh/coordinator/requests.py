@@ -21,7 +21,7 @@ from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
 from jobmesh.coordinator.json_jobs import JsonJobs
 from jobmesh.coordinator.periodic_jobs import PeriodicJobs
 from jobmesh.store.columns import load_events
-from jobmesh.coordinator.table import JobTable, new_job
+from jobmesh.coordinator.table import JobTable
 from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Slot, Waiter, Waiters
 from jobmesh.errors import PayloadError
 from jobmesh.protocol import messages as m
@@ -58,12 +58,9 @@ class ClientRequests:
         self.waiters = Waiters()  # pending WAIT_JOB requests
         self.purge_backlog = False  # the last retention walk stopped early: more may be due
         self._purge_cursor = 0  # where the next retention walk starts
-        table.listen(self)
+        table.listen_moves(self)  # a job's end answers its waits
 
     # ---- the table's listener: a job that ends answers its waits ---------------------------
-
-    def entered(self, job: Job, now_millis: int) -> None:
-        pass
 
     def moved(self, job: Job, source: JobState, target: JobState, now_millis: int) -> None:
         if target in TERMINAL and self.waiters:
@@ -150,10 +147,10 @@ class ClientRequests:
                 self.table.active_count, self.config.max_active_jobs, True,
             )
         later = run_at is not None and run_at > now_millis + self.table.drift
-        job = new_job(self.table, now_millis, task_type=task_type, payload=payload, max_attempts=max_attempts,
-                      priority=priority, idempotency_key=key, execution_timeout=self.config.task_timeout_millis,
-                      payload_json=payload_json, run_at=run_at, state=JobState.SCHEDULED if later else JobState.QUEUED,
-                      retry_of=retry_of)
+        job_id, seq = self.table.new_job_id()
+        job = Job(job_id, seq, task_type, payload, max_attempts, priority, now_millis + self.table.drift, key,
+                  JobState.SCHEDULED if later else JobState.QUEUED, execution_timeout=self.config.task_timeout_millis,
+                  payload_json=payload_json, run_at=run_at, retry_of=retry_of, ready_at=now_millis, event_count=0)
         self.table.admit(job, now_millis, None if retry_of is None else "retry of %s" % retry_of)
         log.debug("submitted job=%s type=%s priority=%s run_at=%s", job.job_id, task_type, priority.value, run_at)
         return m.JobSubmitted(job.job_id)

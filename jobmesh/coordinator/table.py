@@ -44,14 +44,18 @@ TRANSITION_EVENTS = {
 _random = random.Random()
 
 
-class Listener(Protocol):
-    """What the table tells the parts that index jobs."""
-
-    def entered(self, job: Job, now: int) -> None:
-        """The job is in the table now (admitted or recovered), in ``job.state``."""
+class MoveListener(Protocol):
+    """A part told of every move of a job."""
 
     def moved(self, job: Job, source: JobState, target: JobState, now: int) -> None:
         """The job moved from ``source`` to ``target`` (``job`` already shows the move)."""
+
+
+class Listener(MoveListener, Protocol):
+    """A part that indexes jobs: told of each job that enters the table, and of its moves."""
+
+    def entered(self, job: Job, now: int) -> None:
+        """The job is in the table now (admitted or recovered), in ``job.state``."""
 
 
 class ReadPending(Exception):
@@ -91,8 +95,10 @@ class JobTable:
         # enum keys: no .value on the hot path
         self.counts: Counter[tuple[JobState, str, Priority, bool]] = Counter()
         self.finished_counts = {state: 0 for state in TERMINAL}
-        self._json: list[Listener] = []
-        self._periodic: list[Listener] = []
+        self._json: list[MoveListener] = []  # told of moves
+        self._periodic: list[MoveListener] = []
+        self._json_enter: list[Listener] = []  # told of jobs entering (a subset: some index no new job)
+        self._periodic_enter: list[Listener] = []
         self._dirty: dict[str, Job] = {}
         self._new: set[str] = set()
         self._new_types: list[tuple[str, int]] = []
@@ -101,7 +107,15 @@ class JobTable:
         self._reads: dict[tuple[str, str], Read] = {}  # store reads a waiting request will use
 
     def listen(self, listener: Listener, json: bool = True, periodic: bool = True) -> None:
-        """Tell ``listener`` of every JSON and/or Periodic job that enters or moves."""
+        """Tell ``listener`` of every JSON and/or Periodic job that enters the table or moves."""
+        self.listen_moves(listener, json, periodic)
+        if json:
+            self._json_enter.append(listener)
+        if periodic:
+            self._periodic_enter.append(listener)
+
+    def listen_moves(self, listener: MoveListener, json: bool = True, periodic: bool = True) -> None:
+        """Tell ``listener`` of every move of a JSON and/or Periodic job."""
         if json:
             self._json.append(listener)
         if periodic:
@@ -132,9 +146,10 @@ class JobTable:
             self.keys[job.idempotency_key] = job_id
         self._new.add(job_id)
         self.counters.submitted += 1
-        self.counts[(job.state, job.task_type, job.priority, job.periodic is not None)] += 1
+        periodic = job.periodic is not None
+        self.counts[(job.state, job.task_type, job.priority, periodic)] += 1
         self.event(job, now, "SUBMITTED", detail)
-        for listener in self._periodic if job.periodic is not None else self._json:
+        for listener in self._periodic_enter if periodic else self._json_enter:
             listener.entered(job, now)
 
     def adopt(self, job: Job, now: int) -> None:
@@ -144,7 +159,7 @@ class JobTable:
         self.counts[(job.state, job.task_type, job.priority, job.periodic is not None)] += 1
         if job.idempotency_key is not None:
             self.keys[job.idempotency_key] = job.job_id
-        for listener in self._periodic if job.periodic is not None else self._json:
+        for listener in self._periodic_enter if job.periodic is not None else self._json_enter:
             listener.entered(job, now)
 
     def transition(self, job: Job, target: JobState, now: int, *, due_at: int | None = None,
