@@ -125,11 +125,13 @@ class Driver:
         self.conns = [Conn("w%d" % i) for i in range(workers)]
         for conn in self.conns:
             self.core.apply(ev.Registered(conn, m.WorkerRegister(conn.name, capacity)), self.now)
-        self._batch_end()
+        self._batch([])
 
-    def _batch_end(self) -> tuple[float, list]:
-        """end_batch, then the commit, then the release; the seconds end_batch took."""
+    def _batch(self, events: list) -> tuple[float, list]:
+        """One batch: apply ``events``, end_batch, commit, release; (core seconds, frames out)."""
         t = time.process_time()
+        for event in events:
+            self.core.apply(event, self.now)
         self.core.end_batch(self.now)
         t_end = time.process_time() - t
         t = time.process_time()
@@ -147,25 +149,15 @@ class Driver:
         while done < jobs:
             n = min(slots, jobs - done)
             self.now += 1
-            requests = [ev.Request(CLIENT, submit) for _ in range(n)]
-            t = time.process_time()
-            for event in requests:
-                core.apply(event, self.now)
-            core_s += time.process_time() - t
-            t_end, out = self._batch_end()
-            core_s += t_end
+            spent, out = self._batch([ev.Request(CLIENT, submit) for _ in range(n)])
+            core_s += spent
             assigns = [(conn, msg) for conn, msg in out if type(msg) is m.TaskAssign]
             if len(assigns) != n:
                 raise SystemExit("expected %d assignments, got %d" % (n, len(assigns)))
             self.now += 1
             results = [ev.Result(conn, m.TaskResult(conn.name, a.job_id, a.attempt_id, True,
                                                     {"sleptMillis": 0})) for conn, a in assigns]
-            t = time.process_time()
-            for event in results:
-                core.apply(event, self.now)
-            core_s += time.process_time() - t
-            t_end, _ = self._batch_end()
-            core_s += t_end
+            core_s += self._batch(results)[0]
             done += n
         if core.table.finished_counts[JobState.COMPLETED] != jobs or core.active_count:
             raise SystemExit("not every job completed")

@@ -200,8 +200,8 @@ class JsonJobs:
         (``arrival_millis``, core time, by connection)."""
         for session in self.workers:
             at = arrival_millis.get(session.conn)
-            if at is not None:
-                self.on_heartbeat(at, session.conn, session.worker_id)
+            if at is not None and at > session.last_heartbeat:
+                session.last_heartbeat = at
 
     def detect_dead_workers(self, now: int) -> None:
         limit = self.config.heartbeat_timeout_millis

@@ -26,7 +26,7 @@ from jobmesh.coordinator.locks import LockTable
 from jobmesh.coordinator.outbox import Outbox
 from jobmesh.coordinator.periodic_waits import EXPIRED_ERROR, PeriodicWaits, wait_deadline
 from jobmesh.coordinator.registry import PeriodicSession
-from jobmesh.coordinator.table import JobTable, new_job
+from jobmesh.coordinator.table import JobTable
 from jobmesh.coordinator.timers import Timers
 from jobmesh.errors import PeriodicError
 from jobmesh.periodic import codec as pc
@@ -468,9 +468,9 @@ class PeriodicJobs:
             self.counters.rejected += 1
             return REJECTED
         later = sched > wall
-        job = new_job(self.table, now_millis, task_type=func, payload={}, max_attempts=0, priority=Priority.NORMAL,
-                      execution_timeout=self._timeout(fields), run_at=sched,
-                      state=JobState.SCHEDULED if later else JobState.QUEUED, name=name, periodic=fields)
+        job = self.table.new_job(now_millis, func, {}, 0, Priority.NORMAL,
+                                 JobState.SCHEDULED if later else JobState.QUEUED,
+                                 execution_timeout=self._timeout(fields), run_at=sched, name=name, periodic=fields)
         self.table.admit(job, now_millis)  # entered() indexes it
         log.debug("periodic submit job=%s func=%s name=%s sched=%d", job.job_id, func, name, sched)
         return None

@@ -147,10 +147,9 @@ class ClientRequests:
                 self.table.active_count, self.config.max_active_jobs, True,
             )
         later = run_at is not None and run_at > now_millis + self.table.drift
-        job_id, seq = self.table.new_job_id()
-        job = Job(job_id, seq, task_type, payload, max_attempts, priority, now_millis + self.table.drift, key,
-                  JobState.SCHEDULED if later else JobState.QUEUED, execution_timeout=self.config.task_timeout_millis,
-                  payload_json=payload_json, run_at=run_at, retry_of=retry_of, ready_at=now_millis, event_count=0)
+        job = self.table.new_job(now_millis, task_type, payload, max_attempts, priority,
+                                 JobState.SCHEDULED if later else JobState.QUEUED, key, self.config.task_timeout_millis,
+                                 payload_json, run_at, retry_of)
         self.table.admit(job, now_millis, None if retry_of is None else "retry of %s" % retry_of)
         log.debug("submitted job=%s type=%s priority=%s run_at=%s", job.job_id, task_type, priority.value, run_at)
         return m.JobSubmitted(job.job_id)

@@ -128,15 +128,21 @@ class JobTable:
         """Non-terminal jobs: the admission-control counter (O(1))."""
         return len(self.jobs)
 
-    def new_job_id(self) -> tuple[str, int]:
-        """A new job id and its sequence number: the sequence (so ids sort, and inserts
-        append to the primary-key index) followed by 96 random bits (so ids never collide
-        with rows of an older database, whatever their sequence). No syscall."""
+    def new_job(self, now: int, task_type: str, payload: dict[str, Any], max_attempts: int, priority: Priority,
+                state: JobState, key: str | None = None, execution_timeout: int | None = None,
+                payload_json: str | None = None, run_at: int | None = None, retry_of: str | None = None,
+                name: str | None = None, periodic: dict[str, Any] | None = None) -> Job:
+        """A Job with a fresh id and sequence, created now (wall clock), due now (core time).
+
+        Its id is the sequence (so ids sort, and inserts append to the primary-key index)
+        followed by 96 random bits (so ids never collide with rows of an older database,
+        whatever their sequence). No syscall."""
         seq = self.next_seq
         self.next_seq += 1
-        if self._new_id is not None:
-            return self._new_id(), seq
-        return "%08x%024x" % (seq, _random.getrandbits(96)), seq
+        job_id = self._new_id() if self._new_id is not None else "%08x%024x" % (seq, _random.getrandbits(96))
+        return Job(job_id, seq, task_type, payload, max_attempts, priority, now + self.drift, key, state,
+                   execution_timeout=execution_timeout, payload_json=payload_json, run_at=run_at, retry_of=retry_of,
+                   name=name, periodic=periodic, ready_at=now, event_count=0)
 
     def admit(self, job: Job, now: int, detail: str | None = None) -> None:
         """A new job (QUEUED or SCHEDULED), with its SUBMITTED event; inserted at the commit."""
@@ -351,8 +357,3 @@ class JobTable:
         for state, value in old.finished_counts.items():
             self.finished_counts[state] += value
 
-
-def new_job(table: JobTable, now: int, **fields: Any) -> Job:
-    """A Job with a fresh id and sequence, created now (wall clock), due now (core time)."""
-    job_id, seq = table.new_job_id()
-    return Job(job_id=job_id, seq=seq, created_at=now + table.drift, ready_at=now, event_count=0, **fields)
