@@ -90,6 +90,7 @@ class CoordinatorCore:
             m.PurgeJobs: requests.purge_jobs,
             m.GetStats: lambda now, _req: self.get_stats(now),
             ev.Refusal: lambda now, r: r.error,
+            ev.Forbidden: lambda now, r: r.error,
         }
         json, periodic = self.json, self.periodic
         self._dispatch: dict[type, Callable[[Any, int], Reply | None]] = {

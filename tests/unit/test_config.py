@@ -53,12 +53,12 @@ def test_coordinator_flags_are_applied():
                 "--heartbeat-timeout-millis=600", "--task-timeout-millis=300", "--max-active-jobs=3",
                 "--aging-step-millis=200", "--retry-base-millis=20", "--retry-cap-millis=200",
                 "--default-max-attempts=5", "--sweep-interval-millis=20", "--db-synchronous=normal",
-                "--log-level=debug")
+                "--log-level=debug", "--insecure")
     assert cfg == CoordinatorConfig(
         bind="0.0.0.0", worker_port=0, client_port=0, periodic_port=0, db="/tmp/x.db",
         heartbeat_timeout_millis=600, task_timeout_millis=300, max_active_jobs=3, aging_step_millis=200,
         retry_base_millis=20, retry_cap_millis=200, default_max_attempts=5, sweep_interval_millis=20,
-        db_synchronous="NORMAL", log_level="DEBUG",
+        db_synchronous="NORMAL", log_level="DEBUG", insecure=True,
     )
 
 
