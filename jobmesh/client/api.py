@@ -147,7 +147,7 @@ class CoordinatorClient:
         self._token = token  # sent as AUTH first on each connection (a coordinator with --auth-file)
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered when a fresh connection authenticates (close on a bad reply)
 
     def __enter__(self) -> "CoordinatorClient":
         return self
@@ -312,6 +312,10 @@ class CoordinatorClient:
                 if not (reused and idempotent):
                     raise
                 obj = self._exchange(request, reply_timeout)
+        return self._reply(request, obj, expect)
+
+    def _reply(self, request: m.Message, obj: dict[str, Any], expect: type) -> Any:
+        """The reply ``obj`` to ``request`` if it is an ``expect``; else the error it means."""
         try:
             reply = m.decode(obj, m.TO_CLIENT)
         except ProtocolError as exc:
@@ -362,31 +366,17 @@ class CoordinatorClient:
         self._sock = sock
         self._reader = FrameReader(sock.recv)
         if self._token is not None:
-            self._authenticate(where)
+            self._authenticate()
 
-    def _authenticate(self, where: str) -> None:
-        """AUTH on a fresh connection; ``RequestFailed`` if the coordinator refuses the token."""
-        assert self._sock is not None and self._reader is not None
+    def _authenticate(self) -> None:
+        """AUTH on a fresh connection (``_exchange`` connects, then calls this);
+        ``RequestFailed`` if the coordinator refuses the token (it closes the connection)."""
+        request = m.Auth(self._token or "")
         try:
-            self._sock.sendall(_encode_request(m.Auth(self._token or "")))
-            obj = self._reader.read_frame()
-        except (OSError, ProtocolError) as exc:
+            self._reply(request, self._exchange(request), m.AuthOk)
+        except RequestFailed:
             self._discard()
-            raise CoordinatorUnavailable("connection to %s lost during AUTH: %s" % (where, exc)) from exc
-        if obj is None:
-            self._discard()
-            raise CoordinatorUnavailable("%s closed the connection during AUTH" % where)
-        try:
-            reply = m.decode(obj, m.TO_CLIENT)
-        except ProtocolError as exc:
-            self._discard()
-            raise CoordinatorUnavailable("unintelligible reply to AUTH from %s: %s" % (where, exc)) from exc
-        if isinstance(reply, m.AuthOk):
-            return
-        self._discard()
-        if isinstance(reply, m.Error):
-            raise RequestFailed(reply.message)
-        raise CoordinatorUnavailable("unexpected %s reply to AUTH from %s" % (reply.TYPE, where))
+            raise
 
     def _discard(self) -> None:
         if self._sock is not None:

@@ -128,6 +128,8 @@ def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any
     if job.get("waitingReason") is not None:
         rows.insert(rows.index(("state", job.get("state"))) + 1,
                     ("waiting", waiting(job, now_millis, workers)))
+    if job.get("submittedBy") is not None:  # the token's name, with --auth-file
+        rows.insert(rows.index(("created", when(created, now_millis))), ("submitter", job["submittedBy"]))
     run_at = job.get("runAtMillis")
     if run_at is not None:
         rows.append(("runs at", when(run_at, now_millis)))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import gevent
 from gevent import socket
@@ -43,6 +43,7 @@ from jobmesh.protocol.messages import (
     AuthOk,
     Error,
     Heartbeat,
+    Message,
     TaskAssign,
     TaskCancel,
     TaskResult,
@@ -56,6 +57,7 @@ from jobmesh.worker.running import Attempt, InFlight
 from jobmesh.worker.usertasks import load_modules
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=Message)
 
 CONNECT_TIMEOUT = 5.0
 REGISTER_TIMEOUT = 10.0
@@ -141,18 +143,11 @@ class WorkerAgent:
             sock.settimeout(REGISTER_TIMEOUT)
             # The same reader serves the session: an assignment may share the reply's packet.
             reader = FrameReader(sock.recv)
-            if self.cfg.token is not None:
-                self._authenticate(sock, reader)
-            register = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types)
-            sock.sendall(encode_frame(register.to_wire()))
-            obj = reader.read_frame()
-            if obj is None:
-                raise ConnectionLost("closed before acknowledging registration")
-            reply = decode(obj, TO_WORKER)
-            if isinstance(reply, Error):
-                raise RegistrationRefused(reply.message)
-            if not isinstance(reply, WorkerRegistered):
-                raise ProtocolError("expected WORKER_REGISTERED, got %s" % reply.TYPE)
+            if self.cfg.token is not None:  # a coordinator with --auth-file: AUTH first
+                ok = self._ask(sock, reader, Auth(self.cfg.token), AuthOk)
+                log.info("authenticated worker=%s token=%s role=%s", self.worker_id, ok.name, ok.role)
+            self._ask(sock, reader, WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types),
+                      WorkerRegistered)
             sock.settimeout(None)
         except BaseException:
             sock.close()
@@ -162,19 +157,20 @@ class WorkerAgent:
                  self.worker_id, self.cfg.capacity, self.cfg.heartbeat_interval_millis)
         return sock, reader
 
-    def _authenticate(self, sock: socket.socket, reader: FrameReader) -> None:
-        """AUTH with the worker's token, before WORKER_REGISTER (a coordinator with
-        --auth-file); its refusal is a ``RegistrationRefused``."""
-        sock.sendall(encode_frame(Auth(self.cfg.token or "").to_wire()))
+    @staticmethod
+    def _ask(sock: socket.socket, reader: FrameReader, msg: Message, expect: type[M]) -> M:
+        """Send ``msg`` and read the answer, which must be ``expect``; an ERROR is a
+        ``RegistrationRefused`` (a refused AUTH or WORKER_REGISTER)."""
+        sock.sendall(encode_frame(msg.to_wire()))
         obj = reader.read_frame()
         if obj is None:
-            raise ConnectionLost("closed before answering AUTH")
+            raise ConnectionLost("closed before answering %s" % msg.TYPE)
         reply = decode(obj, TO_WORKER)
         if isinstance(reply, Error):
             raise RegistrationRefused(reply.message)
-        if not isinstance(reply, AuthOk):
-            raise ProtocolError("expected AUTH_OK, got %s" % reply.TYPE)
-        log.info("authenticated worker=%s token=%s role=%s", self.worker_id, reply.name, reply.role)
+        if not isinstance(reply, expect):
+            raise ProtocolError("expected %s, got %s" % (expect.TYPE, reply.TYPE))
+        return reply
 
     def _serve(self, sock: socket.socket, reader: FrameReader) -> str:
         """Run one session until the connection ends; returns why it ended."""

@@ -214,3 +214,10 @@ def test_top_draws_in_place_on_a_terminal_but_writes_plain_lines_into_a_pipe():
     Console(piped, io.StringIO()).screen("\x1b[H\x1b[2J", "frame")
     Console(terminal, io.StringIO()).screen("\x1b[H\x1b[2J", "frame")
     assert piped.getvalue() == "frame\n" and terminal.getvalue() == "\x1b[H\x1b[2Jframe\n"
+
+
+def test_job_detail_names_the_submitting_token_when_there_is_one():
+    job = {"jobId": "j-1", "taskType": "SLEEP", "state": "COMPLETED", "attempts": 1, "maxAttempts": 3,
+           "createdAtMillis": 1_700_000_000_000, "updatedAtMillis": 1_700_000_000_000}
+    assert "submitter" not in render.job_detail(job, 1_700_000_000_000)
+    assert "\nsubmitter ci\n" in render.job_detail(dict(job, submittedBy="ci"), 1_700_000_000_000)
