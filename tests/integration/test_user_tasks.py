@@ -9,14 +9,16 @@ of declared types and assigning them only to workers that declared them.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.protocol.payloads import TASK_TYPES
-from tests.helpers import wait_registered, wait_until
+from tests.helpers import alive, wait_registered, wait_until
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
 
@@ -100,3 +102,77 @@ def test_a_non_dict_result_and_a_dying_task_process_fail_the_attempt(client, use
     # The worker survives both and runs the next job in a fresh task process
     after = client.wait(client.submit("GREET", {"name": "still here"}), timeout=15)
     assert after["result"] == {"greeting": "hello still here"}, after
+
+
+# ---- task processes and what they start -------------------------------------------------
+
+def _pid_in(path: Path, key: str = "pid") -> int:
+    wait_until(path.exists, timeout=15, message="%s written" % path.name)
+    return json.loads(path.read_text())[key]
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_segfault_is_noticed_though_a_forked_descendant_holds_the_task_process_socket(client, user_worker,
+                                                                                          tmp_path):
+    # Given a task that forks a grandchild (it sleeps 60 s holding every fd of the task
+    # process, the socket to the worker among them) and then segfaults
+    job_id = client.submit("ORPHAN", {"dir": str(tmp_path), "seconds": 60, "signal": "SIGSEGV"}, max_attempts=1)
+    grandchild = _pid_in(tmp_path / "grandchild")
+    try:
+        # Then the attempt fails at the task process's exit, not when the socket closes
+        job = client.wait(job_id, timeout=15)
+        assert (job["state"], job["error"]) == ("FAILED", "task process exited with code -11 (killed by SIGSEGV)"), job
+        # And the grandchild went with its task process
+        wait_until(lambda: not alive(grandchild), timeout=10, message="the grandchild killed")
+        follow = client.wait(client.submit("GREET", {"name": "next"}), timeout=15)
+        assert follow["state"] == "COMPLETED", follow
+    finally:
+        _kill([grandchild])
+
+
+def test_what_a_task_forks_ends_with_the_worker(client, user_worker, tmp_path):
+    # Given a task that forked a grandchild and returned (its task process waits idle)
+    job = client.wait(client.submit("ORPHAN", {"dir": str(tmp_path), "seconds": 60}), timeout=15)
+    assert job["state"] == "COMPLETED", job
+    grandchild, task_process = _pid_in(tmp_path / "grandchild"), _pid_in(tmp_path / "grandchild", "parent")
+    try:
+        assert alive(grandchild)
+        # When the worker is stopped
+        assert user_worker.terminate() == 0
+        # Then neither the task process nor its grandchild outlives it
+        wait_until(lambda: not alive(grandchild) and not alive(task_process), timeout=10,
+                   message="the task process and its grandchild gone")
+    finally:
+        _kill([grandchild, task_process])
+
+
+def test_a_cancelled_task_that_ignores_sigterm_is_killed_after_the_grace(coordinator, client, worker_procs,
+                                                                          tmp_path):
+    # Given a worker whose cancelled tasks get 0.3 s, and a task that ignores both
+    # ctx.cancelled and SIGTERM
+    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
+    worker = worker_procs.start(coordinator, "w-deaf", capacity=1, tasks="jm_user_tasks", cwd=tmp_path,
+                                extra=("--cancel-grace-millis=300",))
+    wait_registered(client, ["w-deaf"])
+    job_id = client.submit("DEAF", {"dir": str(tmp_path), "seconds": 60})
+    pid = _pid_in(tmp_path / "started")
+    try:
+        # When the job is cancelled
+        assert client.cancel(job_id)[0] is True
+        # Then its process gets SIGTERM, and SIGKILL when that does not end it
+        wait_until(lambda: not alive(pid), timeout=15, message="the deaf task killed")
+        log = wait_until(lambda: "cancelled task's process ended pid=%d" % pid in worker.log() and worker.log(),
+                         timeout=10, message="the end logged")
+        assert "SIGTERM to its process group pid=%d job=%s" % (pid, job_id) in log
+        assert "SIGKILL to its process group pid=%d job=%s" % (pid, job_id) in log
+        assert "(killed by SIGKILL)" in log
+        assert not (tmp_path / "finished").exists()
+        follow = client.wait(client.submit("GREET", {"name": "next"}), timeout=15)
+        assert follow["state"] == "COMPLETED", follow
+    finally:
+        _kill([pid])
