@@ -221,9 +221,10 @@ def test_print_in_a_task_does_not_break_the_protocol(start_worker):
     assert session.result()["result"] == {"printed": 300}
     session.assign("j2", "GREET", {"name": "bob"})
     assert session.result()["result"] == {"greeting": "hello bob"}
-    # The output went to the worker's own stdout and stderr
-    wait_until(lambda: "chatty line 299 " in worker.stdout(), timeout=5, message="printed lines")
+    # The output went to the worker's stderr, the log, both streams of it: stdout stays clean
+    wait_until(lambda: "chatty line 299 " in worker.log(), timeout=5, message="printed lines")
     assert "chatty on stderr" in worker.log()
+    assert worker.stdout() == ""
 
 
 # ---- cancel --------------------------------------------------------------------------
@@ -314,6 +315,7 @@ def test_task_processes_end_with_their_worker(start_worker, tmp_path, how):
     ("import jm_no_such_dependency\n", "failed to import: ModuleNotFoundError"),
     ("from jobmesh.worker import task\n@task('GREET')\ndef again(p):\n    return {}\n", "defined twice"),
     ("from jobmesh.worker import task\n@task('no spaces allowed')\ndef f(p):\n    return {}\n", "is invalid"),
+    ("import os\n", "module 'jm_bad' defines no tasks: a task module registers at least one function with @task"),
 ])
 def test_a_bad_tasks_module_is_one_line_and_exit_2(tmp_path, command, source, message):
     shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
@@ -332,6 +334,13 @@ def test_a_bad_tasks_module_is_one_line_and_exit_2(tmp_path, command, source, me
     assert len(lines) == 1 and message in lines[0] and lines[0].startswith("jobmesh %s: --tasks" % command), lines
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert not (tmp_path / "up.db").exists()
+
+
+def test_a_module_without_tasks_is_refused(tmp_path):
+    proc = run_cli("worker", "--tasks=os")
+    assert proc.returncode == 2, proc
+    assert proc.stderr.strip() == ("jobmesh worker: --tasks: module 'os' defines no tasks: a task module registers "
+                                   "at least one function with @task(\"NAME\") (from jobmesh.worker import task)")
 
 
 def test_tasks_flag_syntax_is_checked(tmp_path):

@@ -18,7 +18,8 @@ import pytest
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.protocol.payloads import TASK_TYPES
-from tests.helpers import alive, wait_registered, wait_until
+from tests.helpers import LISTENING, alive, wait_registered, wait_until
+from tests.integration.test_cli_visibility import json_lines
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
 
@@ -176,3 +177,40 @@ def test_a_cancelled_task_that_ignores_sigterm_is_killed_after_the_grace(coordin
         assert follow["state"] == "COMPLETED", follow
     finally:
         _kill([pid])
+
+
+# ---- task output ----------------------------------------------------------------------
+
+def test_with_log_format_json_a_tasks_traceback_and_prints_are_json_objects(coordinator, client, worker_procs,
+                                                                             tmp_path):
+    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
+    worker = worker_procs.start(coordinator, "w-json", capacity=1, tasks="jm_user_tasks", cwd=tmp_path,
+                                extra=("--log-format=json",))
+    wait_registered(client, ["w-json"])
+    # When a task raises, and another prints (on stdout and stderr)
+    assert client.wait(client.submit("BOOM", {}, max_attempts=1), timeout=15)["state"] == "FAILED"
+    assert client.wait(client.submit("CHATTY", {"lines": 3}), timeout=15)["state"] == "COMPLETED"
+    wait_until(lambda: "chatty on stderr" in worker.log(), timeout=10, message="the task's output")
+    assert worker.terminate() == 0
+    # Then every line the worker wrote is one JSON object: the traceback inside one of them
+    lines = json_lines(worker.log())
+    raised = [o for o in lines if o["message"].startswith("task BOOM raised")]
+    assert len(raised) == 1 and raised[0]["level"] == "WARNING", raised
+    assert raised[0]["exc"].startswith("Traceback") and raised[0]["exc"].endswith("ValueError: bad name"), raised
+    printed = {o["message"] for o in lines if o["logger"] == "jobmesh.task.output"}
+    assert {'chatty line 2 {"type": "TASK_RESULT", "success": true}', "chatty on stderr"} <= printed, printed
+    assert (tmp_path / (worker.name + ".out")).read_text() == ""
+
+
+def test_task_prints_stay_off_ups_stdout(start_up, tmp_path, monkeypatch):
+    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    up = start_up("--workers=1", "--capacity=1", "--tasks=jm_user_tasks")
+    with CoordinatorClient(*up.client_addr, timeout=10) as c:
+        wait_registered(c, ["local-1"], timeout=20)
+        assert c.wait(c.submit("CHATTY", {"lines": 3}), timeout=20)["state"] == "COMPLETED"
+    wait_until(lambda: "chatty on stderr" in up.log(), timeout=10, message="the task's output")
+    # The output is on up's stderr, and its stdout holds the listening line alone
+    assert "chatty line 2 " in up.log()
+    stdout = up.out_path.read_text().splitlines()
+    assert len(stdout) == 1 and LISTENING.match(stdout[0]), stdout
