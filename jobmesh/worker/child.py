@@ -119,23 +119,24 @@ def end() -> None:
 def setup_output(level: str, log_format: str) -> None:
     """Log to stderr as the worker does; stdout goes to stderr too (see the module docstring)."""
     os.dup2(2, 1)
+    handler: logging.Handler
     if log_format == "json":
         log_fd = os.dup(2)
         read_fd, write_fd = os.pipe()
         os.dup2(write_fd, 1)
         os.dup2(write_fd, 2)
         os.close(write_fd)
-        stream = os.fdopen(log_fd, "w", buffering=1, encoding="utf-8", errors="replace")
-        handler = logging.StreamHandler(stream)
+        log_stream = os.fdopen(log_fd, "w", buffering=1, encoding="utf-8", errors="replace")
+        handler = logging.StreamHandler(log_stream)
         handler.setFormatter(JsonFormatter())
         threading.Thread(target=_relay_output, args=(read_fd,), name="jobmesh-child-output", daemon=True).start()
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[handler])
-    for stream in (sys.stdout, sys.stderr):
+    for std in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+            std.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         except (AttributeError, ValueError):
             pass
 

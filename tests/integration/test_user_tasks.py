@@ -30,13 +30,18 @@ def client(coordinator):
         yield c
 
 
+def start_user_worker(coordinator, client, worker_procs, tmp_path, worker_id="w-user", extra=()):
+    """A registered real worker (capacity 1) running ``jm_user_tasks``, with ``extra`` flags."""
+    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
+    worker = worker_procs.start(coordinator, worker_id, capacity=1, tasks="jm_user_tasks", cwd=tmp_path,
+                                extra=extra)
+    wait_registered(client, [worker_id])
+    return worker
+
+
 @pytest.fixture
 def user_worker(coordinator, client, worker_procs, tmp_path):
-    """A registered real worker (capacity 1) running ``jm_user_tasks``."""
-    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
-    worker = worker_procs.start(coordinator, "w-user", capacity=1, tasks="jm_user_tasks", cwd=tmp_path)
-    wait_registered(client, ["w-user"])
-    return worker
+    return start_user_worker(coordinator, client, worker_procs, tmp_path)
 
 
 def test_a_declared_custom_type_completes_with_the_functions_result(client, user_worker):
@@ -156,10 +161,7 @@ def test_a_cancelled_task_that_ignores_sigterm_is_killed_after_the_grace(coordin
                                                                           tmp_path):
     # Given a worker whose cancelled tasks get 0.3 s, and a task that ignores both
     # ctx.cancelled and SIGTERM
-    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
-    worker = worker_procs.start(coordinator, "w-deaf", capacity=1, tasks="jm_user_tasks", cwd=tmp_path,
-                                extra=("--cancel-grace-millis=300",))
-    wait_registered(client, ["w-deaf"])
+    worker = start_user_worker(coordinator, client, worker_procs, tmp_path, "w-deaf", ("--cancel-grace-millis=300",))
     job_id = client.submit("DEAF", {"dir": str(tmp_path), "seconds": 60})
     pid = _pid_in(tmp_path / "started")
     try:
@@ -183,10 +185,7 @@ def test_a_cancelled_task_that_ignores_sigterm_is_killed_after_the_grace(coordin
 
 def test_with_log_format_json_a_tasks_traceback_and_prints_are_json_objects(coordinator, client, worker_procs,
                                                                              tmp_path):
-    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
-    worker = worker_procs.start(coordinator, "w-json", capacity=1, tasks="jm_user_tasks", cwd=tmp_path,
-                                extra=("--log-format=json",))
-    wait_registered(client, ["w-json"])
+    worker = start_user_worker(coordinator, client, worker_procs, tmp_path, "w-json", ("--log-format=json",))
     # When a task raises, and another prints (on stdout and stderr)
     assert client.wait(client.submit("BOOM", {}, max_attempts=1), timeout=15)["state"] == "FAILED"
     assert client.wait(client.submit("CHATTY", {"lines": 3}), timeout=15)["state"] == "COMPLETED"
