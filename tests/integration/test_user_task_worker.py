@@ -11,8 +11,10 @@ monkey-patched gevent process would fall into (docs/ARCHITECTURE.md, "User tasks
 from __future__ import annotations
 
 import json
+import os
 import queue
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -292,19 +294,26 @@ def test_task_processes_end_with_their_worker(start_worker, tmp_path, how):
     worker, session = start_worker(capacity=2)
     session.assign("j1", "STUBBORN", {"dir": str(tmp_path), "seconds": 60})
     wait_until((tmp_path / "started").exists, timeout=10, message="STUBBORN started")
-    session.assign("j2", "WHOAMI", {})
-    idle = session.result()["result"]["pid"]
-    if how == "SIGTERM":
-        worker.proc.terminate()
-        assert worker.proc.wait(10) == 0
-    else:
-        worker.proc.kill()
-        worker.proc.wait(10)
-    # Idle or busy, each child sees EOF on its socket and exits
-    busy = json.loads((tmp_path / "started").read_text())["pid"]
-    assert busy != idle
-    wait_until(lambda: not alive(idle) and not alive(busy), timeout=5, message="both children gone")
-    assert not (tmp_path / "finished").exists()
+    session.assign("j2", "ORPHAN", {"dir": str(tmp_path), "seconds": 60})  # forks a grandchild that stays
+    grandchild = session.result()["result"]["grandchild"]
+    idle = json.loads((tmp_path / "grandchild").read_text())["parent"]
+    try:
+        if how == "SIGTERM":
+            worker.proc.terminate()
+            assert worker.proc.wait(10) == 0
+        else:
+            worker.proc.kill()
+            worker.proc.wait(10)
+        # Idle or busy, each child sees EOF on its socket and exits, and what a task forked
+        # goes with it
+        busy = json.loads((tmp_path / "started").read_text())["pid"]
+        assert busy != idle
+        wait_until(lambda: not alive(idle) and not alive(busy) and not alive(grandchild), timeout=5,
+                   message="both children and the grandchild gone")
+        assert not (tmp_path / "finished").exists()
+    finally:
+        if alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
 
 
 # ---- start-up errors ------------------------------------------------------------------
