@@ -63,6 +63,8 @@ class WorkerConfig:
     log_format: str = "text"
     # Modules whose @task functions this worker runs (``--tasks``), besides the built-ins.
     task_modules: tuple[str, ...] = ()
+    # After a cancel, how long a user task gets to return before SIGTERM, then before SIGKILL.
+    cancel_grace_millis: int = 5000
 
 
 _MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
@@ -174,4 +176,5 @@ def worker_config(args: dict[str, Any]) -> WorkerConfig:
         log_level=_choice(args, "--log-level", LOG_LEVELS),
         log_format=log_format(args),
         task_modules=parse_task_modules(args.get("--tasks")),
+        cancel_grace_millis=_int(args, "--cancel-grace-millis", 0),
     )
