@@ -10,10 +10,14 @@ What each failure means for the caller (the error tree is in jobmesh/errors.py):
 - ``CoordinatorUnavailable``: connecting failed, the connection broke mid-request, the
   reply timed out or made no sense. The outcome is unknown (a submit may have created a
   job), so nothing is retried automatically, except that a read-only request which finds
-  a reused connection dead is sent once more on a fresh one. The socket is discarded;
-  the next call reconnects.
+  a reused connection dead is sent once more on a fresh one, and any request goes again
+  on a fresh one when the coordinator closed the connection after refusing the previous
+  request (it reads nothing more there, so this one was never read). The socket is
+  discarded; the next call reconnects.
 - ``RequestFailed``: the coordinator answered ERROR (unknown job, invalid payload,
-  idempotency conflict). The connection stays usable.
+  idempotency conflict). The next call works, on this connection or a fresh one.
+- ``TypeError``: an argument has a type the coordinator would refuse (``payload`` not a
+  dict, ``priority=2``, ``idempotency_key=123``); nothing was sent.
 - ``InvalidRequest``: the request cannot be sent (nothing was): text that is not valid
   Unicode, or, as ``RequestTooLarge``, more than the 1 MiB frame limit encoded.
 - ``SubmitRejected``: the coordinator is at its active-job limit. ``submit_retries``
@@ -48,6 +52,10 @@ WAIT_CHUNK_MILLIS = 60_000  # one WAIT_JOB waits at most this long; ``wait`` ask
 _TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MILLISECOND = timedelta(milliseconds=1)
+
+
+class _ClosedUnanswered(CoordinatorUnavailable):
+    """The coordinator closed the connection without answering the request."""
 
 
 class WaitTimeout(ClientError, TimeoutError):
@@ -107,7 +115,9 @@ def submit_backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP)
 
 
 def _encode_request(request: m.Message) -> bytes:
-    """The request's frame; ``InvalidRequest`` (``RequestTooLarge``) if it cannot be one."""
+    """The request's frame; ``TypeError`` naming the argument whose type the coordinator would
+    refuse, ``InvalidRequest`` (``RequestTooLarge``) if it cannot be one."""
+    request.check_types()
     try:
         return encode_frame(request.to_wire())
     except ProtocolError as exc:
@@ -143,6 +153,7 @@ class CoordinatorClient:
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
         self._lock = threading.Lock()
+        self._refused = False  # the last reply was an ERROR (after which the coordinator may close)
 
     def __enter__(self) -> "CoordinatorClient":
         return self
@@ -298,15 +309,25 @@ class CoordinatorClient:
                  reply_timeout: float | None = None) -> Any:
         """One request, one reply; ``reply_timeout`` (seconds) replaces ``timeout`` for it."""
         with self._lock:
-            reused = self._sock is not None
+            if self._sock is not None and self._peer_closed():
+                self._discard()  # nothing sent yet: any request may go on a fresh connection
+            reused, after_refusal = self._sock is not None, self._refused
             try:
                 obj = self._exchange(request, reply_timeout)
+            except _ClosedUnanswered:
+                # The coordinator closes a connection right after refusing a malformed
+                # request and reads nothing more on it; a close seen after an ERROR is that
+                # one, so the request was never read and any request goes again. Otherwise
+                # a reused socket may have died while idle (e.g. the coordinator restarted):
+                # a read can safely go again on a fresh one; a write's outcome is unknown.
+                if not (reused and (idempotent or after_refusal)):
+                    raise
+                obj = self._exchange(request, reply_timeout)
             except CoordinatorUnavailable:
-                # A reused socket may have died while idle (e.g. the coordinator restarted);
-                # a read can safely go again on a fresh one. A write's outcome is unknown.
                 if not (reused and idempotent):
                     raise
                 obj = self._exchange(request, reply_timeout)
+            self._refused = obj.get("type") == m.Error.TYPE
         try:
             reply = m.decode(obj, m.TO_CLIENT)
         except ProtocolError as exc:
@@ -344,8 +365,21 @@ class CoordinatorClient:
             raise CoordinatorUnavailable("connection to %s lost: %s" % (where, exc)) from exc
         if obj is None:
             self._discard()
-            raise CoordinatorUnavailable("%s closed the connection without replying" % where)
+            raise _ClosedUnanswered("%s closed the connection without replying" % where)
         return obj
+
+    def _peer_closed(self) -> bool:
+        """Whether the coordinator has closed the idle connection (seen without blocking)."""
+        assert self._sock is not None
+        try:
+            self._sock.settimeout(0.0)
+            return self._sock.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, socket.timeout):
+            return False
+        except OSError:  # e.g. reset by the peer
+            return True
+        finally:
+            self._sock.settimeout(self.timeout)
 
     def _connect(self, where: str) -> None:
         try:

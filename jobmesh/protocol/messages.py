@@ -130,6 +130,14 @@ class Message:
             out[name] = getattr(self, attr)
         return out
 
+    def check_types(self) -> None:
+        """``TypeError`` naming the first field (by its Python name) whose value the receiver
+        would refuse as a protocol violation; a sender calls it before sending."""
+        for attr, _name, check, nullable, _default, kind in self.spec():
+            value = getattr(self, attr)
+            if not (check(value) if value is not None else nullable):
+                raise TypeError("%s must be %s, got %s" % (attr, _PYTHON_KIND_NAMES[kind], _python_type(value)))
+
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> "Message":
         kwargs = {}
@@ -153,6 +161,16 @@ _KIND_NAMES = {
     "bool": "a boolean", "obj": "an object", "obj?": "an object or null", "list": "an array",
     "list?": "an array or null",
 }
+
+
+_PYTHON_KIND_NAMES = {
+    "str": "a str", "str?": "a str or None", "int": "an int", "int?": "an int or None",
+    "bool": "a bool", "obj": "a dict", "obj?": "a dict or None", "list": "a list", "list?": "a list or None",
+}
+
+
+def _python_type(value: Any) -> str:
+    return "None" if value is None else "%s %s" % (type(value).__name__, quote(value, 40))
 
 
 def _json_type(value: Any) -> str:
