@@ -438,6 +438,15 @@ def decode(obj: dict[str, Any], allowed: frozenset[str] | None = None) -> Messag
 
 
 CLIENT_PORT_REFUSAL = "this is the client port"  # how the client port's refusals of worker messages begin
+METRICS_PORT_REFUSAL = "this is the metrics port"  # how the metrics port answers a frame
+# A worker that gets a refusal beginning with one of these was pointed at the wrong port.
+WRONG_PORT_REFUSALS = (CLIENT_PORT_REFUSAL, METRICS_PORT_REFUSAL)
+
+
+def metrics_port_refusal() -> Error:
+    """What the metrics port (HTTP) answers, as a frame, to a peer that sends it one."""
+    return Error("%s (HTTP); a client belongs on the client port (%d by default), a worker on the worker "
+                 "port (%d by default)" % (METRICS_PORT_REFUSAL, DEFAULT_CLIENT_PORT, DEFAULT_WORKER_PORT))
 
 
 def wrong_port(kind: str, allowed: frozenset[str] | None) -> str | None:
