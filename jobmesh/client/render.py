@@ -49,10 +49,12 @@ def age(then_millis: int | None, now_millis: int) -> str:
 
 
 def relative(then_millis: int | None, now_millis: int) -> str:
-    """Like ``age``, but a time at least a second ahead reads ``in 42s``, ``in 5m``, ``in 3h``, ``in 2d``."""
-    if then_millis is None or then_millis - now_millis < 1000:
+    """Like ``age``, but a time ahead reads ``in 42s``, ``in 5m``, ``in 3h``, ``in 2d``. A time
+    ahead counts whole seconds up, so a job due in 5 minutes reads ``in 5m`` a few
+    milliseconds later and one due in 2 s reads ``in 2s``, never ``just now``."""
+    if then_millis is None or then_millis <= now_millis:
         return age(then_millis, now_millis)
-    seconds = (then_millis - now_millis) // 1000
+    seconds = -((now_millis - then_millis) // 1000)  # rounded up
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return "in %d%s" % (seconds // size, unit)
