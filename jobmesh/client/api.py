@@ -268,13 +268,17 @@ class CoordinatorClient:
         """
         return self._request(m.RetryJob(job_id), m.JobSubmitted).job_id
 
-    def purge(self, older_than_millis: int, limit: int | None = None) -> tuple[int, bool]:
+    def purge(self, older_than_millis: int, limit: int | None = None, dry_run: bool = False) -> tuple[int, bool]:
         """Delete up to ``limit`` (coordinator default and cap: 10,000) finished jobs last updated
         more than ``older_than_millis`` ago, with their events. Returns ``(purged, more)``;
-        ``more`` means such jobs remain: call again. ``ValueError`` for a negative age or limit."""
+        ``more`` means such jobs remain: call again. With ``dry_run`` nothing is deleted and
+        ``purged`` is how many would have been (``more``: at least that many).
+        ``ValueError`` for a negative age or limit."""
+        request = m.PurgeJobs(older_than_millis, limit, dry_run)
+        request.check_types()
         if older_than_millis < 0 or (limit is not None and limit < 1):
             raise ValueError("older_than_millis must be >= 0 and limit >= 1, got %r, %r" % (older_than_millis, limit))
-        reply = self._request(m.PurgeJobs(older_than_millis, limit), m.JobsPurged)
+        reply = self._request(request, m.JobsPurged)
         return reply.purged, reply.more
 
     def wait(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:

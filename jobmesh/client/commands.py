@@ -240,8 +240,18 @@ def retry(client: CoordinatorClient, args: dict[str, Any], console: Console) -> 
 
 
 def purge(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
-    """PURGE_JOBS until the coordinator says no more remain; prints the total."""
+    """PURGE_JOBS until the coordinator says no more remain; prints the total. With
+    ``--dry-run``, one request that deletes nothing and says how many would go."""
     older_than = parse_duration_millis(args["--older-than"])
+    if args["--dry-run"]:
+        count, more = client.purge(older_than, dry_run=True)
+        if args["--json"]:
+            console.out(render.to_json({"wouldPurge": count, "more": more, "olderThanMillis": older_than}))
+        else:
+            console.out("would purge %s%d finished job%s last updated more than %s ago (nothing deleted)"
+                        % ("at least " if more else "", count, "" if count == 1 else "s",
+                           args["--older-than"].strip()))
+        return EXIT_OK
     total = 0
     while True:
         purged, more = client.purge(older_than)

@@ -369,11 +369,13 @@ class RetryJob(Message):
 
 @dataclass(frozen=True)
 class PurgeJobs(Message):
-    """Delete finished jobs (and their events) last updated more than ``olderThanMillis`` ago."""
+    """Delete finished jobs (and their events) last updated more than ``olderThanMillis`` ago;
+    with ``dryRun``, delete nothing and count them (JOBS_PURGED ``purged`` is that count)."""
 
     TYPE = "PURGE_JOBS"
     older_than_millis: int = wire("olderThanMillis", "int")
     limit: int | None = wire("limit", "int?", None)
+    dry_run: bool = wire("dryRun", "bool", False)
 
 
 @dataclass(frozen=True)

@@ -53,8 +53,8 @@ def test_client_events_retry_purge_send_their_requests(serve):
     assert server.requests == [
         {"type": "GET_JOB_EVENTS", "jobId": "j-1"},
         {"type": "RETRY_JOB", "jobId": "j-1"},
-        {"type": "PURGE_JOBS", "olderThanMillis": 60_000, "limit": 7},
-        {"type": "PURGE_JOBS", "olderThanMillis": 0, "limit": None},
+        {"type": "PURGE_JOBS", "olderThanMillis": 60_000, "limit": 7, "dryRun": False},
+        {"type": "PURGE_JOBS", "olderThanMillis": 0, "limit": None, "dryRun": False},
     ]
 
 
