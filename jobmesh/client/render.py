@@ -246,6 +246,12 @@ def submitted(job_id: str) -> str:
     return "submitted job %s" % job_id
 
 
+def resubmitted(job: dict[str, Any], key: str) -> str:
+    """A keyed submit that found its job already there: nothing new was created."""
+    return "job %s was already submitted with idempotency key %s at %s (%s); no new job" % (
+        job["jobId"], printable(repr(key)), timestamp(job.get("createdAtMillis"), zone=True), job.get("state"))
+
+
 def retried(new_job_id: str, old_job_id: str) -> str:
     return "submitted job %s (retry of %s)" % (new_job_id, old_job_id)
 
