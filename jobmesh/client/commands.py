@@ -227,7 +227,9 @@ def status(client: CoordinatorClient, args: dict[str, Any], console: Console) ->
         return EXIT_OK
     # Busy workers are worth counting: say how many run the type and how full they are.
     found = client.workers() if job.get("waitingReason") == "WORKERS_BUSY" else None
-    console.out(render.job_detail(job, _now_millis(), found))
+    # The snapshot names a worker only while RUNNING; the timeline says who ran the last attempt.
+    timeline = client.events(job["jobId"]) if job.get("workerId") is None and job.get("attempts") else None
+    console.out(render.job_detail(job, _now_millis(), found, timeline))
     return EXIT_OK
 
 

@@ -106,8 +106,20 @@ def attempts(job: dict[str, Any]) -> str:
     return "%s/%s" % (job.get("attempts", MISSING), _max_attempts(job))
 
 
-def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None) -> str:
-    """One job as labelled lines, for ``status``, ``cancel`` and ``wait``; ``workers`` as for ``waiting``."""
+def last_worker(events: list[dict[str, Any]]) -> str | None:
+    """``w-1 (attempt 2)``: the worker of the job's last assignment in its timeline, or None."""
+    for event in reversed(events):
+        if event.get("event") == "ASSIGNED" and event.get("workerId") is not None:
+            attempt = event.get("attempt")
+            return str(event["workerId"]) if attempt is None else "%s (attempt %s)" % (event["workerId"], attempt)
+    return None
+
+
+def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None,
+               events: list[dict[str, Any]] | None = None) -> str:
+    """One job as labelled lines, for ``status``, ``cancel`` and ``wait``; ``workers`` as for
+    ``waiting``. The snapshot names a worker only while the job runs; with ``events`` (its
+    timeline) a job that is not running shows the worker of its last attempt."""
     created = job.get("createdAtMillis")
     updated = job.get("updatedAtMillis")
     rows = [
@@ -116,7 +128,7 @@ def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any
         ("state", job.get("state")),
         ("priority", job.get("priority")),
         ("attempts", "%s of %s" % (job.get("attempts", MISSING), _max_attempts(job))),
-        ("worker", job.get("workerId")),
+        ("worker", job.get("workerId") or (last_worker(events) if events else None)),
         ("result", compact(job.get("result"))),
         ("error", compact(job.get("error"))),
         ("created", when(created, now_millis)),

@@ -164,6 +164,16 @@ def test_idempotency_key_returns_the_same_job(coordinator):
     assert len(json_out(jm(coordinator, "list", "--json"))) == 1
 
 
+def test_status_of_a_finished_job_names_the_worker_that_ran_it(live):
+    r = jm(live, "submit", "SHA256", '{"text": "who ran me"}', "--wait", "--json")
+    assert r.returncode == 0, r.stderr
+    job = json_out(r)
+    assert job["workerId"] is None  # the snapshot names a worker only while RUNNING
+    r = jm(live, "status", job["jobId"])
+    assert r.returncode == 0, r.stderr
+    assert "worker    w-cli (attempt 1)" in r.stdout.splitlines(), r.stdout
+
+
 def test_a_repeated_keyed_submit_says_the_job_was_already_there(coordinator):
     args = ("submit", "SHA256", '{"text": "once"}', "--idempotency-key=k-2")
     r = jm(coordinator, *args)
