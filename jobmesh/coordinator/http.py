@@ -15,7 +15,7 @@ the coordinator's hub (``--metrics-port``, on the ``--bind`` address) and answer
                              workers, slots...), the list of states, counts by type
     /api/series              samples of the last minutes (one a second) for the chart
     /api/jobs?state=&type=&cursor=&limit=     a page of jobs, newest first
-    /api/jobs/<id>           one job's snapshot
+    /api/jobs/<id>           one job's snapshot, and its payload beside it
     /api/jobs/<id>/events    its timeline
     /api/workers             the live workers
 
@@ -458,7 +458,9 @@ class HttpPort:
             if match.group(2):
                 reply = self.ask(m.GetJobEvents(job_id), not_found=True)
                 return self._json(start_response, {"jobId": job_id, "events": reply.get("events", [])})
-            return self._json(start_response, {"job": self.ask(m.GetJobStatus(job_id), not_found=True)["job"]})
+            job = self.ask(m.GetJobStatus(job_id), not_found=True)["job"]
+            payload = self.ask(m.GetJobPayload(job_id), not_found=True).get("payload")
+            return self._json(start_response, {"job": job, "payload": payload})
         return self._json(start_response, {"error": "no such page: %s" % path}, "404 Not Found")
 
     def _list_jobs(self, query: dict[str, list[str]]) -> dict[str, Any]:

@@ -172,6 +172,13 @@ class ClientRequests:
             return m.Error("unknown job %s" % quote(job_id))
         return m.JobStatus(self.snapshot(job))
 
+    def get_job_payload(self, now_millis: int, job_id: str) -> m.Message:
+        """The job's payload (the metrics port's job view; the snapshot has none)."""
+        job = self.table.lookup(job_id)
+        if job is None:
+            return m.Error("unknown job %s" % quote(job_id))
+        return m.JobPayload(job_id, job.payload if job.periodic is None else None)
+
     def get_job_events(self, now_millis: int, job_id: str) -> m.Message:
         """The job's timeline: what the store holds, then this batch's events not committed yet."""
         job = self.table.lookup(job_id)

@@ -408,6 +408,22 @@ class Stats(Message):
     waits: int = wire("waits", "int", 0)  # pending WAIT_JOBs and Periodic RUN_JOB / RECV_DATA callers
 
 
+# The metrics port's own request, asked in process (never sent on a socket, so in no port's
+# set below): a job's payload for the dashboard's job view. The job snapshot carries no
+# payload (its field set is the protocol's).
+@dataclass(frozen=True)
+class GetJobPayload(Message):
+    TYPE = "GET_JOB_PAYLOAD"
+    job_id: str = wire("jobId", "str")
+
+
+@dataclass(frozen=True)
+class JobPayload(Message):
+    TYPE = "JOB_PAYLOAD"
+    job_id: str = wire("jobId", "str")
+    payload: dict[str, Any] | None = wire("payload", "obj?", None)  # None: a Periodic job (its workload is bytes)
+
+
 ALL_MESSAGES: tuple[type[Message], ...] = (
     WorkerRegister, WorkerRegistered, Heartbeat, TaskAssign, TaskCancel, TaskResult, Error,
     SubmitJob, JobSubmitted, SubmitRejected, GetJobStatus, JobStatus, ListJobs, JobList,
