@@ -10,10 +10,10 @@ What each failure means for the caller (the error tree is in jobmesh/errors.py):
 - ``CoordinatorUnavailable``: connecting failed, the connection broke mid-request, the
   reply timed out or made no sense. The outcome is unknown (a submit may have created a
   job), so nothing is retried automatically, except that a read-only request which finds
-  a reused connection dead is sent once more on a fresh one, and any request goes again
-  on a fresh one when the coordinator closed the connection after refusing the previous
-  request (it reads nothing more there, so this one was never read). The socket is
-  discarded; the next call reconnects.
+  a reused connection dead is sent once more on a fresh one, and any request goes on a
+  fresh one when the coordinator closed the connection after refusing the previous
+  request (it reads nothing more there, so this one was never read, or not even sent).
+  The socket is discarded; the next call reconnects.
 - ``RequestFailed``: the coordinator answered ERROR (unknown job, invalid payload,
   idempotency conflict). The next call works, on this connection or a fresh one.
 - ``TypeError``: an argument has a type the coordinator would refuse (``payload`` not a
@@ -55,7 +55,8 @@ _MILLISECOND = timedelta(milliseconds=1)
 
 
 class _ClosedUnanswered(CoordinatorUnavailable):
-    """The coordinator closed the connection without answering the request."""
+    """The coordinator closed the connection without answering the request (EOF, or a
+    reset or broken pipe: what a closed peer answers data with)."""
 
 
 class WaitTimeout(ClientError, TimeoutError):
@@ -313,9 +314,10 @@ class CoordinatorClient:
                  reply_timeout: float | None = None) -> Any:
         """One request, one reply; ``reply_timeout`` (seconds) replaces ``timeout`` for it."""
         with self._lock:
-            if self._sock is not None and self._peer_closed():
-                self._discard()  # nothing sent yet: any request may go on a fresh connection
-            reused, after_refusal = self._sock is not None, self._refused
+            after_refusal = self._refused
+            if after_refusal and self._sock is not None and self._peer_closed():
+                self._discard()  # closed after the refusal, and nothing sent yet: go on a fresh one
+            reused = self._sock is not None
             try:
                 obj = self._exchange(request, reply_timeout)
             except _ClosedUnanswered:
@@ -364,6 +366,9 @@ class CoordinatorClient:
         except socket.timeout as exc:
             self._discard()
             raise CoordinatorUnavailable("no reply from %s within %.3gs" % (where, timeout)) from exc
+        except (ConnectionResetError, BrokenPipeError) as exc:  # a closed peer, as EOF is
+            self._discard()
+            raise _ClosedUnanswered("connection to %s lost: %s" % (where, exc)) from exc
         except (OSError, ProtocolError) as exc:
             self._discard()
             raise CoordinatorUnavailable("connection to %s lost: %s" % (where, exc)) from exc
@@ -373,7 +378,8 @@ class CoordinatorClient:
         return obj
 
     def _peer_closed(self) -> bool:
-        """Whether the coordinator has closed the idle connection (seen without blocking)."""
+        """Whether the coordinator has closed the idle connection (seen without blocking;
+        asked only after an ERROR reply, so other requests pay nothing for it)."""
         assert self._sock is not None
         try:
             self._sock.settimeout(0.0)
