@@ -240,13 +240,15 @@ Options:""" + CLIENT_OPTIONS
 
 PURGE_DOC = """Delete finished jobs (and their events) last updated longer ago than DURATION.
 
-DURATION is a number with a unit, 90s, 15m, 12h or 7d, or plain milliseconds.
+DURATION is a number with a unit, 90s, 15m, 12h or 7d, or plain milliseconds; 0 means
+every finished job. --dry-run deletes nothing and says how many jobs would go.
 
 Usage:
-  jobmesh purge --older-than=DURATION [options]
+  jobmesh purge --older-than=DURATION [--dry-run] [options]
 
 Options:
   --older-than=DURATION     how long ago a finished job was last updated
+  --dry-run                 count the jobs that would be purged; delete nothing
 """ + CLIENT_OPTIONS
 
 TOP_DOC = """A live view of the coordinator: jobs by state, submit and finish rates, workers, and

@@ -207,8 +207,19 @@ class Supervisor:
             waiter.kill()
         match = listening.get() if listening.ready() else None
         if match is None:
-            if not self.stop_requested.is_set():
-                log.error("coordinator did not start rc=%s", coordinator.poll())
+            rc = None
+            if listening.ready():  # its stdout closed: it is exiting; take its exit code
+                try:
+                    rc = coordinator.wait(STOP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    pass
+            # As in _supervise: an exit that our own stop signal follows closely came from it.
+            if self.stop_requested.wait(STOP_GRACE if rc is not None else 0):
+                pass
+            elif rc is None:
+                log.error("coordinator did not start within %.0f s", START_TIMEOUT)
+            else:
+                log.error("coordinator did not start rc=%s", rc)
             return coordinator, None
         return coordinator, worker_target(match["host"], int(match["port"]))
 

@@ -86,6 +86,7 @@ class CoordinatorCore:
             m.ListWorkers: lambda now, r: requests.list_workers(now),
             m.CancelJob: lambda now, r: requests.cancel_job(now, r.job_id),
             m.GetJobEvents: lambda now, r: requests.get_job_events(now, r.job_id),
+            m.GetJobPayload: lambda now, r: requests.get_job_payload(now, r.job_id),
             m.RetryJob: lambda now, r: requests.retry_job(now, r.job_id),
             m.PurgeJobs: requests.purge_jobs,
             m.GetStats: lambda now, _req: self.get_stats(now),

@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING
 import logging
 from collections import Counter
 
-import ujson
-
 from jobmesh.coordinator import scheduler
 from jobmesh.coordinator.figures import Counters
 from jobmesh.store.job import Job
@@ -26,7 +24,7 @@ from jobmesh.coordinator.table import BUILTIN_TYPES, JobTable
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from jobmesh.protocol.messages import quote
-from jobmesh.protocol.payloads import MAX_NESTING, is_finite_json, too_deep
+from jobmesh.protocol.payloads import MAX_NESTING, is_finite_json, result_too_large, too_deep
 
 if TYPE_CHECKING:
     from jobmesh.coordinator.connection import OutboundConnection
@@ -34,7 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_WORKER_ID_CHARS = 256
-MAX_RESULT_BYTES = 64 * 1024
 MAX_ERROR_CHARS = m.MAX_ERROR_CHARS
 MAX_STALE_PER_SECOND = 100  # results for leases a worker does not hold, before it is cut off
 
@@ -147,8 +144,9 @@ class JsonJobs:
                 self.attempt_failed(job, now, "result holds NaN or Infinity, which JSON does not allow",
                                     "ATTEMPT_FAILED")
                 return
-            if len(ujson.dumps(result)) > MAX_RESULT_BYTES:
-                self.attempt_failed(job, now, "result larger than %d bytes" % MAX_RESULT_BYTES, "ATTEMPT_FAILED")
+            too_large = result_too_large(result)
+            if too_large is not None:
+                self.attempt_failed(job, now, too_large, "ATTEMPT_FAILED")
                 return
             job.result = result
             self.table.transition(job, JobState.COMPLETED, now)

@@ -223,7 +223,8 @@ class Servers:
             log.warning("protocol violation on worker port peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
             conn.send(m.Error(str(exc)))
         except OSError as exc:
-            log.info("worker connection error peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
+            if not conn.closed:  # closed here: the coordinator is stopping, nothing went wrong
+                log.info("worker connection error peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
         finally:
             if registered:
                 self.post_worker(ev.Disconnected(conn))

@@ -37,7 +37,7 @@ from jobmesh.errors import PayloadError, ProtocolError
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.payloads import TASK_TYPES
 from jobmesh.protocol.messages import (
-    CLIENT_PORT_REFUSAL,
+    WRONG_PORT_REFUSALS,
     TO_WORKER,
     Error,
     Heartbeat,
@@ -86,7 +86,7 @@ class WorkerAgent:
         self.in_flight = InFlight(cfg.capacity)
         self._pause = pause
         self.registrations = 0
-        self.wrong_port: str | None = None  # set when the coordinator says this is its client port
+        self.wrong_port: str | None = None  # set when the coordinator says this is its client or metrics port
         self.user_task_types: frozenset[str] = frozenset()
         self.processes: ProcessPool | None = None
         # None (absent on the wire) means the five built-ins.
@@ -108,14 +108,14 @@ class WorkerAgent:
 
     def run(self) -> None:
         """Connect, register and serve until killed; returns on its own only when the
-        coordinator says this is its client port (``wrong_port`` tells why)."""
+        coordinator says this is its client or metrics port (``wrong_port`` tells why)."""
         delay = BACKOFF_INITIAL
         target = "%s:%d" % self.address
         while True:
             try:
                 sock, reader = self._connect_and_register()
             except RegistrationRefused as exc:
-                if str(exc).startswith(CLIENT_PORT_REFUSAL):  # pointed at the wrong port: retrying cannot help
+                if str(exc).startswith(WRONG_PORT_REFUSALS):  # pointed at the wrong port: retrying cannot help
                     log.error("cannot register worker=%s at %s: %s", self.worker_id, target, exc)
                     self.wrong_port = str(exc)
                     return

@@ -44,6 +44,7 @@ from typing import Any
 from jobmesh.errors import ConfigError, ProtocolError
 from jobmesh.logs import TEXT_FORMAT, JsonFormatter
 from jobmesh.protocol.framing import FrameReader, encode_frame
+from jobmesh.protocol.payloads import result_too_large
 from jobmesh.worker.usertasks import TaskContext, load_modules, run_task
 
 
@@ -89,6 +90,9 @@ class Child:
             frame, ctx = self.runs.get()
             payload = frame.get("payload")
             success, result, error = run_task(str(frame["taskType"]), payload if isinstance(payload, dict) else {}, ctx)
+            too_large = result_too_large(result) if success else None
+            if too_large is not None:  # fails here, in the same words as in the worker and the coordinator
+                success, result, error = False, None, too_large
             with self._lock:
                 self._contexts.pop(ctx.attempt_id, None)
             for stream in (sys.stdout, sys.stderr):

@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import alive, assert_all_gone, wait_registered, wait_until
+from tests.helpers import UpProc, alive, assert_all_gone, wait_registered, wait_until
 
 
 @pytest.mark.parametrize("how", ["SIGTERM to up", "SIGINT to the process group (Ctrl-C)"])
@@ -36,6 +36,20 @@ def test_up_runs_jobs_and_stops_cleanly(start_up, how):
         os.killpg(up.proc.pid, signal.SIGINT)
     assert up.proc.wait(12) == 0, up.log()
     assert_all_gone(up)
+    # and a clean stop is quiet: no socket error, nothing above INFO
+    assert "Errno" not in up.log() and "Traceback" not in up.log(), up.log()
+    assert not [line for line in up.log().splitlines() if " WARNING " in line or " ERROR " in line], up.log()
+
+
+def test_up_on_a_database_in_use_says_the_coordinator_exit_code(tmp_path, coordinator_factory):
+    # Given a coordinator holding the database up is given
+    coordinator_factory(db=tmp_path / "up.db")
+    up = UpProc(tmp_path, "--workers=1")
+    try:
+        assert up.proc.wait(30) == 1
+        assert "coordinator did not start rc=1" in up.log(), up.log()
+    finally:
+        up.cleanup()
 
 
 def test_up_restarts_a_dead_worker(start_up):

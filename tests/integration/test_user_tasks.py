@@ -100,6 +100,23 @@ def test_a_cpu_bound_task_never_gets_its_worker_declared_dead(coordinator_factor
     assert worker.count("registered worker=w-cpu") == 1  # one session all along
 
 
+def test_every_result_over_64_kib_fails_in_the_same_words(client, user_worker, coordinator, peers):
+    limit = "a result may be at most 65536 bytes (64 KiB)"
+    # Given results just over the limit and far over a frame, from a task process
+    for size in (65536, 2 * 1024 * 1024):
+        job = client.wait(client.submit("BIG", {"bytes": size}, max_attempts=1), timeout=30)
+        assert job["state"] == "FAILED", job
+        assert job["error"] == "result is %d bytes as JSON; %s" % (size + 8, limit)
+    # and one over it from a worker that does not check, refused by the coordinator
+    worker = peers.worker(coordinator, "w-unchecked", capacity=1, task_types=["BIG"])
+    assert user_worker.terminate() == 0
+    job_id = client.submit("BIG", {"bytes": 1}, max_attempts=1)
+    assign = worker.await_assign(timeout=20)
+    worker.complete(assign, {"x": "y" * 70_000})
+    job = client.wait(job_id, timeout=15)
+    assert (job["state"], job["error"]) == ("FAILED", "result is 70008 bytes as JSON; " + limit)
+
+
 def test_a_non_dict_result_and_a_dying_task_process_fail_the_attempt(client, user_worker):
     listy = client.wait(client.submit("LISTY", {}, max_attempts=1), timeout=15)
     assert listy["state"] == "FAILED" and "not a dict" in listy["error"], listy

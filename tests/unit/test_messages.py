@@ -100,7 +100,7 @@ def test_wire_uses_camel_case_names_from_the_protocol(type_name):
         "GET_JOB_EVENTS": {"jobId"},
         "JOB_EVENTS": {"jobId", "events"},
         "RETRY_JOB": {"jobId"},
-        "PURGE_JOBS": {"olderThanMillis", "limit"},
+        "PURGE_JOBS": {"olderThanMillis", "limit", "dryRun"},
         "JOBS_PURGED": {"purged", "more"},
         "WAIT_JOB": {"jobId", "timeoutMillis"},
         "GET_STATS": set(),

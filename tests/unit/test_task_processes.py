@@ -69,12 +69,13 @@ def test_failures_name_what_happened_and_a_dead_child_is_replaced(make_pool, tmp
     assert (pool.started, len(pool)) == (2, 1)
 
 
-def test_a_result_too_big_for_one_frame_fails_the_attempt(make_pool):
+@pytest.mark.parametrize("size", [64 * 1024, 1024 * 1024, 2 * 1024 * 1024])
+def test_a_result_over_the_limit_fails_the_attempt_in_the_limit_s_words(make_pool, size):
     pool = make_pool()
-    ok, result, error = run(pool, "BIG", {"bytes": 1024 * 1024})
+    ok, result, error = run(pool, "BIG", {"bytes": size})
     assert (ok, result) == (False, None)
-    assert error.startswith("task result not sendable: frame of ") and "exceeds" in error
-    assert run(pool, "BIG", {"bytes": 1000}) == (True, {"x": "y" * 1000}, None)
+    assert error == "result is %d bytes as JSON; a result may be at most 65536 bytes (64 KiB)" % (size + 8)
+    assert run(pool, "BIG", {"bytes": 65536 - 8}) == (True, {"x": "y" * (65536 - 8)}, None)
 
 
 def test_a_child_that_cannot_load_the_modules_fails_the_attempt(make_pool):
