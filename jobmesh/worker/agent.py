@@ -70,7 +70,7 @@ BACKOFF_INITIAL = 0.1
 BACKOFF_CAP = 5.0
 # While attempts are kept, retry at least this often: a restarted coordinator keeps their
 # leases only for its grace (by default its heartbeat timeout).
-KEEPING_BACKOFF_CAP = 1.0
+KEEPING_BACKOFF_CAP = 0.5
 # Unacknowledged data (our heartbeats) fails the connection after this long, so a silent
 # network partition is noticed even though the coordinator never writes unprompted.
 MIN_USER_TIMEOUT_MILLIS = 10_000
