@@ -26,11 +26,17 @@ def assigned_attempts(client: CoordinatorClient, job_id: str) -> list[str]:
     return [e["attemptId"] for e in client.events(job_id) if e["event"] == "ASSIGNED"]
 
 
-def start_sleep(coord, worker, client: CoordinatorClient) -> str:
-    """Submit a SLEEP and wait until the worker has started it."""
-    job_id = client.submit("SLEEP", {"durationMillis": TASK_MILLIS})
-    wait_until(lambda: "task started job=%s" % job_id in worker.log(), timeout=15, message="the task started")
-    return job_id
+def running_job(coordinator_factory, worker_procs, worker_id: str, **flags):
+    """A coordinator and a real worker running a SLEEP's first attempt: (coordinator,
+    worker, job id, attempt id)."""
+    coord = coordinator_factory(**flags)
+    worker = worker_procs.start(coord, worker_id, capacity=1)
+    with CoordinatorClient(*coord.client_addr) as client:
+        wait_registered(client, [worker_id])
+        job_id = client.submit("SLEEP", {"durationMillis": TASK_MILLIS})
+        wait_until(lambda: "task started job=%s" % job_id in worker.log(), timeout=15, message="the task started")
+        [attempt_id] = assigned_attempts(client, job_id)
+    return coord, worker, job_id, attempt_id
 
 
 def restart(coord, **flags) -> None:
@@ -44,12 +50,7 @@ def restart(coord, **flags) -> None:
 def test_a_killed_coordinator_restarted_with_a_grace_lets_the_worker_keep_its_attempt(coordinator_factory,
                                                                                        worker_procs):
     # Given a real worker running a job's first attempt
-    coord = coordinator_factory()
-    worker = worker_procs.start(coord, "w-keep", capacity=1)
-    with CoordinatorClient(*coord.client_addr) as client:
-        wait_registered(client, ["w-keep"])
-        job_id = start_sleep(coord, worker, client)
-        [attempt_id] = assigned_attempts(client, job_id)
+    coord, worker, job_id, attempt_id = running_job(coordinator_factory, worker_procs, "w-keep")
 
     # When the coordinator is killed and restarted on the same database with a grace
     restart(coord, lease_grace_millis=20_000)
@@ -68,12 +69,7 @@ def test_a_killed_coordinator_restarted_with_a_grace_lets_the_worker_keep_its_at
 
 def test_without_a_grace_a_restart_requeues_and_the_worker_drops_the_old_attempt(coordinator_factory,
                                                                                  worker_procs):
-    coord = coordinator_factory()
-    worker = worker_procs.start(coord, "w-old", capacity=1)
-    with CoordinatorClient(*coord.client_addr) as client:
-        wait_registered(client, ["w-old"])
-        job_id = start_sleep(coord, worker, client)
-        [first] = assigned_attempts(client, job_id)
+    coord, worker, job_id, first = running_job(coordinator_factory, worker_procs, "w-old")
 
     # When the coordinator restarts with the default (no grace)
     restart(coord)
@@ -92,13 +88,9 @@ def test_without_a_grace_a_restart_requeues_and_the_worker_drops_the_old_attempt
 
 def test_a_coordinator_that_saw_the_worker_go_keeps_nothing(coordinator_factory, worker_procs):
     # Given a real worker running a job, on a coordinator that never restarts
-    coord = coordinator_factory(lease_grace_millis=20_000)
-    worker = worker_procs.start(coord, "w-lost", capacity=1)
+    coord, worker, job_id, first = running_job(coordinator_factory, worker_procs, "w-lost",
+                                               lease_grace_millis=20_000)
     with CoordinatorClient(*coord.client_addr) as client:
-        wait_registered(client, ["w-lost"])
-        job_id = start_sleep(coord, worker, client)
-        [first] = assigned_attempts(client, job_id)
-
         # When the worker falls silent long enough to be presumed dead (its lease revoked)
         os.kill(worker.proc.pid, signal.SIGSTOP)
         try:
