@@ -214,8 +214,10 @@ class WorkerAgent:
             sock.settimeout(REGISTER_TIMEOUT)
             kept = self.kept()
             running = [{"jobId": job_id, "attemptId": attempt_id} for job_id, attempt_id in kept] or None
-            register = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types, running)
-            sock.sendall(encode_frame(register.to_wire()))
+            frame = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types, running).to_wire()
+            if running is None:  # absent means none: the frame a worker keeping nothing always sent
+                del frame["running"]
+            sock.sendall(encode_frame(frame))
             # The same reader serves the session: an assignment may share the reply's packet.
             reader = FrameReader(sock.recv)
             obj = reader.read_frame()
