@@ -9,6 +9,13 @@ coordinator and workers it starts import that tree's ``jobmesh``; the driver pri
 (A, B, A, B, ...; round r runs every variant once, in the order given), since the
 machine's speed drifts over minutes and only runs close in time compare.
 
+With ``--echo`` each round first runs the bare echo baseline (``bench/echo_baseline.py`` of
+the driver's own tree, so it is the same server for every variant) with ``--echo-clients``
+closed-loop connections for ``--echo-seconds``, and every run of that round gains
+``submits_per_echo`` and ``jobs_per_echo``: its rate divided by the round's echo round
+trips/s. A ratio holds across machines and across slow minutes far better than a rate, so
+an issue states its cost against its starting commit as these ratios.
+
 ``coord_cpu_us_per_job`` is the coordinator's CPU time during the measured phase divided
 by the jobs completed (submitted, in submit mode), in µs: on this machine it moves far
 less from run to run than the rates do, since a slow minute lowers the rate but not the
@@ -22,6 +29,8 @@ Usage:
 Examples:
   python bench/sidebyside.py --runs=5 --variant=before@/tmp/jm-before --variant=after@. -- \\
       --mode=e2e --clients=1000 --workers=8 --jobs=50000 --task=sleep0
+  python bench/sidebyside.py --runs=3 --echo --variant=before@/tmp/jm-before --variant=after@. -- \\
+      --mode=submit --clients=50 --duration=10 --coordinator-arg=--max-active-jobs=1000000
   python bench/sidebyside.py --runs=5 --variant=single@. \\
       --variant='mixed@.@--types=4 --types-per-worker=2' -- \\
       --mode=e2e --clients=1000 --workers=8 --worker-impl=builtin --jobs=50000 --task=sleep0
@@ -34,6 +43,9 @@ Options:
   --timeout=S       cap on each run, seconds [default: 600]
   --figures=LIST    comma-separated figures as paths into the JSON report, or the derived
                     coord_cpu_us_per_job (default: by mode)
+  --echo            run the echo baseline in every round; add the rates divided by it
+  --echo-clients=N  connections of the echo run [default: 50]
+  --echo-seconds=S  length of the echo run [default: 5]
   --from-dir=DIR    run nothing: print the table from the reports a previous run left in DIR
   -h --help         show this help
 """
@@ -66,9 +78,14 @@ DEFAULT_FIGURES = {
                "submitted", "lost", "duplicates"],
 }
 FALLBACK_FIGURES = ["submits_per_s", "jobs_per_s", "submit_latency_ms.p99", "lost", "duplicates"]
+ECHO_FIGURES = {"submits_per_echo": "submits_per_s", "jobs_per_echo": "jobs_per_s"}
+HERE = Path(__file__).resolve().parent.parent
 
 
-def figure(report: dict, name: str):
+def figure(report: dict, name: str, echo: float | None = None):
+    if name in ECHO_FIGURES:
+        rate = dig(report, ECHO_FIGURES[name])
+        return round(rate / echo, 4) if rate and echo else None
     if name == "coord_cpu_us_per_job":
         cores, wall = dig(report, "cpu_cores_used.coordinator"), report.get("measured_s")
         jobs = report.get("completed") or report.get("submitted")
@@ -137,6 +154,17 @@ def run_bounded(cmd: list[str], tree: Path, timeout: float) -> tuple[object, str
         return "timeout(%s)" % proc.returncode, stdout, stderr
 
 
+def run_echo(python: str, out: Path, clients: int, seconds: float, timeout: float) -> float | None:
+    """One run of the bare echo baseline from this tree; its round trips/s (None if it failed)."""
+    cmd = [python, str(HERE / "bench" / "echo_baseline.py"), "--connections=%d" % clients,
+           "--duration=%s" % seconds, "--out=%s" % out]
+    rc, _, stderr = run_bounded(cmd, HERE, timeout)
+    if not out.exists():
+        print("  echo run failed rc=%s: %s" % (rc, stderr.strip()[-500:]))
+        return None
+    return json.loads(out.read_text()).get("round_trips_per_s")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = docopt(__doc__, argv=argv)
     variants = [parse_variant(v) for v in args["--variant"]]
@@ -147,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     timeout = float(args["--timeout"])
     common = list(args["LOADGEN_ARG"])
     mode = next((a.split("=", 1)[1] for a in common if a.startswith("--mode=")), "e2e")
-    figures = args["--figures"].split(",") if args["--figures"] else DEFAULT_FIGURES.get(mode, FALLBACK_FIGURES)
+    figures = args["--figures"].split(",") if args["--figures"] else list(DEFAULT_FIGURES.get(mode, FALLBACK_FIGURES))
+    echo_on = bool(args["--echo"])
+    if echo_on:
+        figures = ["submits_per_echo" if mode == "submit" else "jobs_per_echo", "echo_round_trips_per_s"] + [
+            f for f in figures if f not in ECHO_FIGURES]
     from_dir = args["--from-dir"]
     out_dir = Path(from_dir or args["--out-dir"] or tempfile.mkdtemp(prefix="jobmesh-sidebyside-"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -160,6 +192,14 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
     for r in range(runs):
+        echo = None
+        if echo_on:
+            echo_out = out_dir / ("echo-%d.json" % (r + 1))
+            if from_dir:
+                echo = json.loads(echo_out.read_text()).get("round_trips_per_s") if echo_out.exists() else None
+            else:
+                echo = run_echo(python, echo_out, int(args["--echo-clients"]), float(args["--echo-seconds"]), timeout)
+            print("round %d echo     round_trips_per_s=%s" % (r + 1, fmt(echo)))
         for name, tree, extra in variants:
             out = out_dir / ("%s-%d.json" % (name, r + 1))
             cmd = [python, str(tree / "bench" / "loadgen.py")] + common + extra + ["--quiet", "--out=%s" % out]
@@ -174,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 report = json.loads(out.read_text()) if out.exists() else {}
             row = {"load": load, "rc": rc, "seconds": round(time.monotonic() - t0, 1),
                    "revision": report.get("revision")}
-            row.update({f: figure(report, f) for f in figures})
+            row.update({f: echo if f == "echo_round_trips_per_s" else figure(report, f, echo) for f in figures})
             results[name].append(row)
             print("round %d %-8s load %s rc=%s %5.1fs rev=%s: %s" % (
                 r + 1, name, load, rc, row["seconds"], row["revision"],

@@ -156,6 +156,10 @@ Options:
   --tasks=MODULES                  MODULE[,MODULE...]: modules (from the current directory
                                    or PYTHONPATH) whose @task functions this worker runs
                                    besides the built-ins, each in a child process
+                                   whose output goes to stderr, the log
+  --cancel-grace-millis=N          a cancelled user task that has not returned after N ms
+                                   gets SIGTERM (with all it started), after 2N ms SIGKILL
+                                   [default: 5000]
   --log-level=LEVEL                DEBUG, INFO, WARNING or ERROR [default: INFO]
   --log-format=FORMAT              text, or json: one JSON object per line on stderr [default: text]
   -h --help                        show this help

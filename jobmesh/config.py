@@ -66,6 +66,8 @@ class WorkerConfig:
     log_format: str = "text"
     # Modules whose @task functions this worker runs (``--tasks``), besides the built-ins.
     task_modules: tuple[str, ...] = ()
+    # After a cancel, how long a user task gets to return before SIGTERM, then before SIGKILL.
+    cancel_grace_millis: int = 5000
     # How long running attempts are kept while the coordinator is unreachable (0: stopped at once).
     keep_running_millis: int = 30_000
 
@@ -181,6 +183,6 @@ def worker_config(args: dict[str, Any]) -> WorkerConfig:
         log_level=_choice(args, "--log-level", LOG_LEVELS),
         log_format=log_format(args),
         task_modules=parse_task_modules(args.get("--tasks")),
-        keep_running_millis=(_int(args, "--keep-running-millis", 0) if args.get("--keep-running-millis") is not None
-                             else WorkerConfig.keep_running_millis),
+        cancel_grace_millis=_int(args, "--cancel-grace-millis", 0),
+        keep_running_millis=_int(args, "--keep-running-millis", 0),
     )

@@ -4,7 +4,8 @@ The coordinator and every worker are child processes (``python -m jobmesh ...``,
 with ``gevent.subprocess``; never multiprocessing, which hangs in a patched process), so
 ``--worker-port=0`` works: the workers are pointed at the port from the coordinator's
 "listening" line, which is relayed to our stdout. Children inherit stderr; the
-coordinator's stdout is read continuously so its pipe never fills.
+coordinator's stdout is read continuously so its pipe never fills. The workers' stdout is
+our stderr, so nothing a task prints lands beside the listening line.
 
 Supervision: a worker that exits is restarted after a backoff (0.5 s doubling to 10 s,
 reset once a worker has run for 30 s). So is a coordinator that exits when ``up`` did not
@@ -278,7 +279,9 @@ class Supervisor:
             listening.set(None)
 
     def _start_worker(self, slot: Child) -> None:
-        proc = slot.proc = self._spawn(slot.argv)
+        # Our stdout carries the coordinator's lines only; whatever a worker (or a task in
+        # it) prints goes to stderr, with the logs.
+        proc = slot.proc = self._spawn(slot.argv, stdout=sys.stderr.fileno())
         slot.started_at = time.monotonic()
         slot.restart_at = None
         log.info("worker started worker=%s pid=%d", slot.worker_id, proc.pid)

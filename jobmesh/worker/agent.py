@@ -110,7 +110,8 @@ class WorkerAgent:
         self.task_types: list[str] | None = None
         if cfg.task_modules:
             self.user_task_types = frozenset(load_modules(cfg.task_modules))
-            self.processes = ProcessPool(cfg.task_modules, cfg.capacity)
+            self.processes = ProcessPool(cfg.task_modules, cfg.capacity, cancel_grace=cfg.cancel_grace_millis / 1000.0,
+                                         log_args=("--log-level=%s" % cfg.log_level, "--log-format=%s" % cfg.log_format))
             self.task_types = list(TASK_TYPES) + sorted(self.user_task_types)
             log.info("user task types worker=%s modules=%s types=%s", self.worker_id,
                      ",".join(cfg.task_modules), ",".join(sorted(self.user_task_types)) or "(none)")
