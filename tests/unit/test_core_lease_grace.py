@@ -218,3 +218,20 @@ def test_periodic_jobs_are_requeued_at_once_whatever_the_grace(tmp_path):
     assert h2.job(name="running").state is JobState.QUEUED
     out = h2.worker(T0 + 10, Conn("w2"))
     assert [a.job.name for a in periodic_assigns(out)] == [b"running"]
+
+
+def test_a_coordinator_that_saw_the_worker_go_keeps_none_of_its_leases():
+    # Given a coordinator with a grace that never restarted, and a job running on w1
+    h = Harness(lease_grace_millis=GRACE)
+    h.register(0, "w1", capacity=1)
+    job_id = h.submit_ok(1)
+    named = lease(h.assign_of(job_id))
+    # When w1's connection ends, its lease is revoked at once (the grace is about restarts)
+    h.disconnect(2, "w1")
+    assert [e["event"] for e in events(h, job_id)][-2:] == ["WORKER_LOST", "RETRY_WAIT"]
+    # Then registering again it keeps nothing: its attempt is cancelled, and the job runs
+    # again as a new attempt once its backoff has passed
+    conn = h.register(3, "w1", capacity=1, running=[named])
+    assert h.cancels(conn) == [m.TaskCancel(job_id, job_id + ".1")]
+    h.sweep(10_000)
+    assert h.assign_of(job_id).attempt_number == 2 and h.holder(job_id) is conn
