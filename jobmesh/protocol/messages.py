@@ -197,6 +197,9 @@ class WorkerRegister(Message):
     capacity: int = wire("capacity", "int")
     # The task types this worker runs; None (absent) means the five built-ins.
     task_types: list[str] | None = wire("taskTypes", "list?", None)
+    # The attempts this worker still runs (or holds a result of) from before it lost its
+    # coordinator: ``[{jobId, attemptId}, ...]``; None (absent) means none.
+    running: list[dict[str, Any]] | None = wire("running", "list?", None)
 
 
 @dataclass(frozen=True)
