@@ -92,7 +92,7 @@ def admin_client(coord) -> CoordinatorClient:
 # The least role that may make each kind: the contract's "Roles" (worker is its own).
 LEAST_ROLE = {
     "GET_JOB_STATUS": "reader", "LIST_JOBS": "reader", "LIST_WORKERS": "reader", "GET_JOB_EVENTS": "reader",
-    "WAIT_JOB": "reader", "GET_STATS": "reader", "SCHEDULE_GET": "reader", "SCHEDULE_LIST": "reader",
+    "WAIT_JOB": "reader", "GET_STATS": "reader", "GET_JOB_PAYLOAD": "reader", "SCHEDULE_GET": "reader", "SCHEDULE_LIST": "reader",
     "SCHEDULE_PREVIEW": "reader",
     "SUBMIT_JOB": "client", "CANCEL_JOB": "client",
     "RETRY_JOB": "admin", "PURGE_JOBS": "admin", "SCHEDULE_PUT": "admin", "SCHEDULE_PAUSE": "admin",
@@ -114,6 +114,7 @@ def request_of(kind: str, job_id: str, finished_id: str) -> dict:
         "LIST_WORKERS": {},
         "CANCEL_JOB": {"jobId": job_id},
         "GET_JOB_EVENTS": {"jobId": job_id},
+        "GET_JOB_PAYLOAD": {"jobId": job_id},
         "RETRY_JOB": {"jobId": finished_id},
         "PURGE_JOBS": {"olderThanMillis": 10 ** 12},
         "WAIT_JOB": {"jobId": job_id, "timeoutMillis": 0},
