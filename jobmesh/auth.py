@@ -290,7 +290,7 @@ def remove_token(path: str, name: str) -> None:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     kept = [block for block in _blocks(text) if _block_name(block, path) != name]
-    _replace(path, "".join(kept))
+    replace_file(path, "".join(kept))
 
 
 def _blocks(text: str) -> list[str]:
@@ -313,7 +313,9 @@ def _block_name(block: str, path: str) -> str | None:
     return entries[0].name if entries else None
 
 
-def _replace(path: str, text: str) -> None:
+def replace_file(path: str, text: str) -> None:
+    """Write ``text`` as ``path``'s new content, mode 0600, all at once (a temporary file
+    in the same directory, then renamed over it)."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, temp = tempfile.mkstemp(prefix=".jobmesh-auth-", dir=directory)  # mode 0600
     try:

@@ -129,15 +129,17 @@ were running. Ctrl-C or SIGTERM stops everything (exit 0): the coordinator first
 assigns nothing more and lets running attempts finish (for up to the --drain-millis
 time), then the workers stop; a second Ctrl-C stops at once.
 
-With --auth-file its workers need a worker token of that file (jobmesh token new
-local-workers --role=worker > worker.token), given by --token-file, JOBMESH_TOKEN or
-JOBMESH_TOKEN_FILE.
+With --auth-file its workers present a worker token: one of that file, given with
+the --token-file flag, JOBMESH_TOKEN or JOBMESH_TOKEN_FILE, or else one that up makes
+for this run (kept in memory; the coordinator reads a private copy of the file with
+its hash added).
 
 Usage:
   jobmesh up [--workers=N] [--capacity=N] [--tasks=MODULES] [options]
 
 Options:
-  --token-file=PATH              with --auth-file: the worker token its workers present
+  --token-file=PATH              with --auth-file: a worker token of that file for its
+                                 workers (default: up makes one for this run)
   --workers=N                    local worker processes [default: 2]
   --capacity=N                   concurrent tasks per worker [default: 4]
   --tasks=MODULES                MODULE[,MODULE...]: modules whose @task functions the

@@ -26,11 +26,15 @@ leftovers). A second signal during the drain is passed on: the coordinator stops
 once. Children run in their own sessions, so a terminal's Ctrl-C reaches only ``up``,
 which decides the order; without that the workers would stop their tasks at once.
 
-With ``--auth-file`` the workers present a worker token of that file, which ``up`` is
-given like any worker (``--token-file``, ``JOBMESH_TOKEN``, ``JOBMESH_TOKEN_FILE``) and
-checks at start: ``up`` makes no token of its own, so the auth file stays the one list
-of who may connect. The workers get it in their environment (``JOBMESH_TOKEN``), never
-on a command line. SIGHUP is passed on to the coordinator (it re-reads the auth file).
+With ``--auth-file`` the workers present a worker token. Given one like any worker
+(``--token-file``, ``JOBMESH_TOKEN``, ``JOBMESH_TOKEN_FILE``), ``up`` checks it against
+the file at start. Given none, ``up`` makes one for this run (``WorkersToken``): a
+random token held only in memory and in its workers' environment, whose hash is added
+to a private copy of the auth file that the coordinator reads instead (a directory of
+mode 0700, removed when ``up`` ends). The user's file is never written. Either way the
+workers get the token in their environment (``JOBMESH_TOKEN``), never on a command
+line. SIGHUP rebuilds the copy from the user's file and is passed on to the coordinator,
+which re-reads it.
 """
 
 from __future__ import annotations
@@ -38,8 +42,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from typing import Any, Callable
@@ -48,7 +55,8 @@ import gevent
 from gevent import subprocess
 from gevent.event import AsyncResult, Event
 
-from jobmesh.auth import TOKEN_ENV, TOKEN_FILE_ENV, WORKER, AuthFile, read_token
+from jobmesh.auth import (TOKEN_BYTES, TOKEN_ENV, TOKEN_FILE_ENV, WORKER, AuthFile, AuthFileError, entry_text,
+                          read_token, replace_file, token_digest)
 from jobmesh.config import CoordinatorConfig, coordinator_config, parse_task_modules
 from jobmesh.errors import ConfigError
 
@@ -171,9 +179,10 @@ class Child:
 
 class Supervisor:
     def __init__(self, cfg: CoordinatorConfig, workers: int, capacity: int, task_modules: tuple[str, ...] = (),
-                 token: str | None = None):
+                 token: str | None = None, own_token: WorkersToken | None = None):
         self.cfg = cfg
         self.token = token  # the workers' token (with --auth-file), passed in their environment
+        self.own_token = own_token  # when up made that token: the auth file copy to rebuild on SIGHUP
         self.workers = workers
         self.capacity = capacity
         self.task_modules = task_modules
@@ -192,8 +201,7 @@ class Supervisor:
     def run(self) -> int:
         handlers = [gevent.signal_handler(s, self.request_stop, s) for s in (signal.SIGTERM, signal.SIGINT)]
         if self.cfg.auth_file is not None:
-            handlers.append(gevent.signal_handler(signal.SIGHUP, lambda: self._signal(self.coordinator,
-                                                                                        signal.SIGHUP)))
+            handlers.append(gevent.signal_handler(signal.SIGHUP, self._hangup))
         try:
             coordinator, target = self._start_coordinator()
             if target is None:
@@ -216,6 +224,13 @@ class Supervisor:
             self._stop_children()
             for handler in handlers:
                 handler.cancel()
+
+    def _hangup(self) -> None:
+        """SIGHUP: the coordinator re-reads its auth file (the copy rebuilt first, when up made
+        the workers' token)."""
+        if self.own_token is not None:
+            self.own_token.refresh()
+        self._signal(self.coordinator, signal.SIGHUP)
 
     def request_stop(self, signum: int) -> None:
         if not self.stop_requested.is_set():
@@ -395,20 +410,31 @@ def run_up(args: dict[str, Any]) -> int:
         from jobmesh.worker.usertasks import load_modules
 
         load_modules(task_modules)
-    return Supervisor(cfg, workers, capacity, task_modules, workers_token(cfg, args.get("--token-file"))).run()
+    token = workers_token(cfg, args.get("--token-file"))
+    own = None
+    if cfg.auth_file is not None and token is None:
+        own = WorkersToken(cfg.auth_file)
+        token = own.token
+        cfg = replace(cfg, auth_file=own.path)
+    try:
+        return Supervisor(cfg, workers, capacity, task_modules, token, own).run()
+    finally:
+        if own is not None:
+            own.close()
 
 
 def workers_token(cfg: CoordinatorConfig, token_file: str | None) -> str | None:
-    """With ``--auth-file``: the worker token ``up``'s workers present (``--token-file``,
-    ``JOBMESH_TOKEN``, ``JOBMESH_TOKEN_FILE``), checked against the file, so a missing or
-    wrong one is one line at start rather than workers refused forever. ``ConfigError``."""
+    """With ``--auth-file``: the worker token given for ``up``'s workers (``--token-file``,
+    ``JOBMESH_TOKEN``, ``JOBMESH_TOKEN_FILE``), checked against the file, so a wrong one is
+    one line at start rather than workers refused forever (``ConfigError``); None when
+    none is given (``up`` then makes one) or without ``--auth-file``."""
     if cfg.auth_file is None:
         return None
     token = read_token(token_file)
-    hint = ("make one with 'jobmesh token new local-workers --role=worker --auth-file=%s > worker.token' and "
-            "give --token-file=worker.token" % cfg.auth_file)
     if token is None:
-        raise ConfigError("with --auth-file, up's workers need a worker token: %s" % hint)
+        return None
+    hint = ("give a worker token of that file (jobmesh token new local-workers --role=worker --auth-file=%s "
+            "> worker.token; --token-file=worker.token), or none and up makes one for its workers" % cfg.auth_file)
     identity = AuthFile.load(cfg.auth_file).authenticate(token)
     if identity is None:
         raise ConfigError("the workers' token is not in %s: %s" % (cfg.auth_file, hint))
@@ -416,3 +442,45 @@ def workers_token(cfg: CoordinatorConfig, token_file: str | None) -> str | None:
         raise ConfigError("the workers' token %r has role %s; up's workers need a worker token: %s"
                           % (identity.name, identity.role, hint))
     return token
+
+
+class WorkersToken:
+    """A worker token ``up`` makes for its own workers, for one run.
+
+    The token is random and lives only in this process and its workers' environment; the
+    coordinator reads ``path``: the user's auth file (``source``) with one more worker
+    entry, holding the token's hash, in a private directory (mode 0700, removed by
+    ``close``). ``refresh`` rebuilds it from the user's file (SIGHUP)."""
+
+    NAME = "up-workers"
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.token = secrets.token_urlsafe(TOKEN_BYTES)
+        self.directory = tempfile.mkdtemp(prefix="jobmesh-up-")
+        self.path = os.path.join(self.directory, "auth.toml")
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        """Write the copy; ``AuthFileError`` if the user's file is not valid."""
+        names = AuthFile.load(self.source).names()
+        name, n = self.NAME, 1
+        while name in names:
+            n += 1
+            name = "%s-%d" % (self.NAME, n)
+        with open(self.source, encoding="utf-8") as f:
+            text = f.read()
+        replace_file(self.path, text.rstrip("\n") + "\n\n" + entry_text(name, WORKER, token_digest(self.token)))
+
+    def refresh(self) -> None:
+        try:
+            self._build()
+        except (AuthFileError, OSError) as exc:
+            log.error("kept the auth file in force: %s", exc)
+
+    def close(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -540,16 +540,32 @@ def test_up_gives_its_workers_the_worker_token(tmp_path, start_up):
     assert tokens["local-workers"] not in up.log()
 
 
-@pytest.mark.parametrize("token,says", [(None, "need a worker token"), ("wrong", "is not in"),
-                                         ("client", "has role client")])
-def test_up_with_tokens_needs_a_worker_token_of_the_file(tmp_path, token, says):
+def test_up_makes_a_token_for_its_workers_when_given_none(tmp_path, start_up):
+    # Given an auth file with no worker token at all
+    tokens = Tokens(tmp_path / "auth.toml")
+    tokens.new("ci", "client")
+    before = open(tokens.path).read()
+    up = start_up("--auth-file=%s" % tokens.path, "--workers=1")
+    # Then up's own worker registers and runs jobs, and the user's file is unchanged
+    with CoordinatorClient(*up.client_addr, token=tokens["ci"]) as client:
+        wait_until(lambda: len(client.workers()) == 1, timeout=20, message="up's worker registered")
+        assert client.wait(client.submit("SHA256", {"text": "x"}), timeout=30)["state"] == "COMPLETED"
+        # a token added to the user's file works after SIGHUP to up, and up's workers stay
+        tokens.new("late", "reader")
+        up.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "reloaded auth file" in up.log() and "tokens=3" in up.log(), timeout=20,
+                   message="the coordinator re-read the copy")
+        with CoordinatorClient(*up.client_addr, token=tokens["late"]) as late:
+            assert [w["workerId"] for w in late.workers()] == ["local-1"]
+    assert open(tokens.path).read() != before and "up-workers" not in open(tokens.path).read()
+
+
+@pytest.mark.parametrize("token,says", [("wrong", "is not in"), ("client", "has role client")])
+def test_up_refuses_a_given_token_that_is_not_a_worker_token_of_the_file(tmp_path, token, says):
     tokens = Tokens(tmp_path / "auth.toml")
     tokens.new("client", "client")
-    flags = ["up", "--auth-file=%s" % tokens.path, "--worker-port=0", "--client-port=0",
-             "--db=%s" % (tmp_path / "up.db")]
-    if token is not None:
-        (tmp_path / "t").write_text(tokens.by_name.get(token, token))
-        flags.append("--token-file=%s" % (tmp_path / "t"))
-    out = run_cli(*flags)
+    (tmp_path / "t").write_text(tokens.by_name.get(token, token))
+    out = run_cli("up", "--auth-file=%s" % tokens.path, "--worker-port=0", "--client-port=0",
+                  "--db=%s" % (tmp_path / "up.db"), "--token-file=%s" % (tmp_path / "t"))
     assert out.returncode == 2 and says in out.stderr and "jobmesh token new" in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
