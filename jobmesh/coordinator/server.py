@@ -67,6 +67,7 @@ MAX_CAPACITY = 1024  # the largest capacity a worker may register with
 SHUTTING_DOWN = m.Error("coordinator is shutting down")
 AUTH_REQUIRED = "authentication required"
 AUTH_FAILED = "authentication failed"
+AUTH_TWICE = "AUTH comes once, as a connection's first frame"
 AUTH_FLUSH_SECONDS = 2.0  # how long a refused connection's ERROR may take to go out before it closes
 
 
@@ -307,8 +308,10 @@ class Servers:
                                                 "every few seconds" % MAX_HEARTBEATS_PER_SECOND)
                         window_start, beats = time.monotonic(), 0
         except ProtocolError as exc:
-            log.warning("protocol violation on worker port peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
-            conn.send(m.Error(str(exc)))
+            reason = self._violation(exc)
+            log.warning("protocol violation on worker port peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id,
+                        reason)
+            conn.send(m.Error(reason))
         except OSError as exc:
             if not conn.closed:  # closed here: the coordinator is stopping, nothing went wrong
                 log.info("worker connection error peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
@@ -386,10 +389,11 @@ class Servers:
                     conn.drain(DRAIN_SECONDS)
                     return
         except ProtocolError as exc:
-            log.warning("protocol violation on client port peer=%s:%s: %s", addr[0], addr[1], exc)
+            reason = self._violation(exc)
+            log.warning("protocol violation on client port peer=%s:%s: %s", addr[0], addr[1], reason)
             # Answered in order, after the replies to what came before; then the connection closes.
             conn.inflight += 1
-            self.post(ev.Request(conn, ev.Refusal(str(exc))))
+            self.post(ev.Request(conn, ev.Refusal(reason)))
             conn.drain(DRAIN_SECONDS)
         except OSError:
             pass
@@ -401,6 +405,13 @@ class Servers:
             if conn.inflight > 0:  # pending WAIT_JOBs (or a drain that timed out): tell the core
                 self.post(ev.ClientClosed(conn))
             self.connections["client"] -= 1
+
+    def _violation(self, exc: ProtocolError) -> str:
+        """A protocol violation's ERROR text; with tokens on, a second AUTH is named as such
+        (the codec's refusal of AUTH is for a coordinator without tokens)."""
+        if self.guard is not None and str(exc) == m.NO_AUTH:
+            return AUTH_TWICE
+        return str(exc)
 
     @staticmethod
     def _checked(identity: Identity, req: m.Message, addr: Any) -> m.Message | ev.Forbidden:

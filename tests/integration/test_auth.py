@@ -226,6 +226,15 @@ def test_fuzzed_first_frames_never_authenticate(authed, first, port):
     assert authed.proc.poll() is None
 
 
+@pytest.mark.parametrize("port", ["client", "worker"])
+def test_a_second_auth_is_a_protocol_violation(authed, opened, port):
+    role = "client" if port == "client" else "worker"
+    conn = connect(authed.client_addr if port == "client" else authed.worker_addr, authed.tokens[role], opened)
+    conn.send({"type": "AUTH", "token": authed.tokens[role]})
+    frames, closed = read_until_closed(conn, timeout=15)
+    assert frames == [{"type": "ERROR", "message": "AUTH comes once, as a connection's first frame"}] and closed
+
+
 def test_the_sha256_in_the_file_is_not_itself_a_token(authed, opened):
     # the file's hex hash is not a password
     digest = auth.token_digest(authed.tokens["admin"])
