@@ -8,8 +8,7 @@ anything (``Servers.guard`` is None), so the plain path costs what it always did
   (``jobmesh.auth.AuthFile``) and counts a failure against ``host``. After
   ``FREE_FAILURES`` failures in a row from one address, each further failure waits
   ``failure_delay(host)`` before its ERROR is written (doubling from ``FIRST_DELAY`` up
-  to ``MAX_DELAY`` seconds), so a peer that keeps guessing is slowed to a few guesses a
-  minute per connection; a success from the address clears its record. At most
+  to ``MAX_DELAY`` seconds), so a peer that keeps failing costs little; a success from the address clears its record. At most
   ``MAX_PEERS`` addresses are remembered (the oldest forgotten first), each for
   ``FORGET_SECONDS`` after its last failure.
 * ``attach(conn, identity)`` / ``detach(conn)``: the open connections of each token, so
@@ -26,9 +25,11 @@ from jobmesh.auth import AuthFile, AuthFileError, Identity
 
 log = logging.getLogger(__name__)
 
-FREE_FAILURES = 5  # failures in a row from one address before each further one is slowed
-FIRST_DELAY = 0.25  # seconds: the delay of the first slowed failure, doubled for each next one
-MAX_DELAY = 10.0  # seconds: a slowed failure waits at most this long
+# The slow-down is against floods (log lines, CPU), not guessing: a token has 256 random
+# bits. Its delay stays short enough for a client's ordinary reply timeout.
+FREE_FAILURES = 20  # failures in a row from one address before each further one is slowed
+FIRST_DELAY = 0.1  # seconds: the delay of the first slowed failure, doubled for each next one
+MAX_DELAY = 2.0  # seconds: a slowed failure waits at most this long
 FORGET_SECONDS = 600.0  # an address with no failure for this long starts afresh
 MAX_PEERS = 10_000  # addresses remembered at most
 
