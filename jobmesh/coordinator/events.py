@@ -138,3 +138,12 @@ class PeriodicClosed(Event):
 
     def __init__(self, conn: OutboundConnection) -> None:
         self.conn = conn
+
+
+class SchedulesFile(Event):
+    """The schedules file was read again (SIGHUP): its definitions, as parsed tables."""
+
+    __slots__ = ("definitions",)
+
+    def __init__(self, definitions: list[dict[str, Any]]) -> None:
+        self.definitions = definitions

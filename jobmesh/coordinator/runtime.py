@@ -266,10 +266,10 @@ class Coordinator:
         core.draining = self._draining
         log.info(
             "recovered db=%s active=%d queued=%d scheduled=%d retry_wait=%d requeued=%d due_while_down=%d"
-            " failed_on_restart=%d damaged=%d task_types=%d next_seq=%d",
+            " failed_on_restart=%d damaged=%d task_types=%d next_seq=%d schedules=%d",
             cfg.db, core.active_count, stats["queued"], stats["scheduled"], stats["retry_wait"],
             stats["requeued"], stats["due"], stats["failed"], stats["damaged"], len(core.table.known_types),
-            core.table.next_seq,
+            core.table.next_seq, len(core.schedules.by_name),
         )
         return core
 
