@@ -148,6 +148,7 @@ def parse_definition(obj: dict[str, Any], config: CoreConfig, check: CheckPayloa
     cron = _field(obj, "cron", str, None)
     every = _field(obj, "everyMillis", int, None)
     tz = _field(obj, "timezone", str, "UTC")
+    Rule(cron, every, tz)  # the rule's errors first: they are the likeliest
     task_type = _field(obj, "taskType", str, None)
     if task_type is None:
         raise RuleError("schedule %s needs a taskType" % name)

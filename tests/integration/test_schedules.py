@@ -1,0 +1,169 @@
+"""Recurring schedules against real coordinators: the CLI's subcommands and exit codes, the
+library's ``client.schedules``, and firing exactly once per fire time while the
+coordinator is killed (SIGKILL) around fire times under load."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+from datetime import datetime, timezone
+
+from jobmesh.client.api import CoordinatorClient
+from jobmesh.errors import ClientError, RequestFailed
+from tests.helpers import CoordinatorProc, run_cli, wait_until
+
+
+def jm(coord, *args, **kwargs):
+    return run_cli(*args, coordinator=coord.client_target, **kwargs)
+
+
+def one_json(result):
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("\n") == 1, result.stdout
+    return json.loads(result.stdout)
+
+
+def test_from_preview_to_a_nightly_schedule_with_the_cli(coordinator):
+    # preview: the next fire times of an expression, in its zone, before saving anything
+    r = jm(coordinator, "schedule", "preview", "--cron=30 2 * * *", "--tz=Europe/Paris",
+           "--from=2026-10-24T12:00:00Z", "--count=2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith("2026-10-25 02:30:00 CEST")
+    assert r.stdout.splitlines()[1].startswith("2026-10-26 02:30:00 CET")
+    times = one_json(jm(coordinator, "schedule", "preview", "--every-millis=1000", "--from=2026-01-01T00:00:00Z",
+                        "--count=3", "--json"))
+    assert times == [1767225601000, 1767225602000, 1767225603000]
+
+    # add, list, show
+    r = jm(coordinator, "schedule", "add", "nightly", "--cron=0 3 * * *", "--tz=Europe/Paris", "sleep",
+           '{"durationMillis": 1}')
+    assert r.returncode == 0 and "schedule nightly saved; next fire" in r.stdout, r.stderr
+    listed = one_json(jm(coordinator, "schedule", "list", "--json"))
+    assert [s["name"] for s in listed] == ["nightly"]
+    assert listed[0]["cron"] == "0 3 * * *" and listed[0]["timezone"] == "Europe/Paris"
+    assert listed[0]["taskType"] == "SLEEP" and listed[0]["nextFireMillis"] is not None
+    r = jm(coordinator, "schedule", "list")
+    assert r.returncode == 0 and "nightly" in r.stdout and "NEXT FIRE" in r.stdout
+    shown = one_json(jm(coordinator, "schedule", "show", "nightly", "--json"))
+    assert len(shown["nextFireTimes"]) == 5 and shown["nextFireTimes"][0] == shown["nextFireMillis"]
+    r = jm(coordinator, "schedule", "show", "nightly")
+    assert r.returncode == 0 and "next fire times:" in r.stdout and r.stdout.count("03:00:00 CE") == 5
+
+    # trigger: a job now, which names its schedule
+    job_id = one_json(jm(coordinator, "schedule", "trigger", "nightly", "--json"))["jobId"]
+    job = one_json(jm(coordinator, "status", job_id, "--json"))
+    assert job["scheduleName"] == "nightly" and isinstance(job["scheduledFor"], int)
+    r = jm(coordinator, "status", job_id)
+    assert "schedule  nightly, fire time" in r.stdout
+    shown = one_json(jm(coordinator, "schedule", "show", "nightly", "--json"))
+    assert shown["recentJobs"][-1]["jobId"] == job_id and shown["lastJobId"] == job_id
+
+    # pause, resume, rm
+    assert one_json(jm(coordinator, "schedule", "pause", "nightly", "--json"))["paused"] is True
+    r = jm(coordinator, "schedule", "resume", "nightly")
+    assert r.returncode == 0 and "resumed" in r.stdout
+    assert one_json(jm(coordinator, "schedule", "rm", "nightly", "--json"))["name"] == "nightly"
+    assert one_json(jm(coordinator, "schedule", "list", "--json")) == []
+    assert one_json(jm(coordinator, "status", job_id, "--json"))["jobId"] == job_id  # its jobs stay
+
+
+def test_schedule_errors_are_one_line_with_the_contracts_exit_codes(coordinator):
+    cases = [
+        (("schedule", "add", "x", "--cron=61 * * * *", "SLEEP"), 1, "bad cron"),
+        (("schedule", "add", "x", "--cron=@daily", "--tz=Mars/Olympus", "SLEEP"), 1, "unknown time zone"),
+        (("schedule", "add", "x", "--every-millis=5000", "NO_SUCH_TYPE"), 1, "unknown task type"),
+        (("schedule", "show", "nope"), 1, "unknown schedule 'nope'"),
+        (("schedule", "trigger", "nope"), 1, "unknown schedule 'nope'"),
+        (("schedule", "add", "x", "SLEEP"), 2, "Usage"),
+        (("schedule", "add", "x", "--every-millis=5000", "SLEEP", "--missed=sometimes"), 2, "--missed must be"),
+        (("schedule", "add", "x", "--every-millis=10", "SLEEP"), 2, "--every-millis must be >= 1000"),
+        (("schedule", "preview", "--cron=@daily", "--count=0"), 2, "--count must be >= 1"),
+        (("schedule", "preview", "--cron=@daily", "--from=yesterday"), 2, "--run-at must be"),
+    ]
+    for argv, code, words in cases:
+        r = jm(coordinator, *argv)
+        assert r.returncode == code, (argv, r.returncode, r.stderr)
+        assert words in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)
+    assert one_json(jm(coordinator, "schedule", "list", "--json")) == []
+
+
+def test_the_library_puts_lists_triggers_and_previews(coordinator):
+    with CoordinatorClient(coordinator.client_target) as client:
+        made = client.schedules.put("health", "SLEEP", {"durationMillis": 1}, every=30, jitter=2, missed="skip")
+        assert made["everyMillis"] == 30_000 and made["jitterMillis"] == 2000 and made["missed"] == "skip"
+        assert [s["name"] for s in client.schedules.list()] == ["health"]
+        job_id = client.schedules.trigger("health")
+        assert client.status(job_id)["scheduleName"] == "health"
+        times = client.schedules.preview(cron="30 2 * * *", timezone="Europe/Paris",
+                                         start=datetime(2026, 10, 24, 12, tzinfo=timezone.utc), count=2)
+        assert [t.isoformat() for t in times] == ["2026-10-25T02:30:00+02:00", "2026-10-26T02:30:00+01:00"]
+        assert client.schedules.pause("health")["nextFireMillis"] is None
+        assert client.schedules.delete("health")["name"] == "health"
+        try:
+            client.schedules.get("health")
+        except RequestFailed as exc:
+            assert "unknown schedule" in exc.message
+        else:
+            raise AssertionError("a deleted schedule was found")
+
+
+def test_no_fire_time_makes_two_jobs_across_kill_9_under_load(tmp_path):
+    # Given schedules firing every second that make a job for every fire time (missed=all,
+    # overlap=allow), and a client submitting jobs all along
+    coord = CoordinatorProc(tmp_path, name="crash").start()
+    names = ["s%d" % i for i in range(4)]
+    with CoordinatorClient(coord.client_target) as client:
+        for name in names:
+            client.schedules.put(name, "SLEEP", {"durationMillis": 1}, every=1, missed="all", overlap="allow")
+    stop = threading.Event()
+    target = {"addr": coord.client_target}
+
+    def load():
+        while not stop.is_set():
+            try:
+                with CoordinatorClient(target["addr"], timeout=2, connect_timeout=1) as c:
+                    while not stop.is_set():
+                        c.submit("SLEEP", {"durationMillis": 1})
+            except ClientError:
+                time.sleep(0.05)
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    rng = random.Random(7)
+    try:
+        # When the coordinator is killed (SIGKILL) a few times, at varying offsets around fire
+        # times, and restarted on the same database
+        for _cycle in range(4):
+            time.sleep(1.0 + rng.random() * 1.5)
+            coord.kill()
+            coord.start()
+            target["addr"] = coord.client_target
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        loader.join(10)
+    # Then every fire time of every schedule has at most one job, on the fire-time grid
+    with CoordinatorClient(coord.client_target) as client:
+        schedules = {s["name"]: s for s in client.schedules.list()}
+        fired = [j for j in client.iter_jobs(page_size=1000) if j.get("scheduleName") is not None]
+    counts = Counter((j["scheduleName"], j["scheduledFor"]) for j in fired)
+    assert counts and max(counts.values()) == 1, [k for k, n in counts.items() if n > 1]
+    for (name, fire), _n in counts.items():
+        created = schedules[name]["createdAtMillis"]
+        assert (fire - created) % 1000 == 0 and fire > created
+    for name in names:  # jobs made = fires counted (the count commits with the jobs)
+        assert schedules[name]["firedCount"] == sum(1 for (n, _f) in counts if n == name)
+    coord.cleanup()
+
+
+def test_a_schedule_fires_on_a_live_coordinator_and_its_job_runs(live):
+    with CoordinatorClient(live.client_target) as client:
+        client.schedules.put("tick", "SLEEP", {"durationMillis": 1}, every=1)
+        job = wait_until(lambda: next((j for j in client.iter_jobs() if j.get("scheduleName") == "tick"), None),
+                         timeout=20, message="a fired job")
+        done = client.wait(job["jobId"], timeout=20)
+        assert done["state"] == "COMPLETED" and done["scheduledFor"] % 1000 == client.schedules.get(
+            "tick")["createdAtMillis"] % 1000
