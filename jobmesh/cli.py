@@ -84,6 +84,9 @@ Coordinator options:
   --periodic-keepalive-millis=N  close a Periodic connection that sent nothing for this
                                  long after its handshake (aio-periodic pings every 10 s
                                  when idle); 0 = never [default: 120000]
+  --schedules=FILE               recurring schedules to keep: a TOML file, one table per
+                                 schedule; applied at start and again on SIGHUP (it
+                                 replaces and deletes only the schedules it made)
   --log-level=LEVEL              DEBUG, INFO, WARNING or ERROR [default: INFO]
   --log-format=FORMAT            text, or json: one JSON object per line on stderr [default: text]
   -h --help                      show this help

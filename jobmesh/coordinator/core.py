@@ -236,13 +236,15 @@ class CoordinatorCore:
         """The schedules file's set (at start and on SIGHUP): the reason it was refused, or
         None once applied (``Schedules.apply_file``)."""
         problem = self.schedules.apply_file(now, definitions)
-        if problem is not None:
-            log.error("schedules file not applied, the schedules stay as they were: %s", problem)
+        if problem is None:
+            log.info("schedules file applied: %d schedules from it", len(definitions))
         return problem
 
     def on_schedules_file(self, now: int, definitions: list[dict[str, Any]]) -> None:
         """SIGHUP: the file read again; a file with an error is logged and changes nothing."""
-        self.apply_schedules_file(now, definitions)
+        problem = self.apply_schedules_file(now, definitions)
+        if problem is not None:
+            log.error("schedules file not applied, the schedules stay as they were: %s", problem)
 
     def observe_arrivals(self, now: int, arrivals: dict[OutboundConnection, int]) -> None:
         """Liveness by arrival, before a sweep: each worker connection's last frame arrived

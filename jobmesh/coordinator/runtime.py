@@ -67,8 +67,9 @@ from jobmesh.coordinator.housekeeping import (COMMIT_SECONDS_BUCKETS, SIZE_BUCKE
 from jobmesh.coordinator.periodic_port import PeriodicPort
 from jobmesh.coordinator.server import SHUTTING_DOWN, Servers
 from jobmesh.coordinator.waiters import Slot, Waiter
-from jobmesh.errors import ProtocolError
-from jobmesh.exitcodes import EXIT_COMMIT_FAILED, EXIT_CORE_DIED
+from jobmesh.coordinator import schedule_file
+from jobmesh.errors import ConfigError, ProtocolError
+from jobmesh.exitcodes import EXIT_COMMIT_FAILED, EXIT_CORE_DIED, EXIT_USAGE
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
 from jobmesh.store.base import Store
@@ -198,6 +199,10 @@ class Coordinator:
         if self.store.migrated:
             log.info("migrated database %s: added columns %s", cfg.db, ", ".join(self.store.migrated))
         self.core = self._recovered_core()
+        if cfg.schedules_file is not None:  # its schedules commit with recovery's rows
+            problem = self.core.apply_schedules_file(now_millis(), schedule_file.read(cfg.schedules_file))
+            if problem is not None:
+                raise ConfigError("--schedules: %s: %s" % (cfg.schedules_file, problem))
         rows = self.core.take_dirty()
         if any(rows):
             try:
@@ -625,6 +630,23 @@ class Coordinator:
                               connections=dict(self.handlers.connections), commit_seconds=self.commit_seconds,
                               commit_rows=self.commit_rows, batch_events=self.batch_events)
 
+    # ---- the schedules file --------------------------------------------------------------
+
+    def reload_schedules(self) -> None:
+        """SIGHUP: read the --schedules file again and hand it to the core; a file that does
+        not parse is logged and changes nothing (so does one the core refuses)."""
+        path = self.config.schedules_file
+        if path is None:
+            log.info("SIGHUP: no --schedules file to read")
+            return
+        try:
+            definitions = schedule_file.read(path)
+        except ConfigError as exc:
+            log.error("schedules file not applied, the schedules stay as they were: %s", exc)
+            return
+        log.info("SIGHUP: applying the schedules file %s (%d schedules)", path, len(definitions))
+        self.mailbox.put_urgent(ev.SchedulesFile(definitions))
+
     # ---- stop -----------------------------------------------------------------------
 
     def on_stop_signal(self) -> None:
@@ -713,6 +735,10 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
     except (DatabaseInUse, CannotStart) as exc:
         log.error("%s", exc)
         return 1
+    except ConfigError as exc:  # the --schedules file: a usage error, as a bad flag is
+        log.error("%s", exc)
+        coordinator.lock.release()
+        return EXIT_USAGE
     except sqlite3.Error as exc:
         log.error("cannot open the database %s: %s", config.db, exc)
         return 1
@@ -721,6 +747,7 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, coordinator.on_stop_signal)
+    gevent.signal_handler(signal.SIGHUP, coordinator.reload_schedules)
     announce(line)
     coordinator.stopped.wait()
     return coordinator.exit_code

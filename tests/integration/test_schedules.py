@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -13,7 +16,7 @@ from datetime import datetime, timezone
 
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import ClientError, RequestFailed
-from tests.helpers import CoordinatorProc, run_cli, wait_until
+from tests.helpers import CoordinatorProc, child_env, run_cli, wait_until
 
 
 def jm(coord, *args, **kwargs):
@@ -167,3 +170,61 @@ def test_a_schedule_fires_on_a_live_coordinator_and_its_job_runs(live):
         done = client.wait(job["jobId"], timeout=20)
         assert done["state"] == "COMPLETED" and done["scheduledFor"] % 1000 == client.schedules.get(
             "tick")["createdAtMillis"] % 1000
+
+
+NIGHTLY = """
+[nightly-report]
+cron = "0 3 * * *"
+timezone = "Europe/Paris"
+task_type = "SLEEP"
+payload = { durationMillis = 1 }
+
+[health-check]
+every_millis = 30000
+taskType = "SLEEP"
+payload = { durationMillis = 2 }
+"""
+
+
+def test_the_schedules_file_is_applied_at_start_and_on_sighup(coordinator_factory, tmp_path):
+    # Given a coordinator started with a schedules file, and a schedule made through the API
+    path = tmp_path / "schedules.toml"
+    path.write_text(NIGHTLY)
+    coord = coordinator_factory(schedules=str(path))
+    with CoordinatorClient(coord.client_target) as client:
+        listed = {s["name"]: s for s in client.schedules.list()}
+        assert set(listed) == {"nightly-report", "health-check"}
+        assert listed["nightly-report"]["timezone"] == "Europe/Paris" and listed["health-check"]["origin"] == "file"
+        client.schedules.put("by-hand", "SLEEP", {"durationMillis": 1}, every=60)
+        # When the file changes (one schedule dropped, one changed) and SIGHUP arrives
+        path.write_text(NIGHTLY.split("[health-check]")[0].replace('"0 3 * * *"', '"15 4 * * *"'))
+        coord.proc.send_signal(signal.SIGHUP)
+        # Then the file's schedules follow it, and the API's are left alone
+        wait_until(lambda: {s["name"] for s in client.schedules.list()} == {"nightly-report", "by-hand"},
+                   timeout=20, message="the file applied")
+        assert client.schedules.get("nightly-report")["cron"] == "15 4 * * *"
+        # A file with an error is logged and changes nothing
+        path.write_text('[broken]\ncron = "99 * * * *"\ntask_type = "SLEEP"\npayload = { durationMillis = 1 }\n')
+        coord.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "schedules file not applied" in coord.stderr(), timeout=20, message="the error logged")
+        assert {s["name"] for s in client.schedules.list()} == {"nightly-report", "by-hand"}
+        path.write_text("not = [toml")
+        coord.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: coord.stderr().count("schedules file not applied") == 2, timeout=20,
+                   message="the TOML error logged")
+        assert coord.proc.poll() is None
+
+
+def test_a_bad_schedules_file_at_start_is_a_one_line_error_and_exit_2(tmp_path):
+    path = tmp_path / "schedules.toml"
+    for text, words in (("[x]\nevery_millis = 5000\ntask_type = 'SLEEP'\ncolour = 'red'\n", "unknown key 'colour'"),
+                        ("[x]\ncron = '0 3 * *'\ntask_type = 'SLEEP'\n", "five fields"),
+                        ("[x\n", "not valid TOML")):
+        path.write_text(text)
+        proc = subprocess.run([sys.executable, "-m", "jobmesh", "coordinator", "--worker-port=0", "--client-port=0",
+                               "--db=%s" % (tmp_path / "db"), "--schedules=%s" % path],
+                              capture_output=True, text=True, timeout=60, env=child_env())
+        assert proc.returncode == 2, (proc.returncode, proc.stderr)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len([line for line in lines if "ERROR" in line]) == 1 and words in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and "listening" not in proc.stdout
