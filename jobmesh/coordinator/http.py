@@ -18,6 +18,7 @@ the coordinator's hub (``--metrics-port``, on the ``--bind`` address) and answer
     /api/jobs/<id>           one job's snapshot
     /api/jobs/<id>/events    its timeline
     /api/workers             the live workers
+    /api/schedules           the recurring schedules (next fire, last job and its state, counts)
 
 Two ways of reading, and why:
 
@@ -436,6 +437,8 @@ class HttpPort:
             return self._json(start_response, self.series())
         if path == "/api/workers":
             return self._json(start_response, {"workers": self.ask(m.ListWorkers())["workers"]})
+        if path == "/api/schedules":
+            return self._json(start_response, {"schedules": self._schedules()})
         if path == "/api/jobs":
             return self._json(start_response, self._list_jobs(parse_qs(environ.get("QUERY_STRING", ""))))
         match = JOB_PATH.match(path)
@@ -446,6 +449,17 @@ class HttpPort:
                 return self._json(start_response, {"jobId": job_id, "events": reply.get("events", [])})
             return self._json(start_response, {"job": self.ask(m.GetJobStatus(job_id), not_found=True)["job"]})
         return self._json(start_response, {"error": "no such page: %s" % path}, "404 Not Found")
+
+    def _schedules(self) -> list[dict[str, Any]]:
+        """Every recurring schedule, by name, a page of SCHEDULE_LIST at a time."""
+        out: list[dict[str, Any]] = []
+        after = None
+        while True:
+            reply = self.ask(m.ScheduleList(after=after))
+            out.extend(reply.get("schedules", []))
+            after = reply.get("nextAfter")
+            if after is None:
+                return out
 
     def _list_jobs(self, query: dict[str, list[str]]) -> dict[str, Any]:
         def one(name: str) -> str | None:

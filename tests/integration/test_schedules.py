@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from datetime import datetime, timezone
 
@@ -228,3 +229,30 @@ def test_a_bad_schedules_file_at_start_is_a_one_line_error_and_exit_2(tmp_path):
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert len([line for line in lines if "ERROR" in line]) == 1 and words in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and "listening" not in proc.stdout
+
+
+def test_the_dashboard_metrics_and_top_show_schedules(coordinator_factory):
+    coord = coordinator_factory(metrics_port=0)
+    with CoordinatorClient(coord.client_target) as client:
+        client.schedules.put("tick", "SLEEP", {"durationMillis": 1}, every=1, overlap="allow")
+        client.schedules.put("nightly", "SLEEP", {"durationMillis": 1}, cron="0 3 * * *", timezone="Europe/Paris")
+        wait_until(lambda: client.schedules.get("tick")["firedCount"] >= 1, timeout=20, message="a fire")
+    # The dashboard's JSON lists every schedule with its next fire, last job and counts.
+    with urllib.request.urlopen(coord.metrics_url + "/api/schedules", timeout=10) as response:
+        listed = {s["name"]: s for s in json.loads(response.read())["schedules"]}
+    assert set(listed) == {"nightly", "tick"}
+    assert listed["tick"]["lastJobId"] and listed["tick"]["lastJobState"] in ("QUEUED", "COMPLETED", "RUNNING")
+    assert listed["nightly"]["nextFireMillis"] is not None and listed["nightly"]["firedCount"] == 0
+    with urllib.request.urlopen(coord.metrics_url + "/", timeout=10) as response:
+        page = response.read().decode()
+    assert 'id="schedules"' in page and "#/schedule/" in page  # the list, and a job's link to its schedule
+    # The metrics count fires per schedule.
+    with urllib.request.urlopen(coord.metrics_url + "/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    fires = [line for line in metrics.splitlines() if line.startswith('jobmesh_schedule_fires_total{schedule="tick"}')]
+    assert fires and float(fires[0].split()[-1]) >= 1
+    assert "# TYPE jobmesh_schedule_missed_total counter" in metrics
+    # top shows the next fires.
+    r = jm(coord, "top", "--iterations=1")
+    assert r.returncode == 0, r.stderr
+    assert "next schedule fires" in r.stdout and "nightly" in r.stdout and "tick" in r.stdout

@@ -479,6 +479,10 @@ def test_every_state_is_in_the_metrics_the_dashboards_data_get_stats_and_top():
         def workers(self):
             return []
 
+        def request(self, msg, expect, idempotent=False):
+            assert isinstance(msg, m.ScheduleList)
+            return m.ScheduleList()
+
     out = io.StringIO()
 
     from jobmesh.client.commands import Console
