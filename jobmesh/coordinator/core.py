@@ -115,6 +115,7 @@ class CoordinatorCore:
             ev.ClientClosed: lambda e, now: requests.on_client_closed(now, e.conn),
             ev.ReadsDone: lambda e, now: self.resume_held(now),
             ev.SchedulesFile: lambda e, now: self.on_schedules_file(now, e.definitions),
+            ev.Fire: lambda e, now: self.fire_schedules(now),
         }
         self._sweep_steps: tuple[Callable[[int], Any], ...] = (
             json.detect_dead_workers, self.expire_deadlines, self.promote_due_jobs, self.fire_schedules, json.schedule,

@@ -107,6 +107,10 @@ class ReadsDone(Event):
     """A store read a held request waits for has finished (at most one pending)."""
 
 
+class Fire(Event):
+    """A recurring schedule's fire time has come (at most one pending)."""
+
+
 class Stop(Event):
     """Stop the core after this batch."""
 
@@ -115,6 +119,7 @@ SWEEP = Sweep()
 EXPIRE = Expire()
 STOP = Stop()
 READS_DONE = ReadsDone()
+FIRE = Fire()
 
 
 class PeriodicPacket(Event):

@@ -85,6 +85,7 @@ BACKLOG = 4096
 FD_MARGIN = 256
 WORKER_FD_RESERVE = 512  # descriptors client connections may not take (new workers can always register)
 DRAIN_POLL_SECONDS = 0.02
+FIRE_TICK_MILLIS = 10  # recurring schedules fire at most this often (in batches), at their time
 class CannotStart(Exception):
     """A start-up failure whose message is the whole story (one line, exit 1)."""
 
@@ -156,6 +157,11 @@ class Coordinator:
         self._expire_timer: gevent.Greenlet | None = None
         self._expire_at: int | None = None
         self._expire_pending = False
+        # Recurring schedules: the timer for the earliest next fire time (core time) and
+        # the FIRE marker it posts, so fires do not wait for the sweep.
+        self._fire_timer: gevent.Greenlet | None = None
+        self._fire_at: int | None = None
+        self._fire_pending = False
         self._stopping = False
         self.stopped = gevent.event.Event()
         self.exit_code = 0  # what run_coordinator returns once stopped
@@ -165,7 +171,7 @@ class Coordinator:
         # What the runtime itself does before the core applies an event of that kind.
         self._before: dict[type, Callable[[Any], None]] = {
             ev.Sweep: self._before_sweep, ev.Expire: self._before_expire, ev.ClientClosed: self._before_client_closed,
-            ev.ReadsDone: self._before_reads_done,
+            ev.ReadsDone: self._before_reads_done, ev.Fire: self._before_fire,
         }
         self._reads_pending = False  # a READS_DONE marker is in the mailbox
         self._draining = False
@@ -336,6 +342,35 @@ class Coordinator:
     def _before_expire(self, _event: ev.Expire) -> None:
         self._expire_pending = False
 
+    def _before_fire(self, _event: ev.Fire) -> None:
+        self._fire_pending = False
+
+    def _arm_fire(self) -> None:
+        """Keep a timer armed for the earliest fire time of a recurring schedule (none
+        without schedules: one heap peek per batch). Fires at most every FIRE_TICK_MILLIS,
+        so thousands of schedules make batches of fires, not a wake-up each."""
+        core = self.core
+        if core is None or self._fire_pending or self._stopping or core.paused:  # paused: the sweep catches up
+            return
+        due = core.schedules.next_due()
+        if due is None:
+            return
+        at = max(due - core.table.drift, now_millis() + FIRE_TICK_MILLIS)
+        if self._fire_at is not None and self._fire_at <= at:
+            return
+        if self._fire_timer is not None:
+            self._fire_timer.kill(block=False)
+        self._fire_at = at
+        self._fire_timer = gevent.spawn_later(max(0.0, (at - now_millis()) / 1000.0), self._fire_tick)
+
+    def _fire_tick(self) -> None:
+        self._fire_timer = None
+        self._fire_at = None
+        if self._stopping or self._fire_pending:
+            return
+        self._fire_pending = True
+        self.mailbox.put_urgent(ev.FIRE)
+
     def _before_reads_done(self, _event: ev.ReadsDone) -> None:
         self._reads_pending = False
 
@@ -418,6 +453,7 @@ class Coordinator:
                     self._fail(item)
                 return
             self._arm_expiry()
+            self._arm_fire()
             core = self.core
             if core is not None:
                 for read in core.take_new_reads():  # none on SQLite: its reads answer at once
@@ -702,6 +738,8 @@ class Coordinator:
             self.http.stop_timers()
         if self._sweep_timer is not None:
             self._sweep_timer.kill(block=False)
+        if self._fire_timer is not None:
+            self._fire_timer.kill(block=False)
         if self._core_greenlet is not None:
             self._core_greenlet.unlink(self._core_died)
             self.mailbox.put(ev.STOP)

@@ -512,6 +512,17 @@ class Schedules:
     def _normal(self, obj: dict[str, Any], wall: int) -> dict[str, Any]:
         return parse_definition(obj, self.config, self.check_payload, "file", wall).definition()
 
+    def next_due(self) -> int | None:
+        """The earliest next fire time (wall clock), or None; stale heap entries go first."""
+        heap = self.heap
+        while heap:
+            at, name = heap[0]
+            schedule = self.by_name.get(name)
+            if schedule is not None and schedule.next_fire == at:
+                return at
+            heapq.heappop(heap)
+        return None
+
     # ---- figures ------------------------------------------------------------------------------
 
     def next_fires(self, limit: int) -> list[tuple[int, str]]:
