@@ -92,6 +92,44 @@ class CannotStart(Exception):
 
 
 
+class MarkerTimer:
+    """A timer for the earliest instant (core time) it is armed for, which then posts
+    ``marker`` to the mailbox; at most one marker is pending (``taken`` when the core
+    applies it). The WAIT_JOB deadlines and the schedules' fire times each have one."""
+
+    def __init__(self, post: Callable[[Any], None], marker: ev.Event) -> None:
+        self.post = post
+        self.marker = marker
+        self.pending = False
+        self.stopped = False
+        self._at: int | None = None
+        self._timer: gevent.Greenlet | None = None
+
+    def arm(self, at: int) -> None:
+        if self.pending or self.stopped or (self._at is not None and self._at <= at):
+            return
+        if self._timer is not None:
+            self._timer.kill(block=False)
+        self._at = at
+        self._timer = gevent.spawn_later(max(0.0, (at - now_millis()) / 1000.0), self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._at = None
+        if self.stopped or self.pending:
+            return
+        self.pending = True
+        self.post(self.marker)
+
+    def taken(self, _event: ev.Event) -> None:
+        self.pending = False
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self._timer is not None:
+            self._timer.kill(block=False)
+
+
 class Held:
     """A connection's replies held behind pending waits: ``(reply or Slot, close)`` in
     request order, and how many of its Slots are not yet written (queued or still to be
@@ -154,14 +192,10 @@ class Coordinator:
         # WAIT_JOB: replies held behind pending waits, per connection, and the timer for
         # the earliest wait deadline (core time), with the EXPIRE marker it posts.
         self._held: dict[Any, Held] = {}
-        self._expire_timer: gevent.Greenlet | None = None
-        self._expire_at: int | None = None
-        self._expire_pending = False
+        self.expiry = MarkerTimer(self.mailbox.put_urgent, ev.EXPIRE)
         # Recurring schedules: the timer for the earliest next fire time (core time) and
         # the FIRE marker it posts, so fires do not wait for the sweep.
-        self._fire_timer: gevent.Greenlet | None = None
-        self._fire_at: int | None = None
-        self._fire_pending = False
+        self.fires = MarkerTimer(self.mailbox.put_urgent, ev.FIRE)
         self._stopping = False
         self.stopped = gevent.event.Event()
         self.exit_code = 0  # what run_coordinator returns once stopped
@@ -170,8 +204,8 @@ class Coordinator:
         self.outage = StorageOutage()
         # What the runtime itself does before the core applies an event of that kind.
         self._before: dict[type, Callable[[Any], None]] = {
-            ev.Sweep: self._before_sweep, ev.Expire: self._before_expire, ev.ClientClosed: self._before_client_closed,
-            ev.ReadsDone: self._before_reads_done, ev.Fire: self._before_fire,
+            ev.Sweep: self._before_sweep, ev.Expire: self.expiry.taken, ev.ClientClosed: self._before_client_closed,
+            ev.ReadsDone: self._before_reads_done, ev.Fire: self.fires.taken,
         }
         self._reads_pending = False  # a READS_DONE marker is in the mailbox
         self._draining = False
@@ -339,37 +373,16 @@ class Coordinator:
         core.observe_wall(now, wall_millis())
         self.collector.tick(time.monotonic())
 
-    def _before_expire(self, _event: ev.Expire) -> None:
-        self._expire_pending = False
-
-    def _before_fire(self, _event: ev.Fire) -> None:
-        self._fire_pending = False
-
     def _arm_fire(self) -> None:
         """Keep a timer armed for the earliest fire time of a recurring schedule (none
-        without schedules: one heap peek per batch). Fires at most every FIRE_TICK_MILLIS,
-        so thousands of schedules make batches of fires, not a wake-up each."""
+        without schedules: one heap peek per batch), at most every FIRE_TICK_MILLIS, so
+        thousands of schedules make batches of fires, not a wake-up each."""
         core = self.core
-        if core is None or self._fire_pending or self._stopping or core.paused:  # paused: the sweep catches up
+        if core is None or core.paused:  # paused: the sweep catches up once storage works
             return
         due = core.schedules.next_due()
-        if due is None:
-            return
-        at = max(due - core.table.drift, now_millis() + FIRE_TICK_MILLIS)
-        if self._fire_at is not None and self._fire_at <= at:
-            return
-        if self._fire_timer is not None:
-            self._fire_timer.kill(block=False)
-        self._fire_at = at
-        self._fire_timer = gevent.spawn_later(max(0.0, (at - now_millis()) / 1000.0), self._fire_tick)
-
-    def _fire_tick(self) -> None:
-        self._fire_timer = None
-        self._fire_at = None
-        if self._stopping or self._fire_pending:
-            return
-        self._fire_pending = True
-        self.mailbox.put_urgent(ev.FIRE)
+        if due is not None:
+            self.fires.arm(max(due - core.table.drift, now_millis() + FIRE_TICK_MILLIS))
 
     def _before_reads_done(self, _event: ev.ReadsDone) -> None:
         self._reads_pending = False
@@ -396,23 +409,9 @@ class Coordinator:
     def _arm_expiry(self) -> None:
         """Keep a timer armed for the earliest pending wait's deadline."""
         core = self.core
-        if core is None or self._expire_pending or self._stopping:
-            return
-        due = core.requests.next_wait_deadline()
-        if due is None or (self._expire_at is not None and self._expire_at <= due):
-            return
-        if self._expire_timer is not None:
-            self._expire_timer.kill(block=False)
-        self._expire_at = due
-        self._expire_timer = gevent.spawn_later(max(0.0, (due - now_millis()) / 1000.0), self._expire_tick)
-
-    def _expire_tick(self) -> None:
-        self._expire_timer = None
-        self._expire_at = None
-        if self._stopping or self._expire_pending:
-            return
-        self._expire_pending = True
-        self.mailbox.put_urgent(ev.EXPIRE)
+        due = None if core is None else core.requests.next_wait_deadline()
+        if due is not None:
+            self.expiry.arm(due)
 
     def _release(self, conn: ReplyConnection, held: Held) -> None:
         """Write the longest ready prefix of a connection's held replies, in one write."""
@@ -738,8 +737,8 @@ class Coordinator:
             self.http.stop_timers()
         if self._sweep_timer is not None:
             self._sweep_timer.kill(block=False)
-        if self._fire_timer is not None:
-            self._fire_timer.kill(block=False)
+        self.expiry.stop()
+        self.fires.stop()
         if self._core_greenlet is not None:
             self._core_greenlet.unlink(self._core_died)
             self.mailbox.put(ev.STOP)

@@ -54,6 +54,10 @@ MAX_MILLIS = 253_402_300_799_999
 CheckPayload = Callable[[str, dict[str, Any]], "str | None"]
 
 
+def unknown(name: str) -> m.Message:
+    return m.Error("unknown schedule %s" % quote(name))
+
+
 def iso(millis: int) -> str:
     return datetime.fromtimestamp(millis / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
 
@@ -335,12 +339,6 @@ class Schedules:
 
     # ---- requests ---------------------------------------------------------------------------
 
-    def _named(self, name: str) -> Schedule:
-        schedule = self.by_name.get(name)
-        if schedule is None:
-            raise RuleError("unknown schedule %s" % quote(name))
-        return schedule
-
     def put(self, now: int, req: m.SchedulePut) -> m.Message:
         try:
             self.put_definition(now, req.schedule, "api")
@@ -370,7 +368,7 @@ class Schedules:
         """SCHEDULE with its recent jobs and their states (a finished job may be read back)."""
         schedule = self.by_name.get(name)
         if schedule is None:
-            return m.Error("unknown schedule %s" % quote(name))
+            return unknown(name)
         view = schedule.view()
         recent = []
         for job_id, fire in schedule.recent:
@@ -398,36 +396,25 @@ class Schedules:
             out.append(view)
         return m.ScheduleList(schedules=out, next_after=page[-1] if len(names) > limit else None)
 
-    def pause(self, now: int, name: str) -> m.Message:
-        try:
-            schedule = self._named(name)
-        except RuleError as exc:
-            return m.Error(str(exc))
-        if not schedule.paused:
-            schedule.paused = True
-            self._arm(schedule)
-            self._touch(schedule)
-        return m.Schedule(schedule.view())
-
-    def resume(self, now: int, name: str) -> m.Message:
-        """Fire times that passed while paused fire nothing."""
-        try:
-            schedule = self._named(name)
-        except RuleError as exc:
-            return m.Error(str(exc))
-        if schedule.paused:
-            schedule.paused = False
-            schedule.cursor = max(schedule.cursor, now + self.table.drift)
+    def set_paused(self, now: int, name: str, paused: bool) -> m.Message:
+        """SCHEDULE_PAUSE and SCHEDULE_RESUME; resuming fires nothing for the times that
+        passed while paused."""
+        schedule = self.by_name.get(name)
+        if schedule is None:
+            return unknown(name)
+        if schedule.paused != paused:
+            schedule.paused = paused
+            if not paused:
+                schedule.cursor = max(schedule.cursor, now + self.table.drift)
             self._arm(schedule)
             self._touch(schedule)
         return m.Schedule(schedule.view())
 
     def delete(self, now: int, name: str) -> m.Message:
         """SCHEDULE with its last state; its jobs stay."""
-        try:
-            schedule = self._named(name)
-        except RuleError as exc:
-            return m.Error(str(exc))
+        schedule = self.by_name.get(name)
+        if schedule is None:
+            return unknown(name)
         self.remove(name)
         schedule.next_fire = None
         return m.Schedule(schedule.view())
@@ -439,10 +426,9 @@ class Schedules:
     def trigger(self, now: int, name: str) -> m.Message:
         """A job now, scheduledFor now, outside the overlap rule. Fire times already due are
         made first, so a trigger at the very instant of a fire time is that fire's job."""
-        try:
-            schedule = self._named(name)
-        except RuleError as exc:
-            return m.Error(str(exc))
+        schedule = self.by_name.get(name)
+        if schedule is None:
+            return unknown(name)
         table = self.table
         wall = now + table.drift
         if not schedule.paused and schedule.next_fire is not None and schedule.next_fire <= wall:
