@@ -101,7 +101,7 @@ def parse_payload(text: str | None, stdin: TextIO | None = None) -> dict[str, An
     return payload
 
 
-def parse_run_at(text: str) -> datetime:
+def parse_run_at(text: str, flag: str = "--run-at") -> datetime:
     """``--run-at``: epoch milliseconds, or ISO 8601 (no zone: local time) -> an aware datetime.
 
     ConfigError for anything else, and for a time before the epoch.
@@ -111,19 +111,19 @@ def parse_run_at(text: str) -> datetime:
         if _EPOCH_MILLIS.fullmatch(raw):
             millis = int(raw)
             if millis < 0:
-                raise ConfigError("--run-at must not be negative, got %s" % raw)
+                raise ConfigError("%s must not be negative, got %s" % (flag, raw))
             if millis < EPOCH_MILLIS_2000:
                 hint = (" (%s looks like epoch seconds: %s000 is that time in milliseconds)" % (raw, raw)
                         if EPOCH_SECONDS_2000 <= millis < 10**11 else "")
-                raise ConfigError("--run-at in epoch milliseconds must be after 2000-01-01, got %s%s" % (raw, hint))
+                raise ConfigError("%s in epoch milliseconds must be after 2000-01-01, got %s%s" % (flag, raw, hint))
             return EPOCH + timedelta(milliseconds=millis)
         when = datetime.fromisoformat(raw)
         if when.tzinfo is None:
             when = when.astimezone()  # a naive time is local time
     except (ValueError, OverflowError):
-        raise ConfigError("--run-at must be %s, got %r" % (RUN_AT_FORMS, text)) from None
+        raise ConfigError("%s must be %s, got %r" % (flag, RUN_AT_FORMS, text)) from None
     if when < EPOCH:
-        raise ConfigError("--run-at must not be before 1970-01-01T00:00:00Z, got %r" % text)
+        raise ConfigError("%s must not be before 1970-01-01T00:00:00Z, got %r" % (flag, text))
     return when
 
 
@@ -365,7 +365,7 @@ def schedule_show(client: CoordinatorClient, args: dict[str, Any], console: Cons
 
 def schedule_preview(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
     rule = _rule_flags(args)
-    start = None if args["--from"] is None else (parse_run_at(args["--from"]) - EPOCH) // timedelta(milliseconds=1)
+    start = None if args["--from"] is None else (parse_run_at(args["--from"], "--from") - EPOCH) // timedelta(milliseconds=1)
     count = _int_flag(args, "--count", 1)
     reply = client.request(m.SchedulePreview(cron=rule.get("cron"), every_millis=rule.get("everyMillis"),
                                              timezone=rule["timezone"], from_millis=start, count=count),

@@ -85,7 +85,7 @@ def test_schedule_errors_are_one_line_with_the_contracts_exit_codes(coordinator)
         (("schedule", "add", "x", "--every-millis=5000", "SLEEP", "--missed=sometimes"), 2, "--missed must be"),
         (("schedule", "add", "x", "--every-millis=10", "SLEEP"), 2, "--every-millis must be >= 1000"),
         (("schedule", "preview", "--cron=@daily", "--count=0"), 2, "--count must be >= 1"),
-        (("schedule", "preview", "--cron=@daily", "--from=yesterday"), 2, "--run-at must be"),
+        (("schedule", "preview", "--cron=@daily", "--from=yesterday"), 2, "--from must be"),
     ]
     for argv, code, words in cases:
         r = jm(coordinator, *argv)

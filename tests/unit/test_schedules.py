@@ -382,3 +382,37 @@ def test_the_file_replaces_and_deletes_its_own_schedules_and_leaves_api_ones_alo
     assert {s["name"] for s in d.request(0, m.ScheduleList()).schedules} == {"api-made", "f1"}
     problem = d.core.apply_schedules_file(9, [dict(base, name="api-made")])
     assert problem is not None and "through the API" in problem
+
+
+def test_next_due_is_the_earliest_fire_time_of_an_active_schedule():
+    d = driver()
+    assert d.core.schedules.next_due() is None  # no schedule: nothing to arm
+    put(d, 0, name="a", everyMillis=2 * MINUTE)
+    put(d, 0, name="b")
+    assert d.core.schedules.next_due() == T0 + MINUTE
+    d.request(0, m.SchedulePause("b"))
+    d.end_batch(0)
+    assert d.core.schedules.next_due() == T0 + 2 * MINUTE
+    d.request(0, m.ScheduleDelete("a"))
+    d.end_batch(0)
+    assert d.core.schedules.next_due() is None
+
+
+def test_the_schedules_file_reads_snake_case_and_wire_keys_and_names_its_errors(tmp_path):
+    from jobmesh.coordinator import schedule_file
+    from jobmesh.errors import ConfigError
+
+    path = tmp_path / "s.toml"
+    path.write_text('[a]\ncron = "0 3 * * *"\ntask_type = "SLEEP"\npayload = { durationMillis = 1 }\n'
+                    '[b]\neveryMillis = 5000\ntaskType = "SLEEP"\ncatchup_window_millis = 10\n')
+    assert schedule_file.read(str(path)) == [
+        {"name": "a", "cron": "0 3 * * *", "taskType": "SLEEP", "payload": {"durationMillis": 1}},
+        {"name": "b", "everyMillis": 5000, "taskType": "SLEEP", "catchupWindowMillis": 10}]
+    for text, words in (("[a]\ncolour = 1\n", "unknown key 'colour'"), ("a = 1\n", "must be a table"),
+                        ("[a\n", "not valid TOML")):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=words) as raised:
+            schedule_file.read(str(path))
+        assert str(path) in str(raised.value)
+    with pytest.raises(ConfigError, match="cannot read"):
+        schedule_file.read(str(tmp_path / "missing.toml"))
