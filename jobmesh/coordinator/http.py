@@ -18,7 +18,8 @@ the coordinator's hub (``--metrics-port``, on the ``--bind`` address) and answer
     /api/jobs/<id>           one job's snapshot
     /api/jobs/<id>/events    its timeline
     /api/workers             the live workers
-    /api/schedules           the recurring schedules (next fire, last job and its state, counts)
+    /api/schedules?after=    a page of recurring schedules by name (next fire, last job and
+                             its state, counts) and nextAfter
 
 Two ways of reading, and why:
 
@@ -240,6 +241,7 @@ class _Server(WSGIServer):
             self.open_connections -= 1
 
 
+SCHEDULES_PAGE = 200  # schedules the dashboard shows at once
 JOB_PATH = re.compile(r"/api/jobs/([^/]+)(/events)?\Z")
 
 
@@ -438,7 +440,7 @@ class HttpPort:
         if path == "/api/workers":
             return self._json(start_response, {"workers": self.ask(m.ListWorkers())["workers"]})
         if path == "/api/schedules":
-            return self._json(start_response, {"schedules": self._schedules()})
+            return self._json(start_response, self._schedules(parse_qs(environ.get("QUERY_STRING", ""))))
         if path == "/api/jobs":
             return self._json(start_response, self._list_jobs(parse_qs(environ.get("QUERY_STRING", ""))))
         match = JOB_PATH.match(path)
@@ -450,16 +452,11 @@ class HttpPort:
             return self._json(start_response, {"job": self.ask(m.GetJobStatus(job_id), not_found=True)["job"]})
         return self._json(start_response, {"error": "no such page: %s" % path}, "404 Not Found")
 
-    def _schedules(self) -> list[dict[str, Any]]:
-        """Every recurring schedule, by name, a page of SCHEDULE_LIST at a time."""
-        out: list[dict[str, Any]] = []
-        after = None
-        while True:
-            reply = self.ask(m.ScheduleList(after=after))
-            out.extend(reply.get("schedules", []))
-            after = reply.get("nextAfter")
-            if after is None:
-                return out
+    def _schedules(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        """A page of recurring schedules by name (``after``: the last name of the page before)."""
+        after = [v for v in query.get("after", []) if v]
+        reply = self.ask(m.ScheduleList(limit=SCHEDULES_PAGE, after=after[-1] if after else None))
+        return {"schedules": reply.get("schedules", []), "nextAfter": reply.get("nextAfter")}
 
     def _list_jobs(self, query: dict[str, list[str]]) -> dict[str, Any]:
         def one(name: str) -> str | None:

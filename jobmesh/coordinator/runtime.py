@@ -378,7 +378,8 @@ class Coordinator:
         without schedules: one heap peek per batch), at most every FIRE_TICK_MILLIS, so
         thousands of schedules make batches of fires, not a wake-up each."""
         core = self.core
-        if core is None or core.paused:  # paused: the sweep catches up once storage works
+        # Paused (storage) or held back (admission full): the sweep catches up once it can.
+        if core is None or core.paused or core.schedules.behind:
             return
         due = core.schedules.next_due()
         if due is not None:

@@ -22,6 +22,7 @@ time, ``table.drift`` turns it into the wall clock.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 from dataclasses import dataclass, field
@@ -200,6 +201,7 @@ class Schedules:
         self.skips: dict[str, int] = {}
         self.misses: dict[str, int] = {}
         self._dirty: dict[str, Schedule | None] = {}
+        self._sorted: list[str] | None = None  # the names in order, for listings (None: rebuild)
 
     # ---- recovery, rows ------------------------------------------------------------------
 
@@ -353,7 +355,9 @@ class Schedules:
         wall = now + self.table.drift
         new = parse_definition(obj, self.config, self.check_payload, origin, wall)
         old = self.by_name.get(new.name)
-        if old is not None:
+        if old is None:
+            self._sorted = None
+        else:
             new = Schedule(new.name, new.cron, new.every_millis, new.timezone, new.task_type, new.payload,
                            new.priority, new.max_attempts, new.missed, new.catchup_window_millis, new.overlap,
                            new.jitter_millis, new.paused, origin, old.created_at,
@@ -383,8 +387,11 @@ class Schedules:
         limit = req.limit if req.limit is not None else LIST_MAX
         if not 1 <= limit <= LIST_MAX:
             return m.Error("limit must be 1..%d, got %s" % (LIST_MAX, quote(limit)))
-        names = sorted(n for n in self.by_name if req.after is None or n > req.after)
-        page = names[:limit]
+        if self._sorted is None:
+            self._sorted = sorted(self.by_name)
+        names = self._sorted
+        start = 0 if req.after is None else bisect.bisect_right(names, req.after)
+        page = names[start:start + limit]
         out = []
         jobs, finished = self.table.jobs, self.table.finished
         for name in page:
@@ -394,7 +401,7 @@ class Schedules:
                 jobs.get(schedule.last_job_id) or finished.get(schedule.last_job_id))
             view["lastJobState"] = None if job is None else job.state.value
             out.append(view)
-        return m.ScheduleList(schedules=out, next_after=page[-1] if len(names) > limit else None)
+        return m.ScheduleList(schedules=out, next_after=page[-1] if start + limit < len(names) else None)
 
     def set_paused(self, now: int, name: str, paused: bool) -> m.Message:
         """SCHEDULE_PAUSE and SCHEDULE_RESUME; resuming fires nothing for the times that
@@ -421,6 +428,7 @@ class Schedules:
 
     def remove(self, name: str) -> None:
         del self.by_name[name]
+        self._sorted = None
         self._dirty[name] = None
 
     def trigger(self, now: int, name: str) -> m.Message:
