@@ -256,3 +256,21 @@ def test_the_dashboard_metrics_and_top_show_schedules(coordinator_factory):
     r = jm(coord, "top", "--iterations=1")
     assert r.returncode == 0, r.stderr
     assert "next schedule fires" in r.stdout and "nightly" in r.stdout and "tick" in r.stdout
+
+
+def test_up_applies_the_schedules_file_and_passes_sighup_on(start_up, tmp_path):
+    # Given jobmesh up with a schedules file firing every second
+    path = tmp_path / "schedules.toml"
+    path.write_text('[tick]\nevery_millis = 1000\ntask_type = "SLEEP"\npayload = { durationMillis = 1 }\n')
+    up = start_up("--workers=1", "--schedules=%s" % path)
+    with CoordinatorClient("%s:%d" % up.client_addr) as client:
+        # Then its worker runs the fired jobs
+        job = wait_until(lambda: next((j for j in client.iter_jobs() if j.get("scheduleName") == "tick"), None),
+                         timeout=20, message="a fired job")
+        assert client.wait(job["jobId"], timeout=20)["state"] == "COMPLETED"
+        # And a SIGHUP to up reaches its coordinator, which reads the file again
+        path.write_text('[tock]\ncron = "@daily"\ntask_type = "SLEEP"\npayload = { durationMillis = 1 }\n')
+        up.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: [s["name"] for s in client.schedules.list()] == ["tock"], timeout=20,
+                   message="the file applied on SIGHUP")
+    assert up.proc.poll() is None

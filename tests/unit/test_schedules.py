@@ -416,3 +416,27 @@ def test_the_schedules_file_reads_snake_case_and_wire_keys_and_names_its_errors(
         assert str(path) in str(raised.value)
     with pytest.raises(ConfigError, match="cannot read"):
         schedule_file.read(str(tmp_path / "missing.toml"))
+
+
+def fires_through(start: str, hours: int, **schedules: str) -> dict[str, list[str]]:
+    """Run the core's sweep every 5 minutes for ``hours`` from ``start`` with these cron
+    schedules (Europe/Paris, overlap=allow); the fire times each made, in UTC."""
+    d = driver()
+    d.core.table.drift = at(start)
+    for name, cron in schedules.items():
+        put(d, 0, name=name, cron=cron, everyMillis=None, timezone="Europe/Paris", overlap="allow")
+    for now in range(0, hours * 3_600_000 + 1, 5 * MINUTE):
+        sweep(d, now)
+    out: dict[str, list[str]] = {name: [] for name in schedules}
+    for job in fired_jobs(d):
+        out[job["scheduleName"]].append(datetime.utcfromtimestamp(job["scheduledFor"] / 1000).strftime("%H:%M"))
+    return out
+
+
+def test_the_core_fires_once_in_a_fall_back_night_and_after_the_gap_of_a_spring_forward_one():
+    # 25 October 2026, Paris: 03:00 CEST becomes 02:00 CET at 01:00 UTC.
+    fall = fires_through("2026-10-24T22:00:00+00:00", 6, fixed="30 2 * * *", hourly="30 * * * *")
+    assert fall == {"fixed": ["00:30"], "hourly": ["22:30", "23:30", "00:30", "01:30", "02:30", "03:30"]}
+    # 29 March 2026, Paris: 02:00 CET becomes 03:00 CEST at 01:00 UTC; 02:30 does not exist.
+    spring = fires_through("2026-03-28T23:00:00+00:00", 4, fixed="30 2 * * *", hourly="30 * * * *")
+    assert spring == {"fixed": ["01:00"], "hourly": ["23:30", "00:30", "01:30", "02:30"]}
