@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import ClientError, RequestFailed
+from jobmesh.store.sqlite import FAULT_FILE_ENV
 from tests.helpers import CoordinatorProc, child_env, run_cli, wait_until
 
 
@@ -274,3 +275,29 @@ def test_up_applies_the_schedules_file_and_passes_sighup_on(start_up, tmp_path):
         wait_until(lambda: [s["name"] for s in client.schedules.list()] == ["tock"], timeout=20,
                    message="the file applied on SIGHUP")
     assert up.proc.poll() is None
+
+
+def test_fires_during_a_storage_fault_are_made_once_when_storage_works_again(coordinator_factory, tmp_path,
+                                                                              monkeypatch):
+    # Given a schedule firing every second, and a database that stops taking writes
+    fault = tmp_path / "storage-fault"
+    fault.write_text("")
+    monkeypatch.setenv(FAULT_FILE_ENV, str(fault))
+    coord = coordinator_factory()
+    with CoordinatorClient(coord.client_target) as client:
+        client.schedules.put("tick", "SLEEP", {"durationMillis": 1}, every=1, overlap="allow", missed="all")
+        wait_until(lambda: client.schedules.get("tick")["firedCount"] >= 1, timeout=20, message="a first fire")
+        fault.write_text("readonly")
+        # While it lasts, fires are not committed (their batches fail and memory is reloaded)
+        wait_until(lambda: "storage unavailable" in coord.stderr(), timeout=20, message="the outage")
+        time.sleep(2.5)
+        fault.write_text("")
+        wait_until(lambda: "storage works again" in coord.stderr(), timeout=30, message="the end of the outage")
+        # Then the fire times of the outage are made (missed=all), each once
+        wait_until(lambda: client.schedules.get("tick")["firedCount"] >= 5, timeout=20, message="the catch-up")
+        schedule = client.schedules.get("tick")
+        fired = [j for j in client.iter_jobs() if j.get("scheduleName") == "tick"]
+    times = [j["scheduledFor"] for j in fired]
+    assert len(times) == len(set(times)), sorted(times)
+    assert schedule["missedCount"] == 0
+    assert sorted(times) == [schedule["createdAtMillis"] + k * 1000 for k in range(1, len(times) + 1)]
