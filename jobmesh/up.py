@@ -101,6 +101,8 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         flags["periodic-port"] = cfg.periodic_port
     if cfg.metrics_port is not None:
         flags["metrics-port"] = cfg.metrics_port
+    if cfg.schedules_file is not None:
+        flags["schedules"] = cfg.schedules_file
     return [sys.executable, "-m", "jobmesh", "coordinator"] + ["--%s=%s" % kv for kv in flags.items()]
 
 
@@ -178,6 +180,8 @@ class Supervisor:
 
     def run(self) -> int:
         handlers = [gevent.signal_handler(s, self.request_stop, s) for s in (signal.SIGTERM, signal.SIGINT)]
+        # SIGHUP re-reads the coordinator's --schedules file: pass it on.
+        handlers.append(gevent.signal_handler(signal.SIGHUP, lambda: self._signal(self.coordinator, signal.SIGHUP)))
         try:
             coordinator, target = self._start_coordinator()
             if target is None:
