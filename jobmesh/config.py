@@ -7,6 +7,7 @@ message that names the flag, so the CLI can print it and exit 2.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ class CoordinatorConfig(CoreConfig):
     log_format: str = "text"
     auth_file: str | None = None  # tokens with roles (jobmesh/auth.py); None: nobody is asked for one
     insecure: bool = False  # allow a non-loopback --bind without --auth-file
+    schedules_file: str | None = None  # --schedules: a TOML file of recurring schedules (absolute path)
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,15 @@ def is_loopback(bind: str) -> bool:
         return False  # a host name: assume it is reachable from elsewhere
 
 
+def _schedules_file(value: Any) -> str | None:
+    """``--schedules``: an absolute path (``up`` hands it to its coordinator), or None."""
+    if value is None:
+        return None
+    if not str(value).strip():
+        raise ConfigError("--schedules must name a file")
+    return os.path.abspath(str(value))
+
+
 def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
     """Build from docopt's dict for ``jobmesh coordinator`` / ``jobmesh up``."""
     periodic = args.get("--periodic-port")
@@ -181,6 +192,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         log_format=log_format(args),
         auth_file=_path(args, "--auth-file"),
         insecure=bool(args.get("--insecure")),
+        schedules_file=_schedules_file(args.get("--schedules")),
     )
     if cfg.retry_cap_millis < cfg.retry_base_millis:
         raise ConfigError("--retry-cap-millis must be >= --retry-base-millis")

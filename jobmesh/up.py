@@ -117,6 +117,8 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         flags["periodic-port"] = cfg.periodic_port
     if cfg.metrics_port is not None:
         flags["metrics-port"] = cfg.metrics_port
+    if cfg.schedules_file is not None:
+        flags["schedules"] = cfg.schedules_file
     if cfg.auth_file is not None:
         flags["auth-file"] = os.path.abspath(cfg.auth_file)
     argv_flags = ["--%s=%s" % kv for kv in flags.items()] + (["--insecure"] if cfg.insecure else [])
@@ -200,8 +202,8 @@ class Supervisor:
 
     def run(self) -> int:
         handlers = [gevent.signal_handler(s, self.request_stop, s) for s in (signal.SIGTERM, signal.SIGINT)]
-        if self.cfg.auth_file is not None:
-            handlers.append(gevent.signal_handler(signal.SIGHUP, self._hangup))
+        # SIGHUP re-reads the coordinator's --schedules and --auth-file: pass it on.
+        handlers.append(gevent.signal_handler(signal.SIGHUP, self._hangup))
         try:
             coordinator, target = self._start_coordinator()
             if target is None:
@@ -226,8 +228,8 @@ class Supervisor:
                 handler.cancel()
 
     def _hangup(self) -> None:
-        """SIGHUP: the coordinator re-reads its auth file (the copy rebuilt first, when up made
-        the workers' token)."""
+        """SIGHUP: the coordinator re-reads its --schedules and --auth-file (the copy rebuilt
+        first, when up made the workers' token)."""
         if self.own_token is not None:
             self.own_token.refresh()
         self._signal(self.coordinator, signal.SIGHUP)
