@@ -45,6 +45,10 @@ class CoordinatorConfig(CoreConfig):
     sweep_interval_millis: int = 500
     idle_timeout_millis: int = 120_000
     periodic_keepalive_millis: int = 120_000  # Periodic connections silent this long are closed (0: never)
+    # Periodic's RSA handshake: the server's private key and the authorized public keys
+    # (a PEM file or a directory of *.pem); both or neither.
+    periodic_key: str | None = None
+    periodic_authorized_keys: str | None = None
     db_synchronous: str = "FULL"
     log_level: str = "INFO"
     # On SIGTERM/SIGINT, how long running attempts may finish before the stop (0: stop at once).
@@ -89,6 +93,16 @@ def _int(args: dict[str, Any], flag: str, low: int, high: int | None = None) -> 
         bound = "%d..%d" % (low, high) if high is not None else ">= %d" % low
         raise ConfigError("%s must be %s, got %d" % (flag, bound, value))
     return value
+
+
+def _path(args: dict[str, Any], flag: str) -> str | None:
+    """A file or directory flag's value; None when absent, ConfigError when empty."""
+    value = args.get(flag)
+    if value is None:
+        return None
+    if not str(value).strip():
+        raise ConfigError("%s must name a file" % flag)
+    return str(value)
 
 
 def parse_hostport(value: str, flag: str = "--coordinator") -> tuple[str, int]:
@@ -153,7 +167,13 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         log_level=_choice(args, "--log-level", LOG_LEVELS),
         drain_millis=_int(args, "--drain-millis", 0) if args.get("--drain-millis") is not None else 0,
         log_format=log_format(args),
+        periodic_key=_path(args, "--periodic-key"),
+        periodic_authorized_keys=_path(args, "--periodic-authorized-keys"),
     )
+    if (cfg.periodic_key is None) != (cfg.periodic_authorized_keys is None):
+        raise ConfigError("--periodic-key and --periodic-authorized-keys go together (the RSA handshake needs both)")
+    if cfg.periodic_key is not None and cfg.periodic_port is None:
+        raise ConfigError("--periodic-key needs --periodic-port")
     if cfg.retry_cap_millis < cfg.retry_base_millis:
         raise ConfigError("--retry-cap-millis must be >= --retry-base-millis")
     return cfg

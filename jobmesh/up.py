@@ -92,6 +92,9 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         flags["periodic-port"] = cfg.periodic_port
     if cfg.metrics_port is not None:
         flags["metrics-port"] = cfg.metrics_port
+    if cfg.periodic_key is not None:
+        flags["periodic-key"] = cfg.periodic_key
+        flags["periodic-authorized-keys"] = cfg.periodic_authorized_keys
     return [sys.executable, "-m", "jobmesh", "coordinator"] + ["--%s=%s" % kv for kv in flags.items()]
 
 
