@@ -51,6 +51,7 @@ Commands:
   retry        submit a finished job again, as a new job
   purge        delete finished jobs older than a given age
   top          a live view of jobs and workers, until Ctrl-C
+  token        make, list and remove the tokens of an auth file
 
 Run 'jobmesh <command> --help' for a command's options.
 """
@@ -89,6 +90,12 @@ Coordinator options:
   --periodic-authorized-keys=PATH  the peers' RSA public keys the handshake accepts: a
                                  PEM file or a directory of *.pem (PKCS#1 or SPKI);
                                  any other key is closed (with --periodic-key)
+  --auth-file=PATH               tokens with roles (TOML; jobmesh token new): every
+                                 connection must authenticate, and the metrics port
+                                 asks for a token too (but /healthz and /readyz);
+                                 SIGHUP reads the file again (docs/SECURITY.md)
+  --insecure                     allow a --bind address other machines can reach
+                                 without --auth-file
   --log-level=LEVEL              DEBUG, INFO, WARNING or ERROR [default: INFO]
   --log-format=FORMAT            text, or json: one JSON object per line on stderr [default: text]
   -h --help                      show this help
@@ -103,9 +110,10 @@ recovers them on start. When ready it prints one line to stdout:
 
 SIGTERM or SIGINT stops it gracefully; with --drain-millis it first assigns nothing
 more and lets running attempts finish for up to that long (a second signal stops at
-once). One coordinator runs per database: a second one on the same file exits 1. It
-speaks plaintext and authenticates nobody: keep it on a trusted network (it binds
-127.0.0.1 unless told otherwise).
+once). One coordinator runs per database: a second one on the same file exits 1.
+Without --auth-file it authenticates nobody, so it binds 127.0.0.1 unless told
+otherwise, and refuses an address other machines can reach unless given --auth-file
+(or --insecure). SIGHUP re-reads the auth file.
 
 Usage:
   jobmesh coordinator [options]
@@ -121,10 +129,15 @@ A worker that dies is restarted. Ctrl-C or SIGTERM stops everything (exit 0): th
 coordinator first assigns nothing more and lets running attempts finish (for up to
 the --drain-millis time), then the workers stop; a second Ctrl-C stops at once.
 
+With --auth-file its workers need a worker token of that file (jobmesh token new
+local-workers --role=worker > worker.token), given by --token-file, JOBMESH_TOKEN or
+JOBMESH_TOKEN_FILE.
+
 Usage:
   jobmesh up [--workers=N] [--capacity=N] [--tasks=MODULES] [options]
 
 Options:
+  --token-file=PATH              with --auth-file: the worker token its workers present
   --workers=N                    local worker processes [default: 2]
   --capacity=N                   concurrent tasks per worker [default: 4]
   --tasks=MODULES                MODULE[,MODULE...]: modules whose @task functions the
@@ -149,6 +162,9 @@ Options:
   --tasks=MODULES                  MODULE[,MODULE...]: modules (from the current directory
                                    or PYTHONPATH) whose @task functions this worker runs
                                    besides the built-ins, each in a child process
+  --token-file=PATH                a file holding the worker token to present, for a
+                                   coordinator with --auth-file (or JOBMESH_TOKEN, or
+                                   JOBMESH_TOKEN_FILE; never a token on the command line)
   --log-level=LEVEL                DEBUG, INFO, WARNING or ERROR [default: INFO]
   --log-format=FORMAT              text, or json: one JSON object per line on stderr [default: text]
   -h --help                        show this help
@@ -156,6 +172,8 @@ Options:
 
 CLIENT_OPTIONS = """
   --coordinator=HOST:PORT   the coordinator's client port [default: 127.0.0.1:7071]
+  --token-file=PATH         a file holding the token to present, for a coordinator with
+                            --auth-file (or JOBMESH_TOKEN, or JOBMESH_TOKEN_FILE)
   --json                    print one JSON document instead of text
   -h --help                 show this help
 """
@@ -261,7 +279,34 @@ Options:
   --interval-millis=N       time between refreshes [default: 1000]
   --iterations=N            stop after N refreshes (0 = until Ctrl-C) [default: 0]
   --coordinator=HOST:PORT   the coordinator's client port [default: 127.0.0.1:7071]
+  --token-file=PATH         a file holding the token to present, for a coordinator with
+                            --auth-file (or JOBMESH_TOKEN, or JOBMESH_TOKEN_FILE)
   -h --help                 show this help
+"""
+
+TOKEN_DOC = """Make, list and remove the tokens of an auth file (TOML, read by the coordinator's
+--auth-file; docs/SECURITY.md). The file stores each token's SHA-256 only: 'new' prints
+the token once, on stdout, and nowhere else. A running coordinator takes the change on
+SIGHUP; removing a token closes its connections then.
+
+Roles: worker (the worker port only), reader (status, list, workers, events, wait,
+stats, schedule get/list/preview, and the metrics port), client (also submit and
+cancel), admin (everything: retry, purge, schedule changes).
+
+Usage:
+  jobmesh token new NAME --role=ROLE [--task-types=TYPES] [--auth-file=PATH]
+  jobmesh token list [--auth-file=PATH] [--json]
+  jobmesh token rm NAME [--auth-file=PATH]
+
+Options:
+  --role=ROLE          worker, reader, client or admin
+  --task-types=TYPES   NAME[,NAME...]: the only task types the token may submit (client,
+                       admin) or declare (worker); NAME may be PREFIX.* for every type
+                       that starts with PREFIX.
+  --auth-file=PATH     the auth file; created, mode 0600, by the first 'new'
+                       [default: jobmesh-auth.toml]
+  --json               list: one JSON array of {name, role, taskTypes}
+  -h --help            show this help
 """
 
 DOCS = {
@@ -278,9 +323,11 @@ DOCS = {
     "retry": RETRY_DOC,
     "purge": PURGE_DOC,
     "top": TOP_DOC,
+    "token": TOKEN_DOC,
 }
 CLIENT_COMMANDS = ("submit", "status", "list", "workers", "cancel", "wait", "events", "retry", "purge", "top")
 SERVER_COMMANDS = ("coordinator", "up", "worker")
+OTHER_COMMANDS = ("token",)
 
 
 class UsageError(Exception):
@@ -301,7 +348,8 @@ def parse(argv: list[str]) -> tuple[str, dict]:
     if command not in DOCS:
         raise UsageError("jobmesh: unknown command %r%s\n\nUsage: jobmesh <command> [<args>...]; commands: %s\n"
                          "Run 'jobmesh --help' for what each does."
-                         % (command, _did_you_mean(command, DOCS), ", ".join(SERVER_COMMANDS + CLIENT_COMMANDS)))
+                         % (command, _did_you_mean(command, DOCS), ", ".join(SERVER_COMMANDS + CLIENT_COMMANDS
+                                                                             + OTHER_COMMANDS)))
     try:
         args = docopt(DOCS[command], argv=[command] + list(top["<args>"]), version="jobmesh " + __version__)
     except DocoptExit as exc:
@@ -444,6 +492,8 @@ def _run(command: str, args: dict, json_logs: bool) -> int:
             worker_cfg = worker_config(args)
             setup_logging(worker_cfg.log_level, worker_cfg.log_format)
             return run_worker(worker_cfg)
+        if command == "token":
+            return run_token_command(args)
         from jobmesh.client.commands import Console, run_client_command
 
         setup_logging("WARNING")
@@ -451,3 +501,38 @@ def _run(command: str, args: dict, json_logs: bool) -> int:
     except ConfigError as exc:
         _report("jobmesh %s: %s" % (command, exc), json_logs)
         return EXIT_USAGE
+
+
+def run_token_command(args: dict) -> int:
+    """``jobmesh token new|list|rm``: edit an auth file. ``AuthFileError`` (a ConfigError) for
+    a bad name, role or file: one line, exit 2."""
+    from jobmesh import auth
+
+    path = args["--auth-file"]
+    if args["new"]:
+        raw_types = args["--task-types"]
+        task_types = None if raw_types is None else tuple(t.strip() for t in raw_types.split(",") if t.strip())
+        token = auth.new_token(path, args["NAME"], args["--role"], task_types)
+        _print_line(token)
+        print("jobmesh token: added %r (role %s) to %s; the token above is shown only this once. A running "
+              "coordinator takes it on SIGHUP." % (args["NAME"], args["--role"], path), file=sys.stderr)
+        return EXIT_OK
+    if args["rm"]:
+        auth.remove_token(path, args["NAME"])
+        print("jobmesh token: removed %r from %s; a running coordinator drops it (and closes its connections) "
+              "on SIGHUP" % (args["NAME"], path), file=sys.stderr)
+        return EXIT_OK
+    entries = auth.list_tokens(path)
+    if args["--json"]:
+        import json
+
+        _print_line(json.dumps([{"name": e.name, "role": e.role,
+                                 "taskTypes": None if e.task_types is None else list(e.task_types)}
+                                for e in entries]))
+        return EXIT_OK
+    width = max([4] + [len(e.name) for e in entries])
+    _print_line("%-*s  %-6s  %s" % (width, "NAME", "ROLE", "TASK TYPES"))
+    for e in entries:
+        _print_line("%-*s  %-6s  %s" % (width, e.name, e.role, "any" if e.task_types is None
+                                         else ", ".join(e.task_types) or "none"))
+    return EXIT_OK

@@ -6,11 +6,13 @@ message that names the flag, so the CLI can print it and exit 2.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from jobmesh.auth import read_token
 from jobmesh.errors import ConfigError
 
 SYNC_MODES = ("FULL", "NORMAL", "OFF")
@@ -54,6 +56,8 @@ class CoordinatorConfig(CoreConfig):
     # On SIGTERM/SIGINT, how long running attempts may finish before the stop (0: stop at once).
     drain_millis: int = 0
     log_format: str = "text"
+    auth_file: str | None = None  # tokens with roles (jobmesh/auth.py); None: nobody is asked for one
+    insecure: bool = False  # allow a non-loopback --bind without --auth-file
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,8 @@ class WorkerConfig:
     log_format: str = "text"
     # Modules whose @task functions this worker runs (``--tasks``), besides the built-ins.
     task_modules: tuple[str, ...] = ()
+    # The token sent in AUTH (--token-file, JOBMESH_TOKEN, JOBMESH_TOKEN_FILE); never shown.
+    token: str | None = field(default=None, repr=False)
 
 
 _MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
@@ -93,16 +99,6 @@ def _int(args: dict[str, Any], flag: str, low: int, high: int | None = None) -> 
         bound = "%d..%d" % (low, high) if high is not None else ">= %d" % low
         raise ConfigError("%s must be %s, got %d" % (flag, bound, value))
     return value
-
-
-def _path(args: dict[str, Any], flag: str) -> str | None:
-    """A file or directory flag's value; None when absent, ConfigError when empty."""
-    value = args.get(flag)
-    if value is None:
-        return None
-    if not str(value).strip():
-        raise ConfigError("%s must name a file" % flag)
-    return str(value)
 
 
 def parse_hostport(value: str, flag: str = "--coordinator") -> tuple[str, int]:
@@ -133,6 +129,17 @@ def log_format(args: dict[str, Any]) -> str:
     if value not in LOG_FORMATS:
         raise ConfigError("--log-format must be one of %s, got %r" % (", ".join(LOG_FORMATS), args.get("--log-format")))
     return value
+
+
+def is_loopback(bind: str) -> bool:
+    """Whether ``--bind`` names a loopback address (127.0.0.0/8, ::1, localhost)."""
+    host = bind.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: assume it is reachable from elsewhere
 
 
 def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
@@ -169,6 +176,8 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         log_format=log_format(args),
         periodic_key=_path(args, "--periodic-key"),
         periodic_authorized_keys=_path(args, "--periodic-authorized-keys"),
+        auth_file=_path(args, "--auth-file"),
+        insecure=bool(args.get("--insecure")),
     )
     if (cfg.periodic_key is None) != (cfg.periodic_authorized_keys is None):
         raise ConfigError("--periodic-key and --periodic-authorized-keys go together (the RSA handshake needs both)")
@@ -176,7 +185,19 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         raise ConfigError("--periodic-key needs --periodic-port")
     if cfg.retry_cap_millis < cfg.retry_base_millis:
         raise ConfigError("--retry-cap-millis must be >= --retry-base-millis")
+    if cfg.auth_file is None and not cfg.insecure and not is_loopback(cfg.bind):
+        raise ConfigError("--bind=%s is reachable from other machines: give --auth-file=PATH (tokens, "
+                          "docs/SECURITY.md), or --insecure to serve anyone who can connect" % cfg.bind)
     return cfg
+
+
+def _path(args: dict[str, Any], flag: str) -> str | None:
+    value = args.get(flag)
+    if value is None:
+        return None
+    if not str(value).strip():
+        raise ConfigError("%s must name a file" % flag)
+    return str(value)
 
 
 def worker_config(args: dict[str, Any]) -> WorkerConfig:
@@ -194,4 +215,5 @@ def worker_config(args: dict[str, Any]) -> WorkerConfig:
         log_level=_choice(args, "--log-level", LOG_LEVELS),
         log_format=log_format(args),
         task_modules=parse_task_modules(args.get("--tasks")),
+        token=read_token(_path(args, "--token-file")),
     )

@@ -18,11 +18,18 @@ and be reported, and only then are they stopped (SIGTERM, a bounded wait, SIGKIL
 leftovers). A second signal during the drain is passed on: the coordinator stops at
 once. Children run in their own sessions, so a terminal's Ctrl-C reaches only ``up``,
 which decides the order; without that the workers would stop their tasks at once.
+
+With ``--auth-file`` the workers present a worker token of that file, which ``up`` is
+given like any worker (``--token-file``, ``JOBMESH_TOKEN``, ``JOBMESH_TOKEN_FILE``) and
+checks at start: ``up`` makes no token of its own, so the auth file stays the one list
+of who may connect. The workers get it in their environment (``JOBMESH_TOKEN``), never
+on a command line. SIGHUP is passed on to the coordinator (it re-reads the auth file).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import sys
@@ -33,6 +40,7 @@ import gevent
 from gevent import subprocess
 from gevent.event import AsyncResult, Event
 
+from jobmesh.auth import TOKEN_ENV, TOKEN_FILE_ENV, WORKER, AuthFile, read_token
 from jobmesh.config import CoordinatorConfig, coordinator_config, parse_task_modules
 from jobmesh.errors import ConfigError
 
@@ -93,9 +101,12 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
     if cfg.metrics_port is not None:
         flags["metrics-port"] = cfg.metrics_port
     if cfg.periodic_key is not None:
-        flags["periodic-key"] = cfg.periodic_key
-        flags["periodic-authorized-keys"] = cfg.periodic_authorized_keys
-    return [sys.executable, "-m", "jobmesh", "coordinator"] + ["--%s=%s" % kv for kv in flags.items()]
+        flags["periodic-key"] = os.path.abspath(cfg.periodic_key)
+        flags["periodic-authorized-keys"] = os.path.abspath(str(cfg.periodic_authorized_keys))
+    if cfg.auth_file is not None:
+        flags["auth-file"] = os.path.abspath(cfg.auth_file)
+    argv_flags = ["--%s=%s" % kv for kv in flags.items()] + (["--insecure"] if cfg.insecure else [])
+    return [sys.executable, "-m", "jobmesh", "coordinator"] + argv_flags
 
 
 def worker_target(host: str, port: int) -> str:
@@ -135,8 +146,10 @@ class WorkerSlot:
 
 
 class Supervisor:
-    def __init__(self, cfg: CoordinatorConfig, workers: int, capacity: int, task_modules: tuple[str, ...] = ()):
+    def __init__(self, cfg: CoordinatorConfig, workers: int, capacity: int, task_modules: tuple[str, ...] = (),
+                 token: str | None = None):
         self.cfg = cfg
+        self.token = token  # the workers' token (with --auth-file), passed in their environment
         self.workers = workers
         self.capacity = capacity
         self.task_modules = task_modules
@@ -153,6 +166,9 @@ class Supervisor:
 
     def run(self) -> int:
         handlers = [gevent.signal_handler(s, self.request_stop, s) for s in (signal.SIGTERM, signal.SIGINT)]
+        if self.cfg.auth_file is not None:
+            handlers.append(gevent.signal_handler(signal.SIGHUP, lambda: self._signal(self.coordinator,
+                                                                                        signal.SIGHUP)))
         try:
             coordinator, target = self._start_coordinator()
             if target is None:
@@ -228,7 +244,11 @@ class Supervisor:
             listening.set(None)
 
     def _start_worker(self, slot: WorkerSlot) -> None:
-        proc = slot.proc = self._spawn(slot.argv)
+        env = None
+        if self.token is not None:
+            env = {k: v for k, v in os.environ.items() if k != TOKEN_FILE_ENV}
+            env[TOKEN_ENV] = self.token
+        proc = slot.proc = self._spawn(slot.argv, env=env)
         slot.started_at = time.monotonic()
         slot.restart_at = None
         log.info("worker started worker=%s pid=%d", slot.worker_id, proc.pid)
@@ -307,4 +327,24 @@ def run_up(args: dict[str, Any]) -> int:
         from jobmesh.worker.usertasks import load_modules
 
         load_modules(task_modules)
-    return Supervisor(cfg, workers, capacity, task_modules).run()
+    return Supervisor(cfg, workers, capacity, task_modules, workers_token(cfg, args.get("--token-file"))).run()
+
+
+def workers_token(cfg: CoordinatorConfig, token_file: str | None) -> str | None:
+    """With ``--auth-file``: the worker token ``up``'s workers present (``--token-file``,
+    ``JOBMESH_TOKEN``, ``JOBMESH_TOKEN_FILE``), checked against the file, so a missing or
+    wrong one is one line at start rather than workers refused forever. ``ConfigError``."""
+    if cfg.auth_file is None:
+        return None
+    token = read_token(token_file)
+    hint = ("make one with 'jobmesh token new local-workers --role=worker --auth-file=%s > worker.token' and "
+            "give --token-file=worker.token" % cfg.auth_file)
+    if token is None:
+        raise ConfigError("with --auth-file, up's workers need a worker token: %s" % hint)
+    identity = AuthFile.load(cfg.auth_file).authenticate(token)
+    if identity is None:
+        raise ConfigError("the workers' token is not in %s: %s" % (cfg.auth_file, hint))
+    if identity.role != WORKER:
+        raise ConfigError("the workers' token %r has role %s; up's workers need a worker token: %s"
+                          % (identity.name, identity.role, hint))
+    return token

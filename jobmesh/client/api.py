@@ -122,6 +122,9 @@ class CoordinatorClient:
     """Blocking client; use as a context manager or call ``close()``.
 
     ``connect_timeout`` and ``timeout`` are seconds; ``timeout`` bounds each reply.
+    ``token``: for a coordinator with ``--auth-file``, sent as AUTH first on each
+    connection; a refused token raises ``RequestFailed("authentication failed")``.
+    Without one, such a coordinator answers ``authentication required``.
     """
 
     def __init__(
@@ -130,6 +133,7 @@ class CoordinatorClient:
         port: int = DEFAULT_PORT,
         connect_timeout: float = 5.0,
         timeout: float = 30.0,
+        token: str | None = None,
     ):
         if port == DEFAULT_PORT and host.count(":") == 1:  # "HOST:PORT", as the CLI takes it
             name, _, number = host.partition(":")
@@ -140,6 +144,7 @@ class CoordinatorClient:
         self.port = port
         self.connect_timeout = connect_timeout
         self.timeout = timeout
+        self._token = token  # sent as AUTH first on each connection (a coordinator with --auth-file)
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
         self._lock = threading.Lock()
@@ -356,6 +361,32 @@ class CoordinatorClient:
         sock.settimeout(self.timeout)
         self._sock = sock
         self._reader = FrameReader(sock.recv)
+        if self._token is not None:
+            self._authenticate(where)
+
+    def _authenticate(self, where: str) -> None:
+        """AUTH on a fresh connection; ``RequestFailed`` if the coordinator refuses the token."""
+        assert self._sock is not None and self._reader is not None
+        try:
+            self._sock.sendall(_encode_request(m.Auth(self._token or "")))
+            obj = self._reader.read_frame()
+        except (OSError, ProtocolError) as exc:
+            self._discard()
+            raise CoordinatorUnavailable("connection to %s lost during AUTH: %s" % (where, exc)) from exc
+        if obj is None:
+            self._discard()
+            raise CoordinatorUnavailable("%s closed the connection during AUTH" % where)
+        try:
+            reply = m.decode(obj, m.TO_CLIENT)
+        except ProtocolError as exc:
+            self._discard()
+            raise CoordinatorUnavailable("unintelligible reply to AUTH from %s: %s" % (where, exc)) from exc
+        if isinstance(reply, m.AuthOk):
+            return
+        self._discard()
+        if isinstance(reply, m.Error):
+            raise RequestFailed(reply.message)
+        raise CoordinatorUnavailable("unexpected %s reply to AUTH from %s" % (reply.TYPE, where))
 
     def _discard(self) -> None:
         if self._sock is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Callable, TextIO
 
+from jobmesh.auth import read_token
 from jobmesh.client import render, top
 from jobmesh.client.api import EPOCH, CoordinatorClient, WaitTimeout
 from jobmesh.config import parse_hostport
@@ -25,6 +26,7 @@ from jobmesh.protocol.jobs import JobState, Priority
 from jobmesh.protocol.payloads import TASK_TYPES
 
 MAX_PAGE = 1000
+AUTH_REFUSALS = ("authentication required", "authentication failed")  # the coordinator's words
 _EPOCH_MILLIS = re.compile(r"[+-]?[0-9]+")
 RUN_AT_FORMS = "epoch milliseconds or an ISO 8601 time such as 2026-12-24T18:00:00Z"
 EPOCH_SECONDS_2000 = 946_684_800  # 2000-01-01T00:00:00Z: a --run-at number below this many ms is a mistake
@@ -322,14 +324,19 @@ def run_client_command(command: str, args: dict[str, Any], console: Console) -> 
     """Run one client command; returns its exit code. ConfigError propagates (exit 2)."""
     host, port = parse_hostport(args["--coordinator"])
     handler = HANDLERS[command]
+    token = read_token(args.get("--token-file"))
     try:
-        with CoordinatorClient(host, port) as client:
+        with CoordinatorClient(host, port, token=token) as client:
             return handler(client, args, console)
     except CoordinatorUnavailable as exc:
         console.error(command, "coordinator unreachable: %s" % exc)
         return EXIT_UNREACHABLE
     except RequestFailed as exc:
-        console.error(command, "the coordinator refused: %s" % exc.message)
+        hint = ""
+        if exc.message in AUTH_REFUSALS:
+            hint = ("; give a token with --token-file=PATH, JOBMESH_TOKEN or JOBMESH_TOKEN_FILE"
+                    if token is None else "; the token is not in the coordinator's auth file")
+        console.error(command, "the coordinator refused: %s%s" % (exc.message, hint))
         return EXIT_FAILED
     except InvalidRequest as exc:  # nothing was sent: the input is at fault, like a bad flag
         console.error(command, str(exc))

@@ -86,10 +86,11 @@ class CoordinatorCore:
             m.ListWorkers: lambda now, r: requests.list_workers(now),
             m.CancelJob: lambda now, r: requests.cancel_job(now, r.job_id),
             m.GetJobEvents: lambda now, r: requests.get_job_events(now, r.job_id),
-            m.RetryJob: lambda now, r: requests.retry_job(now, r.job_id),
+            m.RetryJob: lambda now, r: requests.retry_job(now, r.job_id, r.submitted_by),
             m.PurgeJobs: requests.purge_jobs,
             m.GetStats: lambda now, _req: self.get_stats(now),
             ev.Refusal: lambda now, r: r.error,
+            ev.Forbidden: lambda now, r: r.error,
         }
         json, periodic = self.json, self.periodic
         self._dispatch: dict[type, Callable[[Any, int], Reply | None]] = {

@@ -66,6 +66,16 @@ class Refusal:
         self.error = m.Error(message)
 
 
+class Forbidden:
+    """A request-shaped item for a request the connection's token may not make: answered
+    ``ERROR forbidden: ...`` in order, like a Refusal, but the connection stays open."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, message: str) -> None:
+        self.error = m.Error(message)
+
+
 class Request(Event):
     """A client request (or a Refusal), answered on ``conn`` in order.
 
@@ -75,7 +85,7 @@ class Request(Event):
     __slots__ = ("conn", "msg", "cost")
     conn: ReplyConnection
 
-    def __init__(self, conn: ReplyConnection, msg: m.Message | Refusal) -> None:
+    def __init__(self, conn: ReplyConnection, msg: m.Message | Refusal | Forbidden) -> None:
         self.conn = conn
         self.msg = msg
         self.cost = 1

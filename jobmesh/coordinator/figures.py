@@ -125,6 +125,7 @@ class RuntimeFigures:
     commit_seconds: BucketCounts
     commit_rows: BucketCounts
     batch_events: BucketCounts
+    auth_failures: int = 0  # failed authentications (--auth-file) since the process started
 
     @property
     def connections_by_port(self) -> dict[str, int]:
@@ -230,6 +231,8 @@ METRICS: tuple[Metric, ...] = (
            "its result.", H, "commit_seconds", runtime=True),
     Metric("jobmesh_commit_batch_rows", "Job rows written per group commit.", H, "commit_rows", runtime=True),
     Metric("jobmesh_core_batch_events", "Mailbox events applied per core batch.", H, "batch_events", runtime=True),
+    Metric("jobmesh_auth_failures_total", "Failed authentications (a wrong or missing token) on every port, "
+           "with --auth-file.", C, "auth_failures", runtime=True, summary="authFailures"),
 )
 
 # (key, metric) of the metrics that GET_STATS and /api/summary carry.

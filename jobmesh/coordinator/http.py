@@ -33,6 +33,13 @@ Two ways of reading, and why:
   reply frame after the batch's commit, and ``LocalConn.reply`` hands the bytes to the
   waiting handler through an ``AsyncResult``.
 
+With ``--auth-file`` (the runtime's ``guard``), every path but ``/healthz`` and ``/readyz``
+needs ``Authorization: Bearer TOKEN``, or Basic with the token as the password (any user
+name, so a browser's login prompt works), of a reader, client or admin token; anything
+else is answered 401 with ``WWW-Authenticate: Basic realm="jobmesh"``. A request without
+credentials is not counted as a failure (a browser always asks once without); a wrong
+token is, and is slowed like on the JSON ports (``guard.py``).
+
 A timer greenlet wakes every ``TICK_SECONDS``; how late it wakes is the event-loop lag
 (a histogram), and once a second it appends a sample to the ring buffer behind the
 dashboard's chart.
@@ -40,6 +47,8 @@ dashboard's chart.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import re
 import socket
@@ -62,6 +71,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from jobmesh.coordinator import events as ev
+from jobmesh.coordinator.guard import Guard
 from jobmesh.coordinator.figures import (ACTIVE, FINISHED, METRICS, SUMMARY_KEYS, BucketCounts, Figures, Kind,
                                          Metric, RuntimeFigures)
 from jobmesh.errors import ProtocolError
@@ -240,17 +250,37 @@ class _Server(WSGIServer):
 
 
 JOB_PATH = re.compile(r"/api/jobs/([^/]+)(/events)?\Z")
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # answered without a token
+
+
+def credentials(header: str) -> str | None:
+    """The token of an ``Authorization`` header: ``Bearer TOKEN``, or ``Basic`` with the
+    token as the password (the user name is ignored); None if there is none."""
+    scheme, _, value = header.strip().partition(" ")
+    scheme = scheme.lower()
+    if scheme == "bearer":
+        return value.strip() or None
+    if scheme == "basic":
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, ValueError):
+            return None
+        _user, sep, password = decoded.partition(":")
+        return password if sep and password else None
+    return None
 
 
 class HttpPort:
     """The metrics port of one coordinator.
 
     ``source`` is the runtime (``runtime.Coordinator``), read through four names only:
-    ``core.metrics()``, ``figures()``, ``ready`` and ``mailbox.put(event)``.
+    ``core.metrics()``, ``figures()``, ``ready`` and ``mailbox.put(event)``. ``guard`` checks
+    tokens (``--auth-file``; None: every path is open).
     """
 
-    def __init__(self, source: Any, bind: str, port: int) -> None:
+    def __init__(self, source: Any, bind: str, port: int, guard: Guard | None = None) -> None:
         self.source = source
+        self.guard = guard
         self.bind = bind
         self.requested_port = port
         self.server: _Server | None = None
@@ -400,6 +430,11 @@ class HttpPort:
         method = environ.get("REQUEST_METHOD", "GET")
         # WSGI hands the path over as latin-1 text of the raw bytes.
         path = environ.get("PATH_INFO", "/").encode("latin-1").decode("utf-8", "replace")
+        guard = self.guard
+        if guard is not None and path not in OPEN_PATHS and not self._authorized(guard, environ):
+            return self._respond(start_response, "401 Unauthorized", b"a token is needed: Authorization: Bearer "
+                                 b"TOKEN, or Basic with the token as the password\n", "text/plain; charset=utf-8",
+                                 [("WWW-Authenticate", 'Basic realm="jobmesh"')])
         if method not in ("GET", "HEAD"):
             return self._respond(start_response, "405 Method Not Allowed", b"read-only: GET only\n",
                                  "text/plain; charset=utf-8", [("Allow", "GET, HEAD")])
@@ -411,6 +446,21 @@ class HttpPort:
             log.exception("error serving %s", path)
             return self._json(start_response, {"error": "internal error; see the coordinator log"},
                               "500 Internal Server Error")
+
+    @staticmethod
+    def _authorized(guard: Guard, environ: dict[str, Any]) -> bool:
+        """Whether the request carries the token of a reader, client or admin."""
+        token = credentials(environ.get("HTTP_AUTHORIZATION", ""))
+        if token is None:
+            return False
+        host = str(environ.get("REMOTE_ADDR", ""))
+        identity = guard.authenticate(token, host)
+        if identity is None:
+            delay = guard.failure_delay(host)
+            if delay:
+                gevent.sleep(delay)
+            return False
+        return identity.may("METRICS")
 
     def _route(self, path: str, environ: dict[str, Any], start_response: Callable) -> list[bytes]:
         if path == "/metrics":

@@ -134,12 +134,14 @@ class ClientRequests:
                     "(taskType, payload, maxAttempts or priority differ)" % (quote(key), existing.job_id)
                 )
         return self._create(now_millis, req.task_type, req.payload, payload_json, max_attempts, priority, key,
-                            run_at)
+                            run_at, submitted_by=req.submitted_by)
 
     def _create(self, now_millis: int, task_type: str, payload: dict[str, Any], payload_json: str | None,
                 max_attempts: int, priority: Priority, key: str | None, run_at: int | None,
-                retry_of: str | None = None) -> m.Message:
-        """Admit and create a job (SUBMITTED, then QUEUED or SCHEDULED); the reply to its submit."""
+                retry_of: str | None = None, submitted_by: str | None = None) -> m.Message:
+        """Admit and create a job (SUBMITTED, then QUEUED or SCHEDULED); the reply to its submit.
+        ``submitted_by`` is the name of the token that asked (auth on), which the SUBMITTED
+        event names too."""
         if self.table.active_count >= self.config.max_active_jobs:
             self.counters.rejected += 1
             return m.SubmitRejected(
@@ -150,7 +152,11 @@ class ClientRequests:
         job = self.table.new_job(now_millis, task_type, payload, max_attempts, priority,
                                  JobState.SCHEDULED if later else JobState.QUEUED, key, self.config.task_timeout_millis,
                                  payload_json, run_at, retry_of)
-        self.table.admit(job, now_millis, None if retry_of is None else "retry of %s" % retry_of)
+        detail = None if retry_of is None else "retry of %s" % retry_of
+        if submitted_by is not None:
+            job.submitted_by = submitted_by
+            detail = "by %s" % submitted_by if detail is None else "%s by %s" % (detail, submitted_by)
+        self.table.admit(job, now_millis, detail)
         log.debug("submitted job=%s type=%s priority=%s run_at=%s", job.job_id, task_type, priority.value, run_at)
         return m.JobSubmitted(job.job_id)
 
@@ -242,7 +248,7 @@ class ClientRequests:
             if job is None or job.state in TERMINAL:
                 self.waiters.wake_job(waiter.job_id)
 
-    def retry_job(self, now_millis: int, job_id: str) -> m.Message:
+    def retry_job(self, now_millis: int, job_id: str, submitted_by: str | None = None) -> m.Message:
         """A new job with a finished job's type, payload, priority and budget; ``retryOf`` names it."""
         job = self.table.lookup(job_id)
         if job is None:
@@ -256,7 +262,7 @@ class ClientRequests:
         if problem is not None:
             return m.Error("job %s cannot be retried: %s" % (job_id, problem))
         reply = self._create(now_millis, job.task_type, job.payload, None, job.max_attempts, job.priority, None,
-                             None, retry_of=job_id)
+                             None, retry_of=job_id, submitted_by=submitted_by)
         if isinstance(reply, m.JobSubmitted):
             log.info("retry submitted job=%s retry_of=%s", reply.job_id, job_id)
         return reply

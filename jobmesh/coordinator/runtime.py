@@ -53,7 +53,7 @@ import gevent.event
 import gevent.pool
 import gevent.server
 
-from jobmesh.config import CoordinatorConfig
+from jobmesh.config import CoordinatorConfig, is_loopback
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
 from jobmesh.coordinator.connection import ReplyConnection
@@ -62,6 +62,7 @@ from jobmesh.coordinator.outage import CommitFailed, StorageOutage, storage_erro
 from jobmesh.coordinator.core import INTERNAL_ERROR, CoordinatorCore
 from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock
 from jobmesh.coordinator.figures import RuntimeFigures
+from jobmesh.coordinator.guard import Guard
 from jobmesh.coordinator.housekeeping import (COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, CollectorPolicy, Histogram,
                                               raise_fd_limit)
 from jobmesh.coordinator.periodic_port import PeriodicPort
@@ -143,10 +144,14 @@ class Coordinator:
         self.core: CoordinatorCore | None = None
         self.servers: list[gevent.server.StreamServer] = []
         self.handlers = Servers(self.mailbox.put, self.mailbox.put_urgent, config.idle_timeout_millis / 1000.0)
+        # Tokens (--auth-file): AuthFileError, a ConfigError, if the file is not valid.
+        self.guard = Guard.load(config.auth_file) if config.auth_file is not None else None
+        self.handlers.guard = self.guard
         self.periodic = PeriodicPort(self.mailbox.put, self.mailbox.put_urgent, self.handlers.connections,
                                      config.idle_timeout_millis / 1000.0, config.task_timeout_millis / 1000.0,
                                      config.periodic_keepalive_millis / 1000.0, self._periodic_sizes,
                                      keys=periodic_keys(config))
+        self.periodic.guard = self.guard  # types 3 and 4 carry a token
         self._core_greenlet: gevent.Greenlet | None = None
         self._sweep_timer: gevent.Greenlet | None = None
         self._next_sweep = 0.0
@@ -245,13 +250,34 @@ class Coordinator:
         if cfg.metrics_port is not None:
             from jobmesh.coordinator.http import HttpPort  # imports prometheus_client: only when asked
 
-            self.http = HttpPort(self, cfg.bind, cfg.metrics_port)
+            self.http = HttpPort(self, cfg.bind, cfg.metrics_port, self.guard)
             self.servers.append(self.http.start())
             line += " metrics=%s:%d" % (cfg.bind, self.http.port)
         self.ready = True
         log.info("listening worker=%s:%d client=%s:%d fd_limit=%d", cfg.bind, worker_srv.server_port,
                  cfg.bind, client_srv.server_port, fd_limit)
+        self._warn_about_auth()
         return line
+
+    def _warn_about_auth(self) -> None:
+        cfg = self.config
+        if self.guard is None:
+            if not is_loopback(cfg.bind):
+                log.warning("--insecure: bind=%s is reachable from other machines and no token is asked for: "
+                            "anyone who can connect can submit, cancel and read every job", cfg.bind)
+            return
+        log.info("tokens on: auth file %s holds %d tokens", cfg.auth_file, len(self.guard.auth_file))
+        if not len(self.guard.auth_file):
+            log.warning("auth file %s holds no token: every connection will be refused (jobmesh token new)",
+                        cfg.auth_file)
+        if not is_loopback(cfg.bind) and not getattr(cfg, "tls_cert", None):
+            log.warning("tokens travel in plaintext: bind=%s is reachable from other machines without TLS; "
+                        "anyone on the network path can read them (docs/SECURITY.md)", cfg.bind)
+
+    def on_hangup(self) -> None:
+        """SIGHUP: read the auth file again; the connections of removed tokens close."""
+        if self.guard is not None:
+            self.guard.reload()
 
     def _open_store(self) -> Store:
         # The fault file is a testing aid only (docs/FAILURE_MODEL.md, "Testing storage faults").
@@ -625,7 +651,8 @@ class Coordinator:
         """The runtime's own figures, read at scrape time (O(1); never touches job state)."""
         return RuntimeFigures(inbox_depth=len(self.mailbox), max_active_jobs=self.config.max_active_jobs,
                               connections=dict(self.handlers.connections), commit_seconds=self.commit_seconds,
-                              commit_rows=self.commit_rows, batch_events=self.batch_events)
+                              commit_rows=self.commit_rows, batch_events=self.batch_events,
+                              auth_failures=self.guard.failures if self.guard is not None else 0)
 
     # ---- stop -----------------------------------------------------------------------
 
@@ -736,6 +763,8 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, coordinator.on_stop_signal)
+    if coordinator.guard is not None:
+        gevent.signal_handler(signal.SIGHUP, coordinator.on_hangup)
     announce(line)
     coordinator.stopped.wait()
     return coordinator.exit_code

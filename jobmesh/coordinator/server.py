@@ -16,13 +16,22 @@ Client connections are request/response, answered in request order: the handler 
 each request with its ``ClientConn`` and goes back to reading. A pending WAIT_JOB counts
 as unanswered, and the runtime holds the replies that follow it until it is answered.
 A connection that ends with requests unanswered posts ``ClientClosed``, so the core
-forgets its waits. It stops reading while
+forgets its waits.
+
+With ``--auth-file`` (``guard`` set), each port's first frame must be AUTH ``{token}``:
+the handler answers AUTH_OK ``{name, role}``, or ERROR ``authentication failed`` /
+``authentication required`` and closes (slowed, for an address that keeps failing:
+``guard.py``). Then every request is checked against the token's role and task types
+before it is posted (``jobmesh.auth``); a forbidden one is answered ERROR ``forbidden:
+...`` in order, through the mailbox, and the connection stays open. Without a guard no
+request is checked. It stops reading while
 its connection has unsent bytes or ``MAX_PIPELINE`` unanswered requests, so a client
 that pipelines without reading can grow neither the mailbox nor the coordinator's memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import select
 import socket
@@ -34,11 +43,13 @@ import gevent.monkey
 
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import monotonic
+from jobmesh.auth import WORKER, Identity
 from jobmesh.coordinator.connection import Output, nodelay
+from jobmesh.coordinator.guard import Guard
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame
-from jobmesh.protocol.payloads import TASK_NAME_RULE, is_task_type_name
+from jobmesh.protocol.payloads import TASK_NAME_RULE, TASK_TYPES, is_task_type_name
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +64,29 @@ DRAIN_SECONDS = 30.0  # at EOF, how long a client handler waits for its replies 
 MAX_TASK_TYPES = 1024  # task types one worker may declare
 
 SHUTTING_DOWN = m.Error("coordinator is shutting down")
+AUTH_REQUIRED = "authentication required"
+AUTH_FAILED = "authentication failed"
+AUTH_FLUSH_SECONDS = 2.0  # how long a refused connection's ERROR may take to go out before it closes
+
+
+def forbidden(identity: Identity, msg: m.Message) -> str | None:
+    """Why ``identity`` may not send ``msg`` (the ERROR's text), or None if it may."""
+    if not identity.may(msg.TYPE):
+        return "forbidden: token %s (role %s) may not send %s" % (m.quote(identity.name), identity.role, msg.TYPE)
+    if identity.task_types is None:
+        return None
+    if isinstance(msg, m.SubmitJob):
+        names: list[Any] = [msg.task_type]
+    elif isinstance(msg, m.WorkerRegister):
+        names = list(TASK_TYPES) if msg.task_types is None else msg.task_types
+    else:
+        return None
+    refused = [name for name in names if not identity.may_use_type(name)]
+    if not refused:
+        return None
+    return "forbidden: token %s may not %s task type %s (its taskTypes: %s)" % (
+        m.quote(identity.name), "submit" if isinstance(msg, m.SubmitJob) else "declare", m.quote(refused[0]),
+        ", ".join(identity.task_types) or "none")
 
 
 def check_task_types(msg: m.WorkerRegister) -> None:
@@ -157,6 +191,7 @@ class Servers:
         self.idle_timeout = idle_timeout
         self.worker_conns: set[WorkerConn] = set()
         self.connections = {"worker": 0, "client": 0}  # open connections per port (metrics)
+        self.guard: Guard | None = None  # set with --auth-file: AUTH first, then every request checked
 
     def _first_frame(self, reader: FrameReader, what: str, addr: Any) -> dict | None:
         """The first frame, which must complete within the idle timeout (so connections
@@ -174,6 +209,34 @@ class Servers:
         finally:
             timer.close()
 
+    def _authenticate(self, conn: Output, obj: dict, addr: Any, port: str) -> Identity | None:
+        """The first frame of a connection when tokens are on: AUTH with a known token is
+        answered AUTH_OK and gives its identity; anything else is answered ERROR (after
+        the guard's delay, for an address that keeps failing) and the connection closes."""
+        guard = self.guard
+        assert guard is not None
+        host = str(addr[0])
+        if obj.get("type") != m.Auth.TYPE:
+            guard.failed(host)
+            reason = AUTH_REQUIRED
+        else:
+            identity = guard.authenticate(obj.get("token"), host)
+            if identity is not None:
+                conn.write(encode_frame(m.AuthOk(identity.name, identity.role).to_wire()))
+                guard.attach(conn, identity)
+                log.debug("authenticated peer=%s:%s port=%s token=%s role=%s", host, addr[1], port, identity.name,
+                          identity.role)
+                return identity
+            reason = AUTH_FAILED
+        delay = guard.failure_delay(host)
+        log.log(logging.DEBUG if delay else logging.WARNING, "refused peer=%s:%s port=%s: %s%s", host, addr[1], port,
+                reason, " (after %.2f s: this address keeps failing)" % delay if delay else "")
+        if delay:
+            gevent.sleep(delay)
+        conn.write(encode_frame(m.Error(reason).to_wire()), close=True)
+        conn.flushed(AUTH_FLUSH_SECONDS)
+        return None
+
     # ---- worker port ---------------------------------------------------------------
 
     def handle_worker(self, sock: socket.socket, addr: tuple[Any, ...]) -> None:
@@ -188,12 +251,19 @@ class Servers:
             obj = self._first_frame(reader, "worker", addr)
             if obj is None:
                 return
-            msg = m.decode(obj, m.WORKER_PORT_REQUESTS)
-            if not isinstance(msg, m.WorkerRegister):
-                raise ProtocolError("the first message on the worker port must be WORKER_REGISTER, got %s" % msg.TYPE)
-            check_task_types(msg)
-            conn.worker_id = msg.worker_id
-            self.post_worker(ev.Registered(conn, msg))
+            if self.guard is not None:
+                register = self._register_with_token(conn, reader, obj, addr)
+                if register is None:
+                    return
+            else:
+                first = m.decode(obj, m.WORKER_PORT_REQUESTS)
+                if not isinstance(first, m.WorkerRegister):
+                    raise ProtocolError("the first message on the worker port must be WORKER_REGISTER, got %s"
+                                        % first.TYPE)
+                check_task_types(first)
+                register = first
+            conn.worker_id = register.worker_id
+            self.post_worker(ev.Registered(conn, register))
             registered = True
             while True:
                 conn.wait_for_core()  # stops reading while the core is behind on us
@@ -227,9 +297,36 @@ class Servers:
         finally:
             if registered:
                 self.post_worker(ev.Disconnected(conn))
+            if self.guard is not None:
+                self.guard.detach(conn)
             conn.finish()
             self.worker_conns.discard(conn)
             self.connections["worker"] -= 1
+
+    def _register_with_token(self, conn: WorkerConn, reader: FrameReader, obj: dict,
+                             addr: Any) -> m.WorkerRegister | None:
+        """AUTH, then the WORKER_REGISTER a worker token may make: what a request the token
+        may not make gets (``forbidden``, the connection open) until then. None: the
+        connection ended (refused, idle, or closed by the peer)."""
+        identity = self._authenticate(conn, obj, addr, "worker")
+        if identity is None:
+            return None
+        while True:
+            frame = self._first_frame(reader, "worker", addr)
+            if frame is None:
+                return None
+            msg = m.decode(frame, m.WORKER_PORT_REQUESTS)
+            if identity.role == WORKER and not isinstance(msg, m.WorkerRegister):
+                raise ProtocolError("the first message on the worker port after AUTH must be WORKER_REGISTER, got %s"
+                                    % msg.TYPE)
+            if isinstance(msg, m.WorkerRegister):
+                check_task_types(msg)
+            reason = forbidden(identity, msg)
+            if reason is None:
+                assert isinstance(msg, m.WorkerRegister)
+                return msg
+            log.warning("forbidden peer=%s:%s port=worker: %s", addr[0], addr[1], reason)
+            conn.send(m.Error(reason))
 
     # ---- client port ----------------------------------------------------------------
 
@@ -239,7 +336,16 @@ class Servers:
         self.connections["client"] += 1
         reader = FrameReader(sock.recv)
         first = True
+        identity: Identity | None = None
         try:
+            if self.guard is not None:
+                obj = self._first_frame(reader, "client", addr)
+                if obj is None:
+                    return
+                identity = self._authenticate(conn, obj, addr, "client")
+                if identity is None:
+                    return
+                first = False
             while not conn.closed:
                 if first:
                     obj = self._first_frame(reader, "client", addr)
@@ -253,7 +359,10 @@ class Servers:
                     return
                 req = m.decode(obj, m.CLIENT_PORT_REQUESTS)
                 conn.inflight += 1
-                self.post(ev.Request(conn, req))
+                if identity is None:
+                    self.post(ev.Request(conn, req))
+                else:
+                    self.post(ev.Request(conn, self._checked(identity, req, addr)))
                 conn.wait_for_room()
                 if conn.peer_gone:
                     conn.drain(DRAIN_SECONDS)
@@ -267,7 +376,22 @@ class Servers:
         except OSError:
             pass
         finally:
+            if identity is not None:
+                assert self.guard is not None
+                self.guard.detach(conn)
             conn.release()
             if conn.inflight > 0:  # pending WAIT_JOBs (or a drain that timed out): tell the core
                 self.post(ev.ClientClosed(conn))
             self.connections["client"] -= 1
+
+    @staticmethod
+    def _checked(identity: Identity, req: m.Message, addr: Any) -> m.Message | ev.Forbidden:
+        """The request as the core gets it from this token: refused (``ev.Forbidden``), or
+        a submit or retry that carries the token's name (``submittedBy``)."""
+        reason = forbidden(identity, req)
+        if reason is not None:
+            log.info("forbidden peer=%s:%s port=client: %s", addr[0], addr[1], reason)
+            return ev.Forbidden(reason)
+        if isinstance(req, (m.SubmitJob, m.RetryJob)):
+            return dataclasses.replace(req, submitted_by=identity.name)
+        return req

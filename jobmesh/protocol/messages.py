@@ -16,6 +16,10 @@ the dataclass gives the constructor, equality and typing; the codec reads the wi
 and kind from the field's metadata. Field kinds: ``str``, ``int`` (never a bool),
 ``bool``, ``obj`` (JSON object), ``list``; a trailing ``?`` allows null. A field with a
 default may be absent.
+
+A field made by ``local()`` is not on the wire at all: the receiver fills it in (the
+coordinator's handler sets ``submitted_by`` from the connection's token), so a peer
+can never send it.
 """
 
 from __future__ import annotations
@@ -99,6 +103,11 @@ def wire(name: str, kind: str, default: Any = _MISSING) -> Any:
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def local() -> Any:
+    """A field that is never on the wire (default None): set by the receiver, not the sender."""
+    return dataclasses.field(default=None, compare=False)
+
+
 # One compiled entry per field: (attr, wire name, check, nullable, default, kind).
 _Spec = tuple[tuple[str, str, Callable[[Any], bool], bool, Any, str], ...]
 
@@ -115,6 +124,8 @@ class Message:
         if spec is None:
             entries = []
             for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+                if "wire" not in f.metadata:
+                    continue  # a local() field
                 kind = f.metadata["kind"]
                 factory: Any = f.default_factory
                 default = f.default if factory is _MISSING else factory()
@@ -234,6 +245,26 @@ class Error(Message):
             object.__setattr__(self, "message", _bounded_message(self.message))
 
 
+# ---- both ports, with --auth-file -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Auth(Message):
+    """The first frame on the worker and client ports of a coordinator with ``--auth-file``."""
+
+    TYPE = "AUTH"
+    token: str = wire("token", "str")
+
+
+@dataclass(frozen=True)
+class AuthOk(Message):
+    """The token was accepted: the name of its entry and its role."""
+
+    TYPE = "AUTH_OK"
+    name: str = wire("name", "str")
+    role: str = wire("role", "str")
+
+
 # ---- client port -------------------------------------------------------------------
 
 
@@ -247,6 +278,7 @@ class SubmitJob(Message):
     priority: str | None = wire("priority", "str?", None)
     run_at_millis: int | None = wire("runAtMillis", "int?", None)  # epoch millis; not with delayMillis
     delay_millis: int | None = wire("delayMillis", "int?", None)
+    submitted_by: str | None = local()  # the submitting token's name (auth on), set by the handler
 
 
 @dataclass(frozen=True)
@@ -347,6 +379,7 @@ class RetryJob(Message):
 
     TYPE = "RETRY_JOB"
     job_id: str = wire("jobId", "str")
+    submitted_by: str | None = local()  # the retrying token's name (auth on), set by the handler
 
 
 @dataclass(frozen=True)
@@ -392,7 +425,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     WorkerRegister, WorkerRegistered, Heartbeat, TaskAssign, TaskCancel, TaskResult, Error,
     SubmitJob, JobSubmitted, SubmitRejected, GetJobStatus, JobStatus, ListJobs, JobList,
     ListWorkers, WorkerList, CancelJob, JobCancel, GetJobEvents, JobEvents, RetryJob, PurgeJobs,
-    JobsPurged, WaitJob, GetStats, Stats,
+    JobsPurged, WaitJob, GetStats, Stats, Auth, AuthOk,
 )
 BY_TYPE: dict[str, type[Message]] = {cls.TYPE: cls for cls in ALL_MESSAGES}
 
@@ -401,9 +434,9 @@ WORKER_PORT_REQUESTS = frozenset({"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"}
 CLIENT_PORT_REQUESTS = frozenset({"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
                                   "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB",
                                   "GET_STATS"})
-TO_WORKER = frozenset({"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR"})
+TO_WORKER = frozenset({"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR", "AUTH_OK"})
 TO_CLIENT = frozenset({"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST", "JOB_CANCEL",
-                       "JOB_EVENTS", "JOBS_PURGED", "STATS", "ERROR"})
+                       "JOB_EVENTS", "JOBS_PURGED", "STATS", "ERROR", "AUTH_OK"})
 
 
 def decode(obj: dict[str, Any], allowed: frozenset[str] | None = None) -> Message:
@@ -420,6 +453,8 @@ def decode(obj: dict[str, Any], allowed: frozenset[str] | None = None) -> Messag
 
 
 CLIENT_PORT_REFUSAL = "this is the client port"  # how the client port's refusals of worker messages begin
+# The refusal of an AUTH frame by a coordinator without --auth-file (the connection closes).
+NO_AUTH = "this coordinator takes no tokens (it runs without --auth-file); connect without one"
 
 
 def wrong_port(kind: str, allowed: frozenset[str] | None) -> str | None:
@@ -427,6 +462,8 @@ def wrong_port(kind: str, allowed: frozenset[str] | None) -> str | None:
 
     A client pointed at the worker port (or a worker at the client port) learns where
     to go instead of just "unknown message type"."""
+    if kind == "AUTH":
+        return NO_AUTH
     if allowed is WORKER_PORT_REQUESTS and kind in CLIENT_PORT_REQUESTS:
         return "this is the worker port; %s belongs on the client port (%d by default)" % (kind, DEFAULT_CLIENT_PORT)
     if allowed is CLIENT_PORT_REQUESTS and kind in WORKER_PORT_REQUESTS:

@@ -105,6 +105,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("name", T, added=True),
     Column("periodic", J, encode="job.periodic and _dumps(job.periodic)", decode="_loads(v)", mutable=True,
            added=True),
+    # v8: the name of the token that submitted the job (docs/SECURITY.md); NULL without --auth-file.
+    Column("submitted_by", T, added=True),
     # The job's timeline (its newest events, EVENT_CODES below), rewritten with the row it
     # belongs to, so it is exactly as durable as the state it explains. In memory the job
     # keeps it as text too (Job.events), appended one fragment per event.

@@ -42,6 +42,7 @@ class Job:
     deadline: int | None = None
     run_at: int | None = None  # when the job was asked to run (runAtMillis), None: at once
     retry_of: str | None = None  # the finished job this one retries (RETRY_JOB)
+    submitted_by: str | None = None  # the name of the token that submitted it (None without --auth-file)
     # The timeline as stored (store.columns.event_fragment, comma-joined): text, so that a job's
     # events cost one string, not a list of tuples, and the row needs no re-encoding.
     events: str = ""
@@ -119,4 +120,5 @@ class Job:
             "waitingReason": waiting,
             "protocol": "json" if self.periodic is None else "periodic",
             "name": self.name,
+            "submittedBy": self.submitted_by,
         }

@@ -22,7 +22,8 @@ ALTER TABLE on an older database):
 * v7: ``seq`` is unique and indexed, alone and after ``state`` and ``task_type``:
   listings, their cursors and the retention walk order by it. A database whose rows
   lack unique sequences (rows from before v3 hold 0) has every row renumbered 1..n in
-  (seq, created_at, rowid) order, which is submission order, once, when the index is built.
+  (seq, created_at, rowid) order, which is submission order, once, when the index is built;
+* v8: ``submitted_by`` (the name of the token that submitted the job; NULL without auth).
 
 Two connections: ``conn`` is the writer (migrations, recovery, then batch writes on the
 store's one-thread pool, ``commit``); ``reader`` serves reads inline on the hub's thread.

@@ -39,6 +39,8 @@ from jobmesh.protocol.payloads import TASK_TYPES
 from jobmesh.protocol.messages import (
     CLIENT_PORT_REFUSAL,
     TO_WORKER,
+    Auth,
+    AuthOk,
     Error,
     Heartbeat,
     TaskAssign,
@@ -137,10 +139,12 @@ class WorkerAgent:
             _tune(sock, self.cfg.heartbeat_interval_millis)
             log.info("connected worker=%s coordinator=%s:%d", self.worker_id, *self.address)
             sock.settimeout(REGISTER_TIMEOUT)
-            register = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types)
-            sock.sendall(encode_frame(register.to_wire()))
             # The same reader serves the session: an assignment may share the reply's packet.
             reader = FrameReader(sock.recv)
+            if self.cfg.token is not None:
+                self._authenticate(sock, reader)
+            register = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types)
+            sock.sendall(encode_frame(register.to_wire()))
             obj = reader.read_frame()
             if obj is None:
                 raise ConnectionLost("closed before acknowledging registration")
@@ -157,6 +161,20 @@ class WorkerAgent:
         log.info("registered worker=%s capacity=%d heartbeat_millis=%d",
                  self.worker_id, self.cfg.capacity, self.cfg.heartbeat_interval_millis)
         return sock, reader
+
+    def _authenticate(self, sock: socket.socket, reader: FrameReader) -> None:
+        """AUTH with the worker's token, before WORKER_REGISTER (a coordinator with
+        --auth-file); its refusal is a ``RegistrationRefused``."""
+        sock.sendall(encode_frame(Auth(self.cfg.token or "").to_wire()))
+        obj = reader.read_frame()
+        if obj is None:
+            raise ConnectionLost("closed before answering AUTH")
+        reply = decode(obj, TO_WORKER)
+        if isinstance(reply, Error):
+            raise RegistrationRefused(reply.message)
+        if not isinstance(reply, AuthOk):
+            raise ProtocolError("expected AUTH_OK, got %s" % reply.TYPE)
+        log.info("authenticated worker=%s token=%s role=%s", self.worker_id, reply.name, reply.role)
 
     def _serve(self, sock: socket.socket, reader: FrameReader) -> str:
         """Run one session until the connection ends; returns why it ended."""

@@ -18,7 +18,8 @@ from tests.helpers import run_cli
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
-                   "retryAtMillis", "retryOf", "waitingReason", "protocol", "name"}
+                   "retryAtMillis", "retryOf", "waitingReason", "protocol", "name",
+                   "submittedBy"}
 BUILT_INS = ["FAIL", "PRIME_COUNT", "SHA256", "SLEEP", "WORD_COUNT"]
 
 

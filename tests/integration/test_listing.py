@@ -6,7 +6,8 @@ import pytest
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
-                   "retryAtMillis", "retryOf", "waitingReason", "protocol", "name"}
+                   "retryAtMillis", "retryOf", "waitingReason", "protocol", "name",
+                   "submittedBy"}
 
 
 def submit_many(client, n: int, task: str = "SLEEP") -> list[str]:

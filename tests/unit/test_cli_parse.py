@@ -30,7 +30,7 @@ COORDINATOR_FLAGS = {
 
 def test_commands_are_the_contracts():
     client = {"submit", "status", "list", "workers", "cancel", "wait", "events", "retry", "purge", "top"}
-    assert set(DOCS) == {"up", "coordinator", "worker"} | client
+    assert set(DOCS) == {"up", "coordinator", "worker", "token"} | client
     assert set(CLIENT_COMMANDS) == client
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from jobmesh.cli import parse
@@ -53,12 +55,12 @@ def test_coordinator_flags_are_applied():
                 "--heartbeat-timeout-millis=600", "--task-timeout-millis=300", "--max-active-jobs=3",
                 "--aging-step-millis=200", "--retry-base-millis=20", "--retry-cap-millis=200",
                 "--default-max-attempts=5", "--sweep-interval-millis=20", "--db-synchronous=normal",
-                "--log-level=debug")
+                "--log-level=debug", "--insecure")
     assert cfg == CoordinatorConfig(
         bind="0.0.0.0", worker_port=0, client_port=0, periodic_port=0, db="/tmp/x.db",
         heartbeat_timeout_millis=600, task_timeout_millis=300, max_active_jobs=3, aging_step_millis=200,
         retry_base_millis=20, retry_cap_millis=200, default_max_attempts=5, sweep_interval_millis=20,
-        db_synchronous="NORMAL", log_level="DEBUG",
+        db_synchronous="NORMAL", log_level="DEBUG", insecure=True,
     )
 
 
@@ -85,7 +87,8 @@ def test_up_passes_the_periodic_keys_on():
 
     command, args = parse(["up", "--periodic-port=0", "--periodic-key=s.pem", "--periodic-authorized-keys=peers"])
     argv = coordinator_argv(coordinator_config(args))
-    assert "--periodic-key=s.pem" in argv and "--periodic-authorized-keys=peers" in argv
+    assert "--periodic-key=%s" % os.path.abspath("s.pem") in argv
+    assert "--periodic-authorized-keys=%s" % os.path.abspath("peers") in argv
     assert not any("periodic-key" in a for a in coordinator_argv(coord()))
 
 

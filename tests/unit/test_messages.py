@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from jobmesh.errors import ProtocolError
@@ -50,6 +52,8 @@ SAMPLES: dict[str, m.Message] = {
     "STATS": m.Stats(at_millis=1_700_000_000_000, jobs={"QUEUED": 3, "SCHEDULED": 0, "RUNNING": 2, "RETRY_WAIT": 1},
                      submitted=10, finished={"COMPLETED": 3, "FAILED": 1, "CANCELLED": 0}, rejected=0, retries=2,
                      workers=1, periodic_workers=0, capacity=4, busy_slots=2, waits=0),
+    "AUTH": m.Auth(token="s3cret-token"),
+    "AUTH_OK": m.AuthOk(name="ci", role="client"),
 }
 
 
@@ -106,6 +110,8 @@ def test_wire_uses_camel_case_names_from_the_protocol(type_name):
         "GET_STATS": set(),
         "STATS": {"atMillis", "jobs", "submitted", "finished", "rejected", "retries", "workers", "periodicWorkers",
                   "capacity", "busySlots", "waits"},
+        "AUTH": {"token"},
+        "AUTH_OK": {"name", "role"},
     }[type_name]
     assert set(SAMPLES[type_name].to_wire()) == expected | {"type"}
 
@@ -214,9 +220,9 @@ def test_port_tables_match_the_protocol():
     assert m.WORKER_PORT_REQUESTS == {"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"}
     assert m.CLIENT_PORT_REQUESTS == {"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
                                       "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB", "GET_STATS"}
-    assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR"}
+    assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR", "AUTH_OK"}
     assert m.TO_CLIENT == {"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST",
-                           "JOB_CANCEL", "JOB_EVENTS", "JOBS_PURGED", "STATS", "ERROR"}
+                           "JOB_CANCEL", "JOB_EVENTS", "JOBS_PURGED", "STATS", "ERROR", "AUTH_OK"}
 
 
 @pytest.mark.parametrize("type_name", sorted(SAMPLES))
@@ -248,3 +254,19 @@ def test_messages_are_frozen():
     msg = SAMPLES["HEARTBEAT"]
     with pytest.raises(Exception):
         msg.worker_id = "other"  # type: ignore[misc]
+
+
+def test_local_fields_are_never_on_the_wire():
+    # submittedBy is set by the coordinator from the connection's token, never by the peer.
+    msg = m.decode({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {}, "submittedBy": "forged",
+                    "submitted_by": "forged"})
+    assert msg.submitted_by is None
+    assert "submittedBy" not in dataclasses.replace(msg, submitted_by="ci").to_wire()
+    retry = m.decode({"type": "RETRY_JOB", "jobId": "j-1", "submittedBy": "forged"})
+    assert retry.submitted_by is None
+
+
+def test_auth_on_a_coordinator_without_tokens_says_so():
+    for port in (m.CLIENT_PORT_REQUESTS, m.WORKER_PORT_REQUESTS):
+        with pytest.raises(ProtocolError, match="takes no tokens"):
+            m.decode({"type": "AUTH", "token": "x"}, port)
