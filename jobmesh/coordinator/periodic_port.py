@@ -32,7 +32,9 @@ connection is a ``SealedPeriodicConn``, whose reads are opened and writes sealed
 ``--auth-file`` (``guard``), types 3 and 4 carry a token's name and text: a worker token
 for 4, a client or admin token for 3 (a reader token may only PING and STATUS); a wrong
 one, or a plain 1 or 2 from a peer that did not pass the RSA handshake, is closed
-without a reply. A refused command gets NO_WORKER, as periodicd answers it.
+without a reply. A token's ``taskTypes`` limit the funcs its client submits, runs,
+removes or drops, and its worker declares. A refused command gets NO_WORKER, as
+periodicd answers it.
 """
 
 from __future__ import annotations
@@ -72,6 +74,13 @@ WORKER_COMMANDS = (pc.GrabJob, pc.SchedLater, pc.WorkDone, pc.WorkFail, pc.CanDo
 REFUSED_TO_CLIENT = frozenset(WORKER_COMMANDS)
 REFUSED_TO_READER = frozenset(pc.REQUESTS.values()) - {pc.Ping, pc.Status}
 REFUSED_TO_WORKER: frozenset[type] = frozenset()
+# The func a command names, where a token's taskTypes limit it (periodicd's per-func
+# lists): a client's jobs and funcs, a worker's declarations.
+CLIENT_FUNCS: dict[type, Callable[[Any], bytes]] = {
+    pc.SubmitJob: lambda msg: msg.job.func, pc.RunJob: lambda msg: msg.job.func,
+    pc.RecvData: lambda msg: msg.job.func, pc.RemoveJob: lambda msg: msg.handle.func,
+    pc.DropFunc: lambda msg: msg.func}
+WORKER_FUNCS: dict[type, Callable[[Any], bytes]] = {pc.CanDo: lambda msg: msg.func, pc.Broadcast: lambda msg: msg.func}
 
 
 class TokenGuard(Protocol):
@@ -356,6 +365,10 @@ class PeriodicPort:
             conn.last_arrival = monotonic()
             worker = conn.kind == pc.ConnType.WORKER
             post = self.post_urgent if worker else self.post
+            identity = conn.identity
+            limited = None  # the commands naming a func, for a token that lists its taskTypes
+            if identity is not None and identity.task_types is not None:
+                limited = WORKER_FUNCS if worker else CLIENT_FUNCS
             while True:
                 conn.wait_for_core()  # stops reading while the core is behind on us
                 body = self._next(sock, decoder)
@@ -366,6 +379,14 @@ class PeriodicPort:
                 if refused and type(msg) in refused:
                     conn.write(pc.encode_no_worker(msg.msgid))  # e.g. a client may not act as a worker
                     continue
+                if limited is not None and type(msg) in limited:
+                    assert identity is not None
+                    func = limited[type(msg)](msg)
+                    if not identity.may_use_type(func.decode("utf-8", "replace")):
+                        log.info("refused periodic %s of func %r: token %s does not list it",
+                                 type(msg).__name__, func, identity.name)
+                        conn.write(pc.encode_no_worker(msg.msgid))
+                        continue
                 if isinstance(msg, CORE_REQUESTS):
                     post(ev.PeriodicPacket(conn, msg, self.cost_of(msg)))
                     posted = True

@@ -1,10 +1,13 @@
 """The Periodic port's own security against a real coordinator: Periodic's RSA handshake
 (--periodic-key, --periodic-authorized-keys) with the real aio-periodic 1.0.0 RSATransport
-in every mode, and with raw frames for what aio-periodic would never send."""
+in every mode, and with raw frames for what aio-periodic would never send; periodicd
+1.2.9's authenticated registration (types 3 and 4) with --auth-file, by raw frames
+(aio-periodic 1.0.0 does not send it)."""
 
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobmesh.periodic import codec as pc
+from tests.helpers import wait_until
 from tests.integration.periodic_support import EchoPeer, RawPeriodic, RsaPeer, make_key_pair
 
 pytest.importorskip("aio_periodic")
@@ -215,3 +219,147 @@ def test_fuzzing_the_handshakes_first_bytes(fuzzed, pki, data):
     good.close()
     bad.close()
     assert fuzzed.proc.poll() is None
+
+
+# ---- periodicd 1.2.9's authenticated registration (types 3 and 4) with --auth-file -------------
+
+
+@pytest.fixture
+def tokens(tmp_path):
+    """An auth file with a token of each role (and a client limited to the funcs team.*)."""
+    from jobmesh.auth import new_token
+
+    path = tmp_path / "auth.toml"
+    made = {role: new_token(str(path), "p-" + role, role) for role in ("worker", "reader", "client", "admin")}
+    made["team"] = new_token(str(path), "p-team", "client", ("team.*",))
+    made["team-worker"] = new_token(str(path), "p-team-worker", "worker", ("team.*",))
+    return SimpleNamespace(path=path, **{k.replace("-", "_"): v.encode() for k, v in made.items()})
+
+
+def refused(addr, frame: bytes, secure: RsaPeer | None = None) -> bool:
+    """Whether the coordinator closes the connection after ``frame`` without a byte."""
+    sock = socket.create_connection(addr, timeout=10)
+    try:
+        if secure is not None:
+            secure.handshake(sock)
+            frame = secure.seal(frame)
+        sock.sendall(frame)
+        return sock.recv(4096) == b""
+    finally:
+        sock.close()
+
+
+def auth(addr, kind, name: str, token: bytes, secure: RsaPeer | None = None) -> RawPeriodic:
+    return RawPeriodic(addr, kind, name=name.encode(), token=token, secure=secure)
+
+
+def test_authenticated_registration_with_raw_frames(coordinator_factory, tokens):
+    coord = coordinator_factory(periodic_port=0, auth_file=tokens.path)
+    addr = coord.periodic_addr
+    # Given a worker with a worker token (type 4) and a client with a client token (type 3)
+    worker = auth(addr, pc.ConnType.WORKER, "p-worker", tokens.worker)
+    assert worker.request(pc.CanDo(worker.next_msgid(), b"echo")) == pc.Success(worker.msgid)
+    client = auth(addr, pc.ConnType.CLIENT, "p-client", tokens.client)
+    assert client.status()["echo"].workers == 1
+    # When the client submits, the worker grabs and finishes the job
+    job = pc.Job(b"echo", b"j1", b"hi", 0, 0, 10)
+    assert client.request(pc.SubmitJob(client.next_msgid(), job)) == pc.Success(client.msgid)
+    assert worker.request(pc.GrabJob(worker.next_msgid())) == pc.Success(worker.msgid)  # a grab token
+    assign = worker.reply(10)
+    assert isinstance(assign, pc.JobAssign) and assign.job.name == b"j1"
+    assert worker.request(pc.WorkDone(worker.next_msgid(), pc.Handle(b"echo", b"j1"), b"done")) \
+        == pc.Success(worker.msgid)
+    # Then the job is gone from the queue; an admin token registers as a client too
+    admin = auth(addr, pc.ConnType.CLIENT, "p-admin", tokens.admin)
+    wait_until(lambda: admin.status()["echo"].jobs == 0, timeout=10)
+    # A worker token may not act as a client, nor a client token as a worker
+    assert client.request(pc.GrabJob(client.next_msgid())) == pc.NoWorker(client.msgid)
+    for conn in (worker, client, admin):
+        assert conn.ping()
+        conn.close()
+
+
+def test_a_reader_token_may_only_ping_and_status(coordinator_factory, tokens):
+    coord = coordinator_factory(periodic_port=0, auth_file=tokens.path)
+    reader = auth(coord.periodic_addr, pc.ConnType.CLIENT, "p-reader", tokens.reader)
+    assert reader.ping()
+    assert reader.status() == {}
+    job = pc.Job(b"echo", b"j1", b"", 0, 0, 0)
+    for msg in (pc.SubmitJob(reader.next_msgid(), job), pc.RunJob(reader.next_msgid(), job),
+                pc.DropFunc(reader.next_msgid(), b"echo"), pc.RemoveJob(reader.next_msgid(), pc.Handle(b"echo", b"j1")),
+                pc.ConfigGet(reader.next_msgid(), b"timeout"), pc.Dump(reader.next_msgid())):
+        assert reader.request(msg) == pc.NoWorker(msg.msgid), msg
+    assert reader.ping() and reader.status() == {}  # nothing reached the core; still open
+    reader.close()
+
+
+def test_wrong_tokens_and_roles_are_closed_without_a_reply(coordinator_factory, tokens):
+    coord = coordinator_factory(periodic_port=0, auth_file=tokens.path)
+    addr = coord.periodic_addr
+    hs = pc.encode_handshake
+    assert refused(addr, hs(pc.ConnType.CLIENT, b"p-client", b"not-the-token"))
+    assert refused(addr, hs(pc.ConnType.CLIENT, b"p-admin", tokens.client))  # right token, wrong name
+    assert refused(addr, hs(pc.ConnType.CLIENT, b"p-worker", tokens.worker))  # a worker token as a client
+    assert refused(addr, hs(pc.ConnType.WORKER, b"p-client", tokens.client))  # only a worker token for type 4
+    assert refused(addr, hs(pc.ConnType.WORKER, b"p-admin", tokens.admin))
+    assert refused(addr, hs(pc.ConnType.WORKER, b"p-reader", tokens.reader))
+    # With tokens on, a plain registration needs the RSA handshake
+    assert refused(addr, hs(pc.ConnType.CLIENT))
+    assert refused(addr, hs(pc.ConnType.WORKER))
+    # And the right token still registers
+    assert auth(addr, pc.ConnType.WORKER, "p-worker", tokens.worker).ping()
+    assert "wrong token name or token" in coord.stderr() and tokens.client.decode() not in coord.stderr()
+
+
+def test_task_types_limit_a_tokens_funcs(coordinator_factory, tokens):
+    coord = coordinator_factory(periodic_port=0, auth_file=tokens.path)
+    addr = coord.periodic_addr
+    worker = auth(addr, pc.ConnType.WORKER, "p-team-worker", tokens.team_worker)
+    assert worker.request(pc.CanDo(worker.next_msgid(), b"other")) == pc.NoWorker(worker.msgid)
+    assert worker.request(pc.CanDo(worker.next_msgid(), b"team.echo")) == pc.Success(worker.msgid)
+    client = auth(addr, pc.ConnType.CLIENT, "p-team", tokens.team)
+    assert "team.echo" in client.status()
+    assert "other" not in client.status()
+    ours, theirs = pc.Job(b"team.echo", b"a", b"", 0, 0, 0), pc.Job(b"other", b"a", b"", 0, 0, 0)
+    assert client.request(pc.SubmitJob(client.next_msgid(), ours)) == pc.Success(client.msgid)
+    for msg in (pc.SubmitJob(client.next_msgid(), theirs), pc.RunJob(client.next_msgid(), theirs),
+                pc.DropFunc(client.next_msgid(), b"other"), pc.RemoveJob(client.next_msgid(), pc.Handle(b"other", b"a"))):
+        assert client.request(msg) == pc.NoWorker(msg.msgid), msg
+
+
+def test_tokens_and_keys_together(coordinator_factory, tokens, pki):
+    coord = coordinator_factory(periodic_port=0, auth_file=tokens.path, periodic_key=pki.server_private,
+                                periodic_authorized_keys=pki.authorized)
+    addr = coord.periodic_addr
+    # A peer that passed the RSA handshake registers as 1 or 2 without a token, in any mode
+    for mode in MODES.values():
+        for kind in (pc.ConnType.CLIENT, pc.ConnType.WORKER):
+            assert RawPeriodic(addr, kind, secure=RsaPeer(pki.client, pki.server_public, mode)).ping()
+    # or with one; a wrong token is closed there too
+    assert auth(addr, pc.ConnType.WORKER, "p-worker", tokens.worker, RsaPeer(pki.worker, pki.server_public, 2)).ping()
+    assert refused(addr, pc.encode_handshake(pc.ConnType.CLIENT, b"p-client", b"wrong"),
+                   RsaPeer(pki.client, pki.server_public, 2))
+    # aio-periodic's echo worker and client run as in its CI
+    env = env_for("AES", pki, pki.client)
+    worker = EchoPeer("worker", addr, env)
+    try:
+        assert worker.next() == {"ready": True}
+        client = EchoPeer("client", addr, env)
+        assert client.next(60)[:3] == [True, True, "test_echo"]
+        client.kill()
+    finally:
+        worker.kill()
+
+
+def test_sighup_closes_the_connections_of_a_removed_token(coordinator_factory, tokens):
+    from jobmesh.auth import remove_token
+
+    coord = coordinator_factory(periodic_port=0, auth_file=tokens.path)
+    addr = coord.periodic_addr
+    kept = auth(addr, pc.ConnType.CLIENT, "p-client", tokens.client)
+    gone = auth(addr, pc.ConnType.WORKER, "p-worker", tokens.worker)
+    remove_token(str(tokens.path), "p-worker")
+    coord.proc.send_signal(signal.SIGHUP)
+    assert gone.closed_within(10)
+    assert kept.ping()
+    assert refused(addr, pc.encode_handshake(pc.ConnType.WORKER, b"p-worker", tokens.worker))
