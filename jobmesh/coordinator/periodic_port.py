@@ -49,12 +49,15 @@ import gevent
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import monotonic
 from jobmesh.coordinator.connection import MAX_UNSENT_BYTES, WRITER_JOIN_SECONDS, Output, nodelay
+from jobmesh.auth import READER, WORKER
 from jobmesh.errors import ProtocolError
 from jobmesh.periodic import codec as pc
 
 if TYPE_CHECKING:
     from jobmesh.auth import Identity
-    from jobmesh.periodic.rsa import ServerKeys
+    from jobmesh.periodic.rsa import OpenedDecoder, ServerKeys
+
+    Decoder = pc.PacketDecoder | OpenedDecoder
 
 log = logging.getLogger(__name__)
 
@@ -294,18 +297,17 @@ class PeriodicPort:
             if delay:
                 gevent.sleep(delay)
             return None
-        role = identity.role
-        if (worker and role != "worker") or (not worker and role not in ("client", "admin", "reader")):
+        if worker != (identity.role == WORKER):  # only a worker token registers a worker, and only as one
             log.warning("closing periodic connection peer=%s:%s: token %s of role %s may not register as a %s",
-                        conn.addr[0], conn.addr[1], identity.name, role, "worker" if worker else "client")
+                        conn.addr[0], conn.addr[1], identity.name, identity.role, "worker" if worker else "client")
             return None
         conn.identity = identity
         guard.attach(conn, identity)  # a reload that removes the token closes the connection
         if worker:
             return REFUSED_TO_WORKER
-        return REFUSED_TO_READER if role == "reader" else REFUSED_TO_CLIENT
+        return REFUSED_TO_READER if identity.role == READER else REFUSED_TO_CLIENT
 
-    def _secure(self, sock: Any, conn: PeriodicConn, decoder: pc.PacketDecoder) -> Any:
+    def _secure(self, sock: Any, conn: PeriodicConn, decoder: pc.PacketDecoder) -> Decoder | None:
         """Periodic's RSA handshake, in the handshake's time limit; the decoder the
         connection's frames are then read with (None: the peer left or failed it)."""
         from jobmesh.periodic import rsa  # imports cryptography: only with --periodic-key
@@ -335,16 +337,17 @@ class PeriodicPort:
         if self._reaper is None and self.keepalive > 0:
             self._reaper = gevent.spawn(self._reap)
         self.connections["periodic"] += 1
-        decoder: Any = pc.PacketDecoder()
+        decoder: Decoder = pc.PacketDecoder()
         posted = False
         try:
             timer = gevent.Timeout(self.idle_timeout)
             timer.start()
             try:
                 if self.keys is not None:
-                    decoder = self._secure(sock, conn, decoder)
-                    if decoder is None:
+                    secured = self._secure(sock, conn, pc.PacketDecoder())
+                    if secured is None:
                         return
+                    decoder = secured
                 body = self._next(sock, decoder)
             except gevent.Timeout as exc:
                 if exc is not timer:
@@ -411,7 +414,7 @@ class PeriodicPort:
             self.connections["periodic"] -= 1
 
     @staticmethod
-    def _next(sock: Any, decoder: Any) -> bytes | None:
+    def _next(sock: Any, decoder: Decoder) -> bytes | None:
         """The next checked frame body; None at EOF."""
         while True:
             body = decoder.next_packet()
