@@ -29,14 +29,15 @@ class Peer:
     (one per job its task ran, see the peer's docstring)."""
 
     def __init__(self, addr, func: str, mode: str = "done", size: int = 1, lock: str | None = None,
-                 broadcast: bool = False):
+                 broadcast: bool = False, env: dict[str, str] | None = None):
         args = [sys.executable, str(PEER), "worker", "%s:%d" % addr, func, mode, str(size)]
         if lock is not None:
             args.append("--lock=%s" % lock)
         if broadcast:
             args.append("--broadcast")
         self.func = func
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                     env={**os.environ, **(env or {})})
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -82,10 +83,11 @@ class ClientOps:
     """aio-periodic Client operations (the peer's OPS) in a subprocess of their own, started at
     once; ``result()`` waits for the list of their results."""
 
-    def __init__(self, addr, *ops):
+    def __init__(self, addr, *ops, env: dict[str, str] | None = None):
         self.ops = ops
         self.proc = subprocess.Popen([sys.executable, str(PEER), "client", "%s:%d" % addr, json.dumps(ops)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
 
     def done(self) -> bool:
         return self.proc.poll() is not None
@@ -106,9 +108,10 @@ class ClientOps:
             self.proc.communicate(timeout=5)
 
 
-def client_ops(addr, *ops) -> list:
-    """Run aio-periodic Client operations to the end; their results, in order."""
-    return ClientOps(addr, *ops).result(30)
+def client_ops(addr, *ops, env: dict[str, str] | None = None) -> list:
+    """Run aio-periodic Client operations to the end; their results, in order (``env``:
+    PERIODIC_MODE and the key files, for the RSA handshake)."""
+    return ClientOps(addr, *ops, env=env).result(30)
 
 
 class PeerSet:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from jobmesh.periodic import codec as pc
 from tests.helpers import wait_until
-from tests.integration.periodic_support import EchoPeer, RawPeriodic, RsaPeer, make_key_pair
+from tests.integration.periodic_support import EchoPeer, RawPeriodic, RsaPeer, client_ops, make_key_pair
 
 pytest.importorskip("aio_periodic")
 pytest.importorskip("cryptography")
@@ -104,6 +104,20 @@ def test_aio_periodic_ci_sequence_in_every_mode(coordinator_factory, pki, echo_p
         ended += "end" in line
         most = max(most, running)
     assert most == 2
+
+
+@pytest.mark.parametrize("mode", ["Plain", "RSA", "AES"])
+def test_large_frames_and_streams_in_every_mode(keyed, pki, periodic_peers, mode):
+    # A 96 KB workload crosses many RSA blocks (or one AES message) each way, and a
+    # stream's paced frames go through the mode too.
+    worker = periodic_peers(keyed.periodic_addr, "big", env=env_for(mode, pki, pki.worker))
+    streamer = periodic_peers(keyed.periodic_addr, "chunks", "stream", env=env_for(mode, pki, pki.worker))
+    workload = "0123456789abcdef" * 6_000  # under the 128 KiB of one command-line argument
+    out = client_ops(keyed.periodic_addr, ["run", "big", "b1", workload, 30], ["run_stream", "chunks", "s1", "x", 30],
+                     env=env_for(mode, pki, pki.client))
+    assert out[0]["data"] == "done:" + workload
+    assert (out[1]["data"], out[1]["chunks"]) == ("end", ["c1", "c2", "c3"])
+    assert worker.next()["name"] == "b1" and streamer.next()["name"] == "s1"
 
 
 def test_a_peer_whose_key_is_not_authorized_is_closed(keyed, pki, echo_peers):
