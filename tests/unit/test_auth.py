@@ -28,7 +28,7 @@ def digest(token: str) -> str:
 
 
 def test_every_request_kind_is_in_exactly_one_role_row():
-    kinds = set(m.CLIENT_PORT_REQUESTS | m.WORKER_PORT_REQUESTS) | SCHEDULE_KINDS | {"METRICS"}
+    kinds = set(m.CLIENT_PORT_REQUESTS | m.WORKER_PORT_REQUESTS) | SCHEDULE_KINDS | {"METRICS", "GET_JOB_PAYLOAD"}
     for kind in kinds:
         rows = [role for role, row in ROLE_REQUESTS.items() if kind in row]
         assert len(rows) == 1, (kind, rows)
@@ -41,6 +41,7 @@ EXPECTED = {
     "GET_JOB_STATUS": {READER, CLIENT, ADMIN}, "LIST_JOBS": {READER, CLIENT, ADMIN},
     "LIST_WORKERS": {READER, CLIENT, ADMIN}, "GET_JOB_EVENTS": {READER, CLIENT, ADMIN},
     "WAIT_JOB": {READER, CLIENT, ADMIN}, "GET_STATS": {READER, CLIENT, ADMIN},
+    "GET_JOB_PAYLOAD": {READER, CLIENT, ADMIN},
     "SCHEDULE_GET": {READER, CLIENT, ADMIN}, "SCHEDULE_LIST": {READER, CLIENT, ADMIN},
     "SCHEDULE_PREVIEW": {READER, CLIENT, ADMIN}, "METRICS": {READER, CLIENT, ADMIN},
     "SUBMIT_JOB": {CLIENT, ADMIN}, "CANCEL_JOB": {CLIENT, ADMIN},

@@ -103,7 +103,8 @@ def test_worker_table_without_task_types_from_an_older_coordinator():
 
 @pytest.mark.parametrize("delta_ms,text", [
     (5 * 60_000, "in 5m"), (42_000, "in 42s"), (1000, "in 1s"), (3 * 3_600_000, "in 3h"),
-    (2 * 86_400_000 + 7, "in 2d"), (999, "just now"), (0, "just now"), (-90_000, "1m ago"),
+    (2 * 86_400_000 + 7, "in 2d"), (999, "in 1s"), (1, "in 1s"), (0, "just now"), (-90_000, "1m ago"),
+    (5 * 60_000 - 30, "in 5m"), (2000 - 30, "in 2s"), (60_000 - 30, "in 1m"), (3_600_000 - 30, "in 1h"),
 ])
 def test_relative_reads_future_times_as_in(delta_ms, text):
     assert render.relative(NOW + delta_ms, NOW) == text
@@ -214,3 +215,10 @@ def test_top_draws_in_place_on_a_terminal_but_writes_plain_lines_into_a_pipe():
     Console(piped, io.StringIO()).screen("\x1b[H\x1b[2J", "frame")
     Console(terminal, io.StringIO()).screen("\x1b[H\x1b[2J", "frame")
     assert piped.getvalue() == "frame\n" and terminal.getvalue() == "\x1b[H\x1b[2Jframe\n"
+
+
+def test_job_detail_names_the_submitting_token_when_there_is_one():
+    job = {"jobId": "j-1", "taskType": "SLEEP", "state": "COMPLETED", "attempts": 1, "maxAttempts": 3,
+           "createdAtMillis": 1_700_000_000_000, "updatedAtMillis": 1_700_000_000_000}
+    assert "submitter" not in render.job_detail(job, 1_700_000_000_000)
+    assert "\nsubmitter ci\n" in render.job_detail(dict(job, submittedBy="ci"), 1_700_000_000_000)

@@ -1,0 +1,67 @@
+"""The coordinator's guard (coordinator/guard.py): failures by address, the slow-down, reloads."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobmesh import auth
+from jobmesh.coordinator import guard as g
+from jobmesh.coordinator.guard import Guard
+
+
+class Conn:
+    def __init__(self):
+        self.aborted = False
+
+    def abort(self):
+        self.aborted = True
+
+
+@pytest.fixture
+def tokens(tmp_path):
+    path = str(tmp_path / "auth.toml")
+    made = {name: auth.new_token(path, name, role) for name, role in (("ci", "client"), ("w1", "worker"))}
+    return path, made
+
+
+def test_a_peer_that_keeps_failing_is_slowed_and_a_success_clears_it(tokens):
+    path, made = tokens
+    guard = Guard.load(path)
+    for n in range(1, g.FREE_FAILURES + 1):
+        assert guard.authenticate("guess-%d" % n, "10.0.0.1") is None
+        assert guard.failure_delay("10.0.0.1") == 0.0
+    delays = []
+    for n in range(12):
+        assert guard.authenticate("guess", "10.0.0.1") is None
+        delays.append(guard.failure_delay("10.0.0.1"))
+    assert delays[0] == g.FIRST_DELAY and delays == sorted(delays) and delays[-1] == g.MAX_DELAY
+    assert guard.failure_delay("10.0.0.2") == 0.0  # other addresses are not slowed
+    assert guard.failures == g.FREE_FAILURES + 12
+    assert guard.authenticate(made["ci"], "10.0.0.1").name == "ci"
+    assert guard.failure_delay("10.0.0.1") == 0.0
+
+
+def test_addresses_remembered_are_bounded(tokens, monkeypatch):
+    monkeypatch.setattr(g, "MAX_PEERS", 3)
+    guard = Guard.load(tokens[0])
+    for host in ("a", "b", "c", "d"):
+        for _ in range(g.FREE_FAILURES + 1):
+            guard.failed(host)
+    assert guard.failure_delay("a") == 0.0 and guard.failure_delay("d") > 0
+
+
+def test_reload_closes_the_connections_of_removed_tokens_only(tokens):
+    path, made = tokens
+    guard = Guard.load(path)
+    ci_conn, w1_conn = Conn(), Conn()
+    guard.attach(ci_conn, guard.authenticate(made["ci"], "h"))
+    guard.attach(w1_conn, guard.authenticate(made["w1"], "h"))
+    auth.remove_token(path, "ci")
+    assert guard.reload()
+    assert ci_conn.aborted and not w1_conn.aborted
+    assert guard.authenticate(made["ci"], "h") is None and guard.authenticate(made["w1"], "h").name == "w1"
+    # A file that no longer parses is not taken
+    with open(path, "a") as f:
+        f.write("[[token]]\nname = 1\n")
+    assert not guard.reload()
+    assert guard.authenticate(made["w1"], "h").name == "w1" and not w1_conn.aborted
