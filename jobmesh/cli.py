@@ -85,6 +85,12 @@ Coordinator options:
   --periodic-keepalive-millis=N  close a Periodic connection that sent nothing for this
                                  long after its handshake (aio-periodic pings every 10 s
                                  when idle); 0 = never [default: 120000]
+  --periodic-key=PEM             the server's RSA private key: every Periodic connection
+                                 starts with Periodic's RSA handshake (aio-periodic's
+                                 RSATransport; Plain, RSA or AES, as the peer chooses)
+  --periodic-authorized-keys=PATH  the peers' RSA public keys the handshake accepts: a
+                                 PEM file or a directory of *.pem (PKCS#1 or SPKI);
+                                 any other key is closed (with --periodic-key)
   --auth-file=PATH               tokens with roles (TOML; jobmesh token new): every
                                  connection must authenticate, and the metrics port
                                  asks for a token too (but /healthz and /readyz);

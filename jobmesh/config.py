@@ -51,6 +51,10 @@ class CoordinatorConfig(CoreConfig):
     sweep_interval_millis: int = 500
     idle_timeout_millis: int = 120_000
     periodic_keepalive_millis: int = 120_000  # Periodic connections silent this long are closed (0: never)
+    # Periodic's RSA handshake: the server's private key and the authorized public keys
+    # (a PEM file or a directory of *.pem); both or neither.
+    periodic_key: str | None = None
+    periodic_authorized_keys: str | None = None
     db_synchronous: str = "FULL"
     log_level: str = "INFO"
     # On SIGTERM/SIGINT, how long running attempts may finish before the stop (0: stop at once).
@@ -190,10 +194,16 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         lease_grace_millis=(_int(args, "--lease-grace-millis", 0) if args.get("--lease-grace-millis") is not None
                             else 0),
         log_format=log_format(args),
+        periodic_key=_path(args, "--periodic-key"),
+        periodic_authorized_keys=_path(args, "--periodic-authorized-keys"),
         auth_file=_path(args, "--auth-file"),
         insecure=bool(args.get("--insecure")),
         schedules_file=_schedules_file(args.get("--schedules")),
     )
+    if (cfg.periodic_key is None) != (cfg.periodic_authorized_keys is None):
+        raise ConfigError("--periodic-key and --periodic-authorized-keys go together (the RSA handshake needs both)")
+    if cfg.periodic_key is not None and cfg.periodic_port is None:
+        raise ConfigError("--periodic-key needs --periodic-port")
     if cfg.retry_cap_millis < cfg.retry_base_millis:
         raise ConfigError("--retry-cap-millis must be >= --retry-base-millis")
     if cfg.auth_file is None and not cfg.insecure and not is_loopback(cfg.bind):

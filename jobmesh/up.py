@@ -119,6 +119,9 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         flags["metrics-port"] = cfg.metrics_port
     if cfg.schedules_file is not None:
         flags["schedules"] = cfg.schedules_file
+    if cfg.periodic_key is not None:
+        flags["periodic-key"] = os.path.abspath(cfg.periodic_key)
+        flags["periodic-authorized-keys"] = os.path.abspath(str(cfg.periodic_authorized_keys))
     if cfg.auth_file is not None:
         flags["auth-file"] = os.path.abspath(cfg.auth_file)
     argv_flags = ["--%s=%s" % kv for kv in flags.items()] + (["--insecure"] if cfg.insecure else [])

@@ -22,6 +22,10 @@ Run only as a subprocess (asyncio + aio_periodic, never jobmesh nor gevent):
         {"data": text} or {"error": "ExceptionType: message"}, with "seconds" (how long the
         call took) and, for run_stream, "chunks" (the texts cb received, in order)
         prints one JSON list: each operation's result
+
+PERIODIC_MODE = Plain, RSA or AES in the environment connects through RSATransport in
+that mode, with the key files PERIODIC_CLIENT_PRIVATE_KEY and PERIODIC_SERVER_PUBLIC_KEY
+(as tests/periodic_aio_echo.py); without it, a plain Transport.
 """
 
 from __future__ import annotations
@@ -33,7 +37,16 @@ import sys
 import time
 
 from aio_periodic import Client, Worker
-from aio_periodic.transport import Transport
+from aio_periodic.transport import RSAMode, RSATransport, Transport
+
+
+def transport(addr: str) -> Transport | RSATransport:
+    tcp = Transport("tcp://" + addr)
+    mode = os.environ.get("PERIODIC_MODE")
+    if not mode:
+        return tcp
+    return RSATransport(tcp, os.environ["PERIODIC_CLIENT_PRIVATE_KEY"], os.environ["PERIODIC_SERVER_PUBLIC_KEY"],
+                        mode=RSAMode[mode])
 
 
 def emit(obj: object) -> None:
@@ -74,7 +87,7 @@ async def run_worker(addr: str, func: str, mode: str, size: int, lock: str | Non
         lock_name, lock_max = lock.rsplit(":", 1)
         locker = lambda job: (lock_name, int(lock_max))  # noqa: E731
     worker = Worker()
-    await worker.connect(Transport("tcp://" + addr))
+    await worker.connect(transport(addr))
     if broadcast:
         await worker.broadcast(func, task, locker=locker)
     else:
@@ -105,7 +118,7 @@ async def run_job(client: Client, op: list) -> dict:
 
 async def run_client(addr: str, ops: list) -> None:
     client = Client()
-    await client.connect(Transport("tcp://" + addr))
+    await client.connect(transport(addr))
     out = []
     for op in ops:
         if op[0] == "submit":

@@ -22,8 +22,19 @@ connection that sends nothing for ``--periodic-keepalive-millis`` is closed (aio
 pings every 10 s when it has nothing else to say).
 
 A bad magic, a bad CRC, an oversized frame, an undecodable body or a handshake other
-than client (1) or worker (2) closes that connection only, without a reply (periodicd
-sends none either).
+than client (1 or 3) or worker (2 or 4) closes that connection only, without a reply
+(periodicd sends none either).
+
+Security, both off unless configured (docs/PERIODIC.md, "Keys and tokens"): with
+``--periodic-key`` every connection starts with Periodic's RSA handshake
+(``jobmesh.periodic.rsa``), in the handshake's time limit; in RSA or AES mode the
+connection is a ``SealedPeriodicConn``, whose reads are opened and writes sealed. With
+``--auth-file`` (``guard``), types 3 and 4 carry a token's name and text: a worker token
+for 4, a client or admin token for 3 (a reader token may only PING and STATUS); a wrong
+one, or a plain 1 or 2 from a peer that did not pass the RSA handshake, is closed
+without a reply. A token's ``taskTypes`` limit the funcs its client submits, runs,
+removes or drops, and its worker declares. A refused command gets NO_WORKER, as
+periodicd answers it.
 """
 
 from __future__ import annotations
@@ -31,15 +42,22 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import gevent
 
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import monotonic
 from jobmesh.coordinator.connection import MAX_UNSENT_BYTES, WRITER_JOIN_SECONDS, Output, nodelay
+from jobmesh.auth import READER, WORKER
 from jobmesh.errors import ProtocolError
 from jobmesh.periodic import codec as pc
+
+if TYPE_CHECKING:
+    from jobmesh.auth import Identity
+    from jobmesh.periodic.rsa import OpenedDecoder, ServerKeys
+
+    Decoder = pc.PacketDecoder | OpenedDecoder
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +72,39 @@ CORE_REQUESTS = (pc.SubmitJob, pc.RunJob, pc.RecvData, pc.Status, pc.DropFunc, p
 # Commands only a worker connection may send (periodicd's role check, PERIODIC.md 7.16).
 WORKER_COMMANDS = (pc.GrabJob, pc.SchedLater, pc.WorkDone, pc.WorkFail, pc.CanDo, pc.CantDo, pc.Sleep,
                    pc.Broadcast, pc.Acquire, pc.Release, pc.WorkData, pc.JobAssigned, pc.JobUnassigned)
+# What each kind of connection may not send (it gets NO_WORKER): a client no worker
+# command, a reader token's client anything but PING and STATUS.
+REFUSED_TO_CLIENT = frozenset(WORKER_COMMANDS)
+REFUSED_TO_READER = frozenset(pc.REQUESTS.values()) - {pc.Ping, pc.Status}
+REFUSED_TO_WORKER: frozenset[type] = frozenset()
+# The func a command names, where a token's taskTypes limit it (periodicd's per-func
+# lists): a client's jobs and funcs, a worker's declarations.
+CLIENT_FUNCS: dict[type, Callable[[Any], bytes]] = {
+    pc.SubmitJob: lambda msg: msg.job.func, pc.RunJob: lambda msg: msg.job.func,
+    pc.RecvData: lambda msg: msg.job.func, pc.RemoveJob: lambda msg: msg.handle.func,
+    pc.DropFunc: lambda msg: msg.func}
+WORKER_FUNCS: dict[type, Callable[[Any], bytes]] = {pc.CanDo: lambda msg: msg.func, pc.Broadcast: lambda msg: msg.func}
+
+
+class TokenGuard(Protocol):
+    """What the port uses of the coordinator's token checks (``--auth-file``): the JSON
+    ports' own, so failures count per address alike and a reload closes a removed
+    token's Periodic connections too."""
+
+    def authenticate(self, token: Any, host: str) -> Identity | None:
+        """The token's identity, or None (a failure counted against ``host``)."""
+
+    def failed(self, host: str) -> None:
+        """Count a failed attempt from ``host``."""
+
+    def failure_delay(self, host: str) -> float:
+        """Seconds to wait before closing after ``host``'s latest failure."""
+
+    def attach(self, conn: Any, identity: Identity) -> None:
+        """``conn`` is open under ``identity`` (closed with ``abort()`` if it is removed)."""
+
+    def detach(self, conn: Any) -> None:
+        """``conn`` is closed."""
 
 
 def local_answer(msg: Any, config: dict[bytes, int]) -> bytes | None:
@@ -78,12 +129,13 @@ def local_answer(msg: Any, config: dict[bytes, int]) -> bytes | None:
 class PeriodicConn(Output):
     """One Periodic connection: the core writes codec frames (bytes) to it, in order."""
 
-    __slots__ = ("addr", "kind", "_paced", "_paced_bytes", "_pacer", "_last_paced")
+    __slots__ = ("addr", "kind", "identity", "_paced", "_paced_bytes", "_pacer", "_last_paced")
 
     def __init__(self, sock: Any, addr: Any) -> None:
         super().__init__(sock)
         self.addr = addr
         self.kind = 0  # 1 client, 2 worker, after the handshake
+        self.identity: Identity | None = None  # the token it registered with (types 3 and 4)
         self._paced: deque | None = None  # frames waiting for the pacer, in order (None: close)
         self._paced_bytes = 0
         self._pacer: gevent.Greenlet | None = None
@@ -150,12 +202,34 @@ class PeriodicConn(Output):
         super().release()
 
 
+class SealedPeriodicConn(PeriodicConn):
+    """A connection that passed the RSA handshake: in RSA or AES mode (``seal`` set once
+    the handshake is over) every write is sealed for the peer first, so frames written
+    by the handler, the runtime and the pacer all go through the session, in order."""
+
+    __slots__ = ("seal",)
+
+    def __init__(self, sock: Any, addr: Any) -> None:
+        super().__init__(sock, addr)
+        self.seal: Callable[[bytes], bytes] | None = None
+
+    def write(self, data: bytes, close: bool = False) -> None:
+        if data and self.seal is not None:
+            data = self.seal(data)
+        super().write(data, close)
+
+
 class PeriodicPort:
-    """The Periodic port's handler; ``post`` feeds the core (clients), ``post_urgent`` (workers)."""
+    """The Periodic port's handler; ``post`` feeds the core (clients), ``post_urgent`` (workers).
+
+    ``keys``: the RSA handshake's keys (None: no handshake); ``guard``: the tokens of
+    types 3 and 4 are checked with it (set with ``--auth-file``; None: no tokens)."""
 
     def __init__(self, post: Callable[[Any], None], post_urgent: Callable[[Any], None], connections: dict[str, int],
                  idle_timeout: float, task_timeout: float = 0.0, keepalive: float = 120.0,
-                 sizes: Callable[[], tuple[int, int]] = lambda: (0, 0)) -> None:
+                 sizes: Callable[[], tuple[int, int]] = lambda: (0, 0), keys: ServerKeys | None = None) -> None:
+        self.keys = keys
+        self.guard: TokenGuard | None = None
         self.post = post
         self.sizes = sizes  # (live Periodic jobs, funcs): what a DUMP or a STATUS walks
         self.post_urgent = post_urgent
@@ -196,19 +270,84 @@ class PeriodicPort:
                     conn.abort()
         self._reaper = None
 
+    def _admit(self, reg: pc.Registration, conn: PeriodicConn, secured: bool) -> frozenset | None:
+        """What the registered connection may not send, or None: close it without a reply
+        (after the guard's delay, for an address that keeps failing)."""
+        worker = reg.kind == pc.ConnType.WORKER
+        guard = self.guard
+        if guard is None or (reg.token is None and secured):
+            # No tokens (types 3 and 4 are then a client and a worker, as periodicd takes
+            # them without --auth-file), or a peer whose key the RSA handshake accepted.
+            return REFUSED_TO_WORKER if worker else REFUSED_TO_CLIENT
+        host = str(conn.addr[0])
+        if reg.token is None:
+            log.warning("closing periodic connection peer=%s:%s: a registration without a token needs the "
+                        "RSA handshake when tokens are on", *conn.addr[:2])
+            guard.failed(host)
+            identity = None
+        else:
+            identity = guard.authenticate(reg.token.decode("utf-8", "replace"), host)
+            if identity is None or identity.name.encode() != reg.name:
+                if identity is not None:
+                    guard.failed(host)
+                log.warning("closing periodic connection peer=%s:%s: wrong token name or token", *conn.addr[:2])
+                identity = None
+        if identity is None:
+            delay = guard.failure_delay(host)
+            if delay:
+                gevent.sleep(delay)
+            return None
+        if worker != (identity.role == WORKER):  # only a worker token registers a worker, and only as one
+            log.warning("closing periodic connection peer=%s:%s: token %s of role %s may not register as a %s",
+                        conn.addr[0], conn.addr[1], identity.name, identity.role, "worker" if worker else "client")
+            return None
+        conn.identity = identity
+        guard.attach(conn, identity)  # a reload that removes the token closes the connection
+        if worker:
+            return REFUSED_TO_WORKER
+        return REFUSED_TO_READER if identity.role == READER else REFUSED_TO_CLIENT
+
+    def _secure(self, sock: Any, conn: PeriodicConn, decoder: pc.PacketDecoder) -> Decoder | None:
+        """Periodic's RSA handshake, in the handshake's time limit; the decoder the
+        connection's frames are then read with (None: the peer left or failed it)."""
+        from jobmesh.periodic import rsa  # imports cryptography: only with --periodic-key
+
+        assert self.keys is not None and isinstance(conn, SealedPeriodicConn)
+        handshake = rsa.Handshake(self.keys)
+        while handshake.session is None:
+            data = sock.recv(RECV_BYTES)
+            if not data:
+                return None
+            reply = handshake.feed(data)
+            if reply:
+                sock.sendall(reply)
+        session = handshake.session
+        if session.mode is rsa.Mode.PLAIN:
+            decoder.feed(handshake.rest)
+            return decoder
+        conn.seal = session.seal
+        opened = rsa.OpenedDecoder(session, decoder)
+        opened.feed(handshake.rest)
+        return opened
+
     def handle(self, sock: Any, addr: Any) -> None:
         nodelay(sock)
-        conn = PeriodicConn(sock, addr)
+        conn = PeriodicConn(sock, addr) if self.keys is None else SealedPeriodicConn(sock, addr)
         self.conns.add(conn)
         if self._reaper is None and self.keepalive > 0:
             self._reaper = gevent.spawn(self._reap)
         self.connections["periodic"] += 1
-        decoder = pc.PacketDecoder()
+        decoder: Decoder = pc.PacketDecoder()
         posted = False
         try:
             timer = gevent.Timeout(self.idle_timeout)
             timer.start()
             try:
+                if self.keys is not None:
+                    secured = self._secure(sock, conn, pc.PacketDecoder())
+                    if secured is None:
+                        return
+                    decoder = secured
                 body = self._next(sock, decoder)
             except gevent.Timeout as exc:
                 if exc is not timer:
@@ -220,11 +359,19 @@ class PeriodicPort:
                 timer.close()
             if body is None:
                 return
-            conn.kind = int(pc.decode_handshake(body))
+            registration = pc.decode_handshake(body)
+            refused = self._admit(registration, conn, self.keys is not None)
+            if refused is None:
+                return
+            conn.kind = int(registration.kind)
             conn.write(pc.encode_handshake_reply(_random.getrandbits(32)))
             conn.last_arrival = monotonic()
             worker = conn.kind == pc.ConnType.WORKER
             post = self.post_urgent if worker else self.post
+            identity = conn.identity
+            limited = None  # the commands naming a func, for a token that lists its taskTypes
+            if identity is not None and identity.task_types is not None:
+                limited = WORKER_FUNCS if worker else CLIENT_FUNCS
             while True:
                 conn.wait_for_core()  # stops reading while the core is behind on us
                 body = self._next(sock, decoder)
@@ -232,9 +379,17 @@ class PeriodicPort:
                     return
                 conn.last_arrival = monotonic()
                 msg = pc.decode_request(body)
-                if not worker and isinstance(msg, WORKER_COMMANDS):
-                    conn.write(pc.encode_no_worker(msg.msgid))  # a client may not act as a worker
+                if refused and type(msg) in refused:
+                    conn.write(pc.encode_no_worker(msg.msgid))  # e.g. a client may not act as a worker
                     continue
+                if limited is not None and type(msg) in limited:
+                    assert identity is not None
+                    func = limited[type(msg)](msg)
+                    if not identity.may_use_type(func.decode("utf-8", "replace")):
+                        log.info("refused periodic %s of func %r: token %s does not list it",
+                                 type(msg).__name__, func, identity.name)
+                        conn.write(pc.encode_no_worker(msg.msgid))
+                        continue
                 if isinstance(msg, CORE_REQUESTS):
                     post(ev.PeriodicPacket(conn, msg, self.cost_of(msg)))
                     posted = True
@@ -252,12 +407,14 @@ class PeriodicPort:
             if posted:
                 self.post_urgent(ev.PeriodicClosed(conn)) if conn.kind == pc.ConnType.WORKER else \
                     self.post(ev.PeriodicClosed(conn))
+            if conn.identity is not None and self.guard is not None:
+                self.guard.detach(conn)
             conn.finish()
             self.conns.discard(conn)
             self.connections["periodic"] -= 1
 
     @staticmethod
-    def _next(sock: Any, decoder: pc.PacketDecoder) -> bytes | None:
+    def _next(sock: Any, decoder: Decoder) -> bytes | None:
         """The next checked frame body; None at EOF."""
         while True:
             body = decoder.next_packet()

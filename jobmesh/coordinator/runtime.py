@@ -78,6 +78,7 @@ from jobmesh.store.sqlite import FAULT_FILE_ENV, SQLiteStore
 
 if TYPE_CHECKING:
     from jobmesh.coordinator.http import HttpPort
+    from jobmesh.periodic.rsa import ServerKeys
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,9 @@ class Coordinator:
         self.handlers.guard = self.guard
         self.periodic = PeriodicPort(self.mailbox.put, self.mailbox.put_urgent, self.handlers.connections,
                                      config.idle_timeout_millis / 1000.0, config.task_timeout_millis / 1000.0,
-                                     config.periodic_keepalive_millis / 1000.0, self._periodic_sizes)
+                                     config.periodic_keepalive_millis / 1000.0, self._periodic_sizes,
+                                     keys=periodic_keys(config))
+        self.periodic.guard = self.guard  # types 3 and 4 carry a token
         self._core_greenlet: gevent.Greenlet | None = None
         self._sweep_timer: gevent.Greenlet | None = None
         self._next_sweep = 0.0
@@ -788,6 +791,19 @@ class Coordinator:
         self.lock.release()
         log.info("stopped")
         self.stopped.set()
+
+
+def periodic_keys(config: CoordinatorConfig) -> ServerKeys | None:
+    """The Periodic RSA handshake's keys, or None when off;
+    ``ConfigError`` when a key file is bad or the ``cryptography`` package is missing."""
+    if config.periodic_key is None or config.periodic_authorized_keys is None:
+        return None
+    try:
+        from jobmesh.periodic.rsa import ServerKeys  # imports cryptography: only when asked
+    except ImportError as exc:
+        raise ConfigError("--periodic-key needs the cryptography package (pip install 'jobmesh[periodic-rsa]'): %s"
+                          % exc) from None
+    return ServerKeys.load(config.periodic_key, config.periodic_authorized_keys)
 
 
 def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) -> int:

@@ -9,6 +9,8 @@ r"""Periodic packets as periodicd and aio-periodic 1.0.0 put them on the wire (d
     +---------------+------------------+-------------------+----------------------+
 
     handshake body, peer -> server:   type: u8 (1 client, 2 worker)
+                                      or type: u8 (3 client, 4 worker) + name + token,
+                                      each a u64 BE length and its bytes (periodicd 1.2.9)
     handshake body, server -> peer:   0x1E (DATA) + connection id: u32     (no msgid)
     every later body:                 msgid: u32 | command: u8 | payload
 
@@ -88,10 +90,22 @@ class Command(IntEnum):
 
 
 class ConnType(IntEnum):
-    """The handshake's type byte. periodicd >= 1.2.9 also knows 3 and 4 (authenticated); we refuse them."""
+    """What a connection is, after its handshake (types 3 and 4 are an authenticated 1 and 2)."""
 
     CLIENT = 1
     WORKER = 2
+
+
+AUTHENTICATED = {3: ConnType.CLIENT, 4: ConnType.WORKER}  # periodicd 1.2.9's authenticated types
+
+
+class Registration(NamedTuple):
+    """A peer's handshake: what it is, and the token's name and text it presents (types
+    3 and 4; both None for 1 and 2)."""
+
+    kind: ConnType
+    name: bytes | None = None
+    token: bytes | None = None
 
 
 # ---- frames ------------------------------------------------------------------------------
@@ -144,21 +158,33 @@ class PacketDecoder(StreamBuffer):
 # ---- handshake ---------------------------------------------------------------------------
 
 
-def decode_handshake(body: bytes) -> ConnType:
-    """The connection type of a peer's first body (exactly one byte, no msgid)."""
+def decode_handshake(body: bytes) -> Registration:
+    """A peer's first body (no msgid): the type byte, then for types 3 and 4 the token's
+    name and text, each a u64 length and its bytes, and nothing after them."""
+    if not body:
+        raise PeriodicError("handshake body must hold the connection type, got 0 bytes")
+    kind = body[0]
+    if kind in AUTHENTICATED:
+        reader = _Reader(body, 1, "handshake of type %d" % kind)
+        name = reader.take(reader.int(8, False, "token name length"), "token name")
+        token = reader.take(reader.int(8, False, "token length"), "token")
+        reader.end()
+        return Registration(AUTHENTICATED[kind], name, token)
     if len(body) != 1:
-        raise PeriodicError("handshake body must be 1 byte (the connection type), got %d bytes" % len(body))
-    if body[0] in (3, 4):
-        raise PeriodicError("handshake type %d (authenticated connection) is not supported" % body[0])
+        raise PeriodicError("handshake body of type %d must be 1 byte, got %d bytes" % (kind, len(body)))
     try:
-        return ConnType(body[0])
+        return Registration(ConnType(kind))
     except ValueError:
-        raise PeriodicError("unknown handshake type %d (1 = client, 2 = worker)" % body[0]) from None
+        raise PeriodicError("unknown handshake type %d (1 = client, 2 = worker, 3 and 4 with a token)" % kind) from None
 
 
-def encode_handshake(conn_type: ConnType) -> bytes:
-    """A peer's handshake frame (for tests and test peers)."""
-    return encode_frame(bytes([conn_type]), MAGIC_REQ)
+def encode_handshake(conn_type: ConnType, name: bytes | None = None, token: bytes | None = None) -> bytes:
+    """A peer's handshake frame (for tests and test peers); with a token, type 3 or 4."""
+    if token is None:
+        return encode_frame(bytes([conn_type]), MAGIC_REQ)
+    name = name or b""
+    body = bytes([conn_type + 2]) + struct.pack(">Q", len(name)) + name + struct.pack(">Q", len(token)) + token
+    return encode_frame(body, MAGIC_REQ)
 
 
 def encode_handshake_reply(conn_id: int) -> bytes:

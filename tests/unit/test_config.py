@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from jobmesh.cli import parse
@@ -64,6 +66,30 @@ def test_coordinator_flags_are_applied():
 
 def test_periodic_port_given():
     assert coord("--periodic-port=5000").periodic_port == 5000
+
+
+def test_periodic_rsa_keys_go_together_and_with_the_periodic_port():
+    cfg = coord("--periodic-port=0", "--periodic-key=s.pem", "--periodic-authorized-keys=peers")
+    assert (cfg.periodic_key, cfg.periodic_authorized_keys) == ("s.pem", "peers")
+    assert coord().periodic_key is None and coord().periodic_authorized_keys is None
+    for argv, message in [
+        (["--periodic-port=0", "--periodic-key=s.pem"], "go together"),
+        (["--periodic-port=0", "--periodic-authorized-keys=peers"], "go together"),
+        (["--periodic-key=s.pem", "--periodic-authorized-keys=peers"], "--periodic-key needs --periodic-port"),
+        (["--periodic-port=0", "--periodic-key=", "--periodic-authorized-keys=p"], "--periodic-key must name a file"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            coord(*argv)
+
+
+def test_up_passes_the_periodic_keys_on():
+    from jobmesh.up import coordinator_argv
+
+    command, args = parse(["up", "--periodic-port=0", "--periodic-key=s.pem", "--periodic-authorized-keys=peers"])
+    argv = coordinator_argv(coordinator_config(args))
+    assert "--periodic-key=%s" % os.path.abspath("s.pem") in argv
+    assert "--periodic-authorized-keys=%s" % os.path.abspath("peers") in argv
+    assert not any("periodic-key" in a for a in coordinator_argv(coord()))
 
 
 def test_config_is_frozen():

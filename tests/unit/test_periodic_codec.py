@@ -81,7 +81,17 @@ SERVER_EXAMPLES = [  # (bytes the server sends, the encoder call, the decoded re
 ])
 def test_handshake_examples(conn_type, frame):
     assert codec.encode_handshake(conn_type) == frame
-    assert codec.decode_handshake(one_body(frame, MAGIC_REQ)) is conn_type
+    assert codec.decode_handshake(one_body(frame, MAGIC_REQ)) == codec.Registration(conn_type)
+
+
+def test_authenticated_handshake_example():
+    # periodicd 1.2.9: type 4 (3 for a client), then the token's name and the token, each
+    # a u64 big-endian length and its bytes (Haskell's Binary ByteString).
+    body = h("04 | 00 00 00 00 00 00 00 02 | 77 31 | 00 00 00 00 00 00 00 03 | 74 6f 6b")
+    frame = codec.encode_frame(body, MAGIC_REQ)
+    assert codec.encode_handshake(ConnType.WORKER, b"w1", b"tok") == frame
+    assert codec.decode_handshake(body) == codec.Registration(ConnType.WORKER, b"w1", b"tok")
+    assert codec.decode_handshake(b"\x03" + bytes(16)) == codec.Registration(ConnType.CLIENT, b"", b"")
 
 
 def test_connection_id_example():
@@ -138,7 +148,7 @@ def test_minimal_exchange_byte_for_byte():
         if who == "S":
             assert expected() == frame
         elif isinstance(expected, ConnType):
-            assert codec.decode_handshake(one_body(frame, MAGIC_REQ)) is expected
+            assert codec.decode_handshake(one_body(frame, MAGIC_REQ)).kind is expected
             assert codec.encode_handshake(expected) == frame
         else:
             assert codec.decode_request(one_body(frame, MAGIC_REQ)) == expected
@@ -343,13 +353,15 @@ def test_oversized_frame_is_refused_from_its_header_alone():
 
 @pytest.mark.parametrize("body, message", [
     (b"\x00", "unknown handshake type 0"),
-    (b"\x03", "handshake type 3 (authenticated connection) is not supported"),
-    (b"\x04", "handshake type 4 (authenticated connection) is not supported"),
+    (b"\x03", "truncated handshake of type 3: token name length needs 8 bytes at offset 1, 0 left"),
+    (b"\x04" + bytes(7), "truncated handshake of type 4: token name length needs 8 bytes"),
+    (b"\x03\x00\x00\x00\x00\x00\x00\x00\x01a", "truncated handshake of type 3: token length needs 8 bytes"),
+    (b"\x04" + b"\xff" * 8 + b"a", "truncated handshake of type 4: token name needs 18446744073709551615 bytes"),
+    (b"\x03" + bytes(16) + b"x", "1 trailing bytes after handshake of type 3"),
     (b"\x05", "unknown handshake type 5"),
     (b"\xff", "unknown handshake type 255"),
-    (b"", "handshake body must be 1 byte"),
-    (b"\x01\x00", "handshake body must be 1 byte"),
-    (b"\x03\x00\x00\x00\x00\x00\x00\x00\x01a", "handshake body must be 1 byte"),
+    (b"", "handshake body must hold the connection type, got 0 bytes"),
+    (b"\x01\x00", "handshake body of type 1 must be 1 byte, got 2 bytes"),
 ])
 def test_bad_handshakes_are_refused(body, message):
     with pytest.raises(PeriodicError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -512,7 +524,7 @@ def server_tables(connid: int, replies: dict[Command, Callable[[int], bytes]], a
 def written_requests(frames: list[str]) -> tuple[ConnType, list[object]]:
     stream = b"".join(bytes.fromhex(f) for f in frames)
     got = bodies(stream)
-    return codec.decode_handshake(got[0]), [codec.decode_request(b) for b in got[1:]]
+    return codec.decode_handshake(got[0]).kind, [codec.decode_request(b) for b in got[1:]]
 
 
 @pytest.fixture(scope="module")
