@@ -22,6 +22,7 @@ from typing import Any
 from docopt import DocoptExit, docopt
 
 from jobmesh import __version__
+from jobmesh.config import Source, blame, describe_settings, layered
 from jobmesh.errors import ConfigError
 from jobmesh.exitcodes import (EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT,
                                EXIT_UNREACHABLE, EXIT_USAGE)
@@ -85,7 +86,26 @@ Coordinator options:
                                  when idle); 0 = never [default: 120000]
   --log-level=LEVEL              DEBUG, INFO, WARNING or ERROR [default: INFO]
   --log-format=FORMAT            text, or json: one JSON object per line on stderr [default: text]
+  --tls-cert=PEM                 speak TLS on the worker, client and metrics ports with
+                                 this certificate (it must carry the name or address
+                                 clients connect to); with --tls-key
+  --tls-key=PEM                  the private key of --tls-cert
+  --tls-client-ca=PEM            with --tls-cert: clients and workers must present a
+                                 certificate signed by a CA in this file
+  --tls-handshake-timeout-millis=N  close a connection whose TLS handshake is not done
+                                 within this long [default: 10000]
+  --config=PATH                  read settings from this TOML file; its keys are flag
+                                 names without -- (default: $JOBMESH_CONFIG)
+  --print-config                 print the effective settings, each with where it came
+                                 from, and exit
   -h --help                      show this help
+"""
+
+SETTINGS_HELP = """
+Every flag may also be set by an environment variable, JOBMESH_ and the flag's name in
+upper case with - as _ (JOBMESH_HEARTBEAT_TIMEOUT_MILLIS=300), or in the --config file
+(heartbeat-timeout-millis = 300). A flag beats the environment, which beats the file,
+which beats the default.
 """
 
 COORDINATOR_DOC = """Run the jobmesh coordinator.
@@ -98,9 +118,9 @@ recovers them on start. When ready it prints one line to stdout:
 SIGTERM or SIGINT stops it gracefully; with --drain-millis it first assigns nothing
 more and lets running attempts finish for up to that long (a second signal stops at
 once). One coordinator runs per database: a second one on the same file exits 1. It
-speaks plaintext and authenticates nobody: keep it on a trusted network (it binds
-127.0.0.1 unless told otherwise).
-
+speaks plaintext unless given --tls-cert and --tls-key, and binds 127.0.0.1 unless told
+otherwise.
+""" + SETTINGS_HELP + """
 Usage:
   jobmesh coordinator [options]
 
@@ -115,6 +135,10 @@ A worker that dies is restarted. Ctrl-C or SIGTERM stops everything (exit 0): th
 coordinator first assigns nothing more and lets running attempts finish (for up to
 the --drain-millis time), then the workers stop; a second Ctrl-C stops at once.
 
+With --tls-cert, the workers connect over TLS and trust exactly that certificate (so it
+must carry 127.0.0.1, or the --bind address when that is a specific one); with
+--tls-client-ca they present it as their client certificate too.
+""" + SETTINGS_HELP + """
 Usage:
   jobmesh up [--workers=N] [--capacity=N] [--tasks=MODULES] [options]
 
@@ -130,8 +154,9 @@ Options:
 WORKER_DOC = """Run a jobmesh worker: register with the coordinator and execute tasks.
 
 It reconnects with capped backoff when the coordinator goes away. SIGTERM or SIGINT
-stops it.
-
+stops it. With --tls or --tls-ca it speaks TLS; the coordinator's certificate must carry
+the HOST of --coordinator.
+""" + SETTINGS_HELP + """
 Usage:
   jobmesh worker [options]
 
@@ -145,12 +170,27 @@ Options:
                                    besides the built-ins, each in a child process
   --log-level=LEVEL                DEBUG, INFO, WARNING or ERROR [default: INFO]
   --log-format=FORMAT              text, or json: one JSON object per line on stderr [default: text]
+  --tls                            connect with TLS, trusting the system's CAs
+  --tls-ca=PEM                     connect with TLS, trusting the certificates in this file
+  --tls-cert=PEM                   a client certificate to present (with --tls-key)
+  --tls-key=PEM                    the private key of --tls-cert
+  --config=PATH                    read settings from this TOML file; its keys are flag
+                                   names without -- (default: $JOBMESH_CONFIG)
+  --print-config                   print the effective settings, each with where it came
+                                   from, and exit
   -h --help                        show this help
+"""
+
+TLS_CLIENT_OPTIONS = """  --tls                     connect with TLS, trusting the system's CAs ($JOBMESH_TLS)
+  --tls-ca=PEM              connect with TLS, trusting the certificates in this file;
+                            the certificate must carry HOST ($JOBMESH_TLS_CA)
+  --tls-cert=PEM            a client certificate to present ($JOBMESH_TLS_CERT)
+  --tls-key=PEM             the private key of --tls-cert ($JOBMESH_TLS_KEY)
 """
 
 CLIENT_OPTIONS = """
   --coordinator=HOST:PORT   the coordinator's client port [default: 127.0.0.1:7071]
-  --json                    print one JSON document instead of text
+""" + TLS_CLIENT_OPTIONS + """  --json                    print one JSON document instead of text
   -h --help                 show this help
 """
 
@@ -255,7 +295,7 @@ Options:
   --interval-millis=N       time between refreshes [default: 1000]
   --iterations=N            stop after N refreshes (0 = until Ctrl-C) [default: 0]
   --coordinator=HOST:PORT   the coordinator's client port [default: 127.0.0.1:7071]
-  -h --help                 show this help
+""" + TLS_CLIENT_OPTIONS + """  -h --help                 show this help
 """
 
 DOCS = {
@@ -400,7 +440,7 @@ def main(argv: list[str]) -> int:
         except (DocoptExit, UsageError) as exc:
             _report(str(exc), json_logs)
             return EXIT_USAGE
-        return _run(command, args, json_logs)
+        return _run(command, argv, args, json_logs)
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
@@ -415,8 +455,45 @@ def main(argv: list[str]) -> int:
         return EXIT_FAILED
 
 
-def _run(command: str, args: dict, json_logs: bool) -> int:
+# Client commands take these flags from the environment too (JOBMESH_TLS_CA ...); their
+# other flags come from the command line alone.
+CLIENT_ENV_FLAGS = ("--tls", "--tls-ca", "--tls-cert", "--tls-key")
+_DEFAULT = re.compile(r"\[default: [^\]]*\]", re.IGNORECASE)
+
+
+def settings(command: str, argv: list[str], args: dict, environ: Any) -> tuple[dict, dict[str, Source]]:
+    """docopt's dict for ``command`` with each setting from the command line, the
+    environment, the --config file or the default, in that order, and where each came from.
+
+    Which flags the command line gave is learnt by parsing it once more against the
+    usage text with its defaults taken out (docopt fills in defaults, which must not
+    beat the environment)."""
+    rest = argv[argv.index(command) + 1:]
+    given = docopt(_DEFAULT.sub("", DOCS[command]), argv=[command] + rest)
+    return layered(args, given, environ, None if command in SERVER_COMMANDS else CLIENT_ENV_FLAGS)
+
+
+def _print_config(command: str, args: dict, sources: dict[str, Source]) -> int:
+    """``--print-config``: check the settings as a start would, then print them."""
+    from jobmesh.config import coordinator_config, worker_config
+
+    if command == "worker":
+        worker_config(args)
+    else:
+        coordinator_config(args)
+    _print_line("# jobmesh %s: effective settings (command line > environment > --config file > default)" % command)
+    for line in describe_settings(args, sources):
+        _print_line(line)
+    return EXIT_OK
+
+
+def _run(command: str, argv: list[str], args: dict, json_logs: bool) -> int:
+    sources: dict[str, Source] = {}
     try:
+        args, sources = settings(command, argv, args, os.environ)
+        json_logs = json_logs or str(args.get("--log-format")).lower() == "json"
+        if args.get("--print-config"):
+            return _print_config(command, args, sources)
         if command == "coordinator":
             from jobmesh.config import coordinator_config
             from jobmesh.coordinator.runtime import run_coordinator
@@ -443,5 +520,5 @@ def _run(command: str, args: dict, json_logs: bool) -> int:
         setup_logging("WARNING")
         return run_client_command(command, args, Console(sys.stdout, sys.stderr, sys.stdin))
     except ConfigError as exc:
-        _report("jobmesh %s: %s" % (command, exc), json_logs)
+        _report("jobmesh %s: %s" % (command, blame(str(exc), sources)), json_logs)
         return EXIT_USAGE

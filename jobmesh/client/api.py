@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import random
 import socket
+import ssl
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -40,6 +41,7 @@ from jobmesh.errors import (ClientError, CoordinatorUnavailable, InvalidRequest,
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
+from jobmesh.tls import client_context, client_tls
 
 DEFAULT_PORT = 7071
 RETRY_BASE = 0.05
@@ -122,6 +124,13 @@ class CoordinatorClient:
     """Blocking client; use as a context manager or call ``close()``.
 
     ``connect_timeout`` and ``timeout`` are seconds; ``timeout`` bounds each reply.
+
+    TLS: ``tls=True`` verifies the coordinator against the system's CAs, ``tls_ca=PEM``
+    against the certificates in that file (either turns TLS on), and ``tls_cert``/``tls_key``
+    present a client certificate; or pass a ready ``ssl.SSLContext`` as ``tls``. The
+    coordinator's certificate must carry ``host`` (a DNS name, or an IP address in its
+    subjectAltName). Certificate files are read here, once: ``ConfigError`` if they
+    cannot be. A handshake that fails is ``CoordinatorUnavailable``.
     """
 
     def __init__(
@@ -130,6 +139,11 @@ class CoordinatorClient:
         port: int = DEFAULT_PORT,
         connect_timeout: float = 5.0,
         timeout: float = 30.0,
+        *,
+        tls: bool | ssl.SSLContext = False,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ):
         if port == DEFAULT_PORT and host.count(":") == 1:  # "HOST:PORT", as the CLI takes it
             name, _, number = host.partition(":")
@@ -140,6 +154,12 @@ class CoordinatorClient:
         self.port = port
         self.connect_timeout = connect_timeout
         self.timeout = timeout
+        self.tls: ssl.SSLContext | None
+        if isinstance(tls, ssl.SSLContext):
+            self.tls = tls
+        else:
+            settings = client_tls(tls, tls_ca, tls_cert, tls_key)
+            self.tls = client_context(settings) if settings is not None else None
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
         self._lock = threading.Lock()
@@ -352,6 +372,12 @@ class CoordinatorClient:
             sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
         except OSError as exc:
             raise CoordinatorUnavailable("cannot connect to %s: %s" % (where, exc)) from exc
+        if self.tls is not None:
+            try:
+                sock = self.tls.wrap_socket(sock, server_hostname=self.host)
+            except OSError as exc:
+                sock.close()
+                raise CoordinatorUnavailable("TLS handshake with %s failed: %s" % (where, _tls_reason(exc))) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.timeout)
         self._sock = sock
@@ -365,3 +391,13 @@ class CoordinatorClient:
                 pass
         self._sock = None
         self._reader = None
+
+
+def _tls_reason(exc: OSError) -> str:
+    """Why a handshake failed, in words a user can act on."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return "%s (the certificate must be signed by a trusted CA, --tls-ca, and carry the host name)" % (
+            exc.verify_message or exc)
+    if isinstance(exc, ssl.SSLError) and "WRONG_VERSION_NUMBER" in str(exc):
+        return "the coordinator does not speak TLS on this port"
+    return str(exc) or type(exc).__name__

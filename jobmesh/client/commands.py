@@ -323,7 +323,8 @@ def run_client_command(command: str, args: dict[str, Any], console: Console) -> 
     host, port = parse_hostport(args["--coordinator"])
     handler = HANDLERS[command]
     try:
-        with CoordinatorClient(host, port) as client:
+        with CoordinatorClient(host, port, tls=bool(args.get("--tls")), tls_ca=args.get("--tls-ca"),
+                               tls_cert=args.get("--tls-cert"), tls_key=args.get("--tls-key")) as client:
             return handler(client, args, console)
     except CoordinatorUnavailable as exc:
         console.error(command, "coordinator unreachable: %s" % exc)

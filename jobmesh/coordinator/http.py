@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import ssl
 import time
 from collections import deque
 from dataclasses import replace
@@ -62,6 +63,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from jobmesh.coordinator import events as ev
+from jobmesh.coordinator.connection import tls_accept
 from jobmesh.coordinator.figures import (ACTIVE, FINISHED, METRICS, SUMMARY_KEYS, BucketCounts, Figures, Kind,
                                          Metric, RuntimeFigures)
 from jobmesh.errors import ProtocolError
@@ -193,12 +195,21 @@ class _Server(WSGIServer):
     past that, a connection gets a short answer from ``overflow`` instead of waiting in the
     accept queue, so half-sent requests can never keep ``/healthz`` from answering."""
 
-    def __init__(self, *args: Any, overflow: Callable[[socket.socket], None], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, overflow: Callable[[socket.socket], None], tls: ssl.SSLContext | None,
+                 handshake_timeout: float, **kwargs: Any) -> None:
         self.full_pool = Pool(MAX_CONNECTIONS)
         self.overflow_pool = Pool(OVERFLOW_MAX)
         self._overflow = overflow
+        self.tls = tls  # with a context, every connection starts with the TLS handshake (in its greenlet)
+        self.handshake_timeout = handshake_timeout
         super().__init__(*args, **kwargs)
         self.open_connections = 0
+
+    def _secure(self, sock: Any, address: Any, timeout: float) -> Any | None:
+        """The socket to speak HTTP on: as accepted, or after the TLS handshake (None: it failed)."""
+        if self.tls is None:
+            return sock
+        return tls_accept(self.tls, sock, address, timeout, "metrics")
 
     def do_handle(self, *args: Any) -> None:
         """An accepted connection, ``(socket, address)``: served, answered short, or closed."""
@@ -216,13 +227,16 @@ class _Server(WSGIServer):
             self.do_close(*args)
 
     def _answer_overflow(self, sock: socket.socket) -> None:
+        conn = None
         try:
-            sock.settimeout(OVERFLOW_READ_SECONDS)
-            self._overflow(sock)
+            conn = self._secure(sock, sock.getpeername(), OVERFLOW_READ_SECONDS)
+            if conn is not None:
+                conn.settimeout(OVERFLOW_READ_SECONDS)
+                self._overflow(conn)
         except OSError:
             pass
         finally:
-            sock.close()
+            (conn if conn is not None else sock).close()
 
     def stop(self, timeout: float | None = None) -> None:
         super().stop(timeout)
@@ -232,11 +246,16 @@ class _Server(WSGIServer):
 
     def handle(self, sock: Any, address: Any) -> None:
         self.open_connections += 1
-        sock.settimeout(READ_TIMEOUT_SECONDS)
+        conn = None
         try:
-            super().handle(sock, address)
+            conn = self._secure(sock, address, self.handshake_timeout)
+            if conn is not None:
+                conn.settimeout(READ_TIMEOUT_SECONDS)
+                super().handle(conn, address)
         finally:
             self.open_connections -= 1
+            if conn is not None and conn is not sock:
+                conn.close()
 
 
 JOB_PATH = re.compile(r"/api/jobs/([^/]+)(/events)?\Z")
@@ -249,8 +268,11 @@ class HttpPort:
     ``core.metrics()``, ``figures()``, ``ready`` and ``mailbox.put(event)``.
     """
 
-    def __init__(self, source: Any, bind: str, port: int) -> None:
+    def __init__(self, source: Any, bind: str, port: int, tls: ssl.SSLContext | None = None,
+                 handshake_timeout: float = 10.0) -> None:
         self.source = source
+        self.tls = tls  # HTTPS with the worker and client ports' certificate
+        self.handshake_timeout = handshake_timeout
         self.bind = bind
         self.requested_port = port
         self.server: _Server | None = None
@@ -276,7 +298,8 @@ class HttpPort:
     def start(self) -> _Server:
         """Listen and start the timer; returns the server (the runtime stops it with the others)."""
         self.server = _Server(
-            (self.bind, self.requested_port), self.app, overflow=self._overflow,
+            (self.bind, self.requested_port), self.app, overflow=self._overflow, tls=self.tls,
+            handshake_timeout=self.handshake_timeout,
             log=LoggingLogAdapter(log, logging.DEBUG), error_log=LoggingLogAdapter(log, logging.ERROR),
         )
         self.server.start()
