@@ -135,9 +135,9 @@ A worker that dies is restarted. Ctrl-C or SIGTERM stops everything (exit 0): th
 coordinator first assigns nothing more and lets running attempts finish (for up to
 the --drain-millis time), then the workers stop; a second Ctrl-C stops at once.
 
-With --tls-cert, the workers connect over TLS and trust exactly that certificate (so it
-must carry 127.0.0.1, or the --bind address when that is a specific one); with
---tls-client-ca they present it as their client certificate too.
+With --tls-cert, the workers connect over TLS and trust exactly that certificate (so
+it must carry 127.0.0.1, or the --bind address when that is a specific one); when
+given --tls-client-ca they present it as their client certificate too.
 """ + SETTINGS_HELP + """
 Usage:
   jobmesh up [--workers=N] [--capacity=N] [--tasks=MODULES] [options]
