@@ -228,13 +228,13 @@ def env_name(flag: str) -> str:
 @dataclass(frozen=True)
 class Source:
     """Where a setting's value came from: ``kind`` is ``command line``, ``environment``
-    (``where`` the variable), ``file`` (``where`` its path) or ``default``."""
+    (``where`` the variable), ``config file`` (``where`` its path) or ``default``."""
 
     kind: str
     where: str = ""
 
     def __str__(self) -> str:
-        return self.where or self.kind
+        return "%s %s" % (self.kind, self.where) if self.where else self.kind
 
 
 COMMAND_LINE = Source("command line")
@@ -314,7 +314,7 @@ def layered(defaults: dict[str, Any], given: dict[str, Any], environ: Any,
             sources[flag] = Source("environment", var)
         elif flag[2:] in table:
             args[flag] = _file_value(table[flag[2:]], flag[2:], str(path), switch)
-            sources[flag] = Source("file", str(path))
+            sources[flag] = Source("config file", str(path))
         else:
             sources[flag] = DEFAULT
     return args, sources
@@ -332,7 +332,7 @@ def blame(message: str, sources: dict[str, Source]) -> str:
     not the command line: ``--worker-port must be ... (from JOBMESH_WORKER_PORT)``."""
     for flag in re.findall(r"--[a-z0-9][a-z0-9-]*", message):
         source = sources.get(flag)
-        if source is not None and source.kind in ("environment", "file"):
+        if source is not None and source.where:
             return "%s (from %s)" % (message, source.where)
     return message
 

@@ -56,9 +56,9 @@ def test_flag_beats_environment_beats_file_beats_default(tmp_path, monkeypatch, 
     monkeypatch.setenv("JOBMESH_RETRY_BASE_MILLIS", "222")
     rows = printed(capsys, "coordinator", "--config=%s" % conf, "--heartbeat-timeout-millis=1")
     assert rows["heartbeat-timeout-millis"] == ("1", "command line")
-    assert rows["retry-base-millis"] == ("222", "JOBMESH_RETRY_BASE_MILLIS")
-    assert rows["retry-cap-millis"] == ("300", conf)
-    assert rows["db"] == ('"from-file.db"', conf)
+    assert rows["retry-base-millis"] == ("222", "environment JOBMESH_RETRY_BASE_MILLIS")
+    assert rows["retry-cap-millis"] == ("300", "config file " + conf)
+    assert rows["db"] == ('"from-file.db"', "config file " + conf)
     assert rows["sweep-interval-millis"] == ("500", "default")
 
 
@@ -70,7 +70,7 @@ def test_a_default_never_beats_the_environment(monkeypatch):
     args, sources = settings("coordinator", argv, parse(argv)[1], __import__("os").environ)
     cfg = coordinator_config(args)
     assert (cfg.worker_port, cfg.db_synchronous) == (0, "NORMAL")
-    assert str(sources["--worker-port"]) == "JOBMESH_WORKER_PORT"
+    assert str(sources["--worker-port"]) == "environment JOBMESH_WORKER_PORT"
     # ... but a flag given on the command line, even with the default's value, beats it.
     argv = ["coordinator", "--worker-port=7070"]
     args, sources = settings("coordinator", argv, parse(argv)[1], __import__("os").environ)
@@ -81,7 +81,7 @@ def test_config_flag_beats_jobmesh_config(tmp_path, monkeypatch, capsys):
     named = write(tmp_path, "max-active-jobs = 5\n", "named.toml")
     monkeypatch.setenv("JOBMESH_CONFIG", write(tmp_path, "max-active-jobs = 7\n", "env.toml"))
     assert printed(capsys, "coordinator")["max-active-jobs"][0] == "7"
-    assert printed(capsys, "coordinator", "--config=%s" % named)["max-active-jobs"] == ("5", named)
+    assert printed(capsys, "coordinator", "--config=%s" % named)["max-active-jobs"] == ("5", "config file " + named)
 
 
 def test_an_unknown_key_in_the_file_names_the_file(tmp_path, capsys):
@@ -102,6 +102,18 @@ def test_a_bad_value_in_the_file_names_the_file(tmp_path, capsys, text, what):
     conf = write(tmp_path, text)
     err = failed(capsys, "coordinator", "--config=%s" % conf)
     assert conf in err and what in err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--tls-key=k.pem"], "--tls-cert"),
+    (["--tls-client-ca=ca.pem"], "--tls-client-ca"),
+    (["--tls-cert=missing.pem", "--tls-key=missing-key.pem", "--worker-port=0", "--client-port=0"], "--tls-cert"),
+])
+def test_tls_flags_that_cannot_work_are_usage_errors(tmp_path, capsys, argv, flag):
+    # The certificate files are read before the database is touched.
+    err = failed(capsys, "coordinator", "--db=%s" % (tmp_path / "x.db"), *["--%s" % a[2:] for a in argv])
+    assert flag in err
+    assert not (tmp_path / "x.db").exists()
 
 
 def test_a_missing_file_is_named(tmp_path, capsys, monkeypatch):
@@ -155,9 +167,9 @@ def test_print_config_output_is_a_config_file(tmp_path, monkeypatch, capsys):
     conf = write(tmp_path, capsys.readouterr().out)
     monkeypatch.delenv("JOBMESH_SWEEP_INTERVAL_MILLIS")
     rows = printed(capsys, "coordinator", "--config=%s" % conf)
-    assert rows["sweep-interval-millis"] == ("25", conf)
-    assert rows["bind"] == ('"127.0.0.2"', conf)
-    assert rows["db"] == ('"my db.sqlite"', conf)
+    assert rows["sweep-interval-millis"] == ("25", "config file " + conf)
+    assert rows["bind"] == ('"127.0.0.2"', "config file " + conf)
+    assert rows["db"] == ('"my db.sqlite"', "config file " + conf)
 
 
 def test_worker_and_up_settings(tmp_path, monkeypatch, capsys):
@@ -171,7 +183,7 @@ def test_worker_and_up_settings(tmp_path, monkeypatch, capsys):
     assert cfg.task_modules == ("mytasks", "more.tasks")
     assert cfg.tls is not None and cfg.tls.ca == "/etc/jobmesh/ca.pem"
     monkeypatch.setenv("JOBMESH_WORKERS", "3")
-    assert printed(capsys, "up")["workers"] == ("3", "JOBMESH_WORKERS")
+    assert printed(capsys, "up")["workers"] == ("3", "environment JOBMESH_WORKERS")
 
 
 def test_up_keeps_its_own_settings_from_its_children(monkeypatch):
@@ -198,7 +210,7 @@ def test_print_config_as_a_process(tmp_path):
     out = subprocess.run([sys.executable, "-m", "jobmesh", "coordinator", "--print-config",
                           "--db=%s" % (tmp_path / "x.db")], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert re.search(r"^client-port = 17071\s+# JOBMESH_CLIENT_PORT$", out.stdout, re.M)
+    assert re.search(r"^client-port = 17071\s+# environment JOBMESH_CLIENT_PORT$", out.stdout, re.M)
     assert not (tmp_path / "x.db").exists()
 
 
