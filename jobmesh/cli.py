@@ -356,18 +356,27 @@ def _options_of(doc: str) -> list[str]:
     return sorted(set(re.findall(r"--[a-z][a-z0-9-]*", doc)))
 
 
-def _unknown_options(doc: str, args: list[str]) -> list[str]:
-    """The ``--flags`` in ``args`` that ``doc`` declares neither whole nor as a unique prefix."""
-    known = _options_of(doc)
-    unknown = []
+def _long_args(args: list[str]) -> list[str]:
+    """The ``--flags`` ``args`` names (before any ``--``), without their values."""
+    names = []
     for arg in args:
         if arg == "--":
             break
         if arg.startswith("--"):
-            name = arg.split("=", 1)[0]
-            if name not in known and len([k for k in known if k.startswith(name)]) != 1:
-                unknown.append(name)
-    return unknown
+            names.append(arg.split("=", 1)[0])
+    return names
+
+
+def _resolve(name: str, known: list[str]) -> str | None:
+    """The option ``name`` means, whole or as a unique prefix of one, as docopt reads it."""
+    matches = [name] if name in known else [k for k in known if k.startswith(name)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _unknown_options(doc: str, args: list[str]) -> list[str]:
+    """The ``--flags`` in ``args`` that ``doc`` declares neither whole nor as a unique prefix."""
+    known = _options_of(doc)
+    return [name for name in _long_args(args) if _resolve(name, known) is None]
 
 
 def _did_you_mean(word: str, choices: Any) -> str:
@@ -458,19 +467,22 @@ def main(argv: list[str]) -> int:
 # Client commands take these flags from the environment too (JOBMESH_TLS_CA ...); their
 # other flags come from the command line alone.
 CLIENT_ENV_FLAGS = ("--tls", "--tls-ca", "--tls-cert", "--tls-key")
-_DEFAULT = re.compile(r"\[default: [^\]]*\]", re.IGNORECASE)
 
 
 def settings(command: str, argv: list[str], args: dict, environ: Any) -> tuple[dict, dict[str, Source]]:
     """docopt's dict for ``command`` with each setting from the command line, the
     environment, the --config file or the default, in that order, and where each came from.
 
-    Which flags the command line gave is learnt by parsing it once more against the
-    usage text with its defaults taken out (docopt fills in defaults, which must not
-    beat the environment)."""
-    rest = argv[argv.index(command) + 1:]
-    given = docopt(_DEFAULT.sub("", DOCS[command]), argv=[command] + rest)
+    docopt fills in defaults, which must not beat the environment, so the flags the
+    command line gave are read from argv itself (``given_flags``)."""
+    given = given_flags(DOCS[command], argv[argv.index(command) + 1:])
     return layered(args, given, environ, None if command in SERVER_COMMANDS else CLIENT_ENV_FLAGS)
+
+
+def given_flags(doc: str, args: list[str]) -> set[str]:
+    """The long options ``args`` names, whole or as a unique prefix, as docopt reads them."""
+    known = _options_of(doc)
+    return {flag for flag in (_resolve(name, known) for name in _long_args(args)) if flag is not None}
 
 
 def _print_config(command: str, args: dict, sources: dict[str, Source]) -> int:

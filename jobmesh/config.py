@@ -278,33 +278,33 @@ def _file_value(value: Any, key: str, path: str, switch: bool) -> Any:
     raise ConfigError("%s: %s must be a string or an integer, got %r" % (path, key, value))
 
 
-def layered(defaults: dict[str, Any], given: dict[str, Any], environ: Any,
+def layered(parsed: dict[str, Any], given: set[str], environ: Any,
             flags: Any = None) -> tuple[dict[str, Any], dict[str, Source]]:
     """Docopt's dict with every setting taken from the first place that has it.
 
-    ``defaults`` is docopt's dict as usual (defaults filled in), ``given`` the same
-    command line parsed with the defaults taken out of the usage text (so an absent
-    flag is None, or False for a switch), ``environ`` the environment; ``flags`` limits
-    the settings that may come from elsewhere (None: every flag but ``ACTIONS``). The
-    file is ``--config`` or ``$JOBMESH_CONFIG``, when the command takes ``--config``.
-    Returns the dict and each setting's ``Source``. ``ConfigError`` names the file or
-    the variable at fault: an unknown key, a value of the wrong type, a bad switch.
+    ``parsed`` is docopt's dict (defaults filled in), ``given`` the flags the command
+    line named (docopt cannot tell a default from a flag given), ``environ`` the
+    environment; ``flags`` limits the settings that may come from elsewhere (None: every
+    flag but ``ACTIONS``). The file is ``--config`` or ``$JOBMESH_CONFIG``, when the
+    command takes ``--config``. Returns the dict and each setting's ``Source``.
+    ``ConfigError`` names the file or the variable at fault: an unknown key, a value of
+    the wrong type, a bad switch.
     """
-    options = [k for k in defaults if k.startswith("--") and k not in ACTIONS and (flags is None or k in flags)]
-    args = dict(defaults)
+    options = [k for k in parsed if k.startswith("--") and k not in ACTIONS and (flags is None or k in flags)]
+    args = dict(parsed)
     sources: dict[str, Source] = {}
     table: dict[str, Any] = {}
     path = None
-    if "--config" in defaults:
-        path = given.get("--config") or environ.get(CONFIG_ENV) or None
+    if "--config" in parsed:
+        path = parsed["--config"] or environ.get(CONFIG_ENV) or None
         if path:
             table = read_config_file(path)
             for key in table:
                 if "--" + key not in options:
                     raise ConfigError("%s: unknown key %r%s" % (path, key, _close_flag(key, options)))
     for flag in options:
-        switch = isinstance(defaults[flag], bool)
-        if given.get(flag) not in (None, False):
+        switch = isinstance(parsed[flag], bool)
+        if flag in given:
             sources[flag] = COMMAND_LINE
             continue
         var = env_name(flag)

@@ -77,6 +77,16 @@ def test_a_default_never_beats_the_environment(monkeypatch):
     assert coordinator_config(args).worker_port == 7070
 
 
+def test_an_abbreviated_flag_or_a_separate_value_is_a_flag_given(monkeypatch):
+    monkeypatch.setenv("JOBMESH_HEARTBEAT_TIMEOUT_MILLIS", "111")
+    monkeypatch.setenv("JOBMESH_DB", "env.db")
+    argv = ["coordinator", "--heartbeat-timeout=222", "--db", "flag.db"]
+    args, sources = settings("coordinator", argv, parse(argv)[1], __import__("os").environ)
+    cfg = coordinator_config(args)
+    assert (cfg.heartbeat_timeout_millis, cfg.db) == (222, "flag.db")
+    assert str(sources["--db"]) == "command line"
+
+
 def test_config_flag_beats_jobmesh_config(tmp_path, monkeypatch, capsys):
     named = write(tmp_path, "max-active-jobs = 5\n", "named.toml")
     monkeypatch.setenv("JOBMESH_CONFIG", write(tmp_path, "max-active-jobs = 7\n", "env.toml"))
