@@ -261,6 +261,30 @@ def test_large_and_pipelined_replies_over_tls(tls_coordinator, certs):
         sock.close()
 
 
+def test_a_tls_client_that_does_not_read_holds_up_nobody(tls_coordinator, certs):
+    # Given a TLS client whose replies fill the coordinator's socket and who reads nothing
+    greedy = tls_socket(tls_coordinator.client_addr, certs, rcvbuf=32 * 1024)
+    try:
+        greedy.sendall(b"".join(encode_frame({"type": "SUBMIT_JOB", "taskType": "SLEEP",
+                                              "payload": {"durationMillis": 1}, "maxAttempts": 1,
+                                              "idempotencyKey": "%s-%d" % ("k" * 200, i)}) for i in range(1000)))
+        greedy.sendall(b"".join(encode_frame({"type": "LIST_JOBS", "limit": 1000}) for _ in range(16)))
+        seen = [-1]
+
+        def full() -> bool:
+            queued, before = unsent_by_peer(greedy), seen[0]
+            seen[0] = queued
+            return queued >= 1024 * 1024 and queued == before
+
+        wait_until(full, timeout=30, interval=0.3, message="the coordinator's socket full")
+        # When another TLS client asks, then it is answered: the core never waits for a socket.
+        with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.ca), timeout=20) as client:
+            assert client.status(client.submit("SLEEP", {"durationMillis": 1}))["state"] in ("QUEUED", "RUNNING")
+            assert client.stats() is not None
+    finally:
+        greedy.close()
+
+
 # ---- the metrics port -----------------------------------------------------------------
 
 
