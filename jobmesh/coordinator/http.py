@@ -33,6 +33,10 @@ Two ways of reading, and why:
   reply frame after the batch's commit, and ``LocalConn.reply`` hands the bytes to the
   waiting handler through an ``AsyncResult``.
 
+With ``--tls-cert`` it is HTTPS: each connection's handshake runs in its own greenlet
+(``connection.tls_accept``), before the request is read, the over-limit short answers
+included.
+
 A timer greenlet wakes every ``TICK_SECONDS``; how late it wakes is the event-loop lag
 (a histogram), and once a second it appends a sample to the ring buffer behind the
 dashboard's chart.
@@ -70,6 +74,7 @@ from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameDecoder
 from jobmesh.protocol.jobs import JobState
+from jobmesh.tls import HANDSHAKE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +274,7 @@ class HttpPort:
     """
 
     def __init__(self, source: Any, bind: str, port: int, tls: ssl.SSLContext | None = None,
-                 handshake_timeout: float = 10.0) -> None:
+                 handshake_timeout: float = HANDSHAKE_SECONDS) -> None:
         self.source = source
         self.tls = tls  # HTTPS with the worker and client ports' certificate
         self.handshake_timeout = handshake_timeout

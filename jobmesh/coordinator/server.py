@@ -12,6 +12,10 @@ handler, and a TASK_ASSIGN leaves as soon as its commit is done. Bytes a full so
 not take go to a flusher greenlet and later frames queue behind them, so the core never
 blocks on a slow peer and frames never interleave on a socket.
 
+With TLS (``Servers(tls=context)``), ``handler(port)`` puts the handshake in front of
+each connection's handler, in its greenlet; the rest is the same code on the TLS socket
+(``connection.receiver`` for reads, ``Output`` writing through it).
+
 Client connections are request/response, answered in request order: the handler posts
 each request with its ``ClientConn`` and goes back to reading. A pending WAIT_JOB counts
 as unanswered, and the runtime holds the replies that follow it until it is answered.
