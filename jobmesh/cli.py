@@ -127,13 +127,19 @@ Usage:
 Options:
   --drain-millis=N               on SIGTERM/SIGINT, let running attempts finish for up
                                  to N ms before stopping (0 = stop at once) [default: 0]
+  --lease-grace-millis=N         a job found RUNNING at start stays on its attempt for
+                                 N ms, for its worker to claim when it registers again;
+                                 unclaimed, it is then requeued (or failed on its final
+                                 attempt). 0 = requeue or fail at once [default: 0]
 """ + COORDINATOR_OPTIONS
 
 UP_DOC = """Run a coordinator and N local worker processes as one supervised unit.
 
-A worker that dies is restarted. Ctrl-C or SIGTERM stops everything (exit 0): the
-coordinator first assigns nothing more and lets running attempts finish (for up to
-the --drain-millis time), then the workers stop; a second Ctrl-C stops at once.
+A worker that dies is restarted, and so is a coordinator that exits on its own: on the
+same ports and database, where its workers register again and keep the attempts they
+were running. Ctrl-C or SIGTERM stops everything (exit 0): the coordinator first
+assigns nothing more and lets running attempts finish (for up to the --drain-millis
+time), then the workers stop; a second Ctrl-C stops at once.
 
 With --tls-cert, the workers connect over TLS and trust exactly that certificate (so
 it must carry 127.0.0.1, or the --bind address when that is a specific one); when
@@ -149,13 +155,19 @@ Options:
                                  workers run besides the built-ins
   --drain-millis=N               on Ctrl-C/SIGTERM, let running attempts finish for up
                                  to N ms before stopping (0 = stop at once) [default: 10000]
+  --lease-grace-millis=N         after a coordinator restart, how long a running job
+                                 waits for its worker to claim it (default: the
+                                 heartbeat timeout)
 """ + COORDINATOR_OPTIONS
 
 WORKER_DOC = """Run a jobmesh worker: register with the coordinator and execute tasks.
 
-It reconnects with capped backoff when the coordinator goes away. SIGTERM or SIGINT
-stops it. With --tls or --tls-ca it speaks TLS; the coordinator's certificate must carry
-the HOST of --coordinator.
+It reconnects with capped backoff when the coordinator goes away, and meanwhile keeps
+its running attempts (and the results of those that finish) for up to
+--keep-running-millis: registering again, it names them, so a restarted coordinator
+started with --lease-grace-millis lets them finish. SIGTERM or SIGINT stops it.
+Given --tls or --tls-ca it speaks TLS; the coordinator's certificate must carry the HOST
+of --coordinator.
 """ + SETTINGS_HELP + """
 Usage:
   jobmesh worker [options]
@@ -165,9 +177,15 @@ Options:
   --id=ID                          worker id (default: a generated one)
   --capacity=N                     concurrent tasks, 1..1024 [default: 4]
   --heartbeat-interval-millis=N    heartbeat period [default: 2000]
+  --keep-running-millis=N          keep running attempts this long while the coordinator
+                                   is unreachable (0 = stop them at once) [default: 30000]
   --tasks=MODULES                  MODULE[,MODULE...]: modules (from the current directory
                                    or PYTHONPATH) whose @task functions this worker runs
                                    besides the built-ins, each in a child process
+                                   whose output goes to stderr, the log
+  --cancel-grace-millis=N          a cancelled user task that has not returned after N ms
+                                   gets SIGTERM (with all it started), after 2N ms SIGKILL
+                                   [default: 5000]
   --log-level=LEVEL                DEBUG, INFO, WARNING or ERROR [default: INFO]
   --log-format=FORMAT              text, or json: one JSON object per line on stderr [default: text]
   --tls                            connect with TLS, trusting the system's CAs
@@ -276,13 +294,15 @@ Options:""" + CLIENT_OPTIONS
 
 PURGE_DOC = """Delete finished jobs (and their events) last updated longer ago than DURATION.
 
-DURATION is a number with a unit, 90s, 15m, 12h or 7d, or plain milliseconds.
+DURATION is a number with a unit, 90s, 15m, 12h or 7d, or plain milliseconds; 0 means
+every finished job. --dry-run deletes nothing and says how many jobs would go.
 
 Usage:
-  jobmesh purge --older-than=DURATION [options]
+  jobmesh purge --older-than=DURATION [--dry-run] [options]
 
 Options:
   --older-than=DURATION     how long ago a finished job was last updated
+  --dry-run                 count the jobs that would be purged; delete nothing
 """ + CLIENT_OPTIONS
 
 TOP_DOC = """A live view of the coordinator: jobs by state, submit and finish rates, workers, and

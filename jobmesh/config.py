@@ -31,6 +31,9 @@ class CoreConfig:
     retry_cap_millis: int = 30_000
     default_max_attempts: int = 3
     retain_finished_millis: int = 7 * 24 * 3600 * 1000  # finished jobs are purged after this (0: never)
+    # How long a RUNNING job found at start stays on its old lease for its worker to claim
+    # (WORKER_REGISTER ``running``); 0: recovery requeues or fails it at once.
+    lease_grace_millis: int = 0
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,10 @@ class WorkerConfig:
     log_format: str = "text"
     # Modules whose @task functions this worker runs (``--tasks``), besides the built-ins.
     task_modules: tuple[str, ...] = ()
+    # After a cancel, how long a user task gets to return before SIGTERM, then before SIGKILL.
+    cancel_grace_millis: int = 5000
+    # How long running attempts are kept while the coordinator is unreachable (0: stopped at once).
+    keep_running_millis: int = 30_000
     tls: ClientTls | None = None  # how it speaks TLS to the coordinator (None: plaintext)
 
 
@@ -159,6 +166,8 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         db_synchronous=_choice(args, "--db-synchronous", SYNC_MODES),
         log_level=_choice(args, "--log-level", LOG_LEVELS),
         drain_millis=_int(args, "--drain-millis", 0) if args.get("--drain-millis") is not None else 0,
+        lease_grace_millis=(_int(args, "--lease-grace-millis", 0) if args.get("--lease-grace-millis") is not None
+                            else 0),
         log_format=log_format(args),
         **server_tls(args),
     )
@@ -202,6 +211,8 @@ def worker_config(args: dict[str, Any]) -> WorkerConfig:
         log_level=_choice(args, "--log-level", LOG_LEVELS),
         log_format=log_format(args),
         task_modules=parse_task_modules(args.get("--tasks")),
+        cancel_grace_millis=_int(args, "--cancel-grace-millis", 0),
+        keep_running_millis=_int(args, "--keep-running-millis", 0),
         tls=tls_of(args),
     )
 

@@ -4,12 +4,19 @@ The coordinator and every worker are child processes (``python -m jobmesh ...``,
 with ``gevent.subprocess``; never multiprocessing, which hangs in a patched process), so
 ``--worker-port=0`` works: the workers are pointed at the port from the coordinator's
 "listening" line, which is relayed to our stdout. Children inherit stderr; the
-coordinator's stdout is read continuously so its pipe never fills.
+coordinator's stdout is read continuously so its pipe never fills. The workers' stdout is
+our stderr, so nothing a task prints lands beside the listening line.
 
 Supervision: a worker that exits is restarted after a backoff (0.5 s doubling to 10 s,
-reset once a worker has run for 30 s). If the coordinator exits, everything stops and
-``up`` exits 1. On Linux each child also gets SIGTERM if ``up`` itself dies, so no
-worker is left orphaned.
+reset once a worker has run for 30 s). So is a coordinator that exits when ``up`` did not
+stop it (a crash, a kill): on the ports its first start listened on (so ``--worker-port=0``
+still names one port the workers know) and the same database. Its workers keep their
+running attempts meanwhile (``jobmesh worker --keep-running-millis``), and the
+coordinator runs with ``--lease-grace-millis`` (by default the heartbeat timeout), so
+when they register again they keep those attempts: a restart under ``up`` costs a
+running job nothing. Only a coordinator that fails its first start ends ``up`` (exit 1).
+On Linux each child also gets SIGTERM if ``up`` itself dies, so no worker is left
+orphaned.
 
 Stopping (SIGINT/SIGTERM, exit 0) drains: the coordinator is told first (SIGTERM; it
 runs with ``--drain-millis``, so it assigns nothing more and waits for running
@@ -28,6 +35,7 @@ import re
 import signal
 import sys
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import gevent
@@ -39,7 +47,7 @@ from jobmesh.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-LISTENING = re.compile(r"jobmesh coordinator listening worker=(?P<host>\S+):(?P<port>\d+) ")
+LISTENING = re.compile(r"jobmesh coordinator listening (?P<ports>.*)")
 START_TIMEOUT = 30.0
 POLL_INTERVAL = 0.2
 RESTART_INITIAL = 0.5
@@ -87,6 +95,7 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         "periodic-keepalive-millis": cfg.periodic_keepalive_millis,
         "log-level": cfg.log_level,
         "drain-millis": cfg.drain_millis,
+        "lease-grace-millis": cfg.lease_grace_millis,
         "log-format": cfg.log_format,
     }
     if cfg.periodic_port is not None:
@@ -99,6 +108,24 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         if cfg.tls_client_ca is not None:
             flags["tls-client-ca"] = cfg.tls_client_ca
     return [sys.executable, "-m", "jobmesh", "coordinator"] + ["--%s=%s" % kv for kv in flags.items()]
+
+
+def listening_ports(line: str) -> dict[str, tuple[str, int]]:
+    """``{"worker": (host, port), "client": ..., ...}`` from the text after "listening"."""
+    ports = {}
+    for item in line.split():
+        name, _, address = item.partition("=")
+        host, _, port = address.rpartition(":")
+        if host and port.isdigit():
+            ports[name] = (host, int(port))
+    return ports
+
+
+def pinned(cfg: CoordinatorConfig, ports: dict[str, tuple[str, int]]) -> CoordinatorConfig:
+    """The configuration that restarts a coordinator on the ports it listened on."""
+    return replace(cfg, worker_port=ports["worker"][1], client_port=ports["client"][1],
+                   periodic_port=ports["periodic"][1] if "periodic" in ports else cfg.periodic_port,
+                   metrics_port=ports["metrics"][1] if "metrics" in ports else cfg.metrics_port)
 
 
 def worker_tls_argv(cfg: CoordinatorConfig) -> list[str]:
@@ -147,8 +174,8 @@ def _count(args: dict[str, Any], flag: str, low: int, high: int) -> int:
     return value
 
 
-class WorkerSlot:
-    """One supervised worker process and its restart bookkeeping."""
+class Child:
+    """One supervised process (a worker, or the coordinator) and its restart bookkeeping."""
 
     def __init__(self, worker_id: str, argv: list[str]):
         self.worker_id = worker_id
@@ -169,7 +196,8 @@ class Supervisor:
         self.stop_now = Event()  # a second stop signal: do not wait for the drain
         self._stop_now_at = 0.0
         self.coordinator: subprocess.Popen | None = None
-        self.slots: list[WorkerSlot] = []
+        self.coordinator_slot = Child("coordinator", [])  # restarts: argv pinned to its ports once it listened
+        self.slots: list[Child] = []
         self._preexec = _die_with_parent()
 
     def _spawn(self, argv: list[str], **kwargs: Any) -> subprocess.Popen:
@@ -190,12 +218,12 @@ class Supervisor:
                         "--log-format=%s" % self.cfg.log_format] + worker_tls_argv(self.cfg)
                 if self.task_modules:
                     argv.append("--tasks=%s" % ",".join(self.task_modules))
-                slot = WorkerSlot("local-%d" % n, argv)
+                slot = Child("local-%d" % n, argv)
                 self.slots.append(slot)
                 self._start_worker(slot)
             log.info("up coordinator_pid=%d workers=%d capacity=%d worker_port=%s",
                      coordinator.pid, self.workers, self.capacity, target)
-            return self._supervise(coordinator)
+            return self._supervise()
         finally:
             self._stop_children()
             for handler in handlers:
@@ -233,11 +261,48 @@ class Supervisor:
         finally:
             waiter.kill()
         match = listening.get() if listening.ready() else None
-        if match is None:
-            if not self.stop_requested.is_set():
-                log.error("coordinator did not start rc=%s", coordinator.poll())
+        ports = listening_ports(match["ports"]) if match is not None else {}
+        if "worker" not in ports or "client" not in ports:
+            rc = None
+            if listening.ready():  # its stdout closed: it is exiting; take its exit code
+                try:
+                    rc = coordinator.wait(STOP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    pass
+            # As in _supervise: an exit that our own stop signal follows closely came from it.
+            if self.stop_requested.wait(STOP_GRACE if rc is not None else 0):
+                pass
+            elif rc is None:
+                log.error("coordinator did not start within %.0f s", START_TIMEOUT)
+            else:
+                log.error("coordinator did not start rc=%s", rc)
             return coordinator, None
-        return coordinator, worker_target(match["host"], int(match["port"]))
+        slot = self.coordinator_slot
+        slot.argv = coordinator_argv(pinned(self.cfg, ports))
+        slot.started_at = time.monotonic()
+        return coordinator, worker_target(*ports["worker"])
+
+    def _check_coordinator(self, now: float) -> None:
+        """Restart a coordinator that exited on its own, after a backoff, on its ports."""
+        slot = self.coordinator_slot
+        if slot.restart_at is not None:
+            if now >= slot.restart_at:
+                slot.restart_at = None
+                slot.started_at = now
+                coordinator = self.coordinator = self._spawn(slot.argv, stdout=subprocess.PIPE)
+                gevent.spawn(self._relay_stdout, coordinator.stdout, AsyncResult())
+                log.info("coordinator restarted pid=%d", coordinator.pid)
+            return
+        assert self.coordinator is not None, "supervised once started"
+        rc = self.coordinator.poll()
+        if rc is None or self.stop_requested.wait(STOP_GRACE):
+            return  # running, or it exited because we are stopping
+        if now - slot.started_at >= HEALTHY_AFTER:
+            slot.failures = 0
+        delay = min(RESTART_CAP, RESTART_INITIAL * 2 ** slot.failures)
+        slot.failures += 1
+        slot.restart_at = now + delay
+        log.warning("coordinator exited pid=%d rc=%s restart_in=%.1fs", self.coordinator.pid, rc, delay)
 
     def _relay_stdout(self, stream: Any, listening: AsyncResult) -> None:
         """Copy the coordinator's stdout to ours, line by line, and spot the listening line."""
@@ -252,26 +317,23 @@ class Supervisor:
         if not listening.ready():
             listening.set(None)
 
-    def _start_worker(self, slot: WorkerSlot) -> None:
-        proc = slot.proc = self._spawn(slot.argv)
+    def _start_worker(self, slot: Child) -> None:
+        # Our stdout carries the coordinator's lines only; whatever a worker (or a task in
+        # it) prints goes to stderr, with the logs.
+        proc = slot.proc = self._spawn(slot.argv, stdout=sys.stderr.fileno())
         slot.started_at = time.monotonic()
         slot.restart_at = None
         log.info("worker started worker=%s pid=%d", slot.worker_id, proc.pid)
 
-    def _supervise(self, coordinator: subprocess.Popen) -> int:
+    def _supervise(self) -> int:
         while not self.stop_requested.wait(POLL_INTERVAL):
-            rc = coordinator.poll()
-            if rc is not None:
-                if self.stop_requested.wait(STOP_GRACE):
-                    return 0
-                log.error("coordinator exited rc=%s; stopping the workers", rc)
-                return 1
             now = time.monotonic()
+            self._check_coordinator(now)
             for slot in self.slots:
                 self._check_worker(slot, now)
         return 0
 
-    def _check_worker(self, slot: WorkerSlot, now: float) -> None:
+    def _check_worker(self, slot: Child, now: float) -> None:
         if slot.restart_at is not None:
             if now >= slot.restart_at:
                 self._start_worker(slot)
@@ -320,9 +382,18 @@ class Supervisor:
                 proc.wait()
 
 
-def run_up(args: dict[str, Any]) -> int:
-    """Run ``jobmesh up`` until SIGINT/SIGTERM (exit 0) or the coordinator dies (exit 1)."""
+def up_coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
+    """The coordinator's flags under ``up``: a restart keeps running work for the heartbeat
+    timeout unless ``--lease-grace-millis`` says otherwise."""
     cfg = coordinator_config(args)
+    if args.get("--lease-grace-millis") is None:
+        cfg = replace(cfg, lease_grace_millis=cfg.heartbeat_timeout_millis)
+    return cfg
+
+
+def run_up(args: dict[str, Any]) -> int:
+    """Run ``jobmesh up`` until SIGINT/SIGTERM (exit 0); 1 if the coordinator does not start."""
+    cfg = up_coordinator_config(args)
     workers = _count(args, "--workers", 0, 1024)
     capacity = _count(args, "--capacity", 1, 1024)
     task_modules = parse_task_modules(args.get("--tasks"))

@@ -9,6 +9,8 @@ marker files into ``payload["dir"]`` (written whole, then renamed into place).
 import json
 import logging
 import os
+import resource
+import signal
 import sys
 import threading
 import time
@@ -157,3 +159,33 @@ def listy(payload):
 @task("EXIT3")
 def exit3(payload):
     os._exit(3)
+
+
+@task("ORPHAN")
+def orphan(payload):
+    """Forks a grandchild that sleeps ``seconds`` holding every fd of the task process (its
+    socket among them); then returns, or with ``signal`` kills the task process with it."""
+    grandchild = os.fork()
+    if grandchild == 0:
+        try:
+            time.sleep(payload["seconds"])
+        finally:
+            os._exit(0)
+    mark(payload, "grandchild", {"pid": grandchild, "parent": os.getpid()})
+    if payload.get("signal"):
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a segfault on purpose needs no core file
+        os.kill(os.getpid(), getattr(signal, payload["signal"]))
+        time.sleep(30)
+    return {"grandchild": grandchild}
+
+
+@task("DEAF")
+def deaf(payload, ctx):
+    """Ignores SIGTERM and ctx.cancelled, and runs ``seconds``."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    mark(payload, "started", {"pid": os.getpid()})
+    deadline = time.monotonic() + payload["seconds"]
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    mark(payload, "finished")
+    return {"done": True}

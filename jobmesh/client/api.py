@@ -10,10 +10,14 @@ What each failure means for the caller (the error tree is in jobmesh/errors.py):
 - ``CoordinatorUnavailable``: connecting failed, the connection broke mid-request, the
   reply timed out or made no sense. The outcome is unknown (a submit may have created a
   job), so nothing is retried automatically, except that a read-only request which finds
-  a reused connection dead is sent once more on a fresh one. The socket is discarded;
-  the next call reconnects.
+  a reused connection dead is sent once more on a fresh one, and any request goes on a
+  fresh one when the coordinator closed the connection after refusing the previous
+  request (it reads nothing more there, so this one was never read, or not even sent).
+  The socket is discarded; the next call reconnects.
 - ``RequestFailed``: the coordinator answered ERROR (unknown job, invalid payload,
-  idempotency conflict). The connection stays usable.
+  idempotency conflict). The next call works, on this connection or a fresh one.
+- ``TypeError``: an argument has a type the coordinator would refuse (``payload`` not a
+  dict, ``priority=2``, ``idempotency_key=123``); nothing was sent.
 - ``InvalidRequest``: the request cannot be sent (nothing was): text that is not valid
   Unicode, or, as ``RequestTooLarge``, more than the 1 MiB frame limit encoded.
 - ``SubmitRejected``: the coordinator is at its active-job limit. ``submit_retries``
@@ -50,6 +54,11 @@ WAIT_CHUNK_MILLIS = 60_000  # one WAIT_JOB waits at most this long; ``wait`` ask
 _TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MILLISECOND = timedelta(milliseconds=1)
+
+
+class _ClosedUnanswered(CoordinatorUnavailable):
+    """The coordinator closed the connection without answering the request (EOF, or a
+    reset or broken pipe: what a closed peer answers data with)."""
 
 
 class WaitTimeout(ClientError, TimeoutError):
@@ -109,7 +118,9 @@ def submit_backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP)
 
 
 def _encode_request(request: m.Message) -> bytes:
-    """The request's frame; ``InvalidRequest`` (``RequestTooLarge``) if it cannot be one."""
+    """The request's frame; ``TypeError`` naming the argument whose type the coordinator would
+    refuse, ``InvalidRequest`` (``RequestTooLarge``) if it cannot be one."""
+    request.check_types()
     try:
         return encode_frame(request.to_wire())
     except ProtocolError as exc:
@@ -163,6 +174,7 @@ class CoordinatorClient:
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
         self._lock = threading.Lock()
+        self._refused = False  # the last reply was an ERROR (after which the coordinator may close)
 
     def __enter__(self) -> "CoordinatorClient":
         return self
@@ -277,13 +289,17 @@ class CoordinatorClient:
         """
         return self._request(m.RetryJob(job_id), m.JobSubmitted).job_id
 
-    def purge(self, older_than_millis: int, limit: int | None = None) -> tuple[int, bool]:
+    def purge(self, older_than_millis: int, limit: int | None = None, dry_run: bool = False) -> tuple[int, bool]:
         """Delete up to ``limit`` (coordinator default and cap: 10,000) finished jobs last updated
         more than ``older_than_millis`` ago, with their events. Returns ``(purged, more)``;
-        ``more`` means such jobs remain: call again. ``ValueError`` for a negative age or limit."""
+        ``more`` means such jobs remain: call again. With ``dry_run`` nothing is deleted and
+        ``purged`` is how many would have been (``more``: at least that many).
+        ``ValueError`` for a negative age or limit."""
+        request = m.PurgeJobs(older_than_millis, limit, dry_run)
+        request.check_types()
         if older_than_millis < 0 or (limit is not None and limit < 1):
             raise ValueError("older_than_millis must be >= 0 and limit >= 1, got %r, %r" % (older_than_millis, limit))
-        reply = self._request(m.PurgeJobs(older_than_millis, limit), m.JobsPurged)
+        reply = self._request(request, m.JobsPurged)
         return reply.purged, reply.more
 
     def wait(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
@@ -318,15 +334,26 @@ class CoordinatorClient:
                  reply_timeout: float | None = None) -> Any:
         """One request, one reply; ``reply_timeout`` (seconds) replaces ``timeout`` for it."""
         with self._lock:
+            after_refusal = self._refused
+            if after_refusal and self._sock is not None and self._peer_closed():
+                self._discard()  # closed after the refusal, and nothing sent yet: go on a fresh one
             reused = self._sock is not None
             try:
                 obj = self._exchange(request, reply_timeout)
+            except _ClosedUnanswered:
+                # The coordinator closes a connection right after refusing a malformed
+                # request and reads nothing more on it; a close seen after an ERROR is that
+                # one, so the request was never read and any request goes again. Otherwise
+                # a reused socket may have died while idle (e.g. the coordinator restarted):
+                # a read can safely go again on a fresh one; a write's outcome is unknown.
+                if not (reused and (idempotent or after_refusal)):
+                    raise
+                obj = self._exchange(request, reply_timeout)
             except CoordinatorUnavailable:
-                # A reused socket may have died while idle (e.g. the coordinator restarted);
-                # a read can safely go again on a fresh one. A write's outcome is unknown.
                 if not (reused and idempotent):
                     raise
                 obj = self._exchange(request, reply_timeout)
+            self._refused = obj.get("type") == m.Error.TYPE
         try:
             reply = m.decode(obj, m.TO_CLIENT)
         except ProtocolError as exc:
@@ -359,13 +386,30 @@ class CoordinatorClient:
         except socket.timeout as exc:
             self._discard()
             raise CoordinatorUnavailable("no reply from %s within %.3gs" % (where, timeout)) from exc
+        except (ConnectionResetError, BrokenPipeError) as exc:  # a closed peer, as EOF is
+            self._discard()
+            raise _ClosedUnanswered("connection to %s lost: %s" % (where, exc)) from exc
         except (OSError, ProtocolError) as exc:
             self._discard()
             raise CoordinatorUnavailable("connection to %s lost: %s" % (where, exc)) from exc
         if obj is None:
             self._discard()
-            raise CoordinatorUnavailable("%s closed the connection without replying" % where)
+            raise _ClosedUnanswered("%s closed the connection without replying" % where)
         return obj
+
+    def _peer_closed(self) -> bool:
+        """Whether the coordinator has closed the idle connection (seen without blocking;
+        asked only after an ERROR reply, so other requests pay nothing for it)."""
+        assert self._sock is not None
+        try:
+            self._sock.settimeout(0.0)
+            return self._sock.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, socket.timeout):
+            return False
+        except OSError:  # e.g. reset by the peer
+            return True
+        finally:
+            self._sock.settimeout(self.timeout)
 
     def _connect(self, where: str) -> None:
         try:

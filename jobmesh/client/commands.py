@@ -193,18 +193,27 @@ def submit(client: CoordinatorClient, args: dict[str, Any], console: Console) ->
     schedule = schedule_options(args)
     payload = parse_payload(args["PAYLOAD_JSON"], console.stdin)
     as_json = args["--json"]
+    key = args["--idempotency-key"]
+    # The reply to a repeated keyed submit is the first one's, by design; the text output
+    # tells a repeat apart by the job's age on the coordinator's own clock.
+    asked_at = client.stats().at_millis if key is not None and not as_json else None
     try:
         job_id = client.submit(task_type, payload, max_attempts, priority.value,
-                               args["--idempotency-key"], submit_retries=retries, **schedule)
+                               key, submit_retries=retries, **schedule)
     except SubmitRejected as exc:
         console.error("submit", "rejected, the coordinator is overloaded: %s%s"
                       % (exc, "; try --submit-retries=N" if exc.retryable and not retries else ""))
         return EXIT_FAILED
-    if not args["--wait"]:
-        console.out(render.to_json({"jobId": job_id}) if as_json else render.submitted(job_id))
-        return EXIT_OK
     if not as_json:
-        console.out(render.submitted(job_id))
+        earlier = None
+        if asked_at is not None:
+            job = client.status(job_id)
+            earlier = job if job["createdAtMillis"] < asked_at else None
+        console.out(render.submitted(job_id) if earlier is None else render.resubmitted(earlier, key))
+    if not args["--wait"]:
+        if as_json:
+            console.out(render.to_json({"jobId": job_id}))
+        return EXIT_OK
     try:
         return _await("submit", client, console, job_id, timeout, as_json)
     except CoordinatorUnavailable as exc:
@@ -218,7 +227,9 @@ def status(client: CoordinatorClient, args: dict[str, Any], console: Console) ->
         return EXIT_OK
     # Busy workers are worth counting: say how many run the type and how full they are.
     found = client.workers() if job.get("waitingReason") == "WORKERS_BUSY" else None
-    console.out(render.job_detail(job, _now_millis(), found))
+    # The snapshot names a worker only while RUNNING; the timeline says who ran the last attempt.
+    timeline = client.events(job["jobId"]) if job.get("workerId") is None and job.get("attempts") else None
+    console.out(render.job_detail(job, _now_millis(), found, timeline))
     return EXIT_OK
 
 
@@ -240,8 +251,18 @@ def retry(client: CoordinatorClient, args: dict[str, Any], console: Console) -> 
 
 
 def purge(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
-    """PURGE_JOBS until the coordinator says no more remain; prints the total."""
+    """PURGE_JOBS until the coordinator says no more remain; prints the total. With
+    ``--dry-run``, one request that deletes nothing and says how many would go."""
     older_than = parse_duration_millis(args["--older-than"])
+    if args["--dry-run"]:
+        count, more = client.purge(older_than, dry_run=True)
+        if args["--json"]:
+            console.out(render.to_json({"wouldPurge": count, "more": more, "olderThanMillis": older_than}))
+        else:
+            console.out("would purge %s%d finished job%s last updated more than %s ago (nothing deleted)"
+                        % ("at least " if more else "", count, "" if count == 1 else "s",
+                           args["--older-than"].strip()))
+        return EXIT_OK
     total = 0
     while True:
         purged, more = client.purge(older_than)

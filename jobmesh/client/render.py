@@ -49,10 +49,12 @@ def age(then_millis: int | None, now_millis: int) -> str:
 
 
 def relative(then_millis: int | None, now_millis: int) -> str:
-    """Like ``age``, but a time at least a second ahead reads ``in 42s``, ``in 5m``, ``in 3h``, ``in 2d``."""
-    if then_millis is None or then_millis - now_millis < 1000:
+    """Like ``age``, but a time ahead reads ``in 42s``, ``in 5m``, ``in 3h``, ``in 2d``. A time
+    ahead counts whole seconds up, so a job due in 5 minutes reads ``in 5m`` a few
+    milliseconds later and one due in 2 s reads ``in 2s``, never ``just now``."""
+    if then_millis is None or then_millis <= now_millis:
         return age(then_millis, now_millis)
-    seconds = (then_millis - now_millis) // 1000
+    seconds = -((now_millis - then_millis) // 1000)  # rounded up
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return "in %d%s" % (seconds // size, unit)
@@ -104,8 +106,20 @@ def attempts(job: dict[str, Any]) -> str:
     return "%s/%s" % (job.get("attempts", MISSING), _max_attempts(job))
 
 
-def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None) -> str:
-    """One job as labelled lines, for ``status``, ``cancel`` and ``wait``; ``workers`` as for ``waiting``."""
+def last_worker(events: list[dict[str, Any]]) -> str | None:
+    """``w-1 (attempt 2)``: the worker of the job's last assignment in its timeline, or None."""
+    for event in reversed(events):
+        if event.get("event") == "ASSIGNED" and event.get("workerId") is not None:
+            attempt = event.get("attempt")
+            return str(event["workerId"]) if attempt is None else "%s (attempt %s)" % (event["workerId"], attempt)
+    return None
+
+
+def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None,
+               events: list[dict[str, Any]] | None = None) -> str:
+    """One job as labelled lines, for ``status``, ``cancel`` and ``wait``; ``workers`` as for
+    ``waiting``. The snapshot names a worker only while the job runs; with ``events`` (its
+    timeline) a job that is not running shows the worker of its last attempt."""
     created = job.get("createdAtMillis")
     updated = job.get("updatedAtMillis")
     rows = [
@@ -114,7 +128,7 @@ def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any
         ("state", job.get("state")),
         ("priority", job.get("priority")),
         ("attempts", "%s of %s" % (job.get("attempts", MISSING), _max_attempts(job))),
-        ("worker", job.get("workerId")),
+        ("worker", job.get("workerId") or (last_worker(events) if events else None)),
         ("result", compact(job.get("result"))),
         ("error", compact(job.get("error"))),
         ("created", when(created, now_millis)),
@@ -242,6 +256,12 @@ def worker_table(workers: list[dict[str, Any]], now_millis: int) -> str:
 
 def submitted(job_id: str) -> str:
     return "submitted job %s" % job_id
+
+
+def resubmitted(job: dict[str, Any], key: str) -> str:
+    """A keyed submit that found its job already there: nothing new was created."""
+    return "job %s was already submitted with idempotency key %s at %s (%s); no new job" % (
+        job["jobId"], printable(repr(key)), timestamp(job.get("createdAtMillis"), zone=True), job.get("state"))
 
 
 def retried(new_job_id: str, old_job_id: str) -> str:

@@ -41,6 +41,7 @@ from jobmesh.coordinator.outbox import Frame, Outbox
 from jobmesh.coordinator.periodic_jobs import PeriodicJobs
 from jobmesh.coordinator.requests import ClientRequests
 from jobmesh.store.base import Batch, Read, Store
+from jobmesh.store.job import Job
 from jobmesh.coordinator.table import JobTable, ReadPending, due_time
 from jobmesh.coordinator.timers import Timers
 from jobmesh.coordinator.waiters import Slot, Waiter
@@ -67,7 +68,7 @@ class CoordinatorCore:
         self.outbox = Outbox()
         self.table = JobTable(store, config, self.counters, new_id)
         self.timers = Timers(self.table)
-        self.json = JsonJobs(self.table, self.outbox, self.counters)
+        self.json = JsonJobs(self.table, self.timers, self.outbox, self.counters)
         self.periodic = PeriodicJobs(self.table, self.timers, self.outbox, self.counters)
         self.requests = ClientRequests(self.table, self.json, self.periodic, self.counters)
         self._draining = False
@@ -86,6 +87,7 @@ class CoordinatorCore:
             m.ListWorkers: lambda now, r: requests.list_workers(now),
             m.CancelJob: lambda now, r: requests.cancel_job(now, r.job_id),
             m.GetJobEvents: lambda now, r: requests.get_job_events(now, r.job_id),
+            m.GetJobPayload: lambda now, r: requests.get_job_payload(now, r.job_id),
             m.RetryJob: lambda now, r: requests.retry_job(now, r.job_id),
             m.PurgeJobs: requests.purge_jobs,
             m.GetStats: lambda now, _req: self.get_stats(now),
@@ -194,7 +196,11 @@ class CoordinatorCore:
 
     def expire_deadlines(self, now: int) -> None:
         """Attempts past their deadline: revoked, then retried or failed by their part."""
+        unclaimed = self.table.unclaimed
         for job in self.timers.expired(now):
+            if job.job_id in unclaimed:  # kept by recovery, and no worker claimed it in time
+                self._recover_running(job, now, self.config.lease_grace_millis)
+                continue
             timeout = job.execution_timeout or self.config.task_timeout_millis
             log.warning("deadline expired job=%s attempt=%s worker=%s", job.job_id, job.attempt_id, job.worker_id)
             self.counters.deadline_expiries += 1
@@ -279,12 +285,18 @@ class CoordinatorCore:
 
         RUNNING jobs lost their worker and their attempt's outcome is unknown: requeue
         them if budget remains, else fail them. Their old deadline is discarded; the next
-        assignment stamps a fresh one. SCHEDULED jobs keep their time; those that fell
-        due while the coordinator was down are queued now.
+        assignment stamps a fresh one. With ``lease_grace_millis`` a RUNNING JSON job
+        instead stays on its lease, held by no worker, until the grace ends: a worker
+        that registers again naming it keeps it (``JsonJobs``), else the sweep requeues
+        or fails it then (``expire_deadlines``). SCHEDULED jobs keep their time; those
+        that fell due while the coordinator was down are queued now.
         """
-        # queued: QUEUED after recovery, including the requeued and those due while down
-        stats = {"queued": 0, "scheduled": 0, "retry_wait": 0, "requeued": 0, "due": 0, "failed": 0, "damaged": 0}
+        # queued: QUEUED after recovery, including the requeued and those due while down;
+        # kept: RUNNING on their old lease for the grace
+        stats = {"queued": 0, "scheduled": 0, "retry_wait": 0, "requeued": 0, "due": 0, "failed": 0, "damaged": 0,
+                 "kept": 0}
         table = self.table
+        grace = self.config.lease_grace_millis
         table.known_types.update(self.store.load_task_types())
         wall = now + table.drift
         for job in self.store.load_active():
@@ -302,17 +314,14 @@ class CoordinatorCore:
                 table.transition(job, JobState.FAILED if state is JobState.RUNNING else JobState.CANCELLED, now)
                 stats["damaged"] += 1
             elif state is JobState.RUNNING:
-                if job.periodic is not None or job.attempts < job.max_attempts:
-                    table.event(job, now, "RECOVERED", "coordinator restarted: attempt %d requeued" % job.attempts,
-                                attempt=job.attempts, worker_id=job.worker_id)
-                    table.transition(job, JobState.QUEUED, now, event=None)
+                if grace > 0 and job.periodic is None and job.attempt_id is not None:
+                    table.keep_unclaimed(job, now + grace)
+                    self.timers.track_lease(job)
+                    stats["kept"] += 1
+                elif self._recover_running(job, now):
                     stats["requeued"] += 1
                     stats["queued"] += 1
                 else:
-                    job.error = "coordinator restarted during the final attempt (%d of %d)" % (
-                        job.attempts, job.max_attempts)
-                    table.event(job, now, "RECOVERED", job.error, attempt=job.attempts, worker_id=job.worker_id)
-                    table.transition(job, JobState.FAILED, now)
                     stats["failed"] += 1
             elif state is JobState.QUEUED:
                 stats["queued"] += 1
@@ -325,7 +334,25 @@ class CoordinatorCore:
                 assert due_time(job) is not None
                 stats["retry_wait" if state is JobState.RETRY_WAIT else "scheduled"] += 1
         table.next_seq = self.store.max_seq() + 1
+        if stats["kept"]:
+            log.info("kept %d running jobs on their leases for %d ms, for their workers to claim", stats["kept"], grace)
         return stats
+
+    def _recover_running(self, job: Job, now: int, grace: int = 0) -> bool:
+        """A RUNNING job whose worker is gone since a restart: requeued while attempts remain
+        (True), else failed; its timeline says RECOVERED either way. ``grace``: how long
+        it waited, kept on its lease, for a worker to claim it (0: it did not)."""
+        unclaimed = ", and no worker claimed it within %d ms" % grace if grace else ""
+        if job.periodic is not None or job.attempts < job.max_attempts:
+            self.table.event(job, now, "RECOVERED", "coordinator restarted%s: attempt %d requeued"
+                             % (unclaimed, job.attempts), attempt=job.attempts, worker_id=job.worker_id)
+            self.table.transition(job, JobState.QUEUED, now, event=None)
+            return True
+        job.error = "coordinator restarted during the final attempt (%d of %d)%s" % (
+            job.attempts, job.max_attempts, unclaimed)
+        self.table.event(job, now, "RECOVERED", job.error, attempt=job.attempts, worker_id=job.worker_id)
+        self.table.transition(job, JobState.FAILED, now)
+        return False
 
     def carry_over(self, old: CoordinatorCore) -> None:
         """A reload replaced ``old``: the process-lifetime totals go on counting, and the

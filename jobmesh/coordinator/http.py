@@ -15,7 +15,7 @@ the coordinator's hub (``--metrics-port``, on the ``--bind`` address) and answer
                              workers, slots...), the list of states, counts by type
     /api/series              samples of the last minutes (one a second) for the chart
     /api/jobs?state=&type=&cursor=&limit=     a page of jobs, newest first
-    /api/jobs/<id>           one job's snapshot
+    /api/jobs/<id>           one job's snapshot, and its payload beside it
     /api/jobs/<id>/events    its timeline
     /api/workers             the live workers
 
@@ -72,7 +72,7 @@ from jobmesh.coordinator.figures import (ACTIVE, FINISHED, METRICS, SUMMARY_KEYS
                                          Metric, RuntimeFigures)
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
-from jobmesh.protocol.framing import FrameDecoder
+from jobmesh.protocol.framing import FrameDecoder, encode_frame
 from jobmesh.protocol.jobs import JobState
 from jobmesh.tls import HANDSHAKE_SECONDS
 
@@ -256,11 +256,27 @@ class _Server(WSGIServer):
             conn = self._secure(sock, address, self.handshake_timeout)
             if conn is not None:
                 conn.settimeout(READ_TIMEOUT_SECONDS)
-                super().handle(conn, address)
+                # Only a plaintext socket is peeked at: a TLS one takes no flags, and a peer
+                # speaking jobmesh frames never gets past the handshake.
+                if conn is not sock or not refuse_frames(conn):
+                    super().handle(conn, address)
         finally:
             self.open_connections -= 1
             if conn is not None and conn is not sock:
                 conn.close()
+
+
+def refuse_frames(sock: Any) -> bool:
+    """Answer a peer that speaks jobmesh frames (a client or worker pointed at this port)
+    with an ERROR frame naming the port mix-up, and say whether it was one: a frame's
+    first byte is 0 (its length is below 16 MiB), an HTTP request's never is."""
+    try:
+        if sock.recv(1, socket.MSG_PEEK) != b"\x00":
+            return False
+        sock.sendall(encode_frame(m.metrics_port_refusal().to_wire()))
+    except OSError:  # silent until the read timeout, or gone: nothing to serve either way
+        pass
+    return True
 
 
 JOB_PATH = re.compile(r"/api/jobs/([^/]+)(/events)?\Z")
@@ -472,7 +488,9 @@ class HttpPort:
             if match.group(2):
                 reply = self.ask(m.GetJobEvents(job_id), not_found=True)
                 return self._json(start_response, {"jobId": job_id, "events": reply.get("events", [])})
-            return self._json(start_response, {"job": self.ask(m.GetJobStatus(job_id), not_found=True)["job"]})
+            job = self.ask(m.GetJobStatus(job_id), not_found=True)["job"]
+            payload = self.ask(m.GetJobPayload(job_id), not_found=True).get("payload")
+            return self._json(start_response, {"job": job, "payload": payload})
         return self._json(start_response, {"error": "no such page: %s" % path}, "404 Not Found")
 
     def _list_jobs(self, query: dict[str, list[str]]) -> dict[str, Any]:

@@ -7,6 +7,15 @@ which of them run each type, applies worker events (registration, heartbeats, re
 disconnects), detects dead workers, decides what follows an attempt that ended without a
 result (backoff while attempts remain), and assigns queued jobs to free workers. It
 changes jobs only through the table and sends only through the outbox.
+
+A worker that registers again after losing its coordinator names the attempts it still
+runs (``running``). Each one that recovery kept on its lease for a worker to claim
+(``table.unclaimed``, --lease-grace-millis) is bound to the new session, as long as the
+session has room; it is the same attempt, with a fresh deadline. Every other one (the
+job ended, moved on to another attempt, is held by another session, or is unknown) gets
+a TASK_CANCEL after WORKER_REGISTERED, so the worker drops it. Claims are taken while
+the coordinator is draining or paused too: the attempt runs anyway, and its result can
+be applied.
 """
 
 from __future__ import annotations
@@ -15,18 +24,17 @@ from typing import TYPE_CHECKING
 import logging
 from collections import Counter
 
-import ujson
-
 from jobmesh.coordinator import scheduler
 from jobmesh.coordinator.figures import Counters
 from jobmesh.store.job import Job
 from jobmesh.coordinator.outbox import Outbox
 from jobmesh.coordinator.registry import Session, WorkerRegistry
 from jobmesh.coordinator.table import BUILTIN_TYPES, JobTable
+from jobmesh.coordinator.timers import Timers
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from jobmesh.protocol.messages import quote
-from jobmesh.protocol.payloads import MAX_NESTING, is_finite_json, too_deep
+from jobmesh.protocol.payloads import MAX_NESTING, is_finite_json, result_too_large, too_deep
 
 if TYPE_CHECKING:
     from jobmesh.coordinator.connection import OutboundConnection
@@ -34,7 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_WORKER_ID_CHARS = 256
-MAX_RESULT_BYTES = 64 * 1024
 MAX_ERROR_CHARS = m.MAX_ERROR_CHARS
 MAX_STALE_PER_SECOND = 100  # results for leases a worker does not hold, before it is cut off
 
@@ -46,8 +53,9 @@ def _attempt_number(job_id: str, attempt_id: str) -> int | None:
 
 
 class JsonJobs:
-    def __init__(self, table: JobTable, outbox: Outbox, counters: Counters) -> None:
+    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters) -> None:
         self.table = table
+        self.timers = timers
         self.config = table.config
         self.outbox = outbox
         self.counters = counters
@@ -108,6 +116,31 @@ class JsonJobs:
             self.workers_by_type.setdefault(name, set()).add(session)
         self.outbox.send(conn, m.WorkerRegistered(worker_id))
         log.info("worker registered worker=%s capacity=%d types=%s", worker_id, capacity, ",".join(sorted(types)))
+        if msg.running:
+            self._claim(now, session, msg.running)
+
+    def _claim(self, now: int, session: Session, running: list[dict]) -> None:
+        """Keep the named leases that recovery kept for a worker; cancel the others."""
+        table = self.table
+        for item in running:
+            job_id, attempt_id = item["jobId"], item["attemptId"]
+            job = table.jobs.get(job_id)
+            if job is None or job.attempt_id != attempt_id:
+                why = "no such attempt"
+            elif job_id in table.unclaimed:
+                if len(session.running) < session.capacity:
+                    table.claim(job, session, now)
+                    self.timers.track_lease(job)
+                    log.info("lease kept job=%s attempt=%s worker=%s", job_id, attempt_id, session.worker_id)
+                    continue
+                why = "the worker is at capacity"
+            elif table.leases.get(job_id) is session:
+                continue  # named twice
+            else:
+                why = "held by worker %s" % job.worker_id
+            log.info("lease not kept job=%s attempt=%s worker=%s: %s", quote(job_id), quote(attempt_id),
+                     session.worker_id, why)
+            self.outbox.send(session.conn, m.TaskCancel(job_id, attempt_id))
 
     def _refuse(self, conn: OutboundConnection, reason: str) -> None:
         self.outbox.send(conn, m.Error(reason))
@@ -147,8 +180,9 @@ class JsonJobs:
                 self.attempt_failed(job, now, "result holds NaN or Infinity, which JSON does not allow",
                                     "ATTEMPT_FAILED")
                 return
-            if len(ujson.dumps(result)) > MAX_RESULT_BYTES:
-                self.attempt_failed(job, now, "result larger than %d bytes" % MAX_RESULT_BYTES, "ATTEMPT_FAILED")
+            too_large = result_too_large(result)
+            if too_large is not None:
+                self.attempt_failed(job, now, too_large, "ATTEMPT_FAILED")
                 return
             job.result = result
             self.table.transition(job, JobState.COMPLETED, now)

@@ -172,6 +172,13 @@ class ClientRequests:
             return m.Error("unknown job %s" % quote(job_id))
         return m.JobStatus(self.snapshot(job))
 
+    def get_job_payload(self, now_millis: int, job_id: str) -> m.Message:
+        """The job's payload (the metrics port's job view; the snapshot has none)."""
+        job = self.table.lookup(job_id)
+        if job is None:
+            return m.Error("unknown job %s" % quote(job_id))
+        return m.JobPayload(job_id, job.payload if job.periodic is None else None)
+
     def get_job_events(self, now_millis: int, job_id: str) -> m.Message:
         """The job's timeline: what the store holds, then this batch's events not committed yet."""
         job = self.table.lookup(job_id)
@@ -262,7 +269,8 @@ class ClientRequests:
         return reply
 
     def purge_jobs(self, now_millis: int, req: m.PurgeJobs) -> m.Message:
-        """Delete finished jobs last updated more than ``olderThanMillis`` ago (PURGE_JOBS)."""
+        """Delete finished jobs last updated more than ``olderThanMillis`` ago (PURGE_JOBS), or
+        with ``dryRun`` count them and delete nothing."""
         if req.older_than_millis < 0:
             return m.Error("olderThanMillis must be a non-negative integer, got %s" % quote(req.older_than_millis))
         limit = PURGE_REQUEST_MAX if req.limit is None else req.limit
@@ -272,10 +280,11 @@ class ClientRequests:
         purged, cursor = 0, 0
         while purged < limit:  # walk from the oldest row until enough are found or none are left
             found, cursor = self.table.store.purgeable(cursor, cutoff, limit - purged)
-            purged += self.table.forget(found)
+            purged += len(found) if req.dry_run else self.table.forget(found)
             if not cursor:
                 break
-        log.info("purged finished jobs count=%d older_than_millis=%d", purged, req.older_than_millis)
+        if not req.dry_run:
+            log.info("purged finished jobs count=%d older_than_millis=%d", purged, req.older_than_millis)
         return m.JobsPurged(purged, purged == limit)
 
     def purge_expired(self, now_millis: int, limit: int = PURGE_SWEEP) -> None:

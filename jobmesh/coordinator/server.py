@@ -57,6 +57,7 @@ IDLE_TIMEOUT_SECONDS = 120.0  # default: a client's first frame / a worker's reg
 DRAIN_SECONDS = 30.0  # at EOF, how long a client handler waits for its replies to go out
 
 MAX_TASK_TYPES = 1024  # task types one worker may declare
+MAX_CAPACITY = 1024  # the largest capacity a worker may register with
 
 SHUTTING_DOWN = m.Error("coordinator is shutting down")
 
@@ -72,6 +73,21 @@ def check_task_types(msg: m.WorkerRegister) -> None:
         if not is_task_type_name(name):
             shown = m.quote(name) if isinstance(name, str) else "a %s" % type(name).__name__
             raise ProtocolError("WORKER_REGISTER taskTypes holds %s; a task type is %s" % (shown, TASK_NAME_RULE))
+
+
+def check_running(msg: m.WorkerRegister) -> None:
+    """A malformed ``running`` (not a list of ``{jobId, attemptId}`` strings, or more
+    entries than a worker can run) is a protocol violation (the connection closes)."""
+    running = msg.running
+    if running is None:
+        return
+    if len(running) > MAX_CAPACITY:
+        raise ProtocolError("WORKER_REGISTER names %d running attempts; at most %d" % (len(running), MAX_CAPACITY))
+    for item in running:
+        if not (isinstance(item, dict) and isinstance(item.get("jobId"), str)
+                and isinstance(item.get("attemptId"), str)):
+            raise ProtocolError("WORKER_REGISTER running holds %s; each item is an object with string fields "
+                                "jobId and attemptId" % m.quote(item))
 
 
 def _encode(msgs: list[m.Message], worker_id: str | None) -> bytes:
@@ -219,6 +235,7 @@ class Servers:
             if not isinstance(msg, m.WorkerRegister):
                 raise ProtocolError("the first message on the worker port must be WORKER_REGISTER, got %s" % msg.TYPE)
             check_task_types(msg)
+            check_running(msg)
             conn.worker_id = msg.worker_id
             self.post_worker(ev.Registered(conn, msg))
             registered = True
@@ -250,7 +267,8 @@ class Servers:
             log.warning("protocol violation on worker port peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
             conn.send(m.Error(str(exc)))
         except OSError as exc:
-            log.info("worker connection error peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
+            if not conn.closed:  # closed here: the coordinator is stopping, nothing went wrong
+                log.info("worker connection error peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
         finally:
             if registered:
                 self.post_worker(ev.Disconnected(conn))

@@ -88,6 +88,9 @@ class JobTable:
         self.finished: OrderedDict[str, Job] = OrderedDict()  # LRU of terminal jobs
         self.keys: dict[str, str] = {}  # idempotency key -> job id, for jobs held in memory
         self.leases: dict[str, Session] = {}  # running job id -> the session holding its lease
+        # Running JSON jobs recovery kept on their old lease for their worker to claim
+        # (--lease-grace-millis): no session holds them; their deadline ends the grace.
+        self.unclaimed: set[str] = set()
         self.known_types: set[str] = set(BUILTIN_TYPES)  # built-ins and every type ever declared
         self.next_seq = 1
         self.drift = 0  # wall clock minus core time (the core keeps it current)
@@ -186,6 +189,8 @@ class JobTable:
             holder = self.leases.pop(job.job_id, None)
             if holder is not None:
                 holder.running.discard(job.job_id)
+            else:
+                self.unclaimed.discard(job.job_id)
         job.move_to(target, now + self.drift)
         counts = self.counts
         key = (source, job.task_type, job.priority, periodic)
@@ -226,6 +231,23 @@ class JobTable:
         else:
             detail = job.error if target is JobState.FAILED else None
             self.event(job, now, event or TRANSITION_EVENTS[target], detail, due_at)
+
+    def keep_unclaimed(self, job: Job, until: int) -> None:
+        """Recovery: a RUNNING job stays on its lease, held by no session, until ``until``
+        (core time, its deadline now) for a worker to claim it (``claim``)."""
+        job.deadline = until
+        self.unclaimed.add(job.job_id)
+        self._dirty[job.job_id] = job
+
+    def claim(self, job: Job, session: Session, now: int) -> None:
+        """A worker that registered again names a lease recovery kept: it holds that lease
+        now (the same attempt, no new one), with a fresh deadline."""
+        self.unclaimed.discard(job.job_id)
+        self.leases[job.job_id] = session
+        session.running.add(job.job_id)
+        job.worker_id = session.worker_id
+        job.deadline = now + (job.execution_timeout or self.config.task_timeout_millis)
+        self._dirty[job.job_id] = job
 
     def attempt_ended(self, job: Job, now: int, error: str, cause: str) -> None:
         """An attempt ended without a result (``cause``: ATTEMPT_FAILED, LEASE_EXPIRED or

@@ -2,7 +2,9 @@
 
 ``Timers`` listens to the job table (JSON and Periodic jobs alike): a job entering
 RETRY_WAIT or SCHEDULED joins the due heap at its due time, a job entering RUNNING joins
-the deadline heap at its lease's deadline. Entries are never removed in place: a popped
+the deadline heap at its lease's deadline (as does a lease whose deadline changes without
+a move: one recovery kept for its worker, and the same lease once claimed,
+``track_lease``). Entries are never removed in place: a popped
 entry that no longer describes its job (cancelled, re-timed, a lease that ended) is
 skipped, and a heap is rebuilt from live work once dead entries outnumber live ones, so
 its size follows running work rather than history. Pure: times are core time.
@@ -11,6 +13,7 @@ its size follows running work rather than history. Pure: times are core time.
 from __future__ import annotations
 
 import heapq
+import itertools
 from typing import Iterator
 
 from jobmesh.store.job import Job
@@ -82,16 +85,23 @@ class Timers:
 
     # ---- lease deadlines --------------------------------------------------------------
 
+    def track_lease(self, job: Job) -> None:
+        """A RUNNING job's deadline was set without a move (a lease kept by recovery, or
+        claimed): wait for the new one; the entry of the old one is skipped."""
+        assert job.deadline is not None and job.attempt_id is not None
+        heapq.heappush(self.deadline_heap, (job.deadline, job.job_id, job.attempt_id))
+
     def expired(self, now: int) -> Iterator[Job]:
         """RUNNING jobs whose current lease's deadline has passed, earliest first."""
         self._compact_deadlines()
         heap = self.deadline_heap
         jobs = self.table.jobs
         while heap and heap[0][0] <= now:
-            _, job_id, attempt_id = heapq.heappop(heap)
+            deadline, job_id, attempt_id = heapq.heappop(heap)
             job = jobs.get(job_id)
-            if job is None or job.state is not JobState.RUNNING or job.attempt_id != attempt_id:
-                continue  # that lease already ended
+            if (job is None or job.state is not JobState.RUNNING or job.attempt_id != attempt_id
+                    or job.deadline != deadline):
+                continue  # that lease already ended, or has another deadline now
             yield job
 
     def _compact_deadlines(self) -> None:
@@ -101,12 +111,12 @@ class Timers:
         (10 minutes by default); at thousands of assignments a second that would be
         gigabytes. Rebuilding costs O(running), amortised over as many ended leases.
         """
-        leases = self.table.leases
-        if len(self.deadline_heap) <= 2 * len(leases) + 1024:
+        leases, unclaimed = self.table.leases, self.table.unclaimed
+        if len(self.deadline_heap) <= 2 * (len(leases) + len(unclaimed)) + 1024:
             return
         jobs = self.table.jobs
         live: list[tuple[int, str, str]] = []
-        for job_id in leases:
+        for job_id in itertools.chain(leases, unclaimed):
             job = jobs.get(job_id)
             if job is not None and job.deadline is not None and job.attempt_id is not None:
                 live.append((job.deadline, job_id, job.attempt_id))

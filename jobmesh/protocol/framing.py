@@ -107,6 +107,8 @@ class FrameDecoder(StreamBuffer):
             return None
         (length,) = HEADER.unpack_from(self._buf, self._pos)
         if length <= 0 or length > self._max:
+            if self._buf[self._pos:self._pos + 4] == b"HTTP":
+                raise ProtocolError("the peer answered in HTTP, not in frames: an HTTP port (a metrics port?)")
             raise ProtocolError("invalid frame length %d (must be 1..%d)" % (length, self._max))
         if avail < 4 + length:
             return None

@@ -130,6 +130,14 @@ class Message:
             out[name] = getattr(self, attr)
         return out
 
+    def check_types(self) -> None:
+        """``TypeError`` naming the first field (by its Python name) whose value the receiver
+        would refuse as a protocol violation; a sender calls it before sending."""
+        for attr, _name, check, nullable, _default, kind in self.spec():
+            value = getattr(self, attr)
+            if not (check(value) if value is not None else nullable):
+                raise TypeError("%s must be %s, got %s" % (attr, _PYTHON_KIND_NAMES[kind], _python_type(value)))
+
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> "Message":
         kwargs = {}
@@ -153,6 +161,16 @@ _KIND_NAMES = {
     "bool": "a boolean", "obj": "an object", "obj?": "an object or null", "list": "an array",
     "list?": "an array or null",
 }
+
+
+_PYTHON_KIND_NAMES = {
+    "str": "a str", "str?": "a str or None", "int": "an int", "int?": "an int or None",
+    "bool": "a bool", "obj": "a dict", "obj?": "a dict or None", "list": "a list", "list?": "a list or None",
+}
+
+
+def _python_type(value: Any) -> str:
+    return "None" if value is None else "%s %s" % (type(value).__name__, quote(value, 40))
 
 
 def _json_type(value: Any) -> str:
@@ -179,6 +197,9 @@ class WorkerRegister(Message):
     capacity: int = wire("capacity", "int")
     # The task types this worker runs; None (absent) means the five built-ins.
     task_types: list[str] | None = wire("taskTypes", "list?", None)
+    # The attempts this worker still runs (or holds a result of) from before it lost its
+    # coordinator: ``[{jobId, attemptId}, ...]``; None (absent) means none.
+    running: list[dict[str, Any]] | None = wire("running", "list?", None)
 
 
 @dataclass(frozen=True)
@@ -351,11 +372,13 @@ class RetryJob(Message):
 
 @dataclass(frozen=True)
 class PurgeJobs(Message):
-    """Delete finished jobs (and their events) last updated more than ``olderThanMillis`` ago."""
+    """Delete finished jobs (and their events) last updated more than ``olderThanMillis`` ago;
+    with ``dryRun``, delete nothing and count them (JOBS_PURGED ``purged`` is that count)."""
 
     TYPE = "PURGE_JOBS"
     older_than_millis: int = wire("olderThanMillis", "int")
     limit: int | None = wire("limit", "int?", None)
+    dry_run: bool = wire("dryRun", "bool", False)
 
 
 @dataclass(frozen=True)
@@ -386,6 +409,22 @@ class Stats(Message):
     capacity: int = wire("capacity", "int", 0)  # the JSON workers' slots
     busy_slots: int = wire("busySlots", "int", 0)
     waits: int = wire("waits", "int", 0)  # pending WAIT_JOBs and Periodic RUN_JOB / RECV_DATA callers
+
+
+# The metrics port's own request, asked in process (never sent on a socket, so in no port's
+# set below): a job's payload for the dashboard's job view. The job snapshot carries no
+# payload (its field set is the protocol's).
+@dataclass(frozen=True)
+class GetJobPayload(Message):
+    TYPE = "GET_JOB_PAYLOAD"
+    job_id: str = wire("jobId", "str")
+
+
+@dataclass(frozen=True)
+class JobPayload(Message):
+    TYPE = "JOB_PAYLOAD"
+    job_id: str = wire("jobId", "str")
+    payload: dict[str, Any] | None = wire("payload", "obj?", None)  # None: a Periodic job (its workload is bytes)
 
 
 ALL_MESSAGES: tuple[type[Message], ...] = (
@@ -420,6 +459,15 @@ def decode(obj: dict[str, Any], allowed: frozenset[str] | None = None) -> Messag
 
 
 CLIENT_PORT_REFUSAL = "this is the client port"  # how the client port's refusals of worker messages begin
+METRICS_PORT_REFUSAL = "this is the metrics port"  # how the metrics port answers a frame
+# A worker that gets a refusal beginning with one of these was pointed at the wrong port.
+WRONG_PORT_REFUSALS = (CLIENT_PORT_REFUSAL, METRICS_PORT_REFUSAL)
+
+
+def metrics_port_refusal() -> Error:
+    """What the metrics port (HTTP) answers, as a frame, to a peer that sends it one."""
+    return Error("%s (HTTP); a client belongs on the client port (%d by default), a worker on the worker "
+                 "port (%d by default)" % (METRICS_PORT_REFUSAL, DEFAULT_CLIENT_PORT, DEFAULT_WORKER_PORT))
 
 
 def wrong_port(kind: str, allowed: frozenset[str] | None) -> str | None:

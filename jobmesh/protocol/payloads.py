@@ -13,6 +13,11 @@ Unknown fields inside a payload are ignored, like unknown fields in messages.
 Payloads and results nest objects and arrays at most ``MAX_NESTING`` levels deep
 (``too_deep``): deeper values are refused before they are stored, since every later
 encode of them (snapshots, lists, assignments) would pay for them, or fail.
+
+A result is at most ``MAX_RESULT_BYTES`` (64 KiB) as compact JSON with non-ASCII
+characters written as ``\\u`` escapes (``result_too_large``); the task process, the
+worker and the coordinator measure it the same way and fail a larger one with the same
+words.
 """
 
 from __future__ import annotations
@@ -20,11 +25,26 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import ujson
+
 from jobmesh.errors import PayloadError
 from jobmesh.protocol.messages import quote
 
 MAX_TEXT_CHARS = 200_000
 MAX_NESTING = 64  # levels of objects and arrays in a payload or a result (the value itself is level 1)
+MAX_RESULT_BYTES = 64 * 1024  # a task's result as JSON (see result_too_large)
+
+
+def result_too_large(result: Any) -> str | None:
+    """Why ``result`` is over the result limit, or None (also for a value JSON cannot hold:
+    encoding it fails later, with its own words)."""
+    try:
+        size = len(ujson.dumps(result))
+    except (ValueError, OverflowError, TypeError, RecursionError):
+        return None
+    if size <= MAX_RESULT_BYTES:
+        return None
+    return "result is %d bytes as JSON; a result may be at most %d bytes (64 KiB)" % (size, MAX_RESULT_BYTES)
 
 # task type -> (field, python type, minimum, maximum); for text, the bounds are on length.
 TASK_SPECS: dict[str, tuple[str, type, int, int]] = {

@@ -11,11 +11,20 @@ task pool:
 - the writer: the only greenlet that writes to the socket, draining the session's
   outbox (all queued frames in one ``sendall``), so frames from several greenlets never interleave.
 
-When the connection ends, for whatever reason, every in-flight attempt is abandoned
-(its lease dies with the session; the coordinator retries the job) and the agent
-reconnects with capped exponential backoff, registering under the same id. A refused
-registration (typically: the coordinator still holds our previous session) is retried
-the same way.
+When the connection ends, for whatever reason, the agent reconnects with capped
+exponential backoff, registering under the same id. A refused registration (typically:
+the coordinator still holds our previous session) is retried the same way.
+
+Its running attempts are kept meanwhile, for up to ``keep_running_millis``: they run on,
+and the results of those that finish are held. Registering again, the agent names every
+attempt it still runs or holds a result of (WORKER_REGISTER ``running``) and then sends
+the held results. A coordinator that restarted with a lease grace keeps the leases it
+still holds for a worker; every other one it answers with TASK_CANCEL, which stops that
+attempt here (a held result it was sent is stale there, and dropped). A coordinator
+that stayed up and saw the connection end has already given those leases up, so it
+keeps none. Without a registration within ``keep_running_millis`` (checked between
+connection attempts) the kept attempts are stopped and their results dropped, as they
+are at once with 0.
 
 This module uses gevent's socket explicitly, so it works whether or not the process is
 monkey-patched; it patches nothing.
@@ -38,7 +47,7 @@ from jobmesh.errors import PayloadError, ProtocolError
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.payloads import TASK_TYPES
 from jobmesh.protocol.messages import (
-    CLIENT_PORT_REFUSAL,
+    WRONG_PORT_REFUSALS,
     TO_WORKER,
     Error,
     Heartbeat,
@@ -51,8 +60,8 @@ from jobmesh.protocol.messages import (
 )
 from jobmesh.worker import tasks
 from jobmesh.worker.processes import ProcessPool
-from jobmesh.worker.running import Attempt, InFlight
 from jobmesh.tls import client_context
+from jobmesh.worker.running import Attempt, InFlight, Key
 from jobmesh.worker.usertasks import load_modules
 
 log = logging.getLogger(__name__)
@@ -61,6 +70,9 @@ CONNECT_TIMEOUT = 5.0
 REGISTER_TIMEOUT = 10.0
 BACKOFF_INITIAL = 0.1
 BACKOFF_CAP = 5.0
+# While attempts are kept, retry at least this often: a restarted coordinator keeps their
+# leases only for its grace (by default its heartbeat timeout).
+KEEPING_BACKOFF_CAP = 0.5
 # Unacknowledged data (our heartbeats) fails the connection after this long, so a silent
 # network partition is noticed even though the coordinator never writes unprompted.
 MIN_USER_TIMEOUT_MILLIS = 10_000
@@ -89,15 +101,21 @@ class WorkerAgent:
         self.tls = client_context(cfg.tls, gevent.ssl.SSLContext) if cfg.tls is not None else None
         self.in_flight = InFlight(cfg.capacity)
         self._pause = pause
+        # Results of attempts not yet written to a coordinator, by lease: held while
+        # disconnected, taken by the session's writer while connected.
+        self.results: dict[Key, bytes] = {}
+        self._outbox: Queue | None = None  # the live session's outbox; None between sessions
+        self._kept_since: float | None = None  # when the attempts kept across a lost connection were left
         self.registrations = 0
-        self.wrong_port: str | None = None  # set when the coordinator says this is its client port
+        self.wrong_port: str | None = None  # set when the coordinator says this is its client or metrics port
         self.user_task_types: frozenset[str] = frozenset()
         self.processes: ProcessPool | None = None
         # None (absent on the wire) means the five built-ins.
         self.task_types: list[str] | None = None
         if cfg.task_modules:
             self.user_task_types = frozenset(load_modules(cfg.task_modules))
-            self.processes = ProcessPool(cfg.task_modules, cfg.capacity)
+            self.processes = ProcessPool(cfg.task_modules, cfg.capacity, cancel_grace=cfg.cancel_grace_millis / 1000.0,
+                                         log_args=("--log-level=%s" % cfg.log_level, "--log-format=%s" % cfg.log_format))
             self.task_types = list(TASK_TYPES) + sorted(self.user_task_types)
             log.info("user task types worker=%s modules=%s types=%s", self.worker_id,
                      ",".join(cfg.task_modules), ",".join(sorted(self.user_task_types)) or "(none)")
@@ -111,14 +129,22 @@ class WorkerAgent:
 
     def run(self) -> None:
         """Connect, register and serve until killed; returns on its own only when the
-        coordinator says this is its client port (``wrong_port`` tells why)."""
+        coordinator says this is its client or metrics port (``wrong_port`` tells why).
+        Whatever ends it stops the attempts still running."""
+        try:
+            self._run()
+        finally:
+            self._abandon("the worker is stopping")
+
+    def _run(self) -> None:
         delay = BACKOFF_INITIAL
         target = "%s:%d" % self.address
         while True:
+            self._give_up_kept()
             try:
                 sock, reader = self._connect_and_register()
             except RegistrationRefused as exc:
-                if str(exc).startswith(CLIENT_PORT_REFUSAL):  # pointed at the wrong port: retrying cannot help
+                if str(exc).startswith(WRONG_PORT_REFUSALS):  # pointed at the wrong port: retrying cannot help
                     log.error("cannot register worker=%s at %s: %s", self.worker_id, target, exc)
                     self.wrong_port = str(exc)
                     return
@@ -132,8 +158,58 @@ class WorkerAgent:
                 reason = self._serve(sock, reader)
                 log.info("connection lost worker=%s coordinator=%s reason=%r reconnecting_in=%.1fs",
                          self.worker_id, target, reason, delay)
-            gevent.sleep(delay)
-            delay = min(delay * 2, BACKOFF_CAP)
+                self._keep_running()
+            gevent.sleep(self._retry_delay(delay))
+            delay = min(delay * 2, BACKOFF_CAP if self._kept_since is None else KEEPING_BACKOFF_CAP)
+
+    # ---- attempts kept across a lost connection ----------------------------------------
+
+    def kept(self) -> list[Key]:
+        """The leases of the attempts still running here or holding a result, oldest first."""
+        return list(dict.fromkeys(self.in_flight.leases() + list(self.results)))
+
+    def _keep_running(self) -> None:
+        """The session ended: keep its attempts for ``keep_running_millis`` (or stop them now)."""
+        if not self.kept():
+            return
+        if self.cfg.keep_running_millis <= 0:
+            self._abandon("the connection ended")
+            return
+        self._kept_since = time.monotonic()
+        log.info("keeping attempts while reconnecting worker=%s running=%d results=%d for_millis=%d",
+                 self.worker_id, len(self.in_flight), len(self.results), self.cfg.keep_running_millis)
+
+    def _retry_delay(self, delay: float) -> float:
+        """The backoff, cut short when the kept attempts are due to be given up."""
+        if self._kept_since is None:
+            return delay
+        left = self._kept_since + self.cfg.keep_running_millis / 1000.0 - time.monotonic()
+        return max(0.0, min(delay, left))
+
+    def _give_up_kept(self) -> None:
+        """Stop the kept attempts once ``keep_running_millis`` passed without a registration."""
+        since = self._kept_since
+        if since is not None and (time.monotonic() - since) * 1000 >= self.cfg.keep_running_millis:
+            self._abandon("no registration within %d ms" % self.cfg.keep_running_millis)
+
+    def _abandon(self, why: str) -> None:
+        """Stop every attempt and drop every unsent result (their leases are gone)."""
+        self._kept_since = None
+        abandoned = self.in_flight.abandon_all()
+        dropped = len(self.results)
+        self.results.clear()
+        if abandoned or dropped:
+            log.info("abandoned in-flight attempts worker=%s count=%d results_dropped=%d: %s",
+                     self.worker_id, abandoned, dropped, why)
+
+    def _deliver(self, attempt: Attempt, frame: bytes | None) -> None:
+        """An attempt finished (``frame``: its TASK_RESULT; None if it was cancelled): sent
+        by the live session's writer, or held until the next registration."""
+        if frame is None:
+            return
+        self.results[attempt.key] = frame
+        if self._outbox is not None:
+            self._outbox.put(b"")  # wakes the writer, which takes the results
 
     def _connect_and_register(self) -> tuple[socket.socket, FrameReader]:
         sock = secure(socket.create_connection(self.address, timeout=CONNECT_TIMEOUT), self.tls, self.address[0])
@@ -141,8 +217,12 @@ class WorkerAgent:
             _tune(sock, self.cfg.heartbeat_interval_millis)
             log.info("connected worker=%s coordinator=%s:%d", self.worker_id, *self.address)
             sock.settimeout(REGISTER_TIMEOUT)
-            register = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types)
-            sock.sendall(encode_frame(register.to_wire()))
+            kept = self.kept()
+            running = [{"jobId": job_id, "attemptId": attempt_id} for job_id, attempt_id in kept] or None
+            frame = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types, running).to_wire()
+            if running is None:  # absent means none: the frame a worker keeping nothing always sent
+                del frame["running"]
+            sock.sendall(encode_frame(frame))
             # The same reader serves the session: an assignment may share the reply's packet.
             reader = FrameReader(sock.recv)
             obj = reader.read_frame()
@@ -158,13 +238,17 @@ class WorkerAgent:
             sock.close()
             raise
         self.registrations += 1
-        log.info("registered worker=%s capacity=%d heartbeat_millis=%d",
-                 self.worker_id, self.cfg.capacity, self.cfg.heartbeat_interval_millis)
+        self._kept_since = None
+        log.info("registered worker=%s capacity=%d heartbeat_millis=%d kept=%d",
+                 self.worker_id, self.cfg.capacity, self.cfg.heartbeat_interval_millis, len(kept))
         return sock, reader
 
     def _serve(self, sock: socket.socket, reader: FrameReader) -> str:
         """Run one session until the connection ends; returns why it ended."""
         outbox: Queue = Queue()
+        self._outbox = outbox
+        if self.results:  # held while disconnected: they follow the registration
+            outbox.put(b"")
         writer = gevent.spawn(self._write_loop, sock, outbox)
         heart = gevent.spawn(self._heartbeat_loop, outbox)
         try:
@@ -175,9 +259,7 @@ class WorkerAgent:
         except OSError as exc:
             return str(exc) or type(exc).__name__
         finally:
-            abandoned = self.in_flight.abandon_all()
-            if abandoned:
-                log.info("abandoned in-flight attempts worker=%s count=%d", self.worker_id, abandoned)
+            self._outbox = None
             gevent.killall([heart, writer])
             sock.close()
 
@@ -199,12 +281,20 @@ class WorkerAgent:
                 log.warning("unexpected message worker=%s type=%s", self.worker_id, msg.TYPE)
 
     def _write_loop(self, sock: socket.socket, outbox: Queue) -> None:
+        """Write the outbox's frames and the results waiting in ``results``. Results whose
+        write did not complete (the connection failed, or the session ended) go back to
+        ``results``, to be named at the next registration."""
+        sending: dict[Key, bytes] = {}
         try:
             for frame in outbox:
                 # Whatever else is already queued goes out in the same write.
                 while outbox.qsize():
                     frame += outbox.get_nowait()
+                if self.results:
+                    sending, self.results = self.results, {}
+                    frame += b"".join(sending.values())
                 sock.sendall(frame)
+                sending = {}
         except OSError as exc:
             log.info("send failed worker=%s error=%r", self.worker_id, str(exc))
             # Wake the reader: shutdown makes its recv return EOF.
@@ -212,6 +302,10 @@ class WorkerAgent:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        finally:
+            if sending:
+                sending.update(self.results)
+                self.results = sending
 
     def _heartbeat_loop(self, outbox: Queue) -> None:
         frame = encode_frame(Heartbeat(self.worker_id).to_wire())
@@ -236,11 +330,8 @@ class WorkerAgent:
         if key in self.in_flight:
             log.warning("duplicate assignment ignored job=%s attempt=%s", *key)
             return
-        def send(_attempt: Attempt, frame: bytes | None) -> None:
-            if frame is not None:
-                outbox.put(frame)
-
-        attempt = self.in_flight.start(msg.job_id, msg.attempt_id, lambda a: self._run_attempt(msg, a), send)
+        attempt = self.in_flight.start(msg.job_id, msg.attempt_id, lambda a: self._run_attempt(msg, a),
+                                       self._deliver)
         if attempt is None:
             log.warning("assignment over capacity job=%s attempt=%s capacity=%d",
                         msg.job_id, msg.attempt_id, self.cfg.capacity)
@@ -252,6 +343,9 @@ class WorkerAgent:
     def _on_cancel(self, msg: TaskCancel) -> None:
         if self.in_flight.cancel(msg.job_id, msg.attempt_id):
             log.info("task cancelled job=%s attempt=%s", msg.job_id, msg.attempt_id)
+        elif self.results.pop((msg.job_id, msg.attempt_id), None) is not None:
+            log.info("result dropped job=%s attempt=%s: the coordinator did not keep the lease",
+                     msg.job_id, msg.attempt_id)
         else:
             log.debug("cancel for no running attempt job=%s attempt=%s", msg.job_id, msg.attempt_id)
 

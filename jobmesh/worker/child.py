@@ -2,15 +2,18 @@
 
 Started by the worker (``jobmesh.worker.processes``) as::
 
-    python -m jobmesh.worker.child --fd=N --tasks=MODULE[,MODULE...]
+    python -m jobmesh.worker.child --fd=N --tasks=MODULE[,MODULE...] [--log-level=L] [--log-format=F]
 
 It never imports gevent: user code (``time.sleep``, ``logging``, threads, HTTP clients,
 CPU loops) behaves exactly as in a plain script and cannot delay the worker's hub.
 
 It talks to the worker over the socket ``N`` (one end of a ``socketpair``), in the
-usual frames (``jobmesh.protocol.framing``); stdin is /dev/null and stdout/stderr are
-the worker's own, so the user's ``print()`` and log lines show up and cannot corrupt
-the protocol::
+usual frames (``jobmesh.protocol.framing``); stdin is /dev/null. Its stdout and stderr
+both go to the worker's stderr, the log stream: the user's ``print()`` and log lines show
+up there, never on stdout (where ``jobmesh up`` relays the listening line), and cannot
+corrupt the protocol. It logs as the worker does (``--log-level``, ``--log-format``); with
+``json``, a relay thread turns whatever reaches fd 1 or 2 (``print``, a C library, a
+subprocess) into one JSON object per line, and a task's traceback is one object too::
 
     worker -> child   {"op": "run", "taskType", "jobId", "attemptId", "attempt", "payload"}
                       {"op": "cancel", "attemptId"}        sets that attempt's ctx.cancelled
@@ -20,14 +23,16 @@ the protocol::
 
 Threads: a reader thread takes frames off the socket; "run" goes to the main thread
 through a ``queue.Queue``, "cancel" sets the attempt's ``threading.Event``, and EOF (the
-worker closed its end, or died) ends the process at once with ``os._exit(0)``, whatever
-the main thread is running, so a child never outlives its worker. The main thread runs
-one function at a time and sends its result.
+worker closed its end, or died) ends the process at once, whatever the main thread is
+running: it SIGKILLs its own process group (itself and whatever the task started; the
+worker made it the group's leader), so neither it nor a task's descendants outlive the
+worker. The main thread runs one function at a time and sends its result.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import queue
 import signal
@@ -37,7 +42,9 @@ import threading
 from typing import Any
 
 from jobmesh.errors import ConfigError, ProtocolError
+from jobmesh.logs import TEXT_FORMAT, JsonFormatter
 from jobmesh.protocol.framing import FrameReader, encode_frame
+from jobmesh.protocol.payloads import result_too_large
 from jobmesh.worker.usertasks import TaskContext, load_modules, run_task
 
 
@@ -52,7 +59,7 @@ class Child:
         try:
             self.sock.sendall(encode_frame(obj))
         except OSError:
-            os._exit(0)  # the worker is gone
+            end()  # the worker is gone
 
     def read_loop(self) -> None:
         """The reader thread's body; ends the process when the worker's end closes."""
@@ -75,7 +82,7 @@ class Child:
                         running.cancelled.set()
         except (OSError, ProtocolError, KeyError, TypeError, ValueError):
             pass
-        os._exit(0)
+        end()
 
     def serve(self) -> None:
         """The main thread: run each requested attempt and send its result, forever."""
@@ -83,6 +90,9 @@ class Child:
             frame, ctx = self.runs.get()
             payload = frame.get("payload")
             success, result, error = run_task(str(frame["taskType"]), payload if isinstance(payload, dict) else {}, ctx)
+            too_large = result_too_large(result) if success else None
+            if too_large is not None:  # fails here, in the same words as in the worker and the coordinator
+                success, result, error = False, None, too_large
             with self._lock:
                 self._contexts.pop(ctx.attempt_id, None)
             for stream in (sys.stdout, sys.stderr):
@@ -100,22 +110,63 @@ class Child:
             try:
                 self.sock.sendall(data)
             except OSError:
-                os._exit(0)
+                end()
+
+
+def end() -> None:
+    """Exit now, and take whatever the task started along (our group, when we lead it)."""
+    if os.getpgrp() == os.getpid():
+        os.killpg(0, signal.SIGKILL)  # ourselves included
+    os._exit(0)
+
+
+def setup_output(level: str, log_format: str) -> None:
+    """Log to stderr as the worker does; stdout goes to stderr too (see the module docstring)."""
+    os.dup2(2, 1)
+    handler: logging.Handler
+    if log_format == "json":
+        log_fd = os.dup(2)
+        read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, 1)
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+        log_stream = os.fdopen(log_fd, "w", buffering=1, encoding="utf-8", errors="replace")
+        handler = logging.StreamHandler(log_stream)
+        handler.setFormatter(JsonFormatter())
+        threading.Thread(target=_relay_output, args=(read_fd,), name="jobmesh-child-output", daemon=True).start()
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[handler])
+    for std in (sys.stdout, sys.stderr):
+        try:
+            std.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        except (AttributeError, ValueError):
+            pass
+
+
+def _relay_output(read_fd: int) -> None:
+    """The json mode's relay thread: each line written to fd 1 or 2 becomes one log object."""
+    output = logging.getLogger("jobmesh.task.output")
+    output.setLevel(logging.INFO)  # a task's own output is shown whatever --log-level says
+    with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            line = line.rstrip("\n")
+            if line.strip():
+                output.info("%s", line)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jobmesh.worker.child")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--tasks", default="")
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", default="text")
     args = parser.parse_args(argv)
-    # The worker decides when we stop (EOF on the socket); Ctrl-C reaching the whole
-    # process group must not interrupt a task mid-way.
+    # The worker decides when we stop (EOF on the socket); a Ctrl-C must not interrupt a
+    # task mid-way (we lead a process group of our own, but a signal may still reach us).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-        except (AttributeError, ValueError):
-            pass
+    setup_output(args.log_level, args.log_format)
     sock = socket.socket(fileno=args.fd)
     sock.set_inheritable(False)
     sock.setblocking(True)  # the worker's end is a gevent socket: the fd arrives non-blocking

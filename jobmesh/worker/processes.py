@@ -9,15 +9,22 @@ starves the hub; a child interpreter has none of that and runs on another core.
   reused by later attempts; at most ``capacity`` children wait idle.
 - An attempt greenlet (in ``InFlight``'s pool) calls ``ProcessPool.run``: it takes a
   child, sends "run" and waits for the result frame, cooperatively.
+- Each child leads its own process group, so whatever a task starts (a fork, a
+  subprocess) is signalled with it. A small greenlet per child waits for its exit by pid
+  (gevent's child watcher), not for EOF on its socket, which a forked descendant may hold
+  open: at the exit it SIGKILLs the rest of the group and shuts our end down, so the
+  attempt waiting on that socket fails at once.
 - A child that dies mid-attempt (a segfault, ``os._exit``) fails that attempt with
   "task process exited with code N"; the next attempt starts a new child.
 - Cancel: the attempt greenlet is killed as usual, so its slot frees at once. The child,
-  which may still be running the function, is *detached*: a small greenlet sends it
-  "cancel" (setting ``ctx.cancelled``), waits for its late result, drops it, and gives
-  the child back to the idle set (or ends it). Until then the child is an extra process
-  beyond ``capacity``; both moments are logged at INFO.
-- ``close`` ends every child: closing our end of its socket makes it ``os._exit(0)``;
-  whatever is still alive after a grace period is killed.
+  which may still be running the function, is *detached*: a drain greenlet sends it
+  "cancel" (setting ``ctx.cancelled``) and waits ``cancel_grace`` seconds for its late
+  result, which it drops before giving the child back to the idle set (or ending it).
+  A task that has not returned by then gets SIGTERM (its whole process group), and
+  SIGKILL after another ``cancel_grace``. At most ``capacity`` detached children run at
+  once: one more cancel SIGKILLs the oldest. Each step is logged with the pid.
+- ``close`` ends every child: closing our end of its socket makes it kill its group and
+  exit; whatever is still alive after a grace period is killed with its group.
 
 Uses gevent's socket and subprocess explicitly, so it works patched or not (the tests
 drive it from an unpatched process).
@@ -26,11 +33,13 @@ drive it from an unpatched process).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
 from typing import Any, Iterable
 
+import gevent
 from gevent import socket, subprocess
 from gevent.pool import Group
 
@@ -42,6 +51,7 @@ log = logging.getLogger(__name__)
 START_TIMEOUT = 60.0      # importing the user's modules may be slow (think numpy, torch)
 EXIT_WAIT = 5.0           # how long to wait for the exit code of a child whose socket closed
 STOP_GRACE = 2.0          # after EOF, how long a child gets to exit before SIGKILL
+CANCEL_GRACE = 5.0        # after a cancel, how long before SIGTERM, and then before SIGKILL
 
 
 class TaskProcessError(Exception):
@@ -58,17 +68,24 @@ class TaskProcess:
         self.reader = FrameReader(sock.recv)
         self.start_millis = start_millis
         self.attempts = 0
+        self.killed = False     # SIGKILL was sent to the group
+        self._buried = False    # the child has exited and the rest of its group was killed
+        gevent.spawn(self._watch)
 
     @classmethod
-    def start(cls, modules: Iterable[str], env: dict[str, str] | None = None,
+    def start(cls, modules: Iterable[str], env: dict[str, str] | None = None, log_args: Iterable[str] = (),
               timeout: float = START_TIMEOUT) -> "TaskProcess":
-        """Start a child and wait for it to load ``modules``; TaskProcessError if it cannot."""
+        """Start a child and wait for it to load ``modules``; TaskProcessError if it cannot.
+
+        ``log_args`` (``--log-level=...``, ``--log-format=...``) make it log as the worker does."""
         began = time.monotonic()
         ours, theirs = socket.socketpair()
         try:
             argv = [sys.executable, "-m", "jobmesh.worker.child", "--fd=%d" % theirs.fileno(),
-                    "--tasks=%s" % ",".join(modules)]
-            proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+                    "--tasks=%s" % ",".join(modules), *log_args]
+            # process_group=0: the child leads a group of its own, see signal_group.
+            proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
+                                    process_group=0)
         except BaseException:
             ours.close()
             raise
@@ -95,6 +112,39 @@ class TaskProcess:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def _watch(self) -> None:
+        self.proc.wait()
+        self._bury()
+
+    def _bury(self) -> None:
+        """Once the child has exited: kill what is left of its group (a forked descendant
+        may hold its end of the socket) and shut our end down, so a reader sees EOF now."""
+        if self._buried:
+            return
+        self._buried = True
+        # The group outlives its leader while a member lives, so its id is not reused yet.
+        _killpg(self.pid, signal.SIGKILL)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to the child and everything it started (its process group)."""
+        if self._buried:
+            return  # the group is gone, and its id may be another's by now
+        if signum == signal.SIGKILL:
+            self.killed = True
+        _killpg(self.pid, signum)
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Whether the child exits within ``timeout`` seconds."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def send(self, obj: dict[str, Any]) -> None:
         self.sock.sendall(encode_frame(obj))
@@ -128,39 +178,41 @@ class TaskProcess:
         return "task process exited with code %d" % rc
 
     def end(self, wait: bool = True, timeout: float = STOP_GRACE) -> None:
-        """Close our end (the child exits on EOF); with ``wait``, SIGKILL it if it lingers."""
+        """Close our end (the child kills its group and exits on EOF); with ``wait``, give it
+        ``timeout`` seconds first. Whatever of its group is left is killed."""
         try:
             self.sock.close()
         except OSError:
             pass
-        if not wait:
-            if self.alive():
-                _kill(self.proc)
-            return
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        if wait and not self.wait_exit(timeout):
             log.warning("task process did not exit, killing pid=%d", self.pid)
-            _kill(self.proc)
+        if self.alive():
+            self.signal_group(signal.SIGKILL)
+        else:
+            self._bury()
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _killpg(pgid: int, signum: int) -> None:
     try:
-        proc.kill()
-    except OSError:
+        os.killpg(pgid, signum)
+    except OSError:  # no such group any more
         pass
 
 
 class ProcessPool:
     """Children for user task attempts: at most ``capacity`` idle, one per running attempt."""
 
-    def __init__(self, modules: Iterable[str], capacity: int, env: dict[str, str] | None = None):
+    def __init__(self, modules: Iterable[str], capacity: int, env: dict[str, str] | None = None,
+                 cancel_grace: float = CANCEL_GRACE, log_args: Iterable[str] = ()):
         self.modules = tuple(modules)
         self.capacity = capacity
+        self.cancel_grace = cancel_grace
         self._env = env
+        self._log_args = tuple(log_args)  # the child logs as the worker does: --log-level, --log-format
         self._idle: list[TaskProcess] = []
         self._live: set[TaskProcess] = set()
         self._drains = Group()
+        self._detached: dict[TaskProcess, str] = {}  # oldest first: "job=... attempt=..."
         self._closed = False
         self.started = 0             # children started so far
 
@@ -179,7 +231,7 @@ class ProcessPool:
     @property
     def detached(self) -> int:
         """Children still running a cancelled attempt."""
-        return len(self._drains)
+        return len(self._detached)
 
     def run(self, task_type: str, job_id: str, attempt_id: str, attempt: int,
             payload: dict[str, Any]) -> tuple[bool, dict[str, Any] | None, str | None]:
@@ -245,7 +297,7 @@ class ProcessPool:
             if child.alive():
                 return child
             self._discard(child)
-        child = TaskProcess.start(self.modules, self._env)
+        child = TaskProcess.start(self.modules, self._env, self._log_args)
         self.started += 1
         if self._closed:  # the worker stopped while this child started
             child.end(wait=False)
@@ -270,22 +322,51 @@ class ProcessPool:
         if self._closed:
             self._discard(child)
             return
+        running = [c for c in self._detached if not c.killed]
+        if len(running) >= self.capacity:
+            oldest = running[0]
+            log.warning("%d cancelled tasks still running, at most %d (the capacity): SIGKILL to the oldest's "
+                        "process group pid=%d %s", len(running), self.capacity, oldest.pid, self._detached[oldest])
+            oldest.signal_group(signal.SIGKILL)
+        self._detached[child] = "job=%s attempt=%s" % (job_id, attempt_id)
         self._drains.spawn(self._drain, child, job_id, attempt_id)
 
     def _drain(self, child: TaskProcess, job_id: str, attempt_id: str) -> None:
+        try:
+            self._drain_child(child, job_id, attempt_id)
+        finally:
+            self._detached.pop(child, None)
+
+    def _drain_child(self, child: TaskProcess, job_id: str, attempt_id: str) -> None:
         began = time.monotonic()
+        grace = self.cancel_grace
         try:
             child.send({"op": "cancel", "attemptId": attempt_id})
         except OSError:
             pass
-        log.info("cancelled task still running in pid %d, now an extra process until it returns; "
-                 "its result will be dropped job=%s attempt=%s", child.pid, job_id, attempt_id)
+        log.info("cancelled task still running in pid %d, now an extra process until it returns (SIGTERM in %.1fs); "
+                 "its result will be dropped job=%s attempt=%s", child.pid, grace, job_id, attempt_id)
+        returned = False
         try:
-            child.wait_result(attempt_id)
+            with gevent.Timeout(grace, False):
+                child.wait_result(attempt_id)
+                returned = True
         except TaskProcessError as exc:
             log.info("cancelled task's process ended pid=%d job=%s attempt=%s: %s", child.pid, job_id, attempt_id, exc)
             self._discard(child)
             return
-        log.info("cancelled task returned in pid %d after %d ms; its result was dropped job=%s attempt=%s",
-                 child.pid, (time.monotonic() - began) * 1000, job_id, attempt_id)
-        self._release(child)
+        if returned:
+            log.info("cancelled task returned in pid %d after %d ms; its result was dropped job=%s attempt=%s",
+                     child.pid, (time.monotonic() - began) * 1000, job_id, attempt_id)
+            self._release(child)
+            return
+        log.warning("cancelled task did not return within %.1fs: SIGTERM to its process group pid=%d job=%s attempt=%s",
+                    grace, child.pid, job_id, attempt_id)
+        child.signal_group(signal.SIGTERM)
+        if not child.wait_exit(grace):
+            log.warning("cancelled task still running %.1fs after SIGTERM: SIGKILL to its process group pid=%d "
+                        "job=%s attempt=%s", grace, child.pid, job_id, attempt_id)
+            child.signal_group(signal.SIGKILL)
+        log.info("cancelled task's process ended pid=%d job=%s attempt=%s: %s", child.pid, job_id, attempt_id,
+                 child.exit_description())
+        self._discard(child)

@@ -58,6 +58,10 @@ class InFlight:
     def __contains__(self, key: Key) -> bool:
         return key in self._attempts
 
+    def leases(self) -> list[Key]:
+        """The (job id, attempt id) of every attempt running, oldest first."""
+        return list(self._attempts)
+
     def has_room(self) -> bool:
         return self._pool.free_count() > 0
 

@@ -124,13 +124,15 @@ def unregister(names: Iterable[str]) -> None:
 def load_modules(modules: Iterable[str]) -> dict[str, TaskFunction]:
     """Import each module (from the current directory or PYTHONPATH) and return the registry.
 
-    Raises ``ConfigError`` with a one-line message if a module cannot be imported or its
-    ``@task`` lines are invalid, so ``jobmesh worker`` can exit 2 without a traceback.
+    Raises ``ConfigError`` with a one-line message if a module cannot be imported, its
+    ``@task`` lines are invalid or it registers no task at all (``--tasks=os``), so
+    ``jobmesh worker`` can exit 2 without a traceback.
     """
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
     for module in modules:
+        before = set(_registry)
         try:
             importlib.import_module(module)
         except TaskDefinitionError as exc:
@@ -144,7 +146,17 @@ def load_modules(modules: Iterable[str]) -> dict[str, TaskFunction]:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise ConfigError("--tasks: module %r failed to import: %s" % (module, _one_line(exc))) from None
+        if set(_registry) == before and not _defines_tasks(module):
+            raise ConfigError("--tasks: module %r defines no tasks: a task module registers at least one function "
+                              "with @task(\"NAME\") (from jobmesh.worker import task)" % module)
     return registered()
+
+
+def _defines_tasks(module: str) -> bool:
+    """Whether a function of ``module`` (or of a module below it) is registered, for a
+    module imported before, whose ``@task`` lines ran then."""
+    return any(fn_module == module or fn_module.startswith(module + ".")
+               for fn_module in (getattr(fn, "__module__", None) or "" for fn in _registry.values()))
 
 
 def _one_line(exc: BaseException) -> str:

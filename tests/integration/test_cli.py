@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from tests.helpers import run_cli
+from jobmesh.client import CoordinatorClient
+from tests.helpers import run_cli, wait_until
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
@@ -161,6 +162,37 @@ def test_idempotency_key_returns_the_same_job(coordinator):
     first = submit()
     assert submit() == first
     assert len(json_out(jm(coordinator, "list", "--json"))) == 1
+
+
+def test_status_of_a_finished_job_names_the_worker_that_ran_it(live):
+    r = jm(live, "submit", "SHA256", '{"text": "who ran me"}', "--wait", "--json")
+    assert r.returncode == 0, r.stderr
+    job = json_out(r)
+    assert job["workerId"] is None  # the snapshot names a worker only while RUNNING
+    r = jm(live, "status", job["jobId"])
+    assert r.returncode == 0, r.stderr
+    assert "worker    w-cli (attempt 1)" in r.stdout.splitlines(), r.stdout
+
+
+def test_a_repeated_keyed_submit_says_the_job_was_already_there(coordinator):
+    args = ("submit", "SHA256", '{"text": "once"}', "--idempotency-key=k-2")
+    r = jm(coordinator, *args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("submitted job "), r.stdout
+    job_id = r.stdout.split()[2]
+    # the coordinator's clock must move past the job's creation for the repeat to tell
+    wait_until(lambda: coordinator_millis(coordinator) > json_out(jm(coordinator, "status", job_id, "--json"))[
+        "createdAtMillis"], message="a millisecond to pass")
+    r = jm(coordinator, *args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("job %s was already submitted with idempotency key 'k-2' at " % job_id), r.stdout
+    assert r.stdout.endswith(" (QUEUED); no new job\n"), r.stdout
+    assert len(json_out(jm(coordinator, "list", "--json"))) == 1
+
+
+def coordinator_millis(coord) -> int:
+    with CoordinatorClient(*coord.client_addr) as client:
+        return client.stats().at_millis
 
 
 def test_rejected_submit_exits_1(coordinator_factory):

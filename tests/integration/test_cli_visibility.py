@@ -101,6 +101,20 @@ def test_purge_deletes_finished_jobs_only(live):
         assert jm(live, "status", job_id).returncode == 1
 
 
+def test_purge_dry_run_counts_and_deletes_nothing(live):
+    done = [finished_job(live, "WORD_COUNT", '{"text": "a b"}') for _ in range(3)]
+    time.sleep(0.01)  # the jobs must age past 1 ms: time passing is what --older-than measures
+    r = jm(live, "purge", "--older-than=1", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "would purge 3 finished jobs last updated more than 1 ago (nothing deleted)\n"
+    r = jm(live, "purge", "--older-than=0", "--dry-run", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout) == {"wouldPurge": 3, "more": False, "olderThanMillis": 0}
+    with CoordinatorClient(*live.client_addr) as client:
+        assert client.purge(0, limit=2, dry_run=True) == (2, True)
+        for job_id in done:
+            assert client.status(job_id)["state"] == "COMPLETED"
+
+
 def test_status_says_why_a_job_waits(coordinator, worker_procs):
     # Given no worker at all
     waiting = json.loads(jm(coordinator, "submit", "SHA256", '{"text": "x"}', "--json").stdout)["jobId"]

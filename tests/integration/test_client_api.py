@@ -8,6 +8,7 @@ import pytest
 
 from jobmesh.client import CoordinatorClient, WaitTimeout
 from jobmesh.errors import CoordinatorUnavailable, RequestFailed, SubmitRejected
+from jobmesh.protocol import messages
 from jobmesh.protocol.jobs import JobState, Priority
 
 
@@ -129,3 +130,35 @@ def test_the_client_takes_host_colon_port_as_the_cli_does(coordinator):
         assert client.stats().jobs is not None
     with pytest.raises(ValueError, match="HOST:PORT"):
         CoordinatorClient("%s:notaport" % host)
+
+
+@pytest.mark.parametrize("bad, named", [
+    ({"payload": [1]}, "payload must be a dict"),
+    ({"priority": 2}, "priority must be a str or None"),
+    ({"idempotency_key": 123}, "idempotency_key must be a str or None"),
+    ({"max_attempts": "3"}, "max_attempts must be an int"),
+    ({"task_type": None}, "task_type must be a str"),
+])
+def test_a_wrongly_typed_argument_is_named_and_the_next_call_works(coordinator, bad, named):
+    with CoordinatorClient(*coordinator.client_addr) as client:
+        args = {"task_type": "SHA256", "payload": {"text": "a"}, **bad}
+        with pytest.raises(TypeError, match=named):
+            client.submit(**args)
+        job_id = client.submit("SHA256", {"text": "b"})
+        assert client.status(job_id)["state"] == "QUEUED"
+        assert len(list(client.iter_jobs())) == 1  # the refused submit created nothing
+
+
+def test_the_call_after_a_refusal_that_closed_the_connection_goes_on_a_fresh_one(coordinator, monkeypatch):
+    # Given a request the library does not catch (as from an older library), which the
+    # coordinator refuses as a protocol violation and then closes the connection
+    monkeypatch.setattr(messages.SubmitJob, "check_types", lambda self: None)
+    with CoordinatorClient(*coordinator.client_addr) as client:
+        first = client.submit("SHA256", {"text": "a"})
+        with pytest.raises(RequestFailed, match="payload"):
+            client.submit("SHA256", [1])
+        # Then the next write and the next read both succeed, on a fresh connection
+        second = client.submit("SHA256", {"text": "b"})
+        with pytest.raises(RequestFailed, match="idempotencyKey"):
+            client.submit("SHA256", {"text": "c"}, idempotency_key=123)
+        assert [j["jobId"] for j in client.iter_jobs()] == [second, first]

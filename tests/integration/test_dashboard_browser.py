@@ -11,11 +11,14 @@ there (after a short load, so the chart has something to show).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import threading
 import time
 import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -152,6 +155,24 @@ def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_fa
     wait.until(lambda d: d.find_element(By.ID, "overview").is_displayed())
     wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#jobs tr[data-job='%s']" % done), timeout=10,
                message="the job list again")
+
+    # The list has an error column; times are UTC on a 24-hour clock, with the zone
+    headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#jobs thead th")]
+    assert headers[7].lower() == "error", headers
+    wait.until(lambda d: "attempt 1 failed" in d.find_element(
+        By.CSS_SELECTOR, "#jobs tr[data-job='%s'] td:nth-child(8)" % retrying).text)
+    assert re.fullmatch(r"updated \d{4}-\d\d-\d\d [0-2]\d:[0-5]\d:[0-5]\d UTC",
+                        browser.find_element(By.ID, "updated").text)
+    # The finished job's page names the worker of its last attempt and shows its payload
+    browser.find_element(By.CSS_SELECTOR, "#jobs tr[data-job='%s'] a" % done).click()
+    wait.until(lambda d: d.find_elements(By.ID, "jv-payload"))
+    fields = browser.find_element(By.ID, "jv-fields").text.splitlines()
+    assert fields[fields.index("Worker") + 1] == "w-1 (attempt 1)", fields
+    assert json.loads(browser.find_element(By.ID, "jv-payload").text) == {"text": "a b c"}
+    snapshot = client.status(done)
+    created = datetime.fromtimestamp(snapshot["createdAtMillis"] / 1000, timezone.utc)
+    assert fields[fields.index("Created") + 1].startswith(
+        created.strftime("%Y-%m-%d %H:%M:%S.") + "%03d UTC" % (snapshot["createdAtMillis"] % 1000)), fields
 
 
 def _save(browser, name: str) -> None:

@@ -7,10 +7,13 @@ a client or worker pointed at the wrong port is told which port to use.
 
 from __future__ import annotations
 
+import urllib.request
 from types import SimpleNamespace
 
 import pytest
 
+from jobmesh.client import CoordinatorClient
+from jobmesh.errors import RequestFailed
 from jobmesh.protocol.framing import HEADER
 from jobmesh.protocol.payloads import MAX_NESTING
 from tests.helpers import RawConn, read_until_closed, run_cli
@@ -193,4 +196,31 @@ def test_a_worker_on_the_client_port_logs_the_right_port_and_exits_1(coord, work
     worker = worker_procs.start(SimpleNamespace(worker_target=coord.client_target), "w-lost")
     assert worker.proc.wait(10) == 1  # retrying cannot help: it stops at once
     assert "this is the client port; WORKER_REGISTER belongs on the worker port (7070 by default)" in worker.log()
+    assert "Traceback" not in worker.log()
+
+
+METRICS_PORT_REFUSAL = ("this is the metrics port (HTTP); a client belongs on the client port (7071 by default), "
+                        "a worker on the worker port (7070 by default)")
+
+
+def test_a_client_on_the_metrics_port_is_told_the_right_port(coordinator_factory):
+    coord = coordinator_factory(metrics_port=0)
+    # a reply timeout far beyond the port's own read timeout: the answer is the refusal, not a close
+    with CoordinatorClient(*coord.metrics_addr, timeout=60) as client:
+        with pytest.raises(RequestFailed) as info:
+            client.stats()
+    assert str(info.value) == METRICS_PORT_REFUSAL
+    done = run_cli("list", coordinator="%s:%d" % coord.metrics_addr)
+    assert done.returncode == 1, done
+    assert done.stderr.strip() == "jobmesh list: the coordinator refused: " + METRICS_PORT_REFUSAL
+    # and the port still serves HTTP
+    with urllib.request.urlopen(coord.metrics_url + "/healthz", timeout=10) as reply:
+        assert reply.status == 200
+
+
+def test_a_worker_on_the_metrics_port_logs_the_right_port_and_exits_1(coordinator_factory, worker_procs):
+    coord = coordinator_factory(metrics_port=0)
+    worker = worker_procs.start(SimpleNamespace(worker_target="%s:%d" % coord.metrics_addr), "w-lost")
+    assert worker.proc.wait(30) == 1  # retrying cannot help: it stops at once
+    assert METRICS_PORT_REFUSAL in worker.log()
     assert "Traceback" not in worker.log()

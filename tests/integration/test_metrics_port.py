@@ -205,6 +205,10 @@ def test_json_endpoints_read_through_the_core(coord, peers):
     status, one = get_json(base + "/api/jobs/" + waiting)
     assert status == 200 and one["job"]["state"] == "QUEUED"
     assert one["job"]["waitingReason"] == "WORKERS_BUSY"
+    # the payload beside the snapshot (which has none: its fields are the protocol's)
+    assert one["payload"] == {"durationMillis": 1} and "payload" not in one["job"]
+    status, greet = get_json(base + "/api/jobs/" + greeting)
+    assert status == 200 and greet["payload"] == {"name": "x"}
     status, timeline = get_json(base + "/api/jobs/" + first + "/events")
     assert status == 200
     assert [e["event"] for e in timeline["events"]] == ["SUBMITTED", "ASSIGNED", "COMPLETED"]

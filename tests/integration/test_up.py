@@ -7,12 +7,13 @@ the test can check none is left behind and kill any that would be, by pid.
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import alive, assert_all_gone, wait_registered, wait_until
+from tests.helpers import UpProc, alive, assert_all_gone, wait_registered, wait_until
 
 
 @pytest.mark.parametrize("how", ["SIGTERM to up", "SIGINT to the process group (Ctrl-C)"])
@@ -36,6 +37,20 @@ def test_up_runs_jobs_and_stops_cleanly(start_up, how):
         os.killpg(up.proc.pid, signal.SIGINT)
     assert up.proc.wait(12) == 0, up.log()
     assert_all_gone(up)
+    # and a clean stop is quiet: no socket error, nothing above INFO
+    assert "Errno" not in up.log() and "Traceback" not in up.log(), up.log()
+    assert not [line for line in up.log().splitlines() if " WARNING " in line or " ERROR " in line], up.log()
+
+
+def test_up_on_a_database_in_use_says_the_coordinator_exit_code(tmp_path, coordinator_factory):
+    # Given a coordinator holding the database up is given
+    coordinator_factory(db=tmp_path / "up.db")
+    up = UpProc(tmp_path, "--workers=1")
+    try:
+        assert up.proc.wait(30) == 1
+        assert "coordinator did not start rc=1" in up.log(), up.log()
+    finally:
+        up.cleanup()
 
 
 def test_up_restarts_a_dead_worker(start_up):
@@ -58,13 +73,33 @@ def test_up_restarts_a_dead_worker(start_up):
     assert_all_gone(up)
 
 
-def test_up_exits_nonzero_when_the_coordinator_dies(start_up):
-    up = start_up("--workers=2", "--capacity=1")
+def test_up_restarts_a_dead_coordinator_and_the_running_job_keeps_its_first_attempt(start_up):
+    # Given up (its coordinator keeps leases for a grace) with a worker running a job
+    up = start_up("--workers=1", "--capacity=1", "--lease-grace-millis=20000")
     with CoordinatorClient(*up.client_addr) as client:
-        wait_registered(client, ["local-1", "local-2"])
-    os.kill(up.coordinator_pid(), signal.SIGKILL)
-    assert up.proc.wait(12) == 1
-    assert "coordinator exited" in up.log()
+        wait_registered(client, ["local-1"])
+        job_id = client.submit("SLEEP", {"durationMillis": 2500})
+        wait_until(lambda: client.status(job_id)["state"] == "RUNNING", timeout=10, message="the job running")
+    worker = up.worker_pids()["local-1"]
+    first = up.coordinator_pid()
+
+    # When its coordinator is killed
+    os.kill(first, signal.SIGKILL)
+
+    # Then up starts it again, on the same client port, and the job completes on its first attempt
+    restarted = int(wait_until(lambda: re.search(r"coordinator restarted pid=(\d+)", up.log()), timeout=20,
+                               message="the coordinator restarted")[1])
+    up.seen_pids.add(restarted)
+    assert "coordinator exited pid=%d" % first in up.log()
+    wait_until(lambda: up.out_path.read_text().count("jobmesh coordinator listening") == 2, timeout=20,
+               message="the restarted coordinator listening")
+    with CoordinatorClient(*up.client_addr) as client:
+        final = client.wait(job_id, timeout=30)
+        assert (final["state"], final["attempts"]) == ("COMPLETED", 1), final
+        assert [e["event"] for e in client.events(job_id)] == ["SUBMITTED", "ASSIGNED", "COMPLETED"]
+    assert up.worker_pids()["local-1"] == worker  # the worker rode it out
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.proc.wait(15) == 0, up.log()
     assert_all_gone(up)
 
 

@@ -11,8 +11,10 @@ monkey-patched gevent process would fall into (docs/ARCHITECTURE.md, "User tasks
 from __future__ import annotations
 
 import json
+import os
 import queue
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -28,8 +30,8 @@ from jobmesh.protocol.payloads import TASK_TYPES
 from tests.helpers import CoordinatorProc, alive, child_env, run_cli, wait_until
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
-USER_TYPES = sorted(["BIG", "BOOM", "CHATTY", "COOP", "CPU", "EXIT3", "FLAKY", "GREET", "LISTY", "LOGS", "NAP",
-                     "STUBBORN", "THREADS", "WHOAMI"])
+USER_TYPES = sorted(["BIG", "BOOM", "CHATTY", "COOP", "CPU", "DEAF", "EXIT3", "FLAKY", "GREET", "LISTY", "LOGS",
+                     "NAP", "ORPHAN", "STUBBORN", "THREADS", "WHOAMI"])
 
 
 class Session:
@@ -221,9 +223,10 @@ def test_print_in_a_task_does_not_break_the_protocol(start_worker):
     assert session.result()["result"] == {"printed": 300}
     session.assign("j2", "GREET", {"name": "bob"})
     assert session.result()["result"] == {"greeting": "hello bob"}
-    # The output went to the worker's own stdout and stderr
-    wait_until(lambda: "chatty line 299 " in worker.stdout(), timeout=5, message="printed lines")
+    # The output went to the worker's stderr, the log, both streams of it: stdout stays clean
+    wait_until(lambda: "chatty line 299 " in worker.log(), timeout=5, message="printed lines")
     assert "chatty on stderr" in worker.log()
+    assert worker.stdout() == ""
 
 
 # ---- cancel --------------------------------------------------------------------------
@@ -291,19 +294,26 @@ def test_task_processes_end_with_their_worker(start_worker, tmp_path, how):
     worker, session = start_worker(capacity=2)
     session.assign("j1", "STUBBORN", {"dir": str(tmp_path), "seconds": 60})
     wait_until((tmp_path / "started").exists, timeout=10, message="STUBBORN started")
-    session.assign("j2", "WHOAMI", {})
-    idle = session.result()["result"]["pid"]
-    if how == "SIGTERM":
-        worker.proc.terminate()
-        assert worker.proc.wait(10) == 0
-    else:
-        worker.proc.kill()
-        worker.proc.wait(10)
-    # Idle or busy, each child sees EOF on its socket and exits
-    busy = json.loads((tmp_path / "started").read_text())["pid"]
-    assert busy != idle
-    wait_until(lambda: not alive(idle) and not alive(busy), timeout=5, message="both children gone")
-    assert not (tmp_path / "finished").exists()
+    session.assign("j2", "ORPHAN", {"dir": str(tmp_path), "seconds": 60})  # forks a grandchild that stays
+    grandchild = session.result()["result"]["grandchild"]
+    idle = json.loads((tmp_path / "grandchild").read_text())["parent"]
+    try:
+        if how == "SIGTERM":
+            worker.proc.terminate()
+            assert worker.proc.wait(10) == 0
+        else:
+            worker.proc.kill()
+            worker.proc.wait(10)
+        # Idle or busy, each child sees EOF on its socket and exits, and what a task forked
+        # goes with it
+        busy = json.loads((tmp_path / "started").read_text())["pid"]
+        assert busy != idle
+        wait_until(lambda: not alive(idle) and not alive(busy) and not alive(grandchild), timeout=5,
+                   message="both children and the grandchild gone")
+        assert not (tmp_path / "finished").exists()
+    finally:
+        if alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
 
 
 # ---- start-up errors ------------------------------------------------------------------
@@ -314,6 +324,7 @@ def test_task_processes_end_with_their_worker(start_worker, tmp_path, how):
     ("import jm_no_such_dependency\n", "failed to import: ModuleNotFoundError"),
     ("from jobmesh.worker import task\n@task('GREET')\ndef again(p):\n    return {}\n", "defined twice"),
     ("from jobmesh.worker import task\n@task('no spaces allowed')\ndef f(p):\n    return {}\n", "is invalid"),
+    ("import os\n", "module 'jm_bad' defines no tasks: a task module registers at least one function with @task"),
 ])
 def test_a_bad_tasks_module_is_one_line_and_exit_2(tmp_path, command, source, message):
     shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
@@ -332,6 +343,13 @@ def test_a_bad_tasks_module_is_one_line_and_exit_2(tmp_path, command, source, me
     assert len(lines) == 1 and message in lines[0] and lines[0].startswith("jobmesh %s: --tasks" % command), lines
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert not (tmp_path / "up.db").exists()
+
+
+def test_a_module_without_tasks_is_refused(tmp_path):
+    proc = run_cli("worker", "--tasks=os")
+    assert proc.returncode == 2, proc
+    assert proc.stderr.strip() == ("jobmesh worker: --tasks: module 'os' defines no tasks: a task module registers "
+                                   "at least one function with @task(\"NAME\") (from jobmesh.worker import task)")
 
 
 def test_tasks_flag_syntax_is_checked(tmp_path):

@@ -9,14 +9,17 @@ of declared types and assigning them only to workers that declared them.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.protocol.payloads import TASK_TYPES
-from tests.helpers import wait_registered, wait_until
+from tests.helpers import LISTENING, alive, wait_registered, wait_until
+from tests.integration.test_cli_visibility import json_lines
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
 
@@ -27,13 +30,18 @@ def client(coordinator):
         yield c
 
 
+def start_user_worker(coordinator, client, worker_procs, tmp_path, worker_id="w-user", extra=()):
+    """A registered real worker (capacity 1) running ``jm_user_tasks``, with ``extra`` flags."""
+    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
+    worker = worker_procs.start(coordinator, worker_id, capacity=1, tasks="jm_user_tasks", cwd=tmp_path,
+                                extra=extra)
+    wait_registered(client, [worker_id])
+    return worker
+
+
 @pytest.fixture
 def user_worker(coordinator, client, worker_procs, tmp_path):
-    """A registered real worker (capacity 1) running ``jm_user_tasks``."""
-    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
-    worker = worker_procs.start(coordinator, "w-user", capacity=1, tasks="jm_user_tasks", cwd=tmp_path)
-    wait_registered(client, ["w-user"])
-    return worker
+    return start_user_worker(coordinator, client, worker_procs, tmp_path)
 
 
 def test_a_declared_custom_type_completes_with_the_functions_result(client, user_worker):
@@ -92,6 +100,23 @@ def test_a_cpu_bound_task_never_gets_its_worker_declared_dead(coordinator_factor
     assert worker.count("registered worker=w-cpu") == 1  # one session all along
 
 
+def test_every_result_over_64_kib_fails_in_the_same_words(client, user_worker, coordinator, peers):
+    limit = "a result may be at most 65536 bytes (64 KiB)"
+    # Given results just over the limit and far over a frame, from a task process
+    for size in (65536, 2 * 1024 * 1024):
+        job = client.wait(client.submit("BIG", {"bytes": size}, max_attempts=1), timeout=30)
+        assert job["state"] == "FAILED", job
+        assert job["error"] == "result is %d bytes as JSON; %s" % (size + 8, limit)
+    # and one over it from a worker that does not check, refused by the coordinator
+    worker = peers.worker(coordinator, "w-unchecked", capacity=1, task_types=["BIG"])
+    assert user_worker.terminate() == 0
+    job_id = client.submit("BIG", {"bytes": 1}, max_attempts=1)
+    assign = worker.await_assign(timeout=20)
+    worker.complete(assign, {"x": "y" * 70_000})
+    job = client.wait(job_id, timeout=15)
+    assert (job["state"], job["error"]) == ("FAILED", "result is 70008 bytes as JSON; " + limit)
+
+
 def test_a_non_dict_result_and_a_dying_task_process_fail_the_attempt(client, user_worker):
     listy = client.wait(client.submit("LISTY", {}, max_attempts=1), timeout=15)
     assert listy["state"] == "FAILED" and "not a dict" in listy["error"], listy
@@ -100,3 +125,108 @@ def test_a_non_dict_result_and_a_dying_task_process_fail_the_attempt(client, use
     # The worker survives both and runs the next job in a fresh task process
     after = client.wait(client.submit("GREET", {"name": "still here"}), timeout=15)
     assert after["result"] == {"greeting": "hello still here"}, after
+
+
+# ---- task processes and what they start -------------------------------------------------
+
+def _pid_in(path: Path, key: str = "pid") -> int:
+    wait_until(path.exists, timeout=15, message="%s written" % path.name)
+    return json.loads(path.read_text())[key]
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_segfault_is_noticed_though_a_forked_descendant_holds_the_task_process_socket(client, user_worker,
+                                                                                          tmp_path):
+    # Given a task that forks a grandchild (it sleeps 60 s holding every fd of the task
+    # process, the socket to the worker among them) and then segfaults
+    job_id = client.submit("ORPHAN", {"dir": str(tmp_path), "seconds": 60, "signal": "SIGSEGV"}, max_attempts=1)
+    grandchild = _pid_in(tmp_path / "grandchild")
+    try:
+        # Then the attempt fails at the task process's exit, not when the socket closes
+        job = client.wait(job_id, timeout=15)
+        assert (job["state"], job["error"]) == ("FAILED", "task process exited with code -11 (killed by SIGSEGV)"), job
+        # And the grandchild went with its task process
+        wait_until(lambda: not alive(grandchild), timeout=10, message="the grandchild killed")
+        follow = client.wait(client.submit("GREET", {"name": "next"}), timeout=15)
+        assert follow["state"] == "COMPLETED", follow
+    finally:
+        _kill([grandchild])
+
+
+def test_what_a_task_forks_ends_with_the_worker(client, user_worker, tmp_path):
+    # Given a task that forked a grandchild and returned (its task process waits idle)
+    job = client.wait(client.submit("ORPHAN", {"dir": str(tmp_path), "seconds": 60}), timeout=15)
+    assert job["state"] == "COMPLETED", job
+    grandchild, task_process = _pid_in(tmp_path / "grandchild"), _pid_in(tmp_path / "grandchild", "parent")
+    try:
+        assert alive(grandchild)
+        # When the worker is stopped
+        assert user_worker.terminate() == 0
+        # Then neither the task process nor its grandchild outlives it
+        wait_until(lambda: not alive(grandchild) and not alive(task_process), timeout=10,
+                   message="the task process and its grandchild gone")
+    finally:
+        _kill([grandchild, task_process])
+
+
+def test_a_cancelled_task_that_ignores_sigterm_is_killed_after_the_grace(coordinator, client, worker_procs,
+                                                                          tmp_path):
+    # Given a worker whose cancelled tasks get 0.3 s, and a task that ignores both
+    # ctx.cancelled and SIGTERM
+    worker = start_user_worker(coordinator, client, worker_procs, tmp_path, "w-deaf", ("--cancel-grace-millis=300",))
+    job_id = client.submit("DEAF", {"dir": str(tmp_path), "seconds": 60})
+    pid = _pid_in(tmp_path / "started")
+    try:
+        # When the job is cancelled
+        assert client.cancel(job_id)[0] is True
+        # Then its process gets SIGTERM, and SIGKILL when that does not end it
+        wait_until(lambda: not alive(pid), timeout=15, message="the deaf task killed")
+        log = wait_until(lambda: "cancelled task's process ended pid=%d" % pid in worker.log() and worker.log(),
+                         timeout=10, message="the end logged")
+        assert "SIGTERM to its process group pid=%d job=%s" % (pid, job_id) in log
+        assert "SIGKILL to its process group pid=%d job=%s" % (pid, job_id) in log
+        assert "(killed by SIGKILL)" in log
+        assert not (tmp_path / "finished").exists()
+        follow = client.wait(client.submit("GREET", {"name": "next"}), timeout=15)
+        assert follow["state"] == "COMPLETED", follow
+    finally:
+        _kill([pid])
+
+
+# ---- task output ----------------------------------------------------------------------
+
+def test_with_log_format_json_a_tasks_traceback_and_prints_are_json_objects(coordinator, client, worker_procs,
+                                                                             tmp_path):
+    worker = start_user_worker(coordinator, client, worker_procs, tmp_path, "w-json", ("--log-format=json",))
+    # When a task raises, and another prints (on stdout and stderr)
+    assert client.wait(client.submit("BOOM", {}, max_attempts=1), timeout=15)["state"] == "FAILED"
+    assert client.wait(client.submit("CHATTY", {"lines": 3}), timeout=15)["state"] == "COMPLETED"
+    wait_until(lambda: "chatty on stderr" in worker.log(), timeout=10, message="the task's output")
+    assert worker.terminate() == 0
+    # Then every line the worker wrote is one JSON object: the traceback inside one of them
+    lines = json_lines(worker.log())
+    raised = [o for o in lines if o["message"].startswith("task BOOM raised")]
+    assert len(raised) == 1 and raised[0]["level"] == "WARNING", raised
+    assert raised[0]["exc"].startswith("Traceback") and raised[0]["exc"].endswith("ValueError: bad name"), raised
+    printed = {o["message"] for o in lines if o["logger"] == "jobmesh.task.output"}
+    assert {'chatty line 2 {"type": "TASK_RESULT", "success": true}', "chatty on stderr"} <= printed, printed
+    assert (tmp_path / (worker.name + ".out")).read_text() == ""
+
+
+def test_task_prints_stay_off_ups_stdout(start_up, tmp_path, monkeypatch):
+    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    up = start_up("--workers=1", "--capacity=1", "--tasks=jm_user_tasks")
+    with CoordinatorClient(*up.client_addr, timeout=10) as c:
+        wait_registered(c, ["local-1"], timeout=20)
+        assert c.wait(c.submit("CHATTY", {"lines": 3}), timeout=20)["state"] == "COMPLETED"
+    wait_until(lambda: "chatty on stderr" in up.log(), timeout=10, message="the task's output")
+    # The output is on up's stderr, and its stdout holds the listening line alone
+    assert "chatty line 2 " in up.log()
+    stdout = up.out_path.read_text().splitlines()
+    assert len(stdout) == 1 and LISTENING.match(stdout[0]), stdout

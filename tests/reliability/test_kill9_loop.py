@@ -5,7 +5,8 @@ jobs (some fail on purpose and are retried); five times the coordinator is kille
 SIGKILL and restarted on the same database and ports. Afterwards every invariant holds:
 no acknowledged job is lost, none was completed by a stale lease (its COMPLETED event
 names its last attempt, and it was assigned once per attempt), attempts never exceed
-maxAttempts, and every key maps to exactly one job."""
+maxAttempts, and every key maps to exactly one job. The same holds when the restarted
+coordinator keeps running jobs for their workers to claim (--lease-grace-millis)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import itertools
 import random
 import threading
 import time
+
+import pytest
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.errors import ClientError
@@ -22,8 +25,9 @@ ROUNDS = 5
 LOAD_SECONDS = 1.2
 
 
-def test_kill_9_loop_keeps_every_invariant(coordinator_factory, worker_procs):
-    coord = coordinator_factory(retry_base_millis=20, retry_cap_millis=50)
+@pytest.mark.parametrize("grace", [0, 2000], ids=["requeued", "kept for a grace"])
+def test_kill_9_loop_keeps_every_invariant(coordinator_factory, worker_procs, grace):
+    coord = coordinator_factory(retry_base_millis=20, retry_cap_millis=50, lease_grace_millis=grace)
     worker_port, client_port = coord.worker_addr[1], coord.client_addr[1]
     for i in range(2):
         worker_procs.start(coord, "w-%d" % i, capacity=4, log_level="WARNING")

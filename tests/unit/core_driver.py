@@ -5,7 +5,8 @@ A batch here is what the runtime does with one (``runtime._apply_batch`` and
 the rows are committed, then the outbound frames are released. After every commit the
 driver checks the invariants that must hold between batches: the store holds exactly
 what the core holds, no JSON worker runs more than its capacity, every running job has
-exactly one lease and its holder knows it, and every index agrees with each job's state.
+exactly one lease and its holder knows it (or
+recovery kept it for a worker to claim), and every index agrees with each job's state.
 """
 
 from __future__ import annotations
@@ -88,10 +89,15 @@ class CoreDriver:
             assert len(session.running) <= session.capacity, session.worker_id
         for job_id, session in table.leases.items():
             assert job_id in session.running, job_id
+        for job_id in table.unclaimed:
+            assert table.jobs[job_id].state is JobState.RUNNING, job_id
         for job in table.jobs.values():
             if job.state is JobState.RUNNING:
                 lease = table.leases.get(job.job_id)
-                assert lease is not None and lease.worker_id == job.worker_id, job.job_id
+                if lease is None:  # kept by recovery for a worker to claim: no session holds it
+                    assert job.job_id in table.unclaimed and job.periodic is None, job.job_id
+                else:
+                    assert lease.worker_id == job.worker_id and job.job_id not in table.unclaimed, job.job_id
                 assert job.attempt_id is not None and job.deadline is not None
             else:
                 assert job.job_id not in table.leases, job.job_id

@@ -217,3 +217,22 @@ def test_submit_backoff_is_capped_and_jittered():
         delay = submit_backoff(retry)
         ceiling = min(2.0, 0.05 * 2 ** (retry - 1))
         assert ceiling / 2 <= delay <= ceiling
+
+
+def test_a_close_right_after_an_error_sends_the_next_request_again_on_a_fresh_connection(serve):
+    # Given a coordinator that refused a request and closes the connection at the next one
+    server, client = serve({"type": "ERROR", "message": "SUBMIT_JOB field 'payload' must be an object"}, CLOSE,
+                           {"type": "JOB_SUBMITTED", "jobId": "j-2"})
+    with pytest.raises(RequestFailed):
+        client.submit("SLEEP", {"durationMillis": 1})
+    # Then the next write goes again, on a fresh connection (the closed one read nothing more)
+    assert client.submit("SLEEP", {"durationMillis": 1}) == "j-2"
+    assert server.connections == 2
+
+
+def test_a_write_closed_unanswered_without_a_refusal_before_it_is_not_sent_again(serve):
+    server, client = serve({"type": "JOB_SUBMITTED", "jobId": "j-1"}, CLOSE, {"type": "JOB_SUBMITTED", "jobId": "j-2"})
+    assert client.submit("SLEEP", {"durationMillis": 1}) == "j-1"
+    with pytest.raises(CoordinatorUnavailable, match="closed the connection without replying"):
+        client.submit("SLEEP", {"durationMillis": 1})  # its outcome is unknown: never resent
+    assert len(server.requests) == 2

@@ -103,7 +103,8 @@ def test_worker_table_without_task_types_from_an_older_coordinator():
 
 @pytest.mark.parametrize("delta_ms,text", [
     (5 * 60_000, "in 5m"), (42_000, "in 42s"), (1000, "in 1s"), (3 * 3_600_000, "in 3h"),
-    (2 * 86_400_000 + 7, "in 2d"), (999, "just now"), (0, "just now"), (-90_000, "1m ago"),
+    (2 * 86_400_000 + 7, "in 2d"), (999, "in 1s"), (1, "in 1s"), (0, "just now"), (-90_000, "1m ago"),
+    (5 * 60_000 - 30, "in 5m"), (2000 - 30, "in 2s"), (60_000 - 30, "in 1m"), (3_600_000 - 30, "in 1h"),
 ])
 def test_relative_reads_future_times_as_in(delta_ms, text):
     assert render.relative(NOW + delta_ms, NOW) == text

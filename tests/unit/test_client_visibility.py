@@ -53,8 +53,8 @@ def test_client_events_retry_purge_send_their_requests(serve):
     assert server.requests == [
         {"type": "GET_JOB_EVENTS", "jobId": "j-1"},
         {"type": "RETRY_JOB", "jobId": "j-1"},
-        {"type": "PURGE_JOBS", "olderThanMillis": 60_000, "limit": 7},
-        {"type": "PURGE_JOBS", "olderThanMillis": 0, "limit": None},
+        {"type": "PURGE_JOBS", "olderThanMillis": 60_000, "limit": 7, "dryRun": False},
+        {"type": "PURGE_JOBS", "olderThanMillis": 0, "limit": None, "dryRun": False},
     ]
 
 
@@ -259,12 +259,28 @@ def test_status_of_a_retry_in_backoff_shows_retry_of_and_retry_at(jm):
     retry_at = int(time.time() * 1000) + 60_000
     job = dict(SNAP, state="RETRY_WAIT", attempts=1, waitingReason="RETRY_BACKOFF", retryAtMillis=retry_at,
                retryOf="j-0")
-    code, out, _err, _server = jm([{"type": "JOB_STATUS", "job": job}], "status", "j-1")
+    code, out, _err, _server = jm([{"type": "JOB_STATUS", "job": job},
+                                   {"type": "JOB_EVENTS", "jobId": "j-1", "events": EVENTS[:4]}], "status", "j-1")
     assert code == EXIT_OK
     lines = out.splitlines()
     assert lines[:2] == ["job       j-1", "retry of  j-0"]
+    assert "worker    w-1 (attempt 1)" in lines
     assert "waiting   retry backoff: next attempt in " in out
     assert lines[-1].startswith("retry at  in ") and lines[-1].endswith("(%s)" % render.timestamp(retry_at, zone=True))
+
+
+def test_status_of_a_finished_job_names_the_worker_of_its_last_attempt(jm):
+    # Given a snapshot without a worker (it names one only while RUNNING) and the timeline
+    job = dict(SNAP, state="COMPLETED", attempts=2, workerId=None)
+    code, out, _err, server = jm([{"type": "JOB_STATUS", "job": job},
+                                  {"type": "JOB_EVENTS", "jobId": "j-1", "events": EVENTS}], "status", "j-1")
+    assert code == EXIT_OK
+    assert "worker    w-2 (attempt 2)" in out.splitlines()
+    assert server.requests[1] == {"type": "GET_JOB_EVENTS", "jobId": "j-1"}
+    # and a job that never ran asks for no timeline
+    queued = dict(SNAP, state="QUEUED", attempts=0, workerId=None)
+    code, out, _err, server = jm([{"type": "JOB_STATUS", "job": queued}], "status", "j-1")
+    assert code == EXIT_OK and "worker    -" in out.splitlines() and len(server.requests) == 1
 
 
 def test_status_json_is_the_snapshot_alone(jm):

@@ -155,3 +155,27 @@ def test_worker_capacity_edges():
 ])
 def test_parse_hostport(value, expected):
     assert parse_hostport(value) == expected
+
+
+def test_lease_grace_is_off_by_default_and_validated():
+    assert coord().lease_grace_millis == 0
+    assert coord("--lease-grace-millis=6000").lease_grace_millis == 6000
+    for bad in ("-1", "x", "1.5"):
+        with pytest.raises(ConfigError, match="--lease-grace-millis"):
+            coord("--lease-grace-millis=%s" % bad)
+
+
+def test_up_gives_its_coordinator_the_heartbeat_timeout_as_lease_grace_unless_told():
+    from jobmesh.up import coordinator_argv, up_coordinator_config
+
+    cfg = up_coordinator_config(parse(["up", "--heartbeat-timeout-millis=1500"])[1])
+    assert cfg.lease_grace_millis == 1500 and "--lease-grace-millis=1500" in coordinator_argv(cfg)
+    assert up_coordinator_config(parse(["up", "--lease-grace-millis=0"])[1]).lease_grace_millis == 0
+    assert up_coordinator_config(parse(["up"])[1]).lease_grace_millis == 6000
+
+
+def test_keep_running_defaults_to_30_seconds_and_is_validated():
+    assert worker().keep_running_millis == 30_000 == WorkerConfig().keep_running_millis
+    assert worker("--keep-running-millis=0").keep_running_millis == 0
+    with pytest.raises(ConfigError, match="--keep-running-millis"):
+        worker("--keep-running-millis=-5")

@@ -85,16 +85,17 @@ class Harness(CoreDriver):
 
     # -- worker side ------------------------------------------------------------------------
 
-    def register(self, now: int, worker_id: str, capacity: int = 4, task_types: list[str] | None = None) -> Conn:
+    def register(self, now: int, worker_id: str, capacity: int = 4, task_types: list[str] | None = None,
+                 running: list[dict] | None = None) -> Conn:
         conn = Conn(worker_id)
-        out = self.register_on(now, conn, worker_id, capacity, task_types)
+        out = self.register_on(now, conn, worker_id, capacity, task_types, running)
         assert out[0] == (conn, m.WorkerRegistered(worker_id)), out
         self.conns[worker_id] = conn
         return conn
 
     def register_on(self, now: int, conn: Conn, worker_id: str, capacity: int,
-                    task_types: list[str] | None = None) -> list:
-        self.apply(now, ev.Registered(conn, m.WorkerRegister(worker_id, capacity, task_types)))
+                    task_types: list[str] | None = None, running: list[dict] | None = None) -> list:
+        self.apply(now, ev.Registered(conn, m.WorkerRegister(worker_id, capacity, task_types, running)))
         return self.step(now)
 
     def heartbeat(self, now: int, worker_id: str) -> None:
@@ -1048,7 +1049,8 @@ def test_recovery_requeues_running_jobs_with_budget_and_fails_final_attempts():
     h = Harness(store=old.store, prefix="new")  # the old core and its sessions are gone
     stats = h.core.recover(1000)
     h.commit()
-    assert stats == {"queued": 5, "retry_wait": 1, "requeued": 2, "failed": 1, "scheduled": 0, "due": 0, "damaged": 0}
+    assert stats == {"queued": 5, "retry_wait": 1, "requeued": 2, "failed": 1, "scheduled": 0, "due": 0, "damaged": 0,
+                     "kept": 0}
     for name in ("running", "filler"):
         snap = h.status(ids[name])
         assert (snap["state"], snap["attempts"], snap["workerId"]) == ("QUEUED", 1, None)
@@ -1134,7 +1136,8 @@ def test_recovering_twice_is_stable():
     h2 = Harness(store=old.store, prefix="newer")
     stats = h2.core.recover(2000)
     h2.commit()
-    assert stats == {"queued": 5, "retry_wait": 1, "requeued": 0, "failed": 0, "scheduled": 0, "due": 0, "damaged": 0}
+    assert stats == {"queued": 5, "retry_wait": 1, "requeued": 0, "failed": 0, "scheduled": 0, "due": 0, "damaged": 0,
+                     "kept": 0}
     assert {i: row(h2, i) for i in ids.values()} == rows
 
 

@@ -108,3 +108,10 @@ def test_lone_surrogate_escapes_are_refused_but_pairs_are_text():
 def test_encoding_text_that_is_not_unicode_is_a_protocol_error():
     with pytest.raises(ProtocolError):
         encode_frame({"t": "\ud800"})
+
+
+def test_an_http_answer_is_named_as_such():
+    dec = FrameDecoder()
+    dec.feed(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    with pytest.raises(ProtocolError, match="answered in HTTP"):
+        dec.next_payload()

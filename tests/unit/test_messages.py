@@ -16,7 +16,8 @@ SNAPSHOT = {
 
 # One fully populated sample of every message type, keyed by its wire type.
 SAMPLES: dict[str, m.Message] = {
-    "WORKER_REGISTER": m.WorkerRegister(worker_id="w-1", capacity=4, task_types=["SLEEP", "GREET"]),
+    "WORKER_REGISTER": m.WorkerRegister(worker_id="w-1", capacity=4, task_types=["SLEEP", "GREET"],
+                                        running=[{"jobId": "j-1", "attemptId": "j-1.1"}]),
     "WORKER_REGISTERED": m.WorkerRegistered(worker_id="w-1"),
     "HEARTBEAT": m.Heartbeat(worker_id="w-1"),
     "TASK_ASSIGN": m.TaskAssign(job_id="j-1", attempt_id="a-1", attempt_number=2, task_type="SLEEP",
@@ -78,7 +79,7 @@ def test_round_trip_through_frame_bytes(type_name):
 @pytest.mark.parametrize("type_name", sorted(SAMPLES))
 def test_wire_uses_camel_case_names_from_the_protocol(type_name):
     expected = {
-        "WORKER_REGISTER": {"workerId", "capacity", "taskTypes"},
+        "WORKER_REGISTER": {"workerId", "capacity", "taskTypes", "running"},
         "WORKER_REGISTERED": {"workerId"},
         "HEARTBEAT": {"workerId"},
         "TASK_ASSIGN": {"jobId", "attemptId", "attemptNumber", "taskType", "payload"},
@@ -100,7 +101,7 @@ def test_wire_uses_camel_case_names_from_the_protocol(type_name):
         "GET_JOB_EVENTS": {"jobId"},
         "JOB_EVENTS": {"jobId", "events"},
         "RETRY_JOB": {"jobId"},
-        "PURGE_JOBS": {"olderThanMillis", "limit"},
+        "PURGE_JOBS": {"olderThanMillis", "limit", "dryRun"},
         "JOBS_PURGED": {"purged", "more"},
         "WAIT_JOB": {"jobId", "timeoutMillis"},
         "GET_STATS": set(),
@@ -162,6 +163,7 @@ def test_non_string_type_is_rejected(bad_type):
     {"type": "WORKER_REGISTER", "workerId": "w", "capacity": True},
     {"type": "WORKER_REGISTER", "workerId": 7, "capacity": 4},
     {"type": "WORKER_REGISTER", "workerId": None, "capacity": 4},
+    {"type": "WORKER_REGISTER", "workerId": "w", "capacity": 4, "running": {"jobId": "j", "attemptId": "j.1"}},
     {"type": "HEARTBEAT", "workerId": ["w"]},
     {"type": "TASK_RESULT", "workerId": "w", "jobId": "j", "attemptId": "a", "success": "yes"},
     {"type": "TASK_RESULT", "workerId": "w", "jobId": "j", "attemptId": "a", "success": 1},

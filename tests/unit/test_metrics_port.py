@@ -260,6 +260,8 @@ def answers(msg):
         return m.JobList([job("j2"), job("j1")], "17")
     if isinstance(msg, m.GetJobStatus):
         return m.JobStatus(job(msg.job_id)) if msg.job_id == "j1" else m.Error("unknown job %s" % msg.job_id)
+    if isinstance(msg, m.GetJobPayload):
+        return m.JobPayload("j1", {"text": "x"}) if msg.job_id == "j1" else m.Error("unknown job %s" % msg.job_id)
     if isinstance(msg, m.GetJobEvents):
         if msg.job_id != "j1":
             return m.Error("unknown job %s" % msg.job_id)
@@ -304,6 +306,7 @@ def test_one_job_and_its_events(api):
     _source, port = api
     status, body = get_json(port, "/api/jobs/j1")
     assert status == "200 OK" and body["job"]["jobId"] == "j1" and body["job"]["waitingReason"] == "NO_WORKER"
+    assert body["payload"] == {"text": "x"}
     status, body = get_json(port, "/api/jobs/j1/events")
     assert status == "200 OK" and body["events"] == [{"atMillis": 1, "event": "SUBMITTED"}]
     assert get_json(port, "/api/jobs/zz")[0] == "404 Not Found"

@@ -234,3 +234,24 @@ def test_ssl_is_patched_before_anything_imports_it():
             "assert ssl.SSLContext is gevent.ssl.SSLContext\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_every_flag_of_every_command_parses():
+    # A line of a usage text that starts with a flag is read by docopt as that flag's
+    # definition; a second definition makes the flag unusable ("not a unique prefix").
+    from jobmesh.cli import DOCS, _options_of
+
+    for command, doc in DOCS.items():
+        for flag in _options_of(doc):
+            if flag in ("--help", "--version"):
+                continue
+            try:
+                parse([command, flag + "=1"])
+            except Exception as exc:  # noqa: BLE001 - a usage error is fine, a broken usage text is not
+                assert "unique prefix" not in str(exc) and type(exc).__name__ != "DocoptLanguageError", (
+                    "jobmesh %s %s: %s" % (command, flag, exc))
+            try:
+                parse([command, flag])
+            except Exception as exc:  # noqa: BLE001
+                assert "unique prefix" not in str(exc) and type(exc).__name__ != "DocoptLanguageError", (
+                    "jobmesh %s %s: %s" % (command, flag, exc))

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import gevent
@@ -33,8 +34,8 @@ def make_pool(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     pools: list[ProcessPool] = []
 
-    def make(capacity=1, modules=("jm_user_tasks",)):
-        pools.append(ProcessPool(modules, capacity, env=env))
+    def make(capacity=1, modules=("jm_user_tasks",), **kwargs):
+        pools.append(ProcessPool(modules, capacity, env=env, **kwargs))
         return pools[-1]
 
     yield make
@@ -68,12 +69,13 @@ def test_failures_name_what_happened_and_a_dead_child_is_replaced(make_pool, tmp
     assert (pool.started, len(pool)) == (2, 1)
 
 
-def test_a_result_too_big_for_one_frame_fails_the_attempt(make_pool):
+@pytest.mark.parametrize("size", [64 * 1024, 1024 * 1024, 2 * 1024 * 1024])
+def test_a_result_over_the_limit_fails_the_attempt_in_the_limit_s_words(make_pool, size):
     pool = make_pool()
-    ok, result, error = run(pool, "BIG", {"bytes": 1024 * 1024})
+    ok, result, error = run(pool, "BIG", {"bytes": size})
     assert (ok, result) == (False, None)
-    assert error.startswith("task result not sendable: frame of ") and "exceeds" in error
-    assert run(pool, "BIG", {"bytes": 1000}) == (True, {"x": "y" * 1000}, None)
+    assert error == "result is %d bytes as JSON; a result may be at most 65536 bytes (64 KiB)" % (size + 8)
+    assert run(pool, "BIG", {"bytes": 65536 - 8}) == (True, {"x": "y" * (65536 - 8)}, None)
 
 
 def test_a_child_that_cannot_load_the_modules_fails_the_attempt(make_pool):
@@ -141,3 +143,46 @@ def test_close_ends_idle_and_detached_children(make_pool, tmp_path, caplog):
     assert [pid for pid in pids if alive(pid)] == []
     assert "did not exit, killing" not in caplog.text
     assert not (tmp_path / "finished").exists()
+
+
+def test_a_dead_child_fails_its_attempt_though_a_forked_descendant_holds_its_socket(make_pool, tmp_path):
+    pool = make_pool()
+    # Given a task that forks a grandchild (it sleeps 60 s holding the socket) and segfaults
+    attempt = gevent.spawn(run, pool, "ORPHAN", {"dir": str(tmp_path), "seconds": 60, "signal": "SIGSEGV"})
+    gevent_wait_until((tmp_path / "grandchild").exists, timeout=15, message="the grandchild forked")
+    grandchild = json.loads((tmp_path / "grandchild").read_text())["pid"]
+    try:
+        # Then the attempt fails when the child exits, and the grandchild goes with it
+        assert attempt.get(timeout=15) == (False, None, "task process exited with code -11 (killed by SIGSEGV)")
+        gevent_wait_until(lambda: not alive(grandchild), message="the grandchild killed")
+    finally:
+        attempt.kill()
+        if alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def test_cancelled_tasks_beyond_capacity_kill_the_oldest(make_pool, tmp_path, caplog):
+    # Given a capacity-1 pool whose cancelled tasks would get a minute to return
+    pool = make_pool(capacity=1, cancel_grace=60.0)
+    pids = []
+    try:
+        for n in (1, 2):
+            marks = tmp_path / str(n)
+            marks.mkdir()
+            attempt = gevent.spawn(run, pool, "DEAF", {"dir": str(marks), "seconds": 60}, attempt_id="a-%d" % n)
+            gevent_wait_until((marks / "started").exists, timeout=15, message="DEAF %d started" % n)
+            pids.append(json.loads((marks / "started").read_text())["pid"])
+            with caplog.at_level(logging.INFO, logger="jobmesh.worker.processes"):
+                attempt.kill(block=True, timeout=10)
+                # When a second one is cancelled while the first still runs
+                if n == 2:
+                    # Then the oldest is killed at once, and the newest runs on in its grace
+                    gevent_wait_until(lambda: not alive(pids[0]), timeout=10, message="the oldest killed")
+                    gevent_wait_until(lambda: pool.detached == 1, message="the oldest reaped")
+        assert alive(pids[1])
+        assert ("1 cancelled tasks still running, at most 1 (the capacity): SIGKILL to the oldest's process group "
+                "pid=%d job=j-1 attempt=a-1" % pids[0]) in caplog.text
+    finally:
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -210,6 +210,18 @@ def test_load_errors_are_one_line_config_errors(modules, source, message):
     assert text.startswith("--tasks: ")
 
 
+def test_a_module_that_registers_no_task_is_a_config_error(modules, names):
+    with pytest.raises(ConfigError, match=r"^--tasks: module 'os' defines no tasks: a task module registers at "):
+        load_modules(["os"])
+    empty = modules.write("X = 1\n")
+    with pytest.raises(ConfigError, match="module %r defines no tasks" % empty):
+        load_modules([empty])
+    # A tasks module imported before (its @task lines ran then) still counts
+    name = names("AGAIN")
+    again = modules.write("from jobmesh.worker import task\n@task(%r)\ndef f(payload):\n    return {}\n" % name)
+    assert name in load_modules([again]) and name in load_modules([again])
+
+
 def test_one_name_in_two_modules_is_a_config_error_naming_both(modules, names):
     name = names("DUP")
     body = "from jobmesh.worker import task\n@task(%r)\ndef %s(payload):\n    return {}\n"

@@ -101,8 +101,9 @@ def coordinator():
 def start_agent(coordinator):
     running = []
 
-    def start(capacity=1, heartbeat_millis=50):
-        cfg = WorkerConfig("127.0.0.1", coordinator.server.server_port, "w-t", capacity, heartbeat_millis)
+    def start(capacity=1, heartbeat_millis=50, keep_running_millis=30_000):
+        cfg = WorkerConfig("127.0.0.1", coordinator.server.server_port, "w-t", capacity, heartbeat_millis,
+                           keep_running_millis=keep_running_millis)
         agent = WorkerAgent(cfg)
         running.append(gevent.spawn(agent.run))
         return agent
@@ -183,17 +184,82 @@ def test_refused_registration_is_retried(coordinator, start_agent):
     assert second.accept_registration()["workerId"] == "w-t"
 
 
-def test_connection_loss_abandons_attempts_and_reconnects(coordinator, start_agent):
+def lose_connection_while_running(coordinator, agent, *attempts) -> Conn:
+    """Register, start SLEEP ``attempts`` ((job, attempt, millis) each), then close the
+    connection; returns the next one (not answered yet)."""
+    first = coordinator.next_conn()
+    first.accept_registration()
+    for job, attempt, millis in attempts:
+        assign(first, job, attempt, "SLEEP", {"durationMillis": millis})
+    wait_until(lambda: len(agent.in_flight) == len(attempts), timeout=5, message="the attempts in flight",
+               sleep=gevent.sleep)
+    first.close()
+    return coordinator.next_conn(timeout=3)
+
+
+def held_result(coordinator, start_agent) -> tuple[WorkerAgent, Conn]:
+    """An agent whose attempt finished while it waits for its second registration's answer."""
+    agent = start_agent(capacity=1)
+    second = lose_connection_while_running(coordinator, agent, ("j1", "a1", 300))
+    assert second.next("WORKER_REGISTER")["running"] == [{"jobId": "j1", "attemptId": "a1"}]
+    wait_until(lambda: ("j1", "a1") in agent.results, timeout=5, message="the result held", sleep=gevent.sleep)
+    return agent, second
+
+
+def test_connection_loss_abandons_attempts_at_once_without_keep_running(coordinator, start_agent):
+    agent = start_agent(capacity=2, keep_running_millis=0)
+    # When the coordinator goes away
+    second = lose_connection_while_running(coordinator, agent, ("j1", "a1", 60_000))
+    # Then the agent registers again naming nothing, the old attempt is gone and reports nothing
+    assert "running" not in second.accept_registration()
+    assert len(agent.in_flight) == 0
+    second.no_result(0.2)
+    assert agent.registrations == 2
+
+
+def test_running_attempts_are_kept_across_a_lost_connection_and_named_again(coordinator, start_agent):
     agent = start_agent(capacity=2)
+    # When the coordinator goes away, the attempts run on and the agent names them registering again
+    second = lose_connection_while_running(coordinator, agent, ("j1", "a1", 60_000), ("j2", "a2", 60_000))
+    register = second.accept_registration()
+    assert register["running"] == [{"jobId": "j1", "attemptId": "a1"}, {"jobId": "j2", "attemptId": "a2"}]
+    assert ("j1", "a1") in agent.in_flight and ("j2", "a2") in agent.in_flight
+    # A lease the coordinator did not keep is cancelled: that attempt stops, the other runs on
+    second.send({"type": "TASK_CANCEL", "jobId": "j2", "attemptId": "a2"})
+    wait_until(lambda: len(agent.in_flight) == 1, timeout=5, message="the cancelled attempt gone", sleep=gevent.sleep)
+    assert ("j1", "a1") in agent.in_flight
+    second.no_result(0.1)
+
+
+def test_a_result_finished_while_disconnected_is_sent_after_registering_again(coordinator, start_agent):
+    agent, second = held_result(coordinator, start_agent)
+    # When the registration is answered, the held result follows it
+    second.send({"type": "WORKER_REGISTERED", "workerId": "w-t"})
+    result = second.next("TASK_RESULT")
+    assert (result["jobId"], result["attemptId"], result["success"]) == ("j1", "a1", True)
+    assert agent.results == {}
+
+
+def test_a_held_result_the_coordinator_did_not_keep_is_dropped(coordinator, start_agent):
+    agent, second = held_result(coordinator, start_agent)
+    # The answer and the cancel arrive together, before the writer ran: the result is not sent
+    second.sock.sendall(encode_frame({"type": "WORKER_REGISTERED", "workerId": "w-t"})
+                        + encode_frame({"type": "TASK_CANCEL", "jobId": "j1", "attemptId": "a1"}))
+    wait_until(lambda: agent.registrations == 2, timeout=5, message="registered", sleep=gevent.sleep)
+    second.no_result(0.2)
+    assert agent.results == {}
+
+
+def test_kept_attempts_are_stopped_when_no_registration_succeeds_in_time(coordinator, start_agent):
+    agent = start_agent(capacity=1, keep_running_millis=300)
     first = coordinator.next_conn()
     first.accept_registration()
     assign(first, "j1", "a1", "SLEEP", {"durationMillis": 60_000})
     wait_until(lambda: len(agent.in_flight) == 1, timeout=5, message="the attempt in flight", sleep=gevent.sleep)
-    # When the coordinator goes away
+    # When the coordinator is gone for good
+    coordinator.stop()
     first.close()
-    # Then the agent registers again, the old attempt is gone and reports nothing
-    second = coordinator.next_conn(timeout=3)
-    second.accept_registration()
-    assert len(agent.in_flight) == 0
-    second.no_result(0.2)
-    assert agent.registrations == 2
+    # Then the attempt is stopped once the keep time has passed
+    wait_until(lambda: len(agent.in_flight) == 0, timeout=10, message="the kept attempt stopped",
+               sleep=gevent.sleep)
+    assert agent.kept() == []
