@@ -401,6 +401,18 @@ class CoordinatorClient:
         """Whether the coordinator has closed the idle connection (seen without blocking;
         asked only after an ERROR reply, so other requests pay nothing for it)."""
         assert self._sock is not None
+        if isinstance(self._sock, ssl.SSLSocket):
+            # A TLS socket takes no recv flags: peek at the TCP stream under it (the
+            # coordinator closes without a TLS close_notify, so its close is the stream's end).
+            raw = socket.socket(self._sock.family, self._sock.type, self._sock.proto, fileno=self._sock.fileno())
+            try:
+                return raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
+            finally:
+                raw.detach()
         try:
             self._sock.settimeout(0.0)
             return self._sock.recv(1, socket.MSG_PEEK) == b""

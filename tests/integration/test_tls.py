@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from jobmesh.errors import ConfigError, CoordinatorUnavailable
+from jobmesh.errors import ConfigError, CoordinatorUnavailable, RequestFailed
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from tests.helpers import run_cli, wait_registered, wait_until
 from tests.tls_support import make_certs
@@ -136,6 +136,16 @@ def test_an_unreadable_ca_file_is_a_config_error(tmp_path):
         CoordinatorClient("127.0.0.1", 1, tls_ca=str(tmp_path / "missing.pem"))
     out = run_cli("list", "--tls-ca=%s" % (tmp_path / "missing.pem"), coordinator="127.0.0.1:1")
     assert out.returncode == 2 and "--tls-ca" in out.stderr
+
+
+def test_requests_after_an_error_reply_over_tls(tls_coordinator, certs):
+    # After an ERROR the client looks whether the coordinator closed the connection; over
+    # TLS it looks at the TCP stream under the TLS socket.
+    with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.ca)) as client:
+        for _ in range(3):
+            with pytest.raises(RequestFailed):
+                client.status("no-such-job")
+            assert client.workers() == []
 
 
 def test_the_library_takes_an_ssl_context(tls_coordinator, certs):
