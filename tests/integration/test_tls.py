@@ -76,6 +76,26 @@ def unsent_by_peer(sock: socket.socket) -> int:
     return 0
 
 
+def wait_until_full(sock: socket.socket) -> None:
+    """Wait until the coordinator's side of this connection is full: its send queue holds a
+    megabyte or more and no longer grows (its writes then wait in the coordinator)."""
+    seen = [-1]
+
+    def full() -> bool:
+        queued, before = unsent_by_peer(sock), seen[0]
+        seen[0] = queued
+        return queued >= 1024 * 1024 and queued == before
+
+    wait_until(full, timeout=30, interval=0.3, message="the coordinator's socket full")
+
+
+def submit_frames(count: int) -> bytes:
+    """``count`` SUBMIT_JOBs, each with a long idempotency key (so that listings are large)."""
+    return b"".join(encode_frame({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1},
+                                  "maxAttempts": 1, "idempotencyKey": "%s-%d" % ("k" * 200, i)})
+                    for i in range(count))
+
+
 # ---- clients, workers and the CLI -----------------------------------------------------
 
 
@@ -233,10 +253,7 @@ def test_large_and_pipelined_replies_over_tls(tls_coordinator, certs):
     reader = FrameReader(sock.recv)
     try:
         count = 1000
-        key = "k" * 200
-        sock.sendall(b"".join(encode_frame({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1},
-                                            "maxAttempts": 1, "idempotencyKey": "%s-%d" % (key, i)})
-                              for i in range(count)))
+        sock.sendall(submit_frames(count))
         ids = []
         for _ in range(count):
             reply = reader.read_frame()
@@ -247,16 +264,7 @@ def test_large_and_pipelined_replies_over_tls(tls_coordinator, certs):
         lists = 20
         sock.sendall(b"".join(encode_frame({"type": "LIST_JOBS", "limit": 1000}) for _ in range(lists)))
         sock.sendall(b"".join(encode_frame({"type": "GET_JOB_STATUS", "jobId": job_id}) for job_id in ids))
-        # Read nothing until the coordinator's side of the connection is full: its send
-        # queue holds a megabyte or more and no longer grows.
-        seen = [-1]
-
-        def full() -> bool:
-            queued, before = unsent_by_peer(sock), seen[0]
-            seen[0] = queued
-            return queued >= 1024 * 1024 and queued == before
-
-        wait_until(full, timeout=30, interval=0.3, message="the coordinator's socket full")
+        wait_until_full(sock)  # reading nothing until then
         total = 0
         for _ in range(lists):
             reply = reader.read_frame()
@@ -275,18 +283,9 @@ def test_a_tls_client_that_does_not_read_holds_up_nobody(tls_coordinator, certs)
     # Given a TLS client whose replies fill the coordinator's socket and who reads nothing
     greedy = tls_socket(tls_coordinator.client_addr, certs, rcvbuf=32 * 1024)
     try:
-        greedy.sendall(b"".join(encode_frame({"type": "SUBMIT_JOB", "taskType": "SLEEP",
-                                              "payload": {"durationMillis": 1}, "maxAttempts": 1,
-                                              "idempotencyKey": "%s-%d" % ("k" * 200, i)}) for i in range(1000)))
+        greedy.sendall(submit_frames(1000))
         greedy.sendall(b"".join(encode_frame({"type": "LIST_JOBS", "limit": 1000}) for _ in range(16)))
-        seen = [-1]
-
-        def full() -> bool:
-            queued, before = unsent_by_peer(greedy), seen[0]
-            seen[0] = queued
-            return queued >= 1024 * 1024 and queued == before
-
-        wait_until(full, timeout=30, interval=0.3, message="the coordinator's socket full")
+        wait_until_full(greedy)
         # When another TLS client asks, then it is answered: the core never waits for a socket.
         with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.ca), timeout=20) as client:
             assert client.status(client.submit("SLEEP", {"durationMillis": 1}))["state"] in ("QUEUED", "RUNNING")
