@@ -123,6 +123,9 @@ def test_the_cli_over_tls(tls_coordinator, worker_procs, certs):
     listed = run_cli("list", "--json", coordinator=target, env={"JOBMESH_TLS_CA": str(certs.ca)})
     assert listed.returncode == 0, listed.stderr
     assert [j["taskType"] for j in json.loads(listed.stdout)] == ["WORD_COUNT"]
+    top = run_cli("top", "--iterations=1", "--tls-ca=%s" % certs.ca, coordinator=target)
+    assert top.returncode == 0, top.stderr
+    assert "w-cli-tls" in top.stdout
 
 
 def test_a_plaintext_cli_on_a_tls_port_fails_cleanly(tls_coordinator):
