@@ -52,6 +52,7 @@ Commands:
   retry        submit a finished job again, as a new job
   purge        delete finished jobs older than a given age
   top          a live view of jobs and workers, until Ctrl-C
+  schedule     recurring schedules: add, list, show, pause, resume, rm, trigger, preview
 
 Run 'jobmesh <command> --help' for a command's options.
 """
@@ -84,6 +85,9 @@ Coordinator options:
   --periodic-keepalive-millis=N  close a Periodic connection that sent nothing for this
                                  long after its handshake (aio-periodic pings every 10 s
                                  when idle); 0 = never [default: 120000]
+  --schedules=FILE               recurring schedules to keep: a TOML file, one table per
+                                 schedule; applied at start and again on SIGHUP (it
+                                 replaces and deletes only the schedules it made)
   --log-level=LEVEL              DEBUG, INFO, WARNING or ERROR [default: INFO]
   --log-format=FORMAT            text, or json: one JSON object per line on stderr [default: text]
   --tls-cert=PEM                 speak TLS on the worker, client and metrics ports with
@@ -318,6 +322,43 @@ Options:
 """ + TLS_CLIENT_OPTIONS + """  -h --help                 show this help
 """
 
+SCHEDULE_DOC = """Recurring schedules: jobs made from a template at cron times or fixed intervals.
+
+A cron EXPR has five fields (minute hour day-of-month month day-of-week, as Debian's
+cron reads them) or is @hourly, @daily, @weekly, @monthly or @yearly; its times are
+wall-clock times in --tz. --every-millis=N fires every N ms (N >= 1000) from the
+schedule's creation. 'add' replaces a schedule of the same name (fire times already
+made are not made again). 'preview' prints the next fire times of any expression, so
+you can check one before saving it. TIME is epoch milliseconds or ISO 8601.
+
+Usage:
+  jobmesh schedule add NAME (--cron=EXPR | --every-millis=N) TASK_TYPE [PAYLOAD_JSON] [options]
+  jobmesh schedule list [options]
+  jobmesh schedule show NAME [options]
+  jobmesh schedule pause NAME [options]
+  jobmesh schedule resume NAME [options]
+  jobmesh schedule rm NAME [options]
+  jobmesh schedule trigger NAME [options]
+  jobmesh schedule preview (--cron=EXPR | --every-millis=N) [options]
+
+Options:
+  --cron=EXPR                  a cron expression (quote it: '0 3 * * *')
+  --every-millis=N             an interval in milliseconds (at least 1000)
+  --tz=ZONE                    the IANA time zone of the cron times [default: UTC]
+  --missed=POLICY              fire times missed while the coordinator was down: latest,
+                               all (at most 100) or skip [default: latest]
+  --catchup-window-millis=N    only missed fire times this recent count [default: 86400000]
+  --overlap=POLICY             skip: no new job while the last one has not ended; or allow
+                               [default: skip]
+  --jitter-millis=N            delay each job by an amount in [0, N) fixed per fire time
+                               [default: 0]
+  --priority=LEVEL             HIGH, NORMAL or LOW [default: NORMAL]
+  --max-attempts=N             attempt budget; 0 uses the coordinator's default [default: 0]
+  --paused                     add it paused
+  --from=TIME                  preview: fire times after this (default: now)
+  --count=N                    preview: how many fire times, 1..1000 [default: 10]
+""" + CLIENT_OPTIONS
+
 DOCS = {
     "coordinator": COORDINATOR_DOC,
     "up": UP_DOC,
@@ -332,8 +373,10 @@ DOCS = {
     "retry": RETRY_DOC,
     "purge": PURGE_DOC,
     "top": TOP_DOC,
+    "schedule": SCHEDULE_DOC,
 }
-CLIENT_COMMANDS = ("submit", "status", "list", "workers", "cancel", "wait", "events", "retry", "purge", "top")
+CLIENT_COMMANDS = ("submit", "status", "list", "workers", "cancel", "wait", "events", "retry", "purge", "top",
+                   "schedule")
 SERVER_COMMANDS = ("coordinator", "up", "worker")
 
 

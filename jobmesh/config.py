@@ -6,6 +6,7 @@ message that names the flag, so the CLI can print it and exit 2.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ class CoordinatorConfig(CoreConfig):
     # On SIGTERM/SIGINT, how long running attempts may finish before the stop (0: stop at once).
     drain_millis: int = 0
     log_format: str = "text"
+    schedules_file: str | None = None  # --schedules: a TOML file of recurring schedules (absolute path)
     # TLS on the worker, client and metrics ports (all three None: plaintext); paths of PEM files.
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -135,6 +137,15 @@ def log_format(args: dict[str, Any]) -> str:
     return value
 
 
+def _schedules_file(value: Any) -> str | None:
+    """``--schedules``: an absolute path (``up`` hands it to its coordinator), or None."""
+    if value is None:
+        return None
+    if not str(value).strip():
+        raise ConfigError("--schedules must name a file")
+    return os.path.abspath(str(value))
+
+
 def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
     """Build from docopt's dict for ``jobmesh coordinator`` / ``jobmesh up``."""
     periodic = args.get("--periodic-port")
@@ -169,6 +180,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         lease_grace_millis=(_int(args, "--lease-grace-millis", 0) if args.get("--lease-grace-millis") is not None
                             else 0),
         log_format=log_format(args),
+        schedules_file=_schedules_file(args.get("--schedules")),
         **server_tls(args),
     )
     if cfg.retry_cap_millis < cfg.retry_base_millis:

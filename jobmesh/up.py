@@ -107,6 +107,8 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
                       "tls-handshake-timeout-millis": cfg.tls_handshake_timeout_millis})
         if cfg.tls_client_ca is not None:
             flags["tls-client-ca"] = cfg.tls_client_ca
+    if cfg.schedules_file is not None:
+        flags["schedules"] = cfg.schedules_file
     return [sys.executable, "-m", "jobmesh", "coordinator"] + ["--%s=%s" % kv for kv in flags.items()]
 
 
@@ -206,6 +208,8 @@ class Supervisor:
 
     def run(self) -> int:
         handlers = [gevent.signal_handler(s, self.request_stop, s) for s in (signal.SIGTERM, signal.SIGINT)]
+        # SIGHUP re-reads the coordinator's --schedules file: pass it on.
+        handlers.append(gevent.signal_handler(signal.SIGHUP, lambda: self._signal(self.coordinator, signal.SIGHUP)))
         try:
             coordinator, target = self._start_coordinator()
             if target is None:

@@ -31,6 +31,7 @@ Snapshots are returned as the wire dicts (``jobId``, ``state``, ``result`` ...).
 
 from __future__ import annotations
 
+import builtins
 import math
 import random
 import socket
@@ -39,6 +40,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
+from zoneinfo import ZoneInfo
 
 from jobmesh.errors import (ClientError, CoordinatorUnavailable, InvalidRequest, ProtocolError, RequestFailed,
                             RequestTooLarge, SubmitRejected)
@@ -175,6 +177,7 @@ class CoordinatorClient:
         self._reader: FrameReader | None = None
         self._lock = threading.Lock()
         self._refused = False  # the last reply was an ERROR (after which the coordinator may close)
+        self.schedules = Schedules(self)
 
     def __enter__(self) -> "CoordinatorClient":
         return self
@@ -328,6 +331,11 @@ class CoordinatorClient:
             if last:
                 raise WaitTimeout(job_id, timeout if timeout is not None else 0.0, job)
 
+    def request(self, request: m.Message, expect: type, idempotent: bool = False) -> Any:
+        """Send any client-port request and return its reply of type ``expect`` (errors as
+        for the other methods; ``idempotent`` reads may go again on a fresh connection)."""
+        return self._request(request, expect, idempotent)
+
     # ---- transport --------------------------------------------------------------------
 
     def _request(self, request: m.Message, expect: type, idempotent: bool = False,
@@ -447,6 +455,90 @@ class CoordinatorClient:
                 pass
         self._sock = None
         self._reader = None
+
+
+def _millis(value: float | timedelta | None, name: str) -> int | None:
+    """Seconds (a number or a ``timedelta``) as whole milliseconds; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return value // _MILLISECOND
+    return _seconds_to_millis(value, name)
+
+
+class Schedules:
+    """``client.schedules``: recurring schedules (README.md, "Recurring schedules").
+
+    Schedules are returned as the wire dicts (``name``, ``cron``, ``everyMillis``,
+    ``nextFireMillis``, ``firedCount`` ...). ``RequestFailed`` for bad input or an
+    unknown name; nothing is changed then."""
+
+    def __init__(self, client: CoordinatorClient) -> None:
+        self.client = client
+
+    def put(self, name: str, task_type: str, payload: dict[str, Any] | None = None, *, cron: str | None = None,
+            every: float | timedelta | None = None, timezone: str = "UTC", missed: str = "latest",
+            overlap: str = "skip", jitter: float | timedelta = 0, catchup_window: float | timedelta | None = None,
+            priority: str | Priority | None = None, max_attempts: int = 0, paused: bool = False) -> dict[str, Any]:
+        """Create or replace the schedule ``name`` (fire times already made are not made
+        again) and return it. Give ``cron`` (five fields or @daily ..., wall-clock times in
+        ``timezone``) or ``every`` (seconds or a ``timedelta``, at least one second).
+        ``jitter`` and ``catchup_window`` are seconds or timedeltas."""
+        schedule: dict[str, Any] = {
+            "name": name, "taskType": task_type, "payload": payload or {}, "timezone": timezone, "missed": missed,
+            "overlap": overlap, "jitterMillis": _millis(jitter, "jitter"), "maxAttempts": max_attempts,
+            "paused": paused, "priority": priority.value if isinstance(priority, Priority) else priority}
+        if cron is not None:
+            schedule["cron"] = cron
+        if every is not None:
+            schedule["everyMillis"] = _millis(every, "every")
+        if catchup_window is not None:
+            schedule["catchupWindowMillis"] = _millis(catchup_window, "catchup_window")
+        return self.client.request(m.SchedulePut(schedule), m.Schedule).schedule
+
+    def get(self, name: str) -> dict[str, Any]:
+        """The schedule, with ``recentJobs`` (its last jobs: jobId, scheduledFor, state)."""
+        return self.client.request(m.ScheduleGet(name), m.Schedule, idempotent=True).schedule
+
+    def list(self) -> list[dict[str, Any]]:
+        """Every schedule, by name (fetched a page at a time)."""
+        out: list[dict[str, Any]] = []
+        after = None
+        while True:
+            reply = self.client.request(m.ScheduleList(after=after), m.ScheduleList, idempotent=True)
+            out.extend(reply.schedules)
+            after = reply.next_after
+            if after is None:
+                return out
+
+    def pause(self, name: str) -> dict[str, Any]:
+        return self.client.request(m.SchedulePause(name), m.Schedule).schedule
+
+    def resume(self, name: str) -> dict[str, Any]:
+        """Fire times that passed while paused make no job."""
+        return self.client.request(m.ScheduleResume(name), m.Schedule).schedule
+
+    def delete(self, name: str) -> dict[str, Any]:
+        """Delete the schedule (its jobs stay); returns its last state."""
+        return self.client.request(m.ScheduleDelete(name), m.Schedule).schedule
+
+    def trigger(self, name: str) -> str:
+        """Make a job from the schedule now (outside its overlap rule); returns the jobId."""
+        return self.client.request(m.ScheduleTrigger(name), m.JobSubmitted).job_id
+
+    def preview(self, cron: str | None = None, every: float | timedelta | None = None, timezone: str = "UTC",
+                start: datetime | float | None = None, count: int = 10) -> builtins.list[datetime]:
+        """The next ``count`` fire times after ``start`` (an aware datetime or epoch seconds;
+        default now) of a cron expression or interval, as aware datetimes in ``timezone``;
+        no schedule is needed."""
+        from_millis = None
+        if start is not None:
+            from_millis, _ = schedule_millis(None, start)
+        reply = self.client.request(m.SchedulePreview(cron=cron, every_millis=_millis(every, "every"),
+                                                      timezone=timezone, from_millis=from_millis, count=count),
+                                    m.SchedulePreview, idempotent=True)
+        zone = ZoneInfo(timezone)
+        return [(EPOCH + timedelta(milliseconds=t)).astimezone(zone) for t in reply.fire_times]
 
 
 def _tls_reason(exc: OSError) -> str:

@@ -1,4 +1,5 @@
-"""The client commands: submit, status, list, workers, cancel, wait, events, retry, purge (``top`` is in top.py).
+"""The client commands: submit, status, list, workers, cancel, wait, events, retry, purge and
+schedule (``top`` is in top.py).
 
 Each handler takes a connected-on-demand ``CoordinatorClient``, docopt's dict and a
 ``Console``, writes its output (text, or one JSON document with ``--json``) through the
@@ -21,6 +22,7 @@ from jobmesh.client.api import EPOCH, CoordinatorClient, WaitTimeout
 from jobmesh.config import parse_hostport
 from jobmesh.errors import ClientError, ConfigError, CoordinatorUnavailable, InvalidRequest, RequestFailed, SubmitRejected
 from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE
+from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState, Priority
 from jobmesh.protocol.payloads import TASK_TYPES
 
@@ -99,7 +101,7 @@ def parse_payload(text: str | None, stdin: TextIO | None = None) -> dict[str, An
     return payload
 
 
-def parse_run_at(text: str) -> datetime:
+def parse_run_at(text: str, flag: str = "--run-at") -> datetime:
     """``--run-at``: epoch milliseconds, or ISO 8601 (no zone: local time) -> an aware datetime.
 
     ConfigError for anything else, and for a time before the epoch.
@@ -109,19 +111,19 @@ def parse_run_at(text: str) -> datetime:
         if _EPOCH_MILLIS.fullmatch(raw):
             millis = int(raw)
             if millis < 0:
-                raise ConfigError("--run-at must not be negative, got %s" % raw)
+                raise ConfigError("%s must not be negative, got %s" % (flag, raw))
             if millis < EPOCH_MILLIS_2000:
                 hint = (" (%s looks like epoch seconds: %s000 is that time in milliseconds)" % (raw, raw)
                         if EPOCH_SECONDS_2000 <= millis < 10**11 else "")
-                raise ConfigError("--run-at in epoch milliseconds must be after 2000-01-01, got %s%s" % (raw, hint))
+                raise ConfigError("%s in epoch milliseconds must be after 2000-01-01, got %s%s" % (flag, raw, hint))
             return EPOCH + timedelta(milliseconds=millis)
         when = datetime.fromisoformat(raw)
         if when.tzinfo is None:
             when = when.astimezone()  # a naive time is local time
     except (ValueError, OverflowError):
-        raise ConfigError("--run-at must be %s, got %r" % (RUN_AT_FORMS, text)) from None
+        raise ConfigError("%s must be %s, got %r" % (flag, RUN_AT_FORMS, text)) from None
     if when < EPOCH:
-        raise ConfigError("--run-at must not be before 1970-01-01T00:00:00Z, got %r" % text)
+        raise ConfigError("%s must not be before 1970-01-01T00:00:00Z, got %r" % (flag, text))
     return when
 
 
@@ -321,6 +323,113 @@ def wait(client: CoordinatorClient, args: dict[str, Any], console: Console) -> i
     return _await("wait", client, console, args["JOB_ID"], _timeout_seconds(args), args["--json"])
 
 
+# ---- recurring schedules ----------------------------------------------------------------
+
+SCHEDULE_SHOWS = 5  # fire times ``schedule show`` lists
+
+
+def _choice_flag(args: dict[str, Any], flag: str, choices: tuple[str, ...]) -> str:
+    value = str(args[flag]).strip().lower()
+    if value not in choices:
+        raise ConfigError("%s must be one of %s, got %r" % (flag, ", ".join(choices), args[flag]))
+    return value
+
+
+def _rule_flags(args: dict[str, Any]) -> dict[str, Any]:
+    """--cron / --every-millis and --tz as SCHEDULE_PUT / SCHEDULE_PREVIEW fields."""
+    rule: dict[str, Any] = {"timezone": str(args["--tz"]).strip()}
+    if args["--cron"] is not None:
+        rule["cron"] = args["--cron"]
+    else:
+        rule["everyMillis"] = _int_flag(args, "--every-millis", 1000)
+    return rule
+
+
+def schedule_add(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    try:
+        priority = Priority.parse(str(args["--priority"]).upper())
+    except ValueError as exc:
+        raise ConfigError("--priority: %s" % exc) from None
+    definition = dict(_rule_flags(args), name=args["NAME"], taskType=task_type_name(str(args["TASK_TYPE"])),
+                      payload=parse_payload(args["PAYLOAD_JSON"], console.stdin), priority=priority.value,
+                      maxAttempts=_int_flag(args, "--max-attempts", 0),
+                      missed=_choice_flag(args, "--missed", ("latest", "all", "skip")),
+                      catchupWindowMillis=_int_flag(args, "--catchup-window-millis", 0),
+                      overlap=_choice_flag(args, "--overlap", ("skip", "allow")),
+                      jitterMillis=_int_flag(args, "--jitter-millis", 0), paused=bool(args["--paused"]))
+    schedule = client.request(m.SchedulePut(definition), m.Schedule).schedule
+    if args["--json"]:
+        console.out(render.to_json(schedule))
+    else:
+        console.out("schedule %s saved; next fire %s" % (
+            schedule["name"], "none (paused)" if schedule.get("paused") else
+            render.zoned(schedule.get("nextFireMillis"), schedule.get("timezone") or "UTC")))
+    return EXIT_OK
+
+
+def schedule_show(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    schedule = client.schedules.get(args["NAME"])
+    upcoming: list[int] = []
+    first, every = schedule.get("nextFireMillis"), schedule.get("everyMillis")
+    if first is not None and every is not None:  # an interval counts from its creation, not from now
+        upcoming = [first + i * every for i in range(SCHEDULE_SHOWS)]
+    elif first is not None:
+        upcoming = client.request(m.SchedulePreview(cron=schedule.get("cron"), timezone=schedule.get("timezone"),
+                                                    from_millis=first - 1, count=SCHEDULE_SHOWS),
+                                  m.SchedulePreview, idempotent=True).fire_times
+    if args["--json"]:
+        console.out(render.to_json(dict(schedule, nextFireTimes=upcoming)))
+    else:
+        console.out(render.schedule_detail(schedule, upcoming, _now_millis()))
+    return EXIT_OK
+
+
+def schedule_preview(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    rule = _rule_flags(args)
+    start = None if args["--from"] is None else (parse_run_at(args["--from"], "--from") - EPOCH) // timedelta(milliseconds=1)
+    count = _int_flag(args, "--count", 1)
+    reply = client.request(m.SchedulePreview(cron=rule.get("cron"), every_millis=rule.get("everyMillis"),
+                                             timezone=rule["timezone"], from_millis=start, count=count),
+                           m.SchedulePreview, idempotent=True)
+    if args["--json"]:
+        console.out(render.to_json(reply.fire_times))
+    else:
+        console.out(render.fire_times(reply.fire_times, rule["timezone"]))
+    return EXIT_OK
+
+
+def _schedule_change(client: CoordinatorClient, args: dict[str, Any], console: Console, request: m.Message,
+                     said: str) -> int:
+    schedule = client.request(request, m.Schedule).schedule
+    console.out(render.to_json(schedule) if args["--json"] else "schedule %s %s" % (schedule["name"], said))
+    return EXIT_OK
+
+
+def schedule(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    """``jobmesh schedule SUBCOMMAND``."""
+    name = args["NAME"]
+    if args["add"]:
+        return schedule_add(client, args, console)
+    if args["show"]:
+        return schedule_show(client, args, console)
+    if args["preview"]:
+        return schedule_preview(client, args, console)
+    if args["pause"]:
+        return _schedule_change(client, args, console, m.SchedulePause(name), "paused")
+    if args["resume"]:
+        return _schedule_change(client, args, console, m.ScheduleResume(name),
+                                "resumed (fire times that passed while paused make no job)")
+    if args["rm"]:
+        return _schedule_change(client, args, console, m.ScheduleDelete(name), "deleted (its jobs stay)")
+    if args["trigger"]:
+        job_id = client.schedules.trigger(name)
+        console.out(render.to_json({"jobId": job_id}) if args["--json"] else render.submitted(job_id))
+        return EXIT_OK
+    found = client.schedules.list()
+    console.out(render.to_json(found) if args["--json"] else render.schedule_table(found, _now_millis()))
+    return EXIT_OK
+
+
 def top_view(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
     return top.run(client, console, _int_flag(args, "--interval-millis", 1), _int_flag(args, "--iterations", 0))
 
@@ -336,6 +445,7 @@ HANDLERS: dict[str, Callable[[CoordinatorClient, dict[str, Any], Console], int]]
     "retry": retry,
     "purge": purge,
     "top": top_view,
+    "schedule": schedule,
 }
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from typing import Any, Iterable, Sequence
+from zoneinfo import ZoneInfo
 
 MISSING = "-"
 # Control characters (C0 but newline and tab, DEL, C1): a value that holds one (a Periodic
@@ -142,6 +144,9 @@ def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any
     if job.get("waitingReason") is not None:
         rows.insert(rows.index(("state", job.get("state"))) + 1,
                     ("waiting", waiting(job, now_millis, workers)))
+    if job.get("scheduleName") is not None:
+        rows.insert(1, ("schedule", "%s, fire time %s" % (job["scheduleName"], timestamp(job.get("scheduledFor"),
+                                                                                          zone=True))))
     run_at = job.get("runAtMillis")
     if run_at is not None:
         rows.append(("runs at", when(run_at, now_millis)))
@@ -272,3 +277,71 @@ def cancelled(was_cancelled: bool, job: dict[str, Any]) -> str:
     if was_cancelled:
         return "cancelled job %s" % job.get("jobId")
     return "job %s already %s; nothing to cancel" % (job.get("jobId"), job.get("state"))
+
+
+# ---- recurring schedules ----------------------------------------------------------------
+
+
+def zoned(millis: int | None, zone_name: str) -> str:
+    """A fire time as the schedule's zone reads it: ``2026-10-25 02:30:00 CEST``."""
+    if millis is None:
+        return MISSING
+    try:
+        zone = ZoneInfo(zone_name)
+    except (ValueError, KeyError, OSError):
+        zone = ZoneInfo("UTC")
+    return datetime.fromtimestamp(millis / 1000, zone).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def rule(schedule: dict[str, Any]) -> str:
+    """``cron '0 3 * * *' Europe/Paris`` or ``every 30000 ms``."""
+    if schedule.get("cron") is not None:
+        return "cron %r %s" % (schedule["cron"], schedule.get("timezone"))
+    return "every %s ms" % schedule.get("everyMillis")
+
+
+def schedule_table(schedules: list[dict[str, Any]], now_millis: int) -> str:
+    if not schedules:
+        return "no schedules"
+    return table(
+        ("NAME", "RULE", "TYPE", "NEXT FIRE", "LAST JOB", "STATE", "FIRED", "SKIPPED", "MISSED"),
+        ((s.get("name"), rule(s), s.get("taskType"),
+          "paused" if s.get("paused") else when(s.get("nextFireMillis"), now_millis),
+          s.get("lastJobId"), s.get("lastJobState"), s.get("firedCount"), s.get("skippedCount"),
+          s.get("missedCount")) for s in schedules),
+    )
+
+
+def schedule_detail(schedule: dict[str, Any], upcoming: list[int], now_millis: int) -> str:
+    """``show``: the schedule, its next fire times, and its last jobs with their states."""
+    tz = str(schedule.get("timezone") or "UTC")
+    rows = [
+        ("schedule", schedule.get("name")),
+        ("rule", rule(schedule)),
+        ("job", "%s %s, priority %s, %s attempts" % (schedule.get("taskType"), compact(schedule.get("payload")),
+                                                     schedule.get("priority"), schedule.get("maxAttempts"))),
+        ("policies", "missed=%s (window %s ms), overlap=%s, jitter %s ms" % (
+            schedule.get("missed"), schedule.get("catchupWindowMillis"), schedule.get("overlap"),
+            schedule.get("jitterMillis"))),
+        ("state", "paused" if schedule.get("paused") else "active"),
+        ("made by", schedule.get("origin")),
+        ("created", when(schedule.get("createdAtMillis"), now_millis)),
+        ("last fire", zoned(schedule.get("lastFireMillis"), tz)),
+        ("counts", "%s fired, %s skipped, %s missed" % (schedule.get("firedCount"), schedule.get("skippedCount"),
+                                                        schedule.get("missedCount"))),
+    ]
+    out = ["%-9s %s" % (label, MISSING if value is None else value) for label, value in rows]
+    out.append("next fire times:" if upcoming else "next fire times: none (paused)")
+    out.extend("  %s  (%s)" % (zoned(t, tz), relative(t, now_millis)) for t in upcoming)
+    recent = schedule.get("recentJobs") or []
+    out.append("last jobs:" if recent else "last jobs: none yet")
+    out.extend("  %s  %s  for %s" % (j.get("jobId"), j.get("state") or "purged", zoned(j.get("scheduledFor"), tz))
+               for j in reversed(recent))
+    return "\n".join(out)
+
+
+def fire_times(times: list[int], zone_name: str) -> str:
+    """``preview``: one fire time a line, in the zone, with its epoch milliseconds."""
+    if not times:
+        return "no fire times"
+    return "\n".join("%s  %d" % (zoned(t, zone_name), t) for t in times)

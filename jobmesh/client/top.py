@@ -7,7 +7,8 @@ answers (no metrics port needed), none of which costs more than a page of jobs:
   started (submitted, finished by state), from figures the core keeps;
 - LIST_JOBS for QUEUED and for RETRY_WAIT (a page each): the jobs waiting longest among
   them, with why;
-- LIST_WORKERS: the live workers and their slots.
+- LIST_WORKERS: the live workers and their slots;
+- SCHEDULE_LIST (its first page): the recurring schedules that fire next.
 
 Rates come from two successive samples: the change of the ``submitted`` and
 ``finished`` counters over the seconds between them. A rate that cannot be known (the
@@ -26,11 +27,13 @@ from typing import Any
 from jobmesh.client import render
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK
+from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import ACTIVE_STATES, TERMINAL_STATES, JobState
 
 WAITING_STATES = (JobState.QUEUED, JobState.RETRY_WAIT)  # the states whose oldest jobs are listed
 PAGE = 1000
 OLDEST = 10
+NEXT_FIRES = 5
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
 
 
@@ -46,6 +49,7 @@ class Sample:
     waiting: list[dict[str, Any]]   # QUEUED and RETRY_WAIT jobs, longest waiting first
     workers: list[dict[str, Any]] = field(default_factory=list)
     ended: dict[str, int] = field(default_factory=dict)  # jobs finished since the start, by terminal state
+    fires: list[dict[str, Any]] = field(default_factory=list)  # the schedules that fire next, soonest first
 
     @property
     def active(self) -> int:
@@ -59,11 +63,14 @@ def take_sample(client: CoordinatorClient) -> Sample:
         jobs, _cursor = client.list_jobs(PAGE, state.value)
         waiting.extend(jobs)
     workers = client.workers()
+    schedules = client.request(m.ScheduleList(), m.ScheduleList, idempotent=True).schedules
+    fires = sorted((s for s in schedules if s.get("nextFireMillis") is not None), key=lambda s: s["nextFireMillis"])
     waiting.sort(key=lambda j: (j.get("updatedAtMillis") or 0, j.get("createdAtMillis") or 0))
     return Sample(time.monotonic(), stats.at_millis,
                   {state.value: int(stats.jobs.get(state.value, 0)) for state in ACTIVE_STATES},
                   stats.submitted, sum(int(n) for n in stats.finished.values()), waiting[:OLDEST], workers,
-                  {state.value: int(stats.finished.get(state.value, 0)) for state in TERMINAL_STATES})
+                  {state.value: int(stats.finished.get(state.value, 0)) for state in TERMINAL_STATES},
+                  fires[:NEXT_FIRES])
 
 
 def rates(previous: Sample | None, current: Sample) -> tuple[str, str]:
@@ -107,6 +114,11 @@ def frame(sample: Sample, previous: Sample | None, target: str, interval_millis:
              for j in sample.waiting)))
     else:
         lines.append("none")
+    if sample.fires:
+        lines += ["", "next schedule fires", render.table(
+            ("SCHEDULE", "TYPE", "NEXT FIRE", "LAST JOB", "STATE"),
+            ((s.get("name"), s.get("taskType"), render.when(s.get("nextFireMillis"), now), s.get("lastJobId"),
+              s.get("lastJobState")) for s in sample.fires))]
     return "\n".join(lines)
 
 

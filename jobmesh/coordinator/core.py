@@ -13,7 +13,8 @@ The parts, each owning its state (docs/ARCHITECTURE.md):
 * ``timers`` (``timers.py``): the due heap (SCHEDULED, RETRY_WAIT) and lease deadlines;
 * ``json`` (``json_jobs.py``): typed queues, worker sessions, the scheduling pass;
 * ``periodic`` (``periodic_jobs.py``): the Periodic port's funcs, names, tokens, locks, waits;
-* ``requests`` (``requests.py``): the client requests, WAIT_JOB waiters and retention.
+* ``requests`` (``requests.py``): the client requests, WAIT_JOB waiters and retention;
+* ``schedules`` (``schedules.py``): recurring schedules, their fire times and policies.
 
 ``apply(event, now)`` dispatches a mailbox event (``events.py``) through one table and
 returns a client request's reply; ``end_batch(now)`` does the work after each batch
@@ -40,6 +41,7 @@ from jobmesh.coordinator.json_jobs import JsonJobs
 from jobmesh.coordinator.outbox import Frame, Outbox
 from jobmesh.coordinator.periodic_jobs import PeriodicJobs
 from jobmesh.coordinator.requests import ClientRequests
+from jobmesh.coordinator.schedules import Schedules
 from jobmesh.store.base import Batch, Read, Store
 from jobmesh.store.job import Job
 from jobmesh.coordinator.table import JobTable, ReadPending, due_time
@@ -71,6 +73,7 @@ class CoordinatorCore:
         self.json = JsonJobs(self.table, self.timers, self.outbox, self.counters)
         self.periodic = PeriodicJobs(self.table, self.timers, self.outbox, self.counters)
         self.requests = ClientRequests(self.table, self.json, self.periodic, self.counters)
+        self.schedules = Schedules(self.table, self.requests.check_payload)
         self._draining = False
         self._paused = False
         # Requests held for a store read (``ReadPending``), in arrival order, with the
@@ -79,7 +82,7 @@ class CoordinatorCore:
         self._held: list[tuple[Read, ev.Request, Slot]] = []
         self._new_reads: list[Read] = []
         self._resumed: list[tuple[Waiter, m.Message]] = []
-        requests = self.requests
+        requests, schedules = self.requests, self.schedules
         self._answers: dict[type, Callable[[int, Any], m.Message]] = {
             m.SubmitJob: requests.submit_job,
             m.GetJobStatus: lambda now, r: requests.get_job_status(now, r.job_id),
@@ -91,6 +94,14 @@ class CoordinatorCore:
             m.RetryJob: lambda now, r: requests.retry_job(now, r.job_id),
             m.PurgeJobs: requests.purge_jobs,
             m.GetStats: lambda now, _req: self.get_stats(now),
+            m.SchedulePut: schedules.put,
+            m.ScheduleGet: lambda now, r: schedules.get(now, r.name),
+            m.ScheduleList: schedules.list_schedules,
+            m.SchedulePause: lambda now, r: schedules.set_paused(now, r.name, True),
+            m.ScheduleResume: lambda now, r: schedules.set_paused(now, r.name, False),
+            m.ScheduleDelete: lambda now, r: schedules.delete(now, r.name),
+            m.ScheduleTrigger: lambda now, r: schedules.trigger(now, r.name),
+            m.SchedulePreview: schedules.preview,
             ev.Refusal: lambda now, r: r.error,
         }
         json, periodic = self.json, self.periodic
@@ -105,9 +116,11 @@ class CoordinatorCore:
             ev.Expire: lambda e, now: requests.expire_waits(now),
             ev.ClientClosed: lambda e, now: requests.on_client_closed(now, e.conn),
             ev.ReadsDone: lambda e, now: self.resume_held(now),
+            ev.SchedulesFile: lambda e, now: self.on_schedules_file(now, e.definitions),
+            ev.Fire: lambda e, now: self.fire_schedules(now),
         }
         self._sweep_steps: tuple[Callable[[int], Any], ...] = (
-            json.detect_dead_workers, self.expire_deadlines, self.promote_due_jobs, json.schedule,
+            json.detect_dead_workers, self.expire_deadlines, self.promote_due_jobs, self.fire_schedules, json.schedule,
             periodic.dispatch, self._purge, requests.expire_waits, periodic.expire_waits)
 
     # ---- applying events ----------------------------------------------------------------
@@ -218,6 +231,28 @@ class CoordinatorCore:
         for job in self.timers.due(now):
             self.table.transition(job, JobState.QUEUED, now)
 
+    def fire_schedules(self, now: int) -> None:
+        """Recurring schedules whose fire time has come make their jobs (none while paused:
+        the times that pass meanwhile follow each schedule's ``missed`` policy)."""
+        if self._paused:
+            self.schedules.hold()
+        else:
+            self.schedules.fire_due(now)
+
+    def apply_schedules_file(self, now: int, definitions: list[dict[str, Any]]) -> str | None:
+        """The schedules file's set (at start and on SIGHUP): the reason it was refused, or
+        None once applied (``Schedules.apply_file``)."""
+        problem = self.schedules.apply_file(now, definitions)
+        if problem is None:
+            log.info("schedules file applied: %d schedules from it", len(definitions))
+        return problem
+
+    def on_schedules_file(self, now: int, definitions: list[dict[str, Any]]) -> None:
+        """SIGHUP: the file read again; a file with an error is logged and changes nothing."""
+        problem = self.apply_schedules_file(now, definitions)
+        if problem is not None:
+            log.error("schedules file not applied, the schedules stay as they were: %s", problem)
+
     def observe_arrivals(self, now: int, arrivals: dict[OutboundConnection, int]) -> None:
         """Liveness by arrival, before a sweep: each worker connection's last frame arrived
         at ``arrivals[conn]`` (core time), as its handler stamped it."""
@@ -233,6 +268,8 @@ class CoordinatorCore:
         if abs(step) > WALL_STEP_MILLIS:
             log.warning("the wall clock stepped by %+d ms; timeouts are unaffected, scheduled jobs follow it", step)
             self.timers.retime_scheduled()
+            if step > 0:  # fire times jumped over follow each schedule's ``missed`` policy
+                self.schedules.hold()
 
     # ---- set by the runtime between batches --------------------------------------------
 
@@ -264,7 +301,11 @@ class CoordinatorCore:
     # ---- what the runtime takes after each batch -------------------------------------------
 
     def take_dirty(self) -> Batch:
-        return self.table.take_dirty()
+        batch = self.table.take_dirty()
+        schedules = self.schedules.take_dirty()
+        if not schedules:
+            return batch
+        return Batch(batch.inserts, batch.updates, batch.task_types, batch.purges, schedules)
 
     def take_outbound(self) -> list[tuple[OutboundConnection, Frame]]:
         return self.outbox.take()
@@ -334,6 +375,7 @@ class CoordinatorCore:
                 assert due_time(job) is not None
                 stats["retry_wait" if state is JobState.RETRY_WAIT else "scheduled"] += 1
         table.next_seq = self.store.max_seq() + 1
+        self.schedules.load(self.store, now)  # and the fire times that passed while down follow ``missed``
         if stats["kept"]:
             log.info("kept %d running jobs on their leases for %d ms, for their workers to claim", stats["kept"], grace)
         return stats
@@ -359,6 +401,7 @@ class CoordinatorCore:
         requests held for store reads are applied to this state once their reads are done."""
         self.counters.add(old.counters)
         self.table.carry_totals(old.table)
+        self.schedules.carry_totals(old.schedules)
         self._held = old._held + self._held
 
     # ---- figures ---------------------------------------------------------------------
@@ -375,7 +418,9 @@ class CoordinatorCore:
                        finished={state.value: n for state, n in self.table.finished_counts.items()},
                        workers=len(self.json.workers), capacity=capacity, busy_slots=busy,
                        periodic_workers=len(self.periodic.workers),
-                       waits=len(self.requests.waiters) + self.periodic.waits.live)
+                       waits=len(self.requests.waiters) + self.periodic.waits.live,
+                       schedule_fires=dict(self.schedules.fires), schedule_skips=dict(self.schedules.skips),
+                       schedule_misses=dict(self.schedules.misses))
 
     def get_stats(self, now: int) -> m.Message:
         """GET_STATS: the figures the metrics port shows, from counters (O(series))."""

@@ -107,6 +107,10 @@ class ReadsDone(Event):
     """A store read a held request waits for has finished (at most one pending)."""
 
 
+class Fire(Event):
+    """A recurring schedule's fire time has come (at most one pending)."""
+
+
 class Stop(Event):
     """Stop the core after this batch."""
 
@@ -115,6 +119,7 @@ SWEEP = Sweep()
 EXPIRE = Expire()
 STOP = Stop()
 READS_DONE = ReadsDone()
+FIRE = Fire()
 
 
 class PeriodicPacket(Event):
@@ -138,3 +143,12 @@ class PeriodicClosed(Event):
 
     def __init__(self, conn: OutboundConnection) -> None:
         self.conn = conn
+
+
+class SchedulesFile(Event):
+    """The schedules file was read again (SIGHUP): its definitions, as parsed tables."""
+
+    __slots__ = ("definitions",)
+
+    def __init__(self, definitions: list[dict[str, Any]]) -> None:
+        self.definitions = definitions

@@ -17,7 +17,8 @@ kind, label names, and the attribute path it is read from. The Prometheus collec
 is imported, so a misspelled metric fails at once, never reads as 0.
 
 Label values come from ``protocol.jobs`` (``JobState``, ``TERMINAL``, ``Priority``) and
-``PORTS``; every labelled series lists all of them, zeros included.
+``PORTS``; every labelled series lists all of them, zeros included. The ``schedule`` label
+is the exception: its values are the recurring schedules that counted since the start.
 """
 
 from __future__ import annotations
@@ -73,6 +74,11 @@ class Figures:
     busy_slots: int  # slots running an attempt
     periodic_workers: int  # live Periodic worker connections
     waits: int  # pending WAIT_JOBs and Periodic RUN_JOB / RECV_DATA callers
+    # By recurring schedule name, since the process started: fires that made a job, fire
+    # times skipped (overlap), fire times missed (down, or outside the catch-up policy).
+    schedule_fires: Mapping[str, int] = field(default_factory=dict)
+    schedule_skips: Mapping[str, int] = field(default_factory=dict)
+    schedule_misses: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def jobs_by_state(self) -> dict[str, int]:
@@ -220,6 +226,12 @@ METRICS: tuple[Metric, ...] = (
            summary="capacity", stats="capacity"),
     Metric("jobmesh_worker_slots_busy", "Task slots running an attempt.", G, "busy_slots", summary="busySlots",
            stats="busy_slots"),
+    Metric("jobmesh_schedule_fires_total", "Jobs made by each recurring schedule's fires and triggers.", C,
+           "schedule_fires", ("schedule",)),
+    Metric("jobmesh_schedule_skipped_total", "Fire times that made no job because the schedule's last job had not "
+           "ended (overlap=skip).", C, "schedule_skips", ("schedule",)),
+    Metric("jobmesh_schedule_missed_total", "Fire times that made no job because the coordinator was down or held "
+           "back, or that fell outside the schedule's missed policy.", C, "schedule_misses", ("schedule",)),
     Metric("jobmesh_connections", "Open connections by port.", G, "connections_by_port", ("port",), runtime=True,
            summary="connections"),
     Metric("jobmesh_active_jobs_limit", "The admission limit on non-terminal jobs (--max-active-jobs).", G,

@@ -18,6 +18,8 @@ the coordinator's hub (``--metrics-port``, on the ``--bind`` address) and answer
     /api/jobs/<id>           one job's snapshot, and its payload beside it
     /api/jobs/<id>/events    its timeline
     /api/workers             the live workers
+    /api/schedules?after=    a page of recurring schedules by name (next fire, last job and
+                             its state, counts) and nextAfter
 
 Two ways of reading, and why:
 
@@ -279,6 +281,7 @@ def refuse_frames(sock: Any) -> bool:
     return True
 
 
+SCHEDULES_PAGE = 200  # schedules the dashboard shows at once
 JOB_PATH = re.compile(r"/api/jobs/([^/]+)(/events)?\Z")
 
 
@@ -480,6 +483,8 @@ class HttpPort:
             return self._json(start_response, self.series())
         if path == "/api/workers":
             return self._json(start_response, {"workers": self.ask(m.ListWorkers())["workers"]})
+        if path == "/api/schedules":
+            return self._json(start_response, self._schedules(parse_qs(environ.get("QUERY_STRING", ""))))
         if path == "/api/jobs":
             return self._json(start_response, self._list_jobs(parse_qs(environ.get("QUERY_STRING", ""))))
         match = JOB_PATH.match(path)
@@ -492,6 +497,12 @@ class HttpPort:
             payload = self.ask(m.GetJobPayload(job_id), not_found=True).get("payload")
             return self._json(start_response, {"job": job, "payload": payload})
         return self._json(start_response, {"error": "no such page: %s" % path}, "404 Not Found")
+
+    def _schedules(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        """A page of recurring schedules by name (``after``: the last name of the page before)."""
+        after = [v for v in query.get("after", []) if v]
+        reply = self.ask(m.ScheduleList(limit=SCHEDULES_PAGE, after=after[-1] if after else None))
+        return {"schedules": reply.get("schedules", []), "nextAfter": reply.get("nextAfter")}
 
     def _list_jobs(self, query: dict[str, list[str]]) -> dict[str, Any]:
         def one(name: str) -> str | None:

@@ -43,6 +43,7 @@ LIST_MAX = 1000
 LIST_MAX_BYTES = 900 * 1024  # keep JOB_LIST below the 1 MiB frame limit
 PURGE_SWEEP = 1000  # finished jobs purged per sweep at most (retention)
 PURGE_REQUEST_MAX = 10_000  # per PURGE_JOBS request
+SCHEDULE_KEYS = "schedule:"  # the idempotency keys of jobs that schedules make (schedules.py)
 EVENT_FIELDS = ("atMillis", "event", "attempt", "workerId", "detail", "retryAtMillis")  # one stored event
 
 
@@ -66,7 +67,7 @@ class ClientRequests:
         if target in TERMINAL and self.waiters:
             self.waiters.wake_job(job.job_id)  # answered after this batch's commit
 
-    def _check_payload(self, task_type: str, payload: dict[str, Any]) -> str | None:
+    def check_payload(self, task_type: str, payload: dict[str, Any]) -> str | None:
         """Why ``payload`` cannot be submitted as ``task_type``; None if it can."""
         if task_type in TASK_SPECS:
             try:
@@ -107,7 +108,7 @@ class ClientRequests:
         max_attempts = req.max_attempts if req.max_attempts > 0 else self.config.default_max_attempts
         if max_attempts > MAX_ATTEMPTS_LIMIT:
             return m.Error("maxAttempts must be at most %d, got %s" % (MAX_ATTEMPTS_LIMIT, quote(max_attempts)))
-        problem = self._check_payload(req.task_type, req.payload)
+        problem = self.check_payload(req.task_type, req.payload)
         if problem is not None:
             return m.Error(problem)
         run_at, problem = self._run_at(now_millis, req)
@@ -124,6 +125,9 @@ class ClientRequests:
         if key is not None:
             if len(key) > MAX_KEY_CHARS:
                 return m.Error("idempotencyKey must be at most %d characters" % MAX_KEY_CHARS)
+            if key.startswith(SCHEDULE_KEYS):  # a fire's key taken by a submit would stop that fire's commit
+                return m.Error("idempotencyKey %s: keys beginning %r belong to recurring schedules"
+                               % (quote(key), SCHEDULE_KEYS))
             existing = self.table.lookup_key(key)
             if existing is not None:
                 if existing.same_request(req.task_type, req.payload, max_attempts, priority):
@@ -259,7 +263,7 @@ class ClientRequests:
                            % (job_id, job.state.value))
         if job.periodic is not None:
             return m.Error("job %s is a Periodic job; submit it again on the Periodic port (SUBMIT_JOB)" % job_id)
-        problem = self._check_payload(job.task_type, job.payload)
+        problem = self.check_payload(job.task_type, job.payload)
         if problem is not None:
             return m.Error("job %s cannot be retried: %s" % (job_id, problem))
         reply = self._create(now_millis, job.task_type, job.payload, None, job.max_attempts, job.priority, None,

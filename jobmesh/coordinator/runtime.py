@@ -68,8 +68,9 @@ from jobmesh.coordinator.housekeeping import (COMMIT_SECONDS_BUCKETS, SIZE_BUCKE
 from jobmesh.coordinator.periodic_port import PeriodicPort
 from jobmesh.coordinator.server import SHUTTING_DOWN, Servers
 from jobmesh.coordinator.waiters import Slot, Waiter
-from jobmesh.errors import ProtocolError
-from jobmesh.exitcodes import EXIT_COMMIT_FAILED, EXIT_CORE_DIED
+from jobmesh.coordinator import schedule_file
+from jobmesh.errors import ConfigError, ProtocolError
+from jobmesh.exitcodes import EXIT_COMMIT_FAILED, EXIT_CORE_DIED, EXIT_USAGE
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
 from jobmesh.store.base import Store
@@ -86,10 +87,49 @@ BACKLOG = 4096
 FD_MARGIN = 256
 WORKER_FD_RESERVE = 512  # descriptors client connections may not take (new workers can always register)
 DRAIN_POLL_SECONDS = 0.02
+FIRE_TICK_MILLIS = 10  # recurring schedules fire at most this often (in batches), at their time
 class CannotStart(Exception):
     """A start-up failure whose message is the whole story (one line, exit 1)."""
 
 
+
+
+class MarkerTimer:
+    """A timer for the earliest instant (core time) it is armed for, which then posts
+    ``marker`` to the mailbox; at most one marker is pending (``taken`` when the core
+    applies it). The WAIT_JOB deadlines and the schedules' fire times each have one."""
+
+    def __init__(self, post: Callable[[Any], None], marker: ev.Event) -> None:
+        self.post = post
+        self.marker = marker
+        self.pending = False
+        self.stopped = False
+        self._at: int | None = None
+        self._timer: gevent.Greenlet | None = None
+
+    def arm(self, at: int) -> None:
+        if self.pending or self.stopped or (self._at is not None and self._at <= at):
+            return
+        if self._timer is not None:
+            self._timer.kill(block=False)
+        self._at = at
+        self._timer = gevent.spawn_later(max(0.0, (at - now_millis()) / 1000.0), self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._at = None
+        if self.stopped or self.pending:
+            return
+        self.pending = True
+        self.post(self.marker)
+
+    def taken(self, _event: ev.Event) -> None:
+        self.pending = False
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self._timer is not None:
+            self._timer.kill(block=False)
 
 
 class Held:
@@ -158,9 +198,10 @@ class Coordinator:
         # WAIT_JOB: replies held behind pending waits, per connection, and the timer for
         # the earliest wait deadline (core time), with the EXPIRE marker it posts.
         self._held: dict[Any, Held] = {}
-        self._expire_timer: gevent.Greenlet | None = None
-        self._expire_at: int | None = None
-        self._expire_pending = False
+        self.expiry = MarkerTimer(self.mailbox.put_urgent, ev.EXPIRE)
+        # Recurring schedules: the timer for the earliest next fire time (core time) and
+        # the FIRE marker it posts, so fires do not wait for the sweep.
+        self.fires = MarkerTimer(self.mailbox.put_urgent, ev.FIRE)
         self._stopping = False
         self.stopped = gevent.event.Event()
         self.exit_code = 0  # what run_coordinator returns once stopped
@@ -169,8 +210,8 @@ class Coordinator:
         self.outage = StorageOutage()
         # What the runtime itself does before the core applies an event of that kind.
         self._before: dict[type, Callable[[Any], None]] = {
-            ev.Sweep: self._before_sweep, ev.Expire: self._before_expire, ev.ClientClosed: self._before_client_closed,
-            ev.ReadsDone: self._before_reads_done,
+            ev.Sweep: self._before_sweep, ev.Expire: self.expiry.taken, ev.ClientClosed: self._before_client_closed,
+            ev.ReadsDone: self._before_reads_done, ev.Fire: self.fires.taken,
         }
         self._reads_pending = False  # a READS_DONE marker is in the mailbox
         self._draining = False
@@ -204,6 +245,10 @@ class Coordinator:
         if self.store.migrated:
             log.info("migrated database %s: added columns %s", cfg.db, ", ".join(self.store.migrated))
         self.core = self._recovered_core()
+        if cfg.schedules_file is not None:  # its schedules commit with recovery's rows
+            problem = self.core.apply_schedules_file(now_millis(), schedule_file.read(cfg.schedules_file))
+            if problem is not None:
+                raise ConfigError("--schedules: %s: %s" % (cfg.schedules_file, problem))
         rows = self.core.take_dirty()
         if any(rows):
             try:
@@ -273,10 +318,10 @@ class Coordinator:
         core.draining = self._draining
         log.info(
             "recovered db=%s active=%d queued=%d scheduled=%d retry_wait=%d requeued=%d due_while_down=%d"
-            " failed_on_restart=%d damaged=%d task_types=%d next_seq=%d",
+            " failed_on_restart=%d damaged=%d task_types=%d next_seq=%d schedules=%d",
             cfg.db, core.active_count, stats["queued"], stats["scheduled"], stats["retry_wait"],
             stats["requeued"], stats["due"], stats["failed"], stats["damaged"], len(core.table.known_types),
-            core.table.next_seq,
+            core.table.next_seq, len(core.schedules.by_name),
         )
         return core
 
@@ -335,8 +380,17 @@ class Coordinator:
         core.observe_wall(now, wall_millis())
         self.collector.tick(time.monotonic())
 
-    def _before_expire(self, _event: ev.Expire) -> None:
-        self._expire_pending = False
+    def _arm_fire(self) -> None:
+        """Keep a timer armed for the earliest fire time of a recurring schedule (none
+        without schedules: one heap peek per batch), at most every FIRE_TICK_MILLIS, so
+        thousands of schedules make batches of fires, not a wake-up each."""
+        core = self.core
+        # Paused (storage) or held back (admission full): the sweep catches up once it can.
+        if core is None or core.paused or core.schedules.behind:
+            return
+        due = core.schedules.next_due()
+        if due is not None:
+            self.fires.arm(max(due - core.table.drift, now_millis() + FIRE_TICK_MILLIS))
 
     def _before_reads_done(self, _event: ev.ReadsDone) -> None:
         self._reads_pending = False
@@ -363,23 +417,9 @@ class Coordinator:
     def _arm_expiry(self) -> None:
         """Keep a timer armed for the earliest pending wait's deadline."""
         core = self.core
-        if core is None or self._expire_pending or self._stopping:
-            return
-        due = core.requests.next_wait_deadline()
-        if due is None or (self._expire_at is not None and self._expire_at <= due):
-            return
-        if self._expire_timer is not None:
-            self._expire_timer.kill(block=False)
-        self._expire_at = due
-        self._expire_timer = gevent.spawn_later(max(0.0, (due - now_millis()) / 1000.0), self._expire_tick)
-
-    def _expire_tick(self) -> None:
-        self._expire_timer = None
-        self._expire_at = None
-        if self._stopping or self._expire_pending:
-            return
-        self._expire_pending = True
-        self.mailbox.put_urgent(ev.EXPIRE)
+        due = None if core is None else core.requests.next_wait_deadline()
+        if due is not None:
+            self.expiry.arm(due)
 
     def _release(self, conn: ReplyConnection, held: Held) -> None:
         """Write the longest ready prefix of a connection's held replies, in one write."""
@@ -420,6 +460,7 @@ class Coordinator:
                     self._fail(item)
                 return
             self._arm_expiry()
+            self._arm_fire()
             core = self.core
             if core is not None:
                 for read in core.take_new_reads():  # none on SQLite: its reads answer at once
@@ -632,6 +673,23 @@ class Coordinator:
                               connections=dict(self.handlers.connections), commit_seconds=self.commit_seconds,
                               commit_rows=self.commit_rows, batch_events=self.batch_events)
 
+    # ---- the schedules file --------------------------------------------------------------
+
+    def reload_schedules(self) -> None:
+        """SIGHUP: read the --schedules file again and hand it to the core; a file that does
+        not parse is logged and changes nothing (so does one the core refuses)."""
+        path = self.config.schedules_file
+        if path is None:
+            log.info("SIGHUP: no --schedules file to read")
+            return
+        try:
+            definitions = schedule_file.read(path)
+        except ConfigError as exc:
+            log.error("schedules file not applied, the schedules stay as they were: %s", exc)
+            return
+        log.info("SIGHUP: applying the schedules file %s (%d schedules)", path, len(definitions))
+        self.mailbox.put_urgent(ev.SchedulesFile(definitions))
+
     # ---- stop -----------------------------------------------------------------------
 
     def on_stop_signal(self) -> None:
@@ -687,6 +745,8 @@ class Coordinator:
             self.http.stop_timers()
         if self._sweep_timer is not None:
             self._sweep_timer.kill(block=False)
+        self.expiry.stop()
+        self.fires.stop()
         if self._core_greenlet is not None:
             self._core_greenlet.unlink(self._core_died)
             self.mailbox.put(ev.STOP)
@@ -720,6 +780,10 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
     except (DatabaseInUse, CannotStart) as exc:
         log.error("%s", exc)
         return 1
+    except ConfigError as exc:  # the --schedules file: a usage error, as a bad flag is
+        log.error("%s", exc)
+        coordinator.lock.release()
+        return EXIT_USAGE
     except sqlite3.Error as exc:
         log.error("cannot open the database %s: %s", config.db, exc)
         return 1
@@ -728,6 +792,7 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, coordinator.on_stop_signal)
+    gevent.signal_handler(signal.SIGHUP, coordinator.reload_schedules)
     announce(line)
     coordinator.stopped.wait()
     return coordinator.exit_code

@@ -427,11 +427,87 @@ class JobPayload(Message):
     payload: dict[str, Any] | None = wire("payload", "obj?", None)  # None: a Periodic job (its workload is bytes)
 
 
+# ---- recurring schedules (docs/PROTOCOL.md, "Recurring schedules") -------------------------
+
+
+@dataclass(frozen=True)
+class SchedulePut(Message):
+    """Create or replace a schedule (its fields as SCHEDULE shows them); answered with SCHEDULE."""
+
+    TYPE = "SCHEDULE_PUT"
+    schedule: dict[str, Any] = wire("schedule", "obj")
+
+
+@dataclass(frozen=True)
+class Schedule(Message):
+    TYPE = "SCHEDULE"
+    schedule: dict[str, Any] = wire("schedule", "obj")
+
+
+@dataclass(frozen=True)
+class ScheduleGet(Message):
+    TYPE = "SCHEDULE_GET"
+    name: str = wire("name", "str")
+
+
+@dataclass(frozen=True)
+class ScheduleList(Message):
+    """The request (``limit``, ``after``: a page by name) and its reply (``schedules``,
+    ``nextAfter``: null on the last page) share the type name."""
+
+    TYPE = "SCHEDULE_LIST"
+    limit: int | None = wire("limit", "int?", None)
+    after: str | None = wire("after", "str?", None)
+    schedules: list[dict[str, Any]] = wire("schedules", "list", [])
+    next_after: str | None = wire("nextAfter", "str?", None)
+
+
+@dataclass(frozen=True)
+class SchedulePause(Message):
+    TYPE = "SCHEDULE_PAUSE"
+    name: str = wire("name", "str")
+
+
+@dataclass(frozen=True)
+class ScheduleResume(Message):
+    TYPE = "SCHEDULE_RESUME"
+    name: str = wire("name", "str")
+
+
+@dataclass(frozen=True)
+class ScheduleDelete(Message):
+    TYPE = "SCHEDULE_DELETE"
+    name: str = wire("name", "str")
+
+
+@dataclass(frozen=True)
+class ScheduleTrigger(Message):
+    """A job now from the schedule's template; answered with JOB_SUBMITTED."""
+
+    TYPE = "SCHEDULE_TRIGGER"
+    name: str = wire("name", "str")
+
+
+@dataclass(frozen=True)
+class SchedulePreview(Message):
+    """The next ``count`` fire times after ``fromMillis`` of a cron expression or interval;
+    the reply (same type) repeats the question and adds ``fireTimes``."""
+
+    TYPE = "SCHEDULE_PREVIEW"
+    cron: str | None = wire("cron", "str?", None)
+    every_millis: int | None = wire("everyMillis", "int?", None)
+    timezone: str | None = wire("timezone", "str?", None)
+    from_millis: int | None = wire("fromMillis", "int?", None)
+    count: int | None = wire("count", "int?", None)
+    fire_times: list[int] = wire("fireTimes", "list", [])
+
+
 ALL_MESSAGES: tuple[type[Message], ...] = (
     WorkerRegister, WorkerRegistered, Heartbeat, TaskAssign, TaskCancel, TaskResult, Error,
     SubmitJob, JobSubmitted, SubmitRejected, GetJobStatus, JobStatus, ListJobs, JobList,
     ListWorkers, WorkerList, CancelJob, JobCancel, GetJobEvents, JobEvents, RetryJob, PurgeJobs,
-    JobsPurged, WaitJob, GetStats, Stats,
+    JobsPurged, WaitJob, GetStats, Stats, SchedulePut, Schedule, ScheduleGet, ScheduleList, SchedulePause,
+    ScheduleResume, ScheduleDelete, ScheduleTrigger, SchedulePreview,
 )
 BY_TYPE: dict[str, type[Message]] = {cls.TYPE: cls for cls in ALL_MESSAGES}
 
@@ -439,10 +515,12 @@ BY_TYPE: dict[str, type[Message]] = {cls.TYPE: cls for cls in ALL_MESSAGES}
 WORKER_PORT_REQUESTS = frozenset({"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"})
 CLIENT_PORT_REQUESTS = frozenset({"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
                                   "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB",
-                                  "GET_STATS"})
+                                  "GET_STATS", "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",
+                                  "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW"})
 TO_WORKER = frozenset({"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR"})
 TO_CLIENT = frozenset({"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST", "JOB_CANCEL",
-                       "JOB_EVENTS", "JOBS_PURGED", "STATS", "ERROR"})
+                       "JOB_EVENTS", "JOBS_PURGED", "STATS", "SCHEDULE", "SCHEDULE_LIST", "SCHEDULE_PREVIEW",
+                       "ERROR"})
 
 
 def decode(obj: dict[str, Any], allowed: frozenset[str] | None = None) -> Message:

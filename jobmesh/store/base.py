@@ -12,6 +12,9 @@ never see SQL, a rowid, a driver's exception type or the thread a write runs on:
   fault (disk full, read-only, locked, unreachable: serve reads, answer writes with
   "storage unavailable", probe until it works) from a bug (stop), and ``fault_reason``
   gives the short words clients see.
+* Recurring schedules are rows of their own, a name and a JSON body the core encodes
+  (``coordinator/schedules.py``); a batch writes them in the same transaction as the jobs
+  their fires made, so a fire and its job are durable together or not at all.
 * Jobs are ordered by their sequence (``Job.seq``, unique per row): listings page
   newest first with a sequence as the cursor, and the retention walk goes oldest first.
 * The reads a request makes of a job not in memory (a finished job by id, the job of an
@@ -36,6 +39,8 @@ class Batch(NamedTuple):
     updates: list[tuple]  # columns.update_row() of changed jobs
     task_types: Sequence[tuple[str, int]] = ()  # newly declared (name, first seen millis)
     purges: Sequence[str] = ()  # finished jobs to delete, before the inserts (their keys are free)
+    # Recurring schedules written or deleted: (name, stored body as JSON text, or None to delete).
+    schedules: Sequence[tuple[str, str | None]] = ()
 
 
 def merge_batches(older: Batch, newer: Batch) -> Batch:
@@ -52,7 +57,9 @@ def merge_batches(older: Batch, newer: Batch) -> Batch:
         updated.pop(job_id, None)  # never both: a new job's row already holds its latest state
     types = list(dict.fromkeys(list(older.task_types) + list(newer.task_types)))
     purges = list(dict.fromkeys(list(older.purges) + list(newer.purges)))
-    return Batch(list(inserted.values()), list(updated.values()), types, purges)
+    schedules = dict(older.schedules)
+    schedules.update(newer.schedules)
+    return Batch(list(inserted.values()), list(updated.values()), types, purges, list(schedules.items()))
 
 
 def outcome_of(call: Callable[..., None], *args: Any) -> Exception | None:
@@ -150,6 +157,9 @@ class Store(Protocol):
 
     def load_task_types(self) -> list[str]:
         """Every task type ever declared to this store, sorted by name."""
+
+    def load_schedules(self) -> list[tuple[str, str]]:
+        """Every recurring schedule as (name, body JSON text), sorted by name (recovery)."""
 
     def max_seq(self) -> int:
         """The largest sequence stored; 0 if there is no job."""

@@ -105,6 +105,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("name", T, added=True),
     Column("periodic", J, encode="job.periodic and _dumps(job.periodic)", decode="_loads(v)", mutable=True,
            added=True),
+    # v8: the recurring schedule that made the job and its nominal fire time (NULL for other jobs).
+    Column("schedule_name", T, added=True),
+    Column("scheduled_for", I, added=True),
     # The job's timeline (its newest events, EVENT_CODES below), rewritten with the row it
     # belongs to, so it is exactly as durable as the state it explains. In memory the job
     # keeps it as text too (Job.events), appended one fragment per event.

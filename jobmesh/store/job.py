@@ -52,6 +52,9 @@ class Job:
     # its Periodic fields {workload, b64, count, timeout, sched}; both None for JSON jobs.
     name: str | None = None
     periodic: dict[str, Any] | None = None
+    # A job a recurring schedule made: the schedule's name and the nominal fire time (epoch millis).
+    schedule_name: str | None = None
+    scheduled_for: int | None = None
     # Not stored; core time (monotonic, see coordinator/clock.py), set by the core:
     ready_at: int = 0  # when the job first became due: priority aging and queue order count from here
     wake_at: int | None = None  # SCHEDULED / RETRY_WAIT: when it becomes due
@@ -101,7 +104,7 @@ class Job:
             waiting = "RETRY_BACKOFF"
         elif state is not JobState.QUEUED:
             waiting = None
-        return {
+        snapshot = {
             "jobId": self.job_id,
             "taskType": self.task_type,
             "state": self.state.value,
@@ -120,3 +123,7 @@ class Job:
             "protocol": "json" if self.periodic is None else "periodic",
             "name": self.name,
         }
+        if self.schedule_name is not None:  # only fired jobs carry these: other snapshots keep their fields
+            snapshot["scheduleName"] = self.schedule_name
+            snapshot["scheduledFor"] = self.scheduled_for
+        return snapshot

@@ -22,7 +22,9 @@ ALTER TABLE on an older database):
 * v7: ``seq`` is unique and indexed, alone and after ``state`` and ``task_type``:
   listings, their cursors and the retention walk order by it. A database whose rows
   lack unique sequences (rows from before v3 hold 0) has every row renumbered 1..n in
-  (seq, created_at, rowid) order, which is submission order, once, when the index is built.
+  (seq, created_at, rowid) order, which is submission order, once, when the index is built;
+* v8: recurring schedules: the ``schedules`` table (a name and a JSON body), and the
+  ``schedule_name`` and ``scheduled_for`` columns of the jobs their fires made.
 
 Two connections: ``conn`` is the writer (migrations, recovery, then batch writes on the
 store's one-thread pool, ``commit``); ``reader`` serves reads inline on the hub's thread.
@@ -83,13 +85,15 @@ INDEXES = {
 # Indexes of older schemas, ordered by rowid within state or task type: replaced above.
 OBSOLETE_INDEXES = ("jobs_state", "jobs_task_type")
 TASK_TYPES_TABLE = "CREATE TABLE IF NOT EXISTS task_types (name TEXT PRIMARY KEY, first_seen INTEGER NOT NULL)"
+# Recurring schedules (v8): one row per schedule, its body JSON text (coordinator/schedules.py).
+SCHEDULES_TABLE = "CREATE TABLE IF NOT EXISTS schedules (name TEXT PRIMARY KEY, body TEXT NOT NULL)"
 # A scratch table for the storage probe (``SQLiteStore.probe``); it is always empty.
 PROBE_TABLE = "CREATE TABLE IF NOT EXISTS storage_probe (x BLOB)"
 PROBE_FREE_PAGES = 256  # beyond this many free pages, a probe no longer insists that the file grow
 # What a current database holds besides the jobs columns; when all of it is there (and no
 # obsolete index), opening writes nothing, so a read-only or full database still opens
 # (and serves reads).
-SCHEMA_OBJECTS = frozenset(INDEXES) | {"task_types", "storage_probe"}
+SCHEMA_OBJECTS = frozenset(INDEXES) | {"task_types", "storage_probe", "schedules"}
 # Rows renumbered 1..n in submission order (v7), when their sequences are not unique.
 RENUMBER_SQL = ("UPDATE jobs SET seq = r.n FROM (SELECT rowid AS id, row_number() OVER (ORDER BY seq, created_at, rowid) AS n"
                 " FROM jobs) AS r WHERE jobs.rowid = r.id")
@@ -208,6 +212,7 @@ class SQLiteStore:
                 if name not in names:
                     c.execute(sql)
             c.execute(TASK_TYPES_TABLE)
+            c.execute(SCHEDULES_TABLE)
             c.execute(PROBE_TABLE)
             c.execute("COMMIT")
         except BaseException:
@@ -228,7 +233,7 @@ class SQLiteStore:
 
     def write(self, batch: Batch) -> None:
         """Apply one batch in a single transaction (group commit)."""
-        inserts, updates, task_types, purges = batch
+        inserts, updates, task_types, purges, schedules = batch
         c = self.conn
         with self._transaction("BEGIN"):
             for start in range(0, len(purges), ROWS_PER_STATEMENT):  # first: a new job may take a purged key
@@ -240,6 +245,10 @@ class SQLiteStore:
                 c.execute(_UPDATE_SQL[n], params)
             if task_types:
                 c.executemany("INSERT OR IGNORE INTO task_types (name, first_seen) VALUES (?, ?)", task_types)
+            if schedules:
+                c.executemany("DELETE FROM schedules WHERE name=?", [(name,) for name, body in schedules if body is None])
+                c.executemany("INSERT OR REPLACE INTO schedules (name, body) VALUES (?, ?)",
+                              [row for row in schedules if row[1] is not None])
 
     def commit(self, batch: Batch) -> Outcome:
         """``write`` on the store's one write thread, off the hub."""
@@ -319,6 +328,10 @@ class SQLiteStore:
     def load_task_types(self) -> list[str]:
         """Every task type a worker ever declared to this database."""
         return [row[0] for row in self.conn.execute("SELECT name FROM task_types ORDER BY name")]
+
+    def load_schedules(self) -> list[tuple[str, str]]:
+        """Every recurring schedule as (name, body), sorted by name."""
+        return [(row[0], row[1]) for row in self.conn.execute("SELECT name, body FROM schedules ORDER BY name")]
 
     def max_seq(self) -> int:
         return int(self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()[0])

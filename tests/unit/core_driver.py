@@ -85,6 +85,10 @@ class CoreDriver:
             assert insert_row(stored) == insert_row(job), job.job_id
         assert all(j.state not in TERMINAL for j in table.jobs.values())
         assert core.active_count == len(self.store.load_active())
+        stored = dict(self.store.load_schedules())
+        assert stored.keys() == core.schedules.by_name.keys()
+        for name, schedule in core.schedules.by_name.items():
+            assert stored[name] == schedule.body(), name
         for session in core.json.workers:
             assert len(session.running) <= session.capacity, session.worker_id
         for job_id, session in table.leases.items():

@@ -29,7 +29,8 @@ COORDINATOR_FLAGS = {
 
 
 def test_commands_are_the_contracts():
-    client = {"submit", "status", "list", "workers", "cancel", "wait", "events", "retry", "purge", "top"}
+    client = {"submit", "status", "list", "workers", "cancel", "wait", "events", "retry", "purge", "top",
+              "schedule"}
     assert set(DOCS) == {"up", "coordinator", "worker"} | client
     assert set(CLIENT_COMMANDS) == client
 
@@ -135,7 +136,7 @@ def test_listing_commands(command):
 @pytest.mark.parametrize("command", sorted(CLIENT_COMMANDS))
 def test_every_client_command_takes_coordinator(command):
     argv = [command] + {"submit": ["SLEEP"], "status": ["j"], "cancel": ["j"], "wait": ["j"], "events": ["j"],
-                         "retry": ["j"], "purge": ["--older-than=7d"]}.get(command, [])
+                         "retry": ["j"], "purge": ["--older-than=7d"], "schedule": ["list"]}.get(command, [])
     _cmd, args = parse(argv + ["--coordinator=example:1234"])
     assert args["--coordinator"] == "example:1234"
 

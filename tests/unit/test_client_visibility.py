@@ -318,10 +318,11 @@ def page(jobs, more=False):
 
 
 def sample_replies(jobs, submitted, finished, queued, workers):
-    """The four replies of one refresh: STATS, QUEUED and RETRY_WAIT pages, workers."""
+    """The five replies of one refresh: STATS, QUEUED and RETRY_WAIT pages, workers, schedules."""
     stats = {"type": "STATS", "atMillis": NOW, "jobs": jobs, "submitted": submitted,
              "finished": {"COMPLETED": finished, "FAILED": 0, "CANCELLED": 0}}
-    return [stats, page(queued), page([]), {"type": "WORKER_LIST", "workers": workers}]
+    return [stats, page(queued), page([]), {"type": "WORKER_LIST", "workers": workers},
+            {"type": "SCHEDULE_LIST", "schedules": []}]
 
 
 def test_top_two_refreshes(jm):

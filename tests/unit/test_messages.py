@@ -51,6 +51,18 @@ SAMPLES: dict[str, m.Message] = {
     "STATS": m.Stats(at_millis=1_700_000_000_000, jobs={"QUEUED": 3, "SCHEDULED": 0, "RUNNING": 2, "RETRY_WAIT": 1},
                      submitted=10, finished={"COMPLETED": 3, "FAILED": 1, "CANCELLED": 0}, rejected=0, retries=2,
                      workers=1, periodic_workers=0, capacity=4, busy_slots=2, waits=0),
+    "SCHEDULE_PUT": m.SchedulePut(schedule={"name": "nightly", "cron": "0 3 * * *", "timezone": "Europe/Paris",
+                                            "taskType": "SLEEP", "payload": {"durationMillis": 5}}),
+    "SCHEDULE": m.Schedule(schedule={"name": "nightly", "cron": "0 3 * * *", "nextFireMillis": 1_800_000_000_000}),
+    "SCHEDULE_GET": m.ScheduleGet(name="nightly"),
+    "SCHEDULE_LIST": m.ScheduleList(limit=10, after="a", schedules=[{"name": "nightly"}], next_after="nightly"),
+    "SCHEDULE_PAUSE": m.SchedulePause(name="nightly"),
+    "SCHEDULE_RESUME": m.ScheduleResume(name="nightly"),
+    "SCHEDULE_DELETE": m.ScheduleDelete(name="nightly"),
+    "SCHEDULE_TRIGGER": m.ScheduleTrigger(name="nightly"),
+    "SCHEDULE_PREVIEW": m.SchedulePreview(cron="30 2 * * *", every_millis=None, timezone="Europe/Paris",
+                                          from_millis=1_800_000_000_000, count=2,
+                                          fire_times=[1_800_001_800_000, 1_800_088_200_000]),
 }
 
 
@@ -107,6 +119,15 @@ def test_wire_uses_camel_case_names_from_the_protocol(type_name):
         "GET_STATS": set(),
         "STATS": {"atMillis", "jobs", "submitted", "finished", "rejected", "retries", "workers", "periodicWorkers",
                   "capacity", "busySlots", "waits"},
+        "SCHEDULE_PUT": {"schedule"},
+        "SCHEDULE": {"schedule"},
+        "SCHEDULE_GET": {"name"},
+        "SCHEDULE_LIST": {"limit", "after", "schedules", "nextAfter"},
+        "SCHEDULE_PAUSE": {"name"},
+        "SCHEDULE_RESUME": {"name"},
+        "SCHEDULE_DELETE": {"name"},
+        "SCHEDULE_TRIGGER": {"name"},
+        "SCHEDULE_PREVIEW": {"cron", "everyMillis", "timezone", "fromMillis", "count", "fireTimes"},
     }[type_name]
     assert set(SAMPLES[type_name].to_wire()) == expected | {"type"}
 
@@ -215,10 +236,13 @@ def test_missing_required_fields_are_rejected(obj):
 def test_port_tables_match_the_protocol():
     assert m.WORKER_PORT_REQUESTS == {"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"}
     assert m.CLIENT_PORT_REQUESTS == {"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
-                                      "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB", "GET_STATS"}
+                                      "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB", "GET_STATS",
+                                      "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",
+                                      "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW"}
     assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR"}
     assert m.TO_CLIENT == {"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST",
-                           "JOB_CANCEL", "JOB_EVENTS", "JOBS_PURGED", "STATS", "ERROR"}
+                           "JOB_CANCEL", "JOB_EVENTS", "JOBS_PURGED", "STATS", "SCHEDULE", "SCHEDULE_LIST",
+                           "SCHEDULE_PREVIEW", "ERROR"}
 
 
 @pytest.mark.parametrize("type_name", sorted(SAMPLES))

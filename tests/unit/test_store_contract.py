@@ -15,7 +15,7 @@ from typing import Callable
 import pytest
 
 from jobmesh.protocol.jobs import JobState, Priority
-from jobmesh.store.base import Batch, Store
+from jobmesh.store.base import Batch, Store, merge_batches
 from jobmesh.store.columns import insert_row, update_row
 from jobmesh.store.job import Job
 from jobmesh.store.sqlite import SQLiteStore
@@ -360,3 +360,32 @@ def test_a_batch_deletes_before_it_inserts_so_a_new_job_may_take_a_purged_key(st
     insert(store, finished("old", 1, 100, key="k"))
     store.write(Batch([insert_row(make_job("new", 2, idempotency_key="k"))], [], (), ["old"]))
     assert store.get("old") is None and store.find_by_key("k").job_id == "new"
+
+
+def test_schedules_are_written_replaced_and_deleted_with_the_jobs_of_their_batch(backend, store):
+    # A new store has none; a batch writes a schedule and the job its fire made together.
+    assert store.load_schedules() == []
+    fired = make_job("f1", 1, idempotency_key="schedule:b:60000", schedule_name="b", scheduled_for=60_000)
+    store.write(Batch([insert_row(fired)], [], schedules=[("b", '{"cursor": 60000}'), ("a", '{"x": "é"}')]))
+    assert store.load_schedules() == [("a", '{"x": "é"}'), ("b", '{"cursor": 60000}')]
+    assert fields_of(store.get("f1")) == fields_of(fired)
+    # A later row replaces a schedule's body; None deletes it.
+    store.write(Batch([], [], schedules=[("b", '{"cursor": 120000}'), ("a", None)]))
+    assert store.load_schedules() == [("b", '{"cursor": 120000}')]
+    # A batch that fails writes neither the job nor the schedule's advance.
+    with pytest.raises(Exception):
+        store.write(Batch([insert_row(make_job("f2", 2, idempotency_key="schedule:b:60000"))], [],
+                          schedules=[("b", '{"cursor": 180000}')]))
+    assert store.load_schedules() == [("b", '{"cursor": 120000}')] and store.get("f2") is None
+    store.close()
+    again = backend.open()
+    try:
+        assert again.load_schedules() == [("b", '{"cursor": 120000}')]
+    finally:
+        again.close()
+
+
+def test_merged_batches_keep_the_newest_row_of_each_schedule():
+    older = Batch([], [], schedules=[("a", "1"), ("b", "1")])
+    newer = Batch([], [], schedules=[("a", None), ("c", "2")])
+    assert sorted(merge_batches(older, newer).schedules, key=lambda r: r[0]) == [("a", None), ("b", "1"), ("c", "2")]
