@@ -22,7 +22,7 @@ from typing import Any
 from docopt import DocoptExit, docopt
 
 from jobmesh import __version__
-from jobmesh.config import Source, blame, describe_settings, layered
+from jobmesh.config import CONFIG_ENV, Source, blame, describe_settings, layered
 from jobmesh.errors import ConfigError
 from jobmesh.exitcodes import (EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT,
                                EXIT_UNREACHABLE, EXIT_USAGE)
@@ -557,6 +557,9 @@ def _print_config(command: str, args: dict, sources: dict[str, Source]) -> int:
     else:
         coordinator_config(args)
     _print_line("# jobmesh %s: effective settings (command line > environment > --config file > default)" % command)
+    path = args.get("--config") or os.environ.get(CONFIG_ENV)
+    if path:
+        _print_line("# config file: %s (from %s)" % (path, "--config" if args.get("--config") else CONFIG_ENV))
     for line in describe_settings(args, sources):
         _print_line(line)
     return EXIT_OK

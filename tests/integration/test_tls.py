@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import socket
 import ssl
 import urllib.error
@@ -237,6 +238,26 @@ def test_a_silent_peer_is_closed_after_the_handshake_timeout_while_others_are_se
     finally:
         for sock in silent:
             sock.close()
+
+
+def test_random_first_bytes_on_tls_ports_are_closed_while_others_are_served(tls_coordinator, certs):
+    # Seeded random first bytes, some shaped like the start of a TLS record: each such
+    # connection is closed (at once, or at the handshake timeout); a TLS client is
+    # served between them.
+    rng = random.Random(17)
+    ports = [tls_coordinator.worker_addr, tls_coordinator.client_addr, tls_coordinator.metrics_addr]
+    with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.ca)) as client:
+        for i in range(24):
+            junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400)))
+            if i % 3 == 0:
+                junk = b"\x16\x03" + bytes([rng.randrange(5)]) + junk  # a handshake record's header, then junk
+            with socket.create_connection(ports[i % 3], timeout=10) as sock:
+                try:
+                    sock.sendall(junk)
+                except OSError:
+                    pass  # closed while we were still sending
+                assert closed_by_peer(sock)
+            assert client.workers() == []
 
 
 def test_a_peer_that_stops_inside_the_handshake_is_closed(tls_coordinator):
