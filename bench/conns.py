@@ -13,14 +13,24 @@ from collections import Counter
 from typing import Any
 
 import gevent
+import gevent.ssl
 from gevent import socket
 
 from jobmesh.coordinator.housekeeping import raise_fd_limit  # noqa: F401  (re-exported for bench/)
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol.framing import FrameReader, encode_frame
+from jobmesh.tls import ClientTls, client_context
 
 REQUEST_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 10.0
+_tls: Any = None  # the client connections' TLS context (gevent's), when the coordinator speaks TLS
+
+
+def use_tls(ca: str | None) -> None:
+    """Connect every client connection with TLS, trusting the certificates in ``ca``
+    (None: plaintext)."""
+    global _tls
+    _tls = client_context(ClientTls(ca), gevent.ssl.SSLContext) if ca else None
 
 
 class ConnError(Exception):
@@ -62,6 +72,8 @@ class Conn:
     @classmethod
     def open(cls, addr: tuple[str, int], timeout: float = CONNECT_TIMEOUT) -> "Conn":
         sock = socket.create_connection(addr, timeout=timeout)
+        if _tls is not None:
+            sock = _tls.wrap_socket(sock, server_hostname=addr[0])
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(REQUEST_TIMEOUT)
         return cls(sock)

@@ -55,6 +55,10 @@ Options:
                               --coordinator-arg=--max-active-jobs=1000000
   --worker-arg=ARG            extra flag for each worker process (repeatable)
   --db-synchronous=MODE       FULL or NORMAL, for the coordinator we start [default: FULL]
+  --tls-ca=PEM                connect the clients with TLS, trusting this file; give the
+                              coordinator its certificate and the workers this file with
+                              the --coordinator-arg and --worker-arg flags of the same
+                              names (needs --worker-impl=process)
   --run-dir=DIR               keep the database and logs here (default: a temp dir, removed)
   --out=FILE                  write the JSON report to FILE
   --quiet                     no live progress line on stderr
@@ -84,7 +88,7 @@ from docopt import DocoptExit, docopt
 
 from bench import procs
 from bench.builtin_worker import BuiltinWorkers
-from bench.conns import Conn, ConnError, classify, open_many, raise_fd_limit
+from bench.conns import Conn, ConnError, classify, open_many, raise_fd_limit, use_tls
 from bench.histogram import Histogram
 from bench.drive import (TERMINAL, CompletionTracker, Phase, run_clients, status_frame, submit_client,
                          submit_once, wait_frame, wait_phase)
@@ -188,6 +192,9 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
         if o["workers"] and o["workers"] + o["types_per_worker"] - 1 < o["types"]:
             raise UsageError("%d workers with %d types each leave a type undeclared; need workers >= %d"
                              % (o["workers"], o["types_per_worker"], o["types"] - o["types_per_worker"] + 1))
+    o["tls_ca"] = a["--tls-ca"]
+    if o["tls_ca"] and o["workers"] and o["worker_impl"] != "process":
+        raise UsageError("--tls-ca needs --worker-impl=process (scripted workers speak plaintext)")
     o["run_dir"] = a["--run-dir"]
     o["out"] = a["--out"]
     o["quiet"] = bool(a["--quiet"])
@@ -879,6 +886,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         opts = parse_args(argv)
+        use_tls(opts["tls_ca"])
         gen = LoadGen(opts)
     except DocoptExit as exc:
         print(str(exc), file=sys.stderr)

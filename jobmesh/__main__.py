@@ -2,6 +2,8 @@
 
 gevent's monkey-patching happens here, first, before any other import, exactly once
 per process (docs/ARCHITECTURE.md, "Greenlets and patching"). No library module patches.
+``ssl`` is patched with the rest before anything imports it, so TLS contexts made later
+are gevent's and a handshake or read waits only in its own greenlet.
 """
 
 from gevent import monkey

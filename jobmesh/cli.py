@@ -22,6 +22,7 @@ from typing import Any
 from docopt import DocoptExit, docopt
 
 from jobmesh import __version__
+from jobmesh.config import CONFIG_ENV, Source, blame, describe_settings, layered
 from jobmesh.errors import ConfigError
 from jobmesh.exitcodes import (EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT,
                                EXIT_UNREACHABLE, EXIT_USAGE)
@@ -102,7 +103,26 @@ Coordinator options:
                                  replaces and deletes only the schedules it made)
   --log-level=LEVEL              DEBUG, INFO, WARNING or ERROR [default: INFO]
   --log-format=FORMAT            text, or json: one JSON object per line on stderr [default: text]
+  --tls-cert=PEM                 speak TLS on the worker, client and metrics ports with
+                                 this certificate (it must carry the name or address
+                                 clients connect to); with --tls-key
+  --tls-key=PEM                  the private key of --tls-cert
+  --tls-client-ca=PEM            with --tls-cert: clients and workers must present a
+                                 certificate signed by a CA in this file
+  --tls-handshake-timeout-millis=N  close a connection whose TLS handshake is not done
+                                 within this long [default: 10000]
+  --config=PATH                  read settings from this TOML file; its keys are flag
+                                 names without -- (default: $JOBMESH_CONFIG)
+  --print-config                 print the effective settings, each with where it came
+                                 from, and exit
   -h --help                      show this help
+"""
+
+SETTINGS_HELP = """
+Every flag may also be set by an environment variable, JOBMESH_ and the flag's name in
+upper case with - as _ (JOBMESH_HEARTBEAT_TIMEOUT_MILLIS=300), or in the --config file
+(heartbeat-timeout-millis = 300). A flag beats the environment, which beats the file,
+which beats the default.
 """
 
 COORDINATOR_DOC = """Run the jobmesh coordinator.
@@ -114,11 +134,12 @@ recovers them on start. When ready it prints one line to stdout:
 
 SIGTERM or SIGINT stops it gracefully; with --drain-millis it first assigns nothing
 more and lets running attempts finish for up to that long (a second signal stops at
-once). One coordinator runs per database: a second one on the same file exits 1.
-Without --auth-file it authenticates nobody, so it binds 127.0.0.1 unless told
-otherwise, and refuses an address other machines can reach unless given --auth-file
-(or --insecure). SIGHUP re-reads the auth file.
-
+once). One coordinator runs per database: a second one on the same file exits 1. It
+speaks plaintext unless given --tls-cert and --tls-key. Without --auth-file it
+authenticates nobody, so it binds 127.0.0.1 unless told otherwise, and refuses an
+address other machines can reach unless given --auth-file (or --insecure). SIGHUP
+re-reads the auth file.
+""" + SETTINGS_HELP + """
 Usage:
   jobmesh coordinator [options]
 
@@ -144,6 +165,10 @@ the --token-file flag, JOBMESH_TOKEN or JOBMESH_TOKEN_FILE, or else one that up 
 for this run (kept in memory; the coordinator reads a private copy of the file with
 its hash added).
 
+With --tls-cert, the workers connect over TLS and trust exactly that certificate (so
+it must carry 127.0.0.1, or the --bind address when that is a specific one); when
+given --tls-client-ca they present it as their client certificate too.
+""" + SETTINGS_HELP + """
 Usage:
   jobmesh up [--workers=N] [--capacity=N] [--tasks=MODULES] [options]
 
@@ -167,7 +192,9 @@ It reconnects with capped backoff when the coordinator goes away, and meanwhile 
 its running attempts (and the results of those that finish) for up to
 --keep-running-millis: registering again, it names them, so a restarted coordinator
 started with --lease-grace-millis lets them finish. SIGTERM or SIGINT stops it.
-
+Given --tls or --tls-ca it speaks TLS; the coordinator's certificate must carry the HOST
+of --coordinator.
+""" + SETTINGS_HELP + """
 Usage:
   jobmesh worker [options]
 
@@ -190,14 +217,29 @@ Options:
                                    JOBMESH_TOKEN_FILE; never a token on the command line)
   --log-level=LEVEL                DEBUG, INFO, WARNING or ERROR [default: INFO]
   --log-format=FORMAT              text, or json: one JSON object per line on stderr [default: text]
+  --tls                            connect with TLS, trusting the system's CAs
+  --tls-ca=PEM                     connect with TLS, trusting the certificates in this file
+  --tls-cert=PEM                   a client certificate to present (with --tls-key)
+  --tls-key=PEM                    the private key of --tls-cert
+  --config=PATH                    read settings from this TOML file; its keys are flag
+                                   names without -- (default: $JOBMESH_CONFIG)
+  --print-config                   print the effective settings, each with where it came
+                                   from, and exit
   -h --help                        show this help
+"""
+
+TLS_CLIENT_OPTIONS = """  --tls                     connect with TLS, trusting the system's CAs ($JOBMESH_TLS)
+  --tls-ca=PEM              connect with TLS, trusting the certificates in this file;
+                            the certificate must carry HOST ($JOBMESH_TLS_CA)
+  --tls-cert=PEM            a client certificate to present ($JOBMESH_TLS_CERT)
+  --tls-key=PEM             the private key of --tls-cert ($JOBMESH_TLS_KEY)
 """
 
 CLIENT_OPTIONS = """
   --coordinator=HOST:PORT   the coordinator's client port [default: 127.0.0.1:7071]
   --token-file=PATH         a file holding the token to present, for a coordinator with
                             --auth-file (or JOBMESH_TOKEN, or JOBMESH_TOKEN_FILE)
-  --json                    print one JSON document instead of text
+""" + TLS_CLIENT_OPTIONS + """  --json                    print one JSON document instead of text
   -h --help                 show this help
 """
 
@@ -306,7 +348,7 @@ Options:
   --coordinator=HOST:PORT   the coordinator's client port [default: 127.0.0.1:7071]
   --token-file=PATH         a file holding the token to present, for a coordinator with
                             --auth-file (or JOBMESH_TOKEN, or JOBMESH_TOKEN_FILE)
-  -h --help                 show this help
+""" + TLS_CLIENT_OPTIONS + """  -h --help                 show this help
 """
 
 TOKEN_DOC = """Make, list and remove the tokens of an auth file (TOML, read by the coordinator's
@@ -434,18 +476,27 @@ def _options_of(doc: str) -> list[str]:
     return sorted(set(re.findall(r"--[a-z][a-z0-9-]*", doc)))
 
 
-def _unknown_options(doc: str, args: list[str]) -> list[str]:
-    """The ``--flags`` in ``args`` that ``doc`` declares neither whole nor as a unique prefix."""
-    known = _options_of(doc)
-    unknown = []
+def _long_args(args: list[str]) -> list[str]:
+    """The ``--flags`` ``args`` names (before any ``--``), without their values."""
+    names = []
     for arg in args:
         if arg == "--":
             break
         if arg.startswith("--"):
-            name = arg.split("=", 1)[0]
-            if name not in known and len([k for k in known if k.startswith(name)]) != 1:
-                unknown.append(name)
-    return unknown
+            names.append(arg.split("=", 1)[0])
+    return names
+
+
+def _resolve(name: str, known: list[str]) -> str | None:
+    """The option ``name`` means, whole or as a unique prefix of one, as docopt reads it."""
+    matches = [name] if name in known else [k for k in known if k.startswith(name)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _unknown_options(doc: str, args: list[str]) -> list[str]:
+    """The ``--flags`` in ``args`` that ``doc`` declares neither whole nor as a unique prefix."""
+    known = _options_of(doc)
+    return [name for name in _long_args(args) if _resolve(name, known) is None]
 
 
 def _did_you_mean(word: str, choices: Any) -> str:
@@ -518,7 +569,7 @@ def main(argv: list[str]) -> int:
         except (DocoptExit, UsageError) as exc:
             _report(str(exc), json_logs)
             return EXIT_USAGE
-        return _run(command, args, json_logs)
+        return _run(command, argv, args, json_logs)
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
@@ -533,8 +584,51 @@ def main(argv: list[str]) -> int:
         return EXIT_FAILED
 
 
-def _run(command: str, args: dict, json_logs: bool) -> int:
+# Client commands take these flags from the environment too (JOBMESH_TLS_CA ...); their
+# other flags come from the command line alone.
+CLIENT_ENV_FLAGS = ("--tls", "--tls-ca", "--tls-cert", "--tls-key")
+
+
+def settings(command: str, argv: list[str], args: dict, environ: Any) -> tuple[dict, dict[str, Source]]:
+    """docopt's dict for ``command`` with each setting from the command line, the
+    environment, the --config file or the default, in that order, and where each came from.
+
+    docopt fills in defaults, which must not beat the environment, so the flags the
+    command line gave are read from argv itself (``given_flags``)."""
+    given = given_flags(DOCS[command], argv[argv.index(command) + 1:])
+    return layered(args, given, environ, None if command in SERVER_COMMANDS else CLIENT_ENV_FLAGS)
+
+
+def given_flags(doc: str, args: list[str]) -> set[str]:
+    """The long options ``args`` names, whole or as a unique prefix, as docopt reads them."""
+    known = _options_of(doc)
+    return {flag for flag in (_resolve(name, known) for name in _long_args(args)) if flag is not None}
+
+
+def _print_config(command: str, args: dict, sources: dict[str, Source]) -> int:
+    """``--print-config``: check the settings as a start would, then print them."""
+    from jobmesh.config import coordinator_config, worker_config
+
+    if command == "worker":
+        worker_config(args)
+    else:
+        coordinator_config(args)
+    _print_line("# jobmesh %s: effective settings (command line > environment > --config file > default)" % command)
+    path = args.get("--config") or os.environ.get(CONFIG_ENV)
+    if path:
+        _print_line("# config file: %s (from %s)" % (path, "--config" if args.get("--config") else CONFIG_ENV))
+    for line in describe_settings(args, sources):
+        _print_line(line)
+    return EXIT_OK
+
+
+def _run(command: str, argv: list[str], args: dict, json_logs: bool) -> int:
+    sources: dict[str, Source] = {}
     try:
+        args, sources = settings(command, argv, args, os.environ)
+        json_logs = json_logs or str(args.get("--log-format")).lower() == "json"
+        if args.get("--print-config"):
+            return _print_config(command, args, sources)
         if command == "coordinator":
             from jobmesh.config import coordinator_config
             from jobmesh.coordinator.runtime import run_coordinator
@@ -563,7 +657,7 @@ def _run(command: str, args: dict, json_logs: bool) -> int:
         setup_logging("WARNING")
         return run_client_command(command, args, Console(sys.stdout, sys.stderr, sys.stdin))
     except ConfigError as exc:
-        _report("jobmesh %s: %s" % (command, exc), json_logs)
+        _report("jobmesh %s: %s" % (command, blame(str(exc), sources)), json_logs)
         return EXIT_USAGE
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from jobmesh.auth import read_token
 from jobmesh.errors import ConfigError
+from jobmesh.tls import ClientTls, client_tls
 
 SYNC_MODES = ("FULL", "NORMAL", "OFF")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -63,6 +64,11 @@ class CoordinatorConfig(CoreConfig):
     auth_file: str | None = None  # tokens with roles (jobmesh/auth.py); None: nobody is asked for one
     insecure: bool = False  # allow a non-loopback --bind without --auth-file
     schedules_file: str | None = None  # --schedules: a TOML file of recurring schedules (absolute path)
+    # TLS on the worker, client and metrics ports (all three None: plaintext); paths of PEM files.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # clients must present a certificate this CA signed
+    tls_handshake_timeout_millis: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class WorkerConfig:
     keep_running_millis: int = 30_000
     # The token sent in AUTH (--token-file, JOBMESH_TOKEN, JOBMESH_TOKEN_FILE); never shown.
     token: str | None = field(default=None, repr=False)
+    tls: ClientTls | None = None  # how it speaks TLS to the coordinator (None: plaintext)
 
 
 _MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
@@ -199,6 +206,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         auth_file=_path(args, "--auth-file"),
         insecure=bool(args.get("--insecure")),
         schedules_file=_schedules_file(args.get("--schedules")),
+        **server_tls(args),
     )
     if (cfg.periodic_key is None) != (cfg.periodic_authorized_keys is None):
         raise ConfigError("--periodic-key and --periodic-authorized-keys go together (the RSA handshake needs both)")
@@ -221,6 +229,26 @@ def _path(args: dict[str, Any], flag: str) -> str | None:
     return str(value)
 
 
+def server_tls(args: dict[str, Any]) -> dict[str, Any]:
+    """The coordinator's TLS fields from ``--tls-cert``, ``--tls-key``, ``--tls-client-ca``
+    (the files are read when the coordinator starts)."""
+    cert, key, client_ca = (args.get(flag) or None for flag in ("--tls-cert", "--tls-key", "--tls-client-ca"))
+    if (cert is None) != (key is None):
+        raise ConfigError("--tls-cert and --tls-key go together (the coordinator's certificate and its private key)")
+    if client_ca is not None and cert is None:
+        raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key (client certificates are checked over TLS)")
+    fields: dict[str, Any] = {"tls_cert": cert, "tls_key": key, "tls_client_ca": client_ca}
+    if args.get("--tls-handshake-timeout-millis") is not None:
+        fields["tls_handshake_timeout_millis"] = _int(args, "--tls-handshake-timeout-millis", 1)
+    return fields
+
+
+def tls_of(args: dict[str, Any]) -> ClientTls | None:
+    """A client's or worker's TLS settings from ``--tls``, ``--tls-ca``, ``--tls-cert`` and
+    ``--tls-key`` (None: plaintext)."""
+    return client_tls(bool(args.get("--tls")), args.get("--tls-ca"), args.get("--tls-cert"), args.get("--tls-key"))
+
+
 def worker_config(args: dict[str, Any]) -> WorkerConfig:
     """Build from docopt's dict for ``jobmesh worker``."""
     host, port = parse_hostport(args["--coordinator"])
@@ -239,4 +267,163 @@ def worker_config(args: dict[str, Any]) -> WorkerConfig:
         cancel_grace_millis=_int(args, "--cancel-grace-millis", 0),
         keep_running_millis=_int(args, "--keep-running-millis", 0),
         token=read_token(_path(args, "--token-file")),
+        tls=tls_of(args),
     )
+
+
+# ---- settings from flags, the environment and a TOML file ------------------------------
+#
+# The flags a command takes come from its docopt usage text, so every flag is covered
+# without being listed here. Precedence: a flag on the command line, then JOBMESH_<FLAG>,
+# then the --config file (or $JOBMESH_CONFIG), then the usage text's default.
+
+ENV_PREFIX = "JOBMESH_"
+CONFIG_ENV = "JOBMESH_CONFIG"
+ACTIONS = ("--help", "--version", "--config", "--print-config")  # taken from the command line only
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_SECRET = re.compile(r"token|secret|password|(^|-)key$")
+
+
+def env_name(flag: str) -> str:
+    """``--heartbeat-timeout-millis`` -> ``JOBMESH_HEARTBEAT_TIMEOUT_MILLIS``."""
+    return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a setting's value came from: ``kind`` is ``command line``, ``environment``
+    (``where`` the variable), ``config file`` (``where`` its path) or ``default``."""
+
+    kind: str
+    where: str = ""
+
+    def __str__(self) -> str:
+        return "%s %s" % (self.kind, self.where) if self.where else self.kind
+
+
+COMMAND_LINE = Source("command line")
+DEFAULT = Source("default")
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The TOML file's table; ``ConfigError`` naming the file if it cannot be read or parsed."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError("%s: cannot read the config file: %s" % (path, exc.strerror or exc)) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError("%s: not a valid TOML file: %s" % (path, " ".join(str(exc).split()))) from None
+
+
+def _env_value(raw: str, flag: str, var: str, switch: bool) -> Any:
+    if not switch:
+        return raw
+    if raw.strip().lower() in _TRUE:
+        return True
+    if raw.strip().lower() in _FALSE:
+        return False
+    raise ConfigError("%s=%r: %s is a switch: give 1/true/yes/on or 0/false/no/off" % (var, raw, flag))
+
+
+def _file_value(value: Any, key: str, path: str, switch: bool) -> Any:
+    if switch:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError("%s: %s must be true or false, got %r" % (path, key, value))
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return ",".join(value)  # tasks = ["a", "b"] is --tasks=a,b
+    raise ConfigError("%s: %s must be a string or an integer, got %r" % (path, key, value))
+
+
+def layered(parsed: dict[str, Any], given: set[str], environ: Any,
+            flags: Any = None) -> tuple[dict[str, Any], dict[str, Source]]:
+    """Docopt's dict with every setting taken from the first place that has it.
+
+    ``parsed`` is docopt's dict (defaults filled in), ``given`` the flags the command
+    line named (docopt cannot tell a default from a flag given), ``environ`` the
+    environment; ``flags`` limits the settings that may come from elsewhere (None: every
+    flag but ``ACTIONS``). The file is ``--config`` or ``$JOBMESH_CONFIG``, when the
+    command takes ``--config``. Returns the dict and each setting's ``Source``.
+    ``ConfigError`` names the file or the variable at fault: an unknown key, a value of
+    the wrong type, a bad switch.
+    """
+    options = [k for k in parsed if k.startswith("--") and k not in ACTIONS and (flags is None or k in flags)]
+    args = dict(parsed)
+    sources: dict[str, Source] = {}
+    table: dict[str, Any] = {}
+    path = None
+    if "--config" in parsed:
+        path = parsed["--config"] or environ.get(CONFIG_ENV) or None
+        if path:
+            table = read_config_file(path)
+            for key in table:
+                if "--" + key not in options:
+                    raise ConfigError("%s: unknown key %r%s" % (path, key, _close_flag(key, options)))
+    for flag in options:
+        switch = isinstance(parsed[flag], bool)
+        if flag in given:
+            sources[flag] = COMMAND_LINE
+            continue
+        var = env_name(flag)
+        raw = environ.get(var)
+        if raw:  # an empty variable counts as unset
+            args[flag] = _env_value(raw, flag, var, switch)
+            sources[flag] = Source("environment", var)
+        elif flag[2:] in table:
+            args[flag] = _file_value(table[flag[2:]], flag[2:], str(path), switch)
+            sources[flag] = Source("config file", str(path))
+        else:
+            sources[flag] = DEFAULT
+    return args, sources
+
+
+def _close_flag(key: str, options: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, [o[2:] for o in options], n=1, cutoff=0.6)
+    return " (did you mean %r?)" % close[0] if close else ""
+
+
+def blame(message: str, sources: dict[str, Source]) -> str:
+    """A ConfigError's message, naming where the flag it is about was set when that was
+    not the command line: ``--worker-port must be ... (from JOBMESH_WORKER_PORT)``."""
+    for flag in re.findall(r"--[a-z0-9][a-z0-9-]*", message):
+        source = sources.get(flag)
+        if source is not None and source.where:
+            return "%s (from %s)" % (message, source.where)
+    return message
+
+
+def describe_settings(args: dict[str, Any], sources: dict[str, Source]) -> list[str]:
+    """``--print-config``: one line per setting, in TOML (usable as a --config file), with
+    its source as a comment; values of keys and tokens are never shown."""
+    rows = []
+    for flag, source in sources.items():
+        key, value = flag[2:], args.get(flag)
+        if value is None:
+            text = "# %s is not set" % key
+        elif _SECRET.search(key):
+            text = "# %s = (set, not shown)" % key
+        elif isinstance(value, bool):
+            text = "%s = %s" % (key, "true" if value else "false")
+        elif re.fullmatch(r"-?[0-9]+", str(value)):
+            text = "%s = %s" % (key, value)
+        else:
+            text = "%s = %s" % (key, _toml_string(str(value)))
+        rows.append((text, str(source)))
+    width = max((len(text) for text, _ in rows), default=0)
+    return ["%-*s  # %s" % (width, text, where) for text, where in rows]
+
+
+def _toml_string(text: str) -> str:
+    import json
+
+    return json.dumps(text, ensure_ascii=False)  # JSON's escapes are TOML basic-string escapes

@@ -117,6 +117,11 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         flags["periodic-port"] = cfg.periodic_port
     if cfg.metrics_port is not None:
         flags["metrics-port"] = cfg.metrics_port
+    if cfg.tls_cert is not None:
+        flags.update({"tls-cert": cfg.tls_cert, "tls-key": cfg.tls_key,
+                      "tls-handshake-timeout-millis": cfg.tls_handshake_timeout_millis})
+        if cfg.tls_client_ca is not None:
+            flags["tls-client-ca"] = cfg.tls_client_ca
     if cfg.schedules_file is not None:
         flags["schedules"] = cfg.schedules_file
     if cfg.periodic_key is not None:
@@ -144,6 +149,28 @@ def pinned(cfg: CoordinatorConfig, ports: dict[str, tuple[str, int]]) -> Coordin
     return replace(cfg, worker_port=ports["worker"][1], client_port=ports["client"][1],
                    periodic_port=ports["periodic"][1] if "periodic" in ports else cfg.periodic_port,
                    metrics_port=ports["metrics"][1] if "metrics" in ports else cfg.metrics_port)
+
+
+def worker_tls_argv(cfg: CoordinatorConfig) -> list[str]:
+    """How the local workers speak TLS to a coordinator with ``--tls-cert``: they trust
+    exactly its certificate (so it must carry the address they connect to) and, when it
+    asks for client certificates, present that same certificate."""
+    if cfg.tls_cert is None:
+        return []
+    argv = ["--tls-ca=%s" % cfg.tls_cert]
+    if cfg.tls_client_ca is not None:
+        argv += ["--tls-cert=%s" % cfg.tls_cert, "--tls-key=%s" % cfg.tls_key]
+    return argv
+
+
+# Variables the children must not read: up has resolved its settings and passes them as
+# flags; the config file may hold keys the child does not take, and JOBMESH_TLS_CERT and
+# JOBMESH_TLS_KEY name the coordinator's certificate, not a worker's client certificate.
+HIDDEN_FROM_CHILDREN = ("JOBMESH_CONFIG", "JOBMESH_TLS", "JOBMESH_TLS_CA", "JOBMESH_TLS_CERT", "JOBMESH_TLS_KEY")
+
+
+def child_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in HIDDEN_FROM_CHILDREN}
 
 
 def worker_target(host: str, port: int) -> str:
@@ -201,7 +228,7 @@ class Supervisor:
 
     def _spawn(self, argv: list[str], **kwargs: Any) -> subprocess.Popen:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=self._preexec, start_new_session=True,
-                                **kwargs)
+                                env=child_environment(), **kwargs)
 
     def run(self) -> int:
         handlers = [gevent.signal_handler(s, self.request_stop, s) for s in (signal.SIGTERM, signal.SIGINT)]
@@ -216,7 +243,7 @@ class Supervisor:
                 argv = [sys.executable, "-m", "jobmesh", "worker", "--coordinator=%s" % target,
                         "--id=local-%d" % n, "--capacity=%d" % self.capacity,
                         "--heartbeat-interval-millis=%d" % heartbeat, "--log-level=%s" % self.cfg.log_level,
-                        "--log-format=%s" % self.cfg.log_format]
+                        "--log-format=%s" % self.cfg.log_format] + worker_tls_argv(self.cfg)
                 if self.task_modules:
                     argv.append("--tasks=%s" % ",".join(self.task_modules))
                 slot = Child("local-%d" % n, argv)

@@ -763,15 +763,19 @@ def wait_registered(client, worker_ids, timeout: float = 10.0) -> list[dict]:
 
 
 def run_cli(*args: str, coordinator: str | None = None, stdin: str | None = None,
-            timeout: float = 20.0) -> subprocess.CompletedProcess:
-    """Run ``python -m jobmesh ARGS`` to completion; text stdout/stderr, never raises on rc."""
+            timeout: float = 20.0, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m jobmesh ARGS`` to completion; text stdout/stderr, never raises on rc.
+    ``env``: variables to add to the environment."""
     argv = [sys.executable, "-m", "jobmesh"] + list(args)
     if coordinator is not None:
         argv.append("--coordinator=%s" % coordinator)
+    extra = env or {}
     env = child_env()
     env.pop("GEVENT_MONITOR_THREAD_ENABLE", None)  # its warnings would muddy stderr checks
+    env.update(extra)
     return subprocess.run(argv, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
 class UpProc:

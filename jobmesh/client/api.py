@@ -35,6 +35,7 @@ import builtins
 import math
 import random
 import socket
+import ssl
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -46,6 +47,7 @@ from jobmesh.errors import (ClientError, CoordinatorUnavailable, InvalidRequest,
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
+from jobmesh.tls import client_context, client_tls
 
 DEFAULT_PORT = 7071
 RETRY_BASE = 0.05
@@ -138,6 +140,13 @@ class CoordinatorClient:
     ``token``: for a coordinator with ``--auth-file``, sent as AUTH first on each
     connection; a refused token raises ``RequestFailed("authentication failed")``.
     Without one, such a coordinator answers ``authentication required``.
+
+    TLS: ``tls=True`` verifies the coordinator against the system's CAs, ``tls_ca=PEM``
+    against the certificates in that file (either turns TLS on), and ``tls_cert``/``tls_key``
+    present a client certificate; or pass a ready ``ssl.SSLContext`` as ``tls``. The
+    coordinator's certificate must carry ``host`` (a DNS name, or an IP address in its
+    subjectAltName). Certificate files are read here, once: ``ConfigError`` if they
+    cannot be. A handshake that fails is ``CoordinatorUnavailable``.
     """
 
     def __init__(
@@ -147,6 +156,11 @@ class CoordinatorClient:
         connect_timeout: float = 5.0,
         timeout: float = 30.0,
         token: str | None = None,
+        *,
+        tls: bool | ssl.SSLContext = False,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ):
         if port == DEFAULT_PORT and host.count(":") == 1:  # "HOST:PORT", as the CLI takes it
             name, _, number = host.partition(":")
@@ -158,6 +172,12 @@ class CoordinatorClient:
         self.connect_timeout = connect_timeout
         self.timeout = timeout
         self._token = token  # sent as AUTH first on each connection (a coordinator with --auth-file)
+        self.tls: ssl.SSLContext | None
+        if isinstance(tls, ssl.SSLContext):
+            self.tls = tls
+        else:
+            settings = client_tls(tls, tls_ca, tls_cert, tls_key)
+            self.tls = client_context(settings) if settings is not None else None
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
         self._lock = threading.RLock()  # re-entered when a fresh connection authenticates (close on a bad reply)
@@ -398,6 +418,18 @@ class CoordinatorClient:
         """Whether the coordinator has closed the idle connection (seen without blocking;
         asked only after an ERROR reply, so other requests pay nothing for it)."""
         assert self._sock is not None
+        if isinstance(self._sock, ssl.SSLSocket):
+            # A TLS socket takes no recv flags: peek at the TCP stream under it (the
+            # coordinator closes without a TLS close_notify, so its close is the stream's end).
+            raw = socket.socket(self._sock.family, self._sock.type, self._sock.proto, fileno=self._sock.fileno())
+            try:
+                return raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
+            finally:
+                raw.detach()
         try:
             self._sock.settimeout(0.0)
             return self._sock.recv(1, socket.MSG_PEEK) == b""
@@ -413,6 +445,12 @@ class CoordinatorClient:
             sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
         except OSError as exc:
             raise CoordinatorUnavailable("cannot connect to %s: %s" % (where, exc)) from exc
+        if self.tls is not None:
+            try:
+                sock = self.tls.wrap_socket(sock, server_hostname=self.host)
+            except OSError as exc:
+                sock.close()
+                raise CoordinatorUnavailable("TLS handshake with %s failed: %s" % (where, _tls_reason(exc))) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.timeout)
         self._sock = sock
@@ -522,3 +560,13 @@ class Schedules:
                                     m.SchedulePreview, idempotent=True)
         zone = ZoneInfo(timezone)
         return [(EPOCH + timedelta(milliseconds=t)).astimezone(zone) for t in reply.fire_times]
+
+
+def _tls_reason(exc: OSError) -> str:
+    """Why a handshake failed, in words a user can act on."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return "%s (the certificate must be signed by a trusted CA, --tls-ca, and carry the host name)" % (
+            exc.verify_message or exc)
+    if isinstance(exc, ssl.SSLError) and "WRONG_VERSION_NUMBER" in str(exc):
+        return "the coordinator does not speak TLS on this port"
+    return str(exc) or type(exc).__name__

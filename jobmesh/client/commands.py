@@ -457,7 +457,8 @@ def run_client_command(command: str, args: dict[str, Any], console: Console) -> 
     handler = HANDLERS[command]
     token = read_token(args.get("--token-file"))
     try:
-        with CoordinatorClient(host, port, token=token) as client:
+        with CoordinatorClient(host, port, tls=bool(args.get("--tls")), tls_ca=args.get("--tls-ca"),
+                               tls_cert=args.get("--tls-cert"), tls_key=args.get("--tls-key"), token=token) as client:
             return handler(client, args, console)
     except CoordinatorUnavailable as exc:
         console.error(command, "coordinator unreachable: %s" % exc)

@@ -21,6 +21,15 @@ only the runtime and the mailbox call these methods.
 ``Output`` is the ordered, non-blocking output of one socket, shared by the worker,
 client and Periodic ports (each port's connection class builds on it), and ``nodelay``
 the socket option every port sets on accept.
+
+TLS (``--tls-cert``): ``tls_accept`` runs the server side of the handshake in the
+connection's own greenlet, bounded by a timeout, so a slow, silent or plaintext peer
+costs only its own connection. After it the socket's timeout is 0: ``Output`` writes
+through the TLS object without blocking (a full socket takes nothing, and the same bytes
+are offered again later, as OpenSSL requires), and ``receiver`` gives the handler a
+``recv`` that waits for the socket in its greenlet. Which write and which ``recv`` a
+connection uses is chosen once, when it is made: a plaintext connection writes with
+``os.write`` on its descriptor exactly as before.
 """
 
 from __future__ import annotations
@@ -28,12 +37,16 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 import time
 from collections import deque
+from functools import partial
 from typing import Any, Callable, Protocol
 
 import gevent
+import gevent.ssl
 from gevent.event import Event
+from gevent.socket import wait_read, wait_write
 
 from jobmesh.coordinator.clock import monotonic
 
@@ -85,6 +98,63 @@ def nodelay(sock: socket.socket) -> None:
         pass
 
 
+def tls_accept(context: ssl.SSLContext, sock: Any, addr: Any, timeout: float, what: str) -> Any | None:
+    """The server side of the TLS handshake on an accepted socket, in the calling
+    greenlet; the TLS socket, or None when the handshake failed or took longer than
+    ``timeout`` seconds (the connection is then closed). The caller closes the TLS
+    socket when it is done (the server's own close reaches only the plain socket)."""
+    tls_sock = None
+    timer = gevent.Timeout(timeout)
+    timer.start()
+    try:
+        tls_sock = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        tls_sock.do_handshake()
+        return tls_sock
+    except gevent.Timeout as exc:
+        if exc is not timer:
+            raise
+        log.info("closing a %s connection peer=%s:%s: no TLS handshake within %.0f s", what, addr[0], addr[1], timeout)
+    except OSError as exc:  # ssl.SSLError among them: a plaintext peer, a refused certificate
+        log.info("TLS handshake failed on the %s port peer=%s:%s: %s", what, addr[0], addr[1], exc)
+    finally:
+        timer.close()
+    (tls_sock if tls_sock is not None else sock).close()
+    return None
+
+
+def receiver(sock: Any) -> Callable[[int], bytes]:
+    """The ``recv(n)`` a handler reads with: the socket's own, or for a TLS socket (timeout
+    0, see ``Output``) one that waits in the calling greenlet until data can be read."""
+    if not isinstance(sock, gevent.ssl.SSLSocket):
+        return sock.recv
+    fileno = sock.fileno()
+
+    def recv(n: int) -> bytes:
+        while True:
+            try:
+                return sock.recv(n)
+            except ssl.SSLWantReadError:
+                wait_read(fileno)
+            except ssl.SSLWantWriteError:
+                wait_write(fileno)
+
+    return recv
+
+
+def _tls_send(sock: Any, data: bytes) -> int:
+    """Offer ``data`` to a TLS socket whose timeout is 0: all of it is taken, or 0 when the
+    socket is full (OpenSSL then expects the same bytes again, perhaps with more after
+    them; ``Output`` offers exactly that: what it keeps unsent starts with them)."""
+    return sock.send(data)
+
+
+def _tls_sendall(sock: Any, data: bytes) -> None:
+    """Write all of ``data`` to a TLS socket whose timeout is 0, waiting in the calling
+    greenlet (the flusher) while the socket is full."""
+    while not sock.send(data):
+        wait_write(sock.fileno())
+
+
 class Output:
     """Ordered, non-blocking output of one connection; only the hub's thread touches it.
 
@@ -101,11 +171,20 @@ class Output:
     """
 
     __slots__ = ("sock", "fileno", "closed", "_closing", "_leftover", "_flusher", "_progress", "inbox",
-                 "last_arrival", "paused")
+                 "last_arrival", "paused", "_send", "_target", "_drain")
 
     def __init__(self, sock: Any) -> None:
         self.sock = sock
         self.fileno = sock.fileno()
+        # How bytes go out, chosen once: a non-blocking ``send(target, data) -> taken`` for
+        # the core's writes and a blocking ``drain(data)`` for the flusher.
+        if isinstance(sock, gevent.ssl.SSLSocket):
+            sock.settimeout(0.0)  # sends never block; ``receiver`` waits for reads
+            self._send: Callable[[Any, bytes], int] = _tls_send
+            self._target: Any = sock
+            self._drain: Callable[[bytes], Any] = partial(_tls_sendall, sock)
+        else:
+            self._send, self._target, self._drain = os.write, self.fileno, sock.sendall
         self.closed = False
         self._closing = False  # shut the socket down once what is queued is out
         self._leftover: bytearray | None = None  # bytes the socket has not taken yet
@@ -143,7 +222,7 @@ class Output:
                     return
             else:
                 try:
-                    sent = os.write(self.fileno, data) if data else 0
+                    sent = self._send(self._target, data) if data else 0
                 except BlockingIOError:
                     sent = 0
                 except OSError:
@@ -160,7 +239,7 @@ class Output:
         try:
             while self._leftover:
                 data, self._leftover = bytes(self._leftover), bytearray()
-                self.sock.sendall(data)
+                self._drain(data)
         except OSError:
             self._fail()
             return

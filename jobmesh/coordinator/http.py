@@ -42,6 +42,10 @@ else is answered 401 with ``WWW-Authenticate: Basic realm="jobmesh"``. A request
 credentials is not counted as a failure (a browser always asks once without); a wrong
 token is, and is slowed like on the JSON ports (``guard.py``).
 
+With ``--tls-cert`` it is HTTPS: each connection's handshake runs in its own greenlet
+(``connection.tls_accept``), before the request is read, the over-limit short answers
+included.
+
 A timer greenlet wakes every ``TICK_SECONDS``; how late it wakes is the event-loop lag
 (a histogram), and once a second it appends a sample to the ring buffer behind the
 dashboard's chart.
@@ -54,6 +58,7 @@ import binascii
 import logging
 import re
 import socket
+import ssl
 import time
 from collections import deque
 from dataclasses import replace
@@ -74,12 +79,14 @@ from prometheus_client.utils import floatToGoString
 
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.guard import Guard
+from jobmesh.coordinator.connection import tls_accept
 from jobmesh.coordinator.figures import (ACTIVE, FINISHED, METRICS, SUMMARY_KEYS, BucketCounts, Figures, Kind,
                                          Metric, RuntimeFigures)
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameDecoder, encode_frame
 from jobmesh.protocol.jobs import JobState
+from jobmesh.tls import HANDSHAKE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -205,12 +212,21 @@ class _Server(WSGIServer):
     past that, a connection gets a short answer from ``overflow`` instead of waiting in the
     accept queue, so half-sent requests can never keep ``/healthz`` from answering."""
 
-    def __init__(self, *args: Any, overflow: Callable[[socket.socket], None], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, overflow: Callable[[socket.socket], None], tls: ssl.SSLContext | None,
+                 handshake_timeout: float, **kwargs: Any) -> None:
         self.full_pool = Pool(MAX_CONNECTIONS)
         self.overflow_pool = Pool(OVERFLOW_MAX)
         self._overflow = overflow
+        self.tls = tls  # with a context, every connection starts with the TLS handshake (in its greenlet)
+        self.handshake_timeout = handshake_timeout
         super().__init__(*args, **kwargs)
         self.open_connections = 0
+
+    def _secure(self, sock: Any, address: Any, timeout: float) -> Any | None:
+        """The socket to speak HTTP on: as accepted, or after the TLS handshake (None: it failed)."""
+        if self.tls is None:
+            return sock
+        return tls_accept(self.tls, sock, address, timeout, "metrics")
 
     def do_handle(self, *args: Any) -> None:
         """An accepted connection, ``(socket, address)``: served, answered short, or closed."""
@@ -228,13 +244,16 @@ class _Server(WSGIServer):
             self.do_close(*args)
 
     def _answer_overflow(self, sock: socket.socket) -> None:
+        conn = None
         try:
-            sock.settimeout(OVERFLOW_READ_SECONDS)
-            self._overflow(sock)
+            conn = self._secure(sock, sock.getpeername(), OVERFLOW_READ_SECONDS)
+            if conn is not None:
+                conn.settimeout(OVERFLOW_READ_SECONDS)
+                self._overflow(conn)
         except OSError:
             pass
         finally:
-            sock.close()
+            (conn if conn is not None else sock).close()
 
     def stop(self, timeout: float | None = None) -> None:
         super().stop(timeout)
@@ -244,12 +263,19 @@ class _Server(WSGIServer):
 
     def handle(self, sock: Any, address: Any) -> None:
         self.open_connections += 1
-        sock.settimeout(READ_TIMEOUT_SECONDS)
+        conn = None
         try:
-            if not refuse_frames(sock):
-                super().handle(sock, address)
+            conn = self._secure(sock, address, self.handshake_timeout)
+            if conn is not None:
+                conn.settimeout(READ_TIMEOUT_SECONDS)
+                # Only a plaintext socket is peeked at: a TLS one takes no flags, and a peer
+                # speaking jobmesh frames never gets past the handshake.
+                if conn is not sock or not refuse_frames(conn):
+                    super().handle(conn, address)
         finally:
             self.open_connections -= 1
+            if conn is not None and conn is not sock:
+                conn.close()
 
 
 def refuse_frames(sock: Any) -> bool:
@@ -295,9 +321,12 @@ class HttpPort:
     tokens (``--auth-file``; None: every path is open).
     """
 
-    def __init__(self, source: Any, bind: str, port: int, guard: Guard | None = None) -> None:
+    def __init__(self, source: Any, bind: str, port: int, guard: Guard | None = None,
+                 tls: ssl.SSLContext | None = None, handshake_timeout: float = HANDSHAKE_SECONDS) -> None:
         self.source = source
         self.guard = guard
+        self.tls = tls  # HTTPS with the worker and client ports' certificate
+        self.handshake_timeout = handshake_timeout
         self.bind = bind
         self.requested_port = port
         self.server: _Server | None = None
@@ -323,7 +352,8 @@ class HttpPort:
     def start(self) -> _Server:
         """Listen and start the timer; returns the server (the runtime stops it with the others)."""
         self.server = _Server(
-            (self.bind, self.requested_port), self.app, overflow=self._overflow,
+            (self.bind, self.requested_port), self.app, overflow=self._overflow, tls=self.tls,
+            handshake_timeout=self.handshake_timeout,
             log=LoggingLogAdapter(log, logging.DEBUG), error_log=LoggingLogAdapter(log, logging.ERROR),
         )
         self.server.start()

@@ -52,6 +52,7 @@ import gevent
 import gevent.event
 import gevent.pool
 import gevent.server
+import gevent.ssl
 
 from jobmesh.config import CoordinatorConfig, is_loopback
 from jobmesh.coordinator import events as ev
@@ -75,6 +76,7 @@ from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
 from jobmesh.store.base import Store
 from jobmesh.store.sqlite import FAULT_FILE_ENV, SQLiteStore
+from jobmesh.tls import server_context
 
 if TYPE_CHECKING:
     from jobmesh.coordinator.http import HttpPort
@@ -183,7 +185,11 @@ class Coordinator:
         self.store: Store | None = None
         self.core: CoordinatorCore | None = None
         self.servers: list[gevent.server.StreamServer] = []
-        self.handlers = Servers(self.mailbox.put, self.mailbox.put_urgent, config.idle_timeout_millis / 1000.0)
+        # TLS on the worker, client and metrics ports; the certificate files are read here, once.
+        self.tls = (server_context(config.tls_cert, config.tls_key, config.tls_client_ca, gevent.ssl.SSLContext)
+                    if config.tls_cert and config.tls_key else None)
+        self.handlers = Servers(self.mailbox.put, self.mailbox.put_urgent, config.idle_timeout_millis / 1000.0,
+                                self.tls, config.tls_handshake_timeout_millis / 1000.0)
         # Tokens (--auth-file): AuthFileError, a ConfigError, if the file is not valid.
         self.guard = Guard.load(config.auth_file) if config.auth_file is not None else None
         self.handlers.guard = self.guard
@@ -271,11 +277,11 @@ class Coordinator:
         # further clients wait in the accept backlog until a client connection ends.
         per_server = max(64, fd_limit - FD_MARGIN)
         worker_srv = gevent.server.StreamServer(
-            (cfg.bind, cfg.worker_port), self.handlers.handle_worker, backlog=BACKLOG,
+            (cfg.bind, cfg.worker_port), self.handlers.handler("worker"), backlog=BACKLOG,
             spawn=gevent.pool.Pool(per_server),
         )
         client_srv = gevent.server.StreamServer(
-            (cfg.bind, cfg.client_port), self.handlers.handle_client, backlog=BACKLOG,
+            (cfg.bind, cfg.client_port), self.handlers.handler("client"), backlog=BACKLOG,
             spawn=gevent.pool.Pool(max(32, per_server - WORKER_FD_RESERVE)),
         )
         servers = [worker_srv, client_srv]
@@ -295,12 +301,13 @@ class Coordinator:
         if cfg.metrics_port is not None:
             from jobmesh.coordinator.http import HttpPort  # imports prometheus_client: only when asked
 
-            self.http = HttpPort(self, cfg.bind, cfg.metrics_port, self.guard)
+            self.http = HttpPort(self, cfg.bind, cfg.metrics_port, self.guard, self.tls, cfg.tls_handshake_timeout_millis / 1000.0)
             self.servers.append(self.http.start())
             line += " metrics=%s:%d" % (cfg.bind, self.http.port)
         self.ready = True
-        log.info("listening worker=%s:%d client=%s:%d fd_limit=%d", cfg.bind, worker_srv.server_port,
-                 cfg.bind, client_srv.server_port, fd_limit)
+        log.info("listening worker=%s:%d client=%s:%d fd_limit=%d tls=%s", cfg.bind, worker_srv.server_port,
+                 cfg.bind, client_srv.server_port, fd_limit,
+                 "off" if self.tls is None else "on" if cfg.tls_client_ca is None else "on,client-certificates")
         self._warn_about_auth()
         return line
 

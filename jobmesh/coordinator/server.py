@@ -12,6 +12,10 @@ handler, and a TASK_ASSIGN leaves as soon as its commit is done. Bytes a full so
 not take go to a flusher greenlet and later frames queue behind them, so the core never
 blocks on a slow peer and frames never interleave on a socket.
 
+With TLS (``Servers(tls=context)``), ``handler(port)`` puts the handshake in front of
+each connection's handler, in its greenlet; the rest is the same code on the TLS socket
+(``connection.receiver`` for reads, ``Output`` writing through it).
+
 Client connections are request/response, answered in request order: the handler posts
 each request with its ``ClientConn`` and goes back to reading. A pending WAIT_JOB counts
 as unanswered, and the runtime holds the replies that follow it until it is answered.
@@ -35,6 +39,7 @@ import dataclasses
 import logging
 import select
 import socket
+import ssl
 import time
 from typing import Any, Callable
 
@@ -44,12 +49,13 @@ import gevent.monkey
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import monotonic
 from jobmesh.auth import WORKER, Identity
-from jobmesh.coordinator.connection import Output, nodelay
+from jobmesh.coordinator.connection import Output, nodelay, receiver, tls_accept
 from jobmesh.coordinator.guard import Guard
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.payloads import TASK_NAME_RULE, TASK_TYPES, is_task_type_name
+from jobmesh.tls import HANDSHAKE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -202,13 +208,34 @@ class Servers:
     """Handlers for both ports; ``post(item)`` feeds the core, ``ask(req)`` waits for its reply."""
 
     def __init__(self, post: Callable[[Any], None], post_urgent: Callable[[Any], None],
-                 idle_timeout: float = IDLE_TIMEOUT_SECONDS) -> None:
+                 idle_timeout: float = IDLE_TIMEOUT_SECONDS, tls: ssl.SSLContext | None = None,
+                 handshake_timeout: float = HANDSHAKE_SECONDS) -> None:
         self.post = post  # client requests
         self.post_worker = post_urgent  # worker events go first (they free capacity)
         self.idle_timeout = idle_timeout
+        self.tls = tls  # with a context, both ports speak TLS
+        self.handshake_timeout = handshake_timeout
         self.worker_conns: set[WorkerConn] = set()
         self.connections = {"worker": 0, "client": 0}  # open connections per port (metrics)
         self.guard: Guard | None = None  # set with --auth-file: AUTH first, then every request checked
+
+    def handler(self, port: str) -> Callable[[Any, tuple[Any, ...]], None]:
+        """The StreamServer handler of the ``worker`` or ``client`` port: with TLS, the
+        handshake comes first, in the connection's greenlet (``tls_accept``)."""
+        handle = self.handle_worker if port == "worker" else self.handle_client
+        context = self.tls
+        if context is None:
+            return handle
+
+        def handle_tls(sock: Any, addr: tuple[Any, ...]) -> None:
+            tls_sock = tls_accept(context, sock, addr, self.handshake_timeout, port)
+            if tls_sock is not None:
+                try:
+                    handle(tls_sock, addr)
+                finally:
+                    tls_sock.close()
+
+        return handle_tls
 
     def _first_frame(self, reader: FrameReader, what: str, addr: Any) -> dict | None:
         """The first frame, which must complete within the idle timeout (so connections
@@ -261,7 +288,7 @@ class Servers:
         conn = WorkerConn(sock, addr)
         self.worker_conns.add(conn)
         self.connections["worker"] += 1
-        reader = FrameReader(sock.recv)
+        reader = FrameReader(receiver(sock))
         registered = False
         window_start, beats = time.monotonic(), 0
         try:
@@ -355,7 +382,7 @@ class Servers:
         nodelay(sock)
         conn = ClientConn(sock)
         self.connections["client"] += 1
-        reader = FrameReader(sock.recv)
+        reader = FrameReader(receiver(sock))
         first = True
         identity: Identity | None = None
         try:

@@ -38,6 +38,7 @@ import time
 from typing import Any, Callable, TypeVar
 
 import gevent
+import gevent.ssl
 from gevent import socket
 from gevent.queue import Queue
 
@@ -62,6 +63,7 @@ from jobmesh.protocol.messages import (
 )
 from jobmesh.worker import tasks
 from jobmesh.worker.processes import ProcessPool
+from jobmesh.tls import client_context
 from jobmesh.worker.running import Attempt, InFlight, Key
 from jobmesh.worker.usertasks import load_modules
 
@@ -99,6 +101,8 @@ class WorkerAgent:
         self.cfg = cfg
         self.worker_id = cfg.worker_id
         self.address = (cfg.coordinator_host, cfg.coordinator_port)
+        # gevent's SSLContext: the handshake and every read yield, patched process or not.
+        self.tls = client_context(cfg.tls, gevent.ssl.SSLContext) if cfg.tls is not None else None
         self.in_flight = InFlight(cfg.capacity)
         self._pause = pause
         # Results of attempts not yet written to a coordinator, by lease: held while
@@ -212,7 +216,7 @@ class WorkerAgent:
             self._outbox.put(b"")  # wakes the writer, which takes the results
 
     def _connect_and_register(self) -> tuple[socket.socket, FrameReader]:
-        sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT)
+        sock = secure(socket.create_connection(self.address, timeout=CONNECT_TIMEOUT), self.tls, self.address[0])
         try:
             _tune(sock, self.cfg.heartbeat_interval_millis)
             log.info("connected worker=%s coordinator=%s:%d", self.worker_id, *self.address)
@@ -399,6 +403,19 @@ class WorkerAgent:
         except ProtocolError as exc:  # a result too big for one frame fails the attempt instead
             return encode_frame(TaskResult(self.worker_id, msg.job_id, msg.attempt_id, False, None,
                                            "result not sendable: %s" % exc).to_wire())
+
+
+def secure(sock: socket.socket, context: Any, host: str) -> socket.socket:
+    """``sock`` itself, or with a TLS ``context`` the TLS socket after the handshake (under
+    the connect timeout); the coordinator's certificate must carry ``host``. The socket
+    is closed if the handshake fails."""
+    if context is None:
+        return sock
+    try:
+        return context.wrap_socket(sock, server_hostname=host)
+    except BaseException:
+        sock.close()
+        raise
 
 
 def _tune(sock: socket.socket, heartbeat_interval_millis: int) -> None:

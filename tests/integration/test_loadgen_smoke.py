@@ -98,3 +98,19 @@ def test_echo_baseline_small(tmp_path):
     assert report["round_trips_per_s"] > 0
     assert report["errors"] == {}
     assert "round trips/s" in proc.stdout
+
+
+def test_loadgen_against_a_tls_coordinator(tmp_path):
+    # The option for measuring TLS: the coordinator and the workers it starts get the
+    # certificate flags, the clients --tls-ca; a tiny run checks that it all connects.
+    from tests.tls_support import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    out = tmp_path / "r.json"
+    proc = run(["-m", "bench.loadgen", "--clients=5", "--jobs=50", "--mode=e2e", "--workers=1",
+                "--worker-impl=process", "--quiet", "--timeout=30", "--drain-timeout=30",
+                "--coordinator-arg=--tls-cert=%s" % certs.server, "--coordinator-arg=--tls-key=%s" % certs.server_key,
+                "--worker-arg=--tls-ca=%s" % certs.ca, "--tls-ca=%s" % certs.ca, "--out=%s" % out], timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["completed"] == 50 and report["lost"] == 0 and report["connections"] == 5

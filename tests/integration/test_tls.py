@@ -1,0 +1,349 @@
+"""TLS on the worker, client and metrics ports, against real coordinators, real worker
+processes and the CLI, with certificates the tests make (tests/tls_support.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import socket
+import ssl
+import urllib.error
+import urllib.request
+
+import pytest
+
+from jobmesh.client import CoordinatorClient
+from jobmesh.errors import ConfigError, CoordinatorUnavailable, RequestFailed
+from jobmesh.protocol.framing import FrameReader, encode_frame
+from tests.helpers import run_cli, wait_registered, wait_until
+from tests.tls_support import make_certs
+
+HANDSHAKE_MILLIS = 500
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture
+def tls_coordinator(coordinator_factory, certs):
+    return coordinator_factory(tls_cert=certs.server, tls_key=certs.server_key, metrics_port=0,
+                               tls_handshake_timeout_millis=HANDSHAKE_MILLIS)
+
+
+@pytest.fixture
+def mtls_coordinator(coordinator_factory, certs):
+    """Clients and workers must present a certificate the test CA signed."""
+    return coordinator_factory(tls_cert=certs.server, tls_key=certs.server_key, tls_client_ca=certs.ca)
+
+
+def tls_socket(addr, certs, cert=None, key=None, rcvbuf: int | None = None) -> ssl.SSLSocket:
+    """A stdlib TLS connection to ``addr`` trusting the test CA."""
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    if cert is not None:
+        context.load_cert_chain(str(cert), str(key))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(30)
+    sock.connect(addr)
+    return context.wrap_socket(sock, server_hostname=addr[0])
+
+
+def closed_by_peer(sock: socket.socket, timeout: float = 20.0) -> bool:
+    """True once the peer closes (EOF or reset); False if it still holds the connection after ``timeout``."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except (socket.timeout, TimeoutError):
+        return False
+    except OSError:
+        return True
+
+
+def unsent_by_peer(sock: socket.socket) -> int:
+    """Bytes the peer's (IPv4, same host) end of this connection holds in its send queue."""
+    here, there = sock.getsockname()[1], sock.getpeername()[1]
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            local, remote = int(fields[1].split(":")[1], 16), int(fields[2].split(":")[1], 16)
+            if (local, remote) == (there, here):
+                return int(fields[4].split(":")[0], 16)
+    return 0
+
+
+def wait_until_full(sock: socket.socket) -> None:
+    """Wait until the coordinator's side of this connection is full: its send queue holds a
+    megabyte or more and no longer grows (its writes then wait in the coordinator)."""
+    seen = [-1]
+
+    def full() -> bool:
+        queued, before = unsent_by_peer(sock), seen[0]
+        seen[0] = queued
+        return queued >= 1024 * 1024 and queued == before
+
+    wait_until(full, timeout=30, interval=0.3, message="the coordinator's socket full")
+
+
+def submit_frames(count: int) -> bytes:
+    """``count`` SUBMIT_JOBs, each with a long idempotency key (so that listings are large)."""
+    return b"".join(encode_frame({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1},
+                                  "maxAttempts": 1, "idempotencyKey": "%s-%d" % ("k" * 200, i)})
+                    for i in range(count))
+
+
+# ---- clients, workers and the CLI -----------------------------------------------------
+
+
+def test_a_worker_process_and_the_library_run_a_job_over_tls(tls_coordinator, worker_procs, certs):
+    # Given a TLS coordinator and a real worker that trusts the test CA
+    worker_procs.start(tls_coordinator, "w-tls", extra=("--tls-ca=%s" % certs.ca,))
+    # When a library client (TLS too) submits a job and waits for it
+    with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.ca)) as client:
+        wait_registered(client, ["w-tls"], timeout=20)
+        job_id = client.submit("SHA256", {"text": "over tls"})
+        job = client.wait(job_id, timeout=30)
+    # Then the worker ran it
+    assert job["state"] == "COMPLETED"
+    assert job["result"] == {"sha256": hashlib.sha256(b"over tls").hexdigest()}
+
+
+def test_the_cli_over_tls(tls_coordinator, worker_procs, certs):
+    worker_procs.start(tls_coordinator, "w-cli-tls", extra=("--tls-ca=%s" % certs.ca,))
+    target = tls_coordinator.client_target
+    done = run_cli("submit", "WORD_COUNT", '{"text": "a b c"}', "--wait", "--json", "--tls-ca=%s" % certs.ca,
+                   coordinator=target, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"] == {"words": 3}
+    # JOBMESH_TLS_CA instead of the flag
+    listed = run_cli("list", "--json", coordinator=target, env={"JOBMESH_TLS_CA": str(certs.ca)})
+    assert listed.returncode == 0, listed.stderr
+    assert [j["taskType"] for j in json.loads(listed.stdout)] == ["WORD_COUNT"]
+    top = run_cli("top", "--iterations=1", "--tls-ca=%s" % certs.ca, coordinator=target)
+    assert top.returncode == 0, top.stderr
+    assert "w-cli-tls" in top.stdout
+
+
+def test_a_plaintext_cli_on_a_tls_port_fails_cleanly(tls_coordinator):
+    out = run_cli("list", coordinator=tls_coordinator.client_target)
+    assert out.returncode == 3
+    assert "unreachable" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_tls_client_on_a_plaintext_port_is_told_so(coordinator, certs):
+    with pytest.raises(CoordinatorUnavailable, match="does not speak TLS"):
+        with CoordinatorClient(*coordinator.client_addr, tls_ca=str(certs.ca), connect_timeout=10) as client:
+            client.workers()
+
+
+def test_the_certificate_must_carry_the_host(coordinator_factory, certs):
+    # A certificate signed by the trusted CA, but for another name, is refused by the client.
+    coord = coordinator_factory(tls_cert=certs.other_name, tls_key=certs.other_name_key)
+    with pytest.raises(CoordinatorUnavailable, match="IP address mismatch|doesn't match|mismatch"):
+        with CoordinatorClient(*coord.client_addr, tls_ca=str(certs.ca)) as client:
+            client.workers()
+
+
+def test_a_coordinator_signed_by_another_ca_is_refused(tls_coordinator, certs):
+    with pytest.raises(CoordinatorUnavailable, match="certificate"):
+        with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.stranger_ca)) as client:
+            client.workers()
+
+
+def test_an_unreadable_ca_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="--tls-ca"):
+        CoordinatorClient("127.0.0.1", 1, tls_ca=str(tmp_path / "missing.pem"))
+    out = run_cli("list", "--tls-ca=%s" % (tmp_path / "missing.pem"), coordinator="127.0.0.1:1")
+    assert out.returncode == 2 and "--tls-ca" in out.stderr
+
+
+def test_requests_after_an_error_reply_over_tls(tls_coordinator, certs):
+    # After an ERROR the client looks whether the coordinator closed the connection; over
+    # TLS it looks at the TCP stream under the TLS socket.
+    with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.ca)) as client:
+        for _ in range(3):
+            with pytest.raises(RequestFailed):
+                client.status("no-such-job")
+            assert client.workers() == []
+
+
+def test_the_library_takes_an_ssl_context(tls_coordinator, certs):
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    with CoordinatorClient(*tls_coordinator.client_addr, tls=context) as client:
+        assert client.workers() == []
+
+
+# ---- client certificates --------------------------------------------------------------
+
+
+def test_client_certificates_when_the_coordinator_asks(mtls_coordinator, worker_procs, certs):
+    addr = mtls_coordinator.client_addr
+    # Without a certificate, or with one from a CA the coordinator does not trust: refused.
+    for cert, key in ((None, None), (certs.stranger, certs.stranger_key)):
+        with pytest.raises(CoordinatorUnavailable):
+            with CoordinatorClient(*addr, tls_ca=str(certs.ca), tls_cert=cert and str(cert),
+                                   tls_key=key and str(key)) as client:
+                client.workers()
+    # With the test CA's client certificate, a worker and a client run a job.
+    worker_procs.start(mtls_coordinator, "w-mtls",
+                       extra=("--tls-ca=%s" % certs.ca, "--tls-cert=%s" % certs.client,
+                              "--tls-key=%s" % certs.client_key))
+    with CoordinatorClient(*addr, tls_ca=str(certs.ca), tls_cert=str(certs.client),
+                           tls_key=str(certs.client_key)) as client:
+        wait_registered(client, ["w-mtls"], timeout=20)
+        assert client.wait(client.submit("SHA256", {"text": "x"}), timeout=30)["state"] == "COMPLETED"
+    out = run_cli("workers", "--json", "--tls-ca=%s" % certs.ca, "--tls-cert=%s" % certs.client,
+                  "--tls-key=%s" % certs.client_key, coordinator=mtls_coordinator.client_target)
+    assert out.returncode == 0, out.stderr
+    assert [w["workerId"] for w in json.loads(out.stdout)] == ["w-mtls"]
+
+
+def test_a_worker_without_a_client_certificate_never_registers(mtls_coordinator, worker_procs, certs):
+    worker = worker_procs.start(mtls_coordinator, "w-nocert", extra=("--tls-ca=%s" % certs.ca,))
+    wait_until(lambda: worker.count("cannot register") >= 2, timeout=30, message="the worker retrying")
+    with CoordinatorClient(*mtls_coordinator.client_addr, tls_ca=str(certs.ca), tls_cert=str(certs.client),
+                           tls_key=str(certs.client_key)) as client:
+        assert client.workers() == []
+
+
+# ---- misbehaving peers ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("port", ["worker", "client"])
+def test_a_plaintext_peer_on_a_tls_port_is_closed(tls_coordinator, port):
+    addr = tls_coordinator.worker_addr if port == "worker" else tls_coordinator.client_addr
+    with socket.create_connection(addr, timeout=10) as sock:
+        sock.sendall(encode_frame({"type": "LIST_WORKERS"}))
+        assert closed_by_peer(sock)
+
+
+def test_a_silent_peer_is_closed_after_the_handshake_timeout_while_others_are_served(tls_coordinator, certs):
+    silent = [socket.create_connection(tls_coordinator.client_addr, timeout=10) for _ in range(3)]
+    silent.append(socket.create_connection(tls_coordinator.worker_addr, timeout=10))
+    silent.append(socket.create_connection(tls_coordinator.metrics_addr, timeout=10))
+    try:
+        # Others are served meanwhile ...
+        with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.ca)) as client:
+            job_id = client.submit("SLEEP", {"durationMillis": 1})
+            assert client.status(job_id)["jobId"] == job_id
+        # ... and each silent connection is closed once its handshake time is up.
+        for sock in silent:
+            assert closed_by_peer(sock)
+        assert "no TLS handshake within" in tls_coordinator.stderr()
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_random_first_bytes_on_tls_ports_are_closed_while_others_are_served(tls_coordinator, certs):
+    # Seeded random first bytes, some shaped like the start of a TLS record: each such
+    # connection is closed (at once, or at the handshake timeout); a TLS client is
+    # served between them.
+    rng = random.Random(17)
+    ports = [tls_coordinator.worker_addr, tls_coordinator.client_addr, tls_coordinator.metrics_addr]
+    with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.ca)) as client:
+        for i in range(24):
+            junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400)))
+            if i % 3 == 0:
+                junk = b"\x16\x03" + bytes([rng.randrange(5)]) + junk  # a handshake record's header, then junk
+            with socket.create_connection(ports[i % 3], timeout=10) as sock:
+                try:
+                    sock.sendall(junk)
+                except OSError:
+                    pass  # closed while we were still sending
+                assert closed_by_peer(sock)
+            assert client.workers() == []
+
+
+def test_a_peer_that_stops_inside_the_handshake_is_closed(tls_coordinator):
+    # The first bytes of a TLS record, then nothing.
+    with socket.create_connection(tls_coordinator.client_addr, timeout=10) as sock:
+        sock.sendall(b"\x16\x03\x01\x02\x00\x01")
+        assert closed_by_peer(sock)
+
+
+# ---- replies through the TLS socket ---------------------------------------------------
+
+
+def test_large_and_pipelined_replies_over_tls(tls_coordinator, certs):
+    # A small receive buffer and a reader that is late: the coordinator's socket fills,
+    # so replies wait in its output and go out through the flusher, in order.
+    sock = tls_socket(tls_coordinator.client_addr, certs, rcvbuf=32 * 1024)
+    reader = FrameReader(sock.recv)
+    try:
+        count = 1000
+        sock.sendall(submit_frames(count))
+        ids = []
+        for _ in range(count):
+            reply = reader.read_frame()
+            assert reply["type"] == "JOB_SUBMITTED", reply
+            ids.append(reply["jobId"])
+        # Many large replies, pipelined: each JOB_LIST holds every job, more in all than
+        # the coordinator's socket and ours hold (4 MiB at most here, net.ipv4.tcp_wmem).
+        lists = 20
+        sock.sendall(b"".join(encode_frame({"type": "LIST_JOBS", "limit": 1000}) for _ in range(lists)))
+        sock.sendall(b"".join(encode_frame({"type": "GET_JOB_STATUS", "jobId": job_id}) for job_id in ids))
+        wait_until_full(sock)  # reading nothing until then
+        total = 0
+        for _ in range(lists):
+            reply = reader.read_frame()
+            assert reply["type"] == "JOB_LIST"
+            assert len(reply["jobs"]) == count
+            total += len(encode_frame(reply))
+        assert total > 6 * 1024 * 1024
+        for job_id in ids:  # the status replies follow, in request order
+            reply = reader.read_frame()
+            assert reply["type"] == "JOB_STATUS" and reply["job"]["jobId"] == job_id
+    finally:
+        sock.close()
+
+
+def test_a_tls_client_that_does_not_read_holds_up_nobody(tls_coordinator, certs):
+    # Given a TLS client whose replies fill the coordinator's socket and who reads nothing
+    greedy = tls_socket(tls_coordinator.client_addr, certs, rcvbuf=32 * 1024)
+    try:
+        greedy.sendall(submit_frames(1000))
+        greedy.sendall(b"".join(encode_frame({"type": "LIST_JOBS", "limit": 1000}) for _ in range(16)))
+        wait_until_full(greedy)
+        # When another TLS client asks, then it is answered: the core never waits for a socket.
+        with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.ca), timeout=20) as client:
+            assert client.status(client.submit("SLEEP", {"durationMillis": 1}))["state"] in ("QUEUED", "RUNNING")
+            assert client.stats() is not None
+    finally:
+        greedy.close()
+
+
+# ---- the metrics port -----------------------------------------------------------------
+
+
+def test_the_metrics_port_speaks_https(tls_coordinator, certs):
+    host, port = tls_coordinator.metrics_addr
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    with urllib.request.urlopen("https://%s:%d/healthz" % (host, port), context=context, timeout=20) as resp:
+        assert resp.status == 200
+    with urllib.request.urlopen("https://%s:%d/metrics" % (host, port), context=context, timeout=20) as resp:
+        assert b"jobmesh_jobs_submitted_total" in resp.read()
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        urllib.request.urlopen("http://%s:%d/healthz" % (host, port), timeout=20).read()
+
+
+# ---- jobmesh up ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("client_certs", [False, True])
+def test_up_over_tls(start_up, certs, client_certs):
+    flags = ["--workers=1", "--tls-cert=%s" % certs.server, "--tls-key=%s" % certs.server_key]
+    client = ["--tls-ca=%s" % certs.ca]
+    if client_certs:
+        flags.append("--tls-client-ca=%s" % certs.ca)
+        client += ["--tls-cert=%s" % certs.client, "--tls-key=%s" % certs.client_key]
+    up = start_up(*flags)
+    target = "%s:%d" % up.client_addr
+    out = run_cli("submit", "SHA256", '{"text": "up"}', "--wait", "--json", *client, coordinator=target, timeout=60)
+    assert out.returncode == 0, out.stderr + up.log()
+    assert json.loads(out.stdout)["state"] == "COMPLETED"
