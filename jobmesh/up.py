@@ -226,9 +226,9 @@ class Supervisor:
         self.slots: list[Child] = []
         self._preexec = _die_with_parent()
 
-    def _spawn(self, argv: list[str], **kwargs: Any) -> subprocess.Popen:
+    def _spawn(self, argv: list[str], env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.Popen:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=self._preexec, start_new_session=True,
-                                env=child_environment(), **kwargs)
+                                env=child_environment() if env is None else env, **kwargs)
 
     def run(self) -> int:
         handlers = [gevent.signal_handler(s, self.request_stop, s) for s in (signal.SIGTERM, signal.SIGINT)]
@@ -355,7 +355,7 @@ class Supervisor:
     def _start_worker(self, slot: Child) -> None:
         env = None
         if self.token is not None:  # in the environment, never on a command line
-            env = {k: v for k, v in os.environ.items() if k != TOKEN_FILE_ENV}
+            env = {k: v for k, v in child_environment().items() if k != TOKEN_FILE_ENV}
             env[TOKEN_ENV] = self.token
         # Our stdout carries the coordinator's lines only; whatever a worker (or a task in
         # it) prints goes to stderr, with the logs.
