@@ -44,6 +44,9 @@ REJECTED = b"rejected: the coordinator is at its active-job limit"  # SUBMIT_JOB
 TOO_LATE = b"rejected: sched_at must be before the year 10000"
 I32_MAX = 2**31 - 1  # count and timeout travel as signed 32-bit integers
 _PENDING = frozenset({JobState.QUEUED, JobState.SCHEDULED, JobState.RETRY_WAIT})
+# The client requests that store jobs or end them; refused while storage fails. (A worker's
+# outcomes write nothing then: no Periodic job runs while the core is paused.)
+WRITES = frozenset({pc.SubmitJob, pc.RunJob, pc.RemoveJob, pc.DropFunc, pc.Load})
 
 
 class PeriodicFunc:
@@ -275,6 +278,16 @@ class PeriodicJobs:
             self.outbox.send(conn, pc.encode_unknown(msg.msgid))
             return
         handler(now_millis, conn, msg)
+
+    @staticmethod
+    def writes(msg: Any) -> bool:
+        """Whether the request may store or end a job (refused while storage fails)."""
+        return type(msg) in WRITES
+
+    def refuse(self, conn: OutboundConnection, msg: Any, reason: str) -> None:
+        """A write refused while storage fails: DATA with the reason, as a SUBMIT_JOB
+        refused at the active-job limit is answered."""
+        self.outbox.send(conn, pc.encode_data(msg.msgid, reason.encode("utf-8")))
 
     def _not_text(self, conn: OutboundConnection) -> None:
         """A func, name or lock name that is not UTF-8, or a func holding a comma or a line
