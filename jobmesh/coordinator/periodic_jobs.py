@@ -171,6 +171,8 @@ class PeriodicJobs:
             if self.named.get(key) == job.job_id:
                 del self.named[key]
             self.waits.fire(job, target, now_millis)
+            if not pf.ids:
+                self._forget_if_idle(job.task_type)
         elif not waits_lock:
             self._enter(job, pf)
 
@@ -209,6 +211,15 @@ class PeriodicJobs:
         if pf is None:
             pf = self.funcs[func] = PeriodicFunc()
         return pf
+
+    def _forget_if_idle(self, func: str) -> None:
+        """A func no connected worker declares and no live job belongs to is forgotten
+        (periodicd keeps it until DROP_FUNC; docs/PERIODIC.md). Waiters are kept by
+        (func, name), not by func, so one waiting for the next job holds nothing here."""
+        pf = self.funcs.get(func)
+        if pf is not None and not pf.workers and not pf.ids:
+            del self.funcs[func]
+            self._ready.discard(func)
 
     def _enter(self, job: Job, pf: PeriodicFunc) -> None:
         """A Periodic job is pending (again, or with a new sched time): index it."""
@@ -357,6 +368,7 @@ class PeriodicJobs:
                 pf = self.funcs.get(func)
                 if pf is not None and session in pf.workers:
                     pf.workers.remove(session)
+                    self._forget_if_idle(func)
         else:
             pf = self._func(func)
             pf.broadcast = pf.broadcast or type(msg) is pc.Broadcast
@@ -529,7 +541,8 @@ class PeriodicJobs:
             self.table.transition(job, JobState.QUEUED, now_millis, event="RESCHEDULED")
 
     def _drop_func(self, now_millis: int, func: str) -> None:
-        """DROP_FUNC: with no worker declaring it, the func and all its jobs go."""
+        """DROP_FUNC: with no worker declaring it, all its jobs go (and with the last one
+        the func)."""
         pf = self.funcs.get(func)
         if pf is None or pf.workers:
             return
@@ -538,8 +551,6 @@ class PeriodicJobs:
             if job is not None:
                 job.error = "removed by a Periodic client (DROP_FUNC)"
                 self.table.transition(job, JobState.CANCELLED, now_millis)
-        self.funcs.pop(func, None)
-        self._ready.discard(func)
 
     def status(self, now_millis: int, msgid: int) -> bytes:
         """STATUS: one line per func from the per-func figures (PERIODIC.md 7.4)."""
@@ -699,6 +710,7 @@ class PeriodicJobs:
             pf = self.funcs.get(func)
             if pf is not None and session in pf.workers:
                 pf.workers.remove(session)
+                self._forget_if_idle(func)
         session.tokens.clear()
         if session.running:
             self.counters.workers_lost += 1
