@@ -210,7 +210,7 @@ class CoordinatorCore:
         """After each batch: schedule, keep purging while the last pass was full; the waits
         answered in the batch with their replies (as the jobs stand at its end)."""
         self.json.schedule(now)
-        self.periodic.dispatch(now)
+        self.periodic.end_batch(now)
         requests = self.requests
         if requests.purge_backlog and self._refusal is None:
             requests.purge_expired(now, PURGE_BATCH)

@@ -606,7 +606,11 @@ class PeriodicJobs:
         if not self.waits.may_wait(conn):
             return
         self.outbox.send(conn, pc.Paced(msg.msgid, pc.encode_success(msg.msgid)))
-        if job is None and self.waits.ended_lately(key, now_millis):
+        ended = job is None and self.waits.ended_lately(key, now_millis)
+        # chunks the job sent before this RECV_DATA was applied (its RUN_JOB kept them)
+        for data in self.waits.take_kept(conn, key, now_millis, live=not ended):
+            self.outbox.send(conn, pc.Paced(msg.msgid, pc.encode_data(msg.msgid, data)))
+        if ended:
             self.outbox.send(conn, pc.Paced(msg.msgid, pc.encode_data(msg.msgid, pc.STREAM_EOF)))
             return
         self.waits.add(key, conn, msg.msgid, True, wait_deadline(now_millis, msg.job.timeout))
@@ -636,6 +640,12 @@ class PeriodicJobs:
                                       now_millis)
             else:
                 self.waits.give_up(waiter)
+
+    def end_batch(self, now_millis: int) -> None:
+        """After each batch: dispatch, then the RUN_JOB results of the batch's job ends
+        (after the frames of any RECV_DATA applied in it; ``periodic_waits.py``)."""
+        self.dispatch(now_millis)
+        self.waits.release_results()
 
     def dispatch(self, now_millis: int) -> int:
         """Hand due Periodic jobs to grab tokens: per func, (sched, name) order, rotating
