@@ -182,6 +182,7 @@ class CoordinatorCore:
             if not read.ready():
                 self._held.append((read, event, slot))
                 continue
+            answer: Reply
             try:
                 if self._refusal is not None and self._writes(event):
                     answer = self._refusal

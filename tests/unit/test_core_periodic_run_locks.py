@@ -449,6 +449,15 @@ class Streamed(H):
         return out
 
 
+def run_on_a_worker() -> tuple[Streamed, Conn, Conn]:
+    """A RUN_JOB (msgid 7) of f/a on caller ``c``, running at once on worker ``w``."""
+    h = Streamed()
+    c, w = Conn("c"), Conn("w")
+    h.worker(T0, w)
+    run(h, T0, c, msgid=7)
+    return h, c, w
+
+
 @pytest.mark.parametrize("order", list(itertools.permutations(["run", "recv", "grab"])))
 def test_run_job_recv_data_and_the_grab_in_one_batch_in_any_order(order):
     # Given a worker that declared the func (its token comes with the batch)
@@ -470,10 +479,7 @@ def test_run_job_recv_data_and_the_grab_in_one_batch_in_any_order(order):
 
 def test_a_recv_data_applied_after_the_workers_frames_in_one_batch_still_gets_every_chunk():
     # Given a RUN_JOB whose job went to a worker at once
-    h = Streamed()
-    c, w = Conn("c"), Conn("w")
-    h.worker(T0, w)
-    run(h, T0, c, msgid=7)
+    h, c, w = run_on_a_worker()
     # When the worker's chunks and result and the caller's RECV_DATA land in one batch,
     # the worker's first (the mailbox serves worker connections first)
     for msg in CHUNKS_AND_END:
@@ -485,10 +491,7 @@ def test_a_recv_data_applied_after_the_workers_frames_in_one_batch_still_gets_ev
 
 
 def test_a_recv_data_after_some_chunks_gets_them_first():
-    h = Streamed()
-    c, w = Conn("c"), Conn("w")
-    h.worker(T0, w)
-    run(h, T0, c, msgid=7)
+    h, c, w = run_on_a_worker()
     h.send(T0 + 1, w, CHUNKS_AND_END[0])  # before the RECV_DATA was applied
     h.send(T0 + 2, c, pc.RecvData(8, pc.Job(b"f", b"a")))
     for msg in CHUNKS_AND_END[1:]:
@@ -498,10 +501,7 @@ def test_a_recv_data_after_some_chunks_gets_them_first():
 
 def test_a_recv_data_after_the_result_still_gets_the_chunks_of_that_job():
     # Later than the result (another batch), the chunks are still the caller's
-    h = Streamed()
-    c, w = Conn("c"), Conn("w")
-    h.worker(T0, w)
-    run(h, T0, c, msgid=7)
+    h, c, w = run_on_a_worker()
     for msg in CHUNKS_AND_END:
         h.send(T0 + 1, w, msg)
     h.send(T0 + 2, c, pc.RecvData(8, pc.Job(b"f", b"a")))
