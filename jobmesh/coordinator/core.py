@@ -136,7 +136,7 @@ class CoordinatorCore:
         if kind is ev.PeriodicPacket:
             return self.periodic.writes(event.msg)
         if kind is ev.Registered:
-            return self.json.declares_new_types(event.msg)
+            return self.json.registration_writes(event.msg)
         return kind is ev.Result
 
     def _refuse(self, event: Any, refusal: m.Error) -> Reply | None:

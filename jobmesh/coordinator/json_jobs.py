@@ -115,8 +115,9 @@ class JsonJobs:
 
     # ---- while storage fails (the core refuses writes before applying them) ------------
 
-    def declares_new_types(self, msg: m.WorkerRegister) -> bool:
-        """Whether registering would store a task type (a write)."""
+    def registration_writes(self, msg: m.WorkerRegister) -> bool:
+        """Whether applying this registration would write a row: it declares a task type
+        the database does not know yet."""
         return msg.task_types is not None and not set(msg.task_types) <= self.table.known_types
 
     def refuse_registration(self, conn: OutboundConnection, msg: m.WorkerRegister, reason: str) -> None:
