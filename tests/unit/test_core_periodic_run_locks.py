@@ -509,3 +509,19 @@ def test_a_recv_data_after_the_result_still_gets_the_chunks_of_that_job():
     # and only once, for that caller: another RECV_DATA gets EOF alone
     h.send(T0 + 3, c, pc.RecvData(9, pc.Job(b"f", b"a")))
     assert caller_frames(h, c)[-2:] == [pc.Success(9), pc.Data(9, pc.STREAM_EOF)]
+
+
+def test_chunks_kept_for_a_recv_data_to_come_are_bounded(monkeypatch):
+    # A plain RUN_JOB (no RECV_DATA ever) whose worker streams: kept up to KEPT_BYTES
+    from jobmesh.coordinator import periodic_waits
+    monkeypatch.setattr(periodic_waits, "KEPT_BYTES", 10)
+    h, c, w = run_on_a_worker()
+    waits = h.core.periodic.waits
+    for i in range(8):
+        h.send(T0 + 1, w, pc.WorkData(20 + i, HANDLE, b"abc"))
+    assert waits.kept_bytes == 9
+    h.send(T0 + 2, w, pc.WorkDone(30, HANDLE, b"end"))
+    assert waits.kept_bytes == 9  # kept for a RECV_DATA within 10 s of the end
+    h.send(T0 + 3, c, pc.RecvData(8, pc.Job(b"f", b"a")))
+    assert caller_frames(h, c)[1:] == [pc.Success(8)] + [pc.Data(8, b"abc")] * 3 + [pc.Data(8, pc.STREAM_EOF)]
+    assert waits.kept_bytes == 0
