@@ -39,7 +39,7 @@ class StorageOutage:
     def __init__(self) -> None:
         self.reason: str | None = None  # why writes fail; None: they work
         self.since = 0.0
-        self.failures = 0
+        self.failures = 0  # failed commits and probes in this outage
         self.pending: Batch | None = None  # recovery's rows, committed with the first write that works
         self.probe: Outcome | None = None
         self._next_probe = 0.0
@@ -92,6 +92,7 @@ class StorageOutage:
                 self._resumed("a probe write")
                 return True
             self.reason = store.fault_reason(failure)
+            self.failures += 1
             self._next_probe = now + STORAGE_PROBE_SECONDS
             return False
         if now >= self._next_probe:
