@@ -60,6 +60,11 @@ WALL_STEP_MILLIS = 1000  # a change of the wall clock against core time beyond t
 
 Reply = m.Message | Slot  # a client request's answer: now, or a place for it later
 INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
+# The client requests that change nothing stored: answered while storage fails. Every
+# other request (a new one too, until it is listed here) is refused then, unapplied.
+READ_REQUESTS = frozenset({m.GetJobStatus, m.ListJobs, m.ListWorkers, m.GetJobEvents, m.GetStats, m.WaitJob,
+                           m.GetJobPayload, m.ScheduleGet, m.ScheduleList, m.SchedulePreview,
+                           ev.Refusal})
 
 
 class CoordinatorCore:
@@ -75,7 +80,7 @@ class CoordinatorCore:
         self.requests = ClientRequests(self.table, self.json, self.periodic, self.counters)
         self.schedules = Schedules(self.table, self.requests.check_payload)
         self._draining = False
-        self._paused = False
+        self._refusal: m.Error | None = None  # storage fails: what a write is answered
         # Requests held for a store read (``ReadPending``), in arrival order, with the
         # Slot their reply fills; reads the runtime has not been told of; replies of
         # held requests applied again in this batch.
@@ -128,8 +133,42 @@ class CoordinatorCore:
 
     def apply(self, event: ev.Event, now: int) -> Reply | None:
         """Apply one mailbox event at core time ``now``; a client request's reply (a Slot
-        for a WAIT_JOB answered later), None for every other event."""
+        for a WAIT_JOB answered later), None for every other event. While storage fails,
+        an event that would write is refused instead, unapplied (``refusal``)."""
+        if self._refusal is not None and self._writes(event):
+            return self._refuse(event, self._refusal)
         return self._dispatch[type(event)](event, now)
+
+    def _writes(self, event: Any) -> bool:
+        """Whether applying ``event`` while storage fails could change a stored row.
+
+        Nothing runs then (no assignment, and a reload ended every session), so results
+        are stale and worker events write nothing, but for a registration that declares
+        a new task type and a result's STALE_RESULT event; sweeps and timers write
+        nothing while paused. What this misses still works: its commit fails, and state
+        is reloaded as after any failed commit."""
+        kind = type(event)
+        if kind is ev.Request:
+            return type(event.msg) not in READ_REQUESTS
+        if kind is ev.PeriodicPacket:
+            return self.periodic.writes(event.msg)
+        if kind is ev.Registered:
+            return self.json.registration_writes(event.msg)
+        return kind is ev.Result
+
+    def _refuse(self, event: Any, refusal: m.Error) -> Reply | None:
+        """A write refused while storage fails: a request gets ``refusal``, a Periodic one
+        its DATA, a registration the ERROR and its close; a result is dropped."""
+        kind = type(event)
+        if kind is ev.Request:
+            return refusal
+        if kind is ev.PeriodicPacket:
+            self.periodic.refuse(event.conn, event.msg, refusal.message)
+        elif kind is ev.Registered:
+            self.json.refuse_registration(event.conn, event.msg, refusal.message)
+        else:
+            self.json.drop_result(event.msg)
+        return None
 
     def _request(self, event: ev.Request, now: int) -> Reply:
         msg = event.msg
@@ -160,8 +199,12 @@ class CoordinatorCore:
             if not read.ready():
                 self._held.append((read, event, slot))
                 continue
+            answer: Reply
             try:
-                answer = self._answer(event, now, slot)
+                if self._refusal is not None and self._writes(event):
+                    answer = self._refusal
+                else:
+                    answer = self._answer(event, now, slot)
             except ReadPending as pending:  # another read: wait for that one too
                 self._hold_for(pending.read, event, slot)
                 continue
@@ -185,9 +228,9 @@ class CoordinatorCore:
         """After each batch: schedule, keep purging while the last pass was full; the waits
         answered in the batch with their replies (as the jobs stand at its end)."""
         self.json.schedule(now)
-        self.periodic.dispatch(now)
+        self.periodic.end_batch(now)
         requests = self.requests
-        if requests.purge_backlog and not self._paused:
+        if requests.purge_backlog and self._refusal is None:
             requests.purge_expired(now, PURGE_BATCH)
         answers = requests.take_answers() if requests.has_answers() else []
         if self._resumed:
@@ -205,11 +248,15 @@ class CoordinatorCore:
                 log.exception("error in the sweep's %s; the sweep goes on", step.__name__)
 
     def _purge(self, now: int) -> None:
-        if not self._paused:
+        if self._refusal is None:
             self.requests.purge_expired(now)
 
     def expire_deadlines(self, now: int) -> None:
-        """Attempts past their deadline: revoked, then retried or failed by their part."""
+        """Attempts past their deadline: revoked, then retried or failed by their part. None
+        while storage fails: the move could not commit (and no result is applied then
+        either); they expire once a probe write says storage is back."""
+        if self._refusal is not None:
+            return
         unclaimed = self.table.unclaimed
         for job in self.timers.expired(now):
             if job.job_id in unclaimed:  # kept by recovery, and no worker claimed it in time
@@ -227,15 +274,16 @@ class CoordinatorCore:
 
     def promote_due_jobs(self, now: int) -> None:
         """SCHEDULED and RETRY_WAIT jobs whose time has come become QUEUED."""
-        if self._paused:
+        if self._refusal is not None:
             return
         for job in self.timers.due(now):
             self.table.transition(job, JobState.QUEUED, now)
 
     def fire_schedules(self, now: int) -> None:
         """Recurring schedules whose fire time has come make their jobs (none while paused:
-        the times that pass meanwhile follow each schedule's ``missed`` policy)."""
-        if self._paused:
+        the times that pass meanwhile follow each schedule's ``missed`` policy), nor while storage
+        fails."""
+        if self._refusal is not None:  # storage fails: a fire could not commit its job
             self.schedules.hold()
         else:
             self.schedules.fire_due(now)
@@ -285,19 +333,20 @@ class CoordinatorCore:
         self._hold()
 
     @property
-    def paused(self) -> bool:
-        """Storage is failing: assign nothing and make no change of the core's own accord
-        (no due promotion, no retention purge), so only requests and worker events ever
-        ask for a commit."""
-        return self._paused
+    def refusal(self) -> m.Error | None:
+        """Set while storage fails, to what a write is answered: assign nothing, make no
+        change of the core's own accord (no due promotion, no retention purge), and
+        refuse every event that would write before applying it (``apply``), so nothing
+        asks for a commit until storage works again (None)."""
+        return self._refusal
 
-    @paused.setter
-    def paused(self, value: bool) -> None:
-        self._paused = value
+    @refusal.setter
+    def refusal(self, value: m.Error | None) -> None:
+        self._refusal = value
         self._hold()
 
     def _hold(self) -> None:
-        self.json.hold = self.periodic.hold = self._draining or self._paused
+        self.json.hold = self.periodic.hold = self._draining or self._refusal is not None
 
     # ---- what the runtime takes after each batch -------------------------------------------
 

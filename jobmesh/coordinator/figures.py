@@ -131,6 +131,7 @@ class RuntimeFigures:
     commit_seconds: BucketCounts
     commit_rows: BucketCounts
     batch_events: BucketCounts
+    storage_available: int = 1  # 1 while writes work, 0 during a storage outage
     auth_failures: int = 0  # failed authentications (--auth-file) since the process started
 
     @property
@@ -237,6 +238,9 @@ METRICS: tuple[Metric, ...] = (
            summary="connections"),
     Metric("jobmesh_active_jobs_limit", "The admission limit on non-terminal jobs (--max-active-jobs).", G,
            "max_active_jobs", runtime=True),
+    Metric("jobmesh_storage_available", "1 while the database takes writes, 0 during a storage outage (writes "
+           "are refused, unapplied, until a probe write succeeds).", G, "storage_available", runtime=True,
+           summary="storageAvailable"),
     Metric("jobmesh_core_inbox_depth", "Events waiting in the core's mailbox.", G, "inbox_depth", runtime=True,
            summary="inboxDepth"),
     Metric("jobmesh_commit_seconds", "Group commits: from the start of a batch's transaction until the core has "

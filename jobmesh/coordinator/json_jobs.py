@@ -146,6 +146,26 @@ class JsonJobs:
         self.outbox.send(conn, m.Error(reason))
         self.outbox.send(conn, None)
 
+    # ---- while storage fails (the core refuses writes before applying them) ------------
+
+    def registration_writes(self, msg: m.WorkerRegister) -> bool:
+        """Whether applying this registration would write a row: it declares a task type
+        the database does not know yet, or claims running attempts (a claim stores the
+        lease's new holder and deadline)."""
+        return bool(msg.running) or (msg.task_types is not None and not set(msg.task_types) <= self.table.known_types)
+
+    def refuse_registration(self, conn: OutboundConnection, msg: m.WorkerRegister, reason: str) -> None:
+        """A registration that would store a new task type: ERROR, closed (it registers again)."""
+        log.warning("registration refused while storage fails worker=%s: %s", msg.worker_id, reason)
+        self._refuse(conn, reason)
+
+    def drop_result(self, res: m.TaskResult) -> None:
+        """A result not applied (no lease is held while storage fails): dropped as stale,
+        without the STALE_RESULT event a stale result otherwise leaves on its job."""
+        log.warning("result dropped while storage fails job=%s attempt=%s worker=%s", res.job_id, res.attempt_id,
+                    res.worker_id)
+        self.counters.stale_results += 1
+
     def on_heartbeat(self, now: int, conn: OutboundConnection, worker_id: str) -> None:
         session = self.workers.by_conn(conn)
         if session is not None and session.worker_id == worker_id and now > session.last_heartbeat:

@@ -3,9 +3,10 @@
 A failed commit acknowledges nothing of its batch; memory, now ahead of disk, is thrown
 away and state reloaded from the database as a restart would (the runtime's ``_reload``);
 worker and Periodic connections are closed (their sessions died with that memory) and
-register again. Until a write succeeds the core is paused, reads are served, writes are
-answered ``storage unavailable``, and a probe write every ``STORAGE_PROBE_SECONDS``
-notices when storage works again (docs/FAILURE_MODEL.md, "Storage faults").
+register again. That is the one reload of an outage: until a probe write (one every
+``STORAGE_PROBE_SECONDS``) succeeds, the core is paused, reads are served, and writes
+are answered ``storage unavailable`` without being applied or tried
+(docs/FAILURE_MODEL.md, "Storage faults").
 
 ``StorageOutage`` is the runtime's record of that: whether writes fail and why, since
 when, how many failed, recovery's rows not committed yet, and the probe in flight. It
@@ -38,7 +39,7 @@ class StorageOutage:
     def __init__(self) -> None:
         self.reason: str | None = None  # why writes fail; None: they work
         self.since = 0.0
-        self.failures = 0
+        self.failures = 0  # failed commits and probes in this outage
         self.pending: Batch | None = None  # recovery's rows, committed with the first write that works
         self.probe: Outcome | None = None
         self._next_probe = 0.0
@@ -91,6 +92,7 @@ class StorageOutage:
                 self._resumed("a probe write")
                 return True
             self.reason = store.fault_reason(failure)
+            self.failures += 1
             self._next_probe = now + STORAGE_PROBE_SECONDS
             return False
         if now >= self._next_probe:

@@ -44,6 +44,9 @@ REJECTED = b"rejected: the coordinator is at its active-job limit"  # SUBMIT_JOB
 TOO_LATE = b"rejected: sched_at must be before the year 10000"
 I32_MAX = 2**31 - 1  # count and timeout travel as signed 32-bit integers
 _PENDING = frozenset({JobState.QUEUED, JobState.SCHEDULED, JobState.RETRY_WAIT})
+# The client requests that store jobs or end them; refused while storage fails. (A worker's
+# outcomes write nothing then: no Periodic job runs while the core is paused.)
+WRITES = frozenset({pc.SubmitJob, pc.RunJob, pc.RemoveJob, pc.DropFunc, pc.Load})
 
 
 class PeriodicFunc:
@@ -168,6 +171,8 @@ class PeriodicJobs:
             if self.named.get(key) == job.job_id:
                 del self.named[key]
             self.waits.fire(job, target, now_millis)
+            if not pf.ids:
+                self._forget_if_idle(job.task_type)
         elif not waits_lock:
             self._enter(job, pf)
 
@@ -206,6 +211,15 @@ class PeriodicJobs:
         if pf is None:
             pf = self.funcs[func] = PeriodicFunc()
         return pf
+
+    def _forget_if_idle(self, func: str) -> None:
+        """A func no connected worker declares and no live job belongs to is forgotten
+        (periodicd keeps it until DROP_FUNC; docs/PERIODIC.md). Waiters are kept by
+        (func, name), not by func, so one waiting for the next job holds nothing here."""
+        pf = self.funcs.get(func)
+        if pf is not None and not pf.workers and not pf.ids:
+            del self.funcs[func]
+            self._ready.discard(func)
 
     def _enter(self, job: Job, pf: PeriodicFunc) -> None:
         """A Periodic job is pending (again, or with a new sched time): index it."""
@@ -276,6 +290,16 @@ class PeriodicJobs:
             return
         handler(now_millis, conn, msg)
 
+    @staticmethod
+    def writes(msg: Any) -> bool:
+        """Whether the request may store or end a job (refused while storage fails)."""
+        return type(msg) in WRITES
+
+    def refuse(self, conn: OutboundConnection, msg: Any, reason: str) -> None:
+        """A write refused while storage fails: DATA with the reason, as a SUBMIT_JOB
+        refused at the active-job limit is answered."""
+        self.outbox.send(conn, pc.encode_data(msg.msgid, reason.encode("utf-8")))
+
     def _not_text(self, conn: OutboundConnection) -> None:
         """A func, name or lock name that is not UTF-8, or a func holding a comma or a line
         break: jobmesh cannot store or list it; closed."""
@@ -344,6 +368,7 @@ class PeriodicJobs:
                 pf = self.funcs.get(func)
                 if pf is not None and session in pf.workers:
                     pf.workers.remove(session)
+                    self._forget_if_idle(func)
         else:
             pf = self._func(func)
             pf.broadcast = pf.broadcast or type(msg) is pc.Broadcast
@@ -516,7 +541,8 @@ class PeriodicJobs:
             self.table.transition(job, JobState.QUEUED, now_millis, event="RESCHEDULED")
 
     def _drop_func(self, now_millis: int, func: str) -> None:
-        """DROP_FUNC: with no worker declaring it, the func and all its jobs go."""
+        """DROP_FUNC: with no worker declaring it, all its jobs go (and with the last one
+        the func)."""
         pf = self.funcs.get(func)
         if pf is None or pf.workers:
             return
@@ -525,8 +551,6 @@ class PeriodicJobs:
             if job is not None:
                 job.error = "removed by a Periodic client (DROP_FUNC)"
                 self.table.transition(job, JobState.CANCELLED, now_millis)
-        self.funcs.pop(func, None)
-        self._ready.discard(func)
 
     def status(self, now_millis: int, msgid: int) -> bytes:
         """STATUS: one line per func from the per-func figures (PERIODIC.md 7.4)."""
@@ -582,7 +606,11 @@ class PeriodicJobs:
         if not self.waits.may_wait(conn):
             return
         self.outbox.send(conn, pc.Paced(msg.msgid, pc.encode_success(msg.msgid)))
-        if job is None and self.waits.ended_lately(key, now_millis):
+        ended = job is None and self.waits.ended_lately(key, now_millis)
+        # chunks the job sent before this RECV_DATA was applied (its RUN_JOB kept them)
+        for data in self.waits.take_kept(conn, key, now_millis, live=not ended):
+            self.outbox.send(conn, pc.Paced(msg.msgid, pc.encode_data(msg.msgid, data)))
+        if ended:
             self.outbox.send(conn, pc.Paced(msg.msgid, pc.encode_data(msg.msgid, pc.STREAM_EOF)))
             return
         self.waits.add(key, conn, msg.msgid, True, wait_deadline(now_millis, msg.job.timeout))
@@ -612,6 +640,12 @@ class PeriodicJobs:
                                       now_millis)
             else:
                 self.waits.give_up(waiter)
+
+    def end_batch(self, now_millis: int) -> None:
+        """After each batch: dispatch, then the RUN_JOB results of the batch's job ends
+        (after the frames of any RECV_DATA applied in it; ``periodic_waits.py``)."""
+        self.dispatch(now_millis)
+        self.waits.release_results()
 
     def dispatch(self, now_millis: int) -> int:
         """Hand due Periodic jobs to grab tokens: per func, (sched, name) order, rotating
@@ -686,6 +720,7 @@ class PeriodicJobs:
             pf = self.funcs.get(func)
             if pf is not None and session in pf.workers:
                 pf.workers.remove(session)
+                self._forget_if_idle(func)
         session.tokens.clear()
         if session.running:
             self.counters.workers_lost += 1

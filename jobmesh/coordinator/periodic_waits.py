@@ -8,6 +8,14 @@ recent job ends (a RECV_DATA that comes moments after its job ended gets EOF at 
 Frames for a RECV_DATA go out ``Paced`` (docs/PERIODIC.md, "Streaming"): each one on its
 own write. A connection may hold at most ``MAX_WAITS_PER_CONN`` waits. Pure bookkeeping
 over the core's outbox: which job a key names is the Periodic part's business.
+
+A RUN_JOB caller's RECV_DATA may be applied after its job sent chunks, or even ended: it
+follows the RUN_JOB on the wire, and the mailbox applies a worker's frames before a
+client's in a batch. So the chunks of a job are kept for each RUN_JOB caller whose
+connection has no RECV_DATA attached yet (``KEPT_BYTES`` in all), handed to that
+connection's RECV_DATA when it comes (while the job runs, or within ``RECENT_MILLIS``
+of its end), and RUN_JOB results are released at the end of the batch
+(``release_results``), after the frames of every RECV_DATA applied in it.
 """
 
 from __future__ import annotations
@@ -34,13 +42,14 @@ RECENT_MILLIS = 10_000  # a RECV_DATA this soon after its job ended gets EOF at 
 RECENT_KEPT = 4096  # job ends remembered for that
 EXPIRED_ERROR = "expired"  # how the error of a job ended by its RUN_JOB wait begins
 MAX_WAITS_PER_CONN = 10_000  # RUN_JOB + RECV_DATA waits one connection may hold; more closes it
+KEPT_BYTES = 8 * 1024 * 1024  # chunks kept for RECV_DATAs yet to come, all connections together
 
 
 class PeriodicWaiter:
     """A RUN_JOB (result) or RECV_DATA (``stream``: chunks, then EOF) waiting for the job of
     ``key`` = (func, name); ``deadline`` is core time; ``done`` once answered."""
 
-    __slots__ = ("key", "conn", "msgid", "stream", "deadline", "done")
+    __slots__ = ("key", "conn", "msgid", "stream", "deadline", "done", "kept")
 
     def __init__(self, key: tuple[str, str], conn: OutboundConnection, msgid: int, stream: bool, deadline: int) -> None:
         self.key = key
@@ -49,6 +58,7 @@ class PeriodicWaiter:
         self.stream = stream
         self.deadline = deadline
         self.done = False
+        self.kept: list[bytes] | None = None  # a RUN_JOB's: chunks for its connection's RECV_DATA to come
 
 
 def wait_deadline(now: int, timeout_seconds: int) -> int:
@@ -67,6 +77,12 @@ class PeriodicWaits:
         self.heap: list[tuple[int, int, PeriodicWaiter]] = []
         self._seq = 0
         self._ended: OrderedDict[tuple[str, str], int] = OrderedDict()
+        # Chunks kept for RECV_DATAs to come: on live RUN_JOB waiters, and after their job
+        # ended by (connection, key), with the end's time; their bytes, all together.
+        self._kept_ended: OrderedDict[tuple[OutboundConnection, tuple[str, str]], tuple[int, list[bytes]]] = \
+            OrderedDict()
+        self.kept_bytes = 0
+        self._results: list[tuple[OutboundConnection, bytes]] = []  # RUN_JOB results of this batch
 
     def __bool__(self) -> bool:
         return bool(self.by_key)
@@ -99,6 +115,7 @@ class PeriodicWaits:
 
     def _retire(self, waiter: PeriodicWaiter) -> None:
         """Answered: out of the live count and its connection's count."""
+        self._unkeep(waiter)
         waiter.done = True
         self.live -= 1
         conns = self.per_conn
@@ -125,6 +142,7 @@ class PeriodicWaits:
             waiting.remove(waiter)
             if not waiting:
                 self.by_key.pop(waiter.key, None)
+            self._unkeep(waiter)
             waiter.done = True
             self.live -= 1
             dropped += 1
@@ -137,10 +155,63 @@ class PeriodicWaits:
         return ended is not None and now - ended <= RECENT_MILLIS
 
     def chunk(self, key: tuple[str, str], data: bytes) -> None:
-        """WORK_DATA: the chunk goes to every RECV_DATA waiter of the key, each its own write."""
-        for waiter in self.by_key.get(key, ()):
-            if waiter.stream and not waiter.done:
+        """WORK_DATA: the chunk goes to every RECV_DATA waiter of the key, each its own
+        write, and is kept for each RUN_JOB waiter whose connection has none attached."""
+        waiters = self.by_key.get(key, ())
+        streaming = {w.conn for w in waiters if w.stream}
+        for waiter in waiters:
+            if waiter.done:
+                continue
+            if waiter.stream:
                 self.outbox.send(waiter.conn, pc.Paced(waiter.msgid, pc.encode_data(waiter.msgid, data)))
+            elif waiter.conn not in streaming:
+                self._keep(waiter, data)
+
+    def _keep(self, waiter: PeriodicWaiter, data: bytes) -> None:
+        while self.kept_bytes + len(data) > KEPT_BYTES and self._kept_ended:
+            self._drop_oldest_ended()
+        if self.kept_bytes + len(data) > KEPT_BYTES:
+            log.debug("periodic chunk not kept for a RECV_DATA to come: %d bytes kept already", self.kept_bytes)
+            return
+        if waiter.kept is None:
+            waiter.kept = []
+        waiter.kept.append(data)
+        self.kept_bytes += len(data)
+
+    def _unkeep(self, waiter: PeriodicWaiter) -> None:
+        if waiter.kept:
+            self.kept_bytes -= sum(len(c) for c in waiter.kept)
+        waiter.kept = None
+
+    def _drop_oldest_ended(self) -> None:
+        _, (_, chunks) = self._kept_ended.popitem(last=False)
+        self.kept_bytes -= sum(len(c) for c in chunks)
+
+    def take_kept(self, conn: OutboundConnection, key: tuple[str, str], now: int, live: bool) -> list[bytes]:
+        """The chunks kept for ``conn``'s RECV_DATA of ``key``: of the live job (``live``),
+        or of the one that ended lately; once."""
+        if live:
+            chunks: list[bytes] = []
+            for waiter in self.by_key.get(key, ()):
+                if waiter.conn is conn and not waiter.stream and waiter.kept:
+                    chunks = chunks or waiter.kept  # every RUN_JOB of it kept the same chunks
+                    self._unkeep(waiter)
+            return chunks
+        kept = self._kept_ended.pop((conn, key), None)
+        if kept is None:
+            return []
+        ended, chunks = kept
+        self.kept_bytes -= sum(len(c) for c in chunks)
+        return chunks if ended == self._ended.get(key) and now - ended <= RECENT_MILLIS else []
+
+    def release_results(self) -> None:
+        """The end of a batch: the RUN_JOB results of jobs that ended in it, after every
+        other frame of the batch (a RECV_DATA applied after its job's end gets its chunks
+        and EOF first)."""
+        if self._results:
+            for conn, frame in self._results:
+                self.outbox.send(conn, frame)
+            self._results = []
 
     def fire(self, job: Job, target: JobState, now: int) -> None:
         """The job ended: its RECV_DATA waiters get EOF, then its RUN_JOB waiters the result."""
@@ -167,8 +238,17 @@ class PeriodicWaits:
                 send(waiter.conn, pc.Paced(waiter.msgid, pc.encode_data(waiter.msgid, pc.STREAM_EOF)))
         for waiter in waiters:
             if not waiter.stream:
-                send(waiter.conn, pc.encode_data(waiter.msgid, outcome))
+                self._results.append((waiter.conn, pc.encode_data(waiter.msgid, outcome)))
+                if waiter.kept:  # for the RECV_DATA that may still come on its connection
+                    old = self._kept_ended.pop((waiter.conn, key), None)
+                    if old is not None:
+                        self.kept_bytes -= sum(len(c) for c in old[1])
+                    self._kept_ended[(waiter.conn, key)] = (now, waiter.kept)
+                    waiter.kept = None
             self._retire(waiter)
+        kept = self._kept_ended
+        while kept and (len(kept) > RECENT_KEPT or now - next(iter(kept.values()))[0] > RECENT_MILLIS):
+            self._drop_oldest_ended()
 
     def due(self, now: int) -> Iterator[PeriodicWaiter]:
         """Live waiters whose time is up, earliest first (the caller answers each one,

@@ -19,11 +19,12 @@ batch: the replies become ``ERROR storage unavailable: <reason>`` and its worker
 are dropped. Memory is then ahead of disk, so it is thrown away: state is reloaded from
 the database exactly as a restart would (a fresh core + ``recover``), and worker
 connections are closed (their leases died with the discarded memory; they register
-again). Until a write succeeds the core is paused (no assignments, no changes of its
-own), reads are served, and writes are tried and answered with the same ERROR while
-they fail; a probe write every ``STORAGE_PROBE_SECONDS`` notices when storage works
-again. Nothing exits: a restart could do no better (docs/FAILURE_MODEL.md). That path
-is written in ``outage.py``.
+again). Until storage works the core is paused (``core.refusal``: no assignments, no
+changes of its own, every event that would write refused before it is applied), reads
+are served, and no write is tried, so an outage costs one reload however many writes
+come; a probe write every ``STORAGE_PROBE_SECONDS`` notices when storage works again.
+Nothing exits: a restart could do no better (docs/FAILURE_MODEL.md). That path is
+written in ``outage.py``.
 
 The sweep is armed by ``gevent.spawn_later``: the callback re-arms itself on a fixed
 cadence and only posts a SWEEP marker; the sweep itself runs inside the core loop,
@@ -416,7 +417,7 @@ class Coordinator:
         thousands of schedules make batches of fires, not a wake-up each."""
         core = self.core
         # Paused (storage) or held back (admission full): the sweep catches up once it can.
-        if core is None or core.paused or core.schedules.behind:
+        if core is None or core.refusal is not None or core.schedules.behind:
             return
         due = core.schedules.next_due()
         if due is not None:
@@ -567,10 +568,9 @@ class Coordinator:
                 self.commit_seconds.observe(time.perf_counter() - started)
                 self.commit_rows.observe(len(rows.inserts) + len(rows.updates))
                 if outage.committed(rows):
-                    core.paused = False
+                    core.refusal = None
         elif outage.active and not stop:
-            if outage.check_probe(store):
-                core.paused = False
+            core.refusal = None if outage.check_probe(store) else storage_error(outage.reason or "")
         self._send_outbound(outbound)
         if stop or commit is None:
             self._write_replies(answers)  # nothing to overlap with
@@ -606,13 +606,14 @@ class Coordinator:
         return Answers(replies, resumed + core.requests.take_answers())
 
     def _storage_failed(self, reason: str, where: str, reload: bool = True) -> None:
-        """A write failed for a storage reason: pause, and unless stopping, throw memory
-        away and reload state from the database."""
+        """A write failed for a storage reason: pause (from now on writes are refused
+        unapplied), and unless stopping, throw memory away and reload state from the
+        database: the one reload of the outage."""
         self.outage.failed(reason, where)
         if reload:
             self._reload()
         assert self.core is not None
-        self.core.paused = True
+        self.core.refusal = storage_error(reason)
 
     def _reload(self) -> None:
         """Replace the core with the database's state, as a restart would (``recover``).
@@ -645,7 +646,6 @@ class Coordinator:
         rows = core.take_dirty()
         self.outage.pending = rows if any(rows) else None
         core.take_outbound()
-        core.paused = True
         self.core = core
 
     # ---- writing replies --------------------------------------------------------------
@@ -702,7 +702,8 @@ class Coordinator:
         return RuntimeFigures(inbox_depth=len(self.mailbox), max_active_jobs=self.config.max_active_jobs,
                               connections=dict(self.handlers.connections), commit_seconds=self.commit_seconds,
                               commit_rows=self.commit_rows, batch_events=self.batch_events,
-                              auth_failures=self.guard.failures if self.guard is not None else 0)
+                              auth_failures=self.guard.failures if self.guard is not None else 0,
+                              storage_available=0 if self.outage.active else 1)
 
     # ---- the schedules file --------------------------------------------------------------
 

@@ -158,12 +158,8 @@ class SQLiteStore:
     def __init__(self, path: str, synchronous: str = "FULL", fault_file: str | None = None) -> None:
         self.path = path
         self.fault_file = fault_file
-        # Room in the statement cache for every multi-row statement size, both kinds.
-        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                                    cached_statements=3 * ROWS_PER_STATEMENT + 32)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA cache_size=-65536")  # 64 MiB: keeps hot index pages of big tables
-        self.conn.execute("PRAGMA synchronous=%s" % {"FULL": "FULL", "NORMAL": "NORMAL", "OFF": "OFF"}[synchronous])
+        self._synchronous = {"FULL": "FULL", "NORMAL": "NORMAL", "OFF": "OFF"}[synchronous]
+        self.conn = self._connect_writer()
         self._max_pages = int(self.conn.execute("PRAGMA max_page_count").fetchone()[0])
         self._pool: ThreadPool | None = None  # the write thread, started by the first commit
         self.migrated: list[str] = []
@@ -174,6 +170,15 @@ class SQLiteStore:
         else:
             self.reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self.reader.execute("PRAGMA cache_size=-16384")
+
+    def _connect_writer(self) -> sqlite3.Connection:
+        # Room in the statement cache for every multi-row statement size, both kinds.
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                               cached_statements=3 * ROWS_PER_STATEMENT + 32)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA cache_size=-65536")  # 64 MiB: keeps hot index pages of big tables
+        conn.execute("PRAGMA synchronous=%s" % self._synchronous)
+        return conn
 
     # ---- schema ---------------------------------------------------------------
 
@@ -283,7 +288,21 @@ class SQLiteStore:
         """A write that changes nothing, to learn whether writes work again; raises what a
         commit would. It needs what a batch needs: the write lock, room in the WAL, and
         new pages: its blob is larger than the free pages (up to PROBE_FREE_PAGES of
-        them), so a database that cannot grow fails it, however often it ran before."""
+        them), so a database that cannot grow fails it, however often it ran before.
+
+        A connection opened while the file was read-only stays read-only, so a probe
+        that finds the database read-only opens the writer again first (on the write
+        thread, where the writer is used) and tries with that."""
+        try:
+            self._probe()
+        except sqlite3.OperationalError as exc:
+            if self.path == ":memory:" or self.fault_reason(exc) != "database is read-only":
+                raise
+            old, self.conn = self.conn, self._connect_writer()
+            old.close()
+            self._probe()
+
+    def _probe(self) -> None:
         c = self.conn
         page_size = int(c.execute("PRAGMA page_size").fetchone()[0])
         free = int(c.execute("PRAGMA freelist_count").fetchone()[0])

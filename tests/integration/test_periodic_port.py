@@ -130,3 +130,23 @@ def test_hostile_bytes_close_only_that_connection(coord, hostile):
     assert good.request(pc.Ping(7)) == pc.Pong(7)
     good.close()
     assert client_ops(coord.periodic_addr, ["ping"]) == [True]
+
+
+def test_funcs_of_workers_that_left_are_forgotten(coord):
+    # Given STATUS as it is, and a client's job of a func no worker declares
+    watcher = RawPeriodic(coord.periodic_addr)
+    watcher.request(pc.SubmitJob(watcher.next_msgid(), pc.Job(b"kept", b"a", b"", int(time.time()) + 600, 0, 0)))
+    baseline = watcher.status()
+    # When workers declare thousands of funcs and leave
+    for n in range(3):
+        worker = RawPeriodic(coord.periodic_addr, pc.ConnType.WORKER)
+        for i in range(1000):
+            worker.send(pc.CanDo(worker.next_msgid(), b"gone-%d-%d" % (n, i)))
+        worker.send(pc.CanDo(worker.next_msgid(), b"kept"))
+        assert {type(worker.reply()) for _ in range(1001)} == {pc.Success}  # every CAN_DO applied
+        assert len(watcher.status()) >= len(baseline) + 1000  # this worker's funcs are listed
+        worker.close()
+    # Then STATUS is back to what it was: only the func with a job is left, without workers
+    wait_until(lambda: watcher.status() == baseline, timeout=10, message="STATUS back to its baseline")
+    assert baseline["kept"].workers == 0 and baseline["kept"].jobs == 1
+    watcher.close()

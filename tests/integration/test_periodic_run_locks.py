@@ -317,3 +317,29 @@ def test_a_drain_waits_for_running_periodic_attempts(coordinator_factory, period
     assert "drained: no attempt is running" in coord.stderr()
     with sqlite3.connect(str(coord.db)) as db:
         assert db.execute("SELECT state FROM jobs WHERE name='first'").fetchone() == ("COMPLETED",)
+
+
+def test_a_recv_data_that_comes_after_a_fast_jobs_result_still_gets_its_chunks(coord):
+    # Given a worker holding a token, and a caller whose RUN_JOB it takes at once
+    worker = RawPeriodic(coord.periodic_addr, pc.ConnType.WORKER)
+    assert worker.request(pc.CanDo(worker.next_msgid(), b"fast")) == pc.Success(1)
+    worker.send(pc.GrabJob(worker.next_msgid()))
+    assert worker.reply() == pc.Success(2)
+    caller = RawPeriodic(coord.periodic_addr)
+    caller.send(pc.RunJob(7, pc.Job(b"fast", b"j", b"w", 0, 0, 10)))
+    assign = worker.reply()
+    assert isinstance(assign, pc.JobAssign) and assign.job.name == b"j"
+    # When the job streams and ends before the caller's RECV_DATA gets in (the caller
+    # was slow to send it: here, after the result)
+    handle = pc.Handle(b"fast", b"j")
+    for msg in (pc.WorkData(3, handle, b"c1"), pc.WorkData(4, handle, b"c2"), pc.WorkDone(5, handle, b"end")):
+        assert worker.request(msg) == pc.Success(msg.msgid)
+    assert caller.reply() == pc.Data(7, b"end")
+    caller.send(pc.RecvData(8, pc.Job(b"fast", b"j")))
+    # Then the RECV_DATA still gets that job's chunks, then EOF
+    frames = [caller.reply()]
+    while frames[-1] != pc.Data(8, pc.STREAM_EOF):
+        frames.append(caller.reply())
+    assert frames == [pc.Success(8), pc.Data(8, b"c1"), pc.Data(8, b"c2"), pc.Data(8, pc.STREAM_EOF)]
+    worker.close()
+    caller.close()

@@ -16,6 +16,7 @@ import pytest
 
 from jobmesh.store.sqlite import FAULT_FILE_ENV
 from tests.helpers import run_cli, wait_until
+from tests.integration.test_metrics_port import get_json, scrape, value
 
 BIG_TEXT = "x " * 3000  # a few pages a job: a database that cannot grow fails at once
 
@@ -201,6 +202,47 @@ def test_start_on_a_read_only_database_is_a_degraded_start(coordinator_factory, 
     assert_degraded_then_resumes(coord, client, [running], refusal, "database is read-only", lambda: fault(""),
                                  peers)
     assert db_states(coord.db)[running][0] == "QUEUED"
+
+
+def storage_available(coord) -> tuple[float, object]:
+    """The gauge on /metrics, and its key in /api/summary."""
+    return value(scrape(coord), "jobmesh_storage_available"), get_json(coord.metrics_url + "/api/summary")[1][
+        "storageAvailable"]
+
+
+def test_an_outage_costs_one_reload_however_many_writes_come(coordinator_factory, peers, fault):
+    # Given a coordinator holding many active jobs (no worker: they stay QUEUED)
+    coord = coordinator_factory(metrics_port=0)
+    client = peers.client(coord)
+    acked = [client.submit_ok("SLEEP", {"durationMillis": 1}) for _ in range(300)]
+    assert storage_available(coord) == (1, 1)
+    reloads = coord.stderr().count("recovered db=")  # the start's recovery
+
+    # When the disk fills up and clients go on writing: submits, cancels, Periodic-free retries
+    fault("full")
+    more, refusal = submit_until_refused(client)
+    acked += more
+    for job_id in acked[:200]:
+        assert client.submit("WORD_COUNT", {"text": BIG_TEXT}) == refusal
+        assert client.cancel(job_id) == refusal
+
+    # Then the outage cost one reload of the active jobs, not one per refused write; reads
+    # are served and the gauge says storage is unavailable
+    assert coord.stderr().count("recovered db=") == reloads + 1
+    assert storage_available(coord) == (0, 0)
+    assert {client.status(job_id)["state"] for job_id in acked} == {"QUEUED"}
+
+    # When storage works again, the probe notices: the gauge is 1, writes apply, and
+    # nothing acknowledged was lost
+    fault("")
+    wait_until(lambda: storage_available(coord) == (1, 1), timeout=15, message="the gauge back at 1")
+    resumed = submit_when_writes_resume(client)
+    assert client.cancel(acked[0])["cancelled"] is True
+    states = db_states(coord.db)
+    assert {states[job_id][0] for job_id in acked[1:] + [resumed]} == {"QUEUED"}
+    assert states[acked[0]][0] == "CANCELLED"
+    assert coord.stderr().count("recovered db=") == reloads + 1
+    assert coord.stderr().count("writes resumed") == 1
 
 
 def test_start_on_a_full_disk_with_a_new_database_is_a_one_line_error(tmp_path, fault):

@@ -340,3 +340,33 @@ def test_sizes_count_the_live_jobs_and_funcs_a_dump_or_status_walks():
     assert h.core.periodic.sizes() == (3, 2)
     h.send(T0, Conn("c"), pc.RemoveJob(9, pc.Handle(b"f", b"a")))
     assert h.core.periodic.sizes() == (2, 2)
+
+
+def test_a_func_without_worker_or_live_job_is_forgotten():
+    # Given many workers that each declared funcs of their own and then left
+    h = H()
+    baseline = h.core.periodic.status(T0, 1)
+    for i in range(50):
+        w = Conn("w%d" % i)
+        for j in range(20):
+            h.send(T0, w, pc.CanDo(1, b"f-%d-%d" % (i, j)))
+        h.send(T0, w, pc.CanDo(2, b"shared"))
+    assert len(h.status(T0)) == 50 * 20 + 1
+    for session in list(h.core.periodic.workers.values()):
+        h.apply(T0, ev.PeriodicClosed(session.conn))
+        h.finish(T0)
+    # Then STATUS is back to what it was before any of them came
+    assert h.core.periodic.status(T0, 1) == baseline and h.core.periodic.sizes() == (0, 0)
+
+    # A func with a live job stays while the job lives, with or without a worker
+    h.submit(T0, func="g", name="a")
+    assert [(row.func, row.workers, row.jobs) for row in h.status(T0)] == [(b"g", 0, 1)]
+    w = Conn("wg")
+    assert len(assigns(h.worker(T0, w, func="g"))) == 1
+    h.send(T0, w, pc.CantDo(3, b"g"))  # no worker declares it now, but its job runs
+    assert [(row.func, row.workers, row.processing) for row in h.status(T0)] == [(b"g", 0, 1)]
+    h.send(T0, w, pc.WorkDone(4, pc.Handle(b"g", b"a"), b"ok"))
+    assert h.status(T0) == [] and h.job(func="g") is None
+    # And a worker declaring it again brings it back
+    h.send(T0, w, pc.CanDo(5, b"g"))
+    assert [(row.func, row.workers, row.jobs) for row in h.status(T0)] == [(b"g", 1, 0)]

@@ -17,6 +17,7 @@ from collections import Counter
 import pytest
 
 from jobmesh.periodic import codec as pc
+from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from jobmesh.store.sqlite import SQLiteStore
 from tests.unit.test_core_periodic import T0, Conn, H
@@ -307,9 +308,9 @@ class RestartingDriver(Driver):
             h.finish(self.now)
             return "draining=%s" % h.core.draining
         if x < 0.06:
-            h.core.paused = not h.core.paused
+            h.core.refusal = None if h.core.refusal else m.Error("storage unavailable: disk full")
             h.finish(self.now)
-            return "paused=%s" % h.core.paused
+            return "paused=%s" % bool(h.core.refusal)
         if x < 0.08:
             step = r.choice([-5000, 5000, 60000])
             h.core.observe_wall(self.now, self.now + h.core.table.drift + step)

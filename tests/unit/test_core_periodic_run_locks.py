@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import itertools
+
+import pytest
+
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.locks import LockTable
 from jobmesh.periodic import codec as pc
@@ -419,3 +423,105 @@ def test_release_and_work_data_from_a_worker_the_job_does_not_run_on_are_ignored
     assert to(h.send(T0, c, pc.RecvData(40, pc.Job(b"f", b"a"))), c) == [pc.Success(40)]
     assert to(h.send(T0, wb, pc.WorkData(41, ha, b"forged")), c) == []
     assert to(h.send(T0, wa, pc.WorkData(42, ha, b"real")), c) == [pc.Data(40, b"real")]
+
+
+# ---- RUN_JOB + RECV_DATA against a fast worker: any order, no chunk lost --------------------
+
+
+STREAMED = [pc.Success(8), pc.Data(8, b"c1"), pc.Data(8, b"c2"), pc.Data(8, pc.STREAM_EOF), pc.Data(7, b"end")]
+CHUNKS_AND_END = (pc.WorkData(20, HANDLE, b"c1"), pc.WorkData(21, HANDLE, b"c2"), pc.WorkDone(22, HANDLE, b"end"))
+
+
+def caller_frames(h: H, c: Conn) -> list:
+    return [msg for conn, msg in h.sent_decoded if conn is c]
+
+
+class Streamed(H):
+    """``H`` that keeps every frame sent, decoded (``sent_decoded``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent_decoded: list = []
+
+    def finish(self, now: int) -> list:
+        out = super().finish(now)
+        self.sent_decoded.extend(out)
+        return out
+
+
+def run_on_a_worker() -> tuple[Streamed, Conn, Conn]:
+    """A RUN_JOB (msgid 7) of f/a on caller ``c``, running at once on worker ``w``."""
+    h = Streamed()
+    c, w = Conn("c"), Conn("w")
+    h.worker(T0, w)
+    run(h, T0, c, msgid=7)
+    return h, c, w
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(["run", "recv", "grab"])))
+def test_run_job_recv_data_and_the_grab_in_one_batch_in_any_order(order):
+    # Given a worker that declared the func (its token comes with the batch)
+    h = Streamed()
+    c, w = Conn("c"), Conn("w")
+    h.send(T0, w, pc.CanDo(1, b"f"))
+    # When RUN_JOB, RECV_DATA and the worker's GRAB_JOB are applied in one batch
+    events = {"run": (c, pc.RunJob(7, pc.Job(b"f", b"a", b"w", 0, 0, 10))), "recv": (c, pc.RecvData(8, pc.Job(b"f", b"a"))),
+              "grab": (w, pc.GrabJob(2))}
+    for name in order:
+        h.apply(T0, ev.PeriodicPacket(*events[name]))
+    assert len(assigns(h.finish(T0))) == 1
+    # And the worker streams and finishes
+    for msg in CHUNKS_AND_END:
+        h.send(T0 + 1, w, msg)
+    # Then the caller got SUCCESS, every chunk, EOF, then the result
+    assert caller_frames(h, c) == STREAMED
+
+
+def test_a_recv_data_applied_after_the_workers_frames_in_one_batch_still_gets_every_chunk():
+    # Given a RUN_JOB whose job went to a worker at once
+    h, c, w = run_on_a_worker()
+    # When the worker's chunks and result and the caller's RECV_DATA land in one batch,
+    # the worker's first (the mailbox serves worker connections first)
+    for msg in CHUNKS_AND_END:
+        h.apply(T0 + 1, ev.PeriodicPacket(w, msg))
+    h.apply(T0 + 1, ev.PeriodicPacket(c, pc.RecvData(8, pc.Job(b"f", b"a"))))
+    h.finish(T0 + 1)
+    # Then the caller still gets SUCCESS, the chunks and EOF before the result
+    assert caller_frames(h, c) == STREAMED
+
+
+def test_a_recv_data_after_some_chunks_gets_them_first():
+    h, c, w = run_on_a_worker()
+    h.send(T0 + 1, w, CHUNKS_AND_END[0])  # before the RECV_DATA was applied
+    h.send(T0 + 2, c, pc.RecvData(8, pc.Job(b"f", b"a")))
+    for msg in CHUNKS_AND_END[1:]:
+        h.send(T0 + 3, w, msg)
+    assert caller_frames(h, c) == STREAMED
+
+
+def test_a_recv_data_after_the_result_still_gets_the_chunks_of_that_job():
+    # Later than the result (another batch), the chunks are still the caller's
+    h, c, w = run_on_a_worker()
+    for msg in CHUNKS_AND_END:
+        h.send(T0 + 1, w, msg)
+    h.send(T0 + 2, c, pc.RecvData(8, pc.Job(b"f", b"a")))
+    assert caller_frames(h, c) == [pc.Data(7, b"end")] + STREAMED[:-1]
+    # and only once, for that caller: another RECV_DATA gets EOF alone
+    h.send(T0 + 3, c, pc.RecvData(9, pc.Job(b"f", b"a")))
+    assert caller_frames(h, c)[-2:] == [pc.Success(9), pc.Data(9, pc.STREAM_EOF)]
+
+
+def test_chunks_kept_for_a_recv_data_to_come_are_bounded(monkeypatch):
+    # A plain RUN_JOB (no RECV_DATA ever) whose worker streams: kept up to KEPT_BYTES
+    from jobmesh.coordinator import periodic_waits
+    monkeypatch.setattr(periodic_waits, "KEPT_BYTES", 10)
+    h, c, w = run_on_a_worker()
+    waits = h.core.periodic.waits
+    for i in range(8):
+        h.send(T0 + 1, w, pc.WorkData(20 + i, HANDLE, b"abc"))
+    assert waits.kept_bytes == 9
+    h.send(T0 + 2, w, pc.WorkDone(30, HANDLE, b"end"))
+    assert waits.kept_bytes == 9  # kept for a RECV_DATA within 10 s of the end
+    h.send(T0 + 3, c, pc.RecvData(8, pc.Job(b"f", b"a")))
+    assert caller_frames(h, c)[1:] == [pc.Success(8)] + [pc.Data(8, b"abc")] * 3 + [pc.Data(8, pc.STREAM_EOF)]
+    assert waits.kept_bytes == 0

@@ -79,7 +79,7 @@ class FakeSource:
     def figures(self):
         return RuntimeFigures(inbox_depth=9, max_active_jobs=100, connections={"worker": 2, "client": 3},
                               commit_seconds=self.commit_seconds, commit_rows=self.commit_rows,
-                              batch_events=self.batch_events)
+                              batch_events=self.batch_events, storage_available=1)
 
 
 def families(text):

@@ -7,11 +7,18 @@ import sqlite3
 
 import pytest
 
+from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock, lock_path
+from jobmesh.periodic import codec as pc
+from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from jobmesh.store.base import Batch, merge_batches
 from jobmesh.store.sqlite import SQLiteStore
-from tests.unit.test_core import Harness
+from tests.unit.core_driver import Conn
+from tests.unit.test_core import Harness, row
+from tests.unit.test_core_periodic import _body
+
+REFUSAL = m.Error("storage unavailable: disk full")
 
 
 # ---- the lock -----------------------------------------------------------------------------
@@ -124,13 +131,81 @@ def test_a_draining_core_assigns_nothing_but_takes_results():
 
 def test_a_paused_core_neither_promotes_nor_assigns():
     h = Harness()
-    h.register(0, "w1", capacity=2)
-    h.core.paused = True
     later = h.submit_ok(1, delay=10)
     queued = h.submit_ok(2)
+    h.core.refusal = REFUSAL
+    h.register(3, "w1", capacity=2)
     h.sweep(100)
     assert h.core.table.jobs[later].state is JobState.SCHEDULED
     assert h.core.table.jobs[queued].state is JobState.QUEUED
-    h.core.paused = False
+    h.core.refusal = None
     h.sweep(101)
     assert {h.core.table.jobs[j].state for j in (later, queued)} == {JobState.RUNNING}
+
+
+def test_while_storage_fails_writes_are_refused_unapplied_and_reads_answered():
+    # Given a core with a queued, a scheduled, a finished and a Periodic job, a JSON
+    # worker and a Periodic worker, whose storage then fails
+    h = Harness()
+    queued = h.submit_ok(1)
+    later = h.submit_ok(1, delay=50)
+    done = h.submit_ok(1)
+    h.cancel(2, done)
+    h.apply(2, ev.PeriodicPacket(Conn("pc"), pc.SubmitJob(1, pc.Job(b"f", b"a", b"w", 0, 0, 0))))
+    h.step(2)
+    before = {job_id: row(h, job_id) for job_id in (queued, later, done)}
+    h.core.refusal = REFUSAL
+    client, pclient, worker = Conn("client"), Conn("pclient"), Conn("w-new")
+
+    # When every kind of write arrives in one batch, among reads
+    writes = [m.SubmitJob("SLEEP", {"durationMillis": 1}), m.CancelJob(queued), m.RetryJob(done),
+              m.PurgeJobs(older_than_millis=0)]
+    replies = [h.apply(3, ev.Request(client, msg)) for msg in writes]
+    status = h.apply(3, ev.Request(client, m.GetJobStatus(queued)))
+    listing = h.apply(3, ev.Request(client, m.ListJobs()))
+    for msg in (pc.SubmitJob(7, pc.Job(b"f", b"b", b"w", 0, 0, 0)), pc.RunJob(8, pc.Job(b"f", b"c", b"w", 0, 0, 0)),
+                pc.RemoveJob(9, pc.Handle(b"f", b"a")), pc.DropFunc(10, b"f"),
+                pc.Load(11, [pc.Job(b"f", b"d", b"w", 0, 0, 0)])):
+        h.apply(3, ev.PeriodicPacket(pclient, msg))
+    h.apply(3, ev.Registered(worker, m.WorkerRegister("w-new", 2, ["NEW_TYPE"])))
+    h.apply(3, ev.Result(worker, m.TaskResult("w-new", queued, queued + ".1", True, {}, None)))
+    h.apply(3, ev.Registered(Conn("w1"), m.WorkerRegister("w1", 2, None)))  # declares nothing new
+    h.apply(300, ev.SWEEP)  # the scheduled job is due, and a worker is free
+    h.core.end_batch(300)
+
+    # Then nothing was applied: no row to commit, every job as it was
+    assert not any(h.core.take_dirty())
+    assert replies == [REFUSAL] * len(writes)
+    assert isinstance(status, m.JobStatus) and status.job["state"] == "QUEUED"
+    assert isinstance(listing, m.JobList) and len(listing.jobs) == 4
+    assert {job_id: row(h, job_id) for job_id in before} == before
+    assert h.core.table.jobs[later].state is JobState.SCHEDULED
+    assert "NEW_TYPE" not in h.core.table.known_types and h.core.counters.stale_results == 1
+    out = h.core.take_outbound()
+    periodic = [pc.decode_reply(_body(frame)) for conn, frame in out if conn is pclient]
+    assert [p.data for p in periodic] == [b"storage unavailable: disk full"] * 5
+    assert [(c, msg) for c, msg in out if c is worker] == [(worker, m.Error("storage unavailable: disk full")),
+                                                            (worker, None)]
+    assert [msg for c, msg in out if c.name == "w1"] == [m.WorkerRegistered("w1")]
+
+    # And once storage works, the same writes apply
+    h.core.refusal = None
+    assert isinstance(h.apply(400, ev.Request(client, m.CancelJob(queued))), m.JobCancel)
+    h.step(400)
+    assert h.store.get(queued).state is JobState.CANCELLED
+
+
+def test_a_probe_reopens_a_writer_opened_on_a_read_only_file(tmp_path):
+    # A connection opened while the file could not be written stays read-only after the
+    # file can be (SQLite decides at open); as root no mode bit can show it, so the
+    # writer is opened read-only by URI here, as the kernel would have opened it.
+    db = str(tmp_path / "jm.db")
+    store = SQLiteStore(db)
+    store.conn.close()
+    store.conn = sqlite3.connect("file:%s?mode=ro" % db, uri=True, isolation_level=None, check_same_thread=False)
+    with pytest.raises(sqlite3.OperationalError):
+        store.conn.execute("INSERT INTO storage_probe (x) VALUES (1)")
+    store.probe()  # finds it read-only, opens the writer again: works
+    store.write(Batch([], [], [("T", 1)], []))
+    assert "T" in store.load_task_types()
+    store.close()
