@@ -189,9 +189,9 @@ Options:
 WORKER_DOC = """Run a jobmesh worker: register with the coordinator and execute tasks.
 
 It reconnects with capped backoff when the coordinator goes away, and meanwhile keeps
-its running attempts (and the results of those that finish) for up to
---keep-running-millis: registering again, it names them, so a restarted coordinator
-started with --lease-grace-millis lets them finish. SIGTERM or SIGINT stops it.
+its running attempts (and the results of those that finish) for as long as the
+flag --keep-running-millis says: registering again, it names them, so a restarted
+coordinator started with --lease-grace-millis lets them finish. SIGTERM or SIGINT stops it.
 Given --tls or --tls-ca it speaks TLS; the coordinator's certificate must carry the HOST
 of --coordinator.
 """ + SETTINGS_HELP + """
@@ -351,9 +351,9 @@ Options:
 """ + TLS_CLIENT_OPTIONS + """  -h --help                 show this help
 """
 
-TOKEN_DOC = """Make, list and remove the tokens of an auth file (TOML, read by the coordinator's
---auth-file; docs/SECURITY.md). The file stores each token's SHA-256 only: 'new' prints
-the token once, on stdout, and nowhere else. A running coordinator takes the change on
+TOKEN_DOC = """Make, list and remove the tokens of an auth file (TOML, read by the coordinator
+through --auth-file; docs/SECURITY.md). The file stores each token's SHA-256 only: 'new'
+prints the token once, on stdout, and nowhere else. A running coordinator takes the change on
 SIGHUP; removing a token closes its connections then.
 
 Roles: worker (the worker port only), reader (status, list, workers, events, wait,

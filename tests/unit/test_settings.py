@@ -237,6 +237,21 @@ def test_ssl_is_patched_before_anything_imports_it():
     assert out.returncode == 0, out.stderr
 
 
+def test_no_line_of_prose_declares_an_option():
+    # docopt reads any line of a usage text that starts with "--" as an option: prose
+    # wrapped so that "--keep-running-millis:" began a line declared a flag of that name
+    # (--print-config listed it, and the prefix --keep-running= was ambiguous).
+    import docopt
+
+    from jobmesh.cli import DOCS
+
+    for command, doc in DOCS.items():
+        bad = [o.longer for o in docopt.parse_options(doc)
+               if o.longer and not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", o.longer)]
+        assert not bad, "jobmesh %s: prose read as options %s" % (command, bad)
+    assert parse(["worker", "--keep-running=5"])[1]["--keep-running-millis"] == "5"
+
+
 def test_every_flag_of_every_command_parses():
     # A line of a usage text that starts with a flag is read by docopt as that flag's
     # definition; a second definition makes the flag unusable ("not a unique prefix").
