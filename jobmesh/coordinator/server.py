@@ -87,13 +87,16 @@ def forbidden(identity: Identity, msg: m.Message) -> str | None:
         names: list[Any] = [msg.task_type]
     elif isinstance(msg, m.WorkerRegister):
         names = list(TASK_TYPES) if msg.task_types is None else msg.task_types
+    elif isinstance(msg, m.SchedulePut):  # its fires submit that type (a malformed body is the core's to refuse)
+        task_type = msg.schedule.get("taskType")
+        names = [task_type] if isinstance(task_type, str) else []
     else:
         return None
     refused = [name for name in names if not identity.may_use_type(name)]
     if not refused:
         return None
     return "forbidden: token %s may not %s task type %s (its taskTypes: %s)" % (
-        m.quote(identity.name), "submit" if isinstance(msg, m.SubmitJob) else "declare", m.quote(refused[0]),
+        m.quote(identity.name), "declare" if isinstance(msg, m.WorkerRegister) else "submit", m.quote(refused[0]),
         ", ".join(identity.task_types) or "none")
 
 

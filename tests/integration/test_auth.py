@@ -26,7 +26,7 @@ from tests.integration import test_dashboard_browser as dashboard_browser
 from tests.helpers import CoordinatorProc, RawConn, ScriptedWorker, read_until_closed, run_cli, wait_until
 
 ROLES = ("worker", "reader", "client", "admin")
-LIMITED = ("GREET", "etl.*")  # the taskTypes of the "etl" client and "etl-worker" tokens
+LIMITED = ("GREET", "etl.*")  # the taskTypes of the "etl" client, "etl-admin" and "etl-worker" tokens
 
 
 class Tokens:
@@ -49,6 +49,7 @@ def make_tokens(directory) -> Tokens:
     for role in ROLES:
         tokens.new(role, role)
     tokens.new("etl", "client", LIMITED)
+    tokens.new("etl-admin", "admin", LIMITED)
     tokens.new("etl-worker", "worker", LIMITED)
     return tokens
 
@@ -324,6 +325,20 @@ def test_task_type_limits_of_client_and_worker_tokens(authed, opened):
     status = etl.request({"type": "GET_JOB_STATUS", "jobId": submitted["jobId"]})["job"]
     assert status["submittedBy"] == "etl"
     worker.close()
+
+
+def test_a_limited_admin_token_schedules_only_its_task_types(authed, opened):
+    # Given an admin token limited to GREET and etl.*: a schedule's fires submit its
+    # taskType, so a schedule of another type is as forbidden as submitting one
+    etl = connect(authed.client_addr, authed.tokens["etl-admin"], opened)
+    body = {"name": "etl-nightly", "cron": "0 3 * * *", "timezone": "UTC", "payload": {"durationMillis": 1}}
+    reply = etl.request({"type": "SCHEDULE_PUT", "schedule": dict(body, taskType="SLEEP")})
+    assert reply["type"] == "ERROR" and reply["message"].startswith("forbidden: ") and "'SLEEP'" in reply["message"], reply
+    assert etl.request({"type": "SCHEDULE_GET", "name": "etl-nightly"})["type"] == "ERROR"
+    # Within its limits it may
+    reply = etl.request({"type": "SCHEDULE_PUT", "schedule": dict(body, taskType="etl.load")})
+    assert reply["type"] == "SCHEDULE" and reply["schedule"]["taskType"] == "etl.load", reply
+    assert etl.request({"type": "SCHEDULE_DELETE", "name": "etl-nightly"})["type"] != "ERROR"
 
 
 # ---- the metrics port -----------------------------------------------------------------------
