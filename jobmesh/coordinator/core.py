@@ -62,9 +62,10 @@ Reply = m.Message | Slot  # a client request's answer: now, or a place for it la
 INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
 # The client requests that change nothing stored: answered while storage fails. Every
 # other request (a new one too, until it is listed here) is refused then, unapplied.
+# A handler's refusals (ev.Refusal, ev.Forbidden) keep their own answer.
 READ_REQUESTS = frozenset({m.GetJobStatus, m.ListJobs, m.ListWorkers, m.GetJobEvents, m.GetStats, m.WaitJob,
                            m.GetJobPayload, m.ScheduleGet, m.ScheduleList, m.SchedulePreview,
-                           ev.Refusal})
+                           ev.Refusal, ev.Forbidden})
 
 
 class CoordinatorCore:

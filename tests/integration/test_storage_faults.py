@@ -14,6 +14,7 @@ import sqlite3
 
 import pytest
 
+from jobmesh import auth
 from jobmesh.store.sqlite import FAULT_FILE_ENV
 from tests.helpers import run_cli, wait_until
 from tests.integration.test_metrics_port import get_json, scrape, value
@@ -243,6 +244,32 @@ def test_an_outage_costs_one_reload_however_many_writes_come(coordinator_factory
     assert states[acked[0]][0] == "CANCELLED"
     assert coord.stderr().count("recovered db=") == reloads + 1
     assert coord.stderr().count("writes resumed") == 1
+
+
+def test_a_forbidden_request_during_an_outage_is_answered_forbidden(coordinator_factory, peers, fault, tmp_path):
+    # Given a coordinator with tokens, a client and a reader connected
+    path = str(tmp_path / "auth.toml")
+    tokens = {role: auth.new_token(path, role, role) for role in ("client", "reader")}
+    coord = coordinator_factory(auth_file=path)
+    conns = {}
+    for role, token in tokens.items():
+        conns[role] = peers.raw(coord.client_addr)
+        assert conns[role].request({"type": "AUTH", "token": token})["type"] == "AUTH_OK"
+
+    # When the disk fills up
+    fault("full")
+
+    def refused():
+        reply = conns["client"].request({"type": "SUBMIT_JOB", "taskType": "WORD_COUNT", "payload": {"text": BIG_TEXT}})
+        return reply if reply["type"] == "ERROR" else None
+
+    assert wait_until(refused, message="a refused submit")["message"].startswith("storage unavailable: ")
+
+    # Then a request the token may not make is still refused as forbidden (not as a
+    # storage error, which a client may take for a reason to retry)
+    reply = conns["reader"].request({"type": "SUBMIT_JOB", "taskType": "WORD_COUNT", "payload": {"text": "a"}})
+    assert reply["type"] == "ERROR" and reply["message"].startswith("forbidden: "), reply
+    assert conns["reader"].request({"type": "LIST_JOBS", "limit": 1})["type"] == "JOB_LIST"
 
 
 def test_start_on_a_full_disk_with_a_new_database_is_a_one_line_error(tmp_path, fault):
