@@ -155,11 +155,12 @@ class CoordinatorCore:
             return self.periodic.writes(event.msg)
         if kind is ev.Registered:
             return self.json.registration_writes(event.msg)
-        return kind is ev.Result
+        return kind is ev.Result or kind is ev.SchedulesFile
 
     def _refuse(self, event: Any, refusal: m.Error) -> Reply | None:
         """A write refused while storage fails: a request gets ``refusal``, a Periodic one
-        its DATA, a registration the ERROR and its close; a result is dropped."""
+        its DATA, a registration the ERROR and its close, a schedules file (SIGHUP) a line
+        in the log; a result is dropped."""
         kind = type(event)
         if kind is ev.Request:
             return refusal
@@ -167,6 +168,9 @@ class CoordinatorCore:
             self.periodic.refuse(event.conn, event.msg, refusal.message)
         elif kind is ev.Registered:
             self.json.refuse_registration(event.conn, event.msg, refusal.message)
+        elif kind is ev.SchedulesFile:
+            log.error("schedules file not applied, the schedules stay as they were: %s; send SIGHUP again once "
+                      "writes resume", refusal.message)
         else:
             self.json.drop_result(event.msg)
         return None

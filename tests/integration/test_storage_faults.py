@@ -10,6 +10,7 @@ with ``query_only``), and a held write lock through a second connection that kee
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 
 import pytest
@@ -270,6 +271,44 @@ def test_a_forbidden_request_during_an_outage_is_answered_forbidden(coordinator_
     reply = conns["reader"].request({"type": "SUBMIT_JOB", "taskType": "WORD_COUNT", "payload": {"text": "a"}})
     assert reply["type"] == "ERROR" and reply["message"].startswith("forbidden: "), reply
     assert conns["reader"].request({"type": "LIST_JOBS", "limit": 1})["type"] == "JOB_LIST"
+
+
+SCHEDULES = """
+[nightly]
+cron = "0 3 * * *"
+task_type = "SLEEP"
+payload = { durationMillis = 1 }
+"""
+
+
+def test_a_schedules_file_sighup_during_an_outage_is_not_applied_and_costs_no_reload(coordinator_factory, peers,
+                                                                                      fault, tmp_path):
+    # Given a coordinator with a schedules file, and storage that has failed
+    path = tmp_path / "schedules.toml"
+    path.write_text(SCHEDULES)
+    coord = coordinator_factory(schedules=str(path))
+    client = peers.client(coord)
+    reloads = coord.stderr().count("recovered db=")
+    fault("readonly")
+    assert client.submit("WORD_COUNT", {"text": "a"})["message"].startswith("storage unavailable: ")
+    assert coord.stderr().count("recovered db=") == reloads + 1
+
+    # When the file changes and SIGHUP arrives during the outage
+    path.write_text(SCHEDULES.replace("nightly", "hourly").replace("0 3", "0 *"))
+    coord.proc.send_signal(signal.SIGHUP)
+
+    # Then it is not applied, says so, and costs no second reload
+    wait_until(lambda: "schedules file not applied" in coord.stderr(), message="the refusal logged")
+    assert "storage unavailable" in coord.stderr().split("schedules file not applied")[1].splitlines()[0]
+    assert coord.stderr().count("recovered db=") == reloads + 1
+    assert [s["name"] for s in client.request({"type": "SCHEDULE_LIST"})["schedules"]] == ["nightly"]
+
+    # And once storage works, the next SIGHUP applies it
+    fault("")
+    submit_when_writes_resume(client)
+    coord.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: [s["name"] for s in client.request({"type": "SCHEDULE_LIST"})["schedules"]] == ["hourly"],
+               message="the file applied")
 
 
 def test_start_on_a_full_disk_with_a_new_database_is_a_one_line_error(tmp_path, fault):
