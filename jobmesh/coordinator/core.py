@@ -106,7 +106,7 @@ class CoordinatorCore:
             m.SchedulePause: lambda now, r: schedules.set_paused(now, r.name, True),
             m.ScheduleResume: lambda now, r: schedules.set_paused(now, r.name, False),
             m.ScheduleDelete: lambda now, r: schedules.delete(now, r.name),
-            m.ScheduleTrigger: lambda now, r: schedules.trigger(now, r.name),
+            m.ScheduleTrigger: lambda now, r: schedules.trigger(now, r.name, r.submitted_by),
             m.SchedulePreview: schedules.preview,
             ev.Refusal: lambda now, r: r.error,
             ev.Forbidden: lambda now, r: r.error,

@@ -320,7 +320,7 @@ class Schedules:
         self._touch(s)
         return True
 
-    def _make(self, s: Schedule, now: int, fire: int, detail: str = "") -> str:
+    def _make(self, s: Schedule, now: int, fire: int, detail: str = "", submitted_by: str | None = None) -> str:
         """The job of fire time ``fire`` (SUBMITTED now; SCHEDULED while its jitter lasts)."""
         table = self.table
         delay = jitter_delay(s.name, fire, s.jitter_millis)
@@ -331,6 +331,7 @@ class Schedules:
                             self.config.task_timeout_millis, s.payload_json, run_at)
         job.schedule_name = s.name
         job.scheduled_for = fire
+        job.submitted_by = submitted_by
         table.admit(job, now, detail or "fired by schedule %s for %s" % (s.name, iso(fire)))
         s.last_job_id = job.job_id
         s.fired += 1
@@ -431,9 +432,10 @@ class Schedules:
         self._sorted = None
         self._dirty[name] = None
 
-    def trigger(self, now: int, name: str) -> m.Message:
-        """A job now, scheduledFor now, outside the overlap rule. Fire times already due are
-        made first, so a trigger at the very instant of a fire time is that fire's job."""
+    def trigger(self, now: int, name: str, submitted_by: str | None = None) -> m.Message:
+        """A job now, scheduledFor now, outside the overlap rule, submitted by the token
+        ``submitted_by`` names (auth on). Fire times already due are made first, so a
+        trigger at the very instant of a fire time is that fire's job."""
         schedule = self.by_name.get(name)
         if schedule is None:
             return unknown(name)
@@ -450,7 +452,10 @@ class Schedules:
             return m.JobSubmitted(existing)
         if table.active_count >= self.config.max_active_jobs:
             return self._rejected()
-        job_id = self._make(schedule, now, wall, "triggered from schedule %s" % name)
+        detail = "triggered from schedule %s" % name
+        if submitted_by is not None:
+            detail += " by %s" % submitted_by
+        job_id = self._make(schedule, now, wall, detail, submitted_by)
         self._touch(schedule)
         return m.JobSubmitted(job_id)
 

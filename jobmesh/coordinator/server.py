@@ -446,11 +446,11 @@ class Servers:
     @staticmethod
     def _checked(identity: Identity, req: m.Message, addr: Any) -> m.Message | ev.Forbidden:
         """The request as the core gets it from this token: refused (``ev.Forbidden``), or
-        a submit or retry that carries the token's name (``submittedBy``)."""
+        a submit, retry or trigger that carries the token's name (``submittedBy``)."""
         reason = forbidden(identity, req)
         if reason is not None:
             log.info("forbidden peer=%s:%s port=client: %s", addr[0], addr[1], reason)
             return ev.Forbidden(reason)
-        if isinstance(req, (m.SubmitJob, m.RetryJob)):
+        if isinstance(req, (m.SubmitJob, m.RetryJob, m.ScheduleTrigger)):
             return dataclasses.replace(req, submitted_by=identity.name)
         return req

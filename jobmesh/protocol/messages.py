@@ -519,6 +519,7 @@ class ScheduleTrigger(Message):
 
     TYPE = "SCHEDULE_TRIGGER"
     name: str = wire("name", "str")
+    submitted_by: str | None = local()  # the triggering token's name (auth on), set by the handler
 
 
 @dataclass(frozen=True)

@@ -298,6 +298,12 @@ def test_snapshots_and_the_submitted_event_name_the_token(authed):
     with admin_client(authed) as admin:
         retried = admin.retry(job_id)
         assert admin.status(retried)["submittedBy"] == "admin"
+        # A trigger makes a job as a submit does: it names the token too
+        admin.schedules.put("audited", "SLEEP", {"durationMillis": 1}, cron="0 3 * * *")
+        triggered = admin.status(admin.schedules.trigger("audited"))
+        assert triggered["scheduleName"] == "audited" and triggered["submittedBy"] == "admin", triggered
+        assert "admin" in admin.events(triggered["jobId"])[0]["detail"]
+        admin.schedules.delete("audited")
 
 
 def test_task_type_limits_of_client_and_worker_tokens(authed, opened):
