@@ -353,9 +353,10 @@ class Supervisor:
             listening.set(None)
 
     def _start_worker(self, slot: Child) -> None:
-        env = None
+        # The workers' token is the run's, or none (without --auth-file): never one the
+        # environment holds for some other coordinator.
+        env = {k: v for k, v in child_environment().items() if k not in (TOKEN_ENV, TOKEN_FILE_ENV)}
         if self.token is not None:  # in the environment, never on a command line
-            env = {k: v for k, v in child_environment().items() if k != TOKEN_FILE_ENV}
             env[TOKEN_ENV] = self.token
         # Our stdout carries the coordinator's lines only; whatever a worker (or a task in
         # it) prints goes to stderr, with the logs.

@@ -570,6 +570,16 @@ def test_up_gives_its_workers_the_worker_token(tmp_path, start_up):
     assert tokens["local-workers"] not in up.log()
 
 
+def test_up_without_tokens_gives_its_workers_none_from_its_environment(tmp_path, start_up, monkeypatch):
+    # Given a shell that holds a token for some other coordinator, and up without --auth-file
+    monkeypatch.setenv("JOBMESH_TOKEN", "a-token-for-another-coordinator")
+    up = start_up("--workers=2")
+    # Then its workers present no token to a coordinator that takes none, and register
+    with CoordinatorClient(*up.client_addr) as client:
+        wait_until(lambda: len(client.workers()) == 2, timeout=20, message="up's two workers registered")
+        assert client.wait(client.submit("WORD_COUNT", {"text": "a b"}), timeout=30)["state"] == "COMPLETED"
+
+
 def test_up_makes_a_token_for_its_workers_when_given_none(tmp_path, start_up):
     # Given an auth file with no worker token at all
     tokens = Tokens(tmp_path / "auth.toml")
