@@ -100,6 +100,16 @@ def type_allowed(patterns: tuple[str, ...] | None, task_type: str) -> bool:
     return False
 
 
+def type_refusal(name: str | None, patterns: tuple[str, ...] | None, task_type: str) -> str | None:
+    """The ``forbidden`` ERROR text for token ``name`` (its ``taskTypes``: ``patterns``)
+    making a job of ``task_type`` it may not submit, or None if it may."""
+    if type_allowed(patterns, task_type):
+        return None
+    assert patterns is not None
+    return "forbidden: token %s may not submit task type %s (its taskTypes: %s)" % (
+        repr(name), repr(task_type), ", ".join(patterns) or "none")
+
+
 @dataclass(frozen=True)
 class Identity:
     """Who an accepted token is: its entry's name, role and task-type patterns (None: any)."""

@@ -24,6 +24,7 @@ from jobmesh.store.columns import load_events
 from jobmesh.coordinator.table import JobTable
 from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Slot, Waiter, Waiters
 from jobmesh.errors import PayloadError
+from jobmesh.auth import type_refusal
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
@@ -259,8 +260,10 @@ class ClientRequests:
             if job is None or job.state in TERMINAL:
                 self.waiters.wake_job(waiter.job_id)
 
-    def retry_job(self, now_millis: int, job_id: str, submitted_by: str | None = None) -> m.Message:
-        """A new job with a finished job's type, payload, priority and budget; ``retryOf`` names it."""
+    def retry_job(self, now_millis: int, job_id: str, submitted_by: str | None = None,
+                  task_types: tuple[str, ...] | None = None) -> m.Message:
+        """A new job with a finished job's type, payload, priority and budget; ``retryOf`` names it.
+        A token limited to ``task_types`` may retry only jobs of those types."""
         job = self.table.lookup(job_id)
         if job is None:
             return m.Error("unknown job %s" % quote(job_id))
@@ -269,6 +272,9 @@ class ClientRequests:
                            % (job_id, job.state.value))
         if job.periodic is not None:
             return m.Error("job %s is a Periodic job; submit it again on the Periodic port (SUBMIT_JOB)" % job_id)
+        refused = type_refusal(submitted_by, task_types, job.task_type)
+        if refused is not None:
+            return m.Error(refused)
         problem = self.check_payload(job.task_type, job.payload)
         if problem is not None:
             return m.Error("job %s cannot be retried: %s" % (job_id, problem))

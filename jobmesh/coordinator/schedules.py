@@ -35,6 +35,7 @@ from jobmesh.config import CoreConfig
 from jobmesh.coordinator.firetimes import NAME, Rule, RuleError, jitter_delay
 from jobmesh.coordinator.requests import MAX_PAYLOAD_BYTES, SCHEDULE_KEYS as KEY_PREFIX
 from jobmesh.coordinator.table import JobTable
+from jobmesh.auth import type_refusal
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState, Priority
 from jobmesh.protocol.messages import quote
@@ -432,13 +433,17 @@ class Schedules:
         self._sorted = None
         self._dirty[name] = None
 
-    def trigger(self, now: int, name: str, submitted_by: str | None = None) -> m.Message:
+    def trigger(self, now: int, name: str, submitted_by: str | None = None,
+                task_types: tuple[str, ...] | None = None) -> m.Message:
         """A job now, scheduledFor now, outside the overlap rule, submitted by the token
-        ``submitted_by`` names (auth on). Fire times already due are made first, so a
-        trigger at the very instant of a fire time is that fire's job."""
+        ``submitted_by`` names (auth on; limited to its ``task_types``). Fire times already
+        due are made first, so a trigger at the very instant of a fire time is that fire's job."""
         schedule = self.by_name.get(name)
         if schedule is None:
             return unknown(name)
+        refused = type_refusal(submitted_by, task_types, schedule.task_type)
+        if refused is not None:
+            return m.Error(refused)
         table = self.table
         wall = now + table.drift
         if not schedule.paused and schedule.next_fire is not None and schedule.next_fire <= wall:

@@ -451,6 +451,8 @@ class Servers:
         if reason is not None:
             log.info("forbidden peer=%s:%s port=client: %s", addr[0], addr[1], reason)
             return ev.Forbidden(reason)
-        if isinstance(req, (m.SubmitJob, m.RetryJob, m.ScheduleTrigger)):
+        if isinstance(req, (m.RetryJob, m.ScheduleTrigger)):  # the core knows the type they make
+            return dataclasses.replace(req, submitted_by=identity.name, task_types=identity.task_types)
+        if isinstance(req, m.SubmitJob):
             return dataclasses.replace(req, submitted_by=identity.name)
         return req

@@ -401,6 +401,7 @@ class RetryJob(Message):
     TYPE = "RETRY_JOB"
     job_id: str = wire("jobId", "str")
     submitted_by: str | None = local()  # the retrying token's name (auth on), set by the handler
+    task_types: tuple[str, ...] | None = local()  # that token's taskTypes (None: any), set by the handler
 
 
 @dataclass(frozen=True)
@@ -520,6 +521,7 @@ class ScheduleTrigger(Message):
     TYPE = "SCHEDULE_TRIGGER"
     name: str = wire("name", "str")
     submitted_by: str | None = local()  # the triggering token's name (auth on), set by the handler
+    task_types: tuple[str, ...] | None = local()  # that token's taskTypes (None: any), set by the handler
 
 
 @dataclass(frozen=True)

@@ -335,7 +335,12 @@ def test_task_type_limits_of_client_and_worker_tokens(authed, opened):
 
 def test_a_limited_admin_token_schedules_only_its_task_types(authed, opened):
     # Given an admin token limited to GREET and etl.*: a schedule's fires submit its
-    # taskType, so a schedule of another type is as forbidden as submitting one
+    # taskType, so a schedule of another type is as forbidden as submitting one (and a
+    # worker has declared etl.load)
+    worker = ScriptedWorker(authed.worker_addr, "etl-w2")
+    opened.append(worker)
+    assert worker.conn.request({"type": "AUTH", "token": authed.tokens["etl-worker"]})["type"] == "AUTH_OK"
+    worker.register(task_types=["etl.load"])
     etl = connect(authed.client_addr, authed.tokens["etl-admin"], opened)
     body = {"name": "etl-nightly", "cron": "0 3 * * *", "timezone": "UTC", "payload": {"durationMillis": 1}}
     reply = etl.request({"type": "SCHEDULE_PUT", "schedule": dict(body, taskType="SLEEP")})
@@ -344,7 +349,25 @@ def test_a_limited_admin_token_schedules_only_its_task_types(authed, opened):
     # Within its limits it may
     reply = etl.request({"type": "SCHEDULE_PUT", "schedule": dict(body, taskType="etl.load")})
     assert reply["type"] == "SCHEDULE" and reply["schedule"]["taskType"] == "etl.load", reply
+    triggered = etl.request({"type": "SCHEDULE_TRIGGER", "name": "etl-nightly"})
+    assert triggered["type"] == "JOB_SUBMITTED", triggered
     assert etl.request({"type": "SCHEDULE_DELETE", "name": "etl-nightly"})["type"] != "ERROR"
+    # Nor may it make jobs of other types through a trigger or a retry, whose type the
+    # request does not name
+    with admin_client(authed) as admin:
+        admin.schedules.put("sleepy", "SLEEP", {"durationMillis": 1}, cron="0 3 * * *")
+        sleeper = admin.submit("SLEEP", {"durationMillis": 1})
+        admin.cancel(sleeper)
+        for request in ({"type": "SCHEDULE_TRIGGER", "name": "sleepy"}, {"type": "RETRY_JOB", "jobId": sleeper}):
+            reply = etl.request(request)
+            assert reply["type"] == "ERROR" and reply["message"].startswith("forbidden: "), (request, reply)
+            assert "'SLEEP'" in reply["message"], reply
+        assert admin.schedules.get("sleepy")["firedCount"] == 0
+        admin.schedules.delete("sleepy")
+    assert etl.request({"type": "CANCEL_JOB", "jobId": triggered["jobId"]})["type"] == "JOB_CANCEL"
+    retried = etl.request({"type": "RETRY_JOB", "jobId": triggered["jobId"]})
+    assert retried["type"] == "JOB_SUBMITTED", retried
+    etl.request({"type": "CANCEL_JOB", "jobId": retried["jobId"]})
 
 
 # ---- the metrics port -----------------------------------------------------------------------
