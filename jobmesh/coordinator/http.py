@@ -44,7 +44,9 @@ token is, and is slowed like on the JSON ports (``guard.py``).
 
 With ``--tls-cert`` it is HTTPS: each connection's handshake runs in its own greenlet
 (``connection.tls_accept``), before the request is read, the over-limit short answers
-included.
+included. A TLS client or worker pointed here gets past the handshake (the certificate
+is the other ports'), so its first byte is read after it and looked at as a plaintext
+peer's is: a jobmesh frame is answered with the port mix-up.
 
 A timer greenlet wakes every ``TICK_SECONDS``; how late it wakes is the event-loop lag
 (a histogram), and once a second it appends a sample to the ring buffer behind the
@@ -57,6 +59,7 @@ import base64
 import binascii
 import logging
 import re
+import io
 import socket
 import ssl
 import time
@@ -268,27 +271,62 @@ class _Server(WSGIServer):
             conn = self._secure(sock, address, self.handshake_timeout)
             if conn is not None:
                 conn.settimeout(READ_TIMEOUT_SECONDS)
-                # Only a plaintext socket is peeked at: a TLS one takes no flags, and a peer
-                # speaking jobmesh frames never gets past the handshake.
-                if conn is not sock or not refuse_frames(conn):
-                    super().handle(conn, address)
+                if conn is sock:
+                    if not refuse_frames(conn):
+                        super().handle(conn, address)
+                else:
+                    # A TLS socket takes no recv flags: its first byte is read, then given
+                    # back to the HTTP handler (a TLS client or worker gets past the
+                    # handshake: the certificate is the other ports').
+                    first = first_byte(conn)
+                    if first and not refuse_frames(conn, first):
+                        rfile = io.BufferedReader(_Replay(first, conn))
+                        self.handler_class(conn, address, self, rfile=rfile).handle()
         finally:
             self.open_connections -= 1
             if conn is not None and conn is not sock:
                 conn.close()
 
 
-def refuse_frames(sock: Any) -> bool:
+def refuse_frames(sock: Any, first: bytes | None = None) -> bool:
     """Answer a peer that speaks jobmesh frames (a client or worker pointed at this port)
     with an ERROR frame naming the port mix-up, and say whether it was one: a frame's
-    first byte is 0 (its length is below 16 MiB), an HTTP request's never is."""
+    first byte is 0 (its length is below 16 MiB), an HTTP request's never is. ``first``:
+    that byte, already read (TLS); else it is peeked at."""
     try:
-        if sock.recv(1, socket.MSG_PEEK) != b"\x00":
+        if (first if first is not None else sock.recv(1, socket.MSG_PEEK)) != b"\x00":
             return False
         sock.sendall(encode_frame(m.metrics_port_refusal().to_wire()))
     except OSError:  # silent until the read timeout, or gone: nothing to serve either way
         pass
     return True
+
+
+def first_byte(sock: Any) -> bytes:
+    """The peer's first byte (b"" at its end, a timeout or an error)."""
+    try:
+        return sock.recv(1)
+    except OSError:
+        return b""
+
+
+class _Replay(io.RawIOBase):
+    """A socket's byte stream with its first byte, read already, given back in front."""
+
+    def __init__(self, first: bytes, sock: Any) -> None:
+        super().__init__()
+        self.first = first
+        self.sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.first:
+            buffer[0:1] = self.first
+            self.first = b""
+            return 1
+        return self.sock.recv_into(buffer)
 
 
 SCHEDULES_PAGE = 200  # schedules the dashboard shows at once

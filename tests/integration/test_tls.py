@@ -332,6 +332,26 @@ def test_the_metrics_port_speaks_https(tls_coordinator, certs):
         urllib.request.urlopen("http://%s:%d/healthz" % (host, port), timeout=20).read()
 
 
+def test_a_tls_worker_or_client_on_the_metrics_port_is_told_the_right_port(tls_coordinator, worker_procs, certs):
+    # The metrics port speaks TLS with the same certificate, so a TLS peer gets past the
+    # handshake: what it sends next is looked at as a plaintext peer's first bytes are
+    from types import SimpleNamespace
+
+    host, port = tls_coordinator.metrics_addr
+    with CoordinatorClient(host, port, tls_ca=str(certs.ca), timeout=60) as client:
+        with pytest.raises(RequestFailed) as info:
+            client.stats()
+    assert str(info.value).startswith("this is the metrics port (HTTP)")
+    worker = worker_procs.start(SimpleNamespace(worker_target="%s:%d" % (host, port)), "w-lost-tls",
+                                extra=("--tls-ca=%s" % certs.ca,))
+    assert worker.proc.wait(30) == 1  # retrying cannot help: it stops at once
+    assert "this is the metrics port (HTTP)" in worker.log() and "Traceback" not in worker.log()
+    # and the port still serves HTTPS
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    with urllib.request.urlopen("https://%s:%d/metrics" % (host, port), context=context, timeout=20) as resp:
+        assert b"jobmesh_jobs_submitted_total" in resp.read()
+
+
 # ---- jobmesh up ---------------------------------------------------------------------
 
 
