@@ -326,6 +326,10 @@ class Coordinator:
         if not is_loopback(cfg.bind) and not getattr(cfg, "tls_cert", None):
             log.warning("tokens travel in plaintext: bind=%s is reachable from other machines without TLS; "
                         "anyone on the network path can read them (docs/SECURITY.md)", cfg.bind)
+        elif not is_loopback(cfg.bind) and cfg.periodic_port is not None and cfg.periodic_key is None:
+            log.warning("Periodic tokens travel in plaintext: bind=%s is reachable from other machines and TLS "
+                        "covers the worker, client and metrics ports only; give --periodic-key for the Periodic "
+                        "port's handshake (docs/PERIODIC.md)", cfg.bind)
 
     def on_hangup(self) -> None:
         """SIGHUP: read the files given by flags again: the auth file (the connections of

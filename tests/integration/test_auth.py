@@ -554,6 +554,21 @@ def test_tokens_on_a_reachable_address_without_tls_warn(tmp_path):
         coord.cleanup()
 
 
+def test_tokens_on_a_reachable_periodic_port_without_a_periodic_key_warn_under_tls(tmp_path):
+    # TLS covers the JSON and metrics ports, not the Periodic port's registration tokens
+    from tests.tls_support import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    tokens = Tokens(tmp_path / "auth.toml")
+    tokens.new("ops", "admin")
+    coord = CoordinatorProc(tmp_path, bind="0.0.0.0", auth_file=tokens.path, tls_cert=certs.server,
+                            tls_key=certs.server_key, periodic_port=0).start()
+    try:
+        assert "Periodic tokens travel in plaintext" in coord.stderr()
+    finally:
+        coord.cleanup()
+
+
 # ---- the dashboard in a browser, through Basic ------------------------------------------------
 
 browser = dashboard_browser.browser  # the headless Chromium fixture
