@@ -82,6 +82,7 @@ class CoordinatorCore:
         self.schedules = Schedules(self.table, self.requests.check_payload)
         self._draining = False
         self._refusal: m.Error | None = None  # storage fails: what a write is answered
+        self._regrace = False  # storage works again: kept leases get their grace again (expire_deadlines)
         # Requests held for a store read (``ReadPending``), in arrival order, with the
         # Slot their reply fills; reads the runtime has not been told of; replies of
         # held requests applied again in this batch.
@@ -263,6 +264,16 @@ class CoordinatorCore:
         if self._refusal is not None:
             return
         unclaimed = self.table.unclaimed
+        if self._regrace:
+            # Storage failed while leases kept by recovery waited for their workers, whose
+            # registrations naming them were refused then: each gets the whole grace again.
+            self._regrace = False
+            until = now + self.config.lease_grace_millis
+            for job_id in list(unclaimed):
+                job = self.table.jobs.get(job_id)
+                if job is not None and (job.deadline is None or job.deadline < until):
+                    self.table.keep_unclaimed(job, until)
+                    self.timers.track_lease(job)
         for job in self.timers.expired(now):
             if job.job_id in unclaimed:  # kept by recovery, and no worker claimed it in time
                 self._recover_running(job, now, self.config.lease_grace_millis)
@@ -347,6 +358,8 @@ class CoordinatorCore:
 
     @refusal.setter
     def refusal(self, value: m.Error | None) -> None:
+        if value is None and self._refusal is not None and self.table.unclaimed:
+            self._regrace = True  # no worker could claim a kept lease meanwhile: see expire_deadlines
         self._refusal = value
         self._hold()
 

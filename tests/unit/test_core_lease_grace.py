@@ -235,3 +235,25 @@ def test_a_coordinator_that_saw_the_worker_go_keeps_none_of_its_leases():
     assert h.cancels(conn) == [m.TaskCancel(job_id, job_id + ".1")]
     h.sweep(10_000)
     assert h.assign_of(job_id).attempt_number == 2 and h.holder(job_id) is conn
+
+
+def test_a_storage_outage_gives_the_kept_leases_their_grace_again_when_it_ends():
+    # Given two jobs kept on their leases by a restart, and storage that fails at once:
+    # a registration naming them writes, so it is refused until storage works
+    h, [claimed, unclaimed] = running_at_restart(jobs=2)
+    leases = {job_id: lease(h.status(job_id)) for job_id in (claimed, unclaimed)}
+    h.core.refusal = m.Error("storage unavailable: disk full")
+    h.sweep(RESTART + GRACE + 1000)
+    # When storage works again after the grace has passed
+    end = RESTART + GRACE + 2000
+    h.core.refusal = None
+    h.sweep(end)
+    # Then the leases are still kept, for a whole grace from then
+    assert h.state(claimed) == h.state(unclaimed) == "RUNNING"
+    conn = h.register(end + 100, "w1", capacity=2, running=[leases[claimed]])
+    assert h.cancels(conn) == [] and h.status(claimed)["attempts"] == 1
+    h.sweep(end + GRACE - 1)
+    assert h.state(unclaimed) == "RUNNING"
+    h.sweep(end + GRACE)
+    assert h.state(claimed) == "RUNNING" and h.state(unclaimed) in ("QUEUED", "RUNNING")
+    assert events(h, unclaimed)[2]["event"] == "RECOVERED"
