@@ -370,7 +370,8 @@ Options:
   --task-types=TYPES   NAME[,NAME...]: the only task types the token may submit (client,
                        admin) or declare (worker); NAME may be PREFIX.* for every type
                        that starts with PREFIX.
-  --auth-file=PATH     the auth file; created, mode 0600, by the first 'new'
+  --auth-file=PATH     the auth file ($JOBMESH_AUTH_FILE too, as for the coordinator);
+                       created, mode 0600, by the first 'new'
                        [default: jobmesh-auth.toml]
   --json               list: one JSON array of {name, role, taskTypes}
   -h --help            show this help
@@ -587,6 +588,8 @@ def main(argv: list[str]) -> int:
 # Client commands take these flags from the environment too (JOBMESH_TLS_CA ...); their
 # other flags come from the command line alone.
 CLIENT_ENV_FLAGS = ("--tls", "--tls-ca", "--tls-cert", "--tls-key")
+# `jobmesh token` edits the file the coordinator reads: JOBMESH_AUTH_FILE names it for both.
+TOKEN_ENV_FLAGS = ("--auth-file",)
 
 
 def settings(command: str, argv: list[str], args: dict, environ: Any) -> tuple[dict, dict[str, Source]]:
@@ -596,7 +599,8 @@ def settings(command: str, argv: list[str], args: dict, environ: Any) -> tuple[d
     docopt fills in defaults, which must not beat the environment, so the flags the
     command line gave are read from argv itself (``given_flags``)."""
     given = given_flags(DOCS[command], argv[argv.index(command) + 1:])
-    return layered(args, given, environ, None if command in SERVER_COMMANDS else CLIENT_ENV_FLAGS)
+    flags = None if command in SERVER_COMMANDS else TOKEN_ENV_FLAGS if command == "token" else CLIENT_ENV_FLAGS
+    return layered(args, given, environ, flags)
 
 
 def given_flags(doc: str, args: list[str]) -> set[str]:

@@ -520,6 +520,14 @@ def test_token_cli(tmp_path):
     # the default file, in the current directory
     default = run_cli_in(tmp_path, "token", "new", "ops", "--role=admin")
     assert default.returncode == 0 and (tmp_path / "jobmesh-auth.toml").exists()
+    # JOBMESH_AUTH_FILE names the coordinator's file: `token` edits that one, unless given --auth-file
+    shared = tmp_path / "shared.toml"
+    from_env = run_cli("token", "new", "svc", "--role=reader", cwd=tmp_path, env={"JOBMESH_AUTH_FILE": str(shared)})
+    assert from_env.returncode == 0, from_env.stderr
+    assert auth.AuthFile.load(str(shared)).names() == ["svc"]
+    assert "svc" not in auth.AuthFile.load(str(tmp_path / "jobmesh-auth.toml")).names()
+    flag_wins = run_cli("token", "list", "--auth-file=%s" % path, env={"JOBMESH_AUTH_FILE": str(shared)})
+    assert "w1" in flag_wins.stdout and "svc" not in flag_wins.stdout
 
 
 def run_cli_in(cwd, *args):
