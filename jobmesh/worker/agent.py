@@ -47,6 +47,7 @@ from jobmesh.errors import PayloadError, ProtocolError
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.payloads import TASK_TYPES
 from jobmesh.protocol.messages import (
+    NO_AUTH,
     WRONG_PORT_REFUSALS,
     TO_WORKER,
     Auth,
@@ -111,7 +112,8 @@ class WorkerAgent:
         self._outbox: Queue | None = None  # the live session's outbox; None between sessions
         self._kept_since: float | None = None  # when the attempts kept across a lost connection were left
         self.registrations = 0
-        self.wrong_port: str | None = None  # set when the coordinator says this is its client or metrics port
+        self.wrong_port: str | None = None  # set when the coordinator says this is its client or metrics port,
+        # or that it takes no tokens
         self.user_task_types: frozenset[str] = frozenset()
         self.processes: ProcessPool | None = None
         # None (absent on the wire) means the five built-ins.
@@ -148,7 +150,9 @@ class WorkerAgent:
             try:
                 sock, reader = self._connect_and_register()
             except RegistrationRefused as exc:
-                if str(exc).startswith(WRONG_PORT_REFUSALS):  # pointed at the wrong port: retrying cannot help
+                # Pointed at the wrong port, or holding a token for a coordinator that takes
+                # none: retrying cannot help.
+                if str(exc).startswith(WRONG_PORT_REFUSALS) or str(exc) == NO_AUTH:
                     log.error("cannot register worker=%s at %s: %s", self.worker_id, target, exc)
                     self.wrong_port = str(exc)
                     return

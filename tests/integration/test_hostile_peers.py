@@ -199,6 +199,17 @@ def test_a_worker_on_the_client_port_logs_the_right_port_and_exits_1(coord, work
     assert "Traceback" not in worker.log()
 
 
+def test_a_worker_with_a_token_at_a_coordinator_without_tokens_says_so_and_exits_1(coord, worker_procs,  # noqa: F811
+                                                                                   tmp_path):
+    token_file = tmp_path / "worker.token"
+    token_file.write_text("a-token-this-coordinator-does-not-ask-for\n")
+    worker = worker_procs.start(coord, "w-token", extra=["--token-file=%s" % token_file])
+    assert worker.proc.wait(30) == 1  # retrying cannot help: the coordinator takes no tokens at all
+    assert "this coordinator takes no tokens" in worker.log()
+    assert "a-token-this-coordinator-does-not-ask-for" not in worker.log()
+    assert "Traceback" not in worker.log()
+
+
 METRICS_PORT_REFUSAL = ("this is the metrics port (HTTP); a client belongs on the client port (7071 by default), "
                         "a worker on the worker port (7070 by default)")
 
