@@ -616,12 +616,14 @@ def _print_config(command: str, args: dict, sources: dict[str, Source]) -> int:
     if command == "worker":
         worker_config(args)
     else:
-        coordinator_config(args)
+        cfg = coordinator_config(args)
     _print_line("# jobmesh %s: effective settings (command line > environment > --config file > default)" % command)
     path = args.get("--config") or os.environ.get(CONFIG_ENV)
     if path:
         _print_line("# config file: %s (from %s)" % (path, "--config" if args.get("--config") else CONFIG_ENV))
     for line in describe_settings(args, sources):
+        if command == "up" and line.startswith("# lease-grace-millis is not set"):
+            line += "; up gives its coordinator the heartbeat timeout, %d ms" % cfg.heartbeat_timeout_millis
         _print_line(line)
     return EXIT_OK
 

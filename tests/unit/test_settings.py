@@ -162,6 +162,15 @@ def test_print_config_covers_every_flag_of_the_usage_text(capsys):
     assert declared - {"help", "config", "print-config"} <= shown
 
 
+def test_print_config_of_up_says_what_an_unset_lease_grace_becomes(capsys):
+    assert main(["up", "--print-config", "--heartbeat-timeout-millis=4000"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "lease-grace-millis" in line]
+    assert len(lines) == 1 and lines[0].startswith("# lease-grace-millis is not set")
+    assert lines[0].endswith("up gives its coordinator the heartbeat timeout, 4000 ms")
+    assert main(["up", "--print-config", "--lease-grace-millis=5"]) == 0
+    assert "heartbeat timeout" not in capsys.readouterr().out
+
+
 def test_print_config_never_shows_keys(tmp_path, capsys):
     key = str(tmp_path / "very-private-key.pem")
     cert = str(tmp_path / "server.pem")
