@@ -526,10 +526,3 @@ class Schedules:
                 return at
             heapq.heappop(heap)
         return None
-
-    # ---- figures ------------------------------------------------------------------------------
-
-    def next_fires(self, limit: int) -> list[tuple[int, str]]:
-        """The earliest ``limit`` (next fire time, name) pairs."""
-        return heapq.nsmallest(limit, ((s.next_fire, s.name) for s in self.by_name.values()
-                                       if s.next_fire is not None))
