@@ -121,10 +121,7 @@ class Identity:
 
     def may(self, kind: str) -> bool:
         """Whether this role may make a request of ``kind`` (a message type, or ``METRICS``)."""
-        least = _LEAST_ROLE.get(kind, ADMIN)
-        if self.role == WORKER or least == WORKER:
-            return self.role == least
-        return _RANK[self.role] >= _RANK[least]
+        return self.at_least(_LEAST_ROLE.get(kind, ADMIN))
 
     def may_use_type(self, task_type: str) -> bool:
         """Whether the entry's ``taskTypes`` let it submit (or, a worker, declare) ``task_type``."""
