@@ -273,9 +273,7 @@ class PeriodicPort:
                 log.warning("closing periodic connection peer=%s:%s: wrong token name or token", *conn.addr[:2])
                 identity = None
         if identity is None:
-            delay = guard.failure_delay(host)
-            if delay:
-                gevent.sleep(delay)
+            guard.hold_back(host)
             return None
         if worker != (identity.role == WORKER):  # only a worker token registers a worker, and only as one
             log.warning("closing periodic connection peer=%s:%s: token %s of role %s may not register as a %s",
