@@ -46,7 +46,6 @@ from typing import Any, Mapping
 
 from jobmesh.errors import ConfigError
 
-DEFAULT_AUTH_FILE = "jobmesh-auth.toml"  # `jobmesh token` without --auth-file
 TOKEN_BYTES = 32  # secrets.token_urlsafe(32): 43 characters, 256 bits
 MAX_TOKEN_CHARS = 4096  # a longer presented token is refused unhashed
 TOKEN_ENV = "JOBMESH_TOKEN"

@@ -50,7 +50,6 @@ RECENT_JOBS = 5  # the last jobs a schedule remembers (``show``)
 DEFAULT_WINDOW = 86_400_000
 PREVIEW_MAX = 1000
 LIST_MAX = 1000
-ORIGINS = ("api", "file")
 MAX_MILLIS = 253_402_300_799_999
 
 CheckPayload = Callable[[str, dict[str, Any]], "str | None"]
