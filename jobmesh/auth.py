@@ -46,7 +46,6 @@ from typing import Any, Mapping
 
 from jobmesh.errors import ConfigError
 
-DEFAULT_AUTH_FILE = "jobmesh-auth.toml"  # `jobmesh token` without --auth-file
 TOKEN_BYTES = 32  # secrets.token_urlsafe(32): 43 characters, 256 bits
 MAX_TOKEN_CHARS = 4096  # a longer presented token is refused unhashed
 TOKEN_ENV = "JOBMESH_TOKEN"
@@ -121,10 +120,7 @@ class Identity:
 
     def may(self, kind: str) -> bool:
         """Whether this role may make a request of ``kind`` (a message type, or ``METRICS``)."""
-        least = _LEAST_ROLE.get(kind, ADMIN)
-        if self.role == WORKER or least == WORKER:
-            return self.role == least
-        return _RANK[self.role] >= _RANK[least]
+        return self.at_least(_LEAST_ROLE.get(kind, ADMIN))
 
     def may_use_type(self, task_type: str) -> bool:
         """Whether the entry's ``taskTypes`` let it submit (or, a worker, declare) ``task_type``."""

@@ -158,13 +158,10 @@ def is_loopback(bind: str) -> bool:
         return False  # a host name: assume it is reachable from elsewhere
 
 
-def _schedules_file(value: Any) -> str | None:
+def _schedules_file(args: dict[str, Any]) -> str | None:
     """``--schedules``: an absolute path (``up`` hands it to its coordinator), or None."""
-    if value is None:
-        return None
-    if not str(value).strip():
-        raise ConfigError("--schedules must name a file")
-    return os.path.abspath(str(value))
+    path = _path(args, "--schedules")
+    return None if path is None else os.path.abspath(path)
 
 
 def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
@@ -205,7 +202,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         periodic_authorized_keys=_path(args, "--periodic-authorized-keys"),
         auth_file=_path(args, "--auth-file"),
         insecure=bool(args.get("--insecure")),
-        schedules_file=_schedules_file(args.get("--schedules")),
+        schedules_file=_schedules_file(args),
         **server_tls(args),
     )
     if (cfg.periodic_key is None) != (cfg.periodic_authorized_keys is None):

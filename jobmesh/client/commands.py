@@ -79,6 +79,13 @@ def _int_flag(args: dict[str, Any], flag: str, low: int) -> int:
     return value
 
 
+def _priority_flag(args: dict[str, Any]) -> Priority:
+    try:
+        return Priority.parse(str(args["--priority"]).upper())
+    except ValueError as exc:
+        raise ConfigError("--priority: %s" % exc) from None
+
+
 def _timeout_seconds(args: dict[str, Any]) -> float | None:
     millis = _int_flag(args, "--timeout-millis", 0)
     return None if millis == 0 else millis / 1000.0
@@ -187,10 +194,7 @@ def _await(command: str, client: CoordinatorClient, console: Console, job_id: st
 
 def submit(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
     task_type = task_type_name(str(args["TASK_TYPE"]))
-    try:
-        priority = Priority.parse(str(args["--priority"]).upper())
-    except ValueError as exc:
-        raise ConfigError("--priority: %s" % exc) from None
+    priority = _priority_flag(args)
     max_attempts = _int_flag(args, "--max-attempts", 0)
     retries = _int_flag(args, "--submit-retries", 0)
     timeout = _timeout_seconds(args)
@@ -348,10 +352,7 @@ def _rule_flags(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def schedule_add(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
-    try:
-        priority = Priority.parse(str(args["--priority"]).upper())
-    except ValueError as exc:
-        raise ConfigError("--priority: %s" % exc) from None
+    priority = _priority_flag(args)
     definition = dict(_rule_flags(args), name=args["NAME"], taskType=task_type_name(str(args["TASK_TYPE"])),
                       payload=parse_payload(args["PAYLOAD_JSON"], console.stdin), priority=priority.value,
                       maxAttempts=_int_flag(args, "--max-attempts", 0),

@@ -66,14 +66,11 @@ class Refusal:
         self.error = m.Error(message)
 
 
-class Forbidden:
+class Forbidden(Refusal):
     """A request-shaped item for a request the connection's token may not make: answered
     ``ERROR forbidden: ...`` in order, like a Refusal, but the connection stays open."""
 
-    __slots__ = ("error",)
-
-    def __init__(self, message: str) -> None:
-        self.error = m.Error(message)
+    __slots__ = ()
 
 
 class Request(Event):

@@ -21,6 +21,8 @@ import logging
 import time
 from typing import Any
 
+import gevent
+
 from jobmesh.auth import AuthFile, AuthFileError, Identity
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,12 @@ class Guard:
         if count <= FREE_FAILURES:
             return 0.0
         return min(MAX_DELAY, FIRST_DELAY * 2 ** min(count - FREE_FAILURES - 1, 16))
+
+    def hold_back(self, host: str) -> None:
+        """Wait ``failure_delay(host)`` in the calling greenlet, before a refusal goes out."""
+        delay = self.failure_delay(host)
+        if delay:
+            gevent.sleep(delay)
 
     # ---- connections and reloads ------------------------------------------------------------
 

@@ -541,9 +541,7 @@ class HttpPort:
         host = str(environ.get("REMOTE_ADDR", ""))
         identity = guard.authenticate(token, host)
         if identity is None:
-            delay = guard.failure_delay(host)
-            if delay:
-                gevent.sleep(delay)
+            guard.hold_back(host)
             return False
         return identity.may("METRICS")
 

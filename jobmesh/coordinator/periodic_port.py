@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
 
@@ -55,6 +55,7 @@ from jobmesh.periodic import codec as pc
 
 if TYPE_CHECKING:
     from jobmesh.auth import Identity
+    from jobmesh.coordinator.guard import Guard
     from jobmesh.periodic.rsa import OpenedDecoder, ServerKeys
 
     Decoder = pc.PacketDecoder | OpenedDecoder
@@ -84,27 +85,6 @@ CLIENT_FUNCS: dict[type, Callable[[Any], bytes]] = {
     pc.RecvData: lambda msg: msg.job.func, pc.RemoveJob: lambda msg: msg.handle.func,
     pc.DropFunc: lambda msg: msg.func}
 WORKER_FUNCS: dict[type, Callable[[Any], bytes]] = {pc.CanDo: lambda msg: msg.func, pc.Broadcast: lambda msg: msg.func}
-
-
-class TokenGuard(Protocol):
-    """What the port uses of the coordinator's token checks (``--auth-file``): the JSON
-    ports' own, so failures count per address alike and a reload closes a removed
-    token's Periodic connections too."""
-
-    def authenticate(self, token: Any, host: str) -> Identity | None:
-        """The token's identity, or None (a failure counted against ``host``)."""
-
-    def failed(self, host: str) -> None:
-        """Count a failed attempt from ``host``."""
-
-    def failure_delay(self, host: str) -> float:
-        """Seconds to wait before closing after ``host``'s latest failure."""
-
-    def attach(self, conn: Any, identity: Identity) -> None:
-        """``conn`` is open under ``identity`` (closed with ``abort()`` if it is removed)."""
-
-    def detach(self, conn: Any) -> None:
-        """``conn`` is closed."""
 
 
 def local_answer(msg: Any, config: dict[bytes, int]) -> bytes | None:
@@ -229,7 +209,7 @@ class PeriodicPort:
                  idle_timeout: float, task_timeout: float = 0.0, keepalive: float = 120.0,
                  sizes: Callable[[], tuple[int, int]] = lambda: (0, 0), keys: ServerKeys | None = None) -> None:
         self.keys = keys
-        self.guard: TokenGuard | None = None
+        self.guard: Guard | None = None
         self.post = post
         self.sizes = sizes  # (live Periodic jobs, funcs): what a DUMP or a STATUS walks
         self.post_urgent = post_urgent
@@ -293,9 +273,7 @@ class PeriodicPort:
                 log.warning("closing periodic connection peer=%s:%s: wrong token name or token", *conn.addr[:2])
                 identity = None
         if identity is None:
-            delay = guard.failure_delay(host)
-            if delay:
-                gevent.sleep(delay)
+            guard.hold_back(host)
             return None
         if worker != (identity.role == WORKER):  # only a worker token registers a worker, and only as one
             log.warning("closing periodic connection peer=%s:%s: token %s of role %s may not register as a %s",

@@ -314,8 +314,9 @@ class Coordinator:
 
     def _warn_about_auth(self) -> None:
         cfg = self.config
+        remote = not is_loopback(cfg.bind)
         if self.guard is None:
-            if not is_loopback(cfg.bind):
+            if remote:
                 log.warning("--insecure: bind=%s is reachable from other machines and no token is asked for: "
                             "anyone who can connect can submit, cancel and read every job", cfg.bind)
             return
@@ -323,10 +324,10 @@ class Coordinator:
         if not len(self.guard.auth_file):
             log.warning("auth file %s holds no token: every connection will be refused (jobmesh token new)",
                         cfg.auth_file)
-        if not is_loopback(cfg.bind) and not getattr(cfg, "tls_cert", None):
+        if remote and not cfg.tls_cert:
             log.warning("tokens travel in plaintext: bind=%s is reachable from other machines without TLS; "
                         "anyone on the network path can read them (docs/SECURITY.md)", cfg.bind)
-        elif not is_loopback(cfg.bind) and cfg.periodic_port is not None and cfg.periodic_key is None:
+        elif remote and cfg.periodic_port is not None and cfg.periodic_key is None:
             log.warning("Periodic tokens travel in plaintext: bind=%s is reachable from other machines and TLS "
                         "covers the worker, client and metrics ports only; give --periodic-key for the Periodic "
                         "port's handshake (docs/PERIODIC.md)", cfg.bind)

@@ -50,7 +50,6 @@ RECENT_JOBS = 5  # the last jobs a schedule remembers (``show``)
 DEFAULT_WINDOW = 86_400_000
 PREVIEW_MAX = 1000
 LIST_MAX = 1000
-ORIGINS = ("api", "file")
 MAX_MILLIS = 253_402_300_799_999
 
 CheckPayload = Callable[[str, dict[str, Any]], "str | None"]
@@ -492,29 +491,26 @@ class Schedules:
         no longer names are deleted, API-made ones are left alone (a file schedule whose
         name an API schedule holds is an error). All or nothing: the reason, or None."""
         wall = now + self.table.drift
-        names = set()
+        parsed: dict[str, Schedule] = {}
         for obj in definitions:
             try:
-                parse_definition(obj, self.config, self.check_payload, "file", wall)
+                schedule = parse_definition(obj, self.config, self.check_payload, "file", wall)
             except RuleError as exc:
                 return "schedule %s: %s" % (quote(obj.get("name")), exc)
-            name = obj["name"]
-            if name in names:
+            name = schedule.name
+            if name in parsed:
                 return "schedule %s is defined twice" % quote(name)
-            names.add(name)
+            parsed[name] = schedule
             old = self.by_name.get(name)
             if old is not None and old.origin != "file":
                 return "schedule %s exists and was made through the API; rename it in the file" % quote(name)
         for obj in definitions:
             old = self.by_name.get(obj["name"])
-            if old is None or old.definition() != self._normal(obj, wall):
+            if old is None or old.definition() != parsed[obj["name"]].definition():
                 self.put_definition(now, obj, "file")
-        for name in [n for n, s in self.by_name.items() if s.origin == "file" and n not in names]:
+        for name in [n for n, s in self.by_name.items() if s.origin == "file" and n not in parsed]:
             self.remove(name)
         return None
-
-    def _normal(self, obj: dict[str, Any], wall: int) -> dict[str, Any]:
-        return parse_definition(obj, self.config, self.check_payload, "file", wall).definition()
 
     def next_due(self) -> int | None:
         """The earliest next fire time (wall clock), or None; stale heap entries go first."""
@@ -526,10 +522,3 @@ class Schedules:
                 return at
             heapq.heappop(heap)
         return None
-
-    # ---- figures ------------------------------------------------------------------------------
-
-    def next_fires(self, limit: int) -> list[tuple[int, str]]:
-        """The earliest ``limit`` (next fire time, name) pairs."""
-        return heapq.nsmallest(limit, ((s.next_fire, s.name) for s in self.by_name.values()
-                                       if s.next_fire is not None))
