@@ -117,6 +117,11 @@ def _int(args: dict[str, Any], flag: str, low: int, high: int | None = None) -> 
     return value
 
 
+def _int_or_zero(args: dict[str, Any], flag: str) -> int:
+    """A flag of milliseconds >= 0 that only some commands take (absent or unset: 0)."""
+    return _int(args, flag, 0) if args.get(flag) is not None else 0
+
+
 def parse_hostport(value: str, flag: str = "--coordinator") -> tuple[str, int]:
     """Split ``HOST:PORT`` (IPv6 as ``[::1]:PORT``); ConfigError if malformed."""
     host, sep, port = str(value).rpartition(":")
@@ -194,9 +199,8 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         sweep_interval_millis=_int(args, "--sweep-interval-millis", 1),
         db_synchronous=_choice(args, "--db-synchronous", SYNC_MODES),
         log_level=_choice(args, "--log-level", LOG_LEVELS),
-        drain_millis=_int(args, "--drain-millis", 0) if args.get("--drain-millis") is not None else 0,
-        lease_grace_millis=(_int(args, "--lease-grace-millis", 0) if args.get("--lease-grace-millis") is not None
-                            else 0),
+        drain_millis=_int_or_zero(args, "--drain-millis"),
+        lease_grace_millis=_int_or_zero(args, "--lease-grace-millis"),
         log_format=log_format(args),
         periodic_key=_path(args, "--periodic-key"),
         periodic_authorized_keys=_path(args, "--periodic-authorized-keys"),

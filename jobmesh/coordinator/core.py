@@ -60,6 +60,7 @@ WALL_STEP_MILLIS = 1000  # a change of the wall clock against core time beyond t
 
 Reply = m.Message | Slot  # a client request's answer: now, or a place for it later
 INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
+SCHEDULES_NOT_APPLIED = "schedules file not applied, the schedules stay as they were: %s"  # the log line, everywhere
 # The client requests that change nothing stored: answered while storage fails. Every
 # other request (a new one too, until it is listed here) is refused then, unapplied.
 # A handler's refusals (ev.Refusal, ev.Forbidden) keep their own answer.
@@ -170,8 +171,7 @@ class CoordinatorCore:
         elif kind is ev.Registered:
             self.json.refuse_registration(event.conn, event.msg, refusal.message)
         elif kind is ev.SchedulesFile:
-            log.error("schedules file not applied, the schedules stay as they were: %s; send SIGHUP again once "
-                      "writes resume", refusal.message)
+            log.error(SCHEDULES_NOT_APPLIED + "; send SIGHUP again once writes resume", refusal.message)
         else:
             self.json.drop_result(event.msg)
         return None
@@ -316,7 +316,7 @@ class CoordinatorCore:
         """SIGHUP: the file read again; a file with an error is logged and changes nothing."""
         problem = self.apply_schedules_file(now, definitions)
         if problem is not None:
-            log.error("schedules file not applied, the schedules stay as they were: %s", problem)
+            log.error(SCHEDULES_NOT_APPLIED, problem)
 
     def observe_arrivals(self, now: int, arrivals: dict[OutboundConnection, int]) -> None:
         """Liveness by arrival, before a sweep: each worker connection's last frame arrived

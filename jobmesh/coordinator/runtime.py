@@ -61,7 +61,7 @@ from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
 from jobmesh.coordinator.connection import ReplyConnection
 from jobmesh.coordinator.mailbox import Mailbox
 from jobmesh.coordinator.outage import CommitFailed, StorageOutage, storage_error
-from jobmesh.coordinator.core import INTERNAL_ERROR, CoordinatorCore
+from jobmesh.coordinator.core import INTERNAL_ERROR, SCHEDULES_NOT_APPLIED, CoordinatorCore
 from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock
 from jobmesh.coordinator.figures import RuntimeFigures
 from jobmesh.coordinator.guard import Guard
@@ -722,7 +722,7 @@ class Coordinator:
         try:
             definitions = schedule_file.read(path)
         except ConfigError as exc:
-            log.error("schedules file not applied, the schedules stay as they were: %s", exc)
+            log.error(SCHEDULES_NOT_APPLIED, exc)
             return
         log.info("SIGHUP: applying the schedules file %s (%d schedules)", path, len(definitions))
         self.mailbox.put_urgent(ev.SchedulesFile(definitions))
