@@ -347,6 +347,7 @@ class PeriodicPort:
             worker = conn.kind == pc.ConnType.WORKER
             post = self.post_urgent if worker else self.post
             identity = conn.identity
+            submitted_by = identity.name if identity is not None else None  # what the jobs it makes name
             limited = None  # the commands naming a func, for a token that lists its taskTypes
             if identity is not None and identity.task_types is not None:
                 limited = WORKER_FUNCS if worker else CLIENT_FUNCS
@@ -369,7 +370,7 @@ class PeriodicPort:
                         conn.write(pc.encode_no_worker(msg.msgid))
                         continue
                 if isinstance(msg, CORE_REQUESTS):
-                    post(ev.PeriodicPacket(conn, msg, self.cost_of(msg)))
+                    post(ev.PeriodicPacket(conn, msg, self.cost_of(msg), submitted_by))
                     posted = True
                     continue
                 answer = local_answer(msg, self.config)

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jobmesh.client import CoordinatorClient
 from jobmesh.periodic import codec as pc
 from tests.helpers import wait_until
 from tests.integration.periodic_support import EchoPeer, RawPeriodic, RsaPeer, client_ops, make_key_pair
@@ -286,6 +287,10 @@ def test_authenticated_registration_with_raw_frames(coordinator_factory, tokens)
     # Then the job is gone from the queue; an admin token registers as a client too
     admin = auth(addr, pc.ConnType.CLIENT, "p-admin", tokens.admin)
     wait_until(lambda: admin.status()["echo"].jobs == 0, timeout=10)
+    # And the JSON ports show who submitted it: the client token's name
+    with CoordinatorClient(*coord.client_addr, token=tokens.reader.decode()) as reader:
+        [job] = [j for j in reader.list_jobs(limit=100)[0] if j.get("name") == "j1"]
+        assert job["state"] == "COMPLETED" and job["submittedBy"] == "p-client", job
     # A worker token may not act as a client, nor a client token as a worker
     assert client.request(pc.GrabJob(client.next_msgid())) == pc.NoWorker(client.msgid)
     for conn in (worker, client, admin):
