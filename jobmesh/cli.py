@@ -91,7 +91,8 @@ Coordinator options:
                                  RSATransport; Plain, RSA or AES, as the peer chooses)
   --periodic-authorized-keys=PATH  the peers' RSA public keys the handshake accepts: a
                                  PEM file or a directory of *.pem (PKCS#1 or SPKI);
-                                 any other key is closed (with --periodic-key)
+                                 any other key is closed (with --periodic-key); SIGHUP
+                                 reads it again
   --auth-file=PATH               tokens with roles (TOML; jobmesh token new): every
                                  connection must authenticate, and the metrics port
                                  asks for a token too (but /healthz and /readyz);
@@ -138,7 +139,7 @@ once). One coordinator runs per database: a second one on the same file exits 1.
 speaks plaintext unless given --tls-cert and --tls-key. Without --auth-file it
 authenticates nobody, so it binds 127.0.0.1 unless told otherwise, and refuses an
 address other machines can reach unless given --auth-file (or --insecure). SIGHUP
-re-reads the auth file.
+re-reads the auth file, the Periodic authorized keys and the schedules file.
 """ + SETTINGS_HELP + """
 Usage:
   jobmesh coordinator [options]

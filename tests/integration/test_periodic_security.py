@@ -71,6 +71,16 @@ def env_for(mode: str, pki, private) -> dict[str, str]:
             "PERIODIC_SERVER_PUBLIC_KEY": str(pki.server_public)}
 
 
+def key_refused(addr, peer: RsaPeer) -> bool:
+    """Whether the coordinator closes the connection, without a byte, at the peer's first block."""
+    sock = socket.create_connection(addr, timeout=10)
+    try:
+        sock.sendall(peer.hello())
+        return sock.recv(4096) == b""
+    finally:
+        sock.close()
+
+
 def funcs(status: dict) -> dict[str, tuple[int, int]]:
     return {name: (row["worker_count"], row["job_count"]) for name, row in status.items()}
 
@@ -123,12 +133,8 @@ def test_large_frames_and_streams_in_every_mode(keyed, pki, periodic_peers, mode
 
 def test_a_peer_whose_key_is_not_authorized_is_closed(keyed, pki, echo_peers):
     # Given a stranger's key: its first block names a fingerprint the server does not know
-    stranger = RsaPeer(pki.stranger, pki.server_public, 2)
-    sock = socket.create_connection(keyed.periodic_addr, timeout=10)
-    sock.sendall(stranger.hello())
     # Then the connection is closed without a byte
-    assert sock.recv(4096) == b""
-    sock.close()
+    assert key_refused(keyed.periodic_addr, RsaPeer(pki.stranger, pki.server_public, 2))
     # And aio-periodic's RSATransport with that key cannot connect
     refused = echo_peers("client", keyed.periodic_addr, env_for("AES", pki, pki.stranger))
     assert refused.exit_code() != 0
@@ -382,3 +388,34 @@ def test_sighup_closes_the_connections_of_a_removed_token(coordinator_factory, t
     assert gone.closed_within(10)
     assert kept.ping()
     assert refused(addr, pc.encode_handshake(pc.ConnType.WORKER, b"p-worker", tokens.worker))
+
+
+def test_sighup_reads_the_authorized_keys_again(coordinator_factory, pki, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+
+    # Given a coordinator accepting the client's and the worker's keys from a directory
+    keys = tmp_path / "authorized"
+    shutil.copytree(pki.authorized, keys)
+    coord = coordinator_factory(periodic_port=0, periodic_key=pki.server_private, periodic_authorized_keys=keys)
+    addr = coord.periodic_addr
+    client = RawPeriodic(addr, secure=RsaPeer(pki.client, pki.server_public, 2))
+    worker = RawPeriodic(addr, pc.ConnType.WORKER, secure=RsaPeer(pki.worker, pki.server_public, 0))
+    stranger = RsaPeer(pki.stranger, pki.server_public, 2)
+    assert key_refused(addr, stranger)
+    # When the client's key is taken out, the stranger's put in, and SIGHUP sent
+    (keys / "client.pem").unlink()
+    stranger_public = serialization.load_pem_private_key(pki.stranger.read_bytes(), password=None).public_key()
+    (keys / "stranger.pem").write_bytes(stranger_public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.PKCS1))
+    coord.proc.send_signal(signal.SIGHUP)
+    # Then the client's connection is closed, the worker's kept; a new handshake uses the new keys
+    assert client.closed_within(10)
+    assert worker.ping()
+    assert key_refused(addr, RsaPeer(pki.client, pki.server_public, 1))
+    assert RawPeriodic(addr, secure=stranger).ping()
+    # And a directory that no longer loads is logged, the keys in force kept
+    for pem in keys.glob("*.pem"):
+        pem.unlink()
+    coord.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "kept the Periodic authorized keys in force" in coord.stderr(), timeout=10)
+    assert worker.ping() and RawPeriodic(addr, secure=stranger).ping()
