@@ -367,3 +367,34 @@ def test_up_over_tls(start_up, certs, client_certs):
     out = run_cli("submit", "SHA256", '{"text": "up"}', "--wait", "--json", *client, coordinator=target, timeout=60)
     assert out.returncode == 0, out.stderr + up.log()
     assert json.loads(out.stdout)["state"] == "COMPLETED"
+
+
+def test_tls_and_tokens_together_a_worker_and_the_cli_run_jobs(coordinator_factory, worker_procs, certs, tmp_path):
+    # Given a coordinator with TLS on every port and an auth file
+    from jobmesh.auth import new_token
+
+    auth_file = tmp_path / "auth.toml"
+    for name, role in (("w", "worker"), ("ci", "client")):
+        (tmp_path / (name + ".token")).write_text(new_token(str(auth_file), name, role))
+    coord = coordinator_factory(tls_cert=certs.server, tls_key=certs.server_key, auth_file=auth_file, metrics_port=0)
+    # When a real worker with the CA and its token, and the CLI with the CA and a client token, run a job
+    worker_procs.start(coord, "w-both", extra=("--tls-ca=%s" % certs.ca, "--token-file=%s" % (tmp_path / "w.token")))
+    ca = "--tls-ca=%s" % certs.ca
+    done = run_cli("submit", "WORD_COUNT", '{"text": "a b"}', "--wait", "--json", ca,
+                   "--token-file=%s" % (tmp_path / "ci.token"), coordinator=coord.client_target, timeout=60)
+    # Then it completes, named by the client token
+    assert done.returncode == 0, done.stderr
+    job = json.loads(done.stdout)
+    assert job["result"] == {"words": 2} and job["submittedBy"] == "ci"
+    # And without a token the CLI gets one line, the metrics port only its health checks
+    refused = run_cli("list", ca, coordinator=coord.client_target)
+    assert refused.returncode != 0 and "authentication required" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+    host, port = coord.metrics_addr
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    for path in ("/healthz", "/readyz"):
+        with urllib.request.urlopen("https://%s:%d%s" % (host, port, path), context=context, timeout=20) as resp:
+            assert resp.status == 200
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen("https://%s:%d/metrics" % (host, port), context=context, timeout=20)
+    assert denied.value.code == 401
