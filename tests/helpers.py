@@ -82,6 +82,13 @@ def assert_prompt(seconds: float, base: float, what: str = "the request") -> Non
     assert seconds < limit, "%s took %.3f s: over %.3f s (baseline %.2f ms)" % (what, seconds, limit, base * 1000)
 
 
+def closed_address() -> str:
+    """``127.0.0.1:PORT`` where nothing listens: connecting is refused, as at a standby
+    coordinator (it opens no job ports)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        return "127.0.0.1:%d" % listener.getsockname()[1]
+
+
 def alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:

@@ -11,13 +11,7 @@ from types import SimpleNamespace
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.protocol.framing import FrameReader
-from tests.helpers import RawConn, run_cli, wait_registered, wait_until
-
-
-def dead() -> str:
-    """An address nothing listens on."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        return "127.0.0.1:%d" % listener.getsockname()[1]
+from tests.helpers import RawConn, closed_address, run_cli, wait_registered, wait_until
 
 
 def listed(*targets: str) -> SimpleNamespace:
@@ -27,10 +21,10 @@ def listed(*targets: str) -> SimpleNamespace:
 
 def test_a_worker_and_the_cli_given_a_dead_address_first_use_the_live_one(coordinator, worker_procs):
     # Given a real worker told a closed port first, then the coordinator's worker port
-    worker_procs.start(listed(dead(), coordinator.worker_target), "w-list")
+    worker_procs.start(listed(closed_address(), coordinator.worker_target), "w-list")
     # When the CLI, told a closed port first too, submits a job and waits for it
     done = run_cli("submit", "SHA256", '{"text": "abc"}', "--wait", "--json",
-                   coordinator="%s,%s" % (dead(), coordinator.client_target))
+                   coordinator="%s,%s" % (closed_address(), coordinator.client_target))
     # Then the worker ran it and the CLI printed its end
     assert done.returncode == 0, done
     job = json.loads(done.stdout)
@@ -38,12 +32,12 @@ def test_a_worker_and_the_cli_given_a_dead_address_first_use_the_live_one(coordi
 
 
 def test_jobmesh_coordinator_names_the_addresses_and_a_flag_beats_it(coordinator):
-    both = "%s,%s" % (dead(), coordinator.client_target)
+    both = "%s,%s" % (closed_address(), coordinator.client_target)
     done = run_cli("submit", "SLEEP", '{"durationMillis": 1}', "--json", env={"JOBMESH_COORDINATOR": both})
     assert done.returncode == 0, done
     job_id = json.loads(done.stdout)["jobId"]
     done = run_cli("status", job_id, "--json", coordinator=coordinator.client_target,
-                   env={"JOBMESH_COORDINATOR": dead()})
+                   env={"JOBMESH_COORDINATOR": closed_address()})
     assert done.returncode == 0 and json.loads(done.stdout)["jobId"] == job_id, done
 
 
@@ -65,7 +59,7 @@ def test_a_worker_on_a_list_registers_with_the_second_coordinator_when_the_first
 
 
 def test_every_address_dead_is_one_line_naming_each_and_exit_3(worker_procs):
-    a, b = dead(), dead()
+    a, b = closed_address(), closed_address()
     done = run_cli("workers", coordinator="%s,%s" % (a, b))
     assert done.returncode == 3, done
     assert done.stderr == ("jobmesh workers: coordinator unreachable: cannot connect to %s: Connection refused; "
@@ -79,7 +73,7 @@ def test_every_address_dead_is_one_line_naming_each_and_exit_3(worker_procs):
 
 
 def test_a_worker_on_a_list_still_stops_at_a_client_port(coordinator, worker_procs):
-    worker = worker_procs.start(listed(dead(), coordinator.client_target), "w-lost")
+    worker = worker_procs.start(listed(closed_address(), coordinator.client_target), "w-lost")
     assert worker.proc.wait(20) == 1  # retrying cannot help: it stops at once
     assert "WORKER_REGISTER belongs on the worker port" in worker.log()
 

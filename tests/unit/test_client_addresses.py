@@ -4,7 +4,6 @@ servers on 127.0.0.1: which requests go again on the next address, and which do 
 from __future__ import annotations
 
 import io
-import socket
 
 import pytest
 
@@ -13,7 +12,7 @@ from jobmesh.client.api import CoordinatorClient
 from jobmesh.client.commands import Console, run_client_command
 from jobmesh.errors import CoordinatorUnavailable
 from jobmesh.exitcodes import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
-from tests.helpers import CLOSE, ScriptedServer
+from tests.helpers import CLOSE, ScriptedServer, closed_address
 
 SNAP = {"jobId": "j-1", "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "maxAttempts": 3,
         "workerId": None, "result": None, "error": None, "createdAtMillis": 1, "updatedAtMillis": 1,
@@ -21,9 +20,7 @@ SNAP = {"jobId": "j-1", "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "
 
 
 def closed_port() -> int:
-    """A port nothing listens on: connecting there is refused, as at a standby."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        return listener.getsockname()[1]
+    return int(closed_address().rpartition(":")[2])
 
 
 @pytest.fixture
