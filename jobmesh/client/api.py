@@ -54,7 +54,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Sequence
 from zoneinfo import ZoneInfo
 
-from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, first_reachable, parse_addresses
+from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, first_reachable, joined, parse_addresses
 from jobmesh.errors import (ClientError, CoordinatorUnavailable, InvalidRequest, ProtocolError, RequestFailed,
                             RequestTooLarge, SubmitRejected)
 from jobmesh.protocol import messages as m
@@ -217,7 +217,7 @@ class CoordinatorClient:
         self.close()
 
     def __repr__(self) -> str:
-        return "CoordinatorClient(%s)" % ",".join(str(a) for a in self.addresses)
+        return "CoordinatorClient(%s)" % joined(self.addresses)
 
     @property
     def address(self) -> Address:
