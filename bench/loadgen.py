@@ -104,8 +104,9 @@ from bench.histogram import Histogram
 from bench.drive import (TERMINAL, CompletionTracker, Phase, run_clients, status_frame, submit_client,
                          submit_once, wait_frame, wait_phase)
 from bench.workload import SpecError, Workload, worker_types
+from jobmesh.addresses import parse_address
 from jobmesh.auth import new_token, read_token
-from jobmesh.errors import ConfigError
+from jobmesh.errors import BadAddress, ConfigError
 from jobmesh.protocol.framing import encode_frame
 
 MODES = ("submit", "e2e", "status", "mixed", "idle", "burst")
@@ -118,11 +119,12 @@ class UsageError(Exception):
     pass
 
 
-def _hostport(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit():
-        raise UsageError("expected HOST:PORT, got %r" % value)
-    return host, int(port)
+def _hostport(value: str, flag: str) -> tuple[str, int]:
+    try:
+        address = parse_address(value, flag)
+    except BadAddress as exc:
+        raise UsageError(str(exc)) from None
+    return address.host, address.port
 
 
 def _num(args: dict, flag: str, kind=int, low: float = 0) -> Any:
@@ -186,8 +188,8 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
     o["compare_echo"] = bool(a["--compare-echo"])
     if o["compare_echo"] and o["mode"] != "submit":
         raise UsageError("--compare-echo goes with --mode=submit")
-    o["coordinator"] = _hostport(a["--coordinator"]) if a["--coordinator"] else None
-    o["coordinator_worker"] = _hostport(a["--coordinator-worker"]) if a["--coordinator-worker"] else None
+    o["coordinator"] = _hostport(a["--coordinator"], "--coordinator") if a["--coordinator"] else None
+    o["coordinator_worker"] = _hostport(a["--coordinator-worker"], "--coordinator-worker") if a["--coordinator-worker"] else None
     o["coordinator_pid"] = _num(a, "--coordinator-pid", int, 1) if a["--coordinator-pid"] else None
     if o["coordinator"] and o["workers"] and not o["coordinator_worker"]:
         raise UsageError("starting workers for an attached coordinator needs --coordinator-worker")

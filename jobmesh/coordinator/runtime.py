@@ -55,6 +55,7 @@ import gevent.pool
 import gevent.server
 import gevent.ssl
 
+from jobmesh.addresses import Address
 from jobmesh.config import CoordinatorConfig, is_loopback
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
@@ -295,16 +296,16 @@ class Coordinator:
         for srv in servers:
             srv.start()
             self.servers.append(srv)
-        line = "jobmesh coordinator listening worker=%s:%d client=%s:%d" % (
-            cfg.bind, worker_srv.server_port, cfg.bind, client_srv.server_port)
+        line = "jobmesh coordinator listening worker=%s client=%s" % (
+            Address(cfg.bind, worker_srv.server_port), Address(cfg.bind, client_srv.server_port))
         if cfg.periodic_port is not None:
-            line += " periodic=%s:%d" % (cfg.bind, periodic_srv.server_port)
+            line += " periodic=%s" % Address(cfg.bind, periodic_srv.server_port)
         if cfg.metrics_port is not None:
             from jobmesh.coordinator.http import HttpPort  # imports prometheus_client: only when asked
 
             self.http = HttpPort(self, cfg.bind, cfg.metrics_port, self.guard, self.tls, cfg.tls_handshake_timeout_millis / 1000.0)
             self.servers.append(self.http.start())
-            line += " metrics=%s:%d" % (cfg.bind, self.http.port)
+            line += " metrics=%s" % Address(cfg.bind, self.http.port)
         self.ready = True
         log.info("listening worker=%s:%d client=%s:%d fd_limit=%d tls=%s", cfg.bind, worker_srv.server_port,
                  cfg.bind, client_srv.server_port, fd_limit,
