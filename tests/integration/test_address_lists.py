@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import socket
 import threading
 from types import SimpleNamespace
@@ -113,3 +115,27 @@ def test_a_cli_submit_whose_reply_is_lost_makes_one_job(coordinator):
     assert done.stdout == "submitted job %s\n" % made["jobId"]
     with CoordinatorClient(*coordinator.client_addr, timeout=10) as client:
         assert [j["jobId"] for j in client.iter_jobs()] == [made["jobId"]]
+
+
+def test_a_worker_leaves_a_frozen_coordinator_for_the_next_address(coordinator_factory, worker_procs, tmp_path):
+    # Given two coordinators (each on its own database) and a worker given both, registered with the first
+    first = coordinator_factory()
+    second = coordinator_factory(db=tmp_path / "second.db")
+    worker = worker_procs.start(listed(first.worker_target, second.worker_target), "w-frozen")
+    with CoordinatorClient(*first.client_addr, timeout=10) as client:
+        seen = wait_registered(client, ["w-frozen"])[0]["lastHeartbeatMillis"]
+        # (a heartbeat after the registration was answered at once: the worker knows its
+        # coordinator answers, so its silence will count)
+        wait_until(lambda: client.workers()[0]["lastHeartbeatMillis"] > seen, timeout=10,
+                   message="a heartbeat after the registration")
+    # When the first is frozen: its kernel still takes the worker's heartbeats, nothing answers them
+    os.kill(first.proc.pid, signal.SIGSTOP)
+    try:
+        # Then the worker notices the silence and registers with the second, which runs its jobs
+        with CoordinatorClient(*second.client_addr, timeout=10) as client:
+            wait_registered(client, ["w-frozen"], timeout=20)
+            job_id = client.submit("SLEEP", {"durationMillis": 1})
+            assert client.wait(job_id, timeout=20)["state"] == "COMPLETED"
+    finally:
+        os.kill(first.proc.pid, signal.SIGCONT)
+    assert "coordinator silent for" in worker.err_path.read_text()
