@@ -133,6 +133,12 @@ SCHEMA: dict[str, str] = {
                       " epoch bigint NOT NULL)",
     "jobmesh_fence(bigint)": FENCE_FUNCTION,
 }
+# The session holding the leadership lock, ended if it has been idle (not running a
+# statement) for longer than the given milliseconds.
+STALE_HOLDER_SQL = ("SELECT pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                    " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
+                    " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                    " AND a.state LIKE 'idle%%' AND a.state_change < now() - make_interval(secs => %s / 1000.0)")
 BUMP_SQL = ("INSERT INTO jobmesh_leader (id, epoch) VALUES (1, nextval('jobmesh_epoch'))"
             " ON CONFLICT (id) DO UPDATE SET epoch = EXCLUDED.epoch RETURNING epoch")
 
@@ -141,8 +147,6 @@ BUMP_SQL = ("INSERT INTO jobmesh_leader (id, epoch) VALUES (1, nextval('jobmesh_
 _SESSION_GONE = {"57P01", "57P02", "57P03", "57P05", "25P03"}
 _REASONS = {"53100": "disk full", "25006": "database is read-only", "53200": "out of memory",
             "53300": "too many connections", "53400": "configuration limit exceeded"}
-# The test-only fault switch (docs/FAILURE_MODEL.md, "Testing storage faults"), as for SQLite.
-FAULT_FILE_ENV = "JOBMESH_TEST_STORAGE_FAULT_FILE"
 
 
 class LeadershipLost(Exception):
@@ -262,6 +266,7 @@ class _DeferredReader:
             return
         if self.watcher is None:
             self.watcher = gevent.get_hub().loop.io(self.pg.socket, 1)
+        if not self.watcher.active:
             self.watcher.start(self.pump)
 
     def _flush(self) -> None:
@@ -420,7 +425,7 @@ class PostgresStore:
         key = (LEAD_LOCK, _int32(self._schema_oid))
         if c.execute("SELECT pg_try_advisory_lock(%s::int, %s::int)", key).fetchone() != (True,):
             standing_by()
-            c.execute("SELECT pg_advisory_lock(%s::int, %s::int)", key)
+            self._wait_for_lock(key)
         row = c.execute(BUMP_SQL).fetchone()
         assert row is not None
         self._epoch = int(row[0])
@@ -432,6 +437,29 @@ class PostgresStore:
                   " set_config('tcp_keepalives_count', '3', false)",
                   (str(ms), str(ms), str(ms), str(seconds), str(seconds)))
         self._writer = gevent.spawn(self._write_loop)
+
+    def _wait_for_lock(self, key: tuple[int, int]) -> None:
+        """Wait for the lock in slices of ``lock_timeout``; after each, end the holder's
+        session if it has been idle longer than the session timeout.
+
+        The holder's own idle timeout does not always cover a frozen leader: the server
+        arms it only after a Sync or a simple query, and psycopg ends a pipeline with a
+        Flush after its Sync. A healthy leader runs a statement at least every quarter of
+        the timeout, so only a leader that stopped answering is ended. Where this role
+        may not see or end the holder's session, its own timeouts are what remains."""
+        c = self.conn
+        c.execute("SELECT set_config('lock_timeout', %s, false)", (str(max(100, self.timeout_millis // 4)),))
+        while True:
+            try:
+                c.execute("SELECT pg_advisory_lock(%s::int, %s::int)", key)
+                break
+            except psycopg.errors.LockNotAvailable:
+                pass
+            try:
+                c.execute(STALE_HOLDER_SQL, (LEAD_LOCK, self._schema_oid, self.timeout_millis))
+            except psycopg.errors.InsufficientPrivilege:
+                pass
+        c.execute("RESET lock_timeout")
 
     @property
     def epoch(self) -> int | None:
