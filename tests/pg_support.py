@@ -8,6 +8,7 @@ pytest's summary of skips.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import sys
 
@@ -39,6 +40,7 @@ def server() -> PostgresServer:
         if reason is None:
             try:
                 _server = PostgresServer(durable=False).start()
+                atexit.register(stop)  # however the session ends, even if no test used the fixture
             except ServerFailed as exc:
                 reason = "the PostgreSQL server did not start: %s" % exc
         if reason is not None:
@@ -50,7 +52,7 @@ def server() -> PostgresServer:
 
 
 def stop() -> None:
-    """Stop the session's server (the session fixture's teardown)."""
+    """Stop the session's server (at exit, and at the session fixture's teardown)."""
     global _server
     if _server is not None:
         _server.stop()

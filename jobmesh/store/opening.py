@@ -33,8 +33,10 @@ def shown(db: str) -> str:
     return re.sub(r"([?&]password=)[^&]*", r"\1***", db)
 
 
-def open_store(db: str, synchronous: str = "FULL", fault_file: str | None = None) -> Store:
-    """The store ``db`` names; raises ``CannotOpen``."""
+def open_store(db: str, synchronous: str = "FULL", fault_file: str | None = None,
+               session_timeout_millis: int | None = None) -> Store:
+    """The store ``db`` names; raises ``CannotOpen``. ``synchronous`` is SQLite's;
+    ``session_timeout_millis`` PostgreSQL's (``PostgresStore``; None: its default)."""
     if is_postgres_url(db):
         try:
             import psycopg
@@ -44,7 +46,9 @@ def open_store(db: str, synchronous: str = "FULL", fault_file: str | None = None
             raise CannotOpen("--db=%s needs the psycopg package: pip install 'jobmesh[postgres]' (%s)"
                              % (shown(db), exc)) from None
         try:
-            return PostgresStore(db, fault_file)
+            if session_timeout_millis is None:
+                return PostgresStore(db, fault_file)
+            return PostgresStore(db, fault_file, session_timeout_millis)
         except psycopg.Error as exc:
             raise CannotOpen("cannot open the database %s: %s" % (shown(db), _first_line(exc))) from None
     try:
