@@ -54,9 +54,9 @@ import psycopg
 from psycopg import pq
 from psycopg.types.numeric import Int8Dumper
 
-from jobmesh.store.base import Batch, Done, Outcome, Read, outcome_of
-from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, TERMINAL_STATES, Column,
-                                   Kind, read_row)
+from jobmesh.store.base import Batch, Done, Outcome, Read, outcome_of, page_query, purge_walk
+from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, Column, Kind,
+                                   column_definition, read_row)
 from jobmesh.store.job import Job
 
 log = logging.getLogger(__name__)
@@ -77,15 +77,7 @@ KEEPALIVE_FRACTION = 4  # an idle writer runs a statement every timeout / KEEPAL
 
 def column_sql(column: Column) -> str:
     """The column's type and constraints in PostgreSQL's dialect."""
-    sql = _SQL_TYPES[column.kind]
-    if column.primary_key:
-        sql += " PRIMARY KEY"
-    elif not column.nullable:
-        sql += " NOT NULL"
-    default = column.default
-    if default is not None:
-        sql += " DEFAULT " + ("'%s'" % default.replace("'", "''") if isinstance(default, str) else "%d" % default)
-    return sql
+    return column_definition(column, _SQL_TYPES)
 
 
 def _unnest(columns: Iterable[Column]) -> str:
@@ -684,15 +676,7 @@ class PostgresStore:
 
     def list_page(self, limit: int, state: str | None, before: int | None,
                   task_type: str | None = None) -> list[tuple[int, Job]]:
-        where: list[str] = []
-        params: list[Any] = []
-        for condition, value in (("state = %s", state), ("task_type = %s", task_type), ("seq < %s", before)):
-            if value is not None:
-                where.append(condition)
-                params.append(value)
-        params.append(limit)
-        sql = "SELECT %s FROM %s %sORDER BY seq DESC LIMIT %%s" % (
-            SELECT_COLUMNS, JOBS, ("WHERE " + " AND ".join(where) + " ") if where else "")
+        sql, params = page_query(JOBS, "%s", limit, state, before, task_type)
         return [(job.seq, job) for job in map(read_row, self.reader.execute(sql.encode(), params))]
 
     PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at FROM %s WHERE seq > %%s"
@@ -700,15 +684,8 @@ class PostgresStore:
 
     def purgeable(self, after: int, cutoff_millis: int, limit: int) -> tuple[list[tuple[str, str | None]], int]:
         """As SQLite's: the walk in sequence order (see ``Store.purgeable``)."""
-        found: list[tuple[str, str | None]] = []
-        seq = after
-        rows = self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall()
-        for seq, job_id, key, state, updated_at in rows:
-            if state in TERMINAL_STATES:
-                if updated_at >= cutoff_millis:
-                    return found, 0
-                found.append((job_id, key))
-        return found, (seq if len(rows) == limit else 0)
+        return purge_walk(self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall(), after, cutoff_millis,
+                          limit)
 
     def close(self) -> None:
         """Stop the commit greenlet (after the writes queued) and close the connections;
