@@ -137,7 +137,7 @@ STANDBY = textwrap.dedent("""
     from jobmesh.store.postgres import PostgresStore
     ticks = []
     ticker = gevent.spawn(lambda: [ticks.append(gevent.sleep(0.01)) for _ in iter(int, 1)])
-    store = PostgresStore(sys.argv[1])
+    store = PostgresStore(sys.argv[1], session_timeout_millis=int(sys.argv[2]))
     calls = []
     store.lead(lambda: (calls.append(1), print("standing by", flush=True)))
     print("leading calls=%d ticks=%d" % (len(calls), len(ticks)), flush=True)
@@ -147,20 +147,29 @@ STANDBY = textwrap.dedent("""
 
 
 def test_a_second_store_stands_by_green_and_leads_once_the_first_closes(tmp_path, url, stores):
-    first = stores()
+    # The first leads and stays healthy (this process runs its hub: gevent.sleep), with
+    # a short session timeout that the standby would end an idle holder after.
+    first = stores(session_timeout_millis=2000)
     first.lead(lambda: None)
     first.write(batch(make_job("a", 1)))
     out = tmp_path / "standby.out"
     with open(out, "w") as sink:
-        standby = subprocess.Popen([sys.executable, "-c", STANDBY, url], stdin=subprocess.PIPE, stdout=sink,
-                                   stderr=subprocess.STDOUT, cwd=REPO_ROOT, text=True)
+        standby = subprocess.Popen([sys.executable, "-c", STANDBY, url, "2000"], stdin=subprocess.PIPE,
+                                   stdout=sink, stderr=subprocess.STDOUT, cwd=REPO_ROOT, text=True)
     try:
-        wait_until(lambda: "standing by" in out.read_text(), timeout=30, message="the second store stands by")
+        wait_until(lambda: "standing by" in out.read_text(), timeout=30, message="the second store stands by",
+                   sleep=gevent.sleep)
         # It waits in pg_advisory_lock: its session is blocked on the lock.
         with psycopg.connect(url, autocommit=True) as conn:
             wait_until(lambda: conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                                            " AND NOT granted").fetchone()[0] == 1, message="the lock wait")
+                                            " AND NOT granted").fetchone()[0] == 1, message="the lock wait",
+                       sleep=gevent.sleep)
+        # Twice the timeout: a healthy leader keeps the lock however long the standby waits.
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            gevent.sleep(0.1)
         assert "leading" not in out.read_text()
+        assert first.commit(batch(make_job("b", 2))).get() is None
         first.close()  # its session ends: the lock is free
         wait_until(lambda: "leading" in out.read_text(), timeout=30, message="the second store leads")
         line = out.read_text().split("leading ")[1].split()
