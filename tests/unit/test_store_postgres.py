@@ -18,6 +18,8 @@ import gevent
 import gevent.event
 import pytest
 
+from jobmesh.cli import COORDINATOR_OPTIONS
+from jobmesh.coordinator.dblock import lock_path
 from jobmesh.protocol.jobs import JobState, Priority
 from jobmesh.store.base import Batch, Done
 from jobmesh.store.columns import insert_row
@@ -330,6 +332,12 @@ def test_a_postgres_url_opens_a_postgres_store_and_anything_else_sqlite(url, tmp
         assert not other.shared
     finally:
         other.close()
+
+
+def test_a_postgres_url_takes_no_file_lock_and_the_usage_text_says_it_is_accepted(url):
+    assert lock_path(url) is None and lock_path("postgres://h/db") is None
+    assert lock_path("jobs.db") is not None
+    assert "PostgreSQL URL" in " ".join(COORDINATOR_OPTIONS.split())
 
 
 def test_without_psycopg_a_postgres_url_is_a_one_line_error_naming_the_extra(monkeypatch):
