@@ -383,8 +383,9 @@ class PostgresStore:
         if c.execute("SELECT current_schema()").fetchone() == (None,):
             raise psycopg.ProgrammingError("no schema to create the tables in: the search path names none that exists")
         missing = []
-        for name in SCHEMA:
-            check = "to_regprocedure(%s)" if "(" in name else "to_regclass(%s)"
+        for name in SCHEMA:  # in the current schema, whatever later schemas of the search path hold
+            check = ("to_regprocedure(format('%%I.%%s', current_schema(), %s::text))" if "(" in name
+                     else "to_regclass(format('%%I.%%I', current_schema(), %s::text))")
             if c.execute("SELECT %s IS NULL" % check, (name,)).fetchone() == (True,):
                 missing.append(name)
         have = {row[0] for row in c.execute(

@@ -354,3 +354,19 @@ def test_an_unreachable_server_is_a_one_line_error_without_the_password():
         open_store("postgresql://u:secret@127.0.0.1:1/db?connect_timeout=5")
     assert "cannot open the database" in str(caught.value) and "secret" not in str(caught.value)
     assert shown("postgresql://u:pw@h/db?password=x&a=1") == "postgresql://u:***@h/db?password=***&a=1"
+
+
+def test_tables_of_a_later_schema_in_the_search_path_are_not_taken_for_ours(postgres_server, leader, admin):
+    # Given jobmesh tables in one schema (the leader's), a store whose search path puts
+    # another schema first creates its own tables there and uses only those.
+    leader.write(batch(make_job("theirs", 1)))
+    theirs = admin.execute("SELECT current_schema()").fetchone()[0]
+    ours = postgres_server.schema().split("%3D")[-1]
+    store = PostgresStore(postgres_server.url("jobmesh_schemas", "%s,%s" % (ours, theirs)))
+    try:
+        store.lead(lambda: pytest.fail("a lock of another schema"))
+        assert ids(store) == []
+        store.write(batch(make_job("ours", 1)))
+        assert ids(store) == ["ours"] and ids(leader) == ["theirs"]
+    finally:
+        store.close()
