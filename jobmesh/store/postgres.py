@@ -36,6 +36,10 @@ Three connections:
   by an I/O watcher on the hub (the coordinator) or by ``ready()`` itself (which only
   consumes what has arrived), so a read never stalls the core.
 
+PostgreSQL's text cannot hold a NUL character, which JSON can carry (``\\u0000``) into a
+key, a worker id or an error: a batch psycopg refuses for one is written again with
+U+FFFD in its place (``storable``), and reads look keys and ids up the same way.
+
 Idempotency keys: recovery (``load_active``) builds a Bloom filter of the stored keys
 (``KeyFilter``) and every batch's new keys are added to it, so ``read_later(key=...)`` of
 a key never stored is answered at once without a query. A Bloom filter rather than a set:
@@ -491,7 +495,7 @@ class PostgresStore:
         if keys is not None:
             for row in inserts:
                 if row[KEY_INDEX] is not None:
-                    keys.add(row[KEY_INDEX])
+                    keys.add(storable(row[KEY_INDEX]))
         statements: list[tuple[str, Any]] = []
         if purges:  # first: a new job may take a purged key
             statements.append((PURGE_SQL, (list(purges),)))
@@ -509,7 +513,14 @@ class PostgresStore:
                 statements.append((SCHEDULES_DELETE_SQL, (gone,)))
             if put:
                 statements.append((SCHEDULES_PUT_SQL, [list(column) for column in zip(*put)]))
-        self._transaction(statements)
+        try:
+            self._transaction(statements)
+        except psycopg.DataError as exc:
+            if exc.sqlstate is not None:  # the server's: nothing to mend here
+                raise
+            # psycopg refused a value before sending it: text holding NUL, which
+            # PostgreSQL's text cannot (see storable). Written again without.
+            self._transaction([(sql, storable(params)) for sql, params in statements])
 
     def _transaction(self, statements: list[tuple[str, Any]]) -> None:
         """BEGIN, the fence, ``statements``, COMMIT: one pipeline, one round trip."""
@@ -657,12 +668,13 @@ class PostgresStore:
         return int(row[0]) if row else 0
 
     def get(self, job_id: str) -> Job | None:
-        row = self.reader.execute("SELECT %s FROM %s WHERE job_id = %%s" % (SELECT_COLUMNS, JOBS), (job_id,)).fetchone()
+        row = self.reader.execute("SELECT %s FROM %s WHERE job_id = %%s" % (SELECT_COLUMNS, JOBS),
+                                  (storable(job_id),)).fetchone()
         return None if row is None else read_row(row)
 
     def find_by_key(self, key: str) -> Job | None:
         row = self.reader.execute("SELECT %s FROM %s WHERE idempotency_key = %%s" % (SELECT_COLUMNS, JOBS),
-                                  (key,)).fetchone()
+                                  (storable(key),)).fetchone()
         return None if row is None else read_row(row)
 
     _BY_ID = ("SELECT %s FROM %s WHERE job_id = $1" % (SELECT_COLUMNS, JOBS)).encode()
@@ -672,18 +684,19 @@ class PostgresStore:
         """On the deferred reader; a key the filter has never seen is answered at once."""
         if job_id is None:
             assert key is not None, "read_later needs a job id or a key"
+            key = storable(key)
             if self._keys is not None and key not in self._keys:
                 return Done(lambda: None)
         assert self._deferred is not None
         if job_id is not None:
-            return self._deferred.read(self._BY_ID, job_id)
+            return self._deferred.read(self._BY_ID, storable(job_id))
         assert key is not None
         return self._deferred.read(self._BY_KEY, key)
 
     def list_page(self, limit: int, state: str | None, before: int | None,
                   task_type: str | None = None) -> list[tuple[int, Job]]:
         sql, params = page_query(JOBS, "%s", limit, state, before, task_type)
-        return [(job.seq, job) for job in map(read_row, self.reader.execute(sql.encode(), params))]
+        return [(job.seq, job) for job in map(read_row, self.reader.execute(sql.encode(), storable(params)))]
 
     PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at FROM %s WHERE seq > %%s"
                       " ORDER BY seq LIMIT %%s" % JOBS)
@@ -710,6 +723,17 @@ class PostgresStore:
                     conn.close()
                 except psycopg.Error:
                     pass
+
+
+def storable(value: Any) -> Any:
+    """``value`` (text, or lists and tuples of values) as PostgreSQL's text can hold it: a
+    NUL character (which a client's JSON may carry as ``\\u0000``) becomes U+FFFD. SQLite
+    keeps it; on PostgreSQL keys that differ only there are one key."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, (list, tuple)):
+        return [storable(v) for v in value]
+    return value
 
 
 def _int32(n: int) -> int:

@@ -256,6 +256,21 @@ def test_a_healthy_leader_keeps_its_session_and_a_frozen_one_loses_it_to_a_stand
     assert ids(standby) == ["a"]
 
 
+def test_text_holding_nul_is_stored_with_a_replacement_and_found_by_the_same_key(leader):
+    # JSON carries NUL (\u0000) into keys, worker ids and errors; PostgreSQL text cannot hold it.
+    job = make_job("j\x00", 1, idempotency_key="k\x00ey", worker_id="w\x00", error="boom\x00",
+                   state=JobState.RUNNING)
+    leader.write(batch(job))
+    stored = leader.find_by_key("k\x00ey")
+    assert stored is not None and stored.error == "boom\ufffd" and stored.worker_id == "w\ufffd"
+    assert leader.get("j\x00").job_id == "j\ufffd"
+    leader.load_active()  # the key filter
+    read = leader.read_later(key="k\x00ey")
+    wait_until(read.ready, message="the read")
+    assert read.result().job_id == "j\ufffd"
+    assert [j.job_id for j in leader.load_active()] == ["j\ufffd"]
+
+
 # ---- deferred reads ----------------------------------------------------------------------------
 
 
