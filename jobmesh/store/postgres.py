@@ -128,20 +128,25 @@ SCHEMA: dict[str, str] = {
     "jobmesh_schedules": "CREATE TABLE IF NOT EXISTS jobmesh_schedules (name text PRIMARY KEY, body text NOT NULL)",
     "jobmesh_probe": "CREATE TABLE IF NOT EXISTS jobmesh_probe (x text)",  # always empty: the storage probe's
     "jobmesh_epoch": "CREATE SEQUENCE IF NOT EXISTS jobmesh_epoch",
-    # One row: the epoch of the current leader. Recreated by the next leader if deleted;
-    # its epochs come from the sequence, so they only grow.
+    # One row: the epoch of the current leader, and its session timeout (how long a
+    # standby lets its session sit idle). Recreated by the next leader if deleted; its
+    # epochs come from the sequence, so they only grow.
     "jobmesh_leader": "CREATE TABLE IF NOT EXISTS jobmesh_leader (id int PRIMARY KEY CHECK (id = 1),"
-                      " epoch bigint NOT NULL)",
+                      " epoch bigint NOT NULL, timeout_millis bigint NOT NULL)",
     "jobmesh_fence(bigint)": FENCE_FUNCTION,
 }
 # The session holding the leadership lock, ended if it has been idle (not running a
-# statement) for longer than the given milliseconds.
+# statement) for longer than the leader's own session timeout (its keepalive runs four
+# times as often), or the given milliseconds if the epoch row is gone.
 STALE_HOLDER_SQL = ("SELECT pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
                     " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
                     " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                    " AND a.state LIKE 'idle%%' AND a.state_change < now() - make_interval(secs => %s / 1000.0)")
-BUMP_SQL = ("INSERT INTO jobmesh_leader (id, epoch) VALUES (1, nextval('jobmesh_epoch'))"
-            " ON CONFLICT (id) DO UPDATE SET epoch = EXCLUDED.epoch RETURNING epoch")
+                    " AND a.state LIKE 'idle%%' AND a.state_change < now() - make_interval(secs => COALESCE("
+                    "(SELECT timeout_millis FROM jobmesh_leader WHERE id = 1), %s) / 1000.0)")
+# A new leader's epoch (and its session timeout); %s is the timeout in milliseconds.
+BUMP_SQL = ("INSERT INTO jobmesh_leader (id, epoch, timeout_millis) VALUES (1, nextval('jobmesh_epoch'), %s)"
+            " ON CONFLICT (id) DO UPDATE SET epoch = EXCLUDED.epoch, timeout_millis = EXCLUDED.timeout_millis"
+            " RETURNING epoch")
 
 # Errors that end the session or say it has ended: admin shutdown, crash shutdown, cannot
 # connect now, the idle timeouts, and every connection exception (class 08).
@@ -428,7 +433,7 @@ class PostgresStore:
         if c.execute("SELECT pg_try_advisory_lock(%s::int, %s::int)", key).fetchone() != (True,):
             standing_by()
             self._wait_for_lock(key)
-        row = c.execute(BUMP_SQL).fetchone()
+        row = c.execute(BUMP_SQL, (self.timeout_millis,)).fetchone()
         assert row is not None
         self._epoch = int(row[0])
         ms = self.timeout_millis
