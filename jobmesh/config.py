@@ -162,7 +162,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
     metrics = args.get("--metrics-port")
     db = str(args["--db"])
     if not db.strip():
-        raise ConfigError("--db must name a file")
+        raise ConfigError("--db must name a file or a PostgreSQL URL")
     bind = str(args["--bind"]).strip()
     if not bind:
         raise ConfigError("--bind must name an address")

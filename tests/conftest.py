@@ -1,8 +1,25 @@
 """Shared fixtures: real coordinators, scripted peers and worker processes. The test
 process is never monkey-patched (docs/ARCHITECTURE.md)."""
+import os
+
 import pytest
 
+from tests import pg_support
 from tests.helpers import CoordinatorProc, Peers, WorkerProcs
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL server for the whole session (tests/pg_support.py); the
+    tests that use it skip loudly when none can be started."""
+    yield pg_support.server()
+    pg_support.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server):
+    """The URL of a fresh, empty schema on the session's PostgreSQL server."""
+    return postgres_server.schema()
 
 
 @pytest.fixture(scope="module")
@@ -15,11 +32,22 @@ def module_coordinator(tmp_path_factory):
 
 
 @pytest.fixture
-def coordinator_factory(tmp_path):
-    """Start coordinators with ``coordinator_factory(**flags)``; all are stopped at teardown."""
+def db_kind(request):
+    """The store the test's coordinators use: "sqlite" unless the test is parametrized
+    with ``pg_support.on_both_stores``, or JOBMESH_TEST_STORE=postgres runs every
+    coordinator_factory test on PostgreSQL."""
+    return getattr(request, "param", os.environ.get("JOBMESH_TEST_STORE", "sqlite"))
+
+
+@pytest.fixture
+def coordinator_factory(tmp_path, db_kind):
+    """Start coordinators with ``coordinator_factory(**flags)``; all are stopped at teardown.
+    Each gets its own database: a file, or a fresh PostgreSQL schema (``db_kind``)."""
     started = []
 
     def make(**flags):
+        if db_kind == "postgres" and "db" not in flags:
+            flags["db"] = pg_support.server().schema()
         proc = CoordinatorProc(tmp_path, name="coord%d" % len(started), **flags)
         started.append(proc)
         return proc.start()

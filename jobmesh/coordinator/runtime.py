@@ -44,7 +44,6 @@ import gc
 import logging
 import os
 import signal
-import sqlite3
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
@@ -77,7 +76,8 @@ from jobmesh.exitcodes import EXIT_COMMIT_FAILED, EXIT_CORE_DIED, EXIT_USAGE
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
 from jobmesh.store.base import Store
-from jobmesh.store.sqlite import FAULT_FILE_ENV, SQLiteStore
+from jobmesh.store.opening import CannotOpen, open_store, shown
+from jobmesh.store.sqlite import FAULT_FILE_ENV
 from jobmesh.tls import server_context
 
 if TYPE_CHECKING:
@@ -236,8 +236,8 @@ class Coordinator:
     def start(self) -> str:
         """Lock, recover, start the core and the listeners; returns the "listening" line.
 
-        Raises ``DatabaseInUse`` or ``CannotStart`` (the message says it all),
-        ``sqlite3.Error`` if the database cannot be opened, ``OSError`` if a port cannot.
+        Raises ``DatabaseInUse``, ``CannotStart`` or ``CannotOpen`` (the message says it
+        all), the store's error if recovery cannot read it, ``OSError`` if a port cannot.
         A database that opens but cannot be written (full, read-only, locked) starts
         degraded: reads are served, writes answer the storage ERROR until it works.
         """
@@ -252,7 +252,8 @@ class Coordinator:
                               % (cfg.db, self.lock.path, exc.strerror or exc)) from None
         self.store = self._open_store()
         if self.store.migrated:
-            log.info("migrated database %s: added columns %s", cfg.db, ", ".join(self.store.migrated))
+            log.info("migrated database %s: added columns %s", shown(cfg.db), ", ".join(self.store.migrated))
+        self.store.lead(self._standing_by)  # a shared store: wait until this process leads
         self.core = self._recovered_core()
         if cfg.schedules_file is not None:  # its schedules commit with recovery's rows
             problem = self.core.apply_schedules_file(now_millis(), schedule_file.read(cfg.schedules_file))
@@ -343,8 +344,14 @@ class Coordinator:
         self.reload_schedules()
 
     def _open_store(self) -> Store:
+        """The store --db names; raises ``CannotOpen``."""
         # The fault file is a testing aid only (docs/FAILURE_MODEL.md, "Testing storage faults").
-        return SQLiteStore(self.config.db, self.config.db_synchronous, os.environ.get(FAULT_FILE_ENV) or None)
+        return open_store(self.config.db, self.config.db_synchronous, os.environ.get(FAULT_FILE_ENV) or None)
+
+    def _standing_by(self) -> None:
+        """Another coordinator leads the shared store: say so, then wait to take over."""
+        print("jobmesh coordinator standing by", flush=True)
+        log.info("standing by: another coordinator leads %s", shown(self.config.db))
 
     def _recovered_core(self) -> CoordinatorCore:
         """A fresh core with the database's state, after recovery (its rows not yet written)."""
@@ -358,7 +365,7 @@ class Coordinator:
         log.info(
             "recovered db=%s active=%d queued=%d scheduled=%d retry_wait=%d requeued=%d due_while_down=%d"
             " failed_on_restart=%d damaged=%d task_types=%d next_seq=%d schedules=%d",
-            cfg.db, core.active_count, stats["queued"], stats["scheduled"], stats["retry_wait"],
+            shown(cfg.db), core.active_count, stats["queued"], stats["scheduled"], stats["retry_wait"],
             stats["requeued"], stats["due"], stats["failed"], stats["damaged"], len(core.table.known_types),
             core.table.next_seq, len(core.schedules.by_name),
         )
@@ -634,16 +641,15 @@ class Coordinator:
             pconn.abort()
         old = self.core
         assert old is not None and self.store is not None
-        try:
-            # Reopened: a connection opened on a read-only file stays read-only.
-            store = self._open_store()
-        except Exception as exc:
-            if not self.store.is_storage_fault(exc):
-                raise
-            log.warning("could not reopen the database, reloading through the open connections: %s", exc)
-        else:
-            self.store.close()
-            self.store = store
+        if not self.store.shared:  # a shared store's writer holds leadership: never reopened
+            try:
+                # Reopened: a connection opened on a read-only file stays read-only.
+                store = self._open_store()
+            except CannotOpen as exc:
+                log.warning("could not reopen the database, reloading through the open connections: %s", exc)
+            else:
+                self.store.close()
+                self.store = store
         try:
             core = self._recovered_core()
         except Exception as exc:
@@ -830,18 +836,21 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
     coordinator = Coordinator(config)
     try:
         line = coordinator.start()
-    except (DatabaseInUse, CannotStart) as exc:
+    except (DatabaseInUse, CannotStart, CannotOpen) as exc:
         log.error("%s", exc)
         return 1
     except ConfigError as exc:  # the --schedules file: a usage error, as a bad flag is
         log.error("%s", exc)
         coordinator.lock.release()
         return EXIT_USAGE
-    except sqlite3.Error as exc:
-        log.error("cannot open the database %s: %s", config.db, exc)
-        return 1
     except OSError as exc:
         log.error("cannot start: %s", exc)
+        return 1
+    except Exception as exc:  # recovery's reads failed: the database's fault, or a bug
+        store = coordinator.store
+        if store is None or not (store.is_storage_fault(exc) or store.leadership_lost(exc)):
+            raise
+        log.error("cannot open the database %s: %s", shown(config.db), str(exc).strip().split("\n")[0])
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, coordinator.on_stop_signal)

@@ -15,6 +15,9 @@ never see SQL, a rowid, a driver's exception type or the thread a write runs on:
 * Recurring schedules are rows of their own, a name and a JSON body the core encodes
   (``coordinator/schedules.py``); a batch writes them in the same transaction as the jobs
   their fires made, so a fire and its job are durable together or not at all.
+* A shared store (PostgreSQL) may have several coordinators: ``lead`` returns once this
+  one leads, and every write is fenced, so one that lost leadership commits nothing more
+  (``leadership_lost`` tells those errors from storage faults and bugs).
 * Jobs are ordered by their sequence (``Job.seq``, unique per row): listings page
   newest first with a sequence as the cursor, and the retention walk goes oldest first.
 * The reads a request makes of a job not in memory (a finished job by id, the job of an
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
+from jobmesh.store.columns import COLUMN_NAMES, TERMINAL_STATES
 from jobmesh.store.job import Job
 
 
@@ -70,6 +74,35 @@ def outcome_of(call: Callable[..., None], *args: Any) -> Exception | None:
     except Exception as exc:  # judged by the caller: storage fault or bug
         return exc
     return None
+
+
+def page_query(table: str, mark: str, limit: int, state: str | None, before: int | None,
+               task_type: str | None) -> tuple[str, list[Any]]:
+    """The SELECT behind ``Store.list_page`` on ``table`` and its parameters, ``mark``
+    being the driver's parameter placeholder."""
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in (("state =", state), ("task_type =", task_type), ("seq <", before)):
+        if value is not None:
+            where.append(column + " " + mark)
+            params.append(value)
+    params.append(limit)
+    return "SELECT %s FROM %s %sORDER BY seq DESC LIMIT %s" % (
+        ", ".join(COLUMN_NAMES), table, ("WHERE " + " AND ".join(where) + " ") if where else "", mark), params
+
+
+def purge_walk(rows: Sequence[tuple], after: int, cutoff_millis: int,
+               limit: int) -> tuple[list[tuple[str, str | None]], int]:
+    """``Store.purgeable``'s answer from the rows its walk read: (seq, job id, key, state,
+    updated at), in sequence order from just past ``after``, at most ``limit`` of them."""
+    found: list[tuple[str, str | None]] = []
+    seq = after
+    for seq, job_id, key, state, updated_at in rows:
+        if state in TERMINAL_STATES:
+            if updated_at >= cutoff_millis:
+                return found, 0
+            found.append((job_id, key))
+    return found, (seq if len(rows) == limit else 0)
 
 
 class Outcome(Protocol):
@@ -128,6 +161,21 @@ class Store(Protocol):
     belong to the caller (a new object per call)."""
 
     migrated: list[str]  # columns this open added to an older table (for the log)
+    # True when several coordinators may share this store (one leads, the others stand
+    # by); False when it belongs to one process (SQLite: its file lock, dblock.py).
+    shared: bool
+
+    # ---- leadership ------------------------------------------------------------------
+
+    def lead(self, standing_by: Callable[[], None]) -> None:
+        """Return once this process leads the store (at once for a store that is not
+        shared). If another process leads, call ``standing_by()`` once, then wait, without
+        stalling the hub, until this one does. Recovery reads come after it."""
+
+    def leadership_lost(self, exc: BaseException) -> bool:
+        """Whether ``exc`` (raised by this store) means this process no longer leads (its
+        session ended, its lock was lost, the fence failed): it must commit nothing more
+        and stop. Never true of a storage fault (``is_storage_fault``)."""
 
     # ---- writes ----------------------------------------------------------------------
 
