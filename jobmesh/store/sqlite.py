@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, cast
 
 from gevent.threadpool import ThreadPool
 
@@ -117,7 +117,7 @@ ROWS_PER_STATEMENT = 64
 # about 90 ns a NULL column, a dozen of them in a new job's row, all on the write thread
 # holding the GIL the hub waits for. An adapter for None (a C callable returning None)
 # ends the lookup at the registry; the value bound is still NULL.
-sqlite3.register_adapter(type(None), {}.get)
+sqlite3.register_adapter(type(None), cast(Callable[[None], None], {}.get))
 
 
 def _insert_sql(rows: int) -> str:
