@@ -14,11 +14,15 @@ the median of ``--repeat`` timings, in µs per operation:
   256-row batches, on a file with ``synchronous=OFF`` (the fsync left out), the rows
   encoded beforehand;
 * ``core submit``: a SUBMIT_JOB through a real ``CoordinatorCore`` over an in-memory
-  store (``apply``, then every 20 submits ``end_batch`` and ``take_dirty``).
+  store (``apply``, then every 20 submits ``end_batch`` and ``take_dirty``), with the
+  cyclic collector off while it runs (every job stays in memory, so when a collection
+  falls in the run depends on the heap, and its cost is measured on its own:
+  docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import statistics
@@ -88,14 +92,19 @@ def core_submits(count: int = 20_000) -> float:
     req = m.decode({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 0}, "maxAttempts": 3},
                    m.CLIENT_PORT_REQUESTS)
     events = [ev.Request(_Conn(), req) for _ in range(count)]  # type: ignore[arg-type]
-    started = time.perf_counter()
-    for i, event in enumerate(events):
-        core.apply(event, 1000 + i)
-        if i % 20 == 19:
-            core.end_batch(1000 + i)
-            core.take_dirty()
-            core.take_outbound()
-    return (time.perf_counter() - started) / count * 1e6
+    gc.collect()
+    gc.disable()
+    try:
+        started = time.perf_counter()
+        for i, event in enumerate(events):
+            core.apply(event, 1000 + i)
+            if i % 20 == 19:
+                core.end_batch(1000 + i)
+                core.take_dirty()
+                core.take_outbound()
+        return (time.perf_counter() - started) / count * 1e6
+    finally:
+        gc.enable()
 
 
 def main(argv: list[str]) -> int:
