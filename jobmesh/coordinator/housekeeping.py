@@ -27,6 +27,14 @@ def raise_fd_limit() -> int:
     return soft
 
 
+# Net allocations of tracked objects before an automatic collection of the youngest
+# generation (CPython's default: 700). Under load the coordinator reached 700 every
+# millisecond or so, and each such collection walked what its batch still held; from its
+# first tick on, the policy's own collection each ``freeze_seconds`` does that work, once
+# per surviving object (docs/PERFORMANCE.md, "Coordinator CPU per job").
+YOUNG_THRESHOLD = 100_000
+
+
 class CollectorPolicy:
     """Keeps Python's cyclic collector from scanning the whole working set.
 
@@ -37,7 +45,8 @@ class CollectorPolicy:
     generation, which collections skip; reference counting still frees those objects
     when they are dropped. What it cannot free is a reference cycle that became garbage
     after being frozen, so every ``thaw_seconds`` the permanent generation is released
-    and collected once.
+    and collected once. The first tick raises the youngest generation's threshold to
+    ``YOUNG_THRESHOLD``: between ticks, garbage cycles wait for the next one.
     """
 
     def __init__(self, freeze_seconds: float = 1.0, thaw_seconds: float = 600.0) -> None:
@@ -46,8 +55,12 @@ class CollectorPolicy:
         now = time.monotonic()
         self._next_freeze = now + freeze_seconds
         self._next_thaw = now + thaw_seconds
+        self._ticked = False
 
     def tick(self, now: float) -> None:
+        if not self._ticked:
+            self._ticked = True
+            gc.set_threshold(YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         if now >= self._next_thaw:
             self._next_thaw = now + self.thaw_seconds
             gc.unfreeze()

@@ -194,6 +194,20 @@ EVENT_CODES = {
     "CANCELLED": "K", "STALE_RESULT": "T", "RECOVERED": "V",
 }
 EVENT_NAMES = {code: name for name, code in EVENT_CODES.items()}
+# Worker ids as JSON text: every assignment and every result names its worker in the
+# timeline, and there are few workers, so each is encoded once (the cache starts over
+# past QUOTED_WORKERS_MAX ids).
+_quoted_workers: dict[str, str] = {}
+QUOTED_WORKERS_MAX = 4096
+
+
+def _quoted_worker(worker: str) -> str:
+    quoted = _quoted_workers.get(worker)
+    if quoted is None:
+        if len(_quoted_workers) >= QUOTED_WORKERS_MAX:
+            _quoted_workers.clear()
+        quoted = _quoted_workers[worker] = ujson.dumps(worker, ensure_ascii=False, escape_forward_slashes=False)
+    return quoted
 
 
 def event_fragment(since: int, at: int, name: str, attempt: int | None, worker: str | None,
@@ -204,7 +218,7 @@ def event_fragment(since: int, at: int, name: str, attempt: int | None, worker: 
         if attempt is None and worker is None:
             return '[%d,"%s"]' % (at - since, code)
         if attempt is not None and worker is not None:
-            return '[%d,"%s",%d,%s]' % (at - since, code, attempt, _dumps(worker))
+            return '[%d,"%s",%d,%s]' % (at - since, code, attempt, _quoted_worker(worker))
     item: list[Any] = [at - since, code or name, attempt, worker, detail,
                        None if retry_at is None else retry_at - at]
     while item[-1] is None:

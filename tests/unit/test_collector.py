@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from jobmesh.coordinator.housekeeping import CollectorPolicy
+from jobmesh.coordinator.housekeeping import YOUNG_THRESHOLD, CollectorPolicy
 
 
 class Node:
@@ -16,9 +16,18 @@ class Node:
 
 @pytest.fixture
 def thawed():
+    thresholds = gc.get_threshold()
     gc.unfreeze()
     yield
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
+def test_the_first_tick_leaves_young_collections_to_the_policy(thawed):
+    gc.set_threshold(700, 10, 10)
+    policy = CollectorPolicy(freeze_seconds=1.0, thaw_seconds=10.0)
+    policy.tick(policy._next_freeze - 0.5)
+    assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
 
 
 def test_nothing_happens_before_the_first_period(thawed):

@@ -294,6 +294,25 @@ def test_local_fields_are_never_on_the_wire():
     assert retry.submitted_by is None
 
 
+@pytest.mark.parametrize("type_name", sorted(SAMPLES))
+def test_a_decoded_message_is_the_one_its_constructor_makes(type_name):
+    # The decoder builds instances without calling the dataclass constructor: equal,
+    # every field set (local ones to None), still frozen.
+    msg = SAMPLES[type_name]
+    decoded = m.decode(msg.to_wire())
+    assert decoded == msg
+    assert {f.name: getattr(decoded, f.name) for f in dataclasses.fields(decoded)} == \
+        {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decoded.TYPE_CHECK = 1  # type: ignore[attr-defined]
+
+
+def test_a_decoded_error_is_bounded_as_a_constructed_one():
+    decoded = m.decode({"type": "ERROR", "message": "x" * (m.MAX_ERROR_CHARS + 50)})
+    assert decoded == m.Error("x" * (m.MAX_ERROR_CHARS + 50))
+    assert len(decoded.message) < m.MAX_ERROR_CHARS + 50
+
+
 def test_auth_on_a_coordinator_without_tokens_says_so():
     for port in (m.CLIENT_PORT_REQUESTS, m.WORKER_PORT_REQUESTS):
         with pytest.raises(ProtocolError, match="takes no tokens"):
