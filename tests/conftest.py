@@ -2,7 +2,22 @@
 process is never monkey-patched (docs/ARCHITECTURE.md)."""
 import pytest
 
+from tests import pg_support
 from tests.helpers import CoordinatorProc, Peers, WorkerProcs
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL server for the whole session (tests/pg_support.py); the
+    tests that use it skip loudly when none can be started."""
+    yield pg_support.server()
+    pg_support.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server):
+    """The URL of a fresh, empty schema on the session's PostgreSQL server."""
+    return postgres_server.schema()
 
 
 @pytest.fixture(scope="module")

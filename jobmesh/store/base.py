@@ -15,6 +15,9 @@ never see SQL, a rowid, a driver's exception type or the thread a write runs on:
 * Recurring schedules are rows of their own, a name and a JSON body the core encodes
   (``coordinator/schedules.py``); a batch writes them in the same transaction as the jobs
   their fires made, so a fire and its job are durable together or not at all.
+* A shared store (PostgreSQL) may have several coordinators: ``lead`` returns once this
+  one leads, and every write is fenced, so one that lost leadership commits nothing more
+  (``leadership_lost`` tells those errors from storage faults and bugs).
 * Jobs are ordered by their sequence (``Job.seq``, unique per row): listings page
   newest first with a sequence as the cursor, and the retention walk goes oldest first.
 * The reads a request makes of a job not in memory (a finished job by id, the job of an
@@ -128,6 +131,21 @@ class Store(Protocol):
     belong to the caller (a new object per call)."""
 
     migrated: list[str]  # columns this open added to an older table (for the log)
+    # True when several coordinators may share this store (one leads, the others stand
+    # by); False when it belongs to one process (SQLite: its file lock, dblock.py).
+    shared: bool
+
+    # ---- leadership ------------------------------------------------------------------
+
+    def lead(self, standing_by: Callable[[], None]) -> None:
+        """Return once this process leads the store (at once for a store that is not
+        shared). If another process leads, call ``standing_by()`` once, then wait, without
+        stalling the hub, until this one does. Recovery reads come after it."""
+
+    def leadership_lost(self, exc: BaseException) -> bool:
+        """Whether ``exc`` (raised by this store) means this process no longer leads (its
+        session ended, its lock was lost, the fence failed): it must commit nothing more
+        and stop. Never true of a storage fault (``is_storage_fault``)."""
 
     # ---- writes ----------------------------------------------------------------------
 

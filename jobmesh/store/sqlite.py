@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from gevent.threadpool import ThreadPool
 
@@ -155,6 +155,8 @@ class SQLiteStore:
     Raises ``sqlite3.Error`` if the file cannot be opened or migrated.
     """
 
+    shared = False  # one coordinator per file: the runtime's file lock (dblock.py)
+
     def __init__(self, path: str, synchronous: str = "FULL", fault_file: str | None = None) -> None:
         self.path = path
         self.fault_file = fault_file
@@ -234,6 +236,14 @@ class SQLiteStore:
         count = c.execute(RENUMBER_SQL).rowcount
         log.info("numbered the %d jobs of %s 1..%d in submission order (rows without a unique sequence)",
                  count, self.path, count)
+
+    # ---- leadership: the file lock makes this process the only one --------------
+
+    def lead(self, standing_by: Callable[[], None]) -> None:
+        """Leads at once: the runtime's file lock already excludes every other coordinator."""
+
+    def leadership_lost(self, exc: BaseException) -> bool:
+        return False
 
     # ---- writes ------------------------------------------------------------------
 

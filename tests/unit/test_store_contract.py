@@ -19,6 +19,7 @@ from jobmesh.store.base import Batch, Store, merge_batches
 from jobmesh.store.columns import insert_row, update_row
 from jobmesh.store.job import Job
 from jobmesh.store.sqlite import SQLiteStore
+from tests import pg_support
 
 
 class SQLiteBackend:
@@ -38,7 +39,30 @@ class SQLiteBackend:
         self.fault.write_text("")
 
 
-BACKENDS: dict[str, Callable[[Path], SQLiteBackend]] = {"sqlite": SQLiteBackend}
+class PostgresBackend:
+    """A fresh schema on the session's PostgreSQL server (tests/pg_support.py), led by the
+    store opened; writes fail (read-only transactions) while the fault file says ``readonly``."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.url = pg_support.server().schema()
+        self.fault = tmp_path / "fault"
+
+    def open(self) -> Store:
+        from jobmesh.store.postgres import PostgresStore
+
+        store = PostgresStore(self.url, str(self.fault))
+        store.lead(lambda: None)
+        return store
+
+    def break_writes(self) -> None:
+        self.fault.write_text("readonly")
+
+    def heal(self) -> None:
+        self.fault.write_text("")
+
+
+BACKENDS: dict[str, Callable[[Path], SQLiteBackend | PostgresBackend]] = {
+    "sqlite": SQLiteBackend, "postgres": PostgresBackend}
 
 
 @pytest.fixture(params=sorted(BACKENDS))

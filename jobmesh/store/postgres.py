@@ -1,0 +1,706 @@
+"""PostgresStore: the ``Store`` (base.py) on PostgreSQL, shared by several coordinators.
+
+The tables are those of the SQLite store, prefixed ``jobmesh_`` (they may live in a
+database other programs use) and created in the connection's current schema, so that one
+database can hold several independent jobmesh installations, one per schema. The columns
+come from ``columns.COLUMNS``: text as ``text``, 64-bit integers (milliseconds, counts,
+the sequence) as ``bigint``, JSON as ``text`` (the store never looks inside it, and text
+keeps the exact JSON the core wrote: no parse per write, no reformatting on the way back).
+Creating the schema is idempotent and serialized by a transaction-scoped advisory lock,
+so coordinators that start together create it once; a current schema is not written to.
+
+Three connections:
+
+* the writer: leadership, then every batch. ``lead`` takes a session advisory lock (one
+  per schema), then bumps the epoch row (``jobmesh_leader``) and remembers the epoch.
+  Each batch is one round trip in pipeline mode: BEGIN, the fence
+  (``jobmesh_fence(epoch)``, a function that RAISES unless the epoch row still holds
+  this epoch, and holds the row FOR SHARE so that no bump can commit in between), then
+  one statement per kind of row, each column one array parameter expanded by ``unnest``
+  (the statement text is the same for every batch size, so psycopg prepares it once;
+  multi-row VALUES would make one statement per size), then COMMIT. Commits run on a
+  greenlet of the store, one at a time in call order: a connection made on the hub
+  cannot be driven from another thread. The session's timeouts (idle, idle in a
+  transaction, TCP user timeout, keepalives) end it, and so release the lock, within
+  ``session_timeout_millis`` once its process stops answering; the commit greenlet runs
+  a cheap statement when no batch ran for a quarter of that, so a healthy leader's
+  session is never idle that long. The writer is never reconnected: a lost writer
+  session is lost leadership (``leadership_lost``), and a process that lost it stops.
+* the reader (psycopg, synchronous): recovery, listings, the retention walk, ``get``.
+* the deferred reader: ``read_later``'s queries, one at a time on libpq's non-blocking
+  interface. A read is sent at once; its ``Read`` finishes when the reply is in, noticed
+  by an I/O watcher on the hub (the coordinator) or by ``ready()`` itself (which only
+  consumes what has arrived), so a read never stalls the core.
+
+Idempotency keys: recovery (``load_active``) builds a Bloom filter of the stored keys
+(``KeyFilter``) and every batch's new keys are added to it, so ``read_later(key=...)`` of
+a key never stored is answered at once without a query. A Bloom filter rather than a set:
+at a million stored keys a set of the key strings holds about 100 MB, the filter 2.5 MB;
+its false positives (about 1%, more once the keys since recovery outnumber those before)
+cost one read each, and purged keys stay in it until the next recovery, as positives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import deque
+from typing import Any, Callable, Iterable
+
+import gevent
+import gevent.event
+import gevent.queue
+import psycopg
+from psycopg import pq
+from psycopg.types.numeric import Int8Dumper
+
+from jobmesh.store.base import Batch, Done, Outcome, Read, outcome_of
+from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, TERMINAL_STATES, Column,
+                                   Kind, read_row)
+from jobmesh.store.job import Job
+
+log = logging.getLogger(__name__)
+
+_SQL_TYPES = {Kind.TEXT: "text", Kind.INT64: "bigint", Kind.JSON: "text"}
+
+JOBS = "jobmesh_jobs"
+SELECT_COLUMNS = ", ".join(COLUMN_NAMES)
+# The fence's own SQLSTATE (class JM is no standard class): raised when the epoch moved.
+FENCE_SQLSTATE = "JM001"
+# Advisory lock keys (the two-int form): leadership, per schema (its oid), and schema
+# creation (transaction-scoped, per schema name's hash).
+LEAD_LOCK = 0x6A6D6C64  # "jmld"
+SCHEMA_LOCK = 0x6A6D7363  # "jmsc"
+DEFAULT_SESSION_TIMEOUT_MILLIS = 10_000
+KEEPALIVE_FRACTION = 4  # an idle writer runs a statement every timeout / KEEPALIVE_FRACTION
+
+
+def column_sql(column: Column) -> str:
+    """The column's type and constraints in PostgreSQL's dialect."""
+    sql = _SQL_TYPES[column.kind]
+    if column.primary_key:
+        sql += " PRIMARY KEY"
+    elif not column.nullable:
+        sql += " NOT NULL"
+    default = column.default
+    if default is not None:
+        sql += " DEFAULT " + ("'%s'" % default.replace("'", "''") if isinstance(default, str) else "%d" % default)
+    return sql
+
+
+def _unnest(columns: Iterable[Column]) -> str:
+    return "unnest(%s)" % ", ".join("%%s::%s[]" % _SQL_TYPES[c.kind] for c in columns)
+
+
+INSERT_SQL = "INSERT INTO %s (%s) SELECT * FROM %s" % (JOBS, SELECT_COLUMNS, _unnest(COLUMNS))
+_UPDATE_SOURCE = MUTABLE_COLUMNS + (COLUMNS[0],)  # the mutable columns, then the job id
+UPDATE_SQL = "UPDATE %s AS j SET %s FROM %s AS u(%s) WHERE j.job_id = u.job_id" % (
+    JOBS, ", ".join("%s = u.%s" % (c.name, c.name) for c in MUTABLE_COLUMNS), _unnest(_UPDATE_SOURCE),
+    ", ".join(c.name for c in _UPDATE_SOURCE))
+PURGE_SQL = "DELETE FROM %s WHERE job_id = ANY(%%s::text[])" % JOBS
+TASK_TYPES_SQL = ("INSERT INTO jobmesh_task_types (name, first_seen) SELECT * FROM unnest(%s::text[], %s::bigint[])"
+                  " ON CONFLICT (name) DO NOTHING")
+SCHEDULES_DELETE_SQL = "DELETE FROM jobmesh_schedules WHERE name = ANY(%s::text[])"
+SCHEDULES_PUT_SQL = ("INSERT INTO jobmesh_schedules (name, body) SELECT * FROM unnest(%s::text[], %s::text[])"
+                     " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body")
+FENCE_SQL = "SELECT jobmesh_fence(%s)"
+KEY_INDEX = COLUMN_NAMES.index("idempotency_key")
+
+FENCE_FUNCTION = """CREATE OR REPLACE FUNCTION jobmesh_fence(expected bigint) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM jobmesh_leader WHERE id = 1 AND epoch = expected FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'leadership lost: epoch % is no longer the current one', expected
+            USING ERRCODE = 'FENCE_SQLSTATE';
+    END IF;
+END $$""".replace("FENCE_SQLSTATE", FENCE_SQLSTATE)
+# Every object by name (to_regclass / to_regproc names) -> the statement that creates it.
+SCHEMA: dict[str, str] = {
+    JOBS: "CREATE TABLE IF NOT EXISTS %s (%s)" % (JOBS, ", ".join("%s %s" % (c.name, column_sql(c)) for c in COLUMNS)),
+    "jobmesh_jobs_idempotency_key": "CREATE UNIQUE INDEX IF NOT EXISTS jobmesh_jobs_idempotency_key ON %s"
+                                    " (idempotency_key) WHERE idempotency_key IS NOT NULL" % JOBS,
+    "jobmesh_jobs_seq": "CREATE UNIQUE INDEX IF NOT EXISTS jobmesh_jobs_seq ON %s (seq)" % JOBS,
+    "jobmesh_jobs_state_seq": "CREATE INDEX IF NOT EXISTS jobmesh_jobs_state_seq ON %s (state, seq)" % JOBS,
+    "jobmesh_jobs_task_type_seq": "CREATE INDEX IF NOT EXISTS jobmesh_jobs_task_type_seq ON %s (task_type, seq)" % JOBS,
+    "jobmesh_task_types": "CREATE TABLE IF NOT EXISTS jobmesh_task_types (name text PRIMARY KEY,"
+                          " first_seen bigint NOT NULL)",
+    "jobmesh_schedules": "CREATE TABLE IF NOT EXISTS jobmesh_schedules (name text PRIMARY KEY, body text NOT NULL)",
+    "jobmesh_probe": "CREATE TABLE IF NOT EXISTS jobmesh_probe (x text)",  # always empty: the storage probe's
+    "jobmesh_epoch": "CREATE SEQUENCE IF NOT EXISTS jobmesh_epoch",
+    # One row: the epoch of the current leader. Recreated by the next leader if deleted;
+    # its epochs come from the sequence, so they only grow.
+    "jobmesh_leader": "CREATE TABLE IF NOT EXISTS jobmesh_leader (id int PRIMARY KEY CHECK (id = 1),"
+                      " epoch bigint NOT NULL)",
+    "jobmesh_fence(bigint)": FENCE_FUNCTION,
+}
+BUMP_SQL = ("INSERT INTO jobmesh_leader (id, epoch) VALUES (1, nextval('jobmesh_epoch'))"
+            " ON CONFLICT (id) DO UPDATE SET epoch = EXCLUDED.epoch RETURNING epoch")
+
+# Errors that end the session or say it has ended: admin shutdown, crash shutdown, cannot
+# connect now, the idle timeouts, and every connection exception (class 08).
+_SESSION_GONE = {"57P01", "57P02", "57P03", "57P05", "25P03"}
+_REASONS = {"53100": "disk full", "25006": "database is read-only", "53200": "out of memory",
+            "53300": "too many connections", "53400": "configuration limit exceeded"}
+# The test-only fault switch (docs/FAILURE_MODEL.md, "Testing storage faults"), as for SQLite.
+FAULT_FILE_ENV = "JOBMESH_TEST_STORAGE_FAULT_FILE"
+
+
+class LeadershipLost(Exception):
+    """This store's writer session has ended, lost its lock, or failed the fence; it
+    commits nothing more."""
+
+
+class KeyFilter:
+    """A Bloom filter of idempotency keys (two positions per key from its MD5, at least
+    20 bits per key when built: about 1% false positives). ``key in filter`` is False only
+    for a key never added."""
+
+    def __init__(self, expected: int) -> None:
+        bits = 1 << 23
+        while bits < 40 * expected:  # room for as many keys again before the rate grows
+            bits <<= 1
+        self.mask = bits - 1
+        self.bits = bytearray(bits >> 3)
+
+    def add_digest(self, digest: bytes) -> None:
+        mask, bits = self.mask, self.bits
+        a = int.from_bytes(digest[:8], "little") & mask
+        b = int.from_bytes(digest[8:], "little") & mask
+        bits[a >> 3] |= 1 << (a & 7)
+        bits[b >> 3] |= 1 << (b & 7)
+
+    def add(self, key: str) -> None:
+        self.add_digest(hashlib.md5(key.encode()).digest())
+
+    def __contains__(self, key: str) -> bool:
+        digest = hashlib.md5(key.encode()).digest()
+        mask, bits = self.mask, self.bits
+        a = int.from_bytes(digest[:8], "little") & mask
+        b = int.from_bytes(digest[8:], "little") & mask
+        return bool(bits[a >> 3] & (1 << (a & 7))) and bool(bits[b >> 3] & (1 << (b & 7)))
+
+
+class Later:
+    """A read of one job on the deferred reader (``Read``)."""
+
+    __slots__ = ("reader", "sql", "param", "_job", "_error", "_done", "_callbacks", "_rows")
+
+    def __init__(self, reader: "_DeferredReader", sql: bytes, param: str) -> None:
+        self.reader = reader
+        self.sql = sql
+        self.param = param
+        self._job: Job | None = None
+        self._error: Exception | None = None
+        self._done = False
+        self._callbacks: list[Callable[[], None]] = []
+        self._rows: list[tuple] = []
+
+    def ready(self) -> bool:
+        if not self._done:
+            self.reader.pump()
+        return self._done
+
+    def result(self) -> Job | None:
+        assert self._done, "result() of a read still in flight"
+        if self._error is not None:
+            raise self._error
+        return self._job
+
+    def then(self, callback: Callable[[], None]) -> None:
+        if self._done:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def finish(self, job: Job | None, error: Exception | None) -> None:
+        self._job, self._error, self._done = job, error, True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+def _decoder(column: Column) -> Callable[[bytes | None], Any]:
+    if column.kind is Kind.INT64:
+        return lambda v: None if v is None else int(v)
+    return lambda v: None if v is None else v.decode()
+
+
+_DECODERS = [_decoder(c) for c in COLUMNS]
+
+
+class _DeferredReader:
+    """libpq's non-blocking interface on a connection of its own: reads queued, one in
+    flight. ``pump`` consumes what has arrived and never waits; on the hub an I/O watcher
+    calls it when the socket is readable."""
+
+    def __init__(self, conninfo: str, connect: Callable[..., psycopg.Connection]) -> None:
+        self.conn = connect(conninfo)  # connected by psycopg (green); used through its libpq handle only
+        self.pg = self.conn.pgconn
+        self.pg.nonblocking = 1
+        self.queue: deque[Later] = deque()
+        self.watcher: Any = None
+        self.writing: Any = None
+        self.error: Exception | None = None
+
+    def read(self, sql: bytes, param: str) -> Later:
+        later = Later(self, sql, param)
+        if self.error is not None:
+            later.finish(None, self.error)
+            return later
+        self.queue.append(later)
+        if len(self.queue) == 1:
+            self._send()
+        return later
+
+    def _send(self) -> None:
+        later = self.queue[0]
+        try:
+            self.pg.send_query_params(later.sql, [later.param.encode()])
+            self._flush()
+        except Exception as exc:
+            self._fail(exc)
+            return
+        if self.watcher is None:
+            self.watcher = gevent.get_hub().loop.io(self.pg.socket, 1)
+            self.watcher.start(self.pump)
+
+    def _flush(self) -> None:
+        if self.pg.flush() == 0:
+            if self.writing is not None:
+                self.writing.stop()
+            return
+        if self.writing is None:
+            self.writing = gevent.get_hub().loop.io(self.pg.socket, 2)
+        self.writing.start(self._flush_safely)
+
+    def _flush_safely(self) -> None:
+        try:
+            self._flush()
+        except Exception as exc:
+            self._fail(exc)
+
+    def pump(self) -> None:
+        """Finish every read whose reply has arrived; send the next. Never waits."""
+        pg = self.pg
+        while self.queue:
+            try:
+                pg.consume_input()
+                while True:
+                    if pg.is_busy():
+                        return
+                    res = pg.get_result()
+                    if res is None:
+                        break
+                    if res.status != pq.ExecStatus.TUPLES_OK:
+                        raise psycopg.DatabaseError((res.error_message or b"read failed").decode(errors="replace"))
+                    self.queue[0]._rows = [tuple(d(res.get_value(r, i)) for i, d in enumerate(_DECODERS))
+                                           for r in range(res.ntuples)]
+            except Exception as exc:
+                self._fail(exc)
+                return
+            later = self.queue.popleft()
+            rows, later._rows = later._rows, []
+            if self.queue:
+                self._send()
+            later.finish(read_row(rows[0]) if rows else None, None)
+        self._stop_watching()
+
+    def _fail(self, exc: Exception) -> None:
+        """The connection failed: every queued read fails with ``exc``, and every later one."""
+        self.error = exc
+        self._stop_watching()
+        queue, self.queue = self.queue, deque()
+        for later in queue:
+            later.finish(None, exc)
+
+    def _stop_watching(self) -> None:
+        for watcher in (self.watcher, self.writing):
+            if watcher is not None:
+                watcher.stop()
+
+    def close(self) -> None:
+        for watcher in (self.watcher, self.writing):
+            if watcher is not None:
+                watcher.close()
+        self.watcher = self.writing = None
+        self.conn.close()
+
+
+class PostgresStore:
+    """The ``Store`` on PostgreSQL. ``url`` is any libpq connection string or URL.
+
+    ``session_timeout_millis`` bounds how long a leader that stopped answering keeps the
+    lock (its session's timeouts and keepalives). ``fault_file`` (tests only) names a
+    file read before each write: ``readonly`` makes the writer's transactions read-only,
+    anything else or no file clears it.
+
+    Raises ``psycopg.Error`` if the database cannot be reached or the schema not created.
+    """
+
+    shared = True
+
+    def __init__(self, url: str, fault_file: str | None = None,
+                 session_timeout_millis: int = DEFAULT_SESSION_TIMEOUT_MILLIS) -> None:
+        self.url = url
+        self.fault_file = fault_file
+        self.timeout_millis = session_timeout_millis
+        self.migrated: list[str] = []
+        self._epoch: int | None = None
+        self._lost: BaseException | None = None
+        self._writer: gevent.Greenlet | None = None
+        self._jobs: gevent.queue.Queue = gevent.queue.Queue()
+        self._keys: KeyFilter | None = None
+        self._fault = ""
+        self._deferred: _DeferredReader | None = None
+        seconds = max(1, session_timeout_millis // 3000)
+        # The writer's client side notices a vanished server as its server side notices a
+        # vanished client: keepalives, and a bound on unacknowledged data.
+        self.conn = self._connect(url, keepalives=1, keepalives_idle=seconds, keepalives_interval=seconds,
+                                  keepalives_count=3, tcp_user_timeout=session_timeout_millis)
+        try:
+            self.reader = self._connect(url)
+            self._create_schema()
+            self._schema_oid = int(self.conn.execute(
+                "SELECT oid FROM pg_namespace WHERE nspname = current_schema()").fetchone()[0])  # type: ignore[index]
+            self._keys_usable = self.conn.execute("SHOW server_encoding").fetchone() == ("UTF8",)
+            self._deferred = _DeferredReader(url, self._connect)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _connect(url: str, **options: Any) -> psycopg.Connection:
+        conn = psycopg.connect(url, autocommit=True, **options)
+        conn.adapters.register_dumper(int, Int8Dumper)  # every integer a bigint: one prepared type per statement
+        return conn
+
+    # ---- schema -------------------------------------------------------------------
+
+    def _missing(self) -> list[str]:
+        c = self.conn
+        if c.execute("SELECT current_schema()").fetchone() == (None,):
+            raise psycopg.ProgrammingError("no schema to create the tables in: the search path names none that exists")
+        missing = []
+        for name in SCHEMA:
+            check = "to_regprocedure(%s)" if "(" in name else "to_regclass(%s)"
+            if c.execute("SELECT %s IS NULL" % check, (name,)).fetchone() == (True,):
+                missing.append(name)
+        have = {row[0] for row in c.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+            " AND table_name = %s", (JOBS,))}
+        if have:
+            missing += [c.name for c in COLUMNS if c.name not in have]
+        return missing
+
+    def _create_schema(self) -> None:
+        """Create what is missing, idempotently, one coordinator at a time; writes nothing
+        when the schema is current (a read-only database still opens)."""
+        if not self._missing():
+            return
+        c = self.conn
+        with c.transaction():
+            c.execute("SELECT pg_advisory_xact_lock(%s::int, hashtext(current_schema()))", (SCHEMA_LOCK,))
+            missing = self._missing()
+            for name, sql in SCHEMA.items():
+                if name in missing:
+                    c.execute(sql.encode())
+            for column in COLUMNS:
+                if column.name in missing:
+                    c.execute(("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s"
+                               % (JOBS, column.name, column_sql(column))).encode())
+                    self.migrated.append(column.name)
+
+    # ---- leadership -----------------------------------------------------------------
+
+    def lead(self, standing_by: Callable[[], None]) -> None:
+        """Return once this store leads: its writer session holds the schema's advisory
+        lock and has bumped the epoch. If another session holds the lock, call
+        ``standing_by()`` once, then wait (green) for it."""
+        c = self.conn
+        key = (LEAD_LOCK, _int32(self._schema_oid))
+        if c.execute("SELECT pg_try_advisory_lock(%s::int, %s::int)", key).fetchone() != (True,):
+            standing_by()
+            c.execute("SELECT pg_advisory_lock(%s::int, %s::int)", key)
+        row = c.execute(BUMP_SQL).fetchone()
+        assert row is not None
+        self._epoch = int(row[0])
+        ms = self.timeout_millis
+        seconds = max(1, ms // 3000)
+        c.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false),"
+                  " set_config('idle_session_timeout', %s, false), set_config('tcp_user_timeout', %s, false),"
+                  " set_config('tcp_keepalives_idle', %s, false), set_config('tcp_keepalives_interval', %s, false),"
+                  " set_config('tcp_keepalives_count', '3', false)",
+                  (str(ms), str(ms), str(ms), str(seconds), str(seconds)))
+        self._writer = gevent.spawn(self._write_loop)
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch this store leads in (None before ``lead``)."""
+        return self._epoch
+
+    def leadership_lost(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the writer session is gone, the lock lost, or the fence
+        failed: this store then commits nothing more."""
+        if isinstance(exc, LeadershipLost):
+            return True
+        if not isinstance(exc, psycopg.Error):
+            return False
+        state = exc.sqlstate
+        if state == FENCE_SQLSTATE or state in _SESSION_GONE or (state or "").startswith("08"):
+            return True
+        if self.conn.closed or self.conn.broken:
+            return True
+        return isinstance(exc, psycopg.OperationalError) and state is None
+
+    # ---- writes ------------------------------------------------------------------
+
+    def write(self, batch: Batch) -> None:
+        """Apply one batch in one transaction, in one round trip (see the module docstring)."""
+        if self._lost is not None:
+            raise LeadershipLost("this coordinator lost leadership: %s" % self._lost)
+        if self._epoch is None:
+            raise LeadershipLost("this store does not lead (lead() first)")
+        inserts, updates, task_types, purges, schedules = batch
+        keys = self._keys
+        if keys is not None:
+            for row in inserts:
+                if row[KEY_INDEX] is not None:
+                    keys.add(row[KEY_INDEX])
+        statements: list[tuple[str, Any]] = []
+        if purges:  # first: a new job may take a purged key
+            statements.append((PURGE_SQL, (list(purges),)))
+        if inserts:
+            statements.append((INSERT_SQL, [list(column) for column in zip(*inserts)]))
+        if updates:
+            statements.append((UPDATE_SQL, [list(column) for column in zip(*updates)]))
+        if task_types:
+            statements.append((TASK_TYPES_SQL, [list(column) for column in zip(*task_types)]))
+        if schedules:
+            latest = dict(schedules)
+            gone = [name for name, body in latest.items() if body is None]
+            put = [(name, body) for name, body in latest.items() if body is not None]
+            if gone:
+                statements.append((SCHEDULES_DELETE_SQL, (gone,)))
+            if put:
+                statements.append((SCHEDULES_PUT_SQL, [list(column) for column in zip(*put)]))
+        self._transaction(statements)
+
+    def _transaction(self, statements: list[tuple[str, Any]]) -> None:
+        """BEGIN, the fence, ``statements``, COMMIT: one pipeline, one round trip."""
+        c = self.conn
+        if self.fault_file is not None:
+            self._inject_fault()
+        try:
+            with c.pipeline(), c.cursor() as cur:
+                cur.execute(b"BEGIN")
+                cur.execute(FENCE_SQL, (self._epoch,))
+                for sql, params in statements:
+                    cur.execute(sql, params)
+                cur.execute(b"COMMIT")
+        except BaseException as exc:
+            if self.leadership_lost(exc):
+                self._lost = exc
+            elif not c.closed and c.info.transaction_status != pq.TransactionStatus.IDLE:
+                try:
+                    c.execute(b"ROLLBACK")
+                except psycopg.Error as again:
+                    if self.leadership_lost(again):
+                        self._lost = again
+            raise
+
+    def commit(self, batch: Batch) -> Outcome:
+        """``write`` on the store's commit greenlet, after the commits before it."""
+        return self._submit(self.write, batch)
+
+    def commit_probe(self) -> Outcome:
+        return self._submit(self.probe)
+
+    def _submit(self, call: Callable[..., None], *args: Any) -> Outcome:
+        done = gevent.event.AsyncResult()
+        if self._writer is None:
+            done.set(outcome_of(self._not_leading))
+        else:
+            self._jobs.put((done, call, args))
+        return done
+
+    def _not_leading(self) -> None:
+        raise LeadershipLost("this store does not lead (lead() first)" if self._lost is None
+                             else "this coordinator lost leadership: %s" % self._lost)
+
+    def _write_loop(self) -> None:
+        """The commit greenlet: queued writes in order; a keepalive when idle."""
+        interval = self.timeout_millis / 1000.0 / KEEPALIVE_FRACTION
+        while True:
+            try:
+                item = self._jobs.get(timeout=interval)
+            except gevent.queue.Empty:
+                self._keepalive()
+                continue
+            if item is None:
+                return
+            done, call, args = item
+            done.set(outcome_of(call, *args))
+
+    def _keepalive(self) -> None:
+        """A cheap statement so that a healthy leader's session is never idle for long;
+        it also notices an epoch moved under it (the next commit then fails at once)."""
+        if self._lost is not None:
+            return
+        try:
+            row = self.conn.execute(b"SELECT epoch FROM jobmesh_leader WHERE id = 1").fetchone()
+        except psycopg.Error as exc:
+            if self.leadership_lost(exc):
+                self._lost = exc
+            return
+        if row is None or row[0] != self._epoch:
+            self._lost = LeadershipLost("the epoch moved from %s to %s" % (self._epoch, None if row is None else row[0]))
+
+    def probe(self) -> None:
+        """A write that changes nothing and needs what a batch needs (the fence, a row
+        written); raises what a commit would."""
+        if self._lost is not None or self._epoch is None:
+            self._not_leading()
+        self._transaction([("INSERT INTO jobmesh_probe (x) VALUES ('')", None), ("DELETE FROM jobmesh_probe", None)])
+
+    def is_storage_fault(self, exc: BaseException) -> bool:
+        """A database error with the writer session intact (disk full, read-only, a
+        statement refused) is a storage fault: the coordinator serves reads and probes.
+        Lost leadership is not (see ``leadership_lost``), nor is a misuse of the driver."""
+        if isinstance(exc, OSError):
+            return True
+        if not isinstance(exc, psycopg.Error) or self.leadership_lost(exc):
+            return False
+        return not (isinstance(exc, (psycopg.InterfaceError, psycopg.ProgrammingError)) and exc.sqlstate is None)
+
+    def fault_reason(self, exc: BaseException) -> str:
+        state = getattr(exc, "sqlstate", None)
+        if state in _REASONS:
+            return _REASONS[state]
+        text = str(exc).strip().splitlines()
+        return text[0] if text else type(exc).__name__
+
+    def _inject_fault(self) -> None:
+        """Tests only: make the writer's transactions read-only while the fault file says so."""
+        assert self.fault_file is not None
+        try:
+            with open(self.fault_file) as f:
+                fault = f.read().strip()
+        except OSError:
+            fault = ""
+        if fault != self._fault:
+            self.conn.execute("SET default_transaction_read_only = %s" % ("on" if fault == "readonly" else "off"))
+            self._fault = fault
+
+    # ---- reads -------------------------------------------------------------------
+
+    def load_active(self) -> list[Job]:
+        """Every non-terminal job, for recovery; also builds the idempotency key filter."""
+        rows = self.reader.execute("SELECT %s FROM %s WHERE state = ANY(%%s)" % (SELECT_COLUMNS, JOBS),
+                                   (list(ACTIVE_STATES),)).fetchall()
+        self._keys = self._key_filter() if self._keys_usable else None
+        return [read_row(r) for r in rows]
+
+    def _key_filter(self) -> KeyFilter:
+        """A filter holding every stored key: their MD5s, computed by the server and
+        streamed (a server-side cursor), so no key string is held in memory."""
+        with self.reader.transaction():
+            count = self.reader.execute(
+                "SELECT count(*) FROM %s WHERE idempotency_key IS NOT NULL" % JOBS).fetchone()
+            keys = KeyFilter(int(count[0]) if count else 0)
+            with self.reader.cursor(name="jobmesh_keys") as cur:
+                cur.itersize = 20_000
+                cur.execute("SELECT decode(md5(idempotency_key), 'hex') FROM %s"
+                            " WHERE idempotency_key IS NOT NULL" % JOBS)
+                add = keys.add_digest
+                for (digest,) in cur:
+                    add(digest)
+        return keys
+
+    def load_task_types(self) -> list[str]:
+        return [row[0] for row in self.reader.execute("SELECT name FROM jobmesh_task_types ORDER BY name")]
+
+    def load_schedules(self) -> list[tuple[str, str]]:
+        return [(row[0], row[1]) for row in self.reader.execute("SELECT name, body FROM jobmesh_schedules ORDER BY name")]
+
+    def max_seq(self) -> int:
+        row = self.reader.execute("SELECT COALESCE(MAX(seq), 0) FROM %s" % JOBS).fetchone()
+        return int(row[0]) if row else 0
+
+    def count(self) -> int:
+        row = self.reader.execute("SELECT count(*) FROM %s" % JOBS).fetchone()
+        return int(row[0]) if row else 0
+
+    def get(self, job_id: str) -> Job | None:
+        row = self.reader.execute("SELECT %s FROM %s WHERE job_id = %%s" % (SELECT_COLUMNS, JOBS), (job_id,)).fetchone()
+        return None if row is None else read_row(row)
+
+    def find_by_key(self, key: str) -> Job | None:
+        row = self.reader.execute("SELECT %s FROM %s WHERE idempotency_key = %%s" % (SELECT_COLUMNS, JOBS),
+                                  (key,)).fetchone()
+        return None if row is None else read_row(row)
+
+    _BY_ID = ("SELECT %s FROM %s WHERE job_id = $1" % (SELECT_COLUMNS, JOBS)).encode()
+    _BY_KEY = ("SELECT %s FROM %s WHERE idempotency_key = $1" % (SELECT_COLUMNS, JOBS)).encode()
+
+    def read_later(self, job_id: str | None = None, key: str | None = None) -> Read:
+        """On the deferred reader; a key the filter has never seen is answered at once."""
+        if job_id is None:
+            assert key is not None, "read_later needs a job id or a key"
+            if self._keys is not None and key not in self._keys:
+                return Done(lambda: None)
+        assert self._deferred is not None
+        if job_id is not None:
+            return self._deferred.read(self._BY_ID, job_id)
+        assert key is not None
+        return self._deferred.read(self._BY_KEY, key)
+
+    def list_page(self, limit: int, state: str | None, before: int | None,
+                  task_type: str | None = None) -> list[tuple[int, Job]]:
+        where: list[str] = []
+        params: list[Any] = []
+        for condition, value in (("state = %s", state), ("task_type = %s", task_type), ("seq < %s", before)):
+            if value is not None:
+                where.append(condition)
+                params.append(value)
+        params.append(limit)
+        sql = "SELECT %s FROM %s %sORDER BY seq DESC LIMIT %%s" % (
+            SELECT_COLUMNS, JOBS, ("WHERE " + " AND ".join(where) + " ") if where else "")
+        return [(job.seq, job) for job in map(read_row, self.reader.execute(sql.encode(), params))]
+
+    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at FROM %s WHERE seq > %%s"
+                      " ORDER BY seq LIMIT %%s" % JOBS)
+
+    def purgeable(self, after: int, cutoff_millis: int, limit: int) -> tuple[list[tuple[str, str | None]], int]:
+        """As SQLite's: the walk in sequence order (see ``Store.purgeable``)."""
+        found: list[tuple[str, str | None]] = []
+        seq = after
+        rows = self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall()
+        for seq, job_id, key, state, updated_at in rows:
+            if state in TERMINAL_STATES:
+                if updated_at >= cutoff_millis:
+                    return found, 0
+                found.append((job_id, key))
+        return found, (seq if len(rows) == limit else 0)
+
+    def close(self) -> None:
+        """Stop the commit greenlet (after the writes queued) and close the connections;
+        closing the writer releases the leadership lock."""
+        if self._writer is not None:
+            self._jobs.put(None)
+            self._writer.join(10)
+            self._writer.kill(block=False)
+            self._writer = None
+        if self._deferred is not None:
+            self._deferred.close()
+            self._deferred = None
+        for conn in (getattr(self, "reader", None), self.conn):
+            if conn is not None:
+                try:
+                    conn.close()
+                except psycopg.Error:
+                    pass
+
+
+def _int32(n: int) -> int:
+    """An oid (unsigned 32-bit) as the signed int the two-int advisory lock takes."""
+    return n - (1 << 32) if n >= (1 << 31) else n
