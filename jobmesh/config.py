@@ -232,6 +232,11 @@ def is_database_url(db: str) -> bool:
     return db.startswith(("postgresql://", "postgres://"))
 
 
+def shown_db(db: str) -> str:
+    """``--db`` as logs and errors may show it: a URL's password replaced by ``***``."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", db) if is_database_url(db) else db
+
+
 def lease_grace(args: dict[str, Any], db: str) -> int:
     """``--lease-grace-millis``; when not given, 0 on a SQLite file and the heartbeat
     timeout on a shared store, whose standby takes over with the leader's running work."""

@@ -61,7 +61,7 @@ import gevent.pool
 import gevent.server
 import gevent.ssl
 
-from jobmesh.config import CoordinatorConfig, is_database_url, is_loopback
+from jobmesh.config import CoordinatorConfig, is_database_url, is_loopback, shown_db
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
 from jobmesh.coordinator.connection import ReplyConnection
@@ -268,7 +268,15 @@ class Coordinator:
             except OSError as exc:
                 raise CannotStart("cannot open the database %s: cannot create its lock file %s: %s"
                                   % (cfg.db, self.lock.path, exc.strerror or exc)) from None
-        self.store = self._open_store()
+        try:
+            self.store = self._open_store()
+        except ImportError as exc:  # the postgres extra is not installed
+            raise CannotStart("--db=%s needs the psycopg package (pip install 'jobmesh[postgres]'): %s"
+                              % (shown_db(cfg.db), exc)) from None
+        except Exception as exc:  # the SQLite file's errors are reported by run_coordinator, as before
+            if not is_database_url(cfg.db):
+                raise
+            raise CannotStart("cannot open the database %s: %s" % (shown_db(cfg.db), " ".join(str(exc).split())))
         if cfg.metrics_port is not None:  # /healthz and /readyz answer while standing by and recovering
             from jobmesh.coordinator.http import HttpPort  # imports prometheus_client: only when asked
 
@@ -278,7 +286,7 @@ class Coordinator:
             self._stop_standing_by()
             return None
         if self.store.migrated:
-            log.info("migrated database %s: added columns %s", cfg.db, ", ".join(self.store.migrated))
+            log.info("migrated database %s: added columns %s", shown_db(cfg.db), ", ".join(self.store.migrated))
         try:
             self.core = self._recovered_core()
         except Exception as exc:
@@ -424,8 +432,8 @@ class Coordinator:
             try:
                 self.store = self._open_store()
                 return self.store
-            except Exception as exc:  # judged below: a storage fault waits and tries again
-                if self.store is None or not self.store.is_storage_fault(exc):
+            except Exception as exc:  # judged below: a lost session or a storage fault waits and tries again
+                if self.store is None or not (self.store.leadership_lost(exc) or self.store.is_storage_fault(exc)):
                     raise
                 log.warning("cannot connect to the database yet (%s); trying again", self.store.fault_reason(exc))
             delay = min(RECONNECT_CAP, delay * 2)
@@ -446,7 +454,13 @@ class Coordinator:
 
     def _open_store(self) -> Store:
         # The fault file is a testing aid only (docs/FAILURE_MODEL.md, "Testing storage faults").
-        return SQLiteStore(self.config.db, self.config.db_synchronous, os.environ.get(FAULT_FILE_ENV) or None)
+        cfg = self.config
+        fault_file = os.environ.get(FAULT_FILE_ENV) or None
+        if is_database_url(cfg.db):
+            from jobmesh.store.postgres import PostgresStore  # imports psycopg: only when asked
+
+            return PostgresStore(cfg.db, fault_file, cfg.db_session_timeout_millis)
+        return SQLiteStore(cfg.db, cfg.db_synchronous, fault_file)
 
     def _recovered_core(self) -> CoordinatorCore:
         """A fresh core with the database's state, after recovery (its rows not yet written)."""
@@ -460,7 +474,7 @@ class Coordinator:
         log.info(
             "recovered db=%s active=%d queued=%d scheduled=%d retry_wait=%d requeued=%d due_while_down=%d"
             " failed_on_restart=%d damaged=%d task_types=%d next_seq=%d schedules=%d",
-            cfg.db, core.active_count, stats["queued"], stats["scheduled"], stats["retry_wait"],
+            shown_db(cfg.db), core.active_count, stats["queued"], stats["scheduled"], stats["retry_wait"],
             stats["requeued"], stats["due"], stats["failed"], stats["damaged"], len(core.table.known_types),
             core.table.next_seq, len(core.schedules.by_name),
         )
@@ -471,12 +485,8 @@ class Coordinator:
         and the database and make ``run_coordinator`` return non-zero, so that a listener
         never runs without a core (71: a commit failed in a way storage errors do not
         explain, or state could not be reloaded after one; the next start's recovery
-        repairs it; 75: this process no longer leads its shared store; 70: a bug)."""
-        if isinstance(greenlet.exception, LeadershipLost):
-            self.exit_code = EXIT_LEADERSHIP_LOST
-            log.error("leadership lost: another coordinator may lead now; nothing more is committed or answered,"
-                      " exiting %d (%s)", EXIT_LEADERSHIP_LOST, greenlet.exception)
-        elif isinstance(greenlet.exception, CommitFailed):
+        repairs it; 70: a bug)."""
+        if isinstance(greenlet.exception, CommitFailed):
             self.exit_code = EXIT_COMMIT_FAILED
             log.critical("database commit failed; stopping so that recovery can repair state: %s",
                          greenlet.exception, exc_info=greenlet.exc_info)
@@ -588,7 +598,18 @@ class Coordinator:
             del self._held[conn]
 
     def _run_core(self) -> None:
-        """Take a batch, apply it, commit it, release it; until a STOP."""
+        """Take a batch, apply it, commit it, release it; until a STOP, or until the
+        leadership of a shared store is lost (then the process stops, exit 75)."""
+        try:
+            self._core_loop()
+        except LeadershipLost as exc:  # nothing of the batch that found it was released
+            self.exit_code = EXIT_LEADERSHIP_LOST
+            log.error("leadership lost: another coordinator may lead now; nothing more is committed or answered,"
+                      " exiting %d (%s)", EXIT_LEADERSHIP_LOST, exc)
+            self.ready = False
+            gevent.spawn(self.stop)
+
+    def _core_loop(self) -> None:
         mailbox = self.mailbox
         unsent: Answers | None = None  # the replies of the last committed batch, not written yet
         while True:

@@ -497,6 +497,10 @@ class PostgresStore:
                 for sql, params in statements:
                     cur.execute(sql, params)
                 cur.execute(b"COMMIT")
+            # psycopg leaves a pipeline with a Flush after its Sync, and a Flush disarms the
+            # server's idle_session_timeout until the next plain statement: without this a
+            # leader frozen after a batch would keep its session, and the lock, for ever.
+            c.execute(b"SELECT 1")
         except BaseException as exc:
             if self.leadership_lost(exc):
                 self._lost = exc
