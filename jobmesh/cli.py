@@ -203,13 +203,19 @@ its running attempts (and the results of those that finish) for as long as the
 flag --keep-running-millis says: registering again, it names them, so a restarted
 coordinator started with --lease-grace-millis lets them finish. SIGTERM or SIGINT stops it.
 Given --tls or --tls-ca it speaks TLS; the coordinator's certificate must carry the HOST
-of --coordinator.
+of --coordinator. Given several addresses (a leader and its standbys), it tries them in
+turn, the next one first after a lost connection: a refused address moves on at once, a
+silent one after --connect-timeout-millis; the backoff comes between whole rounds.
 """ + SETTINGS_HELP + """
 Usage:
   jobmesh worker [options]
 
 Options:
-  --coordinator=HOST:PORT          the coordinator's worker port [default: 127.0.0.1:7070]
+  --coordinator=HOST:PORT[,HOST:PORT...]
+                                   the coordinator's worker port, or several, tried in
+                                   turn [default: 127.0.0.1:7070]
+  --connect-timeout-millis=N       give up on an address after this long and try the
+                                   next [default: 1000]
   --id=ID                          worker id (default: a generated one)
   --capacity=N                     concurrent tasks, 1..1024 [default: 4]
   --heartbeat-interval-millis=N    heartbeat period [default: 2000]
@@ -245,11 +251,18 @@ TLS_CLIENT_OPTIONS = """  --tls                     connect with TLS, trusting t
   --tls-key=PEM             the private key of --tls-cert ($JOBMESH_TLS_KEY)
 """
 
-CLIENT_OPTIONS = """
-  --coordinator=HOST:PORT   the coordinator's client port [default: 127.0.0.1:7071]
+CONNECTION_OPTIONS = """  --coordinator=HOST:PORT[,HOST:PORT...]
+                            the coordinator's client port; several (a leader and its
+                            standbys) are tried in turn ($JOBMESH_COORDINATOR)
+                            [default: 127.0.0.1:7071]
+  --connect-timeout-millis=N  give up on an address after this long and try the next; a
+                            refused one moves on at once [default: 1000]
   --token-file=PATH         a file holding the token to present, for a coordinator with
                             --auth-file (or JOBMESH_TOKEN, or JOBMESH_TOKEN_FILE)
-""" + TLS_CLIENT_OPTIONS + """  --json                    print one JSON document instead of text
+""" + TLS_CLIENT_OPTIONS
+
+CLIENT_OPTIONS = """
+""" + CONNECTION_OPTIONS + """  --json                    print one JSON document instead of text
   -h --help                 show this help
 """
 
@@ -268,7 +281,9 @@ Usage:
 Options:
   --max-attempts=N          attempt budget; 0 uses the coordinator's default [default: 0]
   --priority=LEVEL          HIGH, NORMAL or LOW [default: NORMAL]
-  --idempotency-key=KEY     submit at most once per key
+  --idempotency-key=KEY     submit at most once per key (default: a random one, so
+                            that a submit sent again to the next address after a
+                            lost connection cannot make two jobs)
   --submit-retries=N        resubmit up to N times when the coordinator is overloaded [default: 0]
   --delay-millis=N          run no earlier than N milliseconds from now
   --run-at=TIME             run no earlier than TIME
@@ -355,10 +370,7 @@ Usage:
 Options:
   --interval-millis=N       time between refreshes [default: 1000]
   --iterations=N            stop after N refreshes (0 = until Ctrl-C) [default: 0]
-  --coordinator=HOST:PORT   the coordinator's client port [default: 127.0.0.1:7071]
-  --token-file=PATH         a file holding the token to present, for a coordinator with
-                            --auth-file (or JOBMESH_TOKEN, or JOBMESH_TOKEN_FILE)
-""" + TLS_CLIENT_OPTIONS + """  -h --help                 show this help
+""" + CONNECTION_OPTIONS + """  -h --help                 show this help
 """
 
 TOKEN_DOC = """Make, list and remove the tokens of an auth file (TOML, read by the coordinator
@@ -595,9 +607,9 @@ def main(argv: list[str]) -> int:
         return EXIT_FAILED
 
 
-# Client commands take these flags from the environment too (JOBMESH_TLS_CA ...); their
-# other flags come from the command line alone.
-CLIENT_ENV_FLAGS = ("--tls", "--tls-ca", "--tls-cert", "--tls-key")
+# Client commands take these flags from the environment too (JOBMESH_COORDINATOR,
+# JOBMESH_TLS_CA ...); their other flags come from the command line alone.
+CLIENT_ENV_FLAGS = ("--coordinator", "--connect-timeout-millis", "--tls", "--tls-ca", "--tls-cert", "--tls-key")
 # `jobmesh token` edits the file the coordinator reads: JOBMESH_AUTH_FILE names it for both.
 TOKEN_ENV_FLAGS = ("--auth-file",)
 

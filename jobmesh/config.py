@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobmesh.addresses import Address, parse_addresses
 from jobmesh.auth import read_token
 from jobmesh.errors import ConfigError
 from jobmesh.tls import ClientTls, client_tls
@@ -76,8 +77,8 @@ class CoordinatorConfig(CoreConfig):
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    coordinator_host: str = "127.0.0.1"
-    coordinator_port: int = 7070
+    # The coordinators' worker ports, tried in turn (a leader and its standbys).
+    coordinators: tuple[Address, ...] = (Address("127.0.0.1", 7070),)
     worker_id: str = ""
     capacity: int = 4
     heartbeat_interval_millis: int = 2000
@@ -92,6 +93,7 @@ class WorkerConfig:
     # The token sent in AUTH (--token-file, JOBMESH_TOKEN, JOBMESH_TOKEN_FILE); never shown.
     token: str | None = field(default=None, repr=False)
     tls: ClientTls | None = None  # how it speaks TLS to the coordinator (None: plaintext)
+    connect_timeout_millis: int = 1000  # per address, before the next is tried
 
 
 _MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
@@ -123,21 +125,6 @@ def _int(args: dict[str, Any], flag: str, low: int, high: int | None = None) -> 
 def _int_or_zero(args: dict[str, Any], flag: str) -> int:
     """A flag of milliseconds >= 0 that only some commands take (absent or unset: 0)."""
     return _int(args, flag, 0) if args.get(flag) is not None else 0
-
-
-def parse_hostport(value: str, flag: str = "--coordinator") -> tuple[str, int]:
-    """Split ``HOST:PORT`` (IPv6 as ``[::1]:PORT``); ConfigError if malformed."""
-    host, sep, port = str(value).rpartition(":")
-    if not sep or not host:
-        raise ConfigError("%s must be HOST:PORT, got %r" % (flag, value))
-    host = host.strip("[]")
-    try:
-        number = int(port)
-    except ValueError:
-        raise ConfigError("%s must be HOST:PORT with a numeric port, got %r" % (flag, value)) from None
-    if not 1 <= number <= 65535:
-        raise ConfigError("%s port must be 1..65535, got %d" % (flag, number))
-    return host, number
 
 
 def _choice(args: dict[str, Any], flag: str, choices: tuple[str, ...]) -> str:
@@ -276,13 +263,12 @@ def tls_of(args: dict[str, Any]) -> ClientTls | None:
 
 def worker_config(args: dict[str, Any]) -> WorkerConfig:
     """Build from docopt's dict for ``jobmesh worker``."""
-    host, port = parse_hostport(args["--coordinator"])
+    coordinators = parse_addresses(str(args["--coordinator"]))
     worker_id = args.get("--id") or "worker-" + uuid.uuid4().hex[:8]
     if not str(worker_id).strip():
         raise ConfigError("--id must not be empty")
     return WorkerConfig(
-        coordinator_host=host,
-        coordinator_port=port,
+        coordinators=coordinators,
         worker_id=str(worker_id),
         capacity=_int(args, "--capacity", 1, 1024),
         heartbeat_interval_millis=_int(args, "--heartbeat-interval-millis", 1),
@@ -293,6 +279,7 @@ def worker_config(args: dict[str, Any]) -> WorkerConfig:
         keep_running_millis=_int(args, "--keep-running-millis", 0),
         token=read_token(_path(args, "--token-file")),
         tls=tls_of(args),
+        connect_timeout_millis=_int(args, "--connect-timeout-millis", 1),
     )
 
 

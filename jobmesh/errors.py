@@ -11,6 +11,11 @@ class ConfigError(JobmeshError):
     """Bad command-line flags or values: report on stderr, exit 2."""
 
 
+class BadAddress(ConfigError, ValueError):
+    """A coordinator address that is not HOST:PORT: a ConfigError on the command line, a
+    ValueError to a library caller."""
+
+
 class ProtocolError(JobmeshError):
     """A bad frame or message: answer a best-effort ERROR and close that connection only."""
 

@@ -60,8 +60,9 @@ from gevent.event import AsyncResult, Event
 
 from jobmesh.auth import (TOKEN_BYTES, TOKEN_ENV, TOKEN_FILE_ENV, WORKER, AuthFile, AuthFileError, entry_text,
                           read_token, replace_file, token_digest)
+from jobmesh.addresses import Address, parse_address
 from jobmesh.config import CoordinatorConfig, coordinator_config, parse_task_modules
-from jobmesh.errors import ConfigError
+from jobmesh.errors import BadAddress, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +143,12 @@ def listening_ports(line: str) -> dict[str, tuple[str, int]]:
     """``{"worker": (host, port), "client": ..., ...}`` from the text after "listening"."""
     ports = {}
     for item in line.split():
-        name, _, address = item.partition("=")
-        host, _, port = address.rpartition(":")
-        if host and port.isdigit():
-            ports[name] = (host, int(port))
+        name, _, text = item.partition("=")
+        try:
+            address = parse_address(text, name)
+        except BadAddress:
+            continue
+        ports[name] = (address.host, address.port)
     return ports
 
 
@@ -184,7 +187,7 @@ def worker_target(host: str, port: int) -> str:
         host = "127.0.0.1"
     elif host == "::":
         host = "::1"
-    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+    return str(Address(host, port))
 
 
 def worker_heartbeat_millis(heartbeat_timeout_millis: int) -> int:

@@ -7,13 +7,17 @@ socket) and from a gevent-patched process alike.
 
 What each failure means for the caller (the error tree is in jobmesh/errors.py):
 
-- ``CoordinatorUnavailable``: connecting failed, the connection broke mid-request, the
-  reply timed out or made no sense. The outcome is unknown (a submit may have created a
-  job), so nothing is retried automatically, except that a read-only request which finds
-  a reused connection dead is sent once more on a fresh one, and any request goes on a
-  fresh one when the coordinator closed the connection after refusing the previous
-  request (it reads nothing more there, so this one was never read, or not even sent).
-  The socket is discarded; the next call reconnects.
+- ``CoordinatorUnavailable``: connecting failed (to every address), the connection broke
+  mid-request, the reply timed out or made no sense. The outcome is unknown (a submit may
+  have created a job), so only requests that are safe to repeat are sent again, once, on
+  a fresh connection: reads (status, listings, waits, stats...) and submits that carry an
+  ``idempotency_key`` (the coordinator answers a repeated key with the job it made). They
+  go again when a reused connection was found dead, or, given several addresses, when
+  the connection was lost or the reply timed out. Other requests (a submit without a
+  key, cancel, retry, purge, schedule changes) are not repeated; except that any request
+  goes on a fresh connection when the coordinator closed the connection after refusing
+  the previous request (it reads nothing more there, so this one was never read, or not
+  even sent). The socket is discarded; the next call reconnects.
 - ``RequestFailed``: the coordinator answered ERROR (unknown job, invalid payload,
   idempotency conflict). The next call works, on this connection or a fresh one.
 - ``TypeError``: an argument has a type the coordinator would refuse (``payload`` not a
@@ -26,6 +30,12 @@ What each failure means for the caller (the error tree is in jobmesh/errors.py):
   snapshot as it stood then (``wait`` uses WAIT_JOB: the coordinator answers when the
   job ends, so nothing polls).
 
+Addresses: ``CoordinatorClient("10.0.0.1:7071,10.0.0.2:7071")`` (or a list of such
+strings) names a leader and its standbys (docs/SCALING.md). Connecting tries them in
+turn, each for at most ``connect_timeout`` seconds: a standby opens no job ports, so a
+refused connection just moves on to the next address. After a lost connection the next
+one starts with the address after the one that was lost.
+
 Snapshots are returned as the wire dicts (``jobId``, ``state``, ``result`` ...).
 """
 
@@ -33,23 +43,26 @@ from __future__ import annotations
 
 import builtins
 import math
+import os
 import random
 import socket
 import ssl
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 from zoneinfo import ZoneInfo
 
+from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, first_reachable, parse_addresses
 from jobmesh.errors import (ClientError, CoordinatorUnavailable, InvalidRequest, ProtocolError, RequestFailed,
                             RequestTooLarge, SubmitRejected)
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
-from jobmesh.tls import client_context, client_tls
+from jobmesh.tls import HANDSHAKE_SECONDS, client_context, client_tls
 
 DEFAULT_PORT = 7071
+COORDINATOR_ENV = "JOBMESH_COORDINATOR"  # the addresses when the caller names none, as for the CLI
 RETRY_BASE = 0.05
 RETRY_CAP = 2.0
 WAIT_CHUNK_MILLIS = 60_000  # one WAIT_JOB waits at most this long; ``wait`` asks again after it
@@ -61,6 +74,10 @@ _MILLISECOND = timedelta(milliseconds=1)
 class _ClosedUnanswered(CoordinatorUnavailable):
     """The coordinator closed the connection without answering the request (EOF, or a
     reset or broken pipe: what a closed peer answers data with)."""
+
+
+class _NotConnected(CoordinatorUnavailable):
+    """No address took the connection: nothing was sent."""
 
 
 class WaitTimeout(ClientError, TimeoutError):
@@ -136,7 +153,11 @@ def _encode_request(request: m.Message) -> bytes:
 class CoordinatorClient:
     """Blocking client; use as a context manager or call ``close()``.
 
-    ``connect_timeout`` and ``timeout`` are seconds; ``timeout`` bounds each reply.
+    ``host``: ``HOST``, ``HOST:PORT``, several of those separated by commas, or a list of
+    them (an entry without a port takes ``port``); when not given, ``$JOBMESH_COORDINATOR``,
+    else 127.0.0.1. ``connect_timeout`` (per address) and
+    ``timeout`` are seconds; ``timeout`` bounds each reply. ``ValueError`` for an address
+    that is not HOST:PORT (an IPv6 host in brackets: ``[::1]:7071``).
     ``token``: for a coordinator with ``--auth-file``, sent as AUTH first on each
     connection; a refused token raises ``RequestFailed("authentication failed")``.
     Without one, such a coordinator answers ``authentication required``.
@@ -151,9 +172,9 @@ class CoordinatorClient:
 
     def __init__(
         self,
-        host: str = "127.0.0.1",
+        host: str | Sequence[str | Address] | None = None,
         port: int = DEFAULT_PORT,
-        connect_timeout: float = 5.0,
+        connect_timeout: float = CONNECT_TIMEOUT,
         timeout: float = 30.0,
         token: str | None = None,
         *,
@@ -162,13 +183,10 @@ class CoordinatorClient:
         tls_cert: str | None = None,
         tls_key: str | None = None,
     ):
-        if port == DEFAULT_PORT and host.count(":") == 1:  # "HOST:PORT", as the CLI takes it
-            name, _, number = host.partition(":")
-            if not number.isdigit() or not 0 < int(number) < 65536:
-                raise ValueError("a coordinator address is HOST or HOST:PORT with a port 1..65535, got %r" % host)
-            host, port = name or "127.0.0.1", int(number)
-        self.host = host
-        self.port = port
+        if host is None:
+            host = os.environ.get(COORDINATOR_ENV) or "127.0.0.1"
+        self.addresses = parse_addresses(host, "the coordinator address", default_port=port)
+        self._at = 0  # the index of the address connected to, or to try first
         self.connect_timeout = connect_timeout
         self.timeout = timeout
         self._token = token  # sent as AUTH first on each connection (a coordinator with --auth-file)
@@ -191,7 +209,20 @@ class CoordinatorClient:
         self.close()
 
     def __repr__(self) -> str:
-        return "CoordinatorClient(%s:%d)" % (self.host, self.port)
+        return "CoordinatorClient(%s)" % ",".join(str(a) for a in self.addresses)
+
+    @property
+    def address(self) -> Address:
+        """The address connected to (or, between connections, the one tried first)."""
+        return self.addresses[self._at]
+
+    @property
+    def host(self) -> str:
+        return self.address.host
+
+    @property
+    def port(self) -> int:
+        return self.address.port
 
     def close(self) -> None:
         with self._lock:
@@ -229,7 +260,9 @@ class CoordinatorClient:
         retry = 0
         while True:
             try:
-                reply = self._request(request, m.JobSubmitted)
+                # A keyed submit is safe to send again: the coordinator answers a repeat
+                # with the job the key already made.
+                reply = self._request(request, m.JobSubmitted, idempotent=idempotency_key is not None)
                 return reply.job_id
             except SubmitRejected as exc:
                 if not exc.retryable or retry >= submit_retries:
@@ -338,7 +371,8 @@ class CoordinatorClient:
 
     def request(self, request: m.Message, expect: type, idempotent: bool = False) -> Any:
         """Send any client-port request and return its reply of type ``expect`` (errors as
-        for the other methods; ``idempotent`` reads may go again on a fresh connection)."""
+        for the other methods; ``idempotent``: safe to repeat, it may go again on a fresh
+        connection)."""
         return self._request(request, expect, idempotent)
 
     # ---- transport --------------------------------------------------------------------
@@ -351,19 +385,24 @@ class CoordinatorClient:
             if after_refusal and self._sock is not None and self._peer_closed():
                 self._discard()  # closed after the refusal, and nothing sent yet: go on a fresh one
             reused = self._sock is not None
+            # A request safe to repeat goes again once on a fresh connection when a reused
+            # socket had died while idle (e.g. the coordinator restarted), or, given several
+            # addresses, when the connection was lost (the next address may be a standby
+            # that has taken over); a write's outcome is unknown, so it does not.
+            again = idempotent and (reused or len(self.addresses) > 1)
             try:
                 obj = self._exchange(request, reply_timeout)
+            except _NotConnected:
+                raise  # nothing was sent, and every address was tried
             except _ClosedUnanswered:
                 # The coordinator closes a connection right after refusing a malformed
                 # request and reads nothing more on it; a close seen after an ERROR is that
-                # one, so the request was never read and any request goes again. Otherwise
-                # a reused socket may have died while idle (e.g. the coordinator restarted):
-                # a read can safely go again on a fresh one; a write's outcome is unknown.
-                if not (reused and (idempotent or after_refusal)):
+                # one, so the request was never read and any request goes again.
+                if not (again or (reused and after_refusal)):
                     raise
                 obj = self._exchange(request, reply_timeout)
             except CoordinatorUnavailable:
-                if not (reused and idempotent):
+                if not again:
                     raise
                 obj = self._exchange(request, reply_timeout)
             self._refused = obj.get("type") == m.Error.TYPE
@@ -375,7 +414,7 @@ class CoordinatorClient:
             reply = m.decode(obj, m.TO_CLIENT)
         except ProtocolError as exc:
             self.close()
-            raise CoordinatorUnavailable("unintelligible reply from %s:%d: %s" % (self.host, self.port, exc)) from exc
+            raise CoordinatorUnavailable("unintelligible reply from %s: %s" % (self.address, exc)) from exc
         if isinstance(reply, expect):
             return reply
         if isinstance(reply, m.Error):
@@ -388,9 +427,9 @@ class CoordinatorClient:
     def _exchange(self, request: m.Message, reply_timeout: float | None = None) -> dict[str, Any]:
         """Send one frame, read one frame; any transport trouble discards the socket."""
         frame = _encode_request(request)
-        where = "%s:%d" % (self.host, self.port)
         if self._sock is None:
-            self._connect(where)
+            self._connect()
+        where = self.address
         assert self._sock is not None and self._reader is not None
         timeout = self.timeout if reply_timeout is None else reply_timeout
         try:
@@ -401,16 +440,16 @@ class CoordinatorClient:
             if reply_timeout is not None:
                 self._sock.settimeout(self.timeout)
         except socket.timeout as exc:
-            self._discard()
+            self._lost()
             raise CoordinatorUnavailable("no reply from %s within %.3gs" % (where, timeout)) from exc
         except (ConnectionResetError, BrokenPipeError) as exc:  # a closed peer, as EOF is
-            self._discard()
+            self._lost()
             raise _ClosedUnanswered("connection to %s lost: %s" % (where, exc)) from exc
         except (OSError, ProtocolError) as exc:
-            self._discard()
+            self._lost()
             raise CoordinatorUnavailable("connection to %s lost: %s" % (where, exc)) from exc
         if obj is None:
-            self._discard()
+            self._lost()
             raise _ClosedUnanswered("%s closed the connection without replying" % where)
         return obj
 
@@ -440,23 +479,30 @@ class CoordinatorClient:
         finally:
             self._sock.settimeout(self.timeout)
 
-    def _connect(self, where: str) -> None:
+    def _connect(self) -> None:
+        """Connect to the first address that answers, from ``_at`` round the list."""
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
-        except OSError as exc:
-            raise CoordinatorUnavailable("cannot connect to %s: %s" % (where, exc)) from exc
-        if self.tls is not None:
-            try:
-                sock = self.tls.wrap_socket(sock, server_hostname=self.host)
-            except OSError as exc:
-                sock.close()
-                raise CoordinatorUnavailable("TLS handshake with %s failed: %s" % (where, _tls_reason(exc))) from exc
+            self._at, sock = first_reachable(self.addresses, self._at, self._open, (OSError, _TlsFailed))
+        except AllFailed as exc:
+            raise _NotConnected("cannot connect to %s" % exc) from exc.failures[-1][1]
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.timeout)
         self._sock = sock
         self._reader = FrameReader(sock.recv)
         if self._token is not None:
             self._authenticate()
+
+    def _open(self, address: Address) -> socket.socket:
+        """A connection to ``address``, after the TLS handshake when TLS is on."""
+        sock = socket.create_connection((address.host, address.port), timeout=self.connect_timeout)
+        if self.tls is not None:
+            sock.settimeout(HANDSHAKE_SECONDS)  # what the coordinator allows the handshake
+            try:
+                sock = self.tls.wrap_socket(sock, server_hostname=address.host)
+            except OSError as exc:
+                sock.close()
+                raise _TlsFailed("TLS handshake failed: %s" % _tls_reason(exc)) from exc
+        return sock
 
     def _authenticate(self) -> None:
         """AUTH on a fresh connection (``_exchange`` connects, then calls this);
@@ -467,6 +513,11 @@ class CoordinatorClient:
         except RequestFailed:
             self._discard()
             raise
+
+    def _lost(self) -> None:
+        """The connection failed: discard it; the next one starts with the next address."""
+        self._discard()
+        self._at = (self._at + 1) % len(self.addresses)
 
     def _discard(self) -> None:
         if self._sock is not None:
@@ -560,6 +611,10 @@ class Schedules:
                                     m.SchedulePreview, idempotent=True)
         zone = ZoneInfo(timezone)
         return [(EPOCH + timedelta(milliseconds=t)).astimezone(zone) for t in reply.fire_times]
+
+
+class _TlsFailed(Exception):
+    """A TLS handshake with one address failed (the next address is tried)."""
 
 
 def _tls_reason(exc: OSError) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -20,7 +21,7 @@ from typing import Any, Callable, TextIO
 from jobmesh.auth import read_token
 from jobmesh.client import render, top
 from jobmesh.client.api import EPOCH, CoordinatorClient, WaitTimeout
-from jobmesh.config import parse_hostport
+from jobmesh.addresses import parse_addresses
 from jobmesh.errors import ClientError, ConfigError, CoordinatorUnavailable, InvalidRequest, RequestFailed, SubmitRejected
 from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE
 from jobmesh.protocol import messages as m
@@ -28,6 +29,7 @@ from jobmesh.protocol.jobs import JobState, Priority
 from jobmesh.protocol.payloads import TASK_TYPES
 
 MAX_PAGE = 1000
+AUTO_KEY_PREFIX = "cli-"  # the idempotency key submit adds when given none
 AUTH_REFUSALS = ("authentication required", "authentication failed")  # the coordinator's words
 _EPOCH_MILLIS = re.compile(r"[+-]?[0-9]+")
 RUN_AT_FORMS = "epoch milliseconds or an ISO 8601 time such as 2026-12-24T18:00:00Z"
@@ -203,8 +205,13 @@ def submit(client: CoordinatorClient, args: dict[str, Any], console: Console) ->
     as_json = args["--json"]
     key = args["--idempotency-key"]
     # The reply to a repeated keyed submit is the first one's, by design; the text output
-    # tells a repeat apart by the job's age on the coordinator's own clock.
+    # tells a repeat of the user's own key apart by the job's age on the coordinator's clock.
     asked_at = client.stats().at_millis if key is not None and not as_json else None
+    if key is None:
+        # A key of our own makes the submit safe to send again: when the connection is lost
+        # before the reply (a takeover), the client sends it once more round the address
+        # list, and the coordinator that already made the job answers with it.
+        key = AUTO_KEY_PREFIX + secrets.token_hex(16)
     try:
         job_id = client.submit(task_type, payload, max_attempts, priority.value,
                                key, submit_retries=retries, **schedule)
@@ -454,12 +461,14 @@ HANDLERS: dict[str, Callable[[CoordinatorClient, dict[str, Any], Console], int]]
 
 def run_client_command(command: str, args: dict[str, Any], console: Console) -> int:
     """Run one client command; returns its exit code. ConfigError propagates (exit 2)."""
-    host, port = parse_hostport(args["--coordinator"])
+    addresses = parse_addresses(str(args["--coordinator"]))
+    connect_timeout = _int_flag(args, "--connect-timeout-millis", 1) / 1000.0
     handler = HANDLERS[command]
     token = read_token(args.get("--token-file"))
     try:
-        with CoordinatorClient(host, port, tls=bool(args.get("--tls")), tls_ca=args.get("--tls-ca"),
-                               tls_cert=args.get("--tls-cert"), tls_key=args.get("--tls-key"), token=token) as client:
+        with CoordinatorClient(addresses, connect_timeout=connect_timeout, tls=bool(args.get("--tls")),
+                               tls_ca=args.get("--tls-ca"), tls_cert=args.get("--tls-cert"),
+                               tls_key=args.get("--tls-key"), token=token) as client:
             return handler(client, args, console)
     except CoordinatorUnavailable as exc:
         console.error(command, "coordinator unreachable: %s" % exc)

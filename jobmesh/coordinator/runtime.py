@@ -61,6 +61,7 @@ import gevent.pool
 import gevent.server
 import gevent.ssl
 
+from jobmesh.addresses import Address
 from jobmesh.config import CoordinatorConfig, is_database_url, is_loopback, shown_db
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
@@ -335,12 +336,12 @@ class Coordinator:
         for srv in servers:
             srv.start()
             self.servers.append(srv)
-        line = "jobmesh coordinator listening worker=%s:%d client=%s:%d" % (
-            cfg.bind, worker_srv.server_port, cfg.bind, client_srv.server_port)
+        line = "jobmesh coordinator listening worker=%s client=%s" % (
+            Address(cfg.bind, worker_srv.server_port), Address(cfg.bind, client_srv.server_port))
         if cfg.periodic_port is not None:
-            line += " periodic=%s:%d" % (cfg.bind, periodic_srv.server_port)
+            line += " periodic=%s" % Address(cfg.bind, periodic_srv.server_port)
         if self.http is not None:
-            line += " metrics=%s:%d" % (cfg.bind, self.http.port)
+            line += " metrics=%s" % Address(cfg.bind, self.http.port)
         self.ready = True
         log.info("listening worker=%s:%d client=%s:%d fd_limit=%d tls=%s", cfg.bind, worker_srv.server_port,
                  cfg.bind, client_srv.server_port, fd_limit,

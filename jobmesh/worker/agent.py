@@ -13,7 +13,11 @@ task pool:
 
 When the connection ends, for whatever reason, the agent reconnects with capped
 exponential backoff, registering under the same id. A refused registration (typically:
-the coordinator still holds our previous session) is retried the same way.
+the coordinator still holds our previous session) is retried the same way. Given several
+coordinator addresses (a leader and its standbys), each round tries them in turn, from
+the one after the address of the last session: a refused or silent address (a standby
+opens no job ports) moves on to the next at once, or after ``connect_timeout_millis``;
+the backoff comes between whole rounds.
 
 Its running attempts are kept meanwhile, for up to ``keep_running_millis``: they run on,
 and the results of those that finish are held. Registering again, the agent names every
@@ -42,6 +46,7 @@ import gevent.ssl
 from gevent import socket
 from gevent.queue import Queue
 
+from jobmesh.addresses import Address, AllFailed, first_reachable, joined
 from jobmesh.config import WorkerConfig
 from jobmesh.errors import PayloadError, ProtocolError
 from jobmesh.protocol.framing import FrameReader, encode_frame
@@ -71,7 +76,6 @@ from jobmesh.worker.usertasks import load_modules
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 
-CONNECT_TIMEOUT = 5.0
 REGISTER_TIMEOUT = 10.0
 BACKOFF_INITIAL = 0.1
 BACKOFF_CAP = 5.0
@@ -91,6 +95,15 @@ class ConnectionLost(Exception):
     """The connection ended; the message says how."""
 
 
+class WrongPort(Exception):
+    """The address is a client or metrics port, or its coordinator takes no tokens and we
+    hold one: retrying cannot help."""
+
+    def __init__(self, address: Address, message: str):
+        super().__init__(message)
+        self.address = address
+
+
 class WorkerAgent:
     """Run ``run()`` in a greenlet; kill that greenlet, then ``close()``, to stop the worker.
 
@@ -101,7 +114,9 @@ class WorkerAgent:
     def __init__(self, cfg: WorkerConfig, pause: Callable[[], Any] = gevent.idle):
         self.cfg = cfg
         self.worker_id = cfg.worker_id
-        self.address = (cfg.coordinator_host, cfg.coordinator_port)
+        self.addresses = cfg.coordinators
+        self._next = 0  # the index of the address the next connection tries first
+        self.connect_timeout = cfg.connect_timeout_millis / 1000.0
         # gevent's SSLContext: the handshake and every read yield, patched process or not.
         self.tls = client_context(cfg.tls, gevent.ssl.SSLContext) if cfg.tls is not None else None
         self.in_flight = InFlight(cfg.capacity)
@@ -144,28 +159,31 @@ class WorkerAgent:
 
     def _run(self) -> None:
         delay = BACKOFF_INITIAL
-        target = "%s:%d" % self.address
         while True:
             self._give_up_kept()
             try:
-                sock, reader = self._connect_and_register()
-            except RegistrationRefused as exc:
+                index, (sock, reader) = first_reachable(self.addresses, self._next, self._connect_and_register,
+                                                        (OSError, ProtocolError, ConnectionLost, RegistrationRefused))
+            except WrongPort as exc:
                 # Pointed at the wrong port, or holding a token for a coordinator that takes
                 # none: retrying cannot help.
-                if str(exc).startswith(WRONG_PORT_REFUSALS) or str(exc) == NO_AUTH:
-                    log.error("cannot register worker=%s at %s: %s", self.worker_id, target, exc)
-                    self.wrong_port = str(exc)
-                    return
-                log.warning("registration refused worker=%s coordinator=%s reason=%r retry_in=%.1fs",
-                            self.worker_id, target, str(exc), delay)
-            except (OSError, ProtocolError, ConnectionLost) as exc:
-                log.info("cannot register worker=%s coordinator=%s reason=%r retry_in=%.1fs",
-                         self.worker_id, target, str(exc) or type(exc).__name__, delay)
+                log.error("cannot register worker=%s at %s: %s", self.worker_id, exc.address, exc)
+                self.wrong_port = str(exc)
+                return
+            except AllFailed as exc:
+                refused = any(isinstance(e, RegistrationRefused) for _, e in exc.failures)
+                log.log(logging.WARNING if refused else logging.INFO,
+                        "%s worker=%s coordinator=%s reason=%r retry_in=%.1fs",
+                        "registration refused" if refused else "cannot register", self.worker_id,
+                        joined(self.addresses), str(exc), delay)
             else:
+                # A reconnection starts with the next address: when this coordinator goes
+                # away, a standby is the likelier one to take over.
+                self._next = (index + 1) % len(self.addresses)
                 delay = BACKOFF_INITIAL
                 reason = self._serve(sock, reader)
                 log.info("connection lost worker=%s coordinator=%s reason=%r reconnecting_in=%.1fs",
-                         self.worker_id, target, reason, delay)
+                         self.worker_id, self.addresses[index], reason, delay)
                 self._keep_running()
             gevent.sleep(self._retry_delay(delay))
             delay = min(delay * 2, BACKOFF_CAP if self._kept_since is None else KEEPING_BACKOFF_CAP)
@@ -219,12 +237,15 @@ class WorkerAgent:
         if self._outbox is not None:
             self._outbox.put(b"")  # wakes the writer, which takes the results
 
-    def _connect_and_register(self) -> tuple[socket.socket, FrameReader]:
-        sock = secure(socket.create_connection(self.address, timeout=CONNECT_TIMEOUT), self.tls, self.address[0])
+    def _connect_and_register(self, address: Address) -> tuple[socket.socket, FrameReader]:
+        """Connect to ``address`` and register there; ``WrongPort`` if it is no worker port
+        of ours (the others make the caller try the next address)."""
+        sock = socket.create_connection((address.host, address.port), timeout=self.connect_timeout)
         try:
+            sock.settimeout(REGISTER_TIMEOUT)  # the handshake and the registration get longer
+            sock = secure(sock, self.tls, address.host)
             _tune(sock, self.cfg.heartbeat_interval_millis)
-            log.info("connected worker=%s coordinator=%s:%d", self.worker_id, *self.address)
-            sock.settimeout(REGISTER_TIMEOUT)
+            log.info("connected worker=%s coordinator=%s", self.worker_id, address)
             # The same reader serves the session: an assignment may share the reply's packet.
             reader = FrameReader(sock.recv)
             if self.cfg.token is not None:  # a coordinator with --auth-file: AUTH first
@@ -237,6 +258,11 @@ class WorkerAgent:
                 del frame["running"]
             self._ask(sock, reader, frame, WorkerRegistered)
             sock.settimeout(None)
+        except RegistrationRefused as exc:
+            sock.close()
+            if str(exc).startswith(WRONG_PORT_REFUSALS) or str(exc) == NO_AUTH:
+                raise WrongPort(address, str(exc)) from None
+            raise
         except BaseException:
             sock.close()
             raise

@@ -8,8 +8,9 @@ import pytest
 
 from jobmesh.cli import parse
 from jobmesh.config import (
-    CoordinatorConfig, WorkerConfig, coordinator_config, parse_hostport, worker_config,
+    CoordinatorConfig, WorkerConfig, coordinator_config, worker_config,
 )
+from jobmesh.addresses import Address
 from jobmesh.errors import ConfigError, JobmeshError
 
 
@@ -143,7 +144,7 @@ def test_up_uses_the_coordinator_options():
 def test_worker_defaults_are_the_contracts():
     cfg = worker()
     assert isinstance(cfg, WorkerConfig)
-    assert (cfg.coordinator_host, cfg.coordinator_port) == ("127.0.0.1", 7070)
+    assert cfg.coordinators == (Address("127.0.0.1", 7070),)
     assert cfg.capacity == 4
     assert cfg.heartbeat_interval_millis == 2000
     assert cfg.worker_id  # a generated id
@@ -155,8 +156,8 @@ def test_worker_generated_ids_differ():
 
 def test_worker_flags_are_applied():
     cfg = worker("--coordinator=10.0.0.5:9000", "--id=w-7", "--capacity=1024", "--heartbeat-interval-millis=50")
-    assert (cfg.coordinator_host, cfg.coordinator_port, cfg.worker_id, cfg.capacity,
-            cfg.heartbeat_interval_millis) == ("10.0.0.5", 9000, "w-7", 1024, 50)
+    assert (cfg.coordinators, cfg.worker_id, cfg.capacity,
+            cfg.heartbeat_interval_millis) == ((Address("10.0.0.5", 9000),), "w-7", 1024, 50)
 
 
 @pytest.mark.parametrize("argv", [
@@ -174,13 +175,11 @@ def test_worker_capacity_edges():
     assert worker("--capacity=1024").capacity == 1024
 
 
-@pytest.mark.parametrize("value,expected", [
-    ("127.0.0.1:7071", ("127.0.0.1", 7071)),
-    ("localhost:1", ("localhost", 1)),
-    ("[::1]:65535", ("::1", 65535)),
-])
-def test_parse_hostport(value, expected):
-    assert parse_hostport(value) == expected
+def test_a_worker_takes_a_list_of_coordinators_and_a_connect_timeout():
+    cfg = worker("--coordinator=10.0.0.5:9000, [::1]:9001", "--connect-timeout-millis=250")
+    assert cfg.coordinators == (Address("10.0.0.5", 9000), Address("::1", 9001))
+    assert cfg.connect_timeout_millis == 250
+    assert worker().connect_timeout_millis == 1000
 
 
 def test_lease_grace_is_off_by_default_and_validated():

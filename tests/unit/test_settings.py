@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from jobmesh.addresses import Address
 from jobmesh.cli import COORDINATOR_DOC, main, parse, settings
 from jobmesh.config import coordinator_config, env_name, worker_config
 from jobmesh.up import HIDDEN_FROM_CHILDREN, child_environment
@@ -199,11 +200,23 @@ def test_worker_and_up_settings(tmp_path, monkeypatch, capsys):
     argv = ["worker", "--config=%s" % conf]
     args, _ = settings("worker", argv, parse(argv)[1], __import__("os").environ)
     cfg = worker_config(args)
-    assert (cfg.coordinator_host, cfg.coordinator_port, cfg.capacity) == ("10.0.0.5", 7070, 8)
+    assert (cfg.coordinators, cfg.capacity) == ((Address("10.0.0.5", 7070),), 8)
     assert cfg.task_modules == ("mytasks", "more.tasks")
     assert cfg.tls is not None and cfg.tls.ca == "/etc/jobmesh/ca.pem"
     monkeypatch.setenv("JOBMESH_WORKERS", "3")
     assert printed(capsys, "up")["workers"] == ("3", "environment JOBMESH_WORKERS")
+
+
+def test_client_commands_take_the_coordinator_from_the_environment_below_the_flag(monkeypatch):
+    monkeypatch.setenv("JOBMESH_COORDINATOR", "10.0.0.5:7071,10.0.0.6:7071")
+    monkeypatch.setenv("JOBMESH_CONNECT_TIMEOUT_MILLIS", "300")
+    for command in ("list", "top", "submit"):
+        argv = [command] + (["SLEEP"] if command == "submit" else [])
+        args, sources = settings(command, argv, parse(argv)[1], __import__("os").environ)
+        assert args["--coordinator"] == "10.0.0.5:7071,10.0.0.6:7071" and args["--connect-timeout-millis"] == "300"
+        assert str(sources["--coordinator"]) == "environment JOBMESH_COORDINATOR"
+    argv = ["list", "--coordinator=10.0.0.7:7071"]
+    assert settings("list", argv, parse(argv)[1], __import__("os").environ)[0]["--coordinator"] == "10.0.0.7:7071"
 
 
 def test_up_keeps_its_own_settings_from_its_children(monkeypatch):

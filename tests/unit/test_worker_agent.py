@@ -15,6 +15,7 @@ import pytest
 from gevent.queue import Empty, Queue
 from gevent.server import StreamServer
 
+from jobmesh.addresses import Address
 from jobmesh.config import WorkerConfig
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.worker.agent import WorkerAgent
@@ -102,8 +103,8 @@ def start_agent(coordinator):
     running = []
 
     def start(capacity=1, heartbeat_millis=50, keep_running_millis=30_000):
-        cfg = WorkerConfig("127.0.0.1", coordinator.server.server_port, "w-t", capacity, heartbeat_millis,
-                           keep_running_millis=keep_running_millis)
+        cfg = WorkerConfig((Address("127.0.0.1", coordinator.server.server_port),), "w-t", capacity,
+                           heartbeat_millis, keep_running_millis=keep_running_millis)
         agent = WorkerAgent(cfg)
         running.append(gevent.spawn(agent.run))
         return agent
