@@ -55,6 +55,9 @@ Options:
                               --coordinator-arg=--max-active-jobs=1000000
   --worker-arg=ARG            extra flag for each worker process (repeatable)
   --db-synchronous=MODE       FULL or NORMAL, for the coordinator we start [default: FULL]
+  --postgres                  run the coordinator we start on a fresh database of a throwaway
+                              PostgreSQL server (bench/pgserver.py: Debian's postgresql, fsync
+                              on), stopped at the end, instead of an SQLite file
   --tls-ca=PEM                connect the clients with TLS, trusting this file; give the
                               coordinator its certificate and the workers this file with
                               the --coordinator-arg and --worker-arg flags of the same
@@ -90,6 +93,7 @@ from bench import procs
 from bench.builtin_worker import BuiltinWorkers
 from bench.conns import Conn, ConnError, classify, open_many, raise_fd_limit, use_tls
 from bench.histogram import Histogram
+from bench.pgserver import PostgresServer, ServerFailed
 from bench.drive import (TERMINAL, CompletionTracker, Phase, run_clients, status_frame, submit_client,
                          submit_once, wait_frame, wait_phase)
 from bench.workload import SpecError, Workload, worker_types
@@ -181,6 +185,9 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
     o["coordinator_args"] = list(a["--coordinator-arg"])
     o["worker_args"] = list(a["--worker-arg"])
     o["db_synchronous"] = a["--db-synchronous"].upper()
+    o["postgres"] = bool(a["--postgres"])
+    if o["postgres"] and o["coordinator"]:
+        raise UsageError("--postgres starts the coordinator's database: it does not go with --coordinator")
     if o["db_synchronous"] not in ("FULL", "NORMAL"):
         raise UsageError("--db-synchronous must be FULL or NORMAL")
     if o["types"]:
@@ -253,6 +260,7 @@ class LoadGen:
         self.children: list[procs.Child] = []
         self.builtin: BuiltinWorkers | None = None
         self.coordinator: procs.Child | None = None
+        self.postgres: PostgresServer | None = None  # with --postgres: the coordinator's server
         self.client_addr: tuple[str, int] | None = None
         self.worker_addr: tuple[str, int] | None = None
         self.rss: procs.RssSampler | None = None
@@ -286,11 +294,17 @@ class LoadGen:
             pid = o["coordinator_pid"]
             Conn.open(self.client_addr).close()  # fail fast if nothing listens there
         else:
-            db = self.run_dir / "bench.db"
+            db: Path | str = self.run_dir / "bench.db"
             for suffix in ("", "-wal", "-shm"):
                 p = Path(str(db) + suffix)
                 if p.exists():
                     p.unlink()
+            if o["postgres"]:
+                try:
+                    self.postgres = PostgresServer(durable=True).start()
+                except ServerFailed as exc:
+                    raise procs.ChildFailed("PostgreSQL: %s" % exc) from None
+                db = self.postgres.database("bench")
             self.coordinator, self.worker_addr, self.client_addr = procs.start_coordinator(
                 self.run_dir, db, o["db_synchronous"], o["coordinator_args"])
             self.children.append(self.coordinator)
@@ -344,6 +358,8 @@ class LoadGen:
         if self.rss is not None:
             self.rss.stop()
         codes = procs.stop_all(self.children)
+        if self.postgres is not None:
+            self.postgres.stop()
         if self.own_run_dir and self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         return codes
@@ -796,6 +812,7 @@ class LoadGen:
             "idempotency_keys": o["keys"],
             "seed": o["seed"],
             "db_synchronous": None if o["coordinator"] else o["db_synchronous"],
+            "store": None if o["coordinator"] else "postgres" if o["postgres"] else "sqlite",
             "coordinator_args": o["coordinator_args"],
             "submits_per_s": round(p.submit_rate(), 1),
             "jobs_per_s": round(jobs_per_s, 1),

@@ -111,7 +111,7 @@ def stop_all(children: list[Child], timeout: float = 10.0) -> dict[str, int | No
     return codes
 
 
-def start_coordinator(run_dir: Path, db: Path, synchronous: str, extra: list[str], timeout: float = 30.0,
+def start_coordinator(run_dir: Path, db: Path | str, synchronous: str, extra: list[str], timeout: float = 30.0,
                       poll: float = 0.05) -> tuple[Child, tuple[str, int], tuple[str, int]]:
     args = [sys.executable, "-m", "jobmesh", "coordinator", "--bind=127.0.0.1", "--worker-port=0",
             "--client-port=0", "--db=%s" % db, "--db-synchronous=%s" % synchronous] + list(extra)

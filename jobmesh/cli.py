@@ -67,7 +67,10 @@ Coordinator options:
                                  workers, off unless given (0 = pick a free one)
   --metrics-port=PORT            HTTP port for /metrics, /healthz, /readyz and the
                                  dashboard at /, off unless given (0 = pick a free one)
-  --db=PATH                      SQLite database file [default: jobmesh.db]
+  --db=PATH                      SQLite database file, or a PostgreSQL URL
+                                 (postgresql://USER@HOST:PORT/DBNAME, needs the postgres
+                                 extra) that several coordinators may share: one leads,
+                                 the others stand by [default: jobmesh.db]
   --heartbeat-timeout-millis=N   worker presumed dead after this [default: 6000]
   --task-timeout-millis=N        per-attempt execution deadline [default: 600000]
   --max-active-jobs=N            admission limit on non-terminal jobs [default: 100000]

@@ -165,7 +165,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
     metrics = args.get("--metrics-port")
     db = str(args["--db"])
     if not db.strip():
-        raise ConfigError("--db must name a file")
+        raise ConfigError("--db must name a file or a PostgreSQL URL")
     bind = str(args["--bind"]).strip()
     if not bind:
         raise ConfigError("--bind must name an address")
@@ -214,14 +214,9 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
 
 
 def is_database_url(db: str) -> bool:
-    """Whether ``--db`` names a database server by URL (PostgreSQL, a store several
-    coordinators share) rather than a SQLite file."""
-    return db.startswith(("postgresql://", "postgres://"))
-
-
-def shown_db(db: str) -> str:
-    """``--db`` as logs and errors may show it: a URL's password replaced by ``***``."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", db) if is_database_url(db) else db
+    """Whether ``--db`` names a PostgreSQL database by URL (a store several coordinators
+    share) rather than a SQLite file (as ``store/opening.py`` decides)."""
+    return db.lower().startswith(("postgresql://", "postgres://"))
 
 
 def lease_grace(args: dict[str, Any], db: str) -> int:

@@ -30,11 +30,21 @@ def module_coordinator(tmp_path_factory):
 
 
 @pytest.fixture
-def coordinator_factory(tmp_path):
-    """Start coordinators with ``coordinator_factory(**flags)``; all are stopped at teardown."""
+def db_kind(request):
+    """The store the test's coordinators use: "sqlite" unless the test is parametrized
+    with ``pg_support.on_both_stores``."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture
+def coordinator_factory(tmp_path, db_kind):
+    """Start coordinators with ``coordinator_factory(**flags)``; all are stopped at teardown.
+    Each gets its own database: a file, or a fresh PostgreSQL schema (``db_kind``)."""
     started = []
 
     def make(**flags):
+        if db_kind == "postgres" and "db" not in flags:
+            flags["db"] = pg_support.server().schema()
         proc = CoordinatorProc(tmp_path, name="coord%d" % len(started), **flags)
         started.append(proc)
         return proc.start()

@@ -101,9 +101,11 @@ def child_env():
 class CoordinatorProc:
     """A real ``jobmesh coordinator`` subprocess on port 0 with a temp database."""
 
-    def __init__(self, tmp_path: Path, db: Path | None = None, name: str = "coord", **flags):
+    def __init__(self, tmp_path: Path, db: Path | str | None = None, name: str = "coord", **flags):
         self.tmp_path = Path(tmp_path)
-        self.db = Path(db) if db else self.tmp_path / "jobmesh.db"
+        # An SQLite file, or a PostgreSQL URL (kept as given).
+        self.db: Path | str = (db if isinstance(db, str) and "://" in db else Path(db) if db
+                               else self.tmp_path / "jobmesh.db")
         self.name = name
         self.flags = dict(FAST_FLAGS)
         self.flags.update({k.replace("_", "-"): v for k, v in flags.items()})

@@ -8,11 +8,18 @@ pytest's summary of skips.
 
 from __future__ import annotations
 
+import atexit
+import importlib.util
 import sys
 
 import pytest
 
 from bench.pgserver import PostgresServer, ServerFailed, missing_reason
+
+# A test, or a module's ``pytestmark``, decorated with it runs once per store: its
+# coordinators (tests/conftest.py ``coordinator_factory``) on an SQLite file, then on a
+# fresh schema of the session's PostgreSQL server.
+on_both_stores = pytest.mark.parametrize("db_kind", ["sqlite", "postgres"], indirect=True)
 
 _server: PostgresServer | None = None
 _failure: str | None = None
@@ -20,9 +27,7 @@ _failure: str | None = None
 
 def unavailable() -> str | None:
     """Why the PostgreSQL tests cannot run here (None: they can)."""
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("psycopg") is None:
         return "psycopg is not installed (pip install -e '.[postgres]')"
     return missing_reason()
 
@@ -35,6 +40,7 @@ def server() -> PostgresServer:
         if reason is None:
             try:
                 _server = PostgresServer(durable=False).start()
+                atexit.register(stop)  # however the session ends, even if no test used the fixture
             except ServerFailed as exc:
                 reason = "the PostgreSQL server did not start: %s" % exc
         if reason is not None:
@@ -46,7 +52,7 @@ def server() -> PostgresServer:
 
 
 def stop() -> None:
-    """Stop the session's server (the session fixture's teardown)."""
+    """Stop the session's server (at exit, and at the session fixture's teardown)."""
     global _server
     if _server is not None:
         _server.stop()

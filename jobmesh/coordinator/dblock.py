@@ -8,7 +8,9 @@ free: nothing here ever decides anything from the file's content. The file holds
 holder's pid as text, only so that the refusal can name it. The file is left in place
 when the lock is released: deleting it could let two processes lock two different files.
 
-An in-memory database (``:memory:``) belongs to one process anyway and takes no lock.
+An in-memory database (``:memory:``) belongs to one process anyway and takes no lock, and
+a PostgreSQL store (``--db=postgresql://...``) is shared on purpose: its leadership lock
+is the store's own (``Store.lead``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+
+from jobmesh.store.opening import is_postgres_url
 
 LOCK_SUFFIX = ".lock"
 
@@ -33,8 +37,8 @@ class DatabaseInUse(Exception):
 def lock_path(db_path: str) -> str | None:
     """The lock file beside the database file ``db_path`` names, with symlinks and relative
     parts resolved (two names of one file must take one lock); None for an in-memory
-    database."""
-    if db_path == ":memory:" or db_path.startswith("file::memory:"):
+    database or a PostgreSQL URL."""
+    if db_path == ":memory:" or db_path.startswith("file::memory:") or is_postgres_url(db_path):
         return None
     if not db_path.startswith("file:"):
         db_path = os.path.realpath(db_path)

@@ -50,7 +50,6 @@ import gc
 import logging
 import os
 import signal
-import sqlite3
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
@@ -62,7 +61,7 @@ import gevent.server
 import gevent.ssl
 
 from jobmesh.addresses import Address
-from jobmesh.config import CoordinatorConfig, is_database_url, is_loopback, shown_db
+from jobmesh.config import CoordinatorConfig, is_loopback
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
 from jobmesh.coordinator.connection import ReplyConnection
@@ -85,7 +84,8 @@ from jobmesh.exitcodes import EXIT_COMMIT_FAILED, EXIT_CORE_DIED, EXIT_LEADERSHI
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
 from jobmesh.store.base import Store
-from jobmesh.store.sqlite import FAULT_FILE_ENV, SQLiteStore
+from jobmesh.store.opening import CannotOpen, open_store, shown
+from jobmesh.store.sqlite import FAULT_FILE_ENV
 from jobmesh.tls import server_context
 
 if TYPE_CHECKING:
@@ -253,31 +253,22 @@ class Coordinator:
         (the CLI prints ``STANDING_BY``) and this waits, serving only the metrics port,
         until the store makes this process the leader.
 
-        Raises ``DatabaseInUse`` or ``CannotStart`` (the message says it all),
-        ``sqlite3.Error`` if the database cannot be opened, ``OSError`` if a port cannot,
+        Raises ``DatabaseInUse``, ``CannotStart`` or ``CannotOpen`` (the message says it
+        all), the store's error if recovery cannot read it, ``OSError`` if a port cannot,
         ``LeadershipLost`` if the leadership was lost before recovery was written.
         A database that opens but cannot be written (full, read-only, locked) starts
         degraded: reads are served, writes answer the storage ERROR until it works.
         """
         cfg = self.config
         fd_limit = raise_fd_limit()
-        if not is_database_url(cfg.db):
-            try:
-                self.lock.acquire()  # before anything touches the database (recovery rewrites it)
-            except DatabaseInUse:
-                raise
-            except OSError as exc:
-                raise CannotStart("cannot open the database %s: cannot create its lock file %s: %s"
-                                  % (cfg.db, self.lock.path, exc.strerror or exc)) from None
         try:
-            self.store = self._open_store()
-        except ImportError as exc:  # the postgres extra is not installed
-            raise CannotStart("--db=%s needs the psycopg package (pip install 'jobmesh[postgres]'): %s"
-                              % (shown_db(cfg.db), exc)) from None
-        except Exception as exc:  # the SQLite file's errors are reported by run_coordinator, as before
-            if not is_database_url(cfg.db):
-                raise
-            raise CannotStart("cannot open the database %s: %s" % (shown_db(cfg.db), " ".join(str(exc).split())))
+            self.lock.acquire()  # before anything touches the database (recovery rewrites it); none on a URL
+        except DatabaseInUse:
+            raise
+        except OSError as exc:
+            raise CannotStart("cannot open the database %s: cannot create its lock file %s: %s"
+                              % (cfg.db, self.lock.path, exc.strerror or exc)) from None
+        self.store = self._open_store()
         if cfg.metrics_port is not None:  # /healthz and /readyz answer while standing by and recovering
             from jobmesh.coordinator.http import HttpPort  # imports prometheus_client: only when asked
 
@@ -287,7 +278,7 @@ class Coordinator:
             self._stop_standing_by()
             return None
         if self.store.migrated:
-            log.info("migrated database %s: added columns %s", shown_db(cfg.db), ", ".join(self.store.migrated))
+            log.info("migrated database %s: added columns %s", shown(cfg.db), ", ".join(self.store.migrated))
         try:
             self.core = self._recovered_core()
         except Exception as exc:
@@ -433,10 +424,8 @@ class Coordinator:
             try:
                 self.store = self._open_store()
                 return self.store
-            except Exception as exc:  # judged below: a lost session or a storage fault waits and tries again
-                if self.store is None or not (self.store.leadership_lost(exc) or self.store.is_storage_fault(exc)):
-                    raise
-                log.warning("cannot connect to the database yet (%s); trying again", self.store.fault_reason(exc))
+            except CannotOpen as exc:
+                log.warning("%s; trying again", exc)
             delay = min(RECONNECT_CAP, delay * 2)
         return None
 
@@ -454,14 +443,11 @@ class Coordinator:
         self.stopped.set()
 
     def _open_store(self) -> Store:
+        """The store --db names; raises ``CannotOpen``."""
         # The fault file is a testing aid only (docs/FAILURE_MODEL.md, "Testing storage faults").
         cfg = self.config
-        fault_file = os.environ.get(FAULT_FILE_ENV) or None
-        if is_database_url(cfg.db):
-            from jobmesh.store.postgres import PostgresStore  # imports psycopg: only when asked
-
-            return PostgresStore(cfg.db, fault_file, cfg.db_session_timeout_millis)
-        return SQLiteStore(cfg.db, cfg.db_synchronous, fault_file)
+        return open_store(cfg.db, cfg.db_synchronous, os.environ.get(FAULT_FILE_ENV) or None,
+                          cfg.db_session_timeout_millis)
 
     def _recovered_core(self) -> CoordinatorCore:
         """A fresh core with the database's state, after recovery (its rows not yet written)."""
@@ -475,7 +461,7 @@ class Coordinator:
         log.info(
             "recovered db=%s active=%d queued=%d scheduled=%d retry_wait=%d requeued=%d due_while_down=%d"
             " failed_on_restart=%d damaged=%d task_types=%d next_seq=%d schedules=%d",
-            shown_db(cfg.db), core.active_count, stats["queued"], stats["scheduled"], stats["retry_wait"],
+            shown(cfg.db), core.active_count, stats["queued"], stats["scheduled"], stats["retry_wait"],
             stats["requeued"], stats["due"], stats["failed"], stats["damaged"], len(core.table.known_types),
             core.table.next_seq, len(core.schedules.by_name),
         )
@@ -769,15 +755,11 @@ class Coordinator:
             pconn.abort()
         old = self.core
         assert old is not None and self.store is not None
-        if self.store.shared:
-            pass  # its writer session holds the leadership: reload through it (a new one would stand by)
-        else:
+        if not self.store.shared:  # a shared store's writer holds leadership: reload through it
             try:
                 # Reopened: a connection opened on a read-only file stays read-only.
                 store = self._open_store()
-            except Exception as exc:
-                if not self.store.is_storage_fault(exc):
-                    raise
+            except CannotOpen as exc:
                 log.warning("could not reopen the database, reloading through the open connections: %s", exc)
             else:
                 self.store.close()
@@ -975,18 +957,21 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
     except LeadershipLost as exc:
         log.error("leadership lost while recovering: exiting %d (%s)", EXIT_LEADERSHIP_LOST, exc)
         return EXIT_LEADERSHIP_LOST
-    except (DatabaseInUse, CannotStart) as exc:
+    except (DatabaseInUse, CannotStart, CannotOpen) as exc:
         log.error("%s", exc)
         return 1
     except ConfigError as exc:  # the --schedules file: a usage error, as a bad flag is
         log.error("%s", exc)
         coordinator.lock.release()
         return EXIT_USAGE
-    except sqlite3.Error as exc:
-        log.error("cannot open the database %s: %s", config.db, exc)
-        return 1
     except OSError as exc:
         log.error("cannot start: %s", exc)
+        return 1
+    except Exception as exc:  # recovery's reads failed: the database's fault, or a bug
+        store = coordinator.store
+        if store is None or not (store.is_storage_fault(exc) or store.leadership_lost(exc)):
+            raise
+        log.error("cannot open the database %s: %s", shown(config.db), str(exc).strip().split("\n")[0])
         return 1
     if line is None:  # stopped while standing by
         return 0

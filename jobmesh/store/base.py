@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
+from jobmesh.store.columns import COLUMN_NAMES, TERMINAL_STATES
 from jobmesh.store.job import Job
 
 
@@ -73,6 +74,35 @@ def outcome_of(call: Callable[..., None], *args: Any) -> Exception | None:
     except Exception as exc:  # judged by the caller: storage fault or bug
         return exc
     return None
+
+
+def page_query(table: str, mark: str, limit: int, state: str | None, before: int | None,
+               task_type: str | None) -> tuple[str, list[Any]]:
+    """The SELECT behind ``Store.list_page`` on ``table`` and its parameters, ``mark``
+    being the driver's parameter placeholder."""
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in (("state =", state), ("task_type =", task_type), ("seq <", before)):
+        if value is not None:
+            where.append(column + " " + mark)
+            params.append(value)
+    params.append(limit)
+    return "SELECT %s FROM %s %sORDER BY seq DESC LIMIT %s" % (
+        ", ".join(COLUMN_NAMES), table, ("WHERE " + " AND ".join(where) + " ") if where else "", mark), params
+
+
+def purge_walk(rows: Sequence[tuple], after: int, cutoff_millis: int,
+               limit: int) -> tuple[list[tuple[str, str | None]], int]:
+    """``Store.purgeable``'s answer from the rows its walk read: (seq, job id, key, state,
+    updated at), in sequence order from just past ``after``, at most ``limit`` of them."""
+    found: list[tuple[str, str | None]] = []
+    seq = after
+    for seq, job_id, key, state, updated_at in rows:
+        if state in TERMINAL_STATES:
+            if updated_at >= cutoff_millis:
+                return found, 0
+            found.append((job_id, key))
+    return found, (seq if len(rows) == limit else 0)
 
 
 class Outcome(Protocol):

@@ -122,6 +122,20 @@ ACTIVE_STATES = tuple(sorted(s.value for s in ACTIVE))
 TERMINAL_STATES = tuple(sorted(s.value for s in JobState if s.value not in ACTIVE_STATES))
 
 
+def column_definition(column: Column, types: dict[Kind, str]) -> str:
+    """The column's type in a backend's dialect (``types``: its name for each kind) and
+    its constraints, which SQLite and PostgreSQL spell alike."""
+    sql = types[column.kind]
+    if column.primary_key:
+        sql += " PRIMARY KEY"
+    elif not column.nullable:
+        sql += " NOT NULL"
+    default = column.default
+    if default is not None:
+        sql += " DEFAULT " + ("'%s'" % default.replace("'", "''") if isinstance(default, str) else "%d" % default)
+    return sql
+
+
 def _compile(name: str, source: str) -> Callable[..., Any]:
     namespace: dict[str, Any] = {"_dumps": _dumps, "_loads": _loads, "JobState": JobState,
                                  "Priority": Priority, "Job": Job}

@@ -54,9 +54,9 @@ import psycopg
 from psycopg import pq
 from psycopg.types.numeric import Int8Dumper
 
-from jobmesh.store.base import Batch, Done, Outcome, Read, outcome_of
-from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, TERMINAL_STATES, Column,
-                                   Kind, read_row)
+from jobmesh.store.base import Batch, Done, Outcome, Read, outcome_of, page_query, purge_walk
+from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, Column, Kind,
+                                   column_definition, read_row)
 from jobmesh.store.job import Job
 
 log = logging.getLogger(__name__)
@@ -77,15 +77,7 @@ KEEPALIVE_FRACTION = 4  # an idle writer runs a statement every timeout / KEEPAL
 
 def column_sql(column: Column) -> str:
     """The column's type and constraints in PostgreSQL's dialect."""
-    sql = _SQL_TYPES[column.kind]
-    if column.primary_key:
-        sql += " PRIMARY KEY"
-    elif not column.nullable:
-        sql += " NOT NULL"
-    default = column.default
-    if default is not None:
-        sql += " DEFAULT " + ("'%s'" % default.replace("'", "''") if isinstance(default, str) else "%d" % default)
-    return sql
+    return column_definition(column, _SQL_TYPES)
 
 
 def _unnest(columns: Iterable[Column]) -> str:
@@ -133,6 +125,12 @@ SCHEMA: dict[str, str] = {
                       " epoch bigint NOT NULL)",
     "jobmesh_fence(bigint)": FENCE_FUNCTION,
 }
+# The session holding the leadership lock, ended if it has been idle (not running a
+# statement) for longer than the given milliseconds.
+STALE_HOLDER_SQL = ("SELECT pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                    " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
+                    " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                    " AND a.state LIKE 'idle%%' AND a.state_change < now() - make_interval(secs => %s / 1000.0)")
 BUMP_SQL = ("INSERT INTO jobmesh_leader (id, epoch) VALUES (1, nextval('jobmesh_epoch'))"
             " ON CONFLICT (id) DO UPDATE SET epoch = EXCLUDED.epoch RETURNING epoch")
 
@@ -141,8 +139,6 @@ BUMP_SQL = ("INSERT INTO jobmesh_leader (id, epoch) VALUES (1, nextval('jobmesh_
 _SESSION_GONE = {"57P01", "57P02", "57P03", "57P05", "25P03"}
 _REASONS = {"53100": "disk full", "25006": "database is read-only", "53200": "out of memory",
             "53300": "too many connections", "53400": "configuration limit exceeded"}
-# The test-only fault switch (docs/FAILURE_MODEL.md, "Testing storage faults"), as for SQLite.
-FAULT_FILE_ENV = "JOBMESH_TEST_STORAGE_FAULT_FILE"
 
 
 class LeadershipLost(Exception):
@@ -262,6 +258,7 @@ class _DeferredReader:
             return
         if self.watcher is None:
             self.watcher = gevent.get_hub().loop.io(self.pg.socket, 1)
+        if not self.watcher.active:
             self.watcher.start(self.pump)
 
     def _flush(self) -> None:
@@ -420,7 +417,7 @@ class PostgresStore:
         key = (LEAD_LOCK, _int32(self._schema_oid))
         if c.execute("SELECT pg_try_advisory_lock(%s::int, %s::int)", key).fetchone() != (True,):
             standing_by()
-            c.execute("SELECT pg_advisory_lock(%s::int, %s::int)", key)
+            self._wait_for_lock(key)
         row = c.execute(BUMP_SQL).fetchone()
         assert row is not None
         self._epoch = int(row[0])
@@ -432,6 +429,29 @@ class PostgresStore:
                   " set_config('tcp_keepalives_count', '3', false)",
                   (str(ms), str(ms), str(ms), str(seconds), str(seconds)))
         self._writer = gevent.spawn(self._write_loop)
+
+    def _wait_for_lock(self, key: tuple[int, int]) -> None:
+        """Wait for the lock in slices of ``lock_timeout``; after each, end the holder's
+        session if it has been idle longer than the session timeout.
+
+        The holder's own idle timeout does not always cover a frozen leader: the server
+        arms it only after a Sync or a simple query, and psycopg ends a pipeline with a
+        Flush after its Sync. A healthy leader runs a statement at least every quarter of
+        the timeout, so only a leader that stopped answering is ended. Where this role
+        may not see or end the holder's session, its own timeouts are what remains."""
+        c = self.conn
+        c.execute("SELECT set_config('lock_timeout', %s, false)", (str(max(100, self.timeout_millis // 4)),))
+        while True:
+            try:
+                c.execute("SELECT pg_advisory_lock(%s::int, %s::int)", key)
+                break
+            except psycopg.errors.LockNotAvailable:
+                pass
+            try:
+                c.execute(STALE_HOLDER_SQL, (LEAD_LOCK, self._schema_oid, self.timeout_millis))
+            except psycopg.errors.InsufficientPrivilege:
+                pass
+        c.execute("RESET lock_timeout")
 
     @property
     def epoch(self) -> int | None:
@@ -497,10 +517,6 @@ class PostgresStore:
                 for sql, params in statements:
                     cur.execute(sql, params)
                 cur.execute(b"COMMIT")
-            # psycopg leaves a pipeline with a Flush after its Sync, and a Flush disarms the
-            # server's idle_session_timeout until the next plain statement: without this a
-            # leader frozen after a batch would keep its session, and the lock, for ever.
-            c.execute(b"SELECT 1")
         except BaseException as exc:
             if self.leadership_lost(exc):
                 self._lost = exc
@@ -660,15 +676,7 @@ class PostgresStore:
 
     def list_page(self, limit: int, state: str | None, before: int | None,
                   task_type: str | None = None) -> list[tuple[int, Job]]:
-        where: list[str] = []
-        params: list[Any] = []
-        for condition, value in (("state = %s", state), ("task_type = %s", task_type), ("seq < %s", before)):
-            if value is not None:
-                where.append(condition)
-                params.append(value)
-        params.append(limit)
-        sql = "SELECT %s FROM %s %sORDER BY seq DESC LIMIT %%s" % (
-            SELECT_COLUMNS, JOBS, ("WHERE " + " AND ".join(where) + " ") if where else "")
+        sql, params = page_query(JOBS, "%s", limit, state, before, task_type)
         return [(job.seq, job) for job in map(read_row, self.reader.execute(sql.encode(), params))]
 
     PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at FROM %s WHERE seq > %%s"
@@ -676,15 +684,8 @@ class PostgresStore:
 
     def purgeable(self, after: int, cutoff_millis: int, limit: int) -> tuple[list[tuple[str, str | None]], int]:
         """As SQLite's: the walk in sequence order (see ``Store.purgeable``)."""
-        found: list[tuple[str, str | None]] = []
-        seq = after
-        rows = self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall()
-        for seq, job_id, key, state, updated_at in rows:
-            if state in TERMINAL_STATES:
-                if updated_at >= cutoff_millis:
-                    return found, 0
-                found.append((job_id, key))
-        return found, (seq if len(rows) == limit else 0)
+        return purge_walk(self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall(), after, cutoff_millis,
+                          limit)
 
     def close(self) -> None:
         """Stop the commit greenlet (after the writes queued) and close the connections;

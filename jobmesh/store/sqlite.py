@@ -44,9 +44,9 @@ from typing import Any, Callable, Iterator
 
 from gevent.threadpool import ThreadPool
 
-from jobmesh.store.base import Batch, Done, Outcome, Read, outcome_of
-from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, TERMINAL_STATES, Column,
-                                   Kind, read_row)
+from jobmesh.store.base import Batch, Done, Outcome, Read, outcome_of, page_query, purge_walk
+from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, Column, Kind,
+                                   column_definition, read_row)
 from jobmesh.store.job import Job
 
 log = logging.getLogger(__name__)
@@ -56,15 +56,7 @@ _SQL_TYPES = {Kind.TEXT: "TEXT", Kind.INT64: "INTEGER", Kind.JSON: "TEXT"}
 
 def column_sql(column: Column) -> str:
     """The column's type and constraints in SQLite's dialect."""
-    sql = _SQL_TYPES[column.kind]
-    if column.primary_key:
-        sql += " PRIMARY KEY"
-    elif not column.nullable:
-        sql += " NOT NULL"
-    default = column.default
-    if default is not None:
-        sql += " DEFAULT " + ("'%s'" % default.replace("'", "''") if isinstance(default, str) else "%d" % default)
-    return sql
+    return column_definition(column, _SQL_TYPES)
 
 
 SELECT_COLUMNS = ", ".join(COLUMN_NAMES)
@@ -397,15 +389,7 @@ class SQLiteStore:
     def page_query(limit: int, state: str | None, before: int | None,
                    task_type: str | None = None) -> tuple[str, list[Any]]:
         """The SELECT behind ``list_page`` and its parameters."""
-        where: list[str] = []
-        params: list[Any] = []
-        for condition, value in (("state=?", state), ("task_type=?", task_type), ("seq<?", before)):
-            if value is not None:
-                where.append(condition)
-                params.append(value)
-        params.append(limit)
-        return "SELECT %s FROM jobs %sORDER BY seq DESC LIMIT ?" % (
-            SELECT_COLUMNS, ("WHERE " + " AND ".join(where) + " ") if where else ""), params
+        return page_query("jobs", "?", limit, state, before, task_type)
 
     # The walk's SELECT: the seq index gives the rows in order, O(rows examined).
     PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at FROM jobs WHERE seq > ?"
@@ -421,15 +405,8 @@ class SQLiteStore:
         index cost every finished job one more B-tree update at commit, measured as a loss
         of throughput). Active jobs are stepped over, so a long queue of old jobs cannot
         stall it."""
-        found: list[tuple[str, str | None]] = []
-        seq = after
-        rows = self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall()
-        for seq, job_id, key, state, updated_at in rows:
-            if state in TERMINAL_STATES:
-                if updated_at >= cutoff_millis:
-                    return found, 0
-                found.append((job_id, key))
-        return found, (seq if len(rows) == limit else 0)
+        return purge_walk(self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall(), after, cutoff_millis,
+                          limit)
 
     def close(self) -> None:
         """Stop the write thread and close the connections; call with no write in flight."""

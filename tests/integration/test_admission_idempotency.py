@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.pg_support import on_both_stores
 from tests.helpers import wait_until
 
 
@@ -27,6 +28,7 @@ def assert_rejected(reply: dict, active: int, limit: int) -> None:
     assert reply["retryable"] is True
 
 
+@on_both_stores
 def test_submit_beyond_the_limit_is_rejected_until_a_job_ends(coordinator_factory, peers):
     # Given --max-active-jobs=3 and three active jobs (no worker, so they stay QUEUED)
     coord = coordinator_factory(max_active_jobs=3)
@@ -95,6 +97,7 @@ def test_retries_never_pass_admission(coordinator_factory, peers):
     client.submit_ok("SLEEP", {"durationMillis": 1})
 
 
+@on_both_stores
 def test_same_key_same_request_returns_the_same_job(coordinator, peers):
     # Given a job submitted with an idempotency key
     client = peers.client(coordinator)
@@ -123,6 +126,7 @@ def test_same_key_same_request_returns_the_same_job(coordinator, peers):
     assert job_ids(client) == [job_id]
 
 
+@on_both_stores
 @pytest.mark.parametrize("ending", ["fail", "cancel"])
 def test_key_stays_bound_after_failure_or_cancel(coordinator, peers, ending):
     client = peers.client(coordinator)
@@ -141,6 +145,7 @@ def test_key_stays_bound_after_failure_or_cancel(coordinator, peers, ending):
     assert job_ids(client) == [job_id]
 
 
+@on_both_stores
 def test_known_key_is_resolved_before_admission(coordinator_factory, peers):
     # Given --max-active-jobs=1, a completed keyed job and an active job filling the limit
     coord = coordinator_factory(max_active_jobs=1)
@@ -260,6 +265,7 @@ def test_different_keys_are_different_jobs(coordinator, peers):
     assert sorted(job_ids(client)) == sorted([a, b])
 
 
+@on_both_stores
 def test_concurrent_duplicates_create_one_job(coordinator, peers):
     # Given 8 connections racing the same keyed request
     import threading
@@ -283,6 +289,7 @@ def test_concurrent_duplicates_create_one_job(coordinator, peers):
     wait_until(lambda: len(job_ids(clients[0])) == 1, timeout=2, message="exactly one job")
 
 
+@on_both_stores
 def test_key_and_status_survive_many_later_jobs(coordinator, peers):
     # Given a keyed job that ended long ago, followed by more than 20 000 other finished jobs
     # (enough to push old finished jobs out of any in-memory cache)

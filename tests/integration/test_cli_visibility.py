@@ -9,6 +9,7 @@ import signal
 import time
 
 from jobmesh.client import CoordinatorClient
+from tests.pg_support import on_both_stores
 from tests.helpers import run_cli, wait_registered, wait_until
 from tests.integration.test_cli import jm
 
@@ -66,6 +67,7 @@ def test_events_of_an_unknown_job_exits_1(live):
     assert r.stderr.startswith("jobmesh events: the coordinator refused: ")
 
 
+@on_both_stores
 def test_retry_a_finished_job(live):
     old = finished_job(live, "SHA256", '{"text": "again"}', "--priority=HIGH", "--max-attempts=2")
     r = jm(live, "retry", old, "--json")
@@ -89,6 +91,7 @@ def test_retry_of_an_unfinished_or_unknown_job_exits_1(coordinator):
         assert r.returncode == 1 and r.stdout == "" and "refused" in r.stderr
 
 
+@on_both_stores
 def test_purge_deletes_finished_jobs_only(live):
     done = [finished_job(live, "WORD_COUNT", '{"text": "a b"}') for _ in range(3)]
     r = jm(live, "purge", "--older-than=7d", "--json")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.pg_support import on_both_stores
+
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
                    "retryAtMillis", "retryOf", "waitingReason", "protocol", "name",
@@ -32,6 +34,7 @@ def page(client, **fields) -> dict:
     return reply
 
 
+@on_both_stores
 def test_newest_first_with_full_snapshots(coordinator, peers):
     client = peers.client(coordinator)
     ids = [client.submit_ok("WORD_COUNT", {"text": "job %d" % i}) for i in range(5)]
@@ -78,6 +81,7 @@ def test_limit_is_at_most_1000(coordinator, peers):
         assert client.workers() == []  # still open
 
 
+@on_both_stores
 @pytest.mark.parametrize("limit", [1, 7, 40, 250])
 def test_cursor_paging_visits_each_job_exactly_once(coordinator, peers, limit):
     # Given 250 jobs
@@ -112,6 +116,7 @@ def test_no_cursor_when_the_last_page_is_exactly_full(coordinator, peers):
     assert reply["nextCursor"] is None
 
 
+@on_both_stores
 def test_paging_is_stable_while_new_jobs_arrive(coordinator, peers):
     # Given 100 jobs, paged 30 at a time
     client = peers.client(coordinator)
@@ -131,6 +136,7 @@ def test_paging_is_stable_while_new_jobs_arrive(coordinator, peers):
     assert len(seen) == len(set(seen))
 
 
+@on_both_stores
 def test_state_filter(coordinator, peers):
     # Given jobs in QUEUED, RUNNING, COMPLETED, FAILED and CANCELLED
     client = peers.client(coordinator)
@@ -165,6 +171,7 @@ def test_state_filter(coordinator, peers):
     assert len(page(client)["jobs"]) == 8
 
 
+@on_both_stores
 def test_state_filter_with_limit_and_cursor(coordinator, peers):
     client = peers.client(coordinator)
     ids = submit_many(client, 60)

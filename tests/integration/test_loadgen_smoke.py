@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import pg_support
+
 REPO = Path(__file__).resolve().parents[2]
 REPORT_KEYS = ("submits_per_s", "jobs_per_s", "submit_latency_ms", "connections", "lost", "errors",
                "rejected", "coordinator_peak_rss_kb")
@@ -43,6 +45,22 @@ def test_loadgen_e2e_small(tmp_path, impl):
     assert report["verify"]["listed"] == 200
     assert report["coordinator_peak_rss_kb"] > 0
     assert "jobs/s=" in proc.stdout
+
+
+def test_loadgen_runs_its_coordinator_on_a_throwaway_postgresql(tmp_path):
+    # With --postgres the coordinator it starts keeps the jobs in a server of its own,
+    # stopped at the end; every job is verified as on SQLite.
+    reason = pg_support.unavailable()
+    if reason is not None:
+        pytest.skip("PostgreSQL tests SKIPPED: " + reason)
+    out = tmp_path / "r.json"
+    proc = run(["-m", "bench.loadgen", "--postgres", "--clients=10", "--jobs=100", "--mode=e2e", "--workers=1",
+                "--worker-impl=builtin", "--quiet", "--timeout=30", "--drain-timeout=30", "--out=%s" % out], timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["store"] == "postgres"
+    assert report["completed"] == 100 and report["lost"] == 0 and report["duplicates"] == 0
+    assert report["verify"]["listed"] == 100
 
 
 def test_loadgen_declared_types(tmp_path):

@@ -16,6 +16,7 @@ import uuid
 
 import pytest
 
+from tests.pg_support import on_both_stores
 from tests.helpers import assert_stays, wait_until
 
 STOPS = ["kill", "terminate"]
@@ -28,6 +29,7 @@ def stop(coord, how: str) -> None:
         assert coord.terminate() == 0, coord.stderr()[-3000:]
 
 
+@on_both_stores
 @pytest.mark.parametrize("how", STOPS)
 def test_every_job_state_survives_a_restart(coordinator_factory, peers, how):
     # Given a long retry backoff (so RETRY_WAIT lasts through the restart) and one of each kind of job
@@ -124,6 +126,7 @@ def test_every_job_state_survives_a_restart(coordinator_factory, peers, how):
     assert w3.poll_assign(0.2) is None
 
 
+@on_both_stores
 @pytest.mark.parametrize("how", STOPS)
 def test_every_acknowledged_submission_survives(coordinator_factory, peers, how):
     # Given a burst of submissions, each acknowledged with JOB_SUBMITTED
@@ -206,6 +209,7 @@ def test_a_restart_discards_the_old_deadline(coordinator_factory, peers):
     assert cancel["attemptId"] == second["attemptId"]
 
 
+@on_both_stores
 def test_late_result_from_before_the_restart_is_stale(coordinator_factory, peers):
     # Given a RUNNING job whose coordinator crashed and came back
     coord = coordinator_factory()
@@ -353,6 +357,7 @@ def test_sigint_stops_gracefully_too(coordinator_factory, peers):
     assert peers.client(coord).status(job_id)["state"] == "QUEUED"
 
 
+@on_both_stores
 def test_admission_count_is_rebuilt_on_restart(coordinator_factory, peers):
     # Given --max-active-jobs=3: two active jobs, one RUNNING on its final attempt, one finished
     coord = coordinator_factory(max_active_jobs=3)
@@ -383,6 +388,7 @@ def test_admission_count_is_rebuilt_on_restart(coordinator_factory, peers):
     assert {j["jobId"] for j in client.list_jobs()["jobs"]} == {done, final, q1, q2, third}
 
 
+@on_both_stores
 def test_recovery_decisions_are_durable(coordinator_factory, peers):
     # Given a job failed by recovery (RUNNING on its final attempt at the crash)
     coord = coordinator_factory()
@@ -405,6 +411,7 @@ def test_recovery_decisions_are_durable(coordinator_factory, peers):
     assert peers.client(coord).status(job_id) == failed
 
 
+@on_both_stores
 def test_a_graceful_stop_under_load_answers_or_closes_and_keeps_every_acknowledged_job(
         coordinator_factory, peers):
     # Given 20 clients submitting in pipelined bursts of 10 while the coordinator runs

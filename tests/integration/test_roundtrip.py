@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests.pg_support import on_both_stores
 from tests.helpers import assert_stays, wait_until
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
@@ -39,6 +40,7 @@ def assert_snapshot_shape(snap: dict) -> None:
     assert snap["updatedAtMillis"] >= snap["createdAtMillis"]
 
 
+@on_both_stores
 def test_submit_assign_complete(coordinator, peers):
     # Given a coordinator and no worker yet
     client = peers.client(coordinator)
@@ -179,6 +181,7 @@ def test_pipelined_requests_get_replies_in_order(coordinator, peers):
     assert replies[0]["job"]["jobId"] == job_id
 
 
+@on_both_stores
 def test_failed_result_is_retried_with_a_new_attempt_and_the_error_is_kept(coordinator, peers):
     # Given a worker and a job with a budget of 3
     client = peers.client(coordinator)
@@ -210,6 +213,7 @@ def test_failed_result_is_retried_with_a_new_attempt_and_the_error_is_kept(coord
     assert done["workerId"] is None
 
 
+@on_both_stores
 def test_failures_exhausting_the_budget_end_failed(coordinator, peers):
     # Given a FAIL job that fails on every attempt, with a budget of 2
     client = peers.client(coordinator)
@@ -234,6 +238,7 @@ def test_failures_exhausting_the_budget_end_failed(coordinator, peers):
     assert worker.poll_assign(0.3) is None
 
 
+@on_both_stores
 def test_backoff_is_visible_as_retry_wait(coordinator_factory, peers):
     # Given retry backoff base 300 ms, cap 700 ms: delays 300, 600, then 700 (capped 1200)
     coord = coordinator_factory(retry_base_millis=300, retry_cap_millis=700)
@@ -285,6 +290,7 @@ def test_result_with_a_wrong_lease_is_dropped(coordinator, peers):
     assert done["attempts"] == 1
 
 
+@on_both_stores
 def test_unicode_payload_reaches_the_worker_unchanged(coordinator, peers):
     # Given text with accents, symbols, non-BMP characters, quotes, slashes and newlines
     text = 'é✓😀 "quoted" back\\slash / 日本語\n\ttab'
@@ -311,6 +317,7 @@ def test_largest_text_payload_is_assigned_whole(coordinator, peers):
     assert client.wait_state(job_id, "COMPLETED")["result"] == {"words": 1}
 
 
+@on_both_stores
 def test_a_huge_result_never_produces_an_oversized_reply(coordinator, peers):
     # Given a worker that reports a result as large as a TASK_RESULT frame can carry
     from jobmesh.protocol.framing import MAX_FRAME
@@ -332,6 +339,7 @@ def test_a_huge_result_never_produces_an_oversized_reply(coordinator, peers):
     assert done["state"] in ("COMPLETED", "FAILED")
 
 
+@on_both_stores
 def test_a_duplicate_result_is_applied_once(coordinator, peers):
     # Given a capacity-1 worker that completed job A
     client = peers.client(coordinator)

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import ClientError, RequestFailed
 from jobmesh.store.sqlite import FAULT_FILE_ENV
+from tests.pg_support import on_both_stores
 from tests.helpers import CoordinatorProc, child_env, run_cli, wait_until
 
 
@@ -95,6 +96,7 @@ def test_schedule_errors_are_one_line_with_the_contracts_exit_codes(coordinator)
     assert one_json(jm(coordinator, "schedule", "list", "--json")) == []
 
 
+@on_both_stores
 def test_the_library_puts_lists_triggers_and_previews(coordinator):
     with CoordinatorClient(coordinator.client_target) as client:
         made = client.schedules.put("health", "SLEEP", {"durationMillis": 1}, every=30, jitter=2, missed="skip")
@@ -164,6 +166,7 @@ def test_no_fire_time_makes_two_jobs_across_kill_9_under_load(tmp_path):
     coord.cleanup()
 
 
+@on_both_stores
 def test_a_schedule_fires_on_a_live_coordinator_and_its_job_runs(live):
     with CoordinatorClient(live.client_target) as client:
         client.schedules.put("tick", "SLEEP", {"durationMillis": 1}, every=1)
@@ -188,6 +191,7 @@ payload = { durationMillis = 2 }
 """
 
 
+@on_both_stores
 def test_the_schedules_file_is_applied_at_start_and_on_sighup(coordinator_factory, tmp_path):
     # Given a coordinator started with a schedules file, and a schedule made through the API
     path = tmp_path / "schedules.toml"

@@ -1,0 +1,62 @@
+"""Which store a ``--db`` value opens: a PostgreSQL URL (``postgresql://`` or
+``postgres://``) opens a ``PostgresStore``, anything else is an SQLite file.
+
+psycopg is imported only for a PostgreSQL URL (after the process's monkey-patching, so
+that it waits green), and a failure to open either store becomes ``CannotOpen`` with a
+one-line message, the URL's password left out.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+
+from jobmesh.store.base import Store
+from jobmesh.store.sqlite import SQLiteStore
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+class CannotOpen(Exception):
+    """The store could not be opened; the message says why in one line."""
+
+
+def is_postgres_url(db: str) -> bool:
+    return db.lower().startswith(POSTGRES_SCHEMES)
+
+
+def shown(db: str) -> str:
+    """``db`` as logs may show it: a URL's password replaced by ``***``."""
+    if not is_postgres_url(db):
+        return db
+    db = re.sub(r"^([a-zA-Z]+://[^:@/]*:)[^@/]*@", r"\1***@", db)
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", db)
+
+
+def open_store(db: str, synchronous: str = "FULL", fault_file: str | None = None,
+               session_timeout_millis: int | None = None) -> Store:
+    """The store ``db`` names; raises ``CannotOpen``. ``synchronous`` is SQLite's;
+    ``session_timeout_millis`` PostgreSQL's (``PostgresStore``; None: its default)."""
+    if is_postgres_url(db):
+        try:
+            import psycopg
+
+            from jobmesh.store.postgres import PostgresStore
+        except ImportError as exc:
+            raise CannotOpen("--db=%s needs the psycopg package: pip install 'jobmesh[postgres]' (%s)"
+                             % (shown(db), exc)) from None
+        try:
+            if session_timeout_millis is None:
+                return PostgresStore(db, fault_file)
+            return PostgresStore(db, fault_file, session_timeout_millis)
+        except psycopg.Error as exc:
+            raise CannotOpen("cannot open the database %s: %s" % (shown(db), _first_line(exc))) from None
+    try:
+        return SQLiteStore(db, synchronous, fault_file)
+    except sqlite3.Error as exc:
+        raise CannotOpen("cannot open the database %s: %s" % (db, _first_line(exc))) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

@@ -1,0 +1,339 @@
+"""PostgresStore specifics: leadership (the advisory lock, the epoch fence), how errors
+split (lost leadership, storage fault, bug), the writer session's timeouts and its
+keepalive, the idempotency key filter, column types, and choosing the store by --db.
+
+What every store does is in test_store_contract.py. Each test gets a fresh schema of the
+session's throwaway server (tests/pg_support.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import gevent
+import gevent.event
+import pytest
+
+from jobmesh.protocol.jobs import JobState, Priority
+from jobmesh.store.base import Batch, Done
+from jobmesh.store.columns import insert_row
+from jobmesh.store.job import Job
+from jobmesh.store.opening import CannotOpen, open_store, shown
+from tests.helpers import wait_until
+
+psycopg = pytest.importorskip("psycopg")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+from jobmesh.store.postgres import (BUMP_SQL, FENCE_SQLSTATE, INSERT_SQL, UPDATE_SQL, KeyFilter,  # noqa: E402
+                                    LeadershipLost, PostgresStore)
+
+
+def make_job(job_id: str, seq: int, **kw) -> Job:
+    fields = dict(job_id=job_id, seq=seq, task_type="SLEEP", payload={"durationMillis": 5}, max_attempts=3,
+                  priority=Priority.NORMAL, created_at=1000 + seq)
+    fields.update(kw)
+    return Job(**fields)
+
+
+def batch(*jobs: Job) -> Batch:
+    return Batch([insert_row(j) for j in jobs], [])
+
+
+@pytest.fixture
+def url(postgres_url):
+    return postgres_url
+
+
+@pytest.fixture
+def stores(url):
+    """``stores()`` opens a PostgresStore on the test's schema; all are closed at teardown."""
+    opened: list[PostgresStore] = []
+
+    def make(**kw) -> PostgresStore:
+        store = PostgresStore(url, **kw)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def leader(stores):
+    store = stores()
+    store.lead(lambda: pytest.fail("nobody else leads"))
+    return store
+
+
+@pytest.fixture
+def admin(url):
+    """Another session on the same schema: what a DBA, or another coordinator, does."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        yield conn
+
+
+def ids(store: PostgresStore) -> list[str]:
+    return [job.job_id for _, job in store.list_page(100, None, None)]
+
+
+# ---- the fence -------------------------------------------------------------------------------
+
+
+def test_a_batch_after_another_leader_bumped_the_epoch_raises_and_commits_nothing(leader, admin):
+    leader.write(batch(make_job("before", 1)))
+    admin.execute(BUMP_SQL)  # what a new leader does once it holds the lock
+    with pytest.raises(Exception) as caught:
+        leader.write(batch(make_job("after", 2)))
+    assert getattr(caught.value, "sqlstate", None) == FENCE_SQLSTATE
+    assert leader.leadership_lost(caught.value) and not leader.is_storage_fault(caught.value)
+    assert ids(leader) == ["before"]
+    # From then on nothing is tried: the store says it lost leadership.
+    failure = leader.commit(batch(make_job("later", 3))).get()
+    assert isinstance(failure, LeadershipLost) and leader.leadership_lost(failure)
+    assert isinstance(leader.commit_probe().get(), LeadershipLost)
+    assert ids(leader) == ["before"]
+
+
+def test_a_batch_after_the_epoch_row_was_deleted_raises_and_commits_nothing(leader, admin):
+    admin.execute("DELETE FROM jobmesh_leader")
+    failure = leader.commit(batch(make_job("a", 1))).get()
+    assert failure is not None and getattr(failure, "sqlstate", None) == FENCE_SQLSTATE
+    assert leader.leadership_lost(failure)
+    assert ids(leader) == []
+
+
+def test_the_next_leader_gets_a_larger_epoch_even_after_the_row_was_deleted(stores, admin):
+    first = stores()
+    first.lead(lambda: None)
+    epoch = first.epoch
+    first.close()
+    admin.execute("DELETE FROM jobmesh_leader")
+    second = stores()
+    second.lead(lambda: None)
+    assert second.epoch is not None and epoch is not None and second.epoch > epoch
+    second.write(batch(make_job("a", 1)))
+    assert ids(second) == ["a"]
+
+
+def test_a_store_that_does_not_lead_writes_nothing(stores):
+    store = stores()
+    with pytest.raises(LeadershipLost):
+        store.write(batch(make_job("a", 1)))
+    assert isinstance(store.commit(batch(make_job("a", 1))).get(), LeadershipLost)
+    assert ids(store) == []
+
+
+# ---- lead() ----------------------------------------------------------------------------------
+
+STANDBY = textwrap.dedent("""
+    from gevent import monkey
+    monkey.patch_all()
+    import sys, gevent
+    from jobmesh.store.postgres import PostgresStore
+    ticks = []
+    ticker = gevent.spawn(lambda: [ticks.append(gevent.sleep(0.01)) for _ in iter(int, 1)])
+    store = PostgresStore(sys.argv[1])
+    calls = []
+    store.lead(lambda: (calls.append(1), print("standing by", flush=True)))
+    print("leading calls=%d ticks=%d" % (len(calls), len(ticks)), flush=True)
+    sys.stdin.read()
+    store.close()
+""")
+
+
+def test_a_second_store_stands_by_green_and_leads_once_the_first_closes(tmp_path, url, stores):
+    first = stores()
+    first.lead(lambda: None)
+    first.write(batch(make_job("a", 1)))
+    out = tmp_path / "standby.out"
+    with open(out, "w") as sink:
+        standby = subprocess.Popen([sys.executable, "-c", STANDBY, url], stdin=subprocess.PIPE, stdout=sink,
+                                   stderr=subprocess.STDOUT, cwd=REPO_ROOT, text=True)
+    try:
+        wait_until(lambda: "standing by" in out.read_text(), timeout=30, message="the second store stands by")
+        # It waits in pg_advisory_lock: its session is blocked on the lock.
+        with psycopg.connect(url, autocommit=True) as conn:
+            wait_until(lambda: conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                                            " AND NOT granted").fetchone()[0] == 1, message="the lock wait")
+        assert "leading" not in out.read_text()
+        first.close()  # its session ends: the lock is free
+        wait_until(lambda: "leading" in out.read_text(), timeout=30, message="the second store leads")
+        line = out.read_text().split("leading ")[1].split()
+        assert line[0] == "calls=1"  # standing_by called once
+        assert int(line[1].split("=")[1]) > 0  # the hub ran while it waited
+    finally:
+        standby.communicate("", timeout=30)
+    assert standby.returncode == 0, out.read_text()
+
+
+# ---- how errors split --------------------------------------------------------------------------
+
+
+def test_a_killed_writer_session_is_leadership_lost(leader, admin):
+    leader.write(batch(make_job("a", 1)))
+    pid = leader.conn.info.backend_pid
+    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    failure = leader.commit(batch(make_job("b", 2))).get()
+    assert failure is not None
+    assert leader.leadership_lost(failure) and not leader.is_storage_fault(failure)
+    # The lock went with the session: another session takes it.
+    second = PostgresStore(leader.url)
+    try:
+        second.lead(lambda: pytest.fail("the killed leader's lock is still held"))
+        assert ids(second) == ["a"]
+    finally:
+        second.close()
+
+
+def test_a_failed_statement_with_the_session_intact_is_a_storage_fault(tmp_path, stores):
+    fault = tmp_path / "fault"
+    store = stores(fault_file=str(fault))
+    store.lead(lambda: None)
+    fault.write_text("readonly")
+    failure = store.commit(batch(make_job("a", 1))).get()
+    assert failure is not None and store.is_storage_fault(failure) and not store.leadership_lost(failure)
+    assert store.fault_reason(failure) == "database is read-only"
+    fault.write_text("")
+    assert store.commit_probe().get() is None
+    store.write(batch(make_job("a", 1)))
+    assert ids(store) == ["a"]
+
+
+@pytest.mark.parametrize("exc", [ValueError("x"), KeyError("k"), RuntimeError("bug"), AssertionError()], ids=type)
+def test_our_own_bugs_are_neither(leader, exc):
+    assert not leader.leadership_lost(exc) and not leader.is_storage_fault(exc)
+
+
+# ---- the writer session ------------------------------------------------------------------------
+
+
+def test_the_writer_session_carries_the_timeouts(stores):
+    store = stores(session_timeout_millis=4000)
+    store.lead(lambda: None)
+    settings = {name: store.conn.execute("SHOW %s" % name).fetchone()[0] for name in (
+        "idle_session_timeout", "idle_in_transaction_session_timeout", "tcp_user_timeout", "tcp_keepalives_idle",
+        "tcp_keepalives_count")}
+    assert settings == {"idle_session_timeout": "4s", "idle_in_transaction_session_timeout": "4s",
+                        "tcp_user_timeout": "4000", "tcp_keepalives_idle": "1", "tcp_keepalives_count": "3"}
+    # The reader has none of them: an idle reader is no leader.
+    assert store.reader.execute("SHOW idle_session_timeout").fetchone()[0] == "0"
+
+
+def test_a_healthy_leader_keeps_its_session_and_a_frozen_one_loses_it_to_a_standby(stores):
+    store = stores(session_timeout_millis=1000)
+    store.lead(lambda: None)
+    # The hub runs (gevent.sleep): the commit greenlet keeps the session busy, well past
+    # the idle timeout.
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        gevent.sleep(0.1)
+    assert store.commit(batch(make_job("a", 1))).get() is None
+    # Frozen: from now on the hub does not run while the standby waits (its lead() holds
+    # this thread), so the leader's greenlets never run again. The standby ends the idle
+    # session and leads.
+    standby = stores(session_timeout_millis=1000)
+    calls: list[int] = []
+    standby.lead(lambda: calls.append(1))
+    assert calls == [1]
+    failure = store.commit(batch(make_job("b", 2))).get()
+    assert failure is not None and store.leadership_lost(failure)
+    assert ids(standby) == ["a"]
+
+
+# ---- deferred reads ----------------------------------------------------------------------------
+
+
+def test_deferred_reads_finish_on_the_hub_one_after_another_and_queued(leader):
+    leader.write(batch(make_job("a", 1), make_job("b", 2)))
+    for wanted in (["a"], ["b"], ["a", "missing", "b"]):  # the watcher must wake for every read
+        reads = [leader.read_later(job_id=job_id) for job_id in wanted]
+        woken = [gevent.event.Event() for _ in reads]
+        for read, event in zip(reads, woken):
+            read.then(event.set)
+        assert all(event.wait(10) for event in woken)  # only the hub ran: ready() was never asked
+        assert [None if r.result() is None else r.result().job_id for r in reads] == [
+            None if job_id == "missing" else job_id for job_id in wanted]
+
+
+# ---- the idempotency key filter ----------------------------------------------------------------
+
+
+def test_a_new_key_needs_no_read_once_recovery_built_the_filter(leader):
+    leader.write(batch(make_job("a", 1, idempotency_key="stored")))
+    assert not isinstance(leader.read_later(key="never"), Done)  # no filter before recovery: a read
+    leader.load_active()
+    assert isinstance(leader.read_later(key="never"), Done) and leader.read_later(key="never").result() is None
+    for key, expected in (("stored", "a"), ("added", "b")):
+        if key == "added":
+            leader.write(batch(make_job("b", 2, idempotency_key="added")))
+        read = leader.read_later(key=key)
+        wait_until(read.ready, message="the read")
+        assert read.result().job_id == expected
+
+
+def test_the_filter_holds_every_key_added_and_few_others():
+    keys = KeyFilter(10_000)
+    added = ["key-%d" % i for i in range(10_000)]
+    for key in added:
+        keys.add(key)
+    assert all(key in keys for key in added)
+    others = sum("other-%d" % i in keys for i in range(10_000))
+    assert others < 200  # about 0.1% at this fill, deterministic (MD5)
+    assert len(keys.bits) == (1 << 23) // 8  # 1 MiB: its smallest size
+
+
+# ---- schema and statements -----------------------------------------------------------------------
+
+
+def test_milliseconds_are_bigint_and_batches_use_one_array_per_column(leader, admin):
+    types = dict(admin.execute("SELECT column_name, data_type FROM information_schema.columns"
+                               " WHERE table_schema = current_schema() AND table_name = 'jobmesh_jobs'").fetchall())
+    assert types["created_at"] == types["updated_at"] == types["seq"] == types["deadline"] == "bigint"
+    assert types["payload"] == types["job_id"] == "text"
+    assert "unnest(" in INSERT_SQL and "unnest(" in UPDATE_SQL and "VALUES" not in INSERT_SQL
+    big = make_job("big", 2**40, created_at=2**62, deadline=2**62 + 5, state=JobState.RUNNING)
+    leader.write(batch(big))
+    assert leader.get("big").deadline == 2**62 + 5 and leader.max_seq() == 2**40
+
+
+def test_opening_twice_creates_the_schema_once_and_migrates_nothing(stores):
+    first = stores()
+    second = stores()
+    assert first.migrated == [] and second.migrated == []
+
+
+# ---- choosing the store --------------------------------------------------------------------------
+
+
+def test_a_postgres_url_opens_a_postgres_store_and_anything_else_sqlite(url, tmp_path):
+    store = open_store(url.replace("postgresql://", "postgres://"))
+    try:
+        assert isinstance(store, PostgresStore) and store.shared
+    finally:
+        store.close()
+    other = open_store(str(tmp_path / "jobs.db"))
+    try:
+        assert not other.shared
+    finally:
+        other.close()
+
+
+def test_without_psycopg_a_postgres_url_is_a_one_line_error_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.delitem(sys.modules, "jobmesh.store.postgres")
+    with pytest.raises(CannotOpen) as caught:
+        open_store("postgresql://u:secret@127.0.0.1:1/db")
+    message = str(caught.value)
+    assert "jobmesh[postgres]" in message and "\n" not in message and "secret" not in message
+
+
+def test_an_unreachable_server_is_a_one_line_error_without_the_password():
+    with pytest.raises(CannotOpen) as caught:
+        open_store("postgresql://u:secret@127.0.0.1:1/db?connect_timeout=5")
+    assert "cannot open the database" in str(caught.value) and "secret" not in str(caught.value)
+    assert shown("postgresql://u:pw@h/db?password=x&a=1") == "postgresql://u:***@h/db?password=***&a=1"
