@@ -83,7 +83,7 @@ from jobmesh.errors import ConfigError, ProtocolError
 from jobmesh.exitcodes import EXIT_COMMIT_FAILED, EXIT_CORE_DIED, EXIT_LEADERSHIP_LOST, EXIT_USAGE
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
-from jobmesh.store.base import Store
+from jobmesh.store.base import Store, outcome_of
 from jobmesh.store.opening import CannotOpen, open_store, shown
 from jobmesh.store.sqlite import FAULT_FILE_ENV
 from jobmesh.tls import server_context
@@ -393,12 +393,12 @@ class Coordinator:
         delay = RECONNECT_INITIAL
         try:
             while True:
-                leading = gevent.spawn(store.lead, standby)
+                leading = gevent.spawn(outcome_of, store.lead, standby)
                 gevent.wait([leading, stop], count=1)
                 if not leading.ready():
                     leading.kill()
                     return False
-                exc = leading.exception
+                exc = leading.value
                 if exc is None:
                     break
                 if not (store.leadership_lost(exc) or store.is_storage_fault(exc)):
