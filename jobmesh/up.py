@@ -63,6 +63,7 @@ from jobmesh.auth import (TOKEN_BYTES, TOKEN_ENV, TOKEN_FILE_ENV, WORKER, AuthFi
 from jobmesh.addresses import Address, parse_address
 from jobmesh.config import CoordinatorConfig, coordinator_config, parse_task_modules
 from jobmesh.errors import BadAddress, ConfigError
+from jobmesh.exitcodes import EXIT_LEADERSHIP_LOST
 
 log = logging.getLogger(__name__)
 
@@ -351,7 +352,9 @@ class Supervisor:
         delay = min(RESTART_CAP, RESTART_INITIAL * 2 ** slot.failures)
         slot.failures += 1
         slot.restart_at = now + delay
-        log.warning("coordinator exited pid=%d rc=%s restart_in=%.1fs", self.coordinator.pid, rc, delay)
+        log.warning("coordinator exited pid=%d rc=%s restart_in=%.1fs%s", self.coordinator.pid, rc, delay,
+                    " (it lost the database's leadership: it comes back as a standby, or leads)"
+                    if rc == EXIT_LEADERSHIP_LOST else "")
 
     def _relay_stdout(self, stream: Any, listening: AsyncResult, standing_by: Event) -> None:
         """Copy the coordinator's stdout to ours, line by line, and spot the listening line
