@@ -1,5 +1,7 @@
 """Shared fixtures: real coordinators, scripted peers and worker processes. The test
 process is never monkey-patched (docs/ARCHITECTURE.md)."""
+import os
+
 import pytest
 
 from tests import pg_support
@@ -32,8 +34,9 @@ def module_coordinator(tmp_path_factory):
 @pytest.fixture
 def db_kind(request):
     """The store the test's coordinators use: "sqlite" unless the test is parametrized
-    with ``pg_support.on_both_stores``."""
-    return getattr(request, "param", "sqlite")
+    with ``pg_support.on_both_stores``, or JOBMESH_TEST_STORE=postgres runs every
+    coordinator_factory test on PostgreSQL."""
+    return getattr(request, "param", os.environ.get("JOBMESH_TEST_STORE", "sqlite"))
 
 
 @pytest.fixture

@@ -20,12 +20,16 @@ Three connections:
   (the statement text is the same for every batch size, so psycopg prepares it once;
   multi-row VALUES would make one statement per size), then COMMIT. Commits run on a
   greenlet of the store, one at a time in call order: a connection made on the hub
-  cannot be driven from another thread. The session's timeouts (idle, idle in a
-  transaction, TCP user timeout, keepalives) end it, and so release the lock, within
-  ``session_timeout_millis`` once its process stops answering; the commit greenlet runs
-  a cheap statement when no batch ran for a quarter of that, so a healthy leader's
-  session is never idle that long. The writer is never reconnected: a lost writer
+  cannot be driven from another thread. The writer is never reconnected: a lost writer
   session is lost leadership (``leadership_lost``), and a process that lost it stops.
+  A leader that stops answering loses the lock in bounded time: its session's timeouts
+  (idle, idle in a transaction, TCP user timeout, keepalives: ``session_timeout_millis``)
+  end a vanished leader's session. A frozen one's idle timeout is not always armed (the
+  server arms it after a Sync or a simple query, and psycopg ends a pipeline with a
+  Flush after its Sync), so a standby waiting in ``lead`` ends the holder's session once
+  it has been idle longer than the timeout. A healthy leader's session is never idle
+  that long: the commit greenlet runs a cheap statement when no batch ran for a quarter
+  of it.
 * the reader (psycopg, synchronous): recovery, listings, the retention walk, ``get``.
 * the deferred reader: ``read_later``'s queries, one at a time on libpq's non-blocking
   interface. A read is sent at once; its ``Read`` finishes when the reply is in, noticed
@@ -35,9 +39,10 @@ Three connections:
 Idempotency keys: recovery (``load_active``) builds a Bloom filter of the stored keys
 (``KeyFilter``) and every batch's new keys are added to it, so ``read_later(key=...)`` of
 a key never stored is answered at once without a query. A Bloom filter rather than a set:
-at a million stored keys a set of the key strings holds about 100 MB, the filter 2.5 MB;
-its false positives (about 1%, more once the keys since recovery outnumber those before)
-cost one read each, and purged keys stay in it until the next recovery, as positives.
+at a million stored keys a set of the key strings holds about 120 MB, the filter 8 MiB
+(measured; sized for as many keys again, in powers of two), built in under a second.
+Its false positives (about 0.1% as built, under 1% until the keys doubled) cost one read
+each; purged keys stay in it, as positives, until the next recovery.
 """
 
 from __future__ import annotations
@@ -147,9 +152,9 @@ class LeadershipLost(Exception):
 
 
 class KeyFilter:
-    """A Bloom filter of idempotency keys (two positions per key from its MD5, at least
-    20 bits per key when built: about 1% false positives). ``key in filter`` is False only
-    for a key never added."""
+    """A Bloom filter of idempotency keys: two positions per key from its MD5 (which the
+    server computes at build, so no key string crosses the wire then), at least 40 bits
+    per key when built. ``key in filter`` is False only for a key never added."""
 
     def __init__(self, expected: int) -> None:
         bits = 1 << 23
@@ -378,8 +383,9 @@ class PostgresStore:
         if c.execute("SELECT current_schema()").fetchone() == (None,):
             raise psycopg.ProgrammingError("no schema to create the tables in: the search path names none that exists")
         missing = []
-        for name in SCHEMA:
-            check = "to_regprocedure(%s)" if "(" in name else "to_regclass(%s)"
+        for name in SCHEMA:  # in the current schema, whatever later schemas of the search path hold
+            check = ("to_regprocedure(format('%%I.%%s', current_schema(), %s::text))" if "(" in name
+                     else "to_regclass(format('%%I.%%I', current_schema(), %s::text))")
             if c.execute("SELECT %s IS NULL" % check, (name,)).fetchone() == (True,):
                 missing.append(name)
         have = {row[0] for row in c.execute(

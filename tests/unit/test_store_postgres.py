@@ -18,6 +18,8 @@ import gevent
 import gevent.event
 import pytest
 
+from jobmesh.cli import COORDINATOR_OPTIONS
+from jobmesh.coordinator.dblock import lock_path
 from jobmesh.protocol.jobs import JobState, Priority
 from jobmesh.store.base import Batch, Done
 from jobmesh.store.columns import insert_row
@@ -137,7 +139,7 @@ STANDBY = textwrap.dedent("""
     from jobmesh.store.postgres import PostgresStore
     ticks = []
     ticker = gevent.spawn(lambda: [ticks.append(gevent.sleep(0.01)) for _ in iter(int, 1)])
-    store = PostgresStore(sys.argv[1])
+    store = PostgresStore(sys.argv[1], session_timeout_millis=int(sys.argv[2]))
     calls = []
     store.lead(lambda: (calls.append(1), print("standing by", flush=True)))
     print("leading calls=%d ticks=%d" % (len(calls), len(ticks)), flush=True)
@@ -147,20 +149,29 @@ STANDBY = textwrap.dedent("""
 
 
 def test_a_second_store_stands_by_green_and_leads_once_the_first_closes(tmp_path, url, stores):
-    first = stores()
+    # The first leads and stays healthy (this process runs its hub: gevent.sleep), with
+    # a short session timeout that the standby would end an idle holder after.
+    first = stores(session_timeout_millis=2000)
     first.lead(lambda: None)
     first.write(batch(make_job("a", 1)))
     out = tmp_path / "standby.out"
     with open(out, "w") as sink:
-        standby = subprocess.Popen([sys.executable, "-c", STANDBY, url], stdin=subprocess.PIPE, stdout=sink,
-                                   stderr=subprocess.STDOUT, cwd=REPO_ROOT, text=True)
+        standby = subprocess.Popen([sys.executable, "-c", STANDBY, url, "2000"], stdin=subprocess.PIPE,
+                                   stdout=sink, stderr=subprocess.STDOUT, cwd=REPO_ROOT, text=True)
     try:
-        wait_until(lambda: "standing by" in out.read_text(), timeout=30, message="the second store stands by")
+        wait_until(lambda: "standing by" in out.read_text(), timeout=30, message="the second store stands by",
+                   sleep=gevent.sleep)
         # It waits in pg_advisory_lock: its session is blocked on the lock.
         with psycopg.connect(url, autocommit=True) as conn:
             wait_until(lambda: conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                                            " AND NOT granted").fetchone()[0] == 1, message="the lock wait")
+                                            " AND NOT granted").fetchone()[0] == 1, message="the lock wait",
+                       sleep=gevent.sleep)
+        # Twice the timeout: a healthy leader keeps the lock however long the standby waits.
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            gevent.sleep(0.1)
         assert "leading" not in out.read_text()
+        assert first.commit(batch(make_job("b", 2))).get() is None
         first.close()  # its session ends: the lock is free
         wait_until(lambda: "leading" in out.read_text(), timeout=30, message="the second store leads")
         line = out.read_text().split("leading ")[1].split()
@@ -323,6 +334,12 @@ def test_a_postgres_url_opens_a_postgres_store_and_anything_else_sqlite(url, tmp
         other.close()
 
 
+def test_a_postgres_url_takes_no_file_lock_and_the_usage_text_says_it_is_accepted(url):
+    assert lock_path(url) is None and lock_path("postgres://h/db") is None
+    assert lock_path("jobs.db") is not None
+    assert "PostgreSQL URL" in " ".join(COORDINATOR_OPTIONS.split())
+
+
 def test_without_psycopg_a_postgres_url_is_a_one_line_error_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "psycopg", None)
     monkeypatch.delitem(sys.modules, "jobmesh.store.postgres")
@@ -337,3 +354,19 @@ def test_an_unreachable_server_is_a_one_line_error_without_the_password():
         open_store("postgresql://u:secret@127.0.0.1:1/db?connect_timeout=5")
     assert "cannot open the database" in str(caught.value) and "secret" not in str(caught.value)
     assert shown("postgresql://u:pw@h/db?password=x&a=1") == "postgresql://u:***@h/db?password=***&a=1"
+
+
+def test_tables_of_a_later_schema_in_the_search_path_are_not_taken_for_ours(postgres_server, leader, admin):
+    # Given jobmesh tables in one schema (the leader's), a store whose search path puts
+    # another schema first creates its own tables there and uses only those.
+    leader.write(batch(make_job("theirs", 1)))
+    theirs = admin.execute("SELECT current_schema()").fetchone()[0]
+    ours = postgres_server.schema().split("%3D")[-1]
+    store = PostgresStore(postgres_server.url("jobmesh_schemas", "%s,%s" % (ours, theirs)))
+    try:
+        store.lead(lambda: pytest.fail("a lock of another schema"))
+        assert ids(store) == []
+        store.write(batch(make_job("ours", 1)))
+        assert ids(store) == ["ours"] and ids(leader) == ["theirs"]
+    finally:
+        store.close()
