@@ -282,3 +282,41 @@ def test_postgresql_restarted_under_the_leader_it_exits_75_and_the_standby_leads
         assert client.status(finished)["state"] == "COMPLETED"
         assert [client.status(job_id)["state"] for job_id in pending] == ["SCHEDULED"] * 5
         assert client.wait(client.submit("WORD_COUNT", {"text": "job %d" % 2}), timeout=30)["state"] == "COMPLETED"
+
+
+def test_up_stands_by_then_starts_its_workers_and_comes_back_after_losing_the_lead(nodes, postgres_url, postgres_server,
+                                                                                  tmp_path):
+    # Given a coordinator leading the database, and `jobmesh up` on the same database
+    leader = nodes("leader").launch().await_listening()
+    client_target = "127.0.0.1:%d" % free_port()
+    out_path, err_path = tmp_path / "up.out", tmp_path / "up.err"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        up = subprocess.Popen([sys.executable, "-m", "jobmesh", "up", "--db=%s" % postgres_url, "--workers=1",
+                               "--worker-port=%d" % free_port(), "--client-port=%s" % client_target.split(":")[1],
+                               "--heartbeat-timeout-millis=3000", "--sweep-interval-millis=20",
+                               "--db-session-timeout-millis=1000"],
+                              stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env())
+    try:
+        # Then up's coordinator stands by, and up starts no worker yet
+        wait_until(lambda: STANDING_BY in out_path.read_text(), timeout=30, message="up's standing-by line")
+        assert "worker started" not in err_path.read_text()
+
+        # When the leader stops, up's coordinator leads and its worker runs jobs
+        assert leader.terminate() == 0
+        wait_until(lambda: "listening" in out_path.read_text(), timeout=TAKEOVER, message="up's listening line")
+        with CoordinatorClient(client_target, timeout=30) as client:
+            assert client.wait(client.submit("WORD_COUNT", {"text": "one"}), timeout=30)["state"] == "COMPLETED"
+
+        # When PostgreSQL restarts under it, its coordinator exits 75 and up starts it again
+        postgres_server.restart()
+        wait_until(lambda: "rc=75" in err_path.read_text(), timeout=TAKEOVER, message="the coordinator's exit 75")
+        wait_until(lambda: out_path.read_text().count("listening") == 2, timeout=TAKEOVER, message="listening again")
+        with CoordinatorClient(client_target, timeout=30) as client:
+            assert client.wait(client.submit("WORD_COUNT", {"text": "two"}), timeout=30)["state"] == "COMPLETED"
+    finally:
+        up.terminate()
+        try:
+            up.wait(30)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait(10)
