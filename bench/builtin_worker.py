@@ -12,6 +12,9 @@ more than once (legal under at-least-once delivery, but only after a lost attemp
 ``assigned_at`` holds the ``perf_counter`` time of every TASK_ASSIGN read, in order
 (``bench/scaling.py`` derives assignments/s from it).
 
+They connect through ``bench.conns.dial`` (TLS when the load generator's clients use
+it) and, given a ``token`` (a worker token), send AUTH before WORKER_REGISTER.
+
 ``task_types`` (optional, one list per worker) is sent as WORKER_REGISTER ``taskTypes``;
 without it the field is absent (the built-ins). ``assigned_by_type`` counts assignments
 per task type, and an assignment of a type the worker did not declare counts as the
@@ -25,9 +28,9 @@ from collections import Counter
 
 import gevent
 import gevent.event
-from gevent import socket
 from gevent.queue import Queue
 
+from bench.conns import authenticate, dial
 from jobmesh.protocol.framing import FrameReader, encode_frame
 
 HEARTBEAT_SECONDS = 1.0
@@ -35,8 +38,9 @@ HEARTBEAT_SECONDS = 1.0
 
 class BuiltinWorkers:
     def __init__(self, addr: tuple[str, int], count: int, capacity: int,
-                 task_types: list[list[str]] | None = None) -> None:
+                 task_types: list[list[str]] | None = None, token: str | None = None) -> None:
         self.addr = addr
+        self.token = token
         self.count = count
         self.capacity = capacity
         self.task_types = task_types
@@ -62,10 +66,11 @@ class BuiltinWorkers:
     def _run(self, worker_id: str, ready, types: list[str] | None = None) -> None:
         helpers: list[gevent.Greenlet] = []
         try:
-            sock = socket.create_connection(self.addr, timeout=10)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = dial(self.addr, timeout=10)
             self._socks.append(sock)
             reader = FrameReader(sock.recv)
+            if self.token is not None:
+                authenticate(sock, reader, self.token)
             register = {"type": "WORKER_REGISTER", "workerId": worker_id, "capacity": self.capacity}
             if types is not None:
                 register["taskTypes"] = types

@@ -3,6 +3,11 @@
 Uses ``gevent.socket`` explicitly, so it works in an unpatched process. One ``Conn`` is
 one TCP connection used strictly request/response (or a bounded pipeline), like a
 jobmesh client. Failures are classified into a few error kinds for the report.
+
+``use_tls(ca)`` and ``use_token(token)`` set, for every connection opened afterwards,
+the TLS and the AUTH frame a coordinator with ``--tls-cert`` and ``--auth-file`` asks
+for (``dial`` and ``authenticate`` do the same for a worker connection); a connection
+opened with ``secured=False`` (the echo baseline's) has neither.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from jobmesh.tls import ClientTls, client_context
 REQUEST_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 10.0
 _tls: Any = None  # the client connections' TLS context (gevent's), when the coordinator speaks TLS
+_token: str | None = None  # the token every client connection presents first, when it asks for one
 
 
 def use_tls(ca: str | None) -> None:
@@ -31,6 +37,29 @@ def use_tls(ca: str | None) -> None:
     (None: plaintext)."""
     global _tls
     _tls = client_context(ClientTls(ca), gevent.ssl.SSLContext) if ca else None
+
+
+def use_token(token: str | None) -> None:
+    """Send AUTH with ``token`` first on every client connection (None: no AUTH)."""
+    global _token
+    _token = token
+
+
+def dial(addr: tuple[str, int], timeout: float = CONNECT_TIMEOUT, secured: bool = True):
+    """A connected socket, with TLS when ``use_tls`` set it (and ``secured``), TCP_NODELAY."""
+    sock = socket.create_connection(addr, timeout=timeout)
+    if secured and _tls is not None:
+        sock = _tls.wrap_socket(sock, server_hostname=addr[0])
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def authenticate(sock, reader: FrameReader, token: str) -> None:
+    """AUTH with ``token`` and its AUTH_OK; ``ConnError("auth_refused")`` otherwise."""
+    sock.sendall(encode_frame({"type": "AUTH", "token": token}))
+    reply = reader.read_frame()
+    if reply is None or reply.get("type") != "AUTH_OK":
+        raise ConnError("auth_refused", "closed" if reply is None else str(reply.get("message", reply.get("type"))))
 
 
 class ConnError(Exception):
@@ -70,13 +99,19 @@ class Conn:
         self.reader = FrameReader(sock.recv)
 
     @classmethod
-    def open(cls, addr: tuple[str, int], timeout: float = CONNECT_TIMEOUT) -> "Conn":
-        sock = socket.create_connection(addr, timeout=timeout)
-        if _tls is not None:
-            sock = _tls.wrap_socket(sock, server_hostname=addr[0])
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def open(cls, addr: tuple[str, int], timeout: float = CONNECT_TIMEOUT, secured: bool = True) -> "Conn":
+        """A connection with the TLS and token set by ``use_tls`` and ``use_token``
+        (neither when not ``secured``), authenticated when a token is set."""
+        sock = dial(addr, timeout, secured)
         sock.settimeout(REQUEST_TIMEOUT)
-        return cls(sock)
+        conn = cls(sock)
+        if secured and _token is not None:
+            try:
+                authenticate(sock, conn.reader, _token)
+            except BaseException:
+                conn.close()
+                raise
+        return conn
 
     def request(self, frame: bytes) -> dict[str, Any]:
         self.sock.sendall(frame)
@@ -107,7 +142,7 @@ class Conn:
 
 
 def open_many(addr: tuple[str, int], count: int, burst: int, errors: Counter,
-              deadline_s: float = 120.0, on_progress=None) -> list[Conn]:
+              deadline_s: float = 120.0, on_progress=None, secured: bool = True) -> list[Conn]:
     """Open ``count`` connections, at most ``burst`` connects in flight at a time.
 
     Bounded bursts keep the coordinator's accept backlog from overflowing (a dropped
@@ -118,7 +153,7 @@ def open_many(addr: tuple[str, int], count: int, burst: int, errors: Counter,
 
     def one() -> None:
         try:
-            conns.append(Conn.open(addr))
+            conns.append(Conn.open(addr, secured=secured))
         except Exception as exc:  # noqa: BLE001 - every failure is reported, by kind
             errors["connect_" + classify(exc)] += 1
 

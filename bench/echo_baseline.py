@@ -92,7 +92,7 @@ def measure(addr: tuple[str, int], connections: int, workload: Workload, request
     """Drive ``connections`` closed-loop clients at ``addr`` with the submit loop."""
     abort = abort or gevent.event.Event()
     phase = Phase("echo", None if duration else requests)
-    conns = open_many(addr, connections, 500, phase.errors)
+    conns = open_many(addr, connections, 500, phase.errors, secured=False)  # the echo server: plaintext, no AUTH
     greenlets = run_clients(conns, submit_client, phase, workload)
     wait_phase(greenlets, phase, duration if duration else timeout, abort)
     for c in conns:

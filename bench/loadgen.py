@@ -58,10 +58,21 @@ Options:
   --postgres                  run the coordinator we start on a fresh database of a throwaway
                               PostgreSQL server (bench/pgserver.py: Debian's postgresql, fsync
                               on), stopped at the end, instead of an SQLite file
-  --tls-ca=PEM                connect the clients with TLS, trusting this file; give the
-                              coordinator its certificate and the workers this file with
-                              the --coordinator-arg and --worker-arg flags of the same
-                              names (needs --worker-impl=process)
+  --tls-ca=PEM                connect the clients and scripted workers with TLS, trusting
+                              this file; give the coordinator its certificate and the
+                              worker processes this file with the pass-through flags
+                              (--coordinator-arg=--tls-cert=..., --worker-arg=--tls-ca=...)
+  --tls                       make a CA and a certificate for 127.0.0.1 in the run
+                              directory, start the coordinator with them, and connect the
+                              clients and workers with TLS (a coordinator it starts)
+  --auth                      make an auth file in the run directory with a client and a
+                              worker token, start the coordinator with --auth-file, and
+                              present the tokens (a coordinator it starts)
+  --token-file=PATH           the token the client connections present (AUTH), role
+                              client or admin: for an attached coordinator, or one given
+                              its auth file by a pass-through flag
+  --worker-token-file=PATH    the worker token its workers present (worker processes get
+                              it as their own token file)
   --run-dir=DIR               keep the database and logs here (default: a temp dir, removed)
   --out=FILE                  write the JSON report to FILE
   --quiet                     no live progress line on stderr
@@ -91,12 +102,15 @@ from docopt import DocoptExit, docopt
 
 from bench import procs
 from bench.builtin_worker import BuiltinWorkers
-from bench.conns import Conn, ConnError, classify, open_many, raise_fd_limit, use_tls
+from bench.conns import Conn, ConnError, classify, open_many, raise_fd_limit, use_tls, use_token
 from bench.histogram import Histogram
 from bench.pgserver import PostgresServer, ServerFailed
 from bench.drive import (TERMINAL, CompletionTracker, Phase, run_clients, status_frame, submit_client,
                          submit_once, wait_frame, wait_phase)
 from bench.workload import SpecError, Workload, worker_types
+from jobmesh.addresses import parse_address
+from jobmesh.auth import new_token, read_token
+from jobmesh.errors import BadAddress, ConfigError
 from jobmesh.protocol.framing import encode_frame
 
 MODES = ("submit", "e2e", "status", "mixed", "idle", "burst")
@@ -109,11 +123,12 @@ class UsageError(Exception):
     pass
 
 
-def _hostport(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit():
-        raise UsageError("expected HOST:PORT, got %r" % value)
-    return host, int(port)
+def _hostport(value: str, flag: str) -> tuple[str, int]:
+    try:
+        address = parse_address(value, flag)
+    except BadAddress as exc:
+        raise UsageError(str(exc)) from None
+    return address.host, address.port
 
 
 def _num(args: dict, flag: str, kind=int, low: float = 0) -> Any:
@@ -177,8 +192,8 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
     o["compare_echo"] = bool(a["--compare-echo"])
     if o["compare_echo"] and o["mode"] != "submit":
         raise UsageError("--compare-echo goes with --mode=submit")
-    o["coordinator"] = _hostport(a["--coordinator"]) if a["--coordinator"] else None
-    o["coordinator_worker"] = _hostport(a["--coordinator-worker"]) if a["--coordinator-worker"] else None
+    o["coordinator"] = _hostport(a["--coordinator"], "--coordinator") if a["--coordinator"] else None
+    o["coordinator_worker"] = _hostport(a["--coordinator-worker"], "--coordinator-worker") if a["--coordinator-worker"] else None
     o["coordinator_pid"] = _num(a, "--coordinator-pid", int, 1) if a["--coordinator-pid"] else None
     if o["coordinator"] and o["workers"] and not o["coordinator_worker"]:
         raise UsageError("starting workers for an attached coordinator needs --coordinator-worker")
@@ -200,8 +215,17 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
             raise UsageError("%d workers with %d types each leave a type undeclared; need workers >= %d"
                              % (o["workers"], o["types_per_worker"], o["types"] - o["types_per_worker"] + 1))
     o["tls_ca"] = a["--tls-ca"]
-    if o["tls_ca"] and o["workers"] and o["worker_impl"] != "process":
-        raise UsageError("--tls-ca needs --worker-impl=process (scripted workers speak plaintext)")
+    o["tls"] = bool(a["--tls"])
+    o["auth"] = bool(a["--auth"])
+    o["token_file"] = a["--token-file"]
+    o["worker_token_file"] = a["--worker-token-file"]
+    if o["tls"] and o["tls_ca"]:
+        raise UsageError("--tls makes its own CA: give --tls or --tls-ca, not both")
+    if o["auth"] and (o["token_file"] or o["worker_token_file"]):
+        raise UsageError("--auth makes its own tokens: give --auth or --token-file/--worker-token-file, not both")
+    for flag, key in (("--tls", "tls"), ("--auth", "auth")):
+        if o[key] and o["coordinator"]:
+            raise UsageError("%s goes with a coordinator it starts (attached: --tls-ca, --token-file)" % flag)
     o["run_dir"] = a["--run-dir"]
     o["out"] = a["--out"]
     o["quiet"] = bool(a["--quiet"])
@@ -277,6 +301,11 @@ class LoadGen:
         self.started = time.monotonic()
         self.cpu_start: float | None = None
         self.progress_g: gevent.Greenlet | None = None
+        # TLS and tokens (--tls, --auth, --token-file, --worker-token-file): the flags they add
+        # for the coordinator and the worker processes, and the scripted workers' token.
+        self.secure_args: list[str] = []
+        self.worker_secure_args: list[str] = []
+        self.worker_token: str | None = None
 
     # ---- set-up and tear-down ---------------------------------------------------------
 
@@ -288,6 +317,7 @@ class LoadGen:
         else:
             self.run_dir = Path(tempfile.mkdtemp(prefix="jobmesh-bench-"))
             self.own_run_dir = True
+        self.secure(o)
         if o["coordinator"]:
             self.client_addr = o["coordinator"]
             self.worker_addr = o["coordinator_worker"]
@@ -306,7 +336,7 @@ class LoadGen:
                     raise procs.ChildFailed("PostgreSQL: %s" % exc) from None
                 db = self.postgres.database("bench")
             self.coordinator, self.worker_addr, self.client_addr = procs.start_coordinator(
-                self.run_dir, db, o["db_synchronous"], o["coordinator_args"])
+                self.run_dir, db, o["db_synchronous"], o["coordinator_args"] + self.secure_args)
             self.children.append(self.coordinator)
             pid = self.coordinator.pid
         self.rss = procs.RssSampler(pid)
@@ -317,13 +347,42 @@ class LoadGen:
                 types = None
                 if o["types"]:
                     types = [worker_types(i, o["types"], o["types_per_worker"]) for i in range(o["workers"])]
-                self.builtin = BuiltinWorkers(self.worker_addr, o["workers"], o["capacity"], types)
+                self.builtin = BuiltinWorkers(self.worker_addr, o["workers"], o["capacity"], types, self.worker_token)
                 self.builtin.start()
             else:
                 for i in range(o["workers"]):
                     self.children.append(procs.start_worker(self.run_dir, i, self.worker_addr, o["capacity"],
-                                                            o["worker_args"]))
+                                                            o["worker_args"] + self.worker_secure_args))
             self._await_workers(o["workers"], timeout=30.0)
+
+    def secure(self, o: dict[str, Any]) -> None:
+        """TLS and tokens: with --tls a CA and a server certificate, with --auth an auth file
+        and a client and a worker token, all made in the run directory; the flags the
+        coordinator and the worker processes get for them, and what our connections use."""
+        assert self.run_dir is not None
+        if o["tls"]:
+            from tests.tls_support import make_certs  # cryptography, as the tests make certificates
+
+            certs = make_certs(self.run_dir / "certs")
+            self.secure_args += ["--tls-cert=%s" % certs.server, "--tls-key=%s" % certs.server_key]
+            self.worker_secure_args.append("--tls-ca=%s" % certs.ca)
+            use_tls(str(certs.ca))
+        token_file, worker_token_file = o["token_file"], o["worker_token_file"]
+        if o["auth"]:
+            auth_file = self.run_dir / "auth.toml"
+            if auth_file.exists():
+                auth_file.unlink()  # a kept --run-dir: fresh tokens each run
+            token_file, worker_token_file = self.run_dir / "client.token", self.run_dir / "worker.token"
+            for path, role in ((token_file, "client"), (worker_token_file, "worker")):
+                token = new_token(str(auth_file), "bench-" + role, role)
+                path.touch(0o600)
+                path.write_text(token + "\n")
+            self.secure_args.append("--auth-file=%s" % auth_file)
+        if token_file:
+            use_token(read_token(str(token_file), {}))
+        if worker_token_file:
+            self.worker_token = read_token(str(worker_token_file), {})
+            self.worker_secure_args.append("--token-file=%s" % worker_token_file)
 
     def _await_workers(self, count: int, timeout: float) -> None:
         conn = Conn.open(self.client_addr)
@@ -814,6 +873,8 @@ class LoadGen:
             "db_synchronous": None if o["coordinator"] else o["db_synchronous"],
             "store": None if o["coordinator"] else "postgres" if o["postgres"] else "sqlite",
             "coordinator_args": o["coordinator_args"],
+            "tls": bool(o["tls"] or o["tls_ca"]),
+            "tokens": bool(o["auth"] or o["token_file"]),
             "submits_per_s": round(p.submit_rate(), 1),
             "jobs_per_s": round(jobs_per_s, 1),
             "submit_latency_ms": p.submit_hist.summary_ms(),
@@ -920,7 +981,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             gen.setup()
-        except (procs.ChildFailed, OSError, ConnError, RuntimeError) as exc:
+        except (procs.ChildFailed, OSError, ConnError, RuntimeError, ConfigError) as exc:
             print("loadgen: set-up failed: %s" % exc, file=sys.stderr)
             return EXIT_SETUP  # the finally below stops what was started
         gen.run()

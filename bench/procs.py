@@ -165,6 +165,23 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def run_seconds(pid: int) -> float | None:
+    """The time every thread of ``pid`` has run on a CPU so far, in seconds, to the
+    nanosecond (``/proc/<pid>/task/*/schedstat``), where ``cpu_seconds`` counts ticks."""
+    total = 0
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, task)) as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
+
+
 def machine_cpu_seconds() -> float | None:
     """CPU time all of the machine's CPUs have been busy so far (``/proc/stat``: user,
     nice, system, irq, softirq, steal), in seconds: with the processes' own times it

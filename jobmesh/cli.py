@@ -98,7 +98,8 @@ Coordinator options:
                                  RSATransport; Plain, RSA or AES, as the peer chooses)
   --periodic-authorized-keys=PATH  the peers' RSA public keys the handshake accepts: a
                                  PEM file or a directory of *.pem (PKCS#1 or SPKI);
-                                 any other key is closed (with --periodic-key)
+                                 any other key is closed (with --periodic-key); SIGHUP
+                                 reads it again
   --auth-file=PATH               tokens with roles (TOML; jobmesh token new): every
                                  connection must authenticate, and the metrics port
                                  asks for a token too (but /healthz and /readyz);
@@ -149,7 +150,7 @@ leader that loses its leadership exits 75; started again, it stands by. It
 speaks plaintext unless given --tls-cert and --tls-key. Without --auth-file it
 authenticates nobody, so it binds 127.0.0.1 unless told otherwise, and refuses an
 address other machines can reach unless given --auth-file (or --insecure). SIGHUP
-re-reads the auth file.
+re-reads the auth file, the Periodic authorized keys and the schedules file.
 """ + SETTINGS_HELP + """
 Usage:
   jobmesh coordinator [options]

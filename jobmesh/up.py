@@ -58,9 +58,9 @@ import gevent
 from gevent import subprocess
 from gevent.event import AsyncResult, Event
 
+from jobmesh.addresses import Address, parse_address
 from jobmesh.auth import (TOKEN_BYTES, TOKEN_ENV, TOKEN_FILE_ENV, WORKER, AuthFile, AuthFileError, entry_text,
                           read_token, replace_file, token_digest)
-from jobmesh.addresses import Address, parse_address
 from jobmesh.config import CoordinatorConfig, coordinator_config, parse_task_modules
 from jobmesh.errors import BadAddress, ConfigError
 from jobmesh.exitcodes import EXIT_LEADERSHIP_LOST

@@ -82,6 +82,13 @@ def assert_prompt(seconds: float, base: float, what: str = "the request") -> Non
     assert seconds < limit, "%s took %.3f s: over %.3f s (baseline %.2f ms)" % (what, seconds, limit, base * 1000)
 
 
+def closed_address() -> str:
+    """``127.0.0.1:PORT`` where nothing listens: connecting is refused, as at a standby
+    coordinator (it opens no job ports)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        return "127.0.0.1:%d" % listener.getsockname()[1]
+
+
 def alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:
@@ -627,17 +634,20 @@ class Delayed:
 class ScriptedServer:
     """Accepts connections one after another and plays ``steps`` across them in order.
 
-    Each step answers one request: a dict is sent as a frame, ``CLOSE`` closes the
+    ``port``: listen there (default: a free one); ``dies``: stop listening once the steps
+    are played (connecting is refused then, as at a dead coordinator). Each step answers
+    one request: a dict is sent as a frame, ``CLOSE`` closes the
     connection without a reply, ``HANG`` never answers, ``bytes`` are sent raw, and
     ``Delayed(seconds, step)`` plays ``step`` after a pause (a coordinator holding a WAIT_JOB).
     ``requests`` and ``connections`` record what arrived (stdlib threads, no patching).
     """
 
-    def __init__(self, steps):
+    def __init__(self, steps, port: int = 0, dies: bool = False):
         self.steps = list(steps)
+        self.dies = dies
         self.requests: list[dict] = []
         self.connections = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = socket.create_server(("127.0.0.1", port))
         self.listener.settimeout(0.05)  # before the thread starts: close() may come first
         self.port = self.listener.getsockname()[1]
         self._release = _threading.Event()
@@ -665,6 +675,8 @@ class ScriptedServer:
                         break
                     self.requests.append(request)
                     step = self.steps.pop(0)
+                    if self.dies and not self.steps:
+                        self.listener.close()  # before this connection ends: the client sees the death whole
                     if step == CLOSE:
                         break
                     if isinstance(step, Delayed):
@@ -675,6 +687,8 @@ class ScriptedServer:
                         self._release.wait(10)
                         break
                     conn.sendall(step if isinstance(step, bytes) else encode_frame(step))
+        if self.dies:
+            self.listener.close()
 
     def close(self):
         self._release.set()

@@ -13,7 +13,8 @@ What each failure means for the caller (the error tree is in jobmesh/errors.py):
   a fresh connection: reads (status, listings, waits, stats...) and submits that carry an
   ``idempotency_key`` (the coordinator answers a repeated key with the job it made). They
   go again when a reused connection was found dead, or, given several addresses, when
-  the connection was lost or the reply timed out. Other requests (a submit without a
+  the connection was lost or the reply timed out; then, while no address answers, the
+  client goes round the list again with backoff for up to ``failover_timeout``. Other requests (a submit without a
   key, cancel, retry, purge, schedule changes) are not repeated; except that any request
   goes on a fresh connection when the coordinator closed the connection after refusing
   the previous request (it reads nothing more there, so this one was never read, or not
@@ -53,7 +54,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Sequence
 from zoneinfo import ZoneInfo
 
-from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, first_reachable, parse_addresses
+from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, first_reachable, joined, parse_addresses
 from jobmesh.errors import (ClientError, CoordinatorUnavailable, InvalidRequest, ProtocolError, RequestFailed,
                             RequestTooLarge, SubmitRejected)
 from jobmesh.protocol import messages as m
@@ -65,6 +66,9 @@ DEFAULT_PORT = 7071
 COORDINATOR_ENV = "JOBMESH_COORDINATOR"  # the addresses when the caller names none, as for the CLI
 RETRY_BASE = 0.05
 RETRY_CAP = 2.0
+# Given several addresses, how long a request safe to repeat whose connection was lost
+# keeps going round the list for a coordinator to answer (a standby taking over).
+FAILOVER_TIMEOUT = 30.0
 WAIT_CHUNK_MILLIS = 60_000  # one WAIT_JOB waits at most this long; ``wait`` asks again after it
 _TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -155,9 +159,11 @@ class CoordinatorClient:
 
     ``host``: ``HOST``, ``HOST:PORT``, several of those separated by commas, or a list of
     them (an entry without a port takes ``port``); when not given, ``$JOBMESH_COORDINATOR``,
-    else 127.0.0.1. ``connect_timeout`` (per address) and
-    ``timeout`` are seconds; ``timeout`` bounds each reply. ``ValueError`` for an address
-    that is not HOST:PORT (an IPv6 host in brackets: ``[::1]:7071``).
+    else 127.0.0.1. ``ValueError`` for an address that is not HOST:PORT (an IPv6 host in
+    brackets: ``[::1]:7071``). ``connect_timeout`` (per address), ``timeout`` and
+    ``failover_timeout`` are seconds: ``timeout`` bounds each reply, and
+    ``failover_timeout`` how long a request safe to repeat whose connection was lost
+    waits for one of several addresses to answer before ``CoordinatorUnavailable``.
     ``token``: for a coordinator with ``--auth-file``, sent as AUTH first on each
     connection; a refused token raises ``RequestFailed("authentication failed")``.
     Without one, such a coordinator answers ``authentication required``.
@@ -178,6 +184,7 @@ class CoordinatorClient:
         timeout: float = 30.0,
         token: str | None = None,
         *,
+        failover_timeout: float = FAILOVER_TIMEOUT,
         tls: bool | ssl.SSLContext = False,
         tls_ca: str | None = None,
         tls_cert: str | None = None,
@@ -189,6 +196,7 @@ class CoordinatorClient:
         self._at = 0  # the index of the address connected to, or to try first
         self.connect_timeout = connect_timeout
         self.timeout = timeout
+        self.failover_timeout = failover_timeout
         self._token = token  # sent as AUTH first on each connection (a coordinator with --auth-file)
         self.tls: ssl.SSLContext | None
         if isinstance(tls, ssl.SSLContext):
@@ -209,7 +217,7 @@ class CoordinatorClient:
         self.close()
 
     def __repr__(self) -> str:
-        return "CoordinatorClient(%s)" % ",".join(str(a) for a in self.addresses)
+        return "CoordinatorClient(%s)" % joined(self.addresses)
 
     @property
     def address(self) -> Address:
@@ -400,13 +408,32 @@ class CoordinatorClient:
                 # one, so the request was never read and any request goes again.
                 if not (again or (reused and after_refusal)):
                     raise
-                obj = self._exchange(request, reply_timeout)
+                obj = self._resend(request, reply_timeout)
             except CoordinatorUnavailable:
                 if not again:
                     raise
-                obj = self._exchange(request, reply_timeout)
+                obj = self._resend(request, reply_timeout)
             self._refused = obj.get("type") == m.Error.TYPE
         return self._reply(request, obj, expect)
+
+    def _resend(self, request: m.Message, reply_timeout: float | None) -> dict[str, Any]:
+        """Send ``request`` once more, on a fresh connection. Given several addresses, a
+        round in which none answers is followed by another, with ``submit_backoff``
+        between them, for up to ``failover_timeout`` seconds: a standby takes a moment to
+        take over from a leader that died. The request itself goes only once."""
+        deadline = time.monotonic() + self.failover_timeout
+        rounds = 0
+        while True:
+            try:
+                self._connect()
+            except _NotConnected:
+                rounds += 1
+                pause = submit_backoff(rounds)
+                if len(self.addresses) == 1 or time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)
+                continue
+            return self._exchange(request, reply_timeout)
 
     def _reply(self, request: m.Message, obj: dict[str, Any], expect: type) -> Any:
         """The reply ``obj`` to ``request`` if it is an ``expect``; else the error it means."""

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Callable, TextIO
 
+from jobmesh.addresses import parse_addresses
 from jobmesh.auth import read_token
 from jobmesh.client import render, top
 from jobmesh.client.api import EPOCH, CoordinatorClient, WaitTimeout
-from jobmesh.addresses import parse_addresses
 from jobmesh.errors import ClientError, ConfigError, CoordinatorUnavailable, InvalidRequest, RequestFailed, SubmitRejected
 from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE
 from jobmesh.protocol import messages as m

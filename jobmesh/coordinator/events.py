@@ -133,13 +133,14 @@ class PeriodicPacket(Event):
     """A decoded Periodic request (``jobmesh.periodic.codec``) from a Periodic connection
     that the core must apply (docs/PERIODIC.md)."""
 
-    __slots__ = ("conn", "msg", "cost")
+    __slots__ = ("conn", "msg", "cost", "submitted_by")
     conn: OutboundConnection
 
-    def __init__(self, conn: OutboundConnection, msg: Any, cost: int = 1) -> None:
+    def __init__(self, conn: OutboundConnection, msg: Any, cost: int = 1, submitted_by: str | None = None) -> None:
         self.conn = conn
         self.msg = msg
         self.cost = cost  # DUMP, STATUS and LOAD cost by their size (periodic_port.PeriodicPort.cost_of)
+        self.submitted_by = submitted_by  # the name of the token the connection registered with (types 3, 4)
 
 
 class PeriodicClosed(Event):

@@ -119,10 +119,13 @@ class PeriodicJobs:
         self.locks = LockTable()  # ACQUIRE / RELEASE
         # Set by the core between batches: assign nothing (draining, or storage failing).
         self.hold = False
+        # The requests that create jobs take the name of the token that sent them too.
+        self._creators: dict[type, Callable[[int, OutboundConnection, Any, str | None], None]] = {
+            pc.SubmitJob: self._on_submit, pc.RunJob: self._on_run, pc.Load: self._on_load}
         self._handlers: dict[type, Callable[[int, OutboundConnection, Any], None]] = {
-            pc.SubmitJob: self._on_submit, pc.RunJob: self._on_run, pc.RecvData: self._on_recv_data,
+            pc.RecvData: self._on_recv_data,
             pc.WorkData: self._on_work_data, pc.Status: self._on_status, pc.RemoveJob: self._on_remove,
-            pc.DropFunc: self._on_drop_func, pc.Dump: self._on_dump, pc.Load: self._on_load,
+            pc.DropFunc: self._on_drop_func, pc.Dump: self._on_dump,
             pc.CanDo: self._on_can_do, pc.Broadcast: self._on_can_do, pc.CantDo: self._on_can_do,
             pc.GrabJob: self._on_grab, pc.JobUnassigned: self._on_unassigned,
             pc.WorkDone: self._on_outcome, pc.WorkFail: self._on_outcome, pc.SchedLater: self._on_outcome,
@@ -279,10 +282,16 @@ class PeriodicJobs:
         job_id = self.named.get(key)
         return key, (self.table.jobs.get(job_id) if job_id is not None else None)
 
-    def on_packet(self, now_millis: int, conn: OutboundConnection, msg: Any) -> None:
+    def on_packet(self, now_millis: int, conn: OutboundConnection, msg: Any, submitted_by: str | None = None) -> None:
         """One decoded Periodic request (``jobmesh.periodic.codec``) the connection handler
         does not answer itself. Replies are frames on ``conn``, after this batch's commit;
-        a func or name that is not UTF-8 closes the connection (None)."""
+        a func or name that is not UTF-8 closes the connection (None). ``submitted_by``:
+        the name of the token the connection registered with (types 3 and 4), which the
+        jobs it creates carry."""
+        creator = self._creators.get(type(msg))
+        if creator is not None:
+            creator(now_millis, conn, msg, submitted_by)
+            return
         handler = self._handlers.get(type(msg))
         if handler is None:
             log.warning("periodic request %s not handled by the core", type(msg).__name__)
@@ -307,12 +316,13 @@ class PeriodicJobs:
                     " or a func holds a comma or a line break", conn)
         self.outbox.send(conn, None)
 
-    def _on_submit(self, now_millis: int, conn: OutboundConnection, msg: pc.SubmitJob) -> None:
+    def _on_submit(self, now_millis: int, conn: OutboundConnection, msg: pc.SubmitJob,
+                   submitted_by: str | None) -> None:
         func, name = _func_name(msg.job.func), _text(msg.job.name)
         if func is None or name is None:
             self._not_text(conn)
             return
-        problem = self._store(now_millis, func, name, msg.job)
+        problem = self._store(now_millis, func, name, msg.job, submitted_by)
         self.outbox.send(conn, pc.encode_success(msg.msgid) if problem is None else pc.encode_data(msg.msgid, problem))
 
     def _on_status(self, now_millis: int, conn: OutboundConnection, msg: pc.Status) -> None:
@@ -342,14 +352,14 @@ class PeriodicJobs:
                 if job_id in self.table.jobs]
         self.outbox.send(conn, pc.encode_dump(msg.msgid, jobs))
 
-    def _on_load(self, now_millis: int, conn: OutboundConnection, msg: pc.Load) -> None:
+    def _on_load(self, now_millis: int, conn: OutboundConnection, msg: pc.Load, submitted_by: str | None) -> None:
         """LOAD: each job of the list as a SUBMIT_JOB; a refused one ends the load with its reason."""
         for pj in msg.jobs:
             func, name = _func_name(pj.func), _text(pj.name)
             if func is None or name is None:
                 self._not_text(conn)
                 return
-            problem = self._store(now_millis, func, name, pj)
+            problem = self._store(now_millis, func, name, pj, submitted_by)
             if problem is not None:
                 self.outbox.send(conn, pc.encode_data(msg.msgid, problem))
                 return
@@ -471,9 +481,11 @@ class PeriodicJobs:
                 pf.locked -= 1
                 self._enter(job, pf)
 
-    def _store(self, now_millis: int, func: str, name: str, pj: pc.Job) -> bytes | None:
+    def _store(self, now_millis: int, func: str, name: str, pj: pc.Job, submitted_by: str | None) -> bytes | None:
         """SUBMIT_JOB's work (RUN_JOB and LOAD too): create, replace a pending job of that
-        name, or drop it if it runs. None, or why it was refused (the DATA text)."""
+        name, or drop it if it runs. None, or why it was refused (the DATA text).
+        ``submitted_by`` (a token's name, or None) is kept by a job it creates and named
+        by the SUBMITTED or REPLACED event, as on the JSON ports."""
         wall = now_millis + self.table.drift
         if pj.sched_at > MAX_RUN_AT_MILLIS // 1000:
             return TOO_LATE  # (the JSON port refuses such times too)
@@ -485,7 +497,7 @@ class PeriodicJobs:
         existing = self.table.jobs.get(job_id) if job_id is not None else None
         if existing is not None:
             if existing.state is not JobState.RUNNING:
-                self._replace(existing, fields, now_millis)
+                self._replace(existing, fields, now_millis, submitted_by)
             else:
                 log.debug("periodic submit dropped: job=%s func=%s name=%s is running", existing.job_id, func, name)
             return None
@@ -496,11 +508,15 @@ class PeriodicJobs:
         job = self.table.new_job(now_millis, func, {}, 0, Priority.NORMAL,
                                  JobState.SCHEDULED if later else JobState.QUEUED,
                                  execution_timeout=self._timeout(fields), run_at=sched, name=name, periodic=fields)
-        self.table.admit(job, now_millis)  # entered() indexes it
+        detail = None
+        if submitted_by is not None:
+            job.submitted_by = submitted_by
+            detail = "by %s" % submitted_by
+        self.table.admit(job, now_millis, detail)  # entered() indexes it
         log.debug("periodic submit job=%s func=%s name=%s sched=%d", job.job_id, func, name, sched)
         return None
 
-    def _replace(self, job: Job, fields: dict[str, Any], now_millis: int) -> None:
+    def _replace(self, job: Job, fields: dict[str, Any], now_millis: int, submitted_by: str | None) -> None:
         """A pending named job resubmitted: new workload, sched time, count and timeout
         (REPLACED); one waiting for a lock stops waiting (periodicd: Locked -> Pending)."""
         lock = self.locks.waiting.get(job.job_id)
@@ -512,7 +528,7 @@ class PeriodicJobs:
         job.execution_timeout = self._timeout(fields)
         sched = fields["sched"]
         job.run_at = sched
-        self.table.event(job, now_millis, "REPLACED")
+        self.table.event(job, now_millis, "REPLACED", None if submitted_by is None else "by %s" % submitted_by)
         later = sched > now_millis + self.table.drift
         target = JobState.SCHEDULED if later else JobState.QUEUED
         if job.state is target:  # same state: re-index if the time moved (or a lock let it go)
@@ -571,7 +587,7 @@ class PeriodicJobs:
 
     # ---- run-and-wait and streaming --------------------------------------------------------
 
-    def _on_run(self, now_millis: int, conn: OutboundConnection, msg: pc.RunJob) -> None:
+    def _on_run(self, now_millis: int, conn: OutboundConnection, msg: pc.RunJob, submitted_by: str | None) -> None:
         """RUN_JOB: NO_WORKER at once if no connected worker declared the func; else store
         (or attach to the job of that name) and answer when the job ends."""
         key, _job = self.live(pc.Handle(msg.job.func, msg.job.name))
@@ -585,7 +601,7 @@ class PeriodicJobs:
             return
         if not self.waits.may_wait(conn):
             return
-        problem = self._store(now_millis, func, name, msg.job)
+        problem = self._store(now_millis, func, name, msg.job, submitted_by)
         if problem is not None:
             self.outbox.send(conn, pc.encode_data(msg.msgid, problem))
             return

@@ -50,7 +50,7 @@ from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import monotonic
 from jobmesh.coordinator.connection import MAX_UNSENT_BYTES, WRITER_JOIN_SECONDS, Output, nodelay
 from jobmesh.auth import READER, WORKER
-from jobmesh.errors import ProtocolError
+from jobmesh.errors import ConfigError, ProtocolError
 from jobmesh.periodic import codec as pc
 
 if TYPE_CHECKING:
@@ -185,13 +185,15 @@ class PeriodicConn(Output):
 class SealedPeriodicConn(PeriodicConn):
     """A connection that passed the RSA handshake: in RSA or AES mode (``seal`` set once
     the handshake is over) every write is sealed for the peer first, so frames written
-    by the handler, the runtime and the pacer all go through the session, in order."""
+    by the handler, the runtime and the pacer all go through the session, in order.
+    ``fingerprint`` names the authorized key it used (b"" until the handshake is over)."""
 
-    __slots__ = ("seal",)
+    __slots__ = ("seal", "fingerprint")
 
     def __init__(self, sock: Any, addr: Any) -> None:
         super().__init__(sock, addr)
         self.seal: Callable[[bytes], bytes] | None = None
+        self.fingerprint = b""
 
     def write(self, data: bytes, close: bool = False) -> None:
         if data and self.seal is not None:
@@ -250,6 +252,26 @@ class PeriodicPort:
                     conn.abort()
         self._reaper = None
 
+    def reload_keys(self) -> None:
+        """SIGHUP: read ``--periodic-authorized-keys`` again. New handshakes use the keys
+        read; the connections that passed the handshake with a key no longer there are
+        closed (as a removed token's are). Keys that do not load are logged, and the keys
+        in force kept."""
+        keys = self.keys
+        if keys is None:
+            return
+        try:
+            keys.reload_authorized()
+        except ConfigError as exc:
+            log.error("kept the Periodic authorized keys in force: %s", exc)
+            return
+        gone = [conn for conn in self.conns if isinstance(conn, SealedPeriodicConn) and conn.fingerprint
+                and conn.fingerprint not in keys.authorized]
+        for conn in gone:
+            conn.abort()
+        log.info("reloaded periodic authorized keys %s: keys=%d closed_connections=%d", keys.authorized_path,
+                 len(keys.authorized), len(gone))
+
     def _admit(self, reg: pc.Registration, conn: PeriodicConn, secured: bool) -> frozenset | None:
         """What the registered connection may not send, or None: close it without a reply
         (after the guard's delay, for an address that keeps failing)."""
@@ -299,6 +321,10 @@ class PeriodicPort:
             reply = handshake.feed(data)
             if reply:
                 sock.sendall(reply)
+        if handshake.peer_fingerprint not in self.keys.authorized:  # removed by a reload meanwhile
+            log.warning("closing periodic connection peer=%s:%s: its key is no longer authorized", *conn.addr[:2])
+            return None
+        conn.fingerprint = handshake.peer_fingerprint
         session = handshake.session
         if session.mode is rsa.Mode.PLAIN:
             decoder.feed(handshake.rest)
@@ -347,6 +373,7 @@ class PeriodicPort:
             worker = conn.kind == pc.ConnType.WORKER
             post = self.post_urgent if worker else self.post
             identity = conn.identity
+            submitted_by = identity.name if identity is not None else None  # what the jobs it makes name
             limited = None  # the commands naming a func, for a token that lists its taskTypes
             if identity is not None and identity.task_types is not None:
                 limited = WORKER_FUNCS if worker else CLIENT_FUNCS
@@ -369,7 +396,7 @@ class PeriodicPort:
                         conn.write(pc.encode_no_worker(msg.msgid))
                         continue
                 if isinstance(msg, CORE_REQUESTS):
-                    post(ev.PeriodicPacket(conn, msg, self.cost_of(msg)))
+                    post(ev.PeriodicPacket(conn, msg, self.cost_of(msg), submitted_by))
                     posted = True
                     continue
                 answer = local_answer(msg, self.config)

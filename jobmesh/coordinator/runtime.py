@@ -362,9 +362,11 @@ class Coordinator:
 
     def on_hangup(self) -> None:
         """SIGHUP: read the files given by flags again: the auth file (the connections of
-        removed tokens close) and the schedules file."""
+        removed tokens close), the Periodic port's authorized keys (the connections of
+        removed keys close) and the schedules file."""
         if self.guard is not None:
             self.guard.reload()
+        self.periodic.reload_keys()
         self.reload_schedules()
 
     def _lead(self, standing_by: Callable[[], None]) -> bool:

@@ -330,7 +330,9 @@ class Servers:
                     )
                 if isinstance(msg, m.TaskResult):
                     self.post_worker(ev.Result(conn, msg))
-                else:  # a HEARTBEAT: its arrival is all it says, stamped above
+                else:  # a HEARTBEAT: its arrival is what it says (stamped above), and maybe "answer me"
+                    if msg.ack:
+                        conn.send(m.HeartbeatAck(msg.worker_id))
                     beats += 1
                     if beats > MAX_HEARTBEATS_PER_SECOND:
                         if time.monotonic() - window_start < 1.0:

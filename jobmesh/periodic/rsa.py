@@ -125,20 +125,28 @@ def load_authorized_keys(path: str) -> dict[bytes, rsa.RSAPublicKey]:
 
 
 class ServerKeys:
-    """The server's private key and the public keys it accepts, loaded once at start."""
+    """The server's private key, loaded once at start, and the public keys it accepts,
+    read again by ``reload_authorized`` (SIGHUP)."""
 
-    __slots__ = ("private", "authorized", "own_fingerprint", "block")
+    __slots__ = ("private", "authorized", "authorized_path", "own_fingerprint", "block")
 
-    def __init__(self, private: rsa.RSAPrivateKey, authorized: dict[bytes, rsa.RSAPublicKey]) -> None:
+    def __init__(self, private: rsa.RSAPrivateKey, authorized: dict[bytes, rsa.RSAPublicKey],
+                 authorized_path: str = "") -> None:
         self.private = private
         self.authorized = authorized
+        self.authorized_path = authorized_path  # where ``authorized`` was read from
         self.own_fingerprint = fingerprint(private.public_key())
         self.block = private.key_size // 8  # what the peer's blocks measure
 
     @classmethod
     def load(cls, key_path: str, authorized_path: str) -> ServerKeys:
         """Both files, checked; ``ConfigError`` naming the flag and the file otherwise."""
-        return cls(load_private_key(key_path), load_authorized_keys(authorized_path))
+        return cls(load_private_key(key_path), load_authorized_keys(authorized_path), authorized_path)
+
+    def reload_authorized(self) -> None:
+        """Read the authorized keys again from where they were read at start; handshakes
+        from now on use them. ``ConfigError`` (and the keys in force kept) if they do not load."""
+        self.authorized = load_authorized_keys(self.authorized_path)
 
     def decrypt(self, block: bytes) -> bytes:
         try:
@@ -238,15 +246,17 @@ class Handshake:
     ``feed(data)`` returns the bytes to send now (the server's fingerprint, once the
     peer's is known) and raises ``PeriodicError`` when the handshake fails. Once
     ``session`` is set the handshake is over; ``rest`` holds what the peer sent after it
-    (its first frames, still sealed), for ``session.open``.
+    (its first frames, still sealed), for ``session.open``, and ``peer_fingerprint``
+    names the authorized key the peer proved it holds.
     """
 
-    __slots__ = ("keys", "session", "rest", "_buf", "_peer", "_mode")
+    __slots__ = ("keys", "session", "rest", "peer_fingerprint", "_buf", "_peer", "_mode")
 
     def __init__(self, keys: ServerKeys) -> None:
         self.keys = keys
         self.session: Session | None = None
         self.rest = b""
+        self.peer_fingerprint = b""
         self._buf = b""
         self._peer: rsa.RSAPublicKey | None = None
         self._mode: Mode | None = None
@@ -265,6 +275,7 @@ class Handshake:
                 if peer is None:
                     raise PeriodicError("the peer's key is not authorized (fingerprint %s)" % plain[:32].hex())
                 self._peer = peer
+                self.peer_fingerprint = plain
                 reply = peer.encrypt(self.keys.own_fingerprint, _OAEP)
             elif self._mode is None:
                 if len(plain) != 1 or plain[0] > Mode.AES:

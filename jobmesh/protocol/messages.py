@@ -223,6 +223,15 @@ class WorkerRegistered(Message):
 class Heartbeat(Message):
     TYPE = "HEARTBEAT"
     worker_id: str = wire("workerId", "str")
+    # Asks for a HEARTBEAT_ACK: a worker that gets no frame at all for a while then knows
+    # its coordinator is frozen (its kernel still acknowledges the bytes) and moves on.
+    ack: bool = wire("ack", "bool", False)
+
+
+@dataclass(frozen=True)
+class HeartbeatAck(Message):
+    TYPE = "HEARTBEAT_ACK"
+    worker_id: str = wire("workerId", "str")
 
 
 @dataclass(frozen=True)
@@ -539,7 +548,7 @@ class SchedulePreview(Message):
 
 
 ALL_MESSAGES: tuple[type[Message], ...] = (
-    WorkerRegister, WorkerRegistered, Heartbeat, TaskAssign, TaskCancel, TaskResult, Error,
+    WorkerRegister, WorkerRegistered, Heartbeat, HeartbeatAck, TaskAssign, TaskCancel, TaskResult, Error,
     SubmitJob, JobSubmitted, SubmitRejected, GetJobStatus, JobStatus, ListJobs, JobList,
     ListWorkers, WorkerList, CancelJob, JobCancel, GetJobEvents, JobEvents, RetryJob, PurgeJobs,
     JobsPurged, WaitJob, GetStats, Stats, SchedulePut, Schedule, ScheduleGet, ScheduleList, SchedulePause,
@@ -553,7 +562,7 @@ CLIENT_PORT_REQUESTS = frozenset({"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "
                                   "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB",
                                   "GET_STATS", "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",
                                   "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW"})
-TO_WORKER = frozenset({"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR", "AUTH_OK"})
+TO_WORKER = frozenset({"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "HEARTBEAT_ACK", "ERROR", "AUTH_OK"})
 TO_CLIENT = frozenset({"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST", "JOB_CANCEL",
                        "JOB_EVENTS", "JOBS_PURGED", "STATS", "SCHEDULE", "SCHEDULE_LIST", "SCHEDULE_PREVIEW",
                        "ERROR", "AUTH_OK"})

@@ -59,6 +59,7 @@ from jobmesh.protocol.messages import (
     AuthOk,
     Error,
     Heartbeat,
+    HeartbeatAck,
     Message,
     TaskAssign,
     TaskCancel,
@@ -85,6 +86,7 @@ KEEPING_BACKOFF_CAP = 0.5
 # Unacknowledged data (our heartbeats) fails the connection after this long, so a silent
 # network partition is noticed even though the coordinator never writes unprompted.
 MIN_USER_TIMEOUT_MILLIS = 10_000
+MIN_SILENCE_MILLIS = 1_000
 
 
 class RegistrationRefused(Exception):
@@ -293,10 +295,11 @@ class WorkerAgent:
         self._outbox = outbox
         if self.results:  # held while disconnected: they follow the registration
             outbox.put(b"")
+        hearing = Hearing()
         writer = gevent.spawn(self._write_loop, sock, outbox)
-        heart = gevent.spawn(self._heartbeat_loop, outbox)
+        heart = gevent.spawn(self._heartbeat_loop, outbox, sock, hearing)
         try:
-            return self._read_loop(reader, outbox)
+            return self._read_loop(reader, outbox, hearing)
         except ProtocolError as exc:
             log.warning("bad frame from coordinator worker=%s error=%r", self.worker_id, str(exc))
             return "protocol error: %s" % exc
@@ -309,13 +312,16 @@ class WorkerAgent:
 
     # ---- session greenlets ------------------------------------------------------------
 
-    def _read_loop(self, reader: FrameReader, outbox: Queue) -> str:
+    def _read_loop(self, reader: FrameReader, outbox: Queue, hearing: "Hearing") -> str:
         while True:
             obj = reader.read_frame()
             if obj is None:
-                return "coordinator closed the connection"
+                return hearing.why_ended or "coordinator closed the connection"
+            hearing.heard()
             msg = decode(obj, TO_WORKER)
-            if isinstance(msg, TaskAssign):
+            if isinstance(msg, HeartbeatAck):
+                hearing.answers = True
+            elif isinstance(msg, TaskAssign):
                 self._on_assign(msg, outbox)
             elif isinstance(msg, TaskCancel):
                 self._on_cancel(msg)
@@ -351,11 +357,28 @@ class WorkerAgent:
                 sending.update(self.results)
                 self.results = sending
 
-    def _heartbeat_loop(self, outbox: Queue) -> None:
-        frame = encode_frame(Heartbeat(self.worker_id).to_wire())
+    def _heartbeat_loop(self, outbox: Queue, sock: socket.socket, hearing: "Hearing") -> None:
+        # Answers are asked for only where there is somewhere else to go: a worker with one
+        # address sends the HEARTBEAT it always sent.
+        wire = Heartbeat(self.worker_id, ack=len(self.addresses) > 1).to_wire()
+        if not wire["ack"]:
+            del wire["ack"]
+        frame = encode_frame(wire)
         interval = self.cfg.heartbeat_interval_millis / 1000.0
+        silence = silence_limit(self.cfg.heartbeat_interval_millis) / 1000.0
         next_beat = time.monotonic()
         while True:
+            quiet = hearing.quiet_for()
+            if hearing.answers and quiet > silence:
+                # Its kernel still takes our bytes, yet the process has not answered a
+                # heartbeat: frozen (SIGSTOP, a paused VM). Move on to the next address.
+                hearing.why_ended = "coordinator silent for %.1f s" % quiet
+                log.warning("coordinator silent for %.1f s worker=%s: leaving the connection", quiet, self.worker_id)
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # the reader sees EOF
+                except OSError:
+                    pass
+                return
             # A fixed cadence: one late beat does not push the following ones back, but
             # after a long stall the cadence restarts instead of sending a burst.
             next_beat += interval
@@ -446,6 +469,32 @@ def secure(sock: socket.socket, context: Any, host: str) -> socket.socket:
     except BaseException:
         sock.close()
         raise
+
+
+class Hearing:
+    """What one session has heard from its coordinator: when the last frame came, and
+    whether it answers heartbeats at all (an older coordinator does not, and is then
+    never judged by its silence)."""
+
+    __slots__ = ("last", "answers", "why_ended")
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.answers = False
+        self.why_ended: str | None = None
+
+    def heard(self) -> None:
+        self.last = time.monotonic()
+
+    def quiet_for(self) -> float:
+        return time.monotonic() - self.last
+
+
+def silence_limit(heartbeat_interval_millis: int) -> int:
+    """Milliseconds without a frame from a coordinator that answers heartbeats after which
+    it is taken to be frozen: three missed answers, as a coordinator judges a worker by
+    three missed heartbeats under its default timeout."""
+    return max(MIN_SILENCE_MILLIS, 3 * heartbeat_interval_millis)
 
 
 def _tune(sock: socket.socket, heartbeat_interval_millis: int) -> None:

@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import socket
 import threading
 from types import SimpleNamespace
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.protocol.framing import FrameReader
-from tests.helpers import RawConn, run_cli, wait_registered, wait_until
-
-
-def dead() -> str:
-    """An address nothing listens on."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        return "127.0.0.1:%d" % listener.getsockname()[1]
+from tests.helpers import RawConn, closed_address, run_cli, wait_registered, wait_until
 
 
 def listed(*targets: str) -> SimpleNamespace:
@@ -27,10 +23,10 @@ def listed(*targets: str) -> SimpleNamespace:
 
 def test_a_worker_and_the_cli_given_a_dead_address_first_use_the_live_one(coordinator, worker_procs):
     # Given a real worker told a closed port first, then the coordinator's worker port
-    worker_procs.start(listed(dead(), coordinator.worker_target), "w-list")
+    worker_procs.start(listed(closed_address(), coordinator.worker_target), "w-list")
     # When the CLI, told a closed port first too, submits a job and waits for it
     done = run_cli("submit", "SHA256", '{"text": "abc"}', "--wait", "--json",
-                   coordinator="%s,%s" % (dead(), coordinator.client_target))
+                   coordinator="%s,%s" % (closed_address(), coordinator.client_target))
     # Then the worker ran it and the CLI printed its end
     assert done.returncode == 0, done
     job = json.loads(done.stdout)
@@ -38,12 +34,12 @@ def test_a_worker_and_the_cli_given_a_dead_address_first_use_the_live_one(coordi
 
 
 def test_jobmesh_coordinator_names_the_addresses_and_a_flag_beats_it(coordinator):
-    both = "%s,%s" % (dead(), coordinator.client_target)
+    both = "%s,%s" % (closed_address(), coordinator.client_target)
     done = run_cli("submit", "SLEEP", '{"durationMillis": 1}', "--json", env={"JOBMESH_COORDINATOR": both})
     assert done.returncode == 0, done
     job_id = json.loads(done.stdout)["jobId"]
     done = run_cli("status", job_id, "--json", coordinator=coordinator.client_target,
-                   env={"JOBMESH_COORDINATOR": dead()})
+                   env={"JOBMESH_COORDINATOR": closed_address()})
     assert done.returncode == 0 and json.loads(done.stdout)["jobId"] == job_id, done
 
 
@@ -65,7 +61,7 @@ def test_a_worker_on_a_list_registers_with_the_second_coordinator_when_the_first
 
 
 def test_every_address_dead_is_one_line_naming_each_and_exit_3(worker_procs):
-    a, b = dead(), dead()
+    a, b = closed_address(), closed_address()
     done = run_cli("workers", coordinator="%s,%s" % (a, b))
     assert done.returncode == 3, done
     assert done.stderr == ("jobmesh workers: coordinator unreachable: cannot connect to %s: Connection refused; "
@@ -79,7 +75,7 @@ def test_every_address_dead_is_one_line_naming_each_and_exit_3(worker_procs):
 
 
 def test_a_worker_on_a_list_still_stops_at_a_client_port(coordinator, worker_procs):
-    worker = worker_procs.start(listed(dead(), coordinator.client_target), "w-lost")
+    worker = worker_procs.start(listed(closed_address(), coordinator.client_target), "w-lost")
     assert worker.proc.wait(20) == 1  # retrying cannot help: it stops at once
     assert "WORKER_REGISTER belongs on the worker port" in worker.log()
 
@@ -119,3 +115,27 @@ def test_a_cli_submit_whose_reply_is_lost_makes_one_job(coordinator):
     assert done.stdout == "submitted job %s\n" % made["jobId"]
     with CoordinatorClient(*coordinator.client_addr, timeout=10) as client:
         assert [j["jobId"] for j in client.iter_jobs()] == [made["jobId"]]
+
+
+def test_a_worker_leaves_a_frozen_coordinator_for_the_next_address(coordinator_factory, worker_procs, tmp_path):
+    # Given two coordinators (each on its own database) and a worker given both, registered with the first
+    first = coordinator_factory()
+    second = coordinator_factory(db=tmp_path / "second.db")
+    worker = worker_procs.start(listed(first.worker_target, second.worker_target), "w-frozen")
+    with CoordinatorClient(*first.client_addr, timeout=10) as client:
+        seen = wait_registered(client, ["w-frozen"])[0]["lastHeartbeatMillis"]
+        # (a heartbeat after the registration was answered at once: the worker knows its
+        # coordinator answers, so its silence will count)
+        wait_until(lambda: client.workers()[0]["lastHeartbeatMillis"] > seen, timeout=10,
+                   message="a heartbeat after the registration")
+    # When the first is frozen: its kernel still takes the worker's heartbeats, nothing answers them
+    os.kill(first.proc.pid, signal.SIGSTOP)
+    try:
+        # Then the worker notices the silence and registers with the second, which runs its jobs
+        with CoordinatorClient(*second.client_addr, timeout=10) as client:
+            wait_registered(client, ["w-frozen"], timeout=20)
+            job_id = client.submit("SLEEP", {"durationMillis": 1})
+            assert client.wait(job_id, timeout=20)["state"] == "COMPLETED"
+    finally:
+        os.kill(first.proc.pid, signal.SIGCONT)
+    assert "coordinator silent for" in worker.err_path.read_text()

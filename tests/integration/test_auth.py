@@ -13,6 +13,7 @@ import os
 import signal
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,7 +24,8 @@ from jobmesh.client import CoordinatorClient
 from jobmesh.errors import RequestFailed
 from jobmesh.protocol import messages as m
 from tests.integration import test_dashboard_browser as dashboard_browser
-from tests.helpers import CoordinatorProc, RawConn, ScriptedWorker, read_until_closed, run_cli, wait_until
+from tests.helpers import (CoordinatorProc, RawConn, ScriptedWorker, closed_address, read_until_closed, run_cli,
+                           wait_until)
 
 ROLES = ("worker", "reader", "client", "admin")
 LIMITED = ("GREET", "etl.*")  # the taskTypes of the "etl" client, "etl-admin" and "etl-worker" tokens
@@ -259,8 +261,9 @@ def test_the_library_and_the_cli_with_and_without_a_token(authed, tmp_path):
             reader.submit("SLEEP", {"durationMillis": 1})
     token_file = tmp_path / "client.token"
     token_file.write_text(authed.tokens["client"] + "\n")
+    # a token serves every address of a list (the first here is closed, as a standby is)
     out = run_cli("submit", "SLEEP", '{"durationMillis": 1}', "--json", "--token-file=%s" % token_file,
-                  coordinator=target)
+                  coordinator="%s,%s" % (closed_address(), target))
     assert out.returncode == 0, out.stderr
     refused = run_cli("list", coordinator=target)
     assert refused.returncode == 1 and "authentication required" in refused.stderr
@@ -479,7 +482,8 @@ def test_a_real_worker_with_a_token_runs_jobs(tmp_path, worker_procs):
     (tmp_path / "bad.token").write_text("not-the-token")
     coord = CoordinatorProc(tmp_path, auth_file=tokens.path).start()
     try:
-        worker_procs.start(coord, "w-real", extra=("--token-file=%s" % (tmp_path / "w.token"),))
+        worker_procs.start(SimpleNamespace(worker_target="%s,%s" % (closed_address(), coord.worker_target)), "w-real",
+                           extra=("--token-file=%s" % (tmp_path / "w.token"),))
         wrong = worker_procs.start(coord, "w-wrong", extra=("--token-file=%s" % (tmp_path / "bad.token"),))
         with CoordinatorClient(*coord.client_addr, token=tokens["ci"]) as client:
             job_id = client.submit("SHA256", {"text": "hello"})

@@ -118,17 +118,55 @@ def test_echo_baseline_small(tmp_path):
     assert "round trips/s" in proc.stdout
 
 
-def test_loadgen_against_a_tls_coordinator(tmp_path):
-    # The option for measuring TLS: the coordinator and the workers it starts get the
-    # certificate flags, the clients --tls-ca; a tiny run checks that it all connects.
+def test_loadgen_against_a_tls_coordinator_with_tokens(tmp_path):
+    # The options for measuring TLS and tokens given by hand: the coordinator gets the
+    # certificate flags and the auth file, the worker process the CA and the worker token,
+    # the clients --tls-ca and the client token; a tiny run checks that it all connects.
+    from jobmesh.auth import new_token
     from tests.tls_support import make_certs
 
     certs = make_certs(tmp_path / "certs")
+    auth_file = tmp_path / "auth.toml"
+    client_token, worker_token = tmp_path / "client.token", tmp_path / "worker.token"
+    client_token.write_text(new_token(str(auth_file), "bench-client", "client"))
+    worker_token.write_text(new_token(str(auth_file), "bench-worker", "worker"))
     out = tmp_path / "r.json"
     proc = run(["-m", "bench.loadgen", "--clients=5", "--jobs=50", "--mode=e2e", "--workers=1",
                 "--worker-impl=process", "--quiet", "--timeout=30", "--drain-timeout=30",
                 "--coordinator-arg=--tls-cert=%s" % certs.server, "--coordinator-arg=--tls-key=%s" % certs.server_key,
-                "--worker-arg=--tls-ca=%s" % certs.ca, "--tls-ca=%s" % certs.ca, "--out=%s" % out], timeout=90)
+                "--coordinator-arg=--auth-file=%s" % auth_file, "--worker-arg=--tls-ca=%s" % certs.ca,
+                "--tls-ca=%s" % certs.ca, "--token-file=%s" % client_token, "--worker-token-file=%s" % worker_token,
+                "--out=%s" % out], timeout=90)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["completed"] == 50 and report["lost"] == 0 and report["connections"] == 5
+    assert report["tls"] and report["tokens"]
+
+
+def test_loadgen_makes_its_own_certificate_and_tokens(tmp_path):
+    # --tls and --auth: the load generator makes a CA, a certificate, an auth file and a
+    # client and a worker token, and its coordinator asks for all of them; submit mode
+    # with a scripted worker (which connects with TLS and a worker token too)
+    out, run_dir = tmp_path / "r.json", tmp_path / "run"
+    proc = run(["-m", "bench.loadgen", "--clients=5", "--jobs=100", "--mode=submit", "--workers=1",
+                "--worker-impl=builtin", "--tls", "--auth", "--quiet", "--timeout=30", "--drain-timeout=30",
+                "--run-dir=%s" % run_dir, "--out=%s" % out], timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["submitted"] == 100 and report["completed"] == 100 and report["lost"] == 0
+    assert report["errors"] == {} and report["tls"] and report["tokens"]
+    log = (run_dir / "coordinator.err").read_text()
+    assert "tokens on: auth file" in log and " tls=on" in log
+    assert (run_dir / "client.token").stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tls", "--tls-ca=ca.pem"], "not both"),
+    (["--auth", "--token-file=t"], "not both"),
+    (["--auth", "--coordinator=127.0.0.1:1"], "a coordinator it starts"),
+])
+def test_loadgen_security_usage_errors(args, message):
+    from bench.loadgen import UsageError, parse_args
+
+    with pytest.raises(UsageError, match=message):
+        parse_args(["--mode=submit", "--jobs=10"] + args)

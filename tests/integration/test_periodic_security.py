@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jobmesh.client import CoordinatorClient
 from jobmesh.periodic import codec as pc
 from tests.helpers import wait_until
 from tests.integration.periodic_support import EchoPeer, RawPeriodic, RsaPeer, client_ops, make_key_pair
@@ -68,6 +69,16 @@ def echo_peers():
 def env_for(mode: str, pki, private) -> dict[str, str]:
     return {"PERIODIC_MODE": mode, "PERIODIC_CLIENT_PRIVATE_KEY": str(private),
             "PERIODIC_SERVER_PUBLIC_KEY": str(pki.server_public)}
+
+
+def key_refused(addr, peer: RsaPeer) -> bool:
+    """Whether the coordinator closes the connection, without a byte, at the peer's first block."""
+    sock = socket.create_connection(addr, timeout=10)
+    try:
+        sock.sendall(peer.hello())
+        return sock.recv(4096) == b""
+    finally:
+        sock.close()
 
 
 def funcs(status: dict) -> dict[str, tuple[int, int]]:
@@ -122,12 +133,8 @@ def test_large_frames_and_streams_in_every_mode(keyed, pki, periodic_peers, mode
 
 def test_a_peer_whose_key_is_not_authorized_is_closed(keyed, pki, echo_peers):
     # Given a stranger's key: its first block names a fingerprint the server does not know
-    stranger = RsaPeer(pki.stranger, pki.server_public, 2)
-    sock = socket.create_connection(keyed.periodic_addr, timeout=10)
-    sock.sendall(stranger.hello())
     # Then the connection is closed without a byte
-    assert sock.recv(4096) == b""
-    sock.close()
+    assert key_refused(keyed.periodic_addr, RsaPeer(pki.stranger, pki.server_public, 2))
     # And aio-periodic's RSATransport with that key cannot connect
     refused = echo_peers("client", keyed.periodic_addr, env_for("AES", pki, pki.stranger))
     assert refused.exit_code() != 0
@@ -286,6 +293,10 @@ def test_authenticated_registration_with_raw_frames(coordinator_factory, tokens)
     # Then the job is gone from the queue; an admin token registers as a client too
     admin = auth(addr, pc.ConnType.CLIENT, "p-admin", tokens.admin)
     wait_until(lambda: admin.status()["echo"].jobs == 0, timeout=10)
+    # And the JSON ports show who submitted it: the client token's name
+    with CoordinatorClient(*coord.client_addr, token=tokens.reader.decode()) as reader:
+        [job] = [j for j in reader.list_jobs(limit=100)[0] if j.get("name") == "j1"]
+        assert job["state"] == "COMPLETED" and job["submittedBy"] == "p-client", job
     # A worker token may not act as a client, nor a client token as a worker
     assert client.request(pc.GrabJob(client.next_msgid())) == pc.NoWorker(client.msgid)
     for conn in (worker, client, admin):
@@ -377,3 +388,34 @@ def test_sighup_closes_the_connections_of_a_removed_token(coordinator_factory, t
     assert gone.closed_within(10)
     assert kept.ping()
     assert refused(addr, pc.encode_handshake(pc.ConnType.WORKER, b"p-worker", tokens.worker))
+
+
+def test_sighup_reads_the_authorized_keys_again(coordinator_factory, pki, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+
+    # Given a coordinator accepting the client's and the worker's keys from a directory
+    keys = tmp_path / "authorized"
+    shutil.copytree(pki.authorized, keys)
+    coord = coordinator_factory(periodic_port=0, periodic_key=pki.server_private, periodic_authorized_keys=keys)
+    addr = coord.periodic_addr
+    client = RawPeriodic(addr, secure=RsaPeer(pki.client, pki.server_public, 2))
+    worker = RawPeriodic(addr, pc.ConnType.WORKER, secure=RsaPeer(pki.worker, pki.server_public, 0))
+    stranger = RsaPeer(pki.stranger, pki.server_public, 2)
+    assert key_refused(addr, stranger)
+    # When the client's key is taken out, the stranger's put in, and SIGHUP sent
+    (keys / "client.pem").unlink()
+    stranger_public = serialization.load_pem_private_key(pki.stranger.read_bytes(), password=None).public_key()
+    (keys / "stranger.pem").write_bytes(stranger_public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.PKCS1))
+    coord.proc.send_signal(signal.SIGHUP)
+    # Then the client's connection is closed, the worker's kept; a new handshake uses the new keys
+    assert client.closed_within(10)
+    assert worker.ping()
+    assert key_refused(addr, RsaPeer(pki.client, pki.server_public, 1))
+    assert RawPeriodic(addr, secure=stranger).ping()
+    # And a directory that no longer loads is logged, the keys in force kept
+    for pem in keys.glob("*.pem"):
+        pem.unlink()
+    coord.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "kept the Periodic authorized keys in force" in coord.stderr(), timeout=10)
+    assert worker.ping() and RawPeriodic(addr, secure=stranger).ping()

@@ -10,13 +10,14 @@ import socket
 import ssl
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.errors import ConfigError, CoordinatorUnavailable, RequestFailed
 from jobmesh.protocol.framing import FrameReader, encode_frame
-from tests.helpers import run_cli, wait_registered, wait_until
+from tests.helpers import closed_address, run_cli, wait_registered, wait_until
 from tests.tls_support import make_certs
 
 HANDSHAKE_MILLIS = 500
@@ -101,10 +102,12 @@ def submit_frames(count: int) -> bytes:
 
 
 def test_a_worker_process_and_the_library_run_a_job_over_tls(tls_coordinator, worker_procs, certs):
-    # Given a TLS coordinator and a real worker that trusts the test CA
-    worker_procs.start(tls_coordinator, "w-tls", extra=("--tls-ca=%s" % certs.ca,))
+    # Given a TLS coordinator and a real worker that trusts the test CA (told a closed port
+    # first: TLS works the same on each address of a list)
+    worker_procs.start(SimpleNamespace(worker_target="%s,%s" % (closed_address(), tls_coordinator.worker_target)), "w-tls",
+                       extra=("--tls-ca=%s" % certs.ca,))
     # When a library client (TLS too) submits a job and waits for it
-    with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.ca)) as client:
+    with CoordinatorClient([closed_address(), tls_coordinator.client_target], tls_ca=str(certs.ca)) as client:
         wait_registered(client, ["w-tls"], timeout=20)
         job_id = client.submit("SHA256", {"text": "over tls"})
         job = client.wait(job_id, timeout=30)
@@ -124,7 +127,7 @@ def test_the_cli_over_tls(tls_coordinator, worker_procs, certs):
     listed = run_cli("list", "--json", coordinator=target, env={"JOBMESH_TLS_CA": str(certs.ca)})
     assert listed.returncode == 0, listed.stderr
     assert [j["taskType"] for j in json.loads(listed.stdout)] == ["WORD_COUNT"]
-    top = run_cli("top", "--iterations=1", "--tls-ca=%s" % certs.ca, coordinator=target)
+    top = run_cli("top", "--iterations=1", "--tls-ca=%s" % certs.ca, coordinator="%s,%s" % (closed_address(), target))
     assert top.returncode == 0, top.stderr
     assert "w-cli-tls" in top.stdout
 
@@ -335,8 +338,6 @@ def test_the_metrics_port_speaks_https(tls_coordinator, certs):
 def test_a_tls_worker_or_client_on_the_metrics_port_is_told_the_right_port(tls_coordinator, worker_procs, certs):
     # The metrics port speaks TLS with the same certificate, so a TLS peer gets past the
     # handshake: what it sends next is looked at as a plaintext peer's first bytes are
-    from types import SimpleNamespace
-
     host, port = tls_coordinator.metrics_addr
     with CoordinatorClient(host, port, tls_ca=str(certs.ca), timeout=60) as client:
         with pytest.raises(RequestFailed) as info:
@@ -367,3 +368,34 @@ def test_up_over_tls(start_up, certs, client_certs):
     out = run_cli("submit", "SHA256", '{"text": "up"}', "--wait", "--json", *client, coordinator=target, timeout=60)
     assert out.returncode == 0, out.stderr + up.log()
     assert json.loads(out.stdout)["state"] == "COMPLETED"
+
+
+def test_tls_and_tokens_together_a_worker_and_the_cli_run_jobs(coordinator_factory, worker_procs, certs, tmp_path):
+    # Given a coordinator with TLS on every port and an auth file
+    from jobmesh.auth import new_token
+
+    auth_file = tmp_path / "auth.toml"
+    for name, role in (("w", "worker"), ("ci", "client")):
+        (tmp_path / (name + ".token")).write_text(new_token(str(auth_file), name, role))
+    coord = coordinator_factory(tls_cert=certs.server, tls_key=certs.server_key, auth_file=auth_file, metrics_port=0)
+    # When a real worker with the CA and its token, and the CLI with the CA and a client token, run a job
+    worker_procs.start(coord, "w-both", extra=("--tls-ca=%s" % certs.ca, "--token-file=%s" % (tmp_path / "w.token")))
+    ca = "--tls-ca=%s" % certs.ca
+    done = run_cli("submit", "WORD_COUNT", '{"text": "a b"}', "--wait", "--json", ca,
+                   "--token-file=%s" % (tmp_path / "ci.token"), coordinator=coord.client_target, timeout=60)
+    # Then it completes, named by the client token
+    assert done.returncode == 0, done.stderr
+    job = json.loads(done.stdout)
+    assert job["result"] == {"words": 2} and job["submittedBy"] == "ci"
+    # And without a token the CLI gets one line, the metrics port only its health checks
+    refused = run_cli("list", ca, coordinator=coord.client_target)
+    assert refused.returncode != 0 and "authentication required" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+    host, port = coord.metrics_addr
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    for path in ("/healthz", "/readyz"):
+        with urllib.request.urlopen("https://%s:%d%s" % (host, port, path), context=context, timeout=20) as resp:
+            assert resp.status == 200
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen("https://%s:%d/metrics" % (host, port), context=context, timeout=20)
+    assert denied.value.code == 401

@@ -107,3 +107,11 @@ def test_first_reachable_lets_other_errors_through_at_once():
     with pytest.raises(KeyError):
         first_reachable(parse_addresses("a:1,b:2"), 0, attempt)
     assert len(tried) == 1
+
+
+def test_up_reads_the_listening_line_with_the_same_parser():
+    from jobmesh.up import listening_ports, worker_target
+
+    assert listening_ports("worker=[::]:7070 client=[::]:7071 metrics=0.0.0.0:9090") == {
+        "worker": ("::", 7070), "client": ("::", 7071), "metrics": ("0.0.0.0", 9090)}
+    assert worker_target("::", 7070) == "[::1]:7070" and worker_target("0.0.0.0", 7070) == "127.0.0.1:7070"

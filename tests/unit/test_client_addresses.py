@@ -4,7 +4,8 @@ servers on 127.0.0.1: which requests go again on the next address, and which do 
 from __future__ import annotations
 
 import io
-import socket
+import threading
+from contextlib import ExitStack, closing
 
 import pytest
 
@@ -13,7 +14,7 @@ from jobmesh.client.api import CoordinatorClient
 from jobmesh.client.commands import Console, run_client_command
 from jobmesh.errors import CoordinatorUnavailable
 from jobmesh.exitcodes import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
-from tests.helpers import CLOSE, ScriptedServer
+from tests.helpers import CLOSE, ScriptedServer, closed_address
 
 SNAP = {"jobId": "j-1", "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "maxAttempts": 3,
         "workerId": None, "result": None, "error": None, "createdAtMillis": 1, "updatedAtMillis": 1,
@@ -21,23 +22,14 @@ SNAP = {"jobId": "j-1", "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "
 
 
 def closed_port() -> int:
-    """A port nothing listens on: connecting there is refused, as at a standby."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        return listener.getsockname()[1]
+    return int(closed_address().rpartition(":")[2])
 
 
 @pytest.fixture
 def servers():
-    made = []
-
-    def make(*steps):
-        server = ScriptedServer(steps)
-        made.append(server)
-        return server
-
-    yield make
-    for server in made:
-        server.close()
+    """``servers(*steps, port=0, dies=False)``: a ScriptedServer, closed at teardown."""
+    with ExitStack() as stack:
+        yield lambda *steps, port=0, dies=False: stack.enter_context(closing(ScriptedServer(steps, port, dies)))
 
 
 def test_a_refused_address_moves_on_to_the_next(servers):
@@ -71,6 +63,30 @@ def test_a_keyed_submit_lost_before_its_reply_goes_once_to_the_next_address(serv
     # Then the same request went to the second, which answered it
     assert job_id == "j-7"
     assert first.requests == second.requests and second.requests[0]["idempotencyKey"] == "k-1"
+
+
+def test_a_keyed_submit_waits_for_a_standby_to_take_over(servers):
+    # Given a leader that reads the submit and dies, and a standby not yet listening
+    first, standby = servers(CLOSE, dies=True), closed_port()
+    took_over = []
+    timer = threading.Timer(0.3, lambda: took_over.append(servers({"type": "JOB_SUBMITTED", "jobId": "j-7"},
+                                                                  port=standby)))
+    timer.start()
+    try:
+        with CoordinatorClient("127.0.0.1:%d,127.0.0.1:%d" % (first.port, standby), failover_timeout=30) as client:
+            # When a keyed submit is made
+            job_id = client.submit("SLEEP", {"durationMillis": 1}, idempotency_key="k-1")
+    finally:
+        timer.join()
+    # Then it went round the list until the standby answered, and was sent there once
+    assert job_id == "j-7" and took_over[0].requests == first.requests
+
+
+def test_a_resend_gives_up_after_the_failover_timeout(servers):
+    first = servers(CLOSE, dies=True)
+    with CoordinatorClient("127.0.0.1:%d,%s" % (first.port, closed_address()), failover_timeout=0.2) as client:
+        with pytest.raises(CoordinatorUnavailable, match="cannot connect to"):
+            client.status("j-1")
 
 
 def test_a_submit_without_a_key_is_not_sent_again(servers):

@@ -87,6 +87,35 @@ def test_submit_creates_a_named_queued_job_and_answers_success():
     assert h.store.get(job.job_id).periodic["workload"] == "w"  # durable
 
 
+def test_jobs_a_token_creates_name_it_as_submitted_by():
+    # Given requests from a connection registered with token "team" (types 3 and 4)
+    h = H()
+    client = Conn("client")
+
+    def send(now, msg):
+        h.apply(now, ev.PeriodicPacket(client, msg, 1, "team"))
+        return h.finish(now)
+
+    send(T0, pc.SubmitJob(1, pc.Job(b"f", b"a", b"w", 0, 0, 0)))
+    send(T0, pc.Load(2, (pc.Job(b"f", b"b", b"w", 0, 0, 0),)))
+    h.worker(T0, Conn("w"), "g", tokens=0)
+    send(T0, pc.RunJob(3, pc.Job(b"g", b"c", b"w", 0, 0, 0)))
+    # Then each job it made carries the name, in memory, in the store and in its snapshot
+    for func, name in (("f", "a"), ("f", "b"), ("g", "c")):
+        job = h.job(func, name)
+        assert job.submitted_by == "team" and h.store.get(job.job_id).submitted_by == "team"
+        assert h.core.requests.snapshot(job)["submittedBy"] == "team"
+        assert "by team" in h.core.requests.get_job_events(T0, job.job_id).events[0]["detail"]
+    # And a replacement by another token is named in its REPLACED event; without a token, nothing
+    h.apply(T0 + 1, ev.PeriodicPacket(Conn("other"), pc.SubmitJob(4, pc.Job(b"f", b"a", b"v", 0, 0, 0)), 1, "ops"))
+    h.finish(T0 + 1)
+    events = h.core.requests.get_job_events(T0 + 1, h.job("f", "a").job_id).events
+    assert events[-1]["event"] == "REPLACED" and events[-1]["detail"] == "by ops"
+    assert h.job("f", "a").submitted_by == "team"
+    h.submit(T0 + 2, name="plain")
+    assert h.job(name="plain").submitted_by is None
+
+
 def test_a_job_goes_only_to_a_periodic_worker_on_a_held_token():
     h = H()
     h.submit(T0)

@@ -22,6 +22,7 @@ SAMPLES: dict[str, m.Message] = {
                                         running=[{"jobId": "j-1", "attemptId": "j-1.1"}]),
     "WORKER_REGISTERED": m.WorkerRegistered(worker_id="w-1"),
     "HEARTBEAT": m.Heartbeat(worker_id="w-1"),
+    "HEARTBEAT_ACK": m.HeartbeatAck(worker_id="w-1"),
     "TASK_ASSIGN": m.TaskAssign(job_id="j-1", attempt_id="a-1", attempt_number=2, task_type="SLEEP",
                                 payload={"durationMillis": 5}),
     "TASK_CANCEL": m.TaskCancel(job_id="j-1", attempt_id="a-1"),
@@ -97,7 +98,8 @@ def test_wire_uses_camel_case_names_from_the_protocol(type_name):
     expected = {
         "WORKER_REGISTER": {"workerId", "capacity", "taskTypes", "running"},
         "WORKER_REGISTERED": {"workerId"},
-        "HEARTBEAT": {"workerId"},
+        "HEARTBEAT": {"workerId", "ack"},
+        "HEARTBEAT_ACK": {"workerId"},
         "TASK_ASSIGN": {"jobId", "attemptId", "attemptNumber", "taskType", "payload"},
         "TASK_CANCEL": {"jobId", "attemptId"},
         "TASK_RESULT": {"workerId", "jobId", "attemptId", "success", "result", "error"},
@@ -245,7 +247,7 @@ def test_port_tables_match_the_protocol():
                                       "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB", "GET_STATS",
                                       "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",
                                       "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW"}
-    assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "ERROR", "AUTH_OK"}
+    assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "HEARTBEAT_ACK", "ERROR", "AUTH_OK"}
     assert m.TO_CLIENT == {"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST",
                            "JOB_CANCEL", "JOB_EVENTS", "JOBS_PURGED", "STATS", "SCHEDULE", "SCHEDULE_LIST",
                            "SCHEDULE_PREVIEW", "ERROR", "AUTH_OK"}

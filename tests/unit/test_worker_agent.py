@@ -264,3 +264,28 @@ def test_kept_attempts_are_stopped_when_no_registration_succeeds_in_time(coordin
     wait_until(lambda: len(agent.in_flight) == 0, timeout=10, message="the kept attempt stopped",
                sleep=gevent.sleep)
     assert agent.kept() == []
+
+
+def test_after_a_lost_connection_the_next_address_is_tried_first_and_kept_attempts_named_there():
+    # Given two coordinators that both accept connections, and a worker given both
+    first, second = ScriptedCoordinator(), ScriptedCoordinator()
+    cfg = WorkerConfig((Address("127.0.0.1", first.server.server_port),
+                        Address("127.0.0.1", second.server.server_port)), "w-t", 1, 50)
+    agent = WorkerAgent(cfg)
+    runner = gevent.spawn(agent.run)
+    try:
+        conn = first.next_conn()
+        conn.accept_registration()
+        assign(conn, "j1", "a1", "SLEEP", {"durationMillis": 60_000})
+        wait_until(lambda: len(agent.in_flight) == 1, timeout=5, message="the attempt running", sleep=gevent.sleep)
+        # When the first closes the connection (it is still listening)
+        conn.close()
+        # Then the worker registers with the second, naming its running attempt
+        register = second.next_conn().accept_registration()
+        assert register["running"] == [{"jobId": "j1", "attemptId": "a1"}]
+        with pytest.raises(Empty):
+            first.next_conn(timeout=0)
+    finally:
+        gevent.killall([runner], timeout=5)
+        first.stop()
+        second.stop()
