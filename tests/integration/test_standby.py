@@ -235,18 +235,19 @@ def test_a_frozen_leader_is_replaced_and_exits_75_without_committing(nodes, work
     # Given a leader with a worker on both addresses, and a standby
     leader = nodes("leader").launch().await_listening()
     standby = nodes("standby").launch().await_standing_by()
-    workers("%s,%s" % (leader.worker_target, standby.worker_target), "w-1", capacity=2)
+    worker = workers("%s,%s" % (leader.worker_target, standby.worker_target), "w-1", capacity=2)
     with CoordinatorClient(leader.client_target, timeout=30) as client:
         done = client.wait(client.submit("WORD_COUNT", {"text": "job %d" % 1}), timeout=30)
         assert done["state"] == "COMPLETED"
         queued = client.submit("SLEEP", {"durationMillis": 60000}, run_at=time.time() + 86400)  # far ahead: never due here
+    # (a worker judges a coordinator by its silence only once it has answered a heartbeat)
+    wait_until(lambda: worker.log().split("registered worker=w-1", 1)[-1].count("heartbeat worker=w-1") >= 5,
+               timeout=30, message="heartbeats answered by the leader")
 
     # When the leader is frozen, the standby takes over (its session timed out)
     leader.proc.send_signal(signal.SIGSTOP)
     standby.await_listening()
-    # (the worker stays connected to the frozen process, whose kernel still acknowledges
-    # its heartbeats: a second one serves the new leader)
-    workers(standby.worker_target, "w-2", capacity=2)
+    # (its worker, whose heartbeats the frozen process leaves unanswered, moves over)
     with CoordinatorClient(standby.client_target, timeout=30) as client:
         assert client.cancel(queued)[0]  # the new leader writes
         after = client.wait(client.submit("WORD_COUNT", {"text": "job %d" % 2}), timeout=30)
