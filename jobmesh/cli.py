@@ -648,8 +648,11 @@ def _print_config(command: str, args: dict, sources: dict[str, Source]) -> int:
     if path:
         _print_line("# config file: %s (from %s)" % (path, "--config" if args.get("--config") else CONFIG_ENV))
     for line in describe_settings(args, sources):
-        if command == "up" and line.startswith("# lease-grace-millis is not set"):
-            line += "; up gives its coordinator the heartbeat timeout, %d ms" % cfg.heartbeat_timeout_millis
+        if line.startswith("# lease-grace-millis is not set") and command != "worker":
+            if command == "up":
+                line += "; up gives its coordinator the heartbeat timeout, %d ms" % cfg.heartbeat_timeout_millis
+            elif cfg.lease_grace_millis:
+                line += "; on PostgreSQL it is the heartbeat timeout, %d ms" % cfg.lease_grace_millis
         _print_line(line)
     return EXIT_OK
 

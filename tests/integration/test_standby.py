@@ -152,6 +152,9 @@ def test_a_standby_opens_no_job_port_and_takes_over_when_the_leader_stops(nodes)
     assert standby.http("/readyz")[0] == 503
     assert "jobmesh_leading 0.0" in standby.http("/metrics")[1]
     assert "listening" not in standby.stdout()
+    # ... and a standby stops at once when told to
+    third = nodes("third").launch().await_standing_by()
+    assert third.terminate() == 0
 
     # When the leader stops, the standby takes over with the leader's jobs
     assert leader.terminate() == 0
