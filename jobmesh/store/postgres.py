@@ -36,6 +36,10 @@ Three connections:
   by an I/O watcher on the hub (the coordinator) or by ``ready()`` itself (which only
   consumes what has arrived), so a read never stalls the core.
 
+PostgreSQL's text cannot hold a NUL character, which JSON can carry (``\\u0000``) into a
+key, a worker id or an error: a batch psycopg refuses for one is written again with
+U+FFFD in its place (``storable``), and reads look keys and ids up the same way.
+
 Idempotency keys: recovery (``load_active``) builds a Bloom filter of the stored keys
 (``KeyFilter``) and every batch's new keys are added to it, so ``read_later(key=...)`` of
 a key never stored is answered at once without a query. A Bloom filter rather than a set:
@@ -124,20 +128,25 @@ SCHEMA: dict[str, str] = {
     "jobmesh_schedules": "CREATE TABLE IF NOT EXISTS jobmesh_schedules (name text PRIMARY KEY, body text NOT NULL)",
     "jobmesh_probe": "CREATE TABLE IF NOT EXISTS jobmesh_probe (x text)",  # always empty: the storage probe's
     "jobmesh_epoch": "CREATE SEQUENCE IF NOT EXISTS jobmesh_epoch",
-    # One row: the epoch of the current leader. Recreated by the next leader if deleted;
-    # its epochs come from the sequence, so they only grow.
+    # One row: the epoch of the current leader, and its session timeout (how long a
+    # standby lets its session sit idle). Recreated by the next leader if deleted; its
+    # epochs come from the sequence, so they only grow.
     "jobmesh_leader": "CREATE TABLE IF NOT EXISTS jobmesh_leader (id int PRIMARY KEY CHECK (id = 1),"
-                      " epoch bigint NOT NULL)",
+                      " epoch bigint NOT NULL, timeout_millis bigint NOT NULL)",
     "jobmesh_fence(bigint)": FENCE_FUNCTION,
 }
 # The session holding the leadership lock, ended if it has been idle (not running a
-# statement) for longer than the given milliseconds.
+# statement) for longer than the leader's own session timeout (its keepalive runs four
+# times as often), or the given milliseconds if the epoch row is gone.
 STALE_HOLDER_SQL = ("SELECT pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
                     " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
                     " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                    " AND a.state LIKE 'idle%%' AND a.state_change < now() - make_interval(secs => %s / 1000.0)")
-BUMP_SQL = ("INSERT INTO jobmesh_leader (id, epoch) VALUES (1, nextval('jobmesh_epoch'))"
-            " ON CONFLICT (id) DO UPDATE SET epoch = EXCLUDED.epoch RETURNING epoch")
+                    " AND a.state LIKE 'idle%%' AND a.state_change < now() - make_interval(secs => COALESCE("
+                    "(SELECT timeout_millis FROM jobmesh_leader WHERE id = 1), %s) / 1000.0)")
+# A new leader's epoch (and its session timeout); %s is the timeout in milliseconds.
+BUMP_SQL = ("INSERT INTO jobmesh_leader (id, epoch, timeout_millis) VALUES (1, nextval('jobmesh_epoch'), %s)"
+            " ON CONFLICT (id) DO UPDATE SET epoch = EXCLUDED.epoch, timeout_millis = EXCLUDED.timeout_millis"
+            " RETURNING epoch")
 
 # Errors that end the session or say it has ended: admin shutdown, crash shutdown, cannot
 # connect now, the idle timeouts, and every connection exception (class 08).
@@ -424,7 +433,7 @@ class PostgresStore:
         if c.execute("SELECT pg_try_advisory_lock(%s::int, %s::int)", key).fetchone() != (True,):
             standing_by()
             self._wait_for_lock(key)
-        row = c.execute(BUMP_SQL).fetchone()
+        row = c.execute(BUMP_SQL, (self.timeout_millis,)).fetchone()
         assert row is not None
         self._epoch = int(row[0])
         ms = self.timeout_millis
@@ -491,7 +500,7 @@ class PostgresStore:
         if keys is not None:
             for row in inserts:
                 if row[KEY_INDEX] is not None:
-                    keys.add(row[KEY_INDEX])
+                    keys.add(storable(row[KEY_INDEX]))
         statements: list[tuple[str, Any]] = []
         if purges:  # first: a new job may take a purged key
             statements.append((PURGE_SQL, (list(purges),)))
@@ -509,7 +518,14 @@ class PostgresStore:
                 statements.append((SCHEDULES_DELETE_SQL, (gone,)))
             if put:
                 statements.append((SCHEDULES_PUT_SQL, [list(column) for column in zip(*put)]))
-        self._transaction(statements)
+        try:
+            self._transaction(statements)
+        except psycopg.DataError as exc:
+            if exc.sqlstate is not None:  # the server's: nothing to mend here
+                raise
+            # psycopg refused a value before sending it: text holding NUL, which
+            # PostgreSQL's text cannot (see storable). Written again without.
+            self._transaction([(sql, storable(params)) for sql, params in statements])
 
     def _transaction(self, statements: list[tuple[str, Any]]) -> None:
         """BEGIN, the fence, ``statements``, COMMIT: one pipeline, one round trip."""
@@ -657,12 +673,13 @@ class PostgresStore:
         return int(row[0]) if row else 0
 
     def get(self, job_id: str) -> Job | None:
-        row = self.reader.execute("SELECT %s FROM %s WHERE job_id = %%s" % (SELECT_COLUMNS, JOBS), (job_id,)).fetchone()
+        row = self.reader.execute("SELECT %s FROM %s WHERE job_id = %%s" % (SELECT_COLUMNS, JOBS),
+                                  (storable(job_id),)).fetchone()
         return None if row is None else read_row(row)
 
     def find_by_key(self, key: str) -> Job | None:
         row = self.reader.execute("SELECT %s FROM %s WHERE idempotency_key = %%s" % (SELECT_COLUMNS, JOBS),
-                                  (key,)).fetchone()
+                                  (storable(key),)).fetchone()
         return None if row is None else read_row(row)
 
     _BY_ID = ("SELECT %s FROM %s WHERE job_id = $1" % (SELECT_COLUMNS, JOBS)).encode()
@@ -672,18 +689,19 @@ class PostgresStore:
         """On the deferred reader; a key the filter has never seen is answered at once."""
         if job_id is None:
             assert key is not None, "read_later needs a job id or a key"
+            key = storable(key)
             if self._keys is not None and key not in self._keys:
                 return Done(lambda: None)
         assert self._deferred is not None
         if job_id is not None:
-            return self._deferred.read(self._BY_ID, job_id)
+            return self._deferred.read(self._BY_ID, storable(job_id))
         assert key is not None
         return self._deferred.read(self._BY_KEY, key)
 
     def list_page(self, limit: int, state: str | None, before: int | None,
                   task_type: str | None = None) -> list[tuple[int, Job]]:
         sql, params = page_query(JOBS, "%s", limit, state, before, task_type)
-        return [(job.seq, job) for job in map(read_row, self.reader.execute(sql.encode(), params))]
+        return [(job.seq, job) for job in map(read_row, self.reader.execute(sql.encode(), storable(params)))]
 
     PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at FROM %s WHERE seq > %%s"
                       " ORDER BY seq LIMIT %%s" % JOBS)
@@ -710,6 +728,17 @@ class PostgresStore:
                     conn.close()
                 except psycopg.Error:
                     pass
+
+
+def storable(value: Any) -> Any:
+    """``value`` (text, or lists and tuples of values) as PostgreSQL's text can hold it: a
+    NUL character (which a client's JSON may carry as ``\\u0000``) becomes U+FFFD. SQLite
+    keeps it; on PostgreSQL keys that differ only there are one key."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, (list, tuple)):
+        return [storable(v) for v in value]
+    return value
 
 
 def _int32(n: int) -> int:

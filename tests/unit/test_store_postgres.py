@@ -88,7 +88,7 @@ def ids(store: PostgresStore) -> list[str]:
 
 def test_a_batch_after_another_leader_bumped_the_epoch_raises_and_commits_nothing(leader, admin):
     leader.write(batch(make_job("before", 1)))
-    admin.execute(BUMP_SQL)  # what a new leader does once it holds the lock
+    admin.execute(BUMP_SQL, (10_000,))  # what a new leader does once it holds the lock
     with pytest.raises(Exception) as caught:
         leader.write(batch(make_job("after", 2)))
     assert getattr(caught.value, "sqlstate", None) == FENCE_SQLSTATE
@@ -149,14 +149,15 @@ STANDBY = textwrap.dedent("""
 
 
 def test_a_second_store_stands_by_green_and_leads_once_the_first_closes(tmp_path, url, stores):
-    # The first leads and stays healthy (this process runs its hub: gevent.sleep), with
-    # a short session timeout that the standby would end an idle holder after.
-    first = stores(session_timeout_millis=2000)
+    # The first leads and stays healthy (this process runs its hub: gevent.sleep). Its
+    # session timeout is longer than the standby's: the standby judges the holder by the
+    # holder's own (its keepalive comes every 2 s, twice the standby's timeout).
+    first = stores(session_timeout_millis=8000)
     first.lead(lambda: None)
     first.write(batch(make_job("a", 1)))
     out = tmp_path / "standby.out"
     with open(out, "w") as sink:
-        standby = subprocess.Popen([sys.executable, "-c", STANDBY, url, "2000"], stdin=subprocess.PIPE,
+        standby = subprocess.Popen([sys.executable, "-c", STANDBY, url, "1000"], stdin=subprocess.PIPE,
                                    stdout=sink, stderr=subprocess.STDOUT, cwd=REPO_ROOT, text=True)
     try:
         wait_until(lambda: "standing by" in out.read_text(), timeout=30, message="the second store stands by",
@@ -166,7 +167,7 @@ def test_a_second_store_stands_by_green_and_leads_once_the_first_closes(tmp_path
             wait_until(lambda: conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
                                             " AND NOT granted").fetchone()[0] == 1, message="the lock wait",
                        sleep=gevent.sleep)
-        # Twice the timeout: a healthy leader keeps the lock however long the standby waits.
+        # A healthy leader keeps the lock however long the standby waits.
         deadline = time.monotonic() + 4
         while time.monotonic() < deadline:
             gevent.sleep(0.1)
@@ -254,6 +255,21 @@ def test_a_healthy_leader_keeps_its_session_and_a_frozen_one_loses_it_to_a_stand
     failure = store.commit(batch(make_job("b", 2))).get()
     assert failure is not None and store.leadership_lost(failure)
     assert ids(standby) == ["a"]
+
+
+def test_text_holding_nul_is_stored_with_a_replacement_and_found_by_the_same_key(leader):
+    # JSON carries NUL (\u0000) into keys, worker ids and errors; PostgreSQL text cannot hold it.
+    job = make_job("j\x00", 1, idempotency_key="k\x00ey", worker_id="w\x00", error="boom\x00",
+                   state=JobState.RUNNING)
+    leader.write(batch(job))
+    stored = leader.find_by_key("k\x00ey")
+    assert stored is not None and stored.error == "boom\ufffd" and stored.worker_id == "w\ufffd"
+    assert leader.get("j\x00").job_id == "j\ufffd"
+    leader.load_active()  # the key filter
+    read = leader.read_later(key="k\x00ey")
+    wait_until(read.ready, message="the read")
+    assert read.result().job_id == "j\ufffd"
+    assert [j.job_id for j in leader.load_active()] == ["j\ufffd"]
 
 
 # ---- deferred reads ----------------------------------------------------------------------------
