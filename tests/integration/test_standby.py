@@ -174,7 +174,7 @@ def test_kill_9_of_the_leader_under_load_loses_nothing_and_keeps_running_work(no
     for n in (1, 2):
         workers(both_workers, "w-%d" % n, capacity=4)
     with CoordinatorClient(both_clients, timeout=30) as client:
-        long_id = client.submit("SLEEP", {"durationMillis": 4000}, max_attempts=1)
+        long_id = client.submit("SLEEP", {"durationMillis": 6000}, max_attempts=1)
         wait_until(lambda: client.status(long_id)["state"] == "RUNNING", timeout=30, message="the long job runs")
 
     # ... and clients submitting (each submit with its own key, sent again until answered)
@@ -208,6 +208,8 @@ def test_kill_9_of_the_leader_under_load_loses_nothing_and_keeps_running_work(no
         t.start()
     try:
         wait_until(lambda: len(acknowledged) >= 40, timeout=60, message="submits before the kill")
+        with CoordinatorClient(leader.client_target, timeout=30) as client:
+            assert client.status(long_id)["state"] == "RUNNING"  # else this test shows no adoption
 
         # When the leader is killed mid-load
         leader.proc.kill()
