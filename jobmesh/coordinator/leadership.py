@@ -14,10 +14,10 @@ Two things here:
 * ``LeadershipLost``, raised on the core greenlet (or at start) when a store call fails
   that way; the runtime turns it into the exit.
 * ``KeepLeading``: while the leader commits nothing, a probe write now and then, where the
-  store runs its commits. It keeps the writer session busy (the store sets
-  ``idle_session_timeout`` on it, so that a frozen leader's session ends), and it notices
-  a lost session or lock even when nothing is written: a leader that was frozen and
-  thawed finds out at its next sweep, not at its next write.
+  store runs its commits (a fenced transaction). The store keeps its writer session busy
+  on its own; the probe is how the runtime finds out that the leadership is gone when
+  nothing is written: a leader that was frozen and thawed learns it at its next sweep,
+  not at its next write.
 """
 
 from __future__ import annotations
