@@ -81,6 +81,10 @@ Coordinator options:
   --sweep-interval-millis=N      period of the sweep [default: 500]
   --db-synchronous=MODE          SQLite synchronous mode: FULL survives power loss,
                                  NORMAL survives a process crash [default: FULL]
+  --db-session-timeout-millis=N  PostgreSQL: the leader's database session ends after
+                                 this long idle or unanswered, so a standby takes over
+                                 from a frozen or cut-off leader within about this long;
+                                 keep it above a few sweep intervals [default: 5000]
   --retain-finished-millis=N     delete finished jobs (and their events) this long
                                  after their last update; 0 keeps them [default: 604800000]
   --idle-timeout-millis=N        close a client connection whose first frame, or a worker
@@ -138,7 +142,11 @@ recovers them on start. When ready it prints one line to stdout:
 
 SIGTERM or SIGINT stops it gracefully; with --drain-millis it first assigns nothing
 more and lets running attempts finish for up to that long (a second signal stops at
-once). One coordinator runs per database: a second one on the same file exits 1. It
+once). One coordinator runs per SQLite file: a second one on the same file exits 1.
+Several may share one PostgreSQL database (--db=postgresql://...): one leads, the
+others print "jobmesh coordinator standing by", open no job ports (the metrics port
+answers /readyz with 503) and take over when the leader's database session ends. A
+leader that loses its leadership exits 75; started again, it stands by. It
 speaks plaintext unless given --tls-cert and --tls-key. Without --auth-file it
 authenticates nobody, so it binds 127.0.0.1 unless told otherwise, and refuses an
 address other machines can reach unless given --auth-file (or --insecure). SIGHUP
@@ -150,10 +158,12 @@ Usage:
 Options:
   --drain-millis=N               on SIGTERM/SIGINT, let running attempts finish for up
                                  to N ms before stopping (0 = stop at once) [default: 0]
-  --lease-grace-millis=N         a job found RUNNING at start stays on its attempt for
-                                 N ms, for its worker to claim when it registers again;
-                                 unclaimed, it is then requeued (or failed on its final
-                                 attempt). 0 = requeue or fail at once [default: 0]
+  --lease-grace-millis=N         a job found RUNNING at start (or at a takeover) stays
+                                 on its attempt for N ms, for its worker to claim when it
+                                 registers again; unclaimed, it is then requeued (or
+                                 failed on its final attempt). 0 = requeue or fail at
+                                 once (default: 0 on a SQLite file; on PostgreSQL the
+                                 heartbeat timeout)
 """ + COORDINATOR_OPTIONS
 
 UP_DOC = """Run a coordinator and N local worker processes as one supervised unit.
@@ -638,8 +648,11 @@ def _print_config(command: str, args: dict, sources: dict[str, Source]) -> int:
     if path:
         _print_line("# config file: %s (from %s)" % (path, "--config" if args.get("--config") else CONFIG_ENV))
     for line in describe_settings(args, sources):
-        if command == "up" and line.startswith("# lease-grace-millis is not set"):
-            line += "; up gives its coordinator the heartbeat timeout, %d ms" % cfg.heartbeat_timeout_millis
+        if line.startswith("# lease-grace-millis is not set") and command != "worker":
+            if command == "up":
+                line += "; up gives its coordinator the heartbeat timeout, %d ms" % cfg.heartbeat_timeout_millis
+            elif cfg.lease_grace_millis:
+                line += "; on PostgreSQL it is the heartbeat timeout, %d ms" % cfg.lease_grace_millis
         _print_line(line)
     return EXIT_OK
 

@@ -58,6 +58,9 @@ class CoordinatorConfig(CoreConfig):
     periodic_key: str | None = None
     periodic_authorized_keys: str | None = None
     db_synchronous: str = "FULL"
+    # A shared store's writer session (PostgreSQL): its idle and TCP timeouts, so a frozen or
+    # cut-off leader loses its lock to a standby within about this long.
+    db_session_timeout_millis: int = 5000
     log_level: str = "INFO"
     # On SIGTERM/SIGINT, how long running attempts may finish before the stop (0: stop at once).
     drain_millis: int = 0
@@ -185,9 +188,11 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         periodic_keepalive_millis=_int(args, "--periodic-keepalive-millis", 0),
         sweep_interval_millis=_int(args, "--sweep-interval-millis", 1),
         db_synchronous=_choice(args, "--db-synchronous", SYNC_MODES),
+        db_session_timeout_millis=_int(args, "--db-session-timeout-millis", 100)
+        if args.get("--db-session-timeout-millis") is not None else CoordinatorConfig.db_session_timeout_millis,
         log_level=_choice(args, "--log-level", LOG_LEVELS),
         drain_millis=_int_or_zero(args, "--drain-millis"),
-        lease_grace_millis=_int_or_zero(args, "--lease-grace-millis"),
+        lease_grace_millis=lease_grace(args, db),
         log_format=log_format(args),
         periodic_key=_path(args, "--periodic-key"),
         periodic_authorized_keys=_path(args, "--periodic-authorized-keys"),
@@ -206,6 +211,20 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         raise ConfigError("--bind=%s is reachable from other machines: give --auth-file=PATH (tokens, "
                           "docs/SECURITY.md), or --insecure to serve anyone who can connect" % cfg.bind)
     return cfg
+
+
+def is_database_url(db: str) -> bool:
+    """Whether ``--db`` names a PostgreSQL database by URL (a store several coordinators
+    share) rather than a SQLite file (as ``store/opening.py`` decides)."""
+    return db.lower().startswith(("postgresql://", "postgres://"))
+
+
+def lease_grace(args: dict[str, Any], db: str) -> int:
+    """``--lease-grace-millis``; when not given, 0 on a SQLite file and the heartbeat
+    timeout on a shared store, whose standby takes over with the leader's running work."""
+    if args.get("--lease-grace-millis") is not None:
+        return _int(args, "--lease-grace-millis", 0)
+    return _int(args, "--heartbeat-timeout-millis", 1) if is_database_url(db) else 0
 
 
 def _path(args: dict[str, Any], flag: str) -> str | None:

@@ -15,6 +15,9 @@ running attempts meanwhile (``jobmesh worker --keep-running-millis``), and the
 coordinator runs with ``--lease-grace-millis`` (by default the heartbeat timeout), so
 when they register again they keep those attempts: a restart under ``up`` costs a
 running job nothing. Only a coordinator that fails its first start ends ``up`` (exit 1).
+On a shared PostgreSQL database the coordinator may stand by while another leads: ``up``
+then waits for its listening line without a time limit and starts the workers then; one
+that lost the leadership (exit 75) is started again like any other and stands by.
 On Linux each child also gets SIGTERM if ``up`` itself dies, so no worker is left
 orphaned.
 
@@ -60,10 +63,12 @@ from jobmesh.auth import (TOKEN_BYTES, TOKEN_ENV, TOKEN_FILE_ENV, WORKER, AuthFi
                           read_token, replace_file, token_digest)
 from jobmesh.config import CoordinatorConfig, coordinator_config, parse_task_modules
 from jobmesh.errors import BadAddress, ConfigError
+from jobmesh.exitcodes import EXIT_LEADERSHIP_LOST
 
 log = logging.getLogger(__name__)
 
 LISTENING = re.compile(r"jobmesh coordinator listening (?P<ports>.*)")
+STANDING_BY = "jobmesh coordinator standing by"
 START_TIMEOUT = 30.0
 POLL_INTERVAL = 0.2
 RESTART_INITIAL = 0.5
@@ -106,6 +111,7 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         "default-max-attempts": cfg.default_max_attempts,
         "sweep-interval-millis": cfg.sweep_interval_millis,
         "db-synchronous": cfg.db_synchronous,
+        "db-session-timeout-millis": cfg.db_session_timeout_millis,
         "retain-finished-millis": cfg.retain_finished_millis,
         "idle-timeout-millis": cfg.idle_timeout_millis,
         "periodic-keepalive-millis": cfg.periodic_keepalive_millis,
@@ -292,10 +298,16 @@ class Supervisor:
         (None if it did not start or a stop came first)."""
         coordinator = self.coordinator = self._spawn(coordinator_argv(self.cfg), stdout=subprocess.PIPE)
         listening: AsyncResult = AsyncResult()
-        gevent.spawn(self._relay_stdout, coordinator.stdout, listening)
+        standing_by = Event()
+        gevent.spawn(self._relay_stdout, coordinator.stdout, listening, standing_by)
         waiter = gevent.spawn(self.stop_requested.wait)
         try:
             gevent.wait([listening, waiter], timeout=START_TIMEOUT, count=1)
+            if standing_by.is_set() and not listening.ready() and not waiter.ready():
+                # Another coordinator leads the shared database: this one listens once it
+                # takes over, however long that is; its workers start then.
+                log.info("coordinator standing by pid=%d: the workers start once it leads", coordinator.pid)
+                gevent.wait([listening, waiter], count=1)
         finally:
             waiter.kill()
         match = listening.get() if listening.ready() else None
@@ -328,7 +340,7 @@ class Supervisor:
                 slot.restart_at = None
                 slot.started_at = now
                 coordinator = self.coordinator = self._spawn(slot.argv, stdout=subprocess.PIPE)
-                gevent.spawn(self._relay_stdout, coordinator.stdout, AsyncResult())
+                gevent.spawn(self._relay_stdout, coordinator.stdout, AsyncResult(), Event())
                 log.info("coordinator restarted pid=%d", coordinator.pid)
             return
         assert self.coordinator is not None, "supervised once started"
@@ -340,14 +352,19 @@ class Supervisor:
         delay = min(RESTART_CAP, RESTART_INITIAL * 2 ** slot.failures)
         slot.failures += 1
         slot.restart_at = now + delay
-        log.warning("coordinator exited pid=%d rc=%s restart_in=%.1fs", self.coordinator.pid, rc, delay)
+        log.warning("coordinator exited pid=%d rc=%s restart_in=%.1fs%s", self.coordinator.pid, rc, delay,
+                    " (it lost the database's leadership: it comes back as a standby, or leads)"
+                    if rc == EXIT_LEADERSHIP_LOST else "")
 
-    def _relay_stdout(self, stream: Any, listening: AsyncResult) -> None:
-        """Copy the coordinator's stdout to ours, line by line, and spot the listening line."""
+    def _relay_stdout(self, stream: Any, listening: AsyncResult, standing_by: Event) -> None:
+        """Copy the coordinator's stdout to ours, line by line, and spot the listening line
+        (and the standing-by line of a coordinator on a shared database)."""
         for raw in stream:
             line = raw.decode("utf-8", "replace")
             sys.stdout.write(line)
             sys.stdout.flush()
+            if line.startswith(STANDING_BY):
+                standing_by.set()
             if not listening.ready():
                 match = LISTENING.search(line)
                 if match:

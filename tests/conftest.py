@@ -48,6 +48,10 @@ def coordinator_factory(tmp_path, db_kind):
     def make(**flags):
         if db_kind == "postgres" and "db" not in flags:
             flags["db"] = pg_support.server().schema()
+            # The lease grace SQLite starts with (PostgreSQL's default, the heartbeat timeout,
+            # is for takeovers: tests/integration/test_standby.py), so that a restart's
+            # recovery decides the same on both stores.
+            flags.setdefault("lease_grace_millis", 0)
         proc = CoordinatorProc(tmp_path, name="coord%d" % len(started), **flags)
         started.append(proc)
         return proc.start()

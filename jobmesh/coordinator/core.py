@@ -214,7 +214,9 @@ class CoordinatorCore:
             except ReadPending as pending:  # another read: wait for that one too
                 self._hold_for(pending.read, event, slot)
                 continue
-            except Exception:
+            except Exception as exc:
+                if self.store.leadership_lost(exc):
+                    raise  # the read found this process no longer leads: the runtime stops (exit 75)
                 log.exception("error while applying a held %s; continuing", type(event.msg).__name__)
                 answer = INTERNAL_ERROR
             if not isinstance(answer, Slot):  # (a WAIT_JOB now waiting for its job fills the slot later)
@@ -250,7 +252,9 @@ class CoordinatorCore:
         for step in self._sweep_steps:
             try:
                 step(now)
-            except Exception:  # one step's error must not skip the others
+            except Exception as exc:  # one step's error must not skip the others
+                if self.store.leadership_lost(exc):
+                    raise  # a read found this process no longer leads: the runtime stops (exit 75)
                 log.exception("error in the sweep's %s; the sweep goes on", step.__name__)
 
     def _purge(self, now: int) -> None:

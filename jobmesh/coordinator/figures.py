@@ -113,6 +113,11 @@ class Figures:
         return {state: self.finished[state] for state in FINISHED}
 
 
+# The core's figures before there is a core (standing by, recovering): every count zero.
+NO_FIGURES = Figures(counters=Counters(), jobs={}, finished=dict.fromkeys(FINISHED, 0), workers=0, capacity=0,
+                     busy_slots=0, periodic_workers=0, waits=0)
+
+
 class BucketCounts(Protocol):
     """A plain histogram (``housekeeping.Histogram``): per-bucket counts, overflow last."""
 
@@ -132,6 +137,7 @@ class RuntimeFigures:
     commit_rows: BucketCounts
     batch_events: BucketCounts
     storage_available: int = 1  # 1 while writes work, 0 during a storage outage
+    leading: int = 1  # 1 while this process leads its store, 0 while it stands by
     auth_failures: int = 0  # failed authentications (--auth-file) since the process started
 
     @property
@@ -241,6 +247,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("jobmesh_storage_available", "1 while the database takes writes, 0 during a storage outage (writes "
            "are refused, unapplied, until a probe write succeeds).", G, "storage_available", runtime=True,
            summary="storageAvailable"),
+    Metric("jobmesh_leading", "1 while this coordinator leads its database, 0 while it stands by for another "
+           "(a shared PostgreSQL store; it serves only the metrics port then).", G, "leading", runtime=True,
+           summary="leading"),
     Metric("jobmesh_core_inbox_depth", "Events waiting in the core's mailbox.", G, "inbox_depth", runtime=True,
            summary="inboxDepth"),
     Metric("jobmesh_commit_seconds", "Group commits: from the start of a batch's transaction until the core has "

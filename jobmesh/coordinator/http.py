@@ -8,7 +8,8 @@ the coordinator's hub (``--metrics-port``, on the ``--bind`` address) and answer
                              ``figures.METRICS`` over the core's and the runtime's figures
                              at scrape time
     /healthz                 200 while the process serves
-    /readyz                  200 once recovered and listening; 503 while stopping
+    /readyz                  200 once recovered and listening; 503 while standing by
+                             (another coordinator leads the database), recovering or stopping
     /                        the dashboard: one static HTML file (dashboard.html) whose
                              script polls the JSON endpoints below
     /api/summary             the registry's summary figures (counts by state, counters,
@@ -83,7 +84,7 @@ from prometheus_client.utils import floatToGoString
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.guard import Guard
 from jobmesh.coordinator.connection import tls_accept
-from jobmesh.coordinator.figures import (ACTIVE, FINISHED, METRICS, SUMMARY_KEYS, BucketCounts, Figures, Kind,
+from jobmesh.coordinator.figures import (ACTIVE, FINISHED, METRICS, NO_FIGURES, SUMMARY_KEYS, BucketCounts, Figures, Kind,
                                          Metric, RuntimeFigures)
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
@@ -355,7 +356,8 @@ class HttpPort:
     """The metrics port of one coordinator.
 
     ``source`` is the runtime (``runtime.Coordinator``), read through four names only:
-    ``core.metrics()``, ``figures()``, ``ready`` and ``mailbox.put(event)``. ``guard`` checks
+    ``core.metrics()`` (no core yet: standing by or recovering, all zero), ``figures()``,
+    ``ready`` and ``mailbox.put(event)``. ``guard`` checks
     tokens (``--auth-file``; None: every path is open).
     """
 
@@ -431,7 +433,11 @@ class HttpPort:
         runtime = self.source.figures()
         connections = dict(runtime.connections)
         connections["metrics"] = self.server.open_connections if self.server is not None else 0
-        return self.source.core.metrics(), replace(runtime, connections=connections)
+        return self._core_figures(), replace(runtime, connections=connections)
+
+    def _core_figures(self) -> Figures:
+        core = self.source.core
+        return core.metrics() if core is not None else NO_FIGURES
 
     def _run_timer(self) -> None:
         next_sample = time.monotonic() + SAMPLE_SECONDS
@@ -450,7 +456,7 @@ class HttpPort:
                     log.exception("metrics sample failed; continuing")
 
     def _sample(self, _now: float) -> None:
-        core = self.source.core.metrics()
+        core = self._core_figures()
         jobs = core.jobs_by_state
         finished = core.finished_by_state
         queued, running = jobs.pop(JobState.QUEUED.value), jobs.pop(JobState.RUNNING.value)

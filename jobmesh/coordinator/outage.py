@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 
+from jobmesh.coordinator import leadership
 from jobmesh.protocol import messages as m
 from jobmesh.store.base import Batch, Outcome, Store, merge_batches
 
@@ -80,7 +81,8 @@ class StorageOutage:
 
     def check_probe(self, store: Store) -> bool:
         """While storage fails and no batch writes: a probe write now and then, off the hub.
-        True once one succeeded (the outage is over)."""
+        True once one succeeded (the outage is over). Raises ``leadership.LeadershipLost``
+        when a probe found that this process no longer leads (a shared store)."""
         now = time.monotonic()
         probe = self.probe
         if probe is not None:
@@ -91,6 +93,7 @@ class StorageOutage:
             if failure is None:
                 self._resumed("a probe write")
                 return True
+            leadership.check(store, failure)
             self.reason = store.fault_reason(failure)
             self.failures += 1
             self._next_probe = now + STORAGE_PROBE_SECONDS

@@ -1,11 +1,17 @@
 """Coordinator: the impure shell around ``CoordinatorCore``.
 
-Start order: the database lock (``dblock``: one coordinator per database, before
-anything touches the file) → open and recover from the store (inline, before any
-listener) → core greenlet → sweep timer → listeners → the "listening" line. Stop order:
-core (commits its batch, answers what it took, fails what is still queued) → listeners →
-database → lock. With ``--drain-millis`` a stop signal first drains: no new assignment,
-running attempts get up to that long to finish (a second signal stops at once).
+Start order: the database lock (``dblock``: one coordinator per SQLite file, before
+anything touches the file; a shared store takes none) → open the store → the metrics
+port → lead (``Store.lead``: at once on SQLite; on a shared store this process stands by,
+serving only the metrics port, until it gets the leadership) → recover from the store
+(inline, before any job port) → core greenlet → sweep timer → job ports → the
+"listening" line. Stop order: core (commits its batch, answers what it took, fails what
+is still queued) → listeners → database → lock. With ``--drain-millis`` a stop signal
+first drains: no new assignment, running attempts get up to that long to finish (a
+second signal stops at once).
+
+On a shared store a store call that fails because this process no longer leads
+(``leadership.py``) ends it: nothing more is committed or released, exit 75.
 
 The core greenlet takes a fair batch from the mailbox (``mailbox.py``: connections served
 round-robin within a cost budget of ``MAX_BATCH``), applies each event with one clock read, schedules, and commits every changed row in
@@ -67,15 +73,17 @@ from jobmesh.coordinator.figures import RuntimeFigures
 from jobmesh.coordinator.guard import Guard
 from jobmesh.coordinator.housekeeping import (COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, CollectorPolicy, Histogram,
                                               raise_fd_limit)
+from jobmesh.coordinator import leadership
+from jobmesh.coordinator.leadership import KeepLeading, LeadershipLost
 from jobmesh.coordinator.periodic_port import PeriodicPort
 from jobmesh.coordinator.server import SHUTTING_DOWN, Servers
 from jobmesh.coordinator.waiters import Slot, Waiter
 from jobmesh.coordinator import schedule_file
 from jobmesh.errors import ConfigError, ProtocolError
-from jobmesh.exitcodes import EXIT_COMMIT_FAILED, EXIT_CORE_DIED, EXIT_USAGE
+from jobmesh.exitcodes import EXIT_COMMIT_FAILED, EXIT_CORE_DIED, EXIT_LEADERSHIP_LOST, EXIT_USAGE
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
-from jobmesh.store.base import Store
+from jobmesh.store.base import Store, outcome_of
 from jobmesh.store.opening import CannotOpen, open_store, shown
 from jobmesh.store.sqlite import FAULT_FILE_ENV
 from jobmesh.tls import server_context
@@ -92,11 +100,13 @@ FD_MARGIN = 256
 WORKER_FD_RESERVE = 512  # descriptors client connections may not take (new workers can always register)
 DRAIN_POLL_SECONDS = 0.02
 FIRE_TICK_MILLIS = 10  # recurring schedules fire at most this often (in batches), at their time
+STANDING_BY = "jobmesh coordinator standing by"  # on stdout while another coordinator leads (CONTRACT.md)
+RECONNECT_INITIAL = 0.5  # a standby whose session ended connects again after this, doubling
+RECONNECT_CAP = 5.0
+
+
 class CannotStart(Exception):
     """A start-up failure whose message is the whole story (one line, exit 1)."""
-
-
-
 
 class MarkerTimer:
     """A timer for the earliest instant (core time) it is armed for, which then posts
@@ -216,6 +226,8 @@ class Coordinator:
         self.exit_code = 0  # what run_coordinator returns once stopped
         self.collector = CollectorPolicy()
         self.lock = DatabaseLock(config.db)
+        self.leading = False  # this process leads its store (at once on SQLite; a standby until then)
+        self.keep_leading: KeepLeading | None = None  # on a shared store, once leading
         self.outage = StorageOutage()
         # What the runtime itself does before the core applies an event of that kind.
         self._before: dict[type, Callable[[Any], None]] = {
@@ -233,28 +245,45 @@ class Coordinator:
 
     # ---- start --------------------------------------------------------------------
 
-    def start(self) -> str:
-        """Lock, recover, start the core and the listeners; returns the "listening" line.
+    def start(self, standing_by: Callable[[], None] = lambda: None) -> str | None:
+        """Lock, lead, recover, start the core and the listeners; returns the "listening"
+        line, or None if a stop signal came while standing by.
+
+        On a shared store another coordinator may lead: ``standing_by()`` is called once
+        (the CLI prints ``STANDING_BY``) and this waits, serving only the metrics port,
+        until the store makes this process the leader.
 
         Raises ``DatabaseInUse``, ``CannotStart`` or ``CannotOpen`` (the message says it
-        all), the store's error if recovery cannot read it, ``OSError`` if a port cannot.
+        all), the store's error if recovery cannot read it, ``OSError`` if a port cannot,
+        ``LeadershipLost`` if the leadership was lost before recovery was written.
         A database that opens but cannot be written (full, read-only, locked) starts
         degraded: reads are served, writes answer the storage ERROR until it works.
         """
         cfg = self.config
         fd_limit = raise_fd_limit()
         try:
-            self.lock.acquire()  # before anything touches the database (recovery rewrites it)
+            self.lock.acquire()  # before anything touches the database (recovery rewrites it); none on a URL
         except DatabaseInUse:
             raise
         except OSError as exc:
             raise CannotStart("cannot open the database %s: cannot create its lock file %s: %s"
                               % (cfg.db, self.lock.path, exc.strerror or exc)) from None
         self.store = self._open_store()
+        if cfg.metrics_port is not None:  # /healthz and /readyz answer while standing by and recovering
+            from jobmesh.coordinator.http import HttpPort  # imports prometheus_client: only when asked
+
+            self.http = HttpPort(self, cfg.bind, cfg.metrics_port, self.guard, self.tls, cfg.tls_handshake_timeout_millis / 1000.0)
+            self.servers.append(self.http.start())
+        if not self._lead(standing_by):
+            self._stop_standing_by()
+            return None
         if self.store.migrated:
             log.info("migrated database %s: added columns %s", shown(cfg.db), ", ".join(self.store.migrated))
-        self.store.lead(self._standing_by)  # a shared store: wait until this process leads
-        self.core = self._recovered_core()
+        try:
+            self.core = self._recovered_core()
+        except Exception as exc:
+            leadership.check(self.store, exc)
+            raise
         if cfg.schedules_file is not None:  # its schedules commit with recovery's rows
             problem = self.core.apply_schedules_file(now_millis(), schedule_file.read(cfg.schedules_file))
             if problem is not None:
@@ -264,6 +293,7 @@ class Coordinator:
             try:
                 self.store.write(rows)
             except Exception as exc:
+                leadership.check(self.store, exc)
                 if not self.store.is_storage_fault(exc):
                     raise
                 self.outage.pending = rows  # recovery's decisions: committed with the first write that works
@@ -301,11 +331,7 @@ class Coordinator:
             Address(cfg.bind, worker_srv.server_port), Address(cfg.bind, client_srv.server_port))
         if cfg.periodic_port is not None:
             line += " periodic=%s" % Address(cfg.bind, periodic_srv.server_port)
-        if cfg.metrics_port is not None:
-            from jobmesh.coordinator.http import HttpPort  # imports prometheus_client: only when asked
-
-            self.http = HttpPort(self, cfg.bind, cfg.metrics_port, self.guard, self.tls, cfg.tls_handshake_timeout_millis / 1000.0)
-            self.servers.append(self.http.start())
+        if self.http is not None:
             line += " metrics=%s" % Address(cfg.bind, self.http.port)
         self.ready = True
         log.info("listening worker=%s:%d client=%s:%d fd_limit=%d tls=%s", cfg.bind, worker_srv.server_port,
@@ -343,15 +369,87 @@ class Coordinator:
         self.periodic.reload_keys()
         self.reload_schedules()
 
+    def _lead(self, standing_by: Callable[[], None]) -> bool:
+        """Return once this process leads its store (at once on SQLite); False if a stop
+        signal came first. A standby whose database session ends (the server restarted,
+        the network) connects again and stands by again, however long that takes."""
+        store = self.store
+        assert store is not None
+        if not store.shared:
+            store.lead(standing_by)
+            self.leading = True
+            return True
+        told = False
+
+        def standby() -> None:
+            nonlocal told
+            log.info("standing by: another coordinator leads this database; taking over when its session ends")
+            if not told:
+                told = True
+                standing_by()
+
+        stop = gevent.event.Event()
+        handlers = [gevent.signal_handler(sig, stop.set) for sig in (signal.SIGTERM, signal.SIGINT)]
+        handlers.append(gevent.signal_handler(signal.SIGHUP, log.info, "SIGHUP while standing by: the files given"
+                                              " by flags are read when this coordinator leads"))
+        delay = RECONNECT_INITIAL
+        try:
+            while True:
+                leading = gevent.spawn(outcome_of, store.lead, standby)
+                gevent.wait([leading, stop], count=1)
+                if not leading.ready():
+                    leading.kill()
+                    return False
+                exc = leading.value
+                if exc is None:
+                    break
+                if not (store.leadership_lost(exc) or store.is_storage_fault(exc)):
+                    raise exc
+                log.warning("lost the database session while standing by (%s); connecting again in %.1f s",
+                            store.fault_reason(exc), delay)
+                store.close()
+                store = self._reconnect(stop, delay)
+                if store is None:
+                    return False
+                delay = min(RECONNECT_CAP, delay * 2)
+        finally:
+            for handler in handlers:
+                handler.cancel()
+        self.leading = True
+        self.keep_leading = KeepLeading(self.config.db_session_timeout_millis)
+        log.info("leading the database: recovering, then opening the job ports")
+        return True
+
+    def _reconnect(self, stop: gevent.event.Event, delay: float) -> Store | None:
+        """Open the store again after ``delay`` (doubling while it fails); None if ``stop`` came first."""
+        while not stop.wait(delay):
+            try:
+                self.store = self._open_store()
+                return self.store
+            except CannotOpen as exc:
+                log.warning("%s; trying again", exc)
+            delay = min(RECONNECT_CAP, delay * 2)
+        return None
+
+    def _stop_standing_by(self) -> None:
+        """A stop signal while standing by: close the metrics port and the store."""
+        log.info("stopping while standing by")
+        self._stopping = True
+        if self.http is not None:
+            self.http.stop_timers()
+        for srv in self.servers:
+            srv.stop(timeout=1)
+        if self.store is not None:
+            self.store.close()
+        log.info("stopped")
+        self.stopped.set()
+
     def _open_store(self) -> Store:
         """The store --db names; raises ``CannotOpen``."""
         # The fault file is a testing aid only (docs/FAILURE_MODEL.md, "Testing storage faults").
-        return open_store(self.config.db, self.config.db_synchronous, os.environ.get(FAULT_FILE_ENV) or None)
-
-    def _standing_by(self) -> None:
-        """Another coordinator leads the shared store: say so, then wait to take over."""
-        print("jobmesh coordinator standing by", flush=True)
-        log.info("standing by: another coordinator leads %s", shown(self.config.db))
+        cfg = self.config
+        return open_store(cfg.db, cfg.db_synchronous, os.environ.get(FAULT_FILE_ENV) or None,
+                          cfg.db_session_timeout_millis)
 
     def _recovered_core(self) -> CoordinatorCore:
         """A fresh core with the database's state, after recovery (its rows not yet written)."""
@@ -489,7 +587,18 @@ class Coordinator:
             del self._held[conn]
 
     def _run_core(self) -> None:
-        """Take a batch, apply it, commit it, release it; until a STOP."""
+        """Take a batch, apply it, commit it, release it; until a STOP, or until the
+        leadership of a shared store is lost (then the process stops, exit 75)."""
+        try:
+            self._core_loop()
+        except LeadershipLost as exc:  # nothing of the batch that found it was released
+            self.exit_code = EXIT_LEADERSHIP_LOST
+            log.error("leadership lost: another coordinator may lead now; nothing more is committed or answered,"
+                      " exiting %d (%s)", EXIT_LEADERSHIP_LOST, exc)
+            self.ready = False
+            gevent.spawn(self.stop)
+
+    def _core_loop(self) -> None:
         mailbox = self.mailbox
         unsent: Answers | None = None  # the replies of the last committed batch, not written yet
         while True:
@@ -517,8 +626,8 @@ class Coordinator:
 
         Returns the batch's answers and whether a STOP was in it (events after a STOP are
         refused, not applied)."""
-        core = self.core  # a storage failure replaces the core, between batches
-        assert core is not None
+        core, store = self.core, self.store  # a storage failure replaces the core, between batches
+        assert core is not None and store is not None
         replies: list[tuple[ReplyConnection, tuple[m.Message | Slot, bool]]] = []
         stop = False
         now = now_millis()
@@ -542,7 +651,8 @@ class Coordinator:
                     if type(answer) is Slot:
                         self._hold(item.conn)
                     replies.append((item.conn, (answer, type(item.msg) is ev.Refusal)))
-            except Exception:
+            except Exception as exc:
+                leadership.check(store, exc)  # a read that found the leadership gone
                 log.exception("error while handling %s; continuing", kind.__name__)
                 if kind is ev.Request:
                     replies.append((item.conn, (INTERNAL_ERROR, False)))
@@ -574,6 +684,8 @@ class Coordinator:
             self._write_replies(unsent)
         if commit is not None:
             failure = commit.get()
+            if failure is not None:
+                leadership.check(store, failure)  # raises: nothing of this batch is released
             if failure is not None and store.is_storage_fault(failure):
                 answers = self._refuse_batch(core, answers, store.fault_reason(failure), stop)
                 outbound = []
@@ -582,10 +694,14 @@ class Coordinator:
             else:
                 self.commit_seconds.observe(time.perf_counter() - started)
                 self.commit_rows.observe(len(rows.inserts) + len(rows.updates))
+                if self.keep_leading is not None:
+                    self.keep_leading.committed()
                 if outage.committed(rows):
                     core.refusal = None
         elif outage.active and not stop:
             core.refusal = None if outage.check_probe(store) else storage_error(outage.reason or "")
+        elif self.keep_leading is not None and not stop:
+            self.keep_leading.tick(store)
         self._send_outbound(outbound)
         if stop or commit is None:
             self._write_replies(answers)  # nothing to overlap with
@@ -641,7 +757,7 @@ class Coordinator:
             pconn.abort()
         old = self.core
         assert old is not None and self.store is not None
-        if not self.store.shared:  # a shared store's writer holds leadership: never reopened
+        if not self.store.shared:  # a shared store's writer holds leadership: reload through it
             try:
                 # Reopened: a connection opened on a read-only file stays read-only.
                 store = self._open_store()
@@ -653,6 +769,7 @@ class Coordinator:
         try:
             core = self._recovered_core()
         except Exception as exc:
+            leadership.check(self.store, exc)
             if not self.store.is_storage_fault(exc):
                 raise
             raise CommitFailed("could not reload state from the database after a failed commit: %s" % exc) from exc
@@ -717,7 +834,7 @@ class Coordinator:
                               connections=dict(self.handlers.connections), commit_seconds=self.commit_seconds,
                               commit_rows=self.commit_rows, batch_events=self.batch_events,
                               auth_failures=self.guard.failures if self.guard is not None else 0,
-                              storage_available=0 if self.outage.active else 1)
+                              storage_available=0 if self.outage.active else 1, leading=int(self.leading))
 
     # ---- the schedules file --------------------------------------------------------------
 
@@ -808,6 +925,8 @@ class Coordinator:
         gevent.joinall([gevent.spawn(srv.stop, 0.3) for srv in self.servers], timeout=5)
         if self.outage.probe is not None:
             self.outage.probe.wait(10)  # the DB thread must be done with the connections it closes
+        if self.keep_leading is not None:
+            self.keep_leading.wait(10)
         if self.store is not None:
             self.store.close()
         self.lock.release()
@@ -831,11 +950,15 @@ def periodic_keys(config: CoordinatorConfig) -> ServerKeys | None:
 def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) -> int:
     """``jobmesh coordinator``: run until SIGTERM/SIGINT; exit code 0 on a graceful stop.
 
-    ``announce(line)`` publishes the listening line once every port is open (the CLI
-    prints it on stdout)."""
+    ``announce(line)`` publishes the listening line once every port is open, and on a
+    shared store ``STANDING_BY`` while another coordinator leads (the CLI prints them on
+    stdout). 75 when the leadership was lost."""
     coordinator = Coordinator(config)
     try:
-        line = coordinator.start()
+        line = coordinator.start(lambda: announce(STANDING_BY))
+    except LeadershipLost as exc:
+        log.error("leadership lost while recovering: exiting %d (%s)", EXIT_LEADERSHIP_LOST, exc)
+        return EXIT_LEADERSHIP_LOST
     except (DatabaseInUse, CannotStart, CannotOpen) as exc:
         log.error("%s", exc)
         return 1
@@ -852,6 +975,8 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
             raise
         log.error("cannot open the database %s: %s", shown(config.db), str(exc).strip().split("\n")[0])
         return 1
+    if line is None:  # stopped while standing by
+        return 0
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, coordinator.on_stop_signal)
     gevent.signal_handler(signal.SIGHUP, coordinator.on_hangup)

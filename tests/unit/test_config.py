@@ -190,6 +190,24 @@ def test_lease_grace_is_off_by_default_and_validated():
             coord("--lease-grace-millis=%s" % bad)
 
 
+def test_on_postgresql_the_lease_grace_defaults_to_the_heartbeat_timeout():
+    # a standby that takes over keeps the running work of the leader it replaces
+    url = "--db=postgresql://jobmesh@db.example:5432/jobs"
+    assert coord(url, "--heartbeat-timeout-millis=2500").lease_grace_millis == 2500
+    assert coord(url, "--lease-grace-millis=0").lease_grace_millis == 0
+    assert coord("--db=jobs.db", "--heartbeat-timeout-millis=2500").lease_grace_millis == 0
+
+
+def test_the_db_session_timeout_is_a_flag_up_passes_on():
+    from jobmesh.up import coordinator_argv
+
+    assert coord().db_session_timeout_millis == 5000
+    cfg = coord("--db-session-timeout-millis=800")
+    assert cfg.db_session_timeout_millis == 800 and "--db-session-timeout-millis=800" in coordinator_argv(cfg)
+    with pytest.raises(ConfigError, match="--db-session-timeout-millis"):
+        coord("--db-session-timeout-millis=10")
+
+
 def test_up_gives_its_coordinator_the_heartbeat_timeout_as_lease_grace_unless_told():
     from jobmesh.up import coordinator_argv, up_coordinator_config
 

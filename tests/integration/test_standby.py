@@ -1,0 +1,328 @@
+"""Two coordinators on one PostgreSQL database: one leads, the other stands by and takes
+over (docs/SCALING.md; CONTRACT.md, "A standby coordinator (PostgreSQL)").
+
+Real coordinators and workers as processes, a real PostgreSQL server (tests/pg_support.py,
+one per session; each test gets a fresh schema). The coordinators listen on ports picked
+here, so that workers and clients can be given both addresses before the standby leads.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from jobmesh.client.api import CoordinatorClient
+from jobmesh.errors import ClientError
+from tests.helpers import CoordinatorProc, WorkerProc, child_env, wait_until
+
+STANDING_BY = "jobmesh coordinator standing by"
+EXIT_LEADERSHIP_LOST = 75
+TAKEOVER = 60.0  # generous: a freeze is noticed after the session timeout, then recovery runs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Node(CoordinatorProc):
+    """A coordinator on a PostgreSQL URL, on ports chosen before it starts (a standby
+    opens them only once it leads)."""
+
+    def __init__(self, tmp_path, url: str, name: str, metrics: bool = False, **flags):
+        flags.setdefault("heartbeat_timeout_millis", 3000)  # and so the lease grace (the default on PostgreSQL)
+        flags.setdefault("db_session_timeout_millis", 1000)
+        super().__init__(tmp_path, name=name, **flags)
+        self.url = url
+        self.ports = (free_port(), free_port())
+        self.metrics_port = free_port() if metrics else None
+
+    def launch(self) -> "Node":
+        self._n += 1
+        self.out_path = self.tmp_path / ("%s-%d.out" % (self.name, self._n))
+        self.err_path = self.tmp_path / ("%s-%d.err" % (self.name, self._n))
+        args = [sys.executable, "-m", "jobmesh", "coordinator", "--db=%s" % self.url,
+                "--worker-port=%d" % self.ports[0], "--client-port=%d" % self.ports[1]]
+        if self.metrics_port is not None:
+            args.append("--metrics-port=%d" % self.metrics_port)
+        args += ["--%s=%s" % (k, v) for k, v in self.flags.items() if v is not None]
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env())
+        return self
+
+    def await_listening(self, timeout: float = TAKEOVER) -> "Node":
+        wait_until(self._listening, timeout=timeout, message="%s's listening line" % self.name)
+        return self
+
+    def await_standing_by(self, timeout: float = 30.0) -> "Node":
+        def standing_by() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError("%s exited rc=%s\n%s" % (self.name, self.proc.returncode, self.stderr()))
+            return STANDING_BY in self.stdout()
+
+        wait_until(standing_by, timeout=timeout, message="%s's standing-by line" % self.name)
+        return self
+
+    @property
+    def worker_target(self) -> str:
+        return "127.0.0.1:%d" % self.ports[0]
+
+    @property
+    def client_target(self) -> str:
+        return "127.0.0.1:%d" % self.ports[1]
+
+    def http(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.metrics_port, path), timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+
+@pytest.fixture
+def nodes(tmp_path, postgres_url):
+    """``nodes(name, **flags)``: a Node on the test's schema; all stopped at teardown."""
+    made: list[Node] = []
+
+    def make(name: str, **flags) -> Node:
+        node = Node(tmp_path, postgres_url, name, **flags)
+        made.append(node)
+        return node
+
+    yield make
+    for node in made:
+        if node.proc is not None and node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGCONT)
+        node.cleanup()
+
+
+@pytest.fixture
+def workers(tmp_path):
+    started: list[WorkerProc] = []
+
+    def start(target: str, worker_id: str, **kwargs) -> WorkerProc:
+        w = WorkerProc(tmp_path, target, worker_id=worker_id, **kwargs).start()
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.wait(10)
+
+
+def refuses(target: str) -> bool:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def table_state(server, url: str) -> str:
+    """Every job row's id, state and last update, read straight from the schema."""
+    parts = urllib.parse.urlsplit(url)
+    schema = urllib.parse.parse_qs(parts.query)["options"][0].split("=", 1)[1]
+    return server.sql("SELECT job_id, state, updated_at FROM %s.jobmesh_jobs ORDER BY job_id" % schema,
+                      parts.path.lstrip("/"))
+
+
+def test_a_standby_opens_no_job_port_and_takes_over_when_the_leader_stops(nodes):
+    # Given a leader with a job, and a second coordinator on the same database
+    leader = nodes("leader").launch().await_listening()
+    with CoordinatorClient(leader.client_target) as client:
+        job_id = client.submit("WORD_COUNT", {"text": "before the takeover"})
+    standby = nodes("standby", metrics=True).launch().await_standing_by()
+
+    # Then the second one stands by: no job port, not ready, but alive
+    assert refuses(standby.worker_target) and refuses(standby.client_target)
+    assert standby.http("/healthz")[0] == 200
+    assert standby.http("/readyz")[0] == 503
+    assert "jobmesh_leading 0.0" in standby.http("/metrics")[1]
+    assert "listening" not in standby.stdout()
+    # ... and a standby stops at once when told to
+    third = nodes("third").launch().await_standing_by()
+    assert third.terminate() == 0
+
+    # When the leader stops, the standby takes over with the leader's jobs
+    assert leader.terminate() == 0
+    standby.await_listening()
+    assert standby.http("/readyz")[0] == 200
+    assert "jobmesh_leading 1.0" in standby.http("/metrics")[1]
+    with CoordinatorClient(standby.client_target) as client:
+        assert client.status(job_id)["state"] == "QUEUED"
+
+
+def test_kill_9_of_the_leader_under_load_loses_nothing_and_keeps_running_work(nodes, workers):
+    # Given a leader, a standby, and two workers on both addresses
+    leader = nodes("leader").launch().await_listening()
+    standby = nodes("standby").launch().await_standing_by()
+    both_workers = "%s,%s" % (leader.worker_target, standby.worker_target)
+    both_clients = "%s,%s" % (leader.client_target, standby.client_target)
+    for n in (1, 2):
+        workers(both_workers, "w-%d" % n, capacity=4)
+    with CoordinatorClient(both_clients, timeout=30) as client:
+        long_id = client.submit("SLEEP", {"durationMillis": 6000}, max_attempts=1)
+        wait_until(lambda: client.status(long_id)["state"] == "RUNNING", timeout=30, message="the long job runs")
+
+    # ... and clients submitting (each submit with its own key, sent again until answered)
+    acknowledged: dict[str, str] = {}
+    failures: list[BaseException] = []
+    stop = threading.Event()
+    after_takeover = threading.Event()
+
+    def submitter(prefix: str) -> None:
+        try:
+            with CoordinatorClient(both_clients, timeout=30) as c:
+                n = 0
+                while not stop.is_set():
+                    key = "%s-%d" % (prefix, n)
+                    job_id = None
+                    while job_id is None and not stop.is_set():
+                        try:
+                            job_id = c.submit("WORD_COUNT", {"text": "job %d" % n}, idempotency_key=key)
+                        except ClientError:
+                            stop.wait(0.05)  # the leader is gone: the same key again
+                    if job_id is not None:
+                        acknowledged[key] = job_id
+                        if after_takeover.is_set() and n >= 10:
+                            return
+                    n += 1
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=submitter, args=("c%d" % i,)) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: len(acknowledged) >= 40, timeout=60, message="submits before the kill")
+        with CoordinatorClient(leader.client_target, timeout=30) as client:
+            assert client.status(long_id)["state"] == "RUNNING"  # else this test shows no adoption
+
+        # When the leader is killed mid-load
+        leader.proc.kill()
+        leader.proc.wait(10)
+        standby.await_listening()
+        after_takeover.set()
+        for t in threads:
+            t.join(TAKEOVER)
+    finally:
+        stop.set()
+    assert not failures, failures
+
+    # Then every acknowledged job completes exactly once, the long one still on attempt 1
+    with CoordinatorClient(standby.client_target, timeout=60) as client:
+        long_job = client.wait(long_id, timeout=TAKEOVER)
+        assert long_job["state"] == "COMPLETED" and long_job["attempts"] == 1
+        assert [e["event"] for e in client.events(long_id)].count("ASSIGNED") == 1
+        for key, job_id in acknowledged.items():
+            job = client.wait(job_id, timeout=TAKEOVER)
+            assert job["state"] == "COMPLETED", job
+            assert [e["event"] for e in client.events(job_id)].count("COMPLETED") == 1, key
+        # one job per key, and no other
+        listed = {j["jobId"] for j in client.iter_jobs()}
+        assert listed == set(acknowledged.values()) | {long_id}
+
+
+def test_a_frozen_leader_is_replaced_and_exits_75_without_committing(nodes, workers, postgres_server, postgres_url):
+    # Given a leader with a worker on both addresses, and a standby
+    leader = nodes("leader").launch().await_listening()
+    standby = nodes("standby").launch().await_standing_by()
+    worker = workers("%s,%s" % (leader.worker_target, standby.worker_target), "w-1", capacity=2)
+    with CoordinatorClient(leader.client_target, timeout=30) as client:
+        done = client.wait(client.submit("WORD_COUNT", {"text": "job %d" % 1}), timeout=30)
+        assert done["state"] == "COMPLETED"
+        queued = client.submit("SLEEP", {"durationMillis": 60000}, run_at=time.time() + 86400)  # far ahead: never due here
+    # (a worker judges a coordinator by its silence only once it has answered a heartbeat)
+    wait_until(lambda: worker.log().split("registered worker=w-1", 1)[-1].count("heartbeat worker=w-1") >= 5,
+               timeout=30, message="heartbeats answered by the leader")
+
+    # When the leader is frozen, the standby takes over (its session timed out)
+    leader.proc.send_signal(signal.SIGSTOP)
+    standby.await_listening()
+    # (its worker, whose heartbeats the frozen process leaves unanswered, moves over)
+    with CoordinatorClient(standby.client_target, timeout=30) as client:
+        assert client.cancel(queued)[0]  # the new leader writes
+        after = client.wait(client.submit("WORD_COUNT", {"text": "job %d" % 2}), timeout=30)
+        assert after["state"] == "COMPLETED"
+
+    # Then, thawed, the old leader commits nothing and exits 75
+    rows_before = table_state(postgres_server, postgres_url)
+    leader.proc.send_signal(signal.SIGCONT)
+    assert leader.proc.wait(TAKEOVER) == EXIT_LEADERSHIP_LOST
+    assert "leadership lost" in leader.stderr()
+    assert "Traceback" not in leader.stderr()
+    assert table_state(postgres_server, postgres_url) == rows_before
+    with CoordinatorClient(standby.client_target, timeout=30) as client:
+        assert client.status(queued)["state"] == "CANCELLED"
+
+
+def test_postgresql_restarted_under_the_leader_it_exits_75_and_the_standby_leads(nodes, workers, postgres_server):
+    # Given a leader with work and a standby
+    leader = nodes("leader").launch().await_listening()
+    standby = nodes("standby").launch().await_standing_by()
+    workers("%s,%s" % (leader.worker_target, standby.worker_target), "w-1", capacity=2)
+    with CoordinatorClient(leader.client_target, timeout=30) as client:
+        finished = client.wait(client.submit("WORD_COUNT", {"text": "job %d" % 1}), timeout=30)["jobId"]
+        pending = [client.submit("WORD_COUNT", {"text": "job %d" % n}, run_at=time.time() + 86400) for n in range(5)]
+
+    # When the database restarts under them
+    postgres_server.restart()
+
+    # Then the leader exits 75, and the standby (connecting again) leads with every job
+    assert leader.proc.wait(TAKEOVER) == EXIT_LEADERSHIP_LOST
+    standby.await_listening()
+    with CoordinatorClient(standby.client_target, timeout=30) as client:
+        assert client.status(finished)["state"] == "COMPLETED"
+        assert [client.status(job_id)["state"] for job_id in pending] == ["SCHEDULED"] * 5
+        assert client.wait(client.submit("WORD_COUNT", {"text": "job %d" % 2}), timeout=30)["state"] == "COMPLETED"
+
+
+def test_up_stands_by_then_starts_its_workers_and_comes_back_after_losing_the_lead(nodes, postgres_url, postgres_server,
+                                                                                  tmp_path):
+    # Given a coordinator leading the database, and `jobmesh up` on the same database
+    leader = nodes("leader").launch().await_listening()
+    client_target = "127.0.0.1:%d" % free_port()
+    out_path, err_path = tmp_path / "up.out", tmp_path / "up.err"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        up = subprocess.Popen([sys.executable, "-m", "jobmesh", "up", "--db=%s" % postgres_url, "--workers=1",
+                               "--worker-port=%d" % free_port(), "--client-port=%s" % client_target.split(":")[1],
+                               "--heartbeat-timeout-millis=3000", "--sweep-interval-millis=20",
+                               "--db-session-timeout-millis=1000"],
+                              stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env())
+    try:
+        # Then up's coordinator stands by, and up starts no worker yet
+        wait_until(lambda: STANDING_BY in out_path.read_text(), timeout=30, message="up's standing-by line")
+        assert "worker started" not in err_path.read_text()
+
+        # When the leader stops, up's coordinator leads and its worker runs jobs
+        assert leader.terminate() == 0
+        wait_until(lambda: "listening" in out_path.read_text(), timeout=TAKEOVER, message="up's listening line")
+        with CoordinatorClient(client_target, timeout=30) as client:
+            assert client.wait(client.submit("WORD_COUNT", {"text": "one"}), timeout=30)["state"] == "COMPLETED"
+
+        # When PostgreSQL restarts under it, its coordinator exits 75 and up starts it again
+        postgres_server.restart()
+        wait_until(lambda: "rc=75" in err_path.read_text(), timeout=TAKEOVER, message="the coordinator's exit 75")
+        wait_until(lambda: out_path.read_text().count("listening") == 2, timeout=TAKEOVER, message="listening again")
+        with CoordinatorClient(client_target, timeout=30) as client:
+            assert client.wait(client.submit("WORD_COUNT", {"text": "two"}), timeout=30)["state"] == "COMPLETED"
+    finally:
+        up.terminate()
+        try:
+            up.wait(30)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait(10)
