@@ -244,7 +244,10 @@ class WorkerAgent:
         of ours (the others make the caller try the next address)."""
         sock = socket.create_connection((address.host, address.port), timeout=self.connect_timeout)
         try:
-            sock.settimeout(REGISTER_TIMEOUT)  # the handshake and the registration get longer
+            # The handshake and the registration get longer; with somewhere else to go, no
+            # longer than a silence (a frozen coordinator's kernel still accepts connections).
+            sock.settimeout(REGISTER_TIMEOUT if len(self.addresses) == 1
+                            else min(REGISTER_TIMEOUT, silence_limit(self.cfg.heartbeat_interval_millis) / 1000.0))
             sock = secure(sock, self.tls, address.host)
             _tune(sock, self.cfg.heartbeat_interval_millis)
             log.info("connected worker=%s coordinator=%s", self.worker_id, address)
