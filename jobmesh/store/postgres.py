@@ -82,6 +82,8 @@ LEAD_LOCK = 0x6A6D6C64  # "jmld"
 SCHEMA_LOCK = 0x6A6D7363  # "jmsc"
 DEFAULT_SESSION_TIMEOUT_MILLIS = 10_000
 KEEPALIVE_FRACTION = 4  # an idle writer runs a statement every timeout / KEEPALIVE_FRACTION
+RECOVERY_SLICE = 2000  # active rows recovery reads and decodes between two chances for other greenlets
+YIELD_SECONDS = 0.0001
 
 
 def column_sql(column: Column) -> str:
@@ -636,11 +638,27 @@ class PostgresStore:
     # ---- reads -------------------------------------------------------------------
 
     def load_active(self) -> list[Job]:
-        """Every non-terminal job, for recovery; also builds the idempotency key filter."""
-        rows = self.reader.execute("SELECT %s FROM %s WHERE state = ANY(%%s)" % (SELECT_COLUMNS, JOBS),
-                                   (list(ACTIVE_STATES),)).fetchall()
+        """Every non-terminal job, for recovery; also builds the idempotency key filter.
+
+        Read in slices of ``RECOVERY_SLICE`` rows through a server-side cursor, letting
+        other greenlets run between them: the writer's keepalive must reach the server
+        while a large recovery runs, or the new leader's own idle timeout (or a standby,
+        judging it frozen) would end its session before it ever served."""
+        jobs: list[Job] = []
+        with self.reader.transaction():
+            with self.reader.cursor(name="jobmesh_active") as cur:
+                cur.execute("SELECT %s FROM %s WHERE state = ANY(%%s)" % (SELECT_COLUMNS, JOBS),
+                            (list(ACTIVE_STATES),))
+                while True:
+                    rows = cur.fetchmany(RECOVERY_SLICE)
+                    if not rows:
+                        break
+                    jobs.extend(read_row(r) for r in rows)
+                    # A short sleep, not sleep(0): that would switch greenlets without
+                    # running the loop's timers, and the keepalive waits on one.
+                    gevent.sleep(YIELD_SECONDS)
         self._keys = self._key_filter() if self._keys_usable else None
-        return [read_row(r) for r in rows]
+        return jobs
 
     def _key_filter(self) -> KeyFilter:
         """A filter holding every stored key: their MD5s, computed by the server and

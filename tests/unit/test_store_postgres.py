@@ -30,6 +30,7 @@ from tests.helpers import wait_until
 psycopg = pytest.importorskip("psycopg")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+from jobmesh.store import postgres as postgres_module  # noqa: E402
 from jobmesh.store.postgres import (BUMP_SQL, FENCE_SQLSTATE, INSERT_SQL, UPDATE_SQL, KeyFilter,  # noqa: E402
                                     LeadershipLost, PostgresStore)
 
@@ -255,6 +256,33 @@ def test_a_healthy_leader_keeps_its_session_and_a_frozen_one_loses_it_to_a_stand
     failure = store.commit(batch(make_job("b", 2))).get()
     assert failure is not None and store.leadership_lost(failure)
     assert ids(standby) == ["a"]
+
+
+def test_a_recovery_longer_than_the_session_timeout_keeps_the_leadership(stores, monkeypatch):
+    # Given a leader with a short session timeout and more active jobs than it decodes
+    # within that timeout: each row's decoding holds the hub (as recovery's CPU does)
+    monkeypatch.setattr(postgres_module, "RECOVERY_SLICE", 100)  # a slice of rows: a tenth of a second below
+    count = 2000
+    first = stores()
+    first.lead(lambda: None)
+    first.write(batch(*[make_job("j%05d" % i, i + 1) for i in range(count)]))
+    first.close()
+    store = stores(session_timeout_millis=1000)
+    store.lead(lambda: None)  # a takeover: the new leader's session timeouts are armed
+    decode = postgres_module.read_row
+
+    def slow_decode(row):
+        time.sleep(2.0 / count)  # blocks the thread, hub included
+        return decode(row)
+
+    monkeypatch.setattr(postgres_module, "read_row", slow_decode)
+    # When it recovers (about twice the timeout)
+    started = time.monotonic()
+    assert len(store.load_active()) == count
+    assert time.monotonic() - started > 1.0
+    # Then its session lived through it: the next batch commits
+    failure = store.commit(batch(make_job("after", count + 1))).get()
+    assert failure is None, failure
 
 
 def test_text_holding_nul_is_stored_with_a_replacement_and_found_by_the_same_key(leader):
