@@ -512,14 +512,14 @@ class LoadGen:
         self.record_cpu(cpu0)
 
     def cpu_snapshot(self) -> dict[str, float]:
-        """CPU seconds so far of the coordinator, our workers, this process and the whole
-        machine (all CPUs, whoever used them)."""
+        """CPU seconds so far of the coordinator (and of its hub thread alone), our workers,
+        this process and the whole machine (all CPUs, whoever used them)."""
         snap = {"wall": time.monotonic(), "loadgen": sum(os.times()[:2]),
                 "machine": procs.machine_cpu_seconds() or 0.0}
-        if self.coordinator is not None:
-            snap["coordinator"] = procs.cpu_seconds(self.coordinator.pid) or 0.0
-        elif self.o["coordinator_pid"]:
-            snap["coordinator"] = procs.cpu_seconds(self.o["coordinator_pid"]) or 0.0
+        pid = self.coordinator.pid if self.coordinator is not None else self.o["coordinator_pid"]
+        if pid:
+            snap["coordinator"] = procs.cpu_seconds(pid) or 0.0
+            snap["coordinator_hub"] = procs.cpu_seconds(pid, pid) or 0.0  # the main thread: the hub
         workers = [c for c in self.children if c.name.startswith("worker")]
         if workers:
             snap["workers"] = sum(procs.cpu_seconds(c.pid) or 0.0 for c in workers)

@@ -155,10 +155,11 @@ def read_status_kb(pid: int) -> dict[str, int]:
     return out
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of ``pid`` so far, in seconds."""
+def cpu_seconds(pid: int, thread: int | None = None) -> float | None:
+    """User + system CPU time of ``pid`` so far, in seconds (of its thread ``thread`` only,
+    when given: the main thread's id is ``pid``)."""
     try:
-        with open("/proc/%d/stat" % pid) as f:
+        with open("/proc/%d/stat" % pid if thread is None else "/proc/%d/task/%d/stat" % (pid, thread)) as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):

@@ -19,7 +19,9 @@ an issue states its cost against its starting commit as these ratios.
 ``coord_cpu_us_per_job`` is the coordinator's CPU time during the measured phase divided
 by the jobs completed (submitted, in submit mode), in µs: on this machine it moves far
 less from run to run than the rates do, since a slow minute lowers the rate but not the
-work per job. The driver prints figures; it does not judge them (no thresholds, exit status 0 unless
+work per job. ``hub_cpu_us_per_job`` is the same for the coordinator's main thread alone
+(the hub: sockets, framing, the core), the rest being mostly the store's write thread;
+a tree whose load generator does not report it shows ``?``. The driver prints figures; it does not judge them (no thresholds, exit status 0 unless
 the set-up itself fails).
 
 Usage:
@@ -72,9 +74,9 @@ from bench.profiles import dig  # noqa: E402
 
 DEFAULT_FIGURES = {
     "e2e": ["jobs_per_s", "submits_per_s", "submit_latency_ms.p99", "cpu_cores_used.coordinator", "coord_cpu_us_per_job",
-            "coordinator_peak_rss_kb", "completed", "lost", "duplicates"],
+            "hub_cpu_us_per_job", "coordinator_peak_rss_kb", "completed", "lost", "duplicates"],
     "submit": ["submits_per_s", "submit_latency_ms.p50", "submit_latency_ms.p99", "cpu_cores_used.coordinator",
-               "coord_cpu_us_per_job",
+               "coord_cpu_us_per_job", "hub_cpu_us_per_job",
                "submitted", "lost", "duplicates"],
 }
 FALLBACK_FIGURES = ["submits_per_s", "jobs_per_s", "submit_latency_ms.p99", "lost", "duplicates"]
@@ -86,8 +88,9 @@ def figure(report: dict, name: str, echo: float | None = None):
     if name in ECHO_FIGURES:
         rate = dig(report, ECHO_FIGURES[name])
         return round(rate / echo, 4) if rate and echo else None
-    if name == "coord_cpu_us_per_job":
-        cores, wall = dig(report, "cpu_cores_used.coordinator"), report.get("measured_s")
+    if name in ("coord_cpu_us_per_job", "hub_cpu_us_per_job"):
+        cores = dig(report, "cpu_cores_used.coordinator" + ("_hub" if name == "hub_cpu_us_per_job" else ""))
+        wall = report.get("measured_s")
         jobs = report.get("completed") or report.get("submitted")
         if cores is None or not wall or not jobs:
             return None

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 import logging
 from collections import Counter
 
+import ujson
+
 from jobmesh.coordinator import scheduler
 from jobmesh.coordinator.figures import Counters
 from jobmesh.store.job import Job
@@ -200,11 +202,15 @@ class JsonJobs:
                 self.attempt_failed(job, now, "result holds NaN or Infinity, which JSON does not allow",
                                     "ATTEMPT_FAILED")
                 return
-            too_large = result_too_large(result)
+            try:  # encoded once: the size check and the job's row both use this text
+                stored: str | None = ujson.dumps(result, ensure_ascii=False, escape_forward_slashes=False)
+            except (ValueError, OverflowError, TypeError, RecursionError):
+                stored = None  # measured and encoded as it always was, failing with its own words
+            too_large = result_too_large(result, stored)
             if too_large is not None:
                 self.attempt_failed(job, now, too_large, "ATTEMPT_FAILED")
                 return
-            job.result = result
+            job.result, job.result_json = result, stored
             self.table.transition(job, JobState.COMPLETED, now)
             log.debug("completed job=%s attempt=%d", job.job_id, job.attempts)
         else:

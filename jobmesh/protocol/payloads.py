@@ -35,11 +35,16 @@ MAX_NESTING = 64  # levels of objects and arrays in a payload or a result (the v
 MAX_RESULT_BYTES = 64 * 1024  # a task's result as JSON (see result_too_large)
 
 
-def result_too_large(result: Any) -> str | None:
+def result_too_large(result: Any, stored: str | None = None) -> str | None:
     """Why ``result`` is over the result limit, or None (also for a value JSON cannot hold:
-    encoding it fails later, with its own words)."""
+    encoding it fails later, with its own words). ``stored`` is the result already encoded
+    as the coordinator stores it (compact, non-ASCII characters and "/" unescaped): when it
+    is ASCII it gives the size without a second encode, each "/" counting as its ``\\/``."""
     try:
-        size = len(ujson.dumps(result))
+        if stored is not None and stored.isascii():
+            size = len(stored) + stored.count("/")
+        else:
+            size = len(ujson.dumps(result))
     except (ValueError, OverflowError, TypeError, RecursionError):
         return None
     if size <= MAX_RESULT_BYTES:

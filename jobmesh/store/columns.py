@@ -84,7 +84,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("max_attempts", I, nullable=False),
     Column("worker_id", T, mutable=True),
     Column("attempt_id", T, mutable=True),
-    Column("result", J, encode="_dumps(job.result)", decode="_loads(v)", mutable=True),
+    Column("result", J, encode="job.result_json or _dumps(job.result)", decode="_loads(v)", mutable=True),
     Column("error", T, mutable=True),
     Column("created_at", I, nullable=False),
     Column("updated_at", I, nullable=False, mutable=True),

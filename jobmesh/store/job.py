@@ -7,7 +7,8 @@ Other components see jobs as wire snapshots (plain dicts), never as these object
 
 The record lives with the store because the store builds it from rows; the stored
 columns of a job are declared once, in ``store.columns.COLUMNS``, and the attributes
-here are the record itself (plus ``payload_json``, the payload as already encoded).
+here are the record itself (plus ``payload_json`` and ``result_json``, the payload and
+the result as already encoded).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Job:
     event_count: int = -1  # events in ``events``; -1: not counted yet (a job read back from the store)
     event_last_at: int = 0  # the wall-clock time of the last one
     payload_json: str | None = None  # the payload as stored, when already encoded
+    result_json: str | None = None  # the result as stored, when encoded with it (a JSON job's TASK_RESULT)
     # A Periodic job (docs/PERIODIC.md): its name (unique per func among live jobs) and
     # its Periodic fields {workload, b64, count, timeout, sched}; both None for JSON jobs.
     name: str | None = None

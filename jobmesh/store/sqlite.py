@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from contextlib import contextmanager
+from itertools import chain
 from typing import Any, Callable, Iterator, cast
 
 from gevent.threadpool import ThreadPool
@@ -129,7 +130,7 @@ def _chunks(rows: list[tuple]) -> Iterator[tuple[int, list[Any]]]:
     """(sql row count, flat parameters) for each statement that writes ``rows``."""
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[start : start + ROWS_PER_STATEMENT]
-        yield len(chunk), [v for row in chunk for v in row]
+        yield len(chunk), list(chain.from_iterable(chunk))  # in C: the GIL is held for less
 
 
 def _in_list(sql: str, rows: int) -> str:

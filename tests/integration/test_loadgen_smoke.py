@@ -44,6 +44,8 @@ def test_loadgen_e2e_small(tmp_path, impl):
     assert report["connections"] == 20
     assert report["verify"]["listed"] == 200
     assert report["coordinator_peak_rss_kb"] > 0
+    cpu = report["cpu_cores_used"]
+    assert 0 <= cpu["coordinator_hub"] <= cpu["coordinator"]  # the hub thread: a share of the process
     assert "jobs/s=" in proc.stdout
 
 

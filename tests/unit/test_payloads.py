@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import ujson
 
 from jobmesh.errors import JobmeshError, PayloadError
-from jobmesh.protocol.payloads import MAX_TEXT_CHARS, TASK_SPECS, TASK_TYPES, validate_payload
+from jobmesh.protocol.payloads import (MAX_RESULT_BYTES, MAX_TEXT_CHARS, TASK_SPECS, TASK_TYPES, result_too_large,
+                                       validate_payload)
 
 # task -> (field, lowest legal, highest legal) straight from the protocol table
 INT_BOUNDS = {
@@ -108,3 +110,16 @@ def test_nan_and_infinity_are_not_json_and_are_refused(bad):
         validate_payload("SHA256", {"text": "x", "nested": {"deep": [1, bad]}})
     with pytest.raises(PayloadError):
         validate_payload("SLEEP", {"durationMillis": bad})
+
+
+@pytest.mark.parametrize("text", ["/", "y", "\u00e9", "\U0001F600", "\n"])
+@pytest.mark.parametrize("over", [0, 1])
+def test_a_result_measures_the_same_from_its_stored_text(text, over):
+    # Given results at and just over the limit as measured (non-ASCII as \u escapes, "/" as "\/")
+    width = len(ujson.dumps(text)) - 2
+    count = (MAX_RESULT_BYTES - 8) // width  # '{"x":""}' is 8 bytes
+    result = {"x": text * count + "z" * (MAX_RESULT_BYTES - 8 - count * width + over)}
+    stored = ujson.dumps(result, ensure_ascii=False, escape_forward_slashes=False)
+    # Then the size taken from the stored form is the measured one, so the same results fail
+    assert (result_too_large(result) is None) == (over == 0)
+    assert result_too_large(result, stored) == result_too_large(result)
