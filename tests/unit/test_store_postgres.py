@@ -287,6 +287,22 @@ def test_deferred_reads_finish_on_the_hub_one_after_another_and_queued(leader):
             None if job_id == "missing" else job_id for job_id in wanted]
 
 
+def test_a_read_the_server_refuses_fails_alone_and_later_reads_work(leader, admin):
+    # A failed statement (here: the table gone for a moment; in production a
+    # statement_timeout, a cancel) fails that read only: the connection is intact.
+    leader.write(batch(make_job("a", 1)))
+    admin.execute("ALTER TABLE jobmesh_jobs RENAME TO jobmesh_jobs_away")
+    refused = leader.read_later(job_id="a")
+    wait_until(refused.ready, message="the refused read")
+    with pytest.raises(psycopg.Error):
+        refused.result()
+    admin.execute("ALTER TABLE jobmesh_jobs_away RENAME TO jobmesh_jobs")
+    for _ in range(2):
+        read = leader.read_later(job_id="a")
+        wait_until(read.ready, message="a read after the refused one")
+        assert read.result() is not None and read.result().job_id == "a"
+
+
 # ---- the idempotency key filter ----------------------------------------------------------------
 
 
