@@ -388,6 +388,16 @@ def test_an_unreachable_server_is_a_one_line_error_without_the_password():
     assert shown("postgresql://u:pw@h/db?password=x&a=1") == "postgresql://u:***@h/db?password=***&a=1"
 
 
+@pytest.mark.parametrize("url", ["postgresql://u:secret@[::1/db", "POSTGRESQL://u:secret@127.0.0.1:1/db",
+                                 "postgresql:///db?host=[::1&password=secret"])
+def test_a_url_libpq_cannot_parse_is_a_one_line_error_without_the_password(url):
+    # libpq quotes the URL it could not parse in its message.
+    with pytest.raises(CannotOpen) as caught:
+        open_store(url)
+    assert "cannot open the database" in str(caught.value) and "secret" not in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
 def test_tables_of_a_later_schema_in_the_search_path_are_not_taken_for_ours(postgres_server, leader, admin):
     # Given jobmesh tables in one schema (the leader's), a store whose search path puts
     # another schema first creates its own tables there and uses only those.
