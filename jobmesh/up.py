@@ -257,8 +257,8 @@ class Supervisor:
         handlers.append(gevent.signal_handler(signal.SIGHUP, self._hangup))
         try:
             coordinator, target = self._start_coordinator()
-            if target is None:
-                return 1
+            if target is None:  # a stop before it listened (standing by, say) is no failed start
+                return 0 if self.stop_requested.is_set() else 1
             heartbeat = worker_heartbeat_millis(self.cfg.heartbeat_timeout_millis)
             for n in range(1, self.workers + 1):
                 argv = [sys.executable, "-m", "jobmesh", "worker", "--coordinator=%s" % target,

@@ -328,6 +328,25 @@ def test_up_stands_by_then_starts_its_workers_and_comes_back_after_losing_the_le
             up.wait(10)
 
 
+def test_up_stopped_while_its_coordinator_stands_by_exits_0(nodes, postgres_url, tmp_path):
+    # A stop is no failed start: a service manager stopping a standby's unit must not see it fail.
+    nodes("leader").launch().await_listening()
+    out_path, err_path = tmp_path / "up.out", tmp_path / "up.err"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        up = subprocess.Popen([sys.executable, "-m", "jobmesh", "up", "--db=%s" % postgres_url, "--workers=1",
+                               "--worker-port=%d" % free_port(), "--client-port=%d" % free_port()],
+                              stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env())
+    try:
+        wait_until(lambda: STANDING_BY in out_path.read_text(), timeout=30, message="up's standing-by line")
+        up.terminate()
+        assert up.wait(30) == 0, err_path.read_text()
+        assert "did not start" not in err_path.read_text()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait(10)
+
+
 def test_a_leader_whose_core_is_behind_on_a_worker_still_answers_its_heartbeats(nodes, postgres_url):
     # A worker given several addresses leaves a coordinator that answers none of its
     # heartbeats for three intervals (a frozen one). A healthy leader whose core waits for
