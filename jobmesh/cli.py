@@ -638,16 +638,22 @@ def given_flags(doc: str, args: list[str]) -> set[str]:
 def _print_config(command: str, args: dict, sources: dict[str, Source]) -> int:
     """``--print-config``: check the settings as a start would, then print them."""
     from jobmesh.config import coordinator_config, worker_config
+    from jobmesh.store.opening import shown
 
+    db = str(args.get("--db"))
     if command == "worker":
         worker_config(args)
     else:
         cfg = coordinator_config(args)
+        if shown(db) != db:  # a URL's password: the line shows the rest, as a comment
+            args = dict(args, **{"--db": shown(db)})
     _print_line("# jobmesh %s: effective settings (command line > environment > --config file > default)" % command)
     path = args.get("--config") or os.environ.get(CONFIG_ENV)
     if path:
         _print_line("# config file: %s (from %s)" % (path, "--config" if args.get("--config") else CONFIG_ENV))
     for line in describe_settings(args, sources):
+        if line.startswith("db = ") and args.get("--db") != db:
+            line = "# " + line + ", its password not shown"
         if line.startswith("# lease-grace-millis is not set") and command != "worker":
             if command == "up":
                 line += "; up gives its coordinator the heartbeat timeout, %d ms" % cfg.heartbeat_timeout_millis

@@ -61,9 +61,10 @@ from gevent.event import AsyncResult, Event
 from jobmesh.addresses import Address, parse_address
 from jobmesh.auth import (TOKEN_BYTES, TOKEN_ENV, TOKEN_FILE_ENV, WORKER, AuthFile, AuthFileError, entry_text,
                           read_token, replace_file, token_digest)
-from jobmesh.config import CoordinatorConfig, coordinator_config, parse_task_modules
+from jobmesh.config import CoordinatorConfig, coordinator_config, env_name, parse_task_modules
 from jobmesh.errors import BadAddress, ConfigError
 from jobmesh.exitcodes import EXIT_LEADERSHIP_LOST
+from jobmesh.store.opening import shown
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +137,19 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         flags["periodic-authorized-keys"] = os.path.abspath(str(cfg.periodic_authorized_keys))
     if cfg.auth_file is not None:
         flags["auth-file"] = os.path.abspath(cfg.auth_file)
+    if shown(cfg.db) != cfg.db:  # a password: in the environment (coordinator_environment), never on a command line
+        del flags["db"]
     argv_flags = ["--%s=%s" % kv for kv in flags.items()] + (["--insecure"] if cfg.insecure else [])
     return [sys.executable, "-m", "jobmesh", "coordinator"] + argv_flags
+
+
+def coordinator_environment(cfg: CoordinatorConfig) -> dict[str, str]:
+    """The coordinator's environment: ours, and a --db URL holding a password, which any
+    local user could read on a command line."""
+    env = child_environment()
+    if shown(cfg.db) != cfg.db:
+        env[env_name("--db")] = cfg.db
+    return env
 
 
 def listening_ports(line: str) -> dict[str, tuple[str, int]]:
@@ -245,8 +257,8 @@ class Supervisor:
         handlers.append(gevent.signal_handler(signal.SIGHUP, self._hangup))
         try:
             coordinator, target = self._start_coordinator()
-            if target is None:
-                return 1
+            if target is None:  # a stop before it listened (standing by, say) is no failed start
+                return 0 if self.stop_requested.is_set() else 1
             heartbeat = worker_heartbeat_millis(self.cfg.heartbeat_timeout_millis)
             for n in range(1, self.workers + 1):
                 argv = [sys.executable, "-m", "jobmesh", "worker", "--coordinator=%s" % target,
@@ -296,7 +308,8 @@ class Supervisor:
     def _start_coordinator(self) -> tuple[subprocess.Popen, str | None]:
         """Start the coordinator; return it and the worker target from its listening line
         (None if it did not start or a stop came first)."""
-        coordinator = self.coordinator = self._spawn(coordinator_argv(self.cfg), stdout=subprocess.PIPE)
+        coordinator = self.coordinator = self._spawn(coordinator_argv(self.cfg), coordinator_environment(self.cfg),
+                                                     stdout=subprocess.PIPE)
         listening: AsyncResult = AsyncResult()
         standing_by = Event()
         gevent.spawn(self._relay_stdout, coordinator.stdout, listening, standing_by)
@@ -339,7 +352,8 @@ class Supervisor:
             if now >= slot.restart_at:
                 slot.restart_at = None
                 slot.started_at = now
-                coordinator = self.coordinator = self._spawn(slot.argv, stdout=subprocess.PIPE)
+                coordinator = self.coordinator = self._spawn(slot.argv, coordinator_environment(self.cfg),
+                                                             stdout=subprocess.PIPE)
                 gevent.spawn(self._relay_stdout, coordinator.stdout, AsyncResult(), Event())
                 log.info("coordinator restarted pid=%d", coordinator.pid)
             return

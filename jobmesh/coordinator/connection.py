@@ -275,15 +275,18 @@ class Output:
             self._progress.wait(left)
         return True
 
-    def wait_for_core(self, limit: int = MAX_BACKLOG) -> None:
+    def wait_for_core(self, limit: int = MAX_BACKLOG, timeout: float | None = None) -> bool:
         """Called by the handler before it reads: while ``limit`` or more of this
         connection's events wait for the core, stop reading (``paused``: the sweep counts
-        the connection alive meanwhile); stamped as an arrival when reading resumes."""
+        the connection alive meanwhile); stamped as an arrival when reading resumes.
+        False if ``timeout`` seconds passed first (still paused: call it again)."""
         if len(self.inbox) >= limit:
             self.paused = True
-            self.wait_until(lambda: len(self.inbox) < limit)
+            if not self.wait_until(lambda: len(self.inbox) < limit, timeout):
+                return False
             self.paused = False
             self.last_arrival = monotonic()
+        return True
 
     def flushed(self, timeout: float) -> bool:
         """Wait until nothing written is left unsent (or the connection ended); False on timeout."""

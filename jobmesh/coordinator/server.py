@@ -63,6 +63,10 @@ MAX_PIPELINE = 64  # unanswered requests per client connection before its handle
 PEER_CHECK_SECONDS = 0.25  # while a client's handler is not reading, how often it checks that the peer is there
 _PEER_GONE = select.POLLRDHUP | select.POLLHUP | select.POLLERR
 _poll = gevent.monkey.get_original("select", "poll")  # a zero-timeout check: never blocks the hub
+# While a worker's handler is not reading (the core is behind on it), how often a worker
+# that asks for heartbeat answers gets one: well inside the shortest silence a worker
+# waits before it leaves (1 s).
+PAUSED_ACK_SECONDS = 0.25
 MAX_HEARTBEATS_PER_SECOND = 50  # more from one worker is a flood: the connection is closed
 IDLE_TIMEOUT_SECONDS = 120.0  # default: a client's first frame / a worker's registration must complete in this
 DRAIN_SECONDS = 30.0  # at EOF, how long a client handler waits for its replies to go out
@@ -313,8 +317,13 @@ class Servers:
             conn.worker_id = register.worker_id
             self.post_worker(ev.Registered(conn, register))
             registered = True
+            acks = False  # the worker asks for HEARTBEAT_ACKs (it has other coordinators to go to)
             while True:
-                conn.wait_for_core()  # stops reading while the core is behind on us
+                # Stops reading while the core is behind on us. Its heartbeats then go unread,
+                # so a worker that asks for answers gets one now and then meanwhile: it would
+                # take a silence for a frozen coordinator and leave (with its running work).
+                while not conn.wait_for_core(timeout=PAUSED_ACK_SECONDS if acks else None):
+                    conn.send(m.HeartbeatAck(conn.worker_id))
                 obj = reader.read_frame()
                 if obj is None:
                     return
@@ -332,6 +341,7 @@ class Servers:
                     self.post_worker(ev.Result(conn, msg))
                 else:  # a HEARTBEAT: its arrival is what it says (stamped above), and maybe "answer me"
                     if msg.ack:
+                        acks = True
                         conn.send(m.HeartbeatAck(msg.worker_id))
                     beats += 1
                     if beats > MAX_HEARTBEATS_PER_SECOND:

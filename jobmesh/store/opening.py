@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import urllib.parse
 
 from jobmesh.store.base import Store
 from jobmesh.store.sqlite import SQLiteStore
@@ -25,12 +26,31 @@ def is_postgres_url(db: str) -> bool:
     return db.lower().startswith(POSTGRES_SCHEMES)
 
 
+_USER_PASSWORD = re.compile(r"^([a-zA-Z]+://[^:@/]*:)([^@/]*)@")
+_PARAMETER_PASSWORD = re.compile(r"([?&]password=)([^&]*)")
+
+
 def shown(db: str) -> str:
     """``db`` as logs may show it: a URL's password replaced by ``***``."""
     if not is_postgres_url(db):
         return db
-    db = re.sub(r"^([a-zA-Z]+://[^:@/]*:)[^@/]*@", r"\1***@", db)
-    return re.sub(r"([?&]password=)[^&]*", r"\1***", db)
+    db = _USER_PASSWORD.sub(r"\1***@", db)
+    return _PARAMETER_PASSWORD.sub(r"\1***", db)
+
+
+def scrubbed(text: str, db: str) -> str:
+    """``text`` (a driver's message, which may quote the URL it could not parse) without
+    the passwords of ``db``."""
+    if not is_postgres_url(db):
+        return text
+    text = text.replace(db, shown(db))
+    for pattern in (_USER_PASSWORD, _PARAMETER_PASSWORD):
+        for match in pattern.finditer(db):
+            password = match.group(2)
+            for form in {password, urllib.parse.unquote(password)}:
+                if form:
+                    text = text.replace(form, "***")
+    return text
 
 
 def open_store(db: str, synchronous: str = "FULL", fault_file: str | None = None,
@@ -50,7 +70,7 @@ def open_store(db: str, synchronous: str = "FULL", fault_file: str | None = None
                 return PostgresStore(db, fault_file)
             return PostgresStore(db, fault_file, session_timeout_millis)
         except psycopg.Error as exc:
-            raise CannotOpen("cannot open the database %s: %s" % (shown(db), _first_line(exc))) from None
+            raise CannotOpen("cannot open the database %s: %s" % (shown(db), scrubbed(_first_line(exc), db))) from None
     try:
         return SQLiteStore(db, synchronous, fault_file)
     except sqlite3.Error as exc:

@@ -304,10 +304,13 @@ class _DeferredReader:
                     res = pg.get_result()
                     if res is None:
                         break
-                    if res.status != pq.ExecStatus.TUPLES_OK:
-                        raise psycopg.DatabaseError((res.error_message or b"read failed").decode(errors="replace"))
-                    self.queue[0]._rows = [tuple(d(res.get_value(r, i)) for i, d in enumerate(_DECODERS))
-                                           for r in range(res.ntuples)]
+                    if res.status == pq.ExecStatus.TUPLES_OK:
+                        self.queue[0]._rows = [tuple(d(res.get_value(r, i)) for i, d in enumerate(_DECODERS))
+                                               for r in range(res.ntuples)]
+                    elif self.queue[0]._error is None:
+                        # The server refused this statement (a statement timeout, a cancel):
+                        # this read fails, and the connection serves the next one.
+                        self.queue[0]._error = psycopg.errors.error_from_result(res)
             except Exception as exc:
                 self._fail(exc)
                 return
@@ -315,7 +318,8 @@ class _DeferredReader:
             rows, later._rows = later._rows, []
             if self.queue:
                 self._send()
-            later.finish(read_row(rows[0]) if rows else None, None)
+            error = later._error
+            later.finish(read_row(rows[0]) if rows and error is None else None, error)
         self._stop_watching()
 
     def _fail(self, exc: Exception) -> None:

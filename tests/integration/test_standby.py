@@ -22,7 +22,7 @@ import pytest
 
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import ClientError
-from tests.helpers import CoordinatorProc, WorkerProc, child_env, wait_until
+from tests.helpers import CoordinatorProc, RawConn, WorkerProc, child_env, wait_until
 
 STANDING_BY = "jobmesh coordinator standing by"
 EXIT_LEADERSHIP_LOST = 75
@@ -326,3 +326,56 @@ def test_up_stands_by_then_starts_its_workers_and_comes_back_after_losing_the_le
         except subprocess.TimeoutExpired:
             up.kill()
             up.wait(10)
+
+
+def test_up_stopped_while_its_coordinator_stands_by_exits_0(nodes, postgres_url, tmp_path):
+    # A stop is no failed start: a service manager stopping a standby's unit must not see it fail.
+    nodes("leader").launch().await_listening()
+    out_path, err_path = tmp_path / "up.out", tmp_path / "up.err"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        up = subprocess.Popen([sys.executable, "-m", "jobmesh", "up", "--db=%s" % postgres_url, "--workers=1",
+                               "--worker-port=%d" % free_port(), "--client-port=%d" % free_port()],
+                              stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env())
+    try:
+        wait_until(lambda: STANDING_BY in out_path.read_text(), timeout=30, message="up's standing-by line")
+        up.terminate()
+        assert up.wait(30) == 0, err_path.read_text()
+        assert "did not start" not in err_path.read_text()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait(10)
+
+
+def test_a_leader_whose_core_is_behind_on_a_worker_still_answers_its_heartbeats(nodes, postgres_url):
+    # A worker given several addresses leaves a coordinator that answers none of its
+    # heartbeats for three intervals (a frozen one). A healthy leader whose core waits for
+    # a commit (here: the jobs table locked by another session) stops reading a worker
+    # connection that has MAX_BACKLOG events waiting; its heartbeats must still be answered.
+    import psycopg
+
+    from jobmesh.coordinator.connection import MAX_BACKLOG
+
+    leader = nodes("leader", heartbeat_timeout_millis=60_000).launch().await_listening()
+    worker = RawConn(("127.0.0.1", leader.ports[0]), timeout=30)
+    worker.send({"type": "WORKER_REGISTER", "workerId": "w-busy", "capacity": 1})
+    assert worker.recv()["type"] == "WORKER_REGISTERED"
+    worker.send({"type": "HEARTBEAT", "workerId": "w-busy", "ack": True})  # as such a worker's every heartbeat
+    assert worker.recv()["type"] == "HEARTBEAT_ACK"
+    def commits_waiting() -> int:
+        return watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0]
+
+    with psycopg.connect(postgres_url) as locker, psycopg.connect(postgres_url, autocommit=True) as watcher:
+        locker.execute("LOCK TABLE jobmesh_jobs IN ACCESS EXCLUSIVE MODE")  # held until the transaction ends
+        client = RawConn(("127.0.0.1", leader.ports[1]), timeout=30)
+        client.send({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1}})
+        wait_until(lambda: commits_waiting() > 0, timeout=30, message="the leader's commit waiting for the lock")
+        for n in range(MAX_BACKLOG + 8):  # results the core cannot take while it waits
+            worker.send({"type": "TASK_RESULT", "workerId": "w-busy", "jobId": "j-%d" % n, "attemptId": "a",
+                         "success": True, "result": {}})
+        worker.send({"type": "HEARTBEAT", "workerId": "w-busy", "ack": True})
+        frame = worker.recv()  # within the socket's 30 s, the lock still held
+        assert frame is not None and frame["type"] == "HEARTBEAT_ACK"
+        assert commits_waiting() > 0
+    client.close()
+    worker.close()

@@ -217,6 +217,21 @@ def test_up_gives_its_coordinator_the_heartbeat_timeout_as_lease_grace_unless_to
     assert up_coordinator_config(parse(["up"])[1]).lease_grace_millis == 6000
 
 
+def test_up_gives_its_coordinator_a_database_password_in_the_environment_never_on_its_command_line():
+    from jobmesh.cli import settings
+    from jobmesh.up import coordinator_argv, coordinator_environment, up_coordinator_config
+
+    url = "postgresql://jobs:very-secret@db.example:5432/jobs"
+    cfg = up_coordinator_config(parse(["up", "--db=" + url])[1])
+    argv = coordinator_argv(cfg)
+    assert not any("secret" in arg for arg in argv)
+    child = argv[argv.index("coordinator"):]
+    args, _sources = settings("coordinator", child, parse(child)[1], coordinator_environment(cfg))
+    assert coordinator_config(args).db == url  # what the coordinator up starts reads
+    plain = up_coordinator_config(parse(["up", "--db=postgresql://jobs@db.example/jobs"])[1])
+    assert "--db=postgresql://jobs@db.example/jobs" in coordinator_argv(plain)
+
+
 def test_keep_running_defaults_to_30_seconds_and_is_validated():
     assert worker().keep_running_millis == 30_000 == WorkerConfig().keep_running_millis
     assert worker("--keep-running-millis=0").keep_running_millis == 0

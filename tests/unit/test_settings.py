@@ -182,6 +182,20 @@ def test_print_config_never_shows_keys(tmp_path, capsys):
     assert 'tls-cert = "%s"' % cert in out
 
 
+@pytest.mark.parametrize("command", ["coordinator", "up"])
+def test_print_config_never_shows_a_database_password(monkeypatch, capsys, command):
+    url = "postgresql://jobs:very-secret@db.example:5432/jobs?password=also-secret"
+    assert main([command, "--print-config", "--db=%s" % url]) == 0
+    out = capsys.readouterr().out
+    assert "secret" not in out
+    assert re.search(r'^# db = "postgresql://jobs:\*\*\*@db.example:5432/jobs\?password=\*\*\*"', out, re.M)
+    monkeypatch.setenv("JOBMESH_DB", url)
+    assert main([command, "--print-config"]) == 0
+    assert "secret" not in capsys.readouterr().out
+    assert printed(capsys, command, "--db=postgresql://jobs@db.example/jobs")["db"] == (
+        '"postgresql://jobs@db.example/jobs"', "command line")
+
+
 def test_print_config_output_is_a_config_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("JOBMESH_SWEEP_INTERVAL_MILLIS", "25")
     assert main(["coordinator", "--print-config", "--bind=127.0.0.2", "--db=my db.sqlite"]) == 0

@@ -315,6 +315,22 @@ def test_deferred_reads_finish_on_the_hub_one_after_another_and_queued(leader):
             None if job_id == "missing" else job_id for job_id in wanted]
 
 
+def test_a_read_the_server_refuses_fails_alone_and_later_reads_work(leader, admin):
+    # A failed statement (here: the table gone for a moment; in production a
+    # statement_timeout, a cancel) fails that read only: the connection is intact.
+    leader.write(batch(make_job("a", 1)))
+    admin.execute("ALTER TABLE jobmesh_jobs RENAME TO jobmesh_jobs_away")
+    refused = leader.read_later(job_id="a")
+    wait_until(refused.ready, message="the refused read")
+    with pytest.raises(psycopg.Error):
+        refused.result()
+    admin.execute("ALTER TABLE jobmesh_jobs_away RENAME TO jobmesh_jobs")
+    for _ in range(2):
+        read = leader.read_later(job_id="a")
+        wait_until(read.ready, message="a read after the refused one")
+        assert read.result() is not None and read.result().job_id == "a"
+
+
 # ---- the idempotency key filter ----------------------------------------------------------------
 
 
@@ -398,6 +414,16 @@ def test_an_unreachable_server_is_a_one_line_error_without_the_password():
         open_store("postgresql://u:secret@127.0.0.1:1/db?connect_timeout=5")
     assert "cannot open the database" in str(caught.value) and "secret" not in str(caught.value)
     assert shown("postgresql://u:pw@h/db?password=x&a=1") == "postgresql://u:***@h/db?password=***&a=1"
+
+
+@pytest.mark.parametrize("url", ["postgresql://u:secret@[::1/db", "POSTGRESQL://u:secret@127.0.0.1:1/db",
+                                 "postgresql:///db?host=[::1&password=secret"])
+def test_a_url_libpq_cannot_parse_is_a_one_line_error_without_the_password(url):
+    # libpq quotes the URL it could not parse in its message.
+    with pytest.raises(CannotOpen) as caught:
+        open_store(url)
+    assert "cannot open the database" in str(caught.value) and "secret" not in str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 def test_tables_of_a_later_schema_in_the_search_path_are_not_taken_for_ours(postgres_server, leader, admin):
