@@ -126,6 +126,8 @@ class ClientRequests:
         if key is not None:
             if len(key) > MAX_KEY_CHARS:
                 return m.Error("idempotencyKey must be at most %d characters" % MAX_KEY_CHARS)
+            if "\x00" in key:  # PostgreSQL's text cannot hold it: two keys would become one there
+                return m.Error("idempotencyKey must not contain the NUL character (\\u0000)")
             if key.startswith(SCHEDULE_KEYS):  # a fire's key taken by a submit would stop that fire's commit
                 return m.Error("idempotencyKey %s: keys beginning %r belong to recurring schedules"
                                % (quote(key), SCHEDULE_KEYS))

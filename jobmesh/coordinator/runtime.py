@@ -402,6 +402,8 @@ class Coordinator:
                     return False
                 exc = leading.value
                 if exc is None:
+                    if stop.is_set():  # the signal came as the leadership did: stop all the same
+                        return False
                     break
                 if not (store.leadership_lost(exc) or store.is_storage_fault(exc)):
                     raise exc

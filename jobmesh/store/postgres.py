@@ -54,6 +54,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import deque
+from functools import partial
 from typing import Any, Callable, Iterable
 
 import gevent
@@ -370,17 +371,19 @@ class PostgresStore:
         self._fault = ""
         self._deferred: _DeferredReader | None = None
         seconds = max(1, session_timeout_millis // 3000)
-        # The writer's client side notices a vanished server as its server side notices a
-        # vanished client: keepalives, and a bound on unacknowledged data.
-        self.conn = self._connect(url, keepalives=1, keepalives_idle=seconds, keepalives_interval=seconds,
-                                  keepalives_count=3, tcp_user_timeout=session_timeout_millis)
+        # Each connection's client side notices a vanished server as the writer's server
+        # side notices a vanished client: keepalives, and a bound on unacknowledged data
+        # (a reader without them could hold a listing, and the core, for TCP's ~15 minutes).
+        network: dict[str, Any] = dict(keepalives=1, keepalives_idle=seconds, keepalives_interval=seconds, keepalives_count=3,
+                       tcp_user_timeout=session_timeout_millis)
+        self.conn = self._connect(url, **network)
         try:
-            self.reader = self._connect(url)
+            self.reader = self._connect(url, **network)
             self._create_schema()
             self._schema_oid = int(self.conn.execute(
                 "SELECT oid FROM pg_namespace WHERE nspname = current_schema()").fetchone()[0])  # type: ignore[index]
             self._keys_usable = self.conn.execute("SHOW server_encoding").fetchone() == ("UTF8",)
-            self._deferred = _DeferredReader(url, self._connect)
+            self._deferred = _DeferredReader(url, partial(self._connect, **network))
         except BaseException:
             self.close()
             raise

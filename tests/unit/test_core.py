@@ -208,6 +208,7 @@ def test_max_attempts_at_or_below_zero_means_the_default(h, given, effective):
     dict(priority=""),
     dict(max_attempts=1_000_001),
     dict(key="k" * 1025),
+    dict(key="k\x00"),
 ], ids=lambda kw: ",".join("%s=%.20r" % item for item in kw.items()))
 def test_invalid_submission_is_an_error_and_creates_nothing(h, kw):
     h.submit_ok(0)

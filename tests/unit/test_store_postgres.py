@@ -235,6 +235,10 @@ def test_the_writer_session_carries_the_timeouts(stores):
                         "tcp_user_timeout": "4000", "tcp_keepalives_idle": "1", "tcp_keepalives_count": "3"}
     # The reader has none of them: an idle reader is no leader.
     assert store.reader.execute("SHOW idle_session_timeout").fetchone()[0] == "0"
+    # Every connection's client side gives up on a vanished server in bounded time.
+    for conn in (store.conn, store.reader, store._deferred.conn):
+        options = conn.info.get_parameters()
+        assert (options.get("keepalives"), options.get("tcp_user_timeout")) == ("1", "4000"), options
 
 
 def test_a_healthy_leader_keeps_its_session_and_a_frozen_one_loses_it_to_a_standby(stores):
