@@ -22,7 +22,7 @@ from jobmesh.errors import ClientError
 from tests.helpers import wait_until
 
 ROUNDS = 5
-LOAD_SECONDS = 1.2
+LOAD_SECONDS = 0.8
 
 
 @pytest.mark.parametrize("grace", [0, 2000], ids=["requeued", "kept for a grace"])
