@@ -154,6 +154,8 @@ def test_no_fire_time_makes_two_jobs_across_kill_9_under_load(tmp_path):
         loader.join(10)
     # Then every fire time of every schedule has at most one job, on the fire-time grid
     with CoordinatorClient(coord.client_target) as client:
+        for name in names:  # no fire between the counts read below and the jobs listed after them
+            client.schedules.pause(name)
         schedules = {s["name"]: s for s in client.schedules.list()}
         fired = [j for j in client.iter_jobs(page_size=1000) if j.get("scheduleName") is not None]
     counts = Counter((j["scheduleName"], j["scheduledFor"]) for j in fired)
