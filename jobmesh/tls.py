@@ -20,8 +20,10 @@ sockets are gevent's, so the handshake and every read yield to the hub.
 
 from __future__ import annotations
 
+import socket
 import ssl
 from dataclasses import dataclass
+from typing import Any
 
 from jobmesh.errors import ConfigError
 
@@ -94,3 +96,16 @@ def client_context(settings: ClientTls, factory: type[ssl.SSLContext] = ssl.SSLC
     if settings.cert and settings.key:
         _load_chain(context, settings.cert, settings.key, "--tls-cert", "--tls-key")
     return context
+
+
+def secure(sock: socket.socket, context: Any, host: str) -> Any:
+    """``sock`` itself, or with a TLS ``context`` the TLS socket after the handshake (under
+    the socket's timeout); the coordinator's certificate must carry ``host``. The socket
+    is closed if the handshake fails, and what it raised is raised."""
+    if context is None:
+        return sock
+    try:
+        return context.wrap_socket(sock, server_hostname=host)
+    except BaseException:
+        sock.close()
+        raise

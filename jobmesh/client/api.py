@@ -60,7 +60,7 @@ from jobmesh.errors import (ClientError, CoordinatorUnavailable, InvalidRequest,
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
-from jobmesh.tls import HANDSHAKE_SECONDS, client_context, client_tls
+from jobmesh.tls import HANDSHAKE_SECONDS, client_context, client_tls, secure
 
 DEFAULT_PORT = 7071
 COORDINATOR_ENV = "JOBMESH_COORDINATOR"  # the addresses when the caller names none, as for the CLI
@@ -525,9 +525,8 @@ class CoordinatorClient:
         if self.tls is not None:
             sock.settimeout(HANDSHAKE_SECONDS)  # what the coordinator allows the handshake
             try:
-                sock = self.tls.wrap_socket(sock, server_hostname=address.host)
+                sock = secure(sock, self.tls, address.host)
             except OSError as exc:
-                sock.close()
                 raise _TlsFailed("TLS handshake failed: %s" % _tls_reason(exc)) from exc
         return sock
 

@@ -70,7 +70,7 @@ from jobmesh.protocol.messages import (
 )
 from jobmesh.worker import tasks
 from jobmesh.worker.processes import ProcessPool
-from jobmesh.tls import client_context
+from jobmesh.tls import client_context, secure
 from jobmesh.worker.running import Attempt, InFlight, Key
 from jobmesh.worker.usertasks import load_modules
 
@@ -459,19 +459,6 @@ class WorkerAgent:
         except ProtocolError as exc:  # a result too big for one frame fails the attempt instead
             return encode_frame(TaskResult(self.worker_id, msg.job_id, msg.attempt_id, False, None,
                                            "result not sendable: %s" % exc).to_wire())
-
-
-def secure(sock: socket.socket, context: Any, host: str) -> socket.socket:
-    """``sock`` itself, or with a TLS ``context`` the TLS socket after the handshake (under
-    the connect timeout); the coordinator's certificate must carry ``host``. The socket
-    is closed if the handshake fails."""
-    if context is None:
-        return sock
-    try:
-        return context.wrap_socket(sock, server_hostname=host)
-    except BaseException:
-        sock.close()
-        raise
 
 
 class Hearing:
