@@ -323,7 +323,10 @@ class WorkerAgent:
             hearing.heard()
             msg = decode(obj, TO_WORKER)
             if isinstance(msg, HeartbeatAck):
-                hearing.answers = True
+                if not hearing.answers:
+                    hearing.answers = True
+                    log.info("coordinator answers heartbeats worker=%s: its silence will count from now on",
+                             self.worker_id)
             elif isinstance(msg, TaskAssign):
                 self._on_assign(msg, outbox)
             elif isinstance(msg, TaskCancel):

@@ -246,7 +246,7 @@ def test_a_frozen_leader_is_replaced_and_exits_75_without_committing(nodes, work
         assert done["state"] == "COMPLETED"
         queued = client.submit("SLEEP", {"durationMillis": 60000}, run_at=time.time() + 86400)  # far ahead: never due here
     # (a worker judges a coordinator by its silence only once it has answered a heartbeat)
-    wait_until(lambda: worker.log().split("registered worker=w-1", 1)[-1].count("heartbeat worker=w-1") >= 5,
+    wait_until(lambda: "coordinator answers heartbeats" in worker.log().split("registered worker=w-1", 1)[-1],
                timeout=30, message="heartbeats answered by the leader")
 
     # When the leader is frozen, the standby takes over (its session timed out)
