@@ -19,6 +19,9 @@ from jobmesh.errors import ConfigError
 from jobmesh.tls import ClientTls, client_tls
 
 SYNC_MODES = ("FULL", "NORMAL", "OFF")
+# The most any millisecond setting (a flag ending in ``-millis``) may say: ten years. Above
+# it a deadline, a retry time or a lease end no longer fits the store's integers.
+MAX_SETTING_MILLIS = 315_360_000_000
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 
@@ -389,7 +392,26 @@ def layered(parsed: dict[str, Any], given: set[str], environ: Any,
             sources[flag] = Source("config file", str(path))
         else:
             sources[flag] = DEFAULT
+    check_millis(args, sources)
     return args, sources
+
+
+def check_millis(args: dict[str, Any], sources: dict[str, Source]) -> None:
+    """Every ``--*-millis`` setting of the command, however it was given, is at most
+    ``MAX_SETTING_MILLIS``; ``ConfigError`` naming the flag and where it was set. A value
+    that is no integer is left to the command's own parsing, which says so."""
+    for flag, raw in args.items():
+        if not flag.endswith("-millis") or raw is None or isinstance(raw, bool):
+            continue
+        text = str(raw).strip()
+        try:
+            value = int(text)
+        except ValueError:
+            continue
+        if value > MAX_SETTING_MILLIS:
+            shown = text if len(text) <= 40 else "%s... (%d characters)" % (text[:20], len(text))
+            raise ConfigError(blame("%s must be at most %d (ten years), got %s" % (flag, MAX_SETTING_MILLIS, shown),
+                                    sources))
 
 
 def _close_flag(key: str, options: list[str]) -> str:

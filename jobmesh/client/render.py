@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 from zoneinfo import ZoneInfo
 
 MISSING = "-"
+LATEST_DATE = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: a later time has no calendar date here
 # Control characters (C0 but newline and tab, DEL, C1): a value that holds one (a Periodic
 # func, a name, an error text) must not drive the reader's terminal.
 _CONTROL = {c: "\\x%02x" % c for c in list(range(0x20)) + list(range(0x7f, 0xa0)) if c not in (0x09, 0x0a)}
@@ -68,7 +69,12 @@ def timestamp(millis: int | None, zone: bool = False, fraction: bool = False) ->
     (``18:00:00.250``); with ``zone``, the zone's abbreviation ends it (``... UTC``)."""
     if millis is None:
         return MISSING
-    local = time.localtime(millis // 1000)
+    try:
+        if millis > LATEST_DATE:
+            raise ValueError(millis)
+        local = time.localtime(millis // 1000)
+    except (OverflowError, ValueError, OSError):
+        return undated(millis)
     text = time.strftime("%Y-%m-%d %H:%M:%S", local)
     if fraction:
         text += ".%03d" % (millis % 1000)
@@ -288,11 +294,23 @@ def zoned(millis: int | None, zone_name: str) -> str:
     """A fire time as the schedule's zone reads it: ``2026-10-25 02:30:00 CEST``."""
     if millis is None:
         return MISSING
+    if millis > LATEST_DATE:
+        return undated(millis)
     try:
         zone = ZoneInfo(zone_name)
     except (ValueError, KeyError, OSError):
         zone = ZoneInfo("UTC")
-    return datetime.fromtimestamp(millis / 1000, zone).strftime("%Y-%m-%d %H:%M:%S %Z")
+    for tz in (zone, timezone.utc):  # in UTC when the zone's date would pass the year 9999
+        try:
+            return datetime.fromtimestamp(millis / 1000, tz).strftime("%Y-%m-%d %H:%M:%S %Z")
+        except (OverflowError, ValueError, OSError):
+            continue
+    return undated(millis)
+
+
+def undated(millis: int) -> str:
+    """A time no calendar date here can show (after the year 9999): its epoch milliseconds."""
+    return "%s%d ms since 1970" % ("after 9999-12-31: " if millis > LATEST_DATE else "", millis)
 
 
 def rule(schedule: dict[str, Any]) -> str:

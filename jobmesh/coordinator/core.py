@@ -41,7 +41,7 @@ from jobmesh.coordinator.json_jobs import JsonJobs
 from jobmesh.coordinator.outbox import Frame, Outbox
 from jobmesh.coordinator.periodic_jobs import PeriodicJobs
 from jobmesh.coordinator.requests import ClientRequests
-from jobmesh.coordinator.schedules import Schedules
+from jobmesh.coordinator.schedules import SCHEDULES_NOT_APPLIED, Schedules
 from jobmesh.store.base import Batch, Read, Store
 from jobmesh.store.job import Job
 from jobmesh.coordinator.table import JobTable, ReadPending, due_time
@@ -60,7 +60,6 @@ WALL_STEP_MILLIS = 1000  # a change of the wall clock against core time beyond t
 
 Reply = m.Message | Slot  # a client request's answer: now, or a place for it later
 INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
-SCHEDULES_NOT_APPLIED = "schedules file not applied, the schedules stay as they were: %s"  # the log line, everywhere
 # The client requests that change nothing stored: answered while storage fails. Every
 # other request (a new one too, until it is listed here) is refused then, unapplied.
 # A handler's refusals (ev.Refusal, ev.Forbidden) keep their own answer.
@@ -312,7 +311,7 @@ class CoordinatorCore:
         """The schedules file's set (at start and on SIGHUP): the reason it was refused, or
         None once applied (``Schedules.apply_file``)."""
         problem = self.schedules.apply_file(now, definitions)
-        if problem is None:
+        if problem is None and not self.schedules.waiting_for():
             log.info("schedules file applied: %d schedules from it", len(definitions))
         return problem
 

@@ -81,8 +81,8 @@ class Rule:
 
     def _walk(self, instant: int) -> Iterator[int]:
         """Cron fire times after ``instant``, in order (epoch ms)."""
-        start = datetime.fromtimestamp(instant // 1000, timezone.utc).astimezone(self.tz)
-        try:
+        try:  # a local date past the year 9999 has no fire time (datetime's range ends there)
+            start = datetime.fromtimestamp(instant // 1000, timezone.utc).astimezone(self.tz)
             for moment in CronSim(self._expr, start):
                 fire = int(moment.timestamp()) * 1000
                 # Debian's fixed-time rules walk local time, which can land before the start in

@@ -50,7 +50,9 @@ RECENT_JOBS = 5  # the last jobs a schedule remembers (``show``)
 DEFAULT_WINDOW = 86_400_000
 PREVIEW_MAX = 1000
 LIST_MAX = 1000
+LIST_MAX_BYTES = 900 * 1024  # keep SCHEDULE_LIST below the 1 MiB frame limit
 MAX_MILLIS = 253_402_300_799_999
+SCHEDULES_NOT_APPLIED = "schedules file not applied, the schedules stay as they were: %s"  # the log line, everywhere
 
 CheckPayload = Callable[[str, dict[str, Any]], "str | None"]
 
@@ -90,6 +92,9 @@ class Schedule:
     skipped: int = 0
     missed_count: int = 0
     recent: list[list[Any]] = field(default_factory=list)  # [job id, scheduled for], newest last
+    # A file-made schedule: the ``paused`` its file said when last applied (None: not known).
+    # A re-read that says the same keeps the paused state set over the wire.
+    file_paused: bool | None = None
     rule: Rule = field(init=False, repr=False)
     payload_json: str = field(init=False, repr=False)
     next_fire: int | None = None  # wall clock; None while paused or never again
@@ -111,15 +116,21 @@ class Schedule:
         body = self.definition()
         body.update(origin=self.origin, createdAtMillis=self.created_at, cursorMillis=self.cursor,
                     lastFireMillis=self.last_fire, lastJobId=self.last_job_id, firedCount=self.fired,
-                    skippedCount=self.skipped, missedCount=self.missed_count, recentJobs=self.recent)
+                    skippedCount=self.skipped, missedCount=self.missed_count, recentJobs=self.recent,
+                    filePaused=self.file_paused)
         return ujson.dumps(body, ensure_ascii=False, escape_forward_slashes=False)
 
-    def view(self) -> dict[str, Any]:
-        """The wire form (SCHEDULE): every field of the contract, and ``origin``."""
+    def view(self, state_of: Callable[[str], str | None]) -> dict[str, Any]:
+        """The wire form, one shape for every SCHEDULE and each SCHEDULE_LIST item: every
+        field of the contract, ``origin``, and the last jobs with the states ``state_of``
+        finds for them (None: not found, e.g. purged): ``lastJobState`` and ``recentJobs``."""
         out = self.definition()
         out.update(origin=self.origin, createdAtMillis=self.created_at, nextFireMillis=self.next_fire,
-                   lastFireMillis=self.last_fire, lastJobId=self.last_job_id, firedCount=self.fired,
-                   skippedCount=self.skipped, missedCount=self.missed_count)
+                   lastFireMillis=self.last_fire, lastJobId=self.last_job_id,
+                   lastJobState=None if self.last_job_id is None else state_of(self.last_job_id),
+                   recentJobs=[{"jobId": job_id, "scheduledFor": fire, "state": state_of(job_id)}
+                               for job_id, fire in self.recent],
+                   firedCount=self.fired, skippedCount=self.skipped, missedCount=self.missed_count)
         return out
 
 
@@ -130,7 +141,7 @@ def from_body(name: str, text: str) -> Schedule:
                     Priority.parse(b["priority"]), b["maxAttempts"], b["missed"], b["catchupWindowMillis"],
                     b["overlap"], b["jitterMillis"], b["paused"], b["origin"], b["createdAtMillis"],
                     b["cursorMillis"], b["lastFireMillis"], b["lastJobId"], b["firedCount"], b["skippedCount"],
-                    b["missedCount"], b["recentJobs"])
+                    b["missedCount"], b["recentJobs"], b.get("filePaused"))
 
 
 def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
@@ -202,6 +213,9 @@ class Schedules:
         self.misses: dict[str, int] = {}
         self._dirty: dict[str, Schedule | None] = {}
         self._sorted: list[str] | None = None  # the names in order, for listings (None: rebuild)
+        # A schedules file that waits for task types no worker has declared yet, and those types.
+        self.pending_file: list[dict[str, Any]] | None = None
+        self.waiting: list[str] = []
 
     # ---- recovery, rows ------------------------------------------------------------------
 
@@ -227,17 +241,21 @@ class Schedules:
         return rows
 
     def carry_totals(self, old: Schedules) -> None:
-        """A reload: the per-schedule counters count since the process started."""
+        """A reload: the per-schedule counters count since the process started, and a
+        schedules file that waits for its task types goes on waiting."""
         for mine, theirs in ((self.fires, old.fires), (self.skips, old.skips), (self.misses, old.misses)):
             for name, n in theirs.items():
                 mine[name] = mine.get(name, 0) + n
+        if self.pending_file is None:
+            self.pending_file, self.waiting = old.pending_file, old.waiting
 
     def _touch(self, schedule: Schedule) -> None:
         self._dirty[schedule.name] = schedule
 
     def _arm(self, schedule: Schedule) -> None:
         """Recompute the next fire time and put it on the heap."""
-        schedule.next_fire = None if schedule.paused else schedule.rule.after(schedule.cursor)
+        after = None if schedule.paused else schedule.rule.after(schedule.cursor)
+        schedule.next_fire = after if after is not None and after <= MAX_MILLIS else None  # None: never again
         if schedule.next_fire is not None:
             heapq.heappush(self.heap, (schedule.next_fire, schedule.name))
             if len(self.heap) > 2 * len(self.by_name) + 1024:
@@ -249,6 +267,8 @@ class Schedules:
     def fire_due(self, now: int) -> None:
         """The sweep's step: every schedule whose next fire time has come makes its jobs.
         After fires were held back, the passed times follow ``missed`` instead."""
+        if self.pending_file is not None:
+            self._apply_waiting_file(now)
         heap = self.heap
         wall = now + self.table.drift
         if not heap or heap[0][0] > wall:
@@ -344,47 +364,70 @@ class Schedules:
 
     def put(self, now: int, req: m.SchedulePut) -> m.Message:
         try:
-            self.put_definition(now, req.schedule, "api")
+            schedule = self._prepare(req.schedule, "api", now + self.table.drift)
         except RuleError as exc:
             return m.Error(str(exc))
-        return self.get(now, req.schedule["name"])
+        self._install(schedule)
+        return self._reply(schedule)
 
-    def put_definition(self, now: int, obj: dict[str, Any], origin: str) -> Schedule:
-        """Create or replace a schedule. A replaced one keeps its creation time, cursor and
-        counts (fire times already handled are not made again); pausing or resuming follows
-        ``paused``. Raises ``RuleError``, changing nothing."""
-        wall = now + self.table.drift
-        new = parse_definition(obj, self.config, self.check_payload, origin, wall)
+    def _prepare(self, obj: dict[str, Any], origin: str, wall: int, check: CheckPayload | None = None,
+                 paused: bool | None = None) -> Schedule:
+        """The schedule ``obj`` defines, put at ``wall``, as it would replace the one of its
+        name: a replaced one keeps its creation time, cursor and counts (fire times already
+        handled are not made again); pausing or resuming follows ``paused`` (default: the
+        definition's). Raises ``RuleError``, changing nothing, also when its next fire time
+        would be at or after the year 10000."""
+        new = parse_definition(obj, self.config, check or self.check_payload, origin, wall)
+        if paused is not None:
+            new.paused = paused
         old = self.by_name.get(new.name)
-        if old is None:
-            self._sorted = None
-        else:
+        if old is not None:
             new = Schedule(new.name, new.cron, new.every_millis, new.timezone, new.task_type, new.payload,
                            new.priority, new.max_attempts, new.missed, new.catchup_window_millis, new.overlap,
                            new.jitter_millis, new.paused, origin, old.created_at,
                            old.cursor if new.paused or not old.paused else max(old.cursor, wall),
-                           old.last_fire, old.last_job_id, old.fired, old.skipped, old.missed_count, old.recent)
-        self.by_name[new.name] = new
-        self._arm(new)
-        self._touch(new)
+                           old.last_fire, old.last_job_id, old.fired, old.skipped, old.missed_count, old.recent,
+                           old.file_paused)
+        first = new.rule.after(new.cursor)
+        if first is not None and first > MAX_MILLIS:
+            raise RuleError("schedule %s would next fire after the year 9999 (at %d ms since 1970): give a "
+                            "shorter everyMillis" % (new.name, first))
         return new
+
+    def _install(self, schedule: Schedule) -> None:
+        """Put a prepared schedule in force (creating or replacing its name)."""
+        if schedule.name not in self.by_name:
+            self._sorted = None
+        self.by_name[schedule.name] = schedule
+        self._arm(schedule)
+        self._touch(schedule)
+
+    def _held_state(self, job_id: str) -> str | None:
+        """A job's state when memory holds the job (a listing or a change reads no row)."""
+        job = self.table.jobs.get(job_id) or self.table.finished.get(job_id)
+        return None if job is None else job.state.value
+
+    def _read_state(self, job_id: str) -> str | None:
+        """A job's state, a finished job read back from the store if need be (``ReadPending``:
+        the request is applied again once the row is read)."""
+        job = self.table.lookup(job_id)
+        return None if job is None else job.state.value
+
+    def _reply(self, schedule: Schedule) -> m.Message:
+        """SCHEDULE after a change: states as memory holds them, so nothing is read (and
+        the change is never applied twice)."""
+        return m.Schedule(schedule.view(self._held_state))
 
     def get(self, now: int, name: str) -> m.Message:
         """SCHEDULE with its recent jobs and their states (a finished job may be read back)."""
         schedule = self.by_name.get(name)
         if schedule is None:
             return unknown(name)
-        view = schedule.view()
-        recent = []
-        for job_id, fire in schedule.recent:
-            job = self.table.lookup(job_id)
-            recent.append({"jobId": job_id, "scheduledFor": fire, "state": None if job is None else job.state.value})
-        view["recentJobs"] = recent
-        return m.Schedule(view)
+        return m.Schedule(schedule.view(self._read_state))
 
     def list_schedules(self, now: int, req: m.ScheduleList) -> m.Message:
-        """SCHEDULE_LIST: by name, a page of ``limit`` after ``after``, each with its last
-        job's state when memory holds that job."""
+        """SCHEDULE_LIST: by name, a page of ``limit`` after ``after`` (shorter when the
+        frame would be too large), each with the states of the jobs memory holds."""
         limit = req.limit if req.limit is not None else LIST_MAX
         if not 1 <= limit <= LIST_MAX:
             return m.Error("limit must be 1..%d, got %s" % (LIST_MAX, quote(limit)))
@@ -393,14 +436,13 @@ class Schedules:
         names = self._sorted
         start = 0 if req.after is None else bisect.bisect_right(names, req.after)
         page = names[start:start + limit]
-        out = []
-        jobs, finished = self.table.jobs, self.table.finished
+        out: list[dict[str, Any]] = []
+        size = 0
         for name in page:
-            schedule = self.by_name[name]
-            view = schedule.view()
-            job = None if schedule.last_job_id is None else (
-                jobs.get(schedule.last_job_id) or finished.get(schedule.last_job_id))
-            view["lastJobState"] = None if job is None else job.state.value
+            view = self.by_name[name].view(self._held_state)
+            size += len(ujson.dumps(view, ensure_ascii=False).encode("utf-8")) + 1
+            if size > LIST_MAX_BYTES and out:
+                return m.ScheduleList(schedules=out, next_after=out[-1]["name"])
             out.append(view)
         return m.ScheduleList(schedules=out, next_after=page[-1] if start + limit < len(names) else None)
 
@@ -416,7 +458,7 @@ class Schedules:
                 schedule.cursor = max(schedule.cursor, now + self.table.drift)
             self._arm(schedule)
             self._touch(schedule)
-        return m.Schedule(schedule.view())
+        return self._reply(schedule)
 
     def delete(self, now: int, name: str) -> m.Message:
         """SCHEDULE with its last state; its jobs stay."""
@@ -425,7 +467,7 @@ class Schedules:
             return unknown(name)
         self.remove(name)
         schedule.next_fire = None
-        return m.Schedule(schedule.view())
+        return self._reply(schedule)
 
     def remove(self, name: str) -> None:
         del self.by_name[name]
@@ -489,28 +531,71 @@ class Schedules:
     def apply_file(self, now: int, definitions: list[dict[str, Any]]) -> str | None:
         """The schedules file's set: each replaces its schedule, file-made schedules the file
         no longer names are deleted, API-made ones are left alone (a file schedule whose
-        name an API schedule holds is an error). All or nothing: the reason, or None."""
+        name an API schedule holds is an error). All or nothing: the reason, or None.
+
+        A schedule the file defines again keeps the paused state it has (paused or resumed
+        over the wire) unless the file's own ``paused`` changed since it was last applied.
+        A file that names task types no worker has declared yet (a fresh database, workers
+        not registered) is checked now and applied by the first sweep once they are known
+        (``waiting_for``); until then the schedules in force stay."""
         wall = now + self.table.drift
+        known = self.table.known_types
+        missing = sorted({t for t in (obj.get("taskType") for obj in definitions) if isinstance(t, str)} - known)
+
+        def check(task_type: str, payload: dict[str, Any]) -> str | None:  # a type still missing is checked later
+            return None if task_type in missing else self.check_payload(task_type, payload)
+
         parsed: dict[str, Schedule] = {}
         for obj in definitions:
-            try:
-                schedule = parse_definition(obj, self.config, self.check_payload, "file", wall)
-            except RuleError as exc:
-                return "schedule %s: %s" % (quote(obj.get("name")), exc)
-            name = schedule.name
-            if name in parsed:
-                return "schedule %s is defined twice" % quote(name)
-            parsed[name] = schedule
-            old = self.by_name.get(name)
+            name = obj.get("name")
+            old = self.by_name.get(name) if isinstance(name, str) else None
             if old is not None and old.origin != "file":
                 return "schedule %s exists and was made through the API; rename it in the file" % quote(name)
-        for obj in definitions:
-            old = self.by_name.get(obj["name"])
-            if old is None or old.definition() != parsed[obj["name"]].definition():
-                self.put_definition(now, obj, "file")
+            try:
+                schedule = self._prepare(obj, "file", wall, check, self._file_pause(obj, old))
+            except RuleError as exc:
+                return "schedule %s: %s" % (quote(name), exc)
+            if schedule.name in parsed:
+                return "schedule %s is defined twice" % quote(schedule.name)
+            schedule.file_paused = bool(obj.get("paused", False))
+            parsed[schedule.name] = schedule
+        self.pending_file, self.waiting = (definitions, missing) if missing else (None, [])
+        if missing:
+            log.warning("schedules file: waiting for task types %s, which no worker has declared yet; it is applied "
+                        "once one has (the schedules in force stay until then)", ", ".join(map(quote, missing)))
+            return None
+        for name, schedule in parsed.items():
+            old = self.by_name.get(name)
+            if old is None or old.definition() != schedule.definition() or old.file_paused != schedule.file_paused:
+                self._install(schedule)
         for name in [n for n, s in self.by_name.items() if s.origin == "file" and n not in parsed]:
             self.remove(name)
         return None
+
+    @staticmethod
+    def _file_pause(obj: dict[str, Any], old: Schedule | None) -> bool | None:
+        """The paused state a file-made schedule gets when its file is applied again: the one
+        it has, unless the file's ``paused`` changed since the last time (None: the file's)."""
+        said = obj.get("paused", False)
+        if old is None or not isinstance(said, bool) or old.file_paused not in (None, said):
+            return None
+        return old.paused
+
+    def waiting_for(self) -> list[str]:
+        """The task types a schedules file waits for before it is applied (none: not waiting)."""
+        return list(self.waiting)
+
+    def _apply_waiting_file(self, now: int) -> None:
+        """A sweep's step: the schedules file that waited for task types, once they are known."""
+        if not self.table.known_types.issuperset(self.waiting):
+            return
+        definitions, self.pending_file = self.pending_file or [], None
+        self.waiting = []
+        problem = self.apply_file(now, definitions)
+        if problem is not None:
+            log.error(SCHEDULES_NOT_APPLIED, problem)
+        elif not self.waiting:
+            log.info("schedules file applied: %d schedules from it, their task types now known", len(definitions))
 
     def next_due(self) -> int | None:
         """The earliest next fire time (wall clock), or None; stale heap entries go first."""

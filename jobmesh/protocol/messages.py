@@ -524,6 +524,10 @@ class SchedulePut(Message):
 
 @dataclass(frozen=True)
 class Schedule(Message):
+    """A schedule as the coordinator holds it: the reply to SCHEDULE_PUT, GET, PAUSE,
+    RESUME and DELETE, one shape for all (``Schedule.view`` in coordinator/schedules.py;
+    SCHEDULE_LIST's items have it too)."""
+
     TYPE = "SCHEDULE"
     schedule: dict[str, Any] = wire("schedule", "obj")
 

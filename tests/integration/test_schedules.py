@@ -5,7 +5,9 @@ coordinator is killed (SIGKILL) around fire times under load."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,12 +16,18 @@ import time
 import urllib.request
 from collections import Counter
 from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
 
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import ClientError, RequestFailed
 from jobmesh.store.sqlite import FAULT_FILE_ENV
 from tests.pg_support import on_both_stores
-from tests.helpers import CoordinatorProc, child_env, run_cli, wait_until
+from tests.helpers import Client, CoordinatorProc, child_env, run_cli, wait_until
+
+
+USER_TASKS = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
 
 
 def jm(coord, *args, **kwargs):
@@ -30,6 +38,16 @@ def one_json(result):
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("\n") == 1, result.stdout
     return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One coordinator with its metrics port, for the tests that need nothing of their own
+    (each uses its own schedule names)."""
+    proc = CoordinatorProc(tmp_path_factory.mktemp("schedules"), metrics_port=0)
+    proc.start()
+    yield proc
+    proc.cleanup()
 
 
 def test_from_preview_to_a_nightly_schedule_with_the_cli(coordinator):
@@ -204,13 +222,17 @@ def test_the_schedules_file_is_applied_at_start_and_on_sighup(coordinator_factor
         assert set(listed) == {"nightly-report", "health-check"}
         assert listed["nightly-report"]["timezone"] == "Europe/Paris" and listed["health-check"]["origin"] == "file"
         client.schedules.put("by-hand", "SLEEP", {"durationMillis": 1}, every=60)
+        client.schedules.pause("nightly-report")
         # When the file changes (one schedule dropped, one changed) and SIGHUP arrives
         path.write_text(NIGHTLY.split("[health-check]")[0].replace('"0 3 * * *"', '"15 4 * * *"'))
         coord.proc.send_signal(signal.SIGHUP)
         # Then the file's schedules follow it, and the API's are left alone
         wait_until(lambda: {s["name"] for s in client.schedules.list()} == {"nightly-report", "by-hand"},
                    timeout=20, message="the file applied")
-        assert client.schedules.get("nightly-report")["cron"] == "15 4 * * *"
+        nightly = client.schedules.get("nightly-report")
+        assert nightly["cron"] == "15 4 * * *"
+        # and the one paused over the wire stays paused
+        assert nightly["paused"] is True and nightly["nextFireMillis"] is None
         # A file with an error is logged and changes nothing
         path.write_text('[broken]\ncron = "99 * * * *"\ntask_type = "SLEEP"\npayload = { durationMillis = 1 }\n')
         coord.proc.send_signal(signal.SIGHUP)
@@ -265,16 +287,20 @@ def test_the_dashboard_metrics_and_top_show_schedules(coordinator_factory):
     assert "next schedule fires" in r.stdout and "nightly" in r.stdout and "tick" in r.stdout
 
 
-def test_up_applies_the_schedules_file_and_passes_sighup_on(start_up, tmp_path):
-    # Given jobmesh up with a schedules file firing every second
+def test_up_applies_the_schedules_file_and_passes_sighup_on(start_up, tmp_path, monkeypatch):
+    # Given jobmesh up on a fresh database with a schedules file firing every second a task
+    # type of its --tasks module, which nothing knows until up's own workers declare it
+    shutil.copy(USER_TASKS, tmp_path / "jm_user_tasks.py")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     path = tmp_path / "schedules.toml"
-    path.write_text('[tick]\nevery_millis = 1000\ntask_type = "SLEEP"\npayload = { durationMillis = 1 }\n')
-    up = start_up("--workers=1", "--schedules=%s" % path)
+    path.write_text('[tick]\nevery_millis = 1000\ntask_type = "GREET"\npayload = { name = "Ada" }\n')
+    up = start_up("--workers=1", "--tasks=jm_user_tasks", "--schedules=%s" % path)
     with CoordinatorClient("%s:%d" % up.client_addr) as client:
         # Then its worker runs the fired jobs
         job = wait_until(lambda: next((j for j in client.iter_jobs() if j.get("scheduleName") == "tick"), None),
                          timeout=20, message="a fired job")
-        assert client.wait(job["jobId"], timeout=20)["state"] == "COMPLETED"
+        done = client.wait(job["jobId"], timeout=20)
+        assert done["state"] == "COMPLETED" and done["result"] == {"greeting": "hello Ada"}
         # And a SIGHUP to up reaches its coordinator, which reads the file again
         path.write_text('[tock]\ncron = "@daily"\ntask_type = "SLEEP"\npayload = { durationMillis = 1 }\n')
         up.proc.send_signal(signal.SIGHUP)
@@ -307,3 +333,62 @@ def test_fires_during_a_storage_fault_are_made_once_when_storage_works_again(coo
     assert len(times) == len(set(times)), sorted(times)
     assert schedule["missedCount"] == 0
     assert sorted(times) == [schedule["createdAtMillis"] + k * 1000 for k in range(1, len(times) + 1)]
+
+
+YEAR_9999 = 253_370_764_800_000  # 9999-01-01T00:00:00Z
+SLEEP_1 = {"taskType": "SLEEP", "payload": {"durationMillis": 1}}
+
+
+def test_a_fire_time_past_the_year_9999_is_an_error_and_far_fire_times_are_shown(shared):
+    raw = Client(shared.client_addr)
+    try:
+        # A schedule whose next fire would be after the year 9999 is an ERROR, and the
+        # connection goes on; so is a submit whose run-at time would be.
+        for every in (2 ** 62, 2 ** 64):
+            reply = raw.request({"type": "SCHEDULE_PUT", "schedule": dict(SLEEP_1, name="huge", everyMillis=every)})
+            assert reply["type"] == "ERROR" and "after the year 9999" in reply["message"], reply
+        for when in ({"runAtMillis": 2 ** 63}, {"delayMillis": 2 ** 63}):
+            reply = raw.submit("SLEEP", {"durationMillis": 1}, **when)
+            assert reply["type"] == "ERROR" and "year 10000" in reply["message"], reply
+        # A valid schedule whose first fire is in the year 9999 and whose later ones are not
+        every = YEAR_9999 + 180 * 86_400_000 - int(time.time() * 1000)
+        reply = raw.request({"type": "SCHEDULE_PUT", "schedule": dict(SLEEP_1, name="far", everyMillis=every)})
+        assert reply["type"] == "SCHEDULE" and reply["schedule"]["nextFireMillis"] > YEAR_9999, reply
+    finally:
+        raw.conn.close()
+    # The CLI shows it without failing: show, list and preview, as text and as JSON
+    r = jm(shared, "schedule", "show", "far")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "9999-" in r.stdout and "after 9999-12-31" in r.stdout, r.stdout
+    assert len(one_json(jm(shared, "schedule", "show", "far", "--json"))["nextFireTimes"]) == 5
+    r = jm(shared, "schedule", "list")
+    assert r.returncode == 0 and "9999-" in r.stdout, r.stderr
+    # (the last hours of 9999 there: its local dates end before UTC's)
+    r = jm(shared, "schedule", "preview", "--cron=@hourly", "--tz=Pacific/Kiritimati", "--from=9999-12-31T05:00:00Z")
+    assert r.returncode == 0 and r.stdout.count("9999-12-31") == 4, (r.stdout, r.stderr)
+    # And so does the dashboard's schedules API, and its page
+    with urllib.request.urlopen(shared.metrics_url + "/api/schedules", timeout=10) as response:
+        listed = {s["name"]: s for s in json.loads(response.read())["schedules"]}
+    assert listed["far"]["nextFireMillis"] > YEAR_9999 and "huge" not in listed
+    with urllib.request.urlopen(shared.metrics_url + "/", timeout=10) as response:
+        assert response.status == 200
+
+
+def test_every_schedule_reply_on_the_wire_has_the_same_fields(shared):
+    raw = Client(shared.client_addr)
+    try:
+        name = "shape"
+        shapes = {"put": raw.request({"type": "SCHEDULE_PUT", "schedule": dict(SLEEP_1, name=name, everyMillis=60_000)})}
+        raw.request({"type": "SCHEDULE_TRIGGER", "name": name})
+        for kind in ("SCHEDULE_GET", "SCHEDULE_PAUSE", "SCHEDULE_RESUME", "SCHEDULE_DELETE"):
+            shapes[kind] = raw.request({"type": kind, "name": name})
+        assert all(reply["type"] == "SCHEDULE" for reply in shapes.values()), shapes
+        keys = set(shapes["SCHEDULE_GET"]["schedule"])
+        assert {"recentJobs", "lastJobState"} <= keys
+        assert {kind: set(reply["schedule"]) for kind, reply in shapes.items()} == {kind: keys for kind in shapes}
+        raw.request({"type": "SCHEDULE_PUT", "schedule": dict(SLEEP_1, name=name, everyMillis=60_000)})
+        listed = raw.request({"type": "SCHEDULE_LIST"})["schedules"]
+        assert set(next(s for s in listed if s["name"] == name)) == keys
+        raw.request({"type": "SCHEDULE_DELETE", "name": name})
+    finally:
+        raw.conn.close()

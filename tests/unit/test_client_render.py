@@ -222,3 +222,19 @@ def test_job_detail_names_the_submitting_token_when_there_is_one():
            "createdAtMillis": 1_700_000_000_000, "updatedAtMillis": 1_700_000_000_000}
     assert "submitter" not in render.job_detail(job, 1_700_000_000_000)
     assert "\nsubmitter ci\n" in render.job_detail(dict(job, submittedBy="ci"), 1_700_000_000_000)
+
+
+def test_times_past_the_year_9999_are_shown_as_epoch_millis_not_an_error():
+    from jobmesh.client import render
+
+    last = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+    for far in (last + 1, 2 ** 62):
+        for text in (render.zoned(far, "Europe/Paris"), render.timestamp(far, zone=True), render.when(far, 0)):
+            assert "after 9999-12-31: %d ms since 1970" % far in text
+    # A zone whose date would pass 9999 shows the time in UTC.
+    assert render.zoned(last - 3_600_000, "Pacific/Kiritimati") == "9999-12-31 22:59:59 UTC"
+    assert render.zoned(last - 3_600_000, "America/New_York") == "9999-12-31 17:59:59 EST"
+    detail = render.schedule_detail({"name": "far", "everyMillis": 2 ** 40, "timezone": "UTC",
+                                     "recentJobs": [{"jobId": "j", "scheduledFor": last + 5, "state": None}]},
+                                    [last - 5, last + 2 ** 40], 0)
+    assert "9999-12-31 23:59:59 UTC" in detail and "after 9999-12-31" in detail

@@ -440,3 +440,99 @@ def test_the_core_fires_once_in_a_fall_back_night_and_after_the_gap_of_a_spring_
     # 29 March 2026, Paris: 02:00 CET becomes 03:00 CEST at 01:00 UTC; 02:30 does not exist.
     spring = fires_through("2026-03-28T23:00:00+00:00", 4, fixed="30 2 * * *", hourly="30 * * * *")
     assert spring == {"fixed": ["01:00"], "hourly": ["23:30", "00:30", "01:30", "02:30"]}
+
+
+def test_a_file_applied_again_keeps_the_paused_state_set_over_the_wire_unless_the_file_changes_it():
+    d = driver()
+    base = {"everyMillis": MINUTE, "taskType": "SLEEP", "payload": {"durationMillis": 1}}
+    assert d.core.apply_schedules_file(0, [dict(base, name="f1"), dict(base, name="f2", paused=True)]) is None
+    d.end_batch(0)
+    # Paused (and resumed) over the wire, then the unchanged file is applied again (SIGHUP, restart)
+    d.request(1, m.SchedulePause("f1"))
+    d.request(1, m.ScheduleResume("f2"))
+    d.end_batch(1)
+    assert d.core.apply_schedules_file(2, [dict(base, name="f1"), dict(base, name="f2", paused=True)]) is None
+    d.end_batch(2)
+    assert show(d, "f1")["paused"] is True and show(d, "f1")["nextFireMillis"] is None
+    assert show(d, "f2")["paused"] is False
+    # A file whose own `paused` changed decides again
+    assert d.core.apply_schedules_file(3, [dict(base, name="f1", paused=True), dict(base, name="f2")]) is None
+    d.end_batch(3)
+    assert d.core.apply_schedules_file(4, [dict(base, name="f1"), dict(base, name="f2", paused=True)]) is None
+    d.end_batch(4)
+    assert (show(d, "f1")["paused"], show(d, "f2")["paused"]) == (False, True)
+
+
+def test_a_file_naming_types_no_worker_declared_yet_is_applied_once_one_does():
+    # Given a fresh database: GREET is not known when the file is applied at start
+    d = driver()
+    greet = {"name": "hello", "everyMillis": MINUTE, "taskType": "GREET", "payload": {"name": "Ada"}}
+    assert d.core.apply_schedules_file(0, [greet]) is None
+    d.end_batch(0)
+    assert d.core.schedules.waiting_for() == ["GREET"] and d.request(0, m.ScheduleList()).schedules == []
+    # (a file with another error is still refused at once)
+    problem = d.core.apply_schedules_file(0, [dict(greet, cron="bad")])
+    assert problem is not None and "hello" in problem
+    sweep(d, 10)
+    assert d.request(0, m.ScheduleList()).schedules == []
+    # When a worker declares GREET, the next sweep applies the file
+    d.apply(20, ev.Registered(object(), m.WorkerRegister("w-greet", 1, ["GREET"], None)))
+    d.end_batch(20)
+    sweep(d, 30)
+    assert d.core.schedules.waiting_for() == []
+    assert show(d, "hello")["taskType"] == "GREET" and show(d, "hello")["origin"] == "file"
+
+
+YEAR_9999 = 253_370_764_800_000  # 9999-01-01T00:00:00Z
+
+
+@pytest.mark.parametrize("every", [2 ** 62, 10 ** 20, 253_402_300_800_000])
+def test_a_schedule_whose_next_fire_is_after_the_year_9999_is_an_error(every):
+    d = driver()
+    schedule = {"name": "far", "everyMillis": every, "taskType": "SLEEP", "payload": {"durationMillis": 1}}
+    for paused in (False, True):
+        reply = d.request(0, m.SchedulePut(dict(schedule, paused=paused)))
+        assert isinstance(reply, m.Error) and "after the year 9999" in reply.message, reply
+    problem = d.core.apply_schedules_file(0, [schedule])
+    assert problem is not None and "after the year 9999" in problem
+    d.end_batch(0)
+    assert d.request(0, m.ScheduleList()).schedules == []
+
+
+def test_a_schedule_whose_later_fire_times_pass_the_year_9999_fires_no_more():
+    # Given a schedule whose first fire is in 9999 and whose second would be far later
+    d = driver()
+    every = YEAR_9999 + MINUTE - T0
+    made = put(d, 0, everyMillis=every, overlap="allow")
+    assert made["nextFireMillis"] == YEAR_9999 + MINUTE
+    sweep(d, every)
+    # Then it fired once and has no next fire time, though it is not paused
+    shown = show(d, "s")
+    assert shown["firedCount"] == 1 and shown["nextFireMillis"] is None and shown["paused"] is False
+
+
+def test_every_schedule_reply_and_listing_has_one_shape():
+    d = driver()
+    shapes = {"put": put(d, 0, name="a")}
+    sweep(d, MINUTE)
+    shapes["get"] = show(d, "a")
+    shapes["list"] = d.request(0, m.ScheduleList()).schedules[0]
+    for label, msg in (("pause", m.SchedulePause("a")), ("resume", m.ScheduleResume("a")),
+                       ("delete", m.ScheduleDelete("a"))):
+        reply = d.request(MINUTE, msg)
+        assert isinstance(reply, m.Schedule), reply
+        shapes[label] = reply.schedule
+    keys = set(shapes["get"])
+    assert {"recentJobs", "lastJobState", "nextFireMillis", "firedCount"} <= keys
+    assert {label: set(shape) for label, shape in shapes.items()} == {label: keys for label in shapes}
+    assert shapes["delete"]["lastJobState"] == "QUEUED" and shapes["delete"]["recentJobs"][0]["state"] == "QUEUED"
+
+
+def test_preview_where_the_zones_dates_end_before_utcs_is_short_not_an_error():
+    d = driver()
+    last_evening = at("9999-12-31T05:00:00+00:00")  # 19:00 on 31 December 9999 at UTC+14
+    reply = d.request(0, m.SchedulePreview(cron="@hourly", timezone="Pacific/Kiritimati", from_millis=last_evening))
+    assert isinstance(reply, m.SchedulePreview) and len(reply.fire_times) == 4, reply
+    reply = d.request(0, m.SchedulePreview(cron="@hourly", timezone="Pacific/Kiritimati",
+                                           from_millis=at("9999-12-31T20:00:00+00:00")))
+    assert isinstance(reply, m.SchedulePreview) and reply.fire_times == [], reply

@@ -307,3 +307,53 @@ def test_every_flag_of_every_command_parses():
             except Exception as exc:  # noqa: BLE001
                 assert "unique prefix" not in str(exc) and type(exc).__name__ != "DocoptLanguageError", (
                     "jobmesh %s %s: %s" % (command, flag, exc))
+
+
+TEN_YEARS = 315_360_000_000
+CLOSED = "127.0.0.1:1"  # no coordinator listens there
+TOO_LONG = "99999999999999999999"
+
+
+@pytest.mark.parametrize("command, flag", [
+    ("coordinator", "--task-timeout-millis"), ("coordinator", "--lease-grace-millis"),
+    ("coordinator", "--retry-cap-millis"), ("up", "--heartbeat-timeout-millis"), ("worker", "--keep-running-millis"),
+])
+@pytest.mark.parametrize("source", ["flag", "environment", "file"])
+def test_a_millisecond_setting_above_ten_years_is_an_error_naming_its_source(tmp_path, monkeypatch, capsys,
+                                                                            command, flag, source):
+    argv = [command, "--print-config"]
+    if source == "flag":
+        argv.append("%s=%s" % (flag, TOO_LONG))
+        where = flag
+    elif source == "environment":
+        where = env_name(flag)
+        monkeypatch.setenv(where, TOO_LONG)
+    else:
+        where = write(tmp_path, "%s = %s\n" % (flag[2:], TOO_LONG))
+        argv.append("--config=%s" % where)
+    err = failed(capsys, *argv)
+    assert flag in err and where in err and str(TEN_YEARS) in err, err
+    # Ten years itself is a setting like any other.
+    assert printed(capsys, command, "%s=%d" % (flag, TEN_YEARS))[flag[2:]] == (str(TEN_YEARS), "command line")
+
+
+def test_every_millisecond_flag_of_every_command_is_bounded_at_ten_years(capsys):
+    # Generic: found in the usage texts, so a flag added later is bounded too.
+    import docopt
+
+    from jobmesh.cli import DOCS
+
+    samples = {"submit": ["SLEEP"], "purge": ["--older-than=1d"], "schedule": ["preview", "--cron=@daily"]}
+    checked = set()
+    for command, doc in DOCS.items():
+        for flag in sorted({o.longer for o in docopt.parse_options(doc) if (o.longer or "").endswith("-millis")}):
+            argv = [command] + samples.get(command, ["J"] if "JOB_ID" in doc.split("Usage:")[1] else [])
+            if flag == "--every-millis":
+                argv = ["schedule", "preview"]
+            # Nothing starts or connects, whatever happens to the check.
+            argv.append("--print-config" if command in ("coordinator", "up", "worker") else "--coordinator=" + CLOSED)
+            argv.append("%s=%s" % (flag, TOO_LONG))
+            err = failed(capsys, *argv)
+            assert flag in err and str(TEN_YEARS) in err, (command, err)
+            checked.add(flag)
+    assert {"--timeout-millis", "--drain-millis", "--every-millis", "--connect-timeout-millis"} <= checked
