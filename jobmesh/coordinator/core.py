@@ -130,7 +130,7 @@ class CoordinatorCore:
         }
         self._sweep_steps: tuple[Callable[[int], Any], ...] = (
             json.detect_dead_workers, self.expire_deadlines, self.promote_due_jobs, self.fire_schedules, json.schedule,
-            periodic.dispatch, self._purge, requests.expire_waits, periodic.expire_waits)
+            periodic.dispatch, self._purge, requests.expire_waits, periodic.expire_waits, periodic.forget_idle)
 
     # ---- applying events ----------------------------------------------------------------
 
@@ -248,7 +248,7 @@ class CoordinatorCore:
 
     def sweep(self, now: int) -> None:
         """Dead workers, then expired deadlines, then due jobs, then
-        scheduling, then retention, then waits whose time is up."""
+        scheduling, then retention, then waits whose time is up, then idle Periodic funcs."""
         for step in self._sweep_steps:
             try:
                 step(now)

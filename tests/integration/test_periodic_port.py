@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import time
+from unittest.mock import ANY
 
 import pytest
 
@@ -132,7 +133,57 @@ def test_hostile_bytes_close_only_that_connection(coord, hostile):
     assert client_ops(coord.periodic_addr, ["ping"]) == [True]
 
 
-def test_funcs_of_workers_that_left_are_forgotten(coord):
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One coordinator with its Periodic port, for the tests below that each use funcs of
+    their own (so they share it)."""
+    from tests.helpers import CoordinatorProc
+
+    proc = CoordinatorProc(tmp_path_factory.mktemp("periodic"), periodic_port=0)
+    proc.start()
+    yield proc
+    proc.cleanup()
+
+
+def test_status_lists_a_func_with_zero_counts_until_drop_func(shared, periodic_peers):
+    addr = shared.periodic_addr
+    # Given a worker of the func, and two jobs it ran
+    worker = periodic_peers(addr, "zero")
+    assert client_ops(addr, ["submit", "zero", "a", "x", 0, 0], ["run", "zero", "b", "y", 10])[1] == {
+        "data": "done:y", "seconds": ANY}
+    worker.next()
+    # When the worker leaves and the jobs are done
+    worker.kill()
+    watcher = RawPeriodic(addr)
+    wait_until(lambda: watcher.status()["zero"].workers == 0 and watcher.status()["zero"].jobs == 0, timeout=10,
+               message="the func's counts at 0")
+    # Then an aio-periodic client still finds the func, with zero counts (as periodicd lists it)
+    [status] = client_ops(addr, ["status"])
+    assert (status["zero"]["worker_count"], status["zero"]["job_count"], status["zero"]["processing"]) == (0, 0, 0)
+    # And DROP_FUNC forgets it at once
+    assert client_ops(addr, ["drop", "zero"], ["status"])[1].get("zero") is None
+    assert "zero" not in watcher.status()
+    watcher.close()
+
+
+def test_a_connection_declares_at_most_ten_thousand_funcs(shared):
+    # Given a worker that declared 10,000 funcs
+    worker = RawPeriodic(shared.periodic_addr, pc.ConnType.WORKER)
+    for i in range(10_000):
+        worker.send(pc.CanDo(worker.next_msgid(), b"many-%d" % i))
+    assert {type(worker.reply()) for _ in range(10_000)} == {pc.Success}
+    # When it declares one more (CAN_DO or BROADCAST), it is refused with NO_WORKER
+    assert worker.request(pc.CanDo(worker.next_msgid(), b"many-more")) == pc.NoWorker(worker.msgid)
+    assert worker.request(pc.Broadcast(worker.next_msgid(), b"many-more")) == pc.NoWorker(worker.msgid)
+    # Then the connection goes on (one it declared already is fine), and says why in the log
+    assert worker.request(pc.CanDo(worker.next_msgid(), b"many-1")) == pc.Success(worker.msgid)
+    assert worker.ping() and "many-more" not in RawPeriodic(shared.periodic_addr).status()
+    assert "a connection may declare 10000 funcs at most" in shared.stderr()
+    worker.close()
+
+
+def test_funcs_idle_for_the_forget_time_are_forgotten(coordinator_factory):
+    coord = coordinator_factory(periodic_port=0, periodic_forget_idle_millis=300)
     # Given STATUS as it is, and a client's job of a func no worker declares
     watcher = RawPeriodic(coord.periodic_addr)
     watcher.request(pc.SubmitJob(watcher.next_msgid(), pc.Job(b"kept", b"a", b"", int(time.time()) + 600, 0, 0)))
@@ -146,7 +197,8 @@ def test_funcs_of_workers_that_left_are_forgotten(coord):
         assert {type(worker.reply()) for _ in range(1001)} == {pc.Success}  # every CAN_DO applied
         assert len(watcher.status()) >= len(baseline) + 1000  # this worker's funcs are listed
         worker.close()
-    # Then STATUS is back to what it was: only the func with a job is left, without workers
+    # Then, once they have been idle for --periodic-forget-idle-millis, STATUS is back to what
+    # it was: only the func with a job is left, without workers
     wait_until(lambda: watcher.status() == baseline, timeout=10, message="STATUS back to its baseline")
     assert baseline["kept"].workers == 0 and baseline["kept"].jobs == 1
     watcher.close()
