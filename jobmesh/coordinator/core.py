@@ -77,8 +77,11 @@ class CoordinatorCore:
         self.outbox = Outbox()
         self.table = JobTable(store, config, self.counters, new_id)
         self.timers = Timers(self.table)
-        self.json = JsonJobs(self.table, self.timers, self.outbox, self.counters)
-        self.periodic = PeriodicJobs(self.table, self.timers, self.outbox, self.counters)
+        # Worker ids are one namespace: each port's part refuses or skips the other's.
+        self.json = JsonJobs(self.table, self.timers, self.outbox, self.counters,
+                             lambda worker_id: worker_id in self.periodic.workers)
+        self.periodic = PeriodicJobs(self.table, self.timers, self.outbox, self.counters,
+                                     lambda worker_id: self.json.workers.get(worker_id) is not None)
         self.requests = ClientRequests(self.table, self.json, self.periodic, self.counters)
         self.schedules = Schedules(self.table, self.requests.check_payload)
         self._draining = False

@@ -103,8 +103,10 @@ def _as_text(raw: bytes) -> tuple[str, bool]:
 class PeriodicJobs:
     """The core's Periodic requests and events; see the module docstring."""
 
-    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters) -> None:
+    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters,
+                 held_elsewhere: Callable[[str], bool] = lambda worker_id: False) -> None:
         self.table = table
+        self.held_elsewhere = held_elsewhere  # whether a live JSON worker session has that worker id
         self.timers = timers
         self.outbox = outbox
         self.counters = counters
@@ -281,8 +283,11 @@ class PeriodicJobs:
     def _session(self, conn: OutboundConnection, now_millis: int) -> PeriodicSession:
         session = self.conns.get(conn)
         if session is None:
-            self._session_seq += 1
-            session = PeriodicSession("periodic-%d" % self._session_seq, conn, now_millis)
+            worker_id = ""
+            while not worker_id or self.held_elsewhere(worker_id):  # one namespace of worker ids
+                self._session_seq += 1
+                worker_id = "periodic-%d" % self._session_seq
+            session = PeriodicSession(worker_id, conn, now_millis)
             self.conns[conn] = session
             self.workers[session.worker_id] = session
         session.last_heartbeat = now_millis

@@ -202,3 +202,32 @@ def test_funcs_idle_for_the_forget_time_are_forgotten(coordinator_factory):
     wait_until(lambda: watcher.status() == baseline, timeout=10, message="STATUS back to its baseline")
     assert baseline["kept"].workers == 0 and baseline["kept"].jobs == 1
     watcher.close()
+
+
+def test_worker_ids_are_one_namespace_across_the_ports(shared, periodic_peers):
+    from tests.helpers import RegistrationRefused, ScriptedWorker
+
+    # Given an aio-periodic worker running a job, on WORKER_LIST as a Periodic session
+    periodic_peers(shared.periodic_addr, "ids", "hang")
+    assert client_ops(shared.periodic_addr, ["submit", "ids", "a", "x", 0, 0]) == [True]
+    wait_until(lambda: job_named(shared, "ids", "a")["state"] == "RUNNING", timeout=10)
+    held = job_named(shared, "ids", "a")["workerId"]
+    # When a JSON worker registers under that session's id
+    impostor = ScriptedWorker(shared.worker_addr, held)
+    with pytest.raises(RegistrationRefused) as refused:
+        impostor.register()
+    impostor.close()
+    # Then it is refused with a clear ERROR, and WORKER_LIST still shows one worker of that id
+    assert refused.value.reply == {"type": "ERROR", "message": "worker id '%s' belongs to a live Periodic worker "
+                                   "session" % held}
+    assert [w["protocol"] for w in Client(shared.client_addr).workers() if w["workerId"] == held] == ["periodic"]
+    # And a Periodic session never takes the id of a live JSON worker
+    taken = "periodic-%d" % (int(held.rsplit("-", 1)[1]) + 1)
+    json_worker = ScriptedWorker(shared.worker_addr, taken)
+    json_worker.register()
+    later = RawPeriodic(shared.periodic_addr, pc.ConnType.WORKER)
+    assert later.request(pc.CanDo(later.next_msgid(), b"ids-later")) == pc.Success(later.msgid)
+    ids = [w["workerId"] for w in Client(shared.client_addr).workers()]
+    assert ids.count(taken) == 1 and len(ids) == len(set(ids))
+    later.close()
+    json_worker.close()
