@@ -333,20 +333,30 @@ def test_a_sched_at_in_the_year_10000_is_refused():
     assert h.job() is None
 
 
-def test_a_json_worker_named_like_a_periodic_session_keeps_its_own_slots():
+def test_worker_ids_are_one_namespace_for_json_workers_and_periodic_sessions():
     from jobmesh.protocol import messages as m
     h = H()
+    # A JSON worker registered as "periodic-1": the first Periodic session skips that id
     json_conn = Conn("json")
     h.apply(T0, ev.Registered(json_conn, m.WorkerRegister("periodic-1", 4, None)))
     h.end_batch(T0)
     h.submit(T0)
     w = Conn("w")
-    [assign] = assigns(h.worker(T0, w))  # the Periodic session is "periodic-1" too
+    [assign] = assigns(h.worker(T0, w))
     job = h.job()
-    assert job.worker_id == "periodic-1" and h.core.running_attempts == 1
+    assert job.worker_id == "periodic-2" and h.core.running_attempts == 1
     h.send(T0, w, pc.WorkDone(9, pc.Handle(b"f", b"a"), b"ok"))
     assert job.state is JobState.COMPLETED
     assert h.core.running_attempts == 0  # the Periodic session let go of it: a drain ends at once
+    # A JSON worker may not register under a live Periodic session's id
+    other = Conn("json2")
+    h.apply(T0, ev.Registered(other, m.WorkerRegister("periodic-2", 4, None)))
+    assert h.end_batch(T0) == [(other, m.Error("worker id 'periodic-2' belongs to a live Periodic worker session")),
+                               (other, None)]
+    # Once that session has ended, the id is free
+    h.core.periodic.on_closed(T0, w)
+    h.apply(T0, ev.Registered(other, m.WorkerRegister("periodic-2", 4, None)))
+    assert h.end_batch(T0) == [(other, m.WorkerRegistered("periodic-2"))]
 
 
 def test_a_func_holding_a_status_separator_is_refused_and_status_stays_parseable():
