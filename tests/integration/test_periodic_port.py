@@ -182,12 +182,18 @@ def test_a_connection_declares_at_most_ten_thousand_funcs(shared):
     worker.close()
 
 
-def test_funcs_idle_for_the_forget_time_are_forgotten(coordinator_factory):
+def test_funcs_idle_for_the_forget_time_are_forgotten(coordinator_factory, periodic_peers):
     coord = coordinator_factory(periodic_port=0, periodic_forget_idle_millis=300)
     # Given STATUS as it is, and a client's job of a func no worker declares
     watcher = RawPeriodic(coord.periodic_addr)
     watcher.request(pc.SubmitJob(watcher.next_msgid(), pc.Job(b"kept", b"a", b"", int(time.time()) + 600, 0, 0)))
     baseline = watcher.status()
+    # When an aio-periodic worker runs a job of its func and leaves, the func goes after its idle time
+    worker = periodic_peers(coord.periodic_addr, "brief")
+    assert client_ops(coord.periodic_addr, ["run", "brief", "b", "x", 10])[0]["data"] == "done:x"
+    worker.kill()
+    wait_until(lambda: "brief" not in watcher.status(), timeout=10, message="the idle func forgotten")
+    assert "brief" not in client_ops(coord.periodic_addr, ["status"])[0]
     # When workers declare thousands of funcs and leave
     for n in range(3):
         worker = RawPeriodic(coord.periodic_addr, pc.ConnType.WORKER)
