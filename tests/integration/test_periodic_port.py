@@ -151,8 +151,8 @@ def test_status_lists_a_func_with_zero_counts_until_drop_func(shared, periodic_p
     worker = periodic_peers(addr, "zero")
     assert client_ops(addr, ["submit", "zero", "a", "x", 0, 0], ["run", "zero", "b", "y", 10])[1] == {
         "data": "done:y", "seconds": ANY}
-    worker.next()
-    # When the worker leaves and the jobs are done
+    wait_until(lambda: job_named(shared, "zero", "a")["state"] == "COMPLETED", timeout=10)
+    # When the worker leaves, its jobs done
     worker.kill()
     watcher = RawPeriodic(addr)
     wait_until(lambda: watcher.status()["zero"].workers == 0 and watcher.status()["zero"].jobs == 0, timeout=10,
