@@ -93,6 +93,9 @@ Coordinator options:
   --periodic-keepalive-millis=N  close a Periodic connection that sent nothing for this
                                  long after its handshake (aio-periodic pings every 10 s
                                  when idle); 0 = never [default: 120000]
+  --periodic-forget-idle-millis=N  a Periodic func that no worker declares and no job
+                                 belongs to leaves STATUS after this long (DROP_FUNC
+                                 forgets it at once) [default: 3600000]
   --periodic-key=PEM             the server's RSA private key: every Periodic connection
                                  starts with Periodic's RSA handshake (aio-periodic's
                                  RSATransport; Plain, RSA or AES, as the peer chooses)

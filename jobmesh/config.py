@@ -41,6 +41,8 @@ class CoreConfig:
     # How long a RUNNING job found at start stays on its old lease for its worker to claim
     # (WORKER_REGISTER ``running``); 0: recovery requeues or fails it at once.
     lease_grace_millis: int = 0
+    # A Periodic func with no worker and no live job is forgotten (no longer in STATUS) after this.
+    periodic_forget_idle_millis: int = 3_600_000
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         retain_finished_millis=_int(args, "--retain-finished-millis", 0),
         idle_timeout_millis=_int(args, "--idle-timeout-millis", 1),
         periodic_keepalive_millis=_int(args, "--periodic-keepalive-millis", 0),
+        periodic_forget_idle_millis=_int(args, "--periodic-forget-idle-millis", 0),
         sweep_interval_millis=_int(args, "--sweep-interval-millis", 1),
         db_synchronous=_choice(args, "--db-synchronous", SYNC_MODES),
         db_session_timeout_millis=_int(args, "--db-session-timeout-millis", 100)

@@ -116,6 +116,7 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         "retain-finished-millis": cfg.retain_finished_millis,
         "idle-timeout-millis": cfg.idle_timeout_millis,
         "periodic-keepalive-millis": cfg.periodic_keepalive_millis,
+        "periodic-forget-idle-millis": cfg.periodic_forget_idle_millis,
         "log-level": cfg.log_level,
         "drain-millis": cfg.drain_millis,
         "lease-grace-millis": cfg.lease_grace_millis,

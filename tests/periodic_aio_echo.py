@@ -15,7 +15,10 @@ Run only as a subprocess (asyncio + aio_periodic, never jobmesh nor gevent):
 
 The environment chooses the transport, as in aio-periodic's CI: PERIODIC_MODE = Normal
 (no handshake, the default), Plain, RSA or AES (RSATransport with that mode), with the
-key files PERIODIC_CLIENT_PRIVATE_KEY and PERIODIC_SERVER_PUBLIC_KEY.
+key files PERIODIC_CLIENT_PRIVATE_KEY and PERIODIC_SERVER_PUBLIC_KEY. With PERIODIC_TOKEN_NAME
+and PERIODIC_TOKEN it registers with that token (type 3 for the client, 4 for the worker:
+the registration bytes aio-periodic's later ``Client(client_name=, client_token=)`` sends;
+1.0.0 takes them as its connection type unchanged).
 """
 
 from __future__ import annotations
@@ -46,6 +49,16 @@ def transport(addr: str) -> Any:
                         mode=RSAMode[mode])
 
 
+def registration(peer: Any) -> Any:
+    """``peer`` (a Client or Worker), registering with the token in the environment, if any."""
+    name = os.environ.get("PERIODIC_TOKEN_NAME")
+    if name:
+        token = os.environ["PERIODIC_TOKEN"].encode()
+        kind = b"\x04" if isinstance(peer, Worker) else b"\x03"
+        peer._clientType = kind + b"".join(len(part).to_bytes(8, "big") + part for part in (name.encode(), token))
+    return peer
+
+
 async def run_worker(addr: str) -> None:
     async def echo(job: RunningJob) -> None:
         await job.done(job.name)
@@ -65,7 +78,7 @@ async def run_worker(addr: str) -> None:
 
         await job.with_lock("test", 2, locked)
 
-    worker = Worker()
+    worker = registration(Worker())
     await worker.connect(transport(addr))
     await worker.add_func("echo", echo)
     await worker.add_func("echo_later", echo_later)
@@ -79,7 +92,7 @@ def text(value: Any) -> Any:
 
 
 async def run_client(addr: str) -> None:
-    client = Client()
+    client = registration(Client())
     await client.connect(transport(addr))
     now = int(time.time())
     job = Job(func="echo", name="test_echo")

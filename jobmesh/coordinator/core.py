@@ -76,8 +76,11 @@ class CoordinatorCore:
         self.outbox = Outbox()
         self.table = JobTable(store, config, self.counters, new_id)
         self.timers = Timers(self.table)
-        self.json = JsonJobs(self.table, self.timers, self.outbox, self.counters)
-        self.periodic = PeriodicJobs(self.table, self.timers, self.outbox, self.counters)
+        # Worker ids are one namespace: each port's part refuses or skips the other's.
+        self.json = JsonJobs(self.table, self.timers, self.outbox, self.counters,
+                             lambda worker_id: worker_id in self.periodic.workers)
+        self.periodic = PeriodicJobs(self.table, self.timers, self.outbox, self.counters,
+                                     lambda worker_id: self.json.workers.get(worker_id) is not None)
         self.requests = ClientRequests(self.table, self.json, self.periodic, self.counters)
         self.schedules = Schedules(self.table, self.requests.check_payload)
         self._draining = False
@@ -129,7 +132,7 @@ class CoordinatorCore:
         }
         self._sweep_steps: tuple[Callable[[int], Any], ...] = (
             json.detect_dead_workers, self.expire_deadlines, self.promote_due_jobs, self.fire_schedules, json.schedule,
-            periodic.dispatch, self._purge, requests.expire_waits, periodic.expire_waits)
+            periodic.dispatch, self._purge, requests.expire_waits, periodic.expire_waits, periodic.forget_idle)
 
     # ---- applying events ----------------------------------------------------------------
 
@@ -247,7 +250,7 @@ class CoordinatorCore:
 
     def sweep(self, now: int) -> None:
         """Dead workers, then expired deadlines, then due jobs, then
-        scheduling, then retention, then waits whose time is up."""
+        scheduling, then retention, then waits whose time is up, then idle Periodic funcs."""
         for step in self._sweep_steps:
             try:
                 step(now)

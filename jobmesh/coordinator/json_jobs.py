@@ -20,7 +20,7 @@ be applied.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 import logging
 from collections import Counter
 
@@ -55,8 +55,10 @@ def _attempt_number(job_id: str, attempt_id: str) -> int | None:
 
 
 class JsonJobs:
-    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters) -> None:
+    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters,
+                 held_elsewhere: Callable[[str], bool] = lambda worker_id: False) -> None:
         self.table = table
+        self.held_elsewhere = held_elsewhere  # whether a live Periodic session has that worker id
         self.timers = timers
         self.config = table.config
         self.outbox = outbox
@@ -108,6 +110,10 @@ class JsonJobs:
         if self.workers.get(worker_id) is not None:
             log.warning("refused duplicate registration worker=%s", worker_id)
             self._refuse(conn, "worker id %s belongs to a live session" % quote(worker_id))
+            return
+        if self.held_elsewhere(worker_id):  # one namespace of worker ids for both ports
+            log.warning("refused registration worker=%s: a Periodic worker session holds that id", worker_id)
+            self._refuse(conn, "worker id %s belongs to a live Periodic worker session" % quote(worker_id))
             return
         types = BUILTIN_TYPES if msg.task_types is None else frozenset(msg.task_types)
         for name in self.table.declare_types(types, now):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import heapq
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
 from jobmesh.coordinator.figures import Counters
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 RETRY_MILLIS = 1000  # WORK_FAIL, a lost worker or an expired deadline: again after 1 s (periodicd)
 MAX_TOKENS = 4096  # grab tokens one Periodic worker may hold
+MAX_FUNCS = 10_000  # funcs one Periodic connection may declare (CAN_DO, BROADCAST)
+FORGET_PER_SWEEP = 10_000  # idle funcs forgotten by one sweep at most (the rest by the next)
 MAX_DELAY_SECONDS = 10 * 366 * 86400  # SCHED_LATER delays are capped at ten years
 REJECTED = b"rejected: the coordinator is at its active-job limit"  # SUBMIT_JOB / RUN_JOB at admission
 TOO_LATE = b"rejected: sched_at must be before the year 10000"
@@ -100,14 +103,19 @@ def _as_text(raw: bytes) -> tuple[str, bool]:
 class PeriodicJobs:
     """The core's Periodic requests and events; see the module docstring."""
 
-    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters) -> None:
+    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters,
+                 held_elsewhere: Callable[[str], bool] = lambda worker_id: False) -> None:
         self.table = table
+        self.held_elsewhere = held_elsewhere  # whether a live JSON worker session has that worker id
         self.timers = timers
         self.outbox = outbox
         self.counters = counters
         # Funcs, the live job of each (func, name), worker sessions by id and by
         # connection, and the funcs worth a dispatch pass.
         self.funcs: dict[str, PeriodicFunc] = {}
+        # Funcs that have had no worker and no live job since (core time), oldest first;
+        # an entry whose func got a worker or a job since is skipped when it comes due.
+        self.idle: OrderedDict[str, int] = OrderedDict()
         self.named: dict[tuple[str, str], str] = {}
         self.workers: dict[str, PeriodicSession] = {}
         self.conns: dict[OutboundConnection, PeriodicSession] = {}
@@ -175,7 +183,7 @@ class PeriodicJobs:
                 del self.named[key]
             self.waits.fire(job, target, now_millis)
             if not pf.ids:
-                self._forget_if_idle(job.task_type)
+                self._note_idle(job.task_type, now_millis)
         elif not waits_lock:
             self._enter(job, pf)
 
@@ -215,14 +223,35 @@ class PeriodicJobs:
             pf = self.funcs[func] = PeriodicFunc()
         return pf
 
-    def _forget_if_idle(self, func: str) -> None:
-        """A func no connected worker declares and no live job belongs to is forgotten
-        (periodicd keeps it until DROP_FUNC; docs/PERIODIC.md). Waiters are kept by
-        (func, name), not by func, so one waiting for the next job holds nothing here."""
+    def _note_idle(self, func: str, now_millis: int) -> None:
+        """A func no connected worker declares and no live job belongs to stays in STATUS
+        (clients poll it for a func's counts to reach 0) until ``forget_idle`` forgets it,
+        --periodic-forget-idle-millis later, or a DROP_FUNC; docs/PERIODIC.md."""
         pf = self.funcs.get(func)
         if pf is not None and not pf.workers and not pf.ids:
-            del self.funcs[func]
-            self._ready.discard(func)
+            self.idle[func] = now_millis
+            self.idle.move_to_end(func)
+
+    def forget_idle(self, now_millis: int) -> None:
+        """The sweep's step: forget the funcs idle for --periodic-forget-idle-millis, so
+        funcs declared by workers that left, or whose jobs ended, do not grow memory and
+        STATUS for good. Waiters are kept by (func, name), not by func, so one waiting for
+        the next job of a func holds nothing here."""
+        idle = self.idle
+        limit = now_millis - self.table.config.periodic_forget_idle_millis
+        for _ in range(min(len(idle), FORGET_PER_SWEEP)):
+            func, since = next(iter(idle.items()))
+            if since > limit:
+                break
+            del idle[func]
+            pf = self.funcs.get(func)
+            if pf is not None and not pf.workers and not pf.ids:
+                self._forget(func)
+
+    def _forget(self, func: str) -> None:
+        del self.funcs[func]
+        self.idle.pop(func, None)
+        self._ready.discard(func)
 
     def _enter(self, job: Job, pf: PeriodicFunc) -> None:
         """A Periodic job is pending (again, or with a new sched time): index it."""
@@ -254,8 +283,11 @@ class PeriodicJobs:
     def _session(self, conn: OutboundConnection, now_millis: int) -> PeriodicSession:
         session = self.conns.get(conn)
         if session is None:
-            self._session_seq += 1
-            session = PeriodicSession("periodic-%d" % self._session_seq, conn, now_millis)
+            worker_id = ""
+            while not worker_id or self.held_elsewhere(worker_id):  # one namespace of worker ids
+                self._session_seq += 1
+                worker_id = "periodic-%d" % self._session_seq
+            session = PeriodicSession(worker_id, conn, now_millis)
             self.conns[conn] = session
             self.workers[session.worker_id] = session
         session.last_heartbeat = now_millis
@@ -378,7 +410,12 @@ class PeriodicJobs:
                 pf = self.funcs.get(func)
                 if pf is not None and session in pf.workers:
                     pf.workers.remove(session)
-                    self._forget_if_idle(func)
+                    self._note_idle(func, now_millis)
+        elif func not in session.funcs and len(session.funcs) >= MAX_FUNCS:
+            log.warning("refused periodic %s of func %r worker=%s: a connection may declare %d funcs at most",
+                        type(msg).__name__, func, session.worker_id, MAX_FUNCS)
+            self.outbox.send(conn, pc.encode_no_worker(msg.msgid))
+            return
         else:
             pf = self._func(func)
             pf.broadcast = pf.broadcast or type(msg) is pc.Broadcast
@@ -557,8 +594,8 @@ class PeriodicJobs:
             self.table.transition(job, JobState.QUEUED, now_millis, event="RESCHEDULED")
 
     def _drop_func(self, now_millis: int, func: str) -> None:
-        """DROP_FUNC: with no worker declaring it, all its jobs go (and with the last one
-        the func)."""
+        """DROP_FUNC: with no worker declaring it, all its jobs go, and the func with them
+        at once."""
         pf = self.funcs.get(func)
         if pf is None or pf.workers:
             return
@@ -567,6 +604,8 @@ class PeriodicJobs:
             if job is not None:
                 job.error = "removed by a Periodic client (DROP_FUNC)"
                 self.table.transition(job, JobState.CANCELLED, now_millis)
+        if not pf.ids:
+            self._forget(func)
 
     def status(self, now_millis: int, msgid: int) -> bytes:
         """STATUS: one line per func from the per-func figures (PERIODIC.md 7.4)."""
@@ -736,7 +775,7 @@ class PeriodicJobs:
             pf = self.funcs.get(func)
             if pf is not None and session in pf.workers:
                 pf.workers.remove(session)
-                self._forget_if_idle(func)
+                self._note_idle(func, now_millis)
         session.tokens.clear()
         if session.running:
             self.counters.workers_lost += 1

@@ -31,8 +31,9 @@ Security, both off unless configured (docs/PERIODIC.md, "Keys and tokens"): with
 connection is a ``SealedPeriodicConn``, whose reads are opened and writes sealed. With
 ``--auth-file`` (``guard``), types 3 and 4 carry a token's name and text: a worker token
 for 4, a client or admin token for 3 (a reader token may only PING and STATUS); a wrong
-one, or a plain 1 or 2 from a peer that did not pass the RSA handshake, is closed
-without a reply. A token's ``taskTypes`` limit the funcs its client submits, runs,
+one, or a plain 1 or 2, is closed without a reply, whether or not the RSA handshake came
+first: as aio-periodic speaks it, the handshake shows the coordinator to the peer but
+proves nothing about the peer (anyone who holds the two public keys completes it). A token's ``taskTypes`` limit the funcs its client submits, runs,
 removes or drops, and its worker declares. A refused command gets NO_WORKER, as
 periodicd answers it.
 """
@@ -272,19 +273,17 @@ class PeriodicPort:
         log.info("reloaded periodic authorized keys %s: keys=%d closed_connections=%d", keys.authorized_path,
                  len(keys.authorized), len(gone))
 
-    def _admit(self, reg: pc.Registration, conn: PeriodicConn, secured: bool) -> frozenset | None:
+    def _admit(self, reg: pc.Registration, conn: PeriodicConn) -> frozenset | None:
         """What the registered connection may not send, or None: close it without a reply
         (after the guard's delay, for an address that keeps failing)."""
         worker = reg.kind == pc.ConnType.WORKER
         guard = self.guard
-        if guard is None or (reg.token is None and secured):
-            # No tokens (types 3 and 4 are then a client and a worker, as periodicd takes
-            # them without --auth-file), or a peer whose key the RSA handshake accepted.
+        if guard is None:  # no tokens: types 3 and 4 are a client and a worker, as periodicd takes them
             return REFUSED_TO_WORKER if worker else REFUSED_TO_CLIENT
         host = str(conn.addr[0])
-        if reg.token is None:
-            log.warning("closing periodic connection peer=%s:%s: a registration without a token needs the "
-                        "RSA handshake when tokens are on", *conn.addr[:2])
+        if reg.token is None:  # the RSA handshake, if any, vouches only for the coordinator
+            log.warning("closing periodic connection peer=%s:%s: tokens are on, and a registration without one "
+                        "(type 1 or 2) is refused, after the RSA handshake too", *conn.addr[:2])
             guard.failed(host)
             identity = None
         else:
@@ -364,7 +363,7 @@ class PeriodicPort:
             if body is None:
                 return
             registration = pc.decode_handshake(body)
-            refused = self._admit(registration, conn, self.keys is not None)
+            refused = self._admit(registration, conn)
             if refused is None:
                 return
             conn.kind = int(registration.kind)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import time
+from unittest.mock import ANY
 
 import pytest
 
@@ -132,11 +133,67 @@ def test_hostile_bytes_close_only_that_connection(coord, hostile):
     assert client_ops(coord.periodic_addr, ["ping"]) == [True]
 
 
-def test_funcs_of_workers_that_left_are_forgotten(coord):
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One coordinator with its Periodic port, for the tests below that each use funcs of
+    their own (so they share it)."""
+    from tests.helpers import CoordinatorProc
+
+    proc = CoordinatorProc(tmp_path_factory.mktemp("periodic"), periodic_port=0)
+    proc.start()
+    yield proc
+    proc.cleanup()
+
+
+def test_status_lists_a_func_with_zero_counts_until_drop_func(shared, periodic_peers):
+    addr = shared.periodic_addr
+    # Given a worker of the func, and two jobs it ran
+    worker = periodic_peers(addr, "zero")
+    assert client_ops(addr, ["submit", "zero", "a", "x", 0, 0], ["run", "zero", "b", "y", 10])[1] == {
+        "data": "done:y", "seconds": ANY}
+    wait_until(lambda: job_named(shared, "zero", "a")["state"] == "COMPLETED", timeout=10)
+    # When the worker leaves, its jobs done
+    worker.kill()
+    watcher = RawPeriodic(addr)
+    wait_until(lambda: watcher.status()["zero"].workers == 0 and watcher.status()["zero"].jobs == 0, timeout=10,
+               message="the func's counts at 0")
+    # Then an aio-periodic client still finds the func, with zero counts (as periodicd lists it)
+    [status] = client_ops(addr, ["status"])
+    assert (status["zero"]["worker_count"], status["zero"]["job_count"], status["zero"]["processing"]) == (0, 0, 0)
+    # And DROP_FUNC forgets it at once
+    assert client_ops(addr, ["drop", "zero"], ["status"])[1].get("zero") is None
+    assert "zero" not in watcher.status()
+    watcher.close()
+
+
+def test_a_connection_declares_at_most_ten_thousand_funcs(shared):
+    # Given a worker that declared 10,000 funcs
+    worker = RawPeriodic(shared.periodic_addr, pc.ConnType.WORKER)
+    for i in range(10_000):
+        worker.send(pc.CanDo(worker.next_msgid(), b"many-%d" % i))
+    assert {type(worker.reply()) for _ in range(10_000)} == {pc.Success}
+    # When it declares one more (CAN_DO or BROADCAST), it is refused with NO_WORKER
+    assert worker.request(pc.CanDo(worker.next_msgid(), b"many-more")) == pc.NoWorker(worker.msgid)
+    assert worker.request(pc.Broadcast(worker.next_msgid(), b"many-more")) == pc.NoWorker(worker.msgid)
+    # Then the connection goes on (one it declared already is fine), and says why in the log
+    assert worker.request(pc.CanDo(worker.next_msgid(), b"many-1")) == pc.Success(worker.msgid)
+    assert worker.ping() and "many-more" not in RawPeriodic(shared.periodic_addr).status()
+    assert "a connection may declare 10000 funcs at most" in shared.stderr()
+    worker.close()
+
+
+def test_funcs_idle_for_the_forget_time_are_forgotten(coordinator_factory, periodic_peers):
+    coord = coordinator_factory(periodic_port=0, periodic_forget_idle_millis=300)
     # Given STATUS as it is, and a client's job of a func no worker declares
     watcher = RawPeriodic(coord.periodic_addr)
     watcher.request(pc.SubmitJob(watcher.next_msgid(), pc.Job(b"kept", b"a", b"", int(time.time()) + 600, 0, 0)))
     baseline = watcher.status()
+    # When an aio-periodic worker runs a job of its func and leaves, the func goes after its idle time
+    worker = periodic_peers(coord.periodic_addr, "brief")
+    assert client_ops(coord.periodic_addr, ["run", "brief", "b", "x", 10])[0]["data"] == "done:x"
+    worker.kill()
+    wait_until(lambda: "brief" not in watcher.status(), timeout=10, message="the idle func forgotten")
+    assert "brief" not in client_ops(coord.periodic_addr, ["status"])[0]
     # When workers declare thousands of funcs and leave
     for n in range(3):
         worker = RawPeriodic(coord.periodic_addr, pc.ConnType.WORKER)
@@ -146,7 +203,37 @@ def test_funcs_of_workers_that_left_are_forgotten(coord):
         assert {type(worker.reply()) for _ in range(1001)} == {pc.Success}  # every CAN_DO applied
         assert len(watcher.status()) >= len(baseline) + 1000  # this worker's funcs are listed
         worker.close()
-    # Then STATUS is back to what it was: only the func with a job is left, without workers
+    # Then, once they have been idle for --periodic-forget-idle-millis, STATUS is back to what
+    # it was: only the func with a job is left, without workers
     wait_until(lambda: watcher.status() == baseline, timeout=10, message="STATUS back to its baseline")
     assert baseline["kept"].workers == 0 and baseline["kept"].jobs == 1
     watcher.close()
+
+
+def test_worker_ids_are_one_namespace_across_the_ports(shared, periodic_peers):
+    from tests.helpers import RegistrationRefused, ScriptedWorker
+
+    # Given an aio-periodic worker running a job, on WORKER_LIST as a Periodic session
+    periodic_peers(shared.periodic_addr, "ids", "hang")
+    assert client_ops(shared.periodic_addr, ["submit", "ids", "a", "x", 0, 0]) == [True]
+    wait_until(lambda: job_named(shared, "ids", "a")["state"] == "RUNNING", timeout=10)
+    held = job_named(shared, "ids", "a")["workerId"]
+    # When a JSON worker registers under that session's id
+    impostor = ScriptedWorker(shared.worker_addr, held)
+    with pytest.raises(RegistrationRefused) as refused:
+        impostor.register()
+    impostor.close()
+    # Then it is refused with a clear ERROR, and WORKER_LIST still shows one worker of that id
+    assert refused.value.reply == {"type": "ERROR", "message": "worker id '%s' belongs to a live Periodic worker "
+                                   "session" % held}
+    assert [w["protocol"] for w in Client(shared.client_addr).workers() if w["workerId"] == held] == ["periodic"]
+    # And a Periodic session never takes the id of a live JSON worker
+    taken = "periodic-%d" % (int(held.rsplit("-", 1)[1]) + 1)
+    json_worker = ScriptedWorker(shared.worker_addr, taken)
+    json_worker.register()
+    later = RawPeriodic(shared.periodic_addr, pc.ConnType.WORKER)
+    assert later.request(pc.CanDo(later.next_msgid(), b"ids-later")) == pc.Success(later.msgid)
+    ids = [w["workerId"] for w in Client(shared.client_addr).workers()]
+    assert ids.count(taken) == 1 and len(ids) == len(set(ids))
+    later.close()
+    json_worker.close()

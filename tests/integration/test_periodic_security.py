@@ -352,28 +352,94 @@ def test_task_types_limit_a_tokens_funcs(coordinator_factory, tokens):
         assert client.request(msg) == pc.NoWorker(msg.msgid), msg
 
 
-def test_tokens_and_keys_together(coordinator_factory, tokens, pki):
-    coord = coordinator_factory(periodic_port=0, auth_file=tokens.path, periodic_key=pki.server_private,
-                                periodic_authorized_keys=pki.authorized)
-    addr = coord.periodic_addr
-    # A peer that passed the RSA handshake registers as 1 or 2 without a token, in any mode
-    for mode in MODES.values():
-        for kind in (pc.ConnType.CLIENT, pc.ConnType.WORKER):
-            assert RawPeriodic(addr, kind, secure=RsaPeer(pki.client, pki.server_public, mode)).ping()
-    # or with one; a wrong token is closed there too
-    assert auth(addr, pc.ConnType.WORKER, "p-worker", tokens.worker, RsaPeer(pki.worker, pki.server_public, 2)).ping()
-    assert refused(addr, pc.encode_handshake(pc.ConnType.CLIENT, b"p-client", b"wrong"),
-                   RsaPeer(pki.client, pki.server_public, 2))
-    # aio-periodic's echo worker and client run as in its CI
-    env = env_for("AES", pki, pki.client)
-    worker = EchoPeer("worker", addr, env)
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory, pki):
+    """One coordinator with tokens and the RSA handshake both on (``coord``), and a worker
+    and a client token of its auth file (``worker``, ``client``, as bytes)."""
+    from jobmesh.auth import new_token
+    from tests.helpers import CoordinatorProc
+
+    d = tmp_path_factory.mktemp("guarded")
+    path = d / "auth.toml"
+    made = {role: new_token(str(path), "g-" + role, role).encode() for role in ("worker", "client")}
+    proc = CoordinatorProc(d, periodic_port=0, auth_file=path, periodic_key=pki.server_private,
+                           periodic_authorized_keys=pki.authorized)
+    proc.start()
+    yield SimpleNamespace(coord=proc, **made)
+    proc.cleanup()
+
+
+def closed_without_a_reply(sock: socket.socket) -> bool:
+    sock.settimeout(10)
     try:
-        assert worker.next() == {"ready": True}
-        client = EchoPeer("client", addr, env)
-        assert client.next(60)[:3] == [True, True, "test_echo"]
-        client.kill()
-    finally:
-        worker.kill()
+        return sock.recv(4096) == b""
+    except ConnectionResetError:  # closed with our pipelined frames unread
+        return True
+
+
+def outsiders_handshake(sock: socket.socket, pki) -> None:
+    """Periodic's RSA handshake as an outsider completes it holding no private key: only the
+    coordinator's public key and an authorized peer's, both public by nature. It names the
+    peer's fingerprint, cannot open the answer (sealed for the peer) and ignores it, and
+    chooses Plain."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    server = serialization.load_pem_public_key(pki.server_public.read_bytes())
+    peer = serialization.load_pem_public_key((pki.authorized / "client.pem").read_bytes())
+    oaep = padding.OAEP(mgf=padding.MGF1(algorithm=hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
+    sock.sendall(server.encrypt(RsaPeer.fingerprint(peer), oaep))
+    answer = b""
+    while len(answer) < peer.key_size // 8:
+        data = sock.recv(4096)
+        assert data, "closed during the handshake"
+        answer += data
+    sock.sendall(server.encrypt(bytes([MODES["Plain"]]), oaep))
+
+
+def test_the_rsa_handshake_alone_admits_no_one(guarded, pki):
+    addr = guarded.coord.periodic_addr
+    job = pc.Job(b"stolen", b"j1", b"x", 0, 0, 0)
+    for kind in (pc.ConnType.CLIENT, pc.ConnType.WORKER):
+        # Given an outsider through the RSA handshake with only public keys
+        sock = socket.create_connection(addr, timeout=10)
+        try:
+            outsiders_handshake(sock, pki)
+            # When it registers without a token (type 1 or 2) and submits and dumps at once
+            sock.sendall(pc.encode_handshake(kind) + pc.encode_request(pc.SubmitJob(1, job))
+                         + pc.encode_request(pc.Dump(2)))
+            # Then it is closed without a reply
+            assert closed_without_a_reply(sock), kind
+        finally:
+            sock.close()
+    # And nothing it sent was applied
+    client = auth(addr, pc.ConnType.CLIENT, "g-client", guarded.client, RsaPeer(pki.client, pki.server_public, 0))
+    assert "stolen" not in client.status()
+    assert "a registration without one (type 1 or 2) is refused" in guarded.coord.stderr()
+
+
+def test_tokens_after_the_rsa_handshake(guarded, pki, echo_peers):
+    addr = guarded.coord.periodic_addr
+    # A peer that passed the RSA handshake registers with its token (3 or 4), in any mode
+    for mode in MODES.values():
+        assert auth(addr, pc.ConnType.WORKER, "g-worker", guarded.worker, RsaPeer(pki.worker, pki.server_public, mode)).ping()
+        assert auth(addr, pc.ConnType.CLIENT, "g-client", guarded.client, RsaPeer(pki.client, pki.server_public, mode)).ping()
+    # Without one (1 or 2) it is closed in every mode, the authorized key's true holder too;
+    # so is a wrong token
+    for mode, kind in ((0, pc.ConnType.CLIENT), (1, pc.ConnType.WORKER), (2, pc.ConnType.CLIENT)):
+        assert refused(addr, pc.encode_handshake(kind), RsaPeer(pki.client, pki.server_public, mode))
+    assert refused(addr, pc.encode_handshake(pc.ConnType.CLIENT, b"g-client", b"wrong"),
+                   RsaPeer(pki.client, pki.server_public, 2))
+    # aio-periodic's echo worker and client run as in its CI, registering with their tokens
+    def env(private, name: str, token: bytes) -> dict[str, str]:
+        return {**env_for("AES", pki, private), "PERIODIC_TOKEN_NAME": name, "PERIODIC_TOKEN": token.decode()}
+
+    worker = echo_peers("worker", addr, env(pki.worker, "g-worker", guarded.worker))
+    assert worker.next() == {"ready": True}
+    client = echo_peers("client", addr, env(pki.client, "g-client", guarded.client))
+    out = client.next(60)
+    assert out[:7] == [True, True, "test_echo", True, True, "test_echo3", True]
+    assert out[10:] == ["failed", {"error": "Exception: no worker"}, 100]
 
 
 def test_sighup_closes_the_connections_of_a_removed_token(coordinator_factory, tokens):

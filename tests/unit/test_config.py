@@ -208,6 +208,16 @@ def test_the_db_session_timeout_is_a_flag_up_passes_on():
         coord("--db-session-timeout-millis=10")
 
 
+def test_the_periodic_forget_idle_time_is_a_flag_up_passes_on():
+    from jobmesh.up import coordinator_argv, up_coordinator_config
+
+    assert coord().periodic_forget_idle_millis == 3_600_000
+    cfg = up_coordinator_config(parse(["up", "--periodic-forget-idle-millis=250"])[1])
+    assert cfg.periodic_forget_idle_millis == 250 and "--periodic-forget-idle-millis=250" in coordinator_argv(cfg)
+    with pytest.raises(ConfigError, match="--periodic-forget-idle-millis"):
+        coord("--periodic-forget-idle-millis=-1")
+
+
 def test_up_gives_its_coordinator_the_heartbeat_timeout_as_lease_grace_unless_told():
     from jobmesh.up import coordinator_argv, up_coordinator_config
 

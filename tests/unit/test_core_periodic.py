@@ -333,20 +333,30 @@ def test_a_sched_at_in_the_year_10000_is_refused():
     assert h.job() is None
 
 
-def test_a_json_worker_named_like_a_periodic_session_keeps_its_own_slots():
+def test_worker_ids_are_one_namespace_for_json_workers_and_periodic_sessions():
     from jobmesh.protocol import messages as m
     h = H()
+    # A JSON worker registered as "periodic-1": the first Periodic session skips that id
     json_conn = Conn("json")
     h.apply(T0, ev.Registered(json_conn, m.WorkerRegister("periodic-1", 4, None)))
     h.end_batch(T0)
     h.submit(T0)
     w = Conn("w")
-    [assign] = assigns(h.worker(T0, w))  # the Periodic session is "periodic-1" too
+    [assign] = assigns(h.worker(T0, w))
     job = h.job()
-    assert job.worker_id == "periodic-1" and h.core.running_attempts == 1
+    assert job.worker_id == "periodic-2" and h.core.running_attempts == 1
     h.send(T0, w, pc.WorkDone(9, pc.Handle(b"f", b"a"), b"ok"))
     assert job.state is JobState.COMPLETED
     assert h.core.running_attempts == 0  # the Periodic session let go of it: a drain ends at once
+    # A JSON worker may not register under a live Periodic session's id
+    other = Conn("json2")
+    h.apply(T0, ev.Registered(other, m.WorkerRegister("periodic-2", 4, None)))
+    assert h.end_batch(T0) == [(other, m.Error("worker id 'periodic-2' belongs to a live Periodic worker session")),
+                               (other, None)]
+    # Once that session has ended, the id is free
+    h.core.periodic.on_closed(T0, w)
+    h.apply(T0, ev.Registered(other, m.WorkerRegister("periodic-2", 4, None)))
+    assert h.end_batch(T0) == [(other, m.WorkerRegistered("periodic-2"))]
 
 
 def test_a_func_holding_a_status_separator_is_refused_and_status_stays_parseable():
@@ -371,9 +381,10 @@ def test_sizes_count_the_live_jobs_and_funcs_a_dump_or_status_walks():
     assert h.core.periodic.sizes() == (2, 2)
 
 
-def test_a_func_without_worker_or_live_job_is_forgotten():
+def test_a_func_without_worker_or_live_job_stays_listed_until_it_has_been_idle_long_enough():
+    forget = 60_000
+    h = H(periodic_forget_idle_millis=forget)
     # Given many workers that each declared funcs of their own and then left
-    h = H()
     baseline = h.core.periodic.status(T0, 1)
     for i in range(50):
         w = Conn("w%d" % i)
@@ -384,18 +395,70 @@ def test_a_func_without_worker_or_live_job_is_forgotten():
     for session in list(h.core.periodic.workers.values()):
         h.apply(T0, ev.PeriodicClosed(session.conn))
         h.finish(T0)
-    # Then STATUS is back to what it was before any of them came
+    # Then STATUS lists them with zero counts (periodicd's clients poll for that)
+    rows = h.status(T0)
+    assert len(rows) == 50 * 20 + 1 and all((r.workers, r.jobs) == (0, 0) for r in rows)
+    # until they have been idle for --periodic-forget-idle-millis, when a sweep forgets them
+    h.core.sweep(T0 + forget - 1)
+    assert len(h.status(T0 + forget - 1)) == 50 * 20 + 1
+    h.core.sweep(T0 + forget)
     assert h.core.periodic.status(T0, 1) == baseline and h.core.periodic.sizes() == (0, 0)
 
     # A func with a live job stays while the job lives, with or without a worker
-    h.submit(T0, func="g", name="a")
-    assert [(row.func, row.workers, row.jobs) for row in h.status(T0)] == [(b"g", 0, 1)]
+    t = T0 + forget
+    h.submit(t, func="g", name="a")
     w = Conn("wg")
-    assert len(assigns(h.worker(T0, w, func="g"))) == 1
-    h.send(T0, w, pc.CantDo(3, b"g"))  # no worker declares it now, but its job runs
-    assert [(row.func, row.workers, row.processing) for row in h.status(T0)] == [(b"g", 0, 1)]
-    h.send(T0, w, pc.WorkDone(4, pc.Handle(b"g", b"a"), b"ok"))
-    assert h.status(T0) == [] and h.job(func="g") is None
-    # And a worker declaring it again brings it back
-    h.send(T0, w, pc.CanDo(5, b"g"))
-    assert [(row.func, row.workers, row.jobs) for row in h.status(T0)] == [(b"g", 1, 0)]
+    assert len(assigns(h.worker(t, w, func="g"))) == 1
+    h.send(t, w, pc.CantDo(3, b"g"))  # no worker declares it now, but its job runs
+    h.core.periodic.forget_idle(t + 2 * forget)
+    assert [(row.func, row.workers, row.processing) for row in h.status(t)] == [(b"g", 0, 1)]
+    # and its idle time starts when the job ends
+    t += 2 * forget
+    h.send(t, w, pc.WorkDone(4, pc.Handle(b"g", b"a"), b"ok"))
+    assert [(row.func, row.workers, row.jobs) for row in h.status(t)] == [(b"g", 0, 0)]
+    h.core.periodic.forget_idle(t + forget - 1)
+    assert [row.func for row in h.status(t)] == [b"g"]
+    # A worker declaring it meanwhile keeps it, however long
+    h.send(t + 1, w, pc.CanDo(5, b"g"))
+    h.core.periodic.forget_idle(t + 3 * forget)
+    assert [(row.func, row.workers, row.jobs) for row in h.status(t)] == [(b"g", 1, 0)]
+    # Once that worker leaves too, the func goes after its own idle time
+    h.core.periodic.on_closed(t + 3 * forget, w)
+    h.core.periodic.forget_idle(t + 4 * forget - 1)
+    assert [row.func for row in h.status(t)] == [b"g"]
+    h.core.periodic.forget_idle(t + 4 * forget)
+    assert h.status(t) == []
+
+
+def test_drop_func_forgets_a_func_at_once():
+    h = H()
+    # A func a worker declared and left, and one whose jobs all ended
+    w = Conn("w")
+    h.send(T0, w, pc.CanDo(1, b"gone"))
+    h.core.periodic.on_closed(T0, w)
+    h.submit(T0, func="done", name="a")
+    h.send(T0, Conn("c"), pc.RemoveJob(2, pc.Handle(b"done", b"a")))
+    assert [(row.func, row.jobs) for row in h.status(T0)] == [(b"done", 0), (b"gone", 0)]
+    # DROP_FUNC forgets each at once, without waiting for the idle time
+    for func in (b"gone", b"done"):
+        assert [type(msg) for _, msg in h.send(T0, Conn("c"), pc.DropFunc(3, func))] == [pc.Success]
+    assert h.status(T0) == [] and h.core.periodic.sizes() == (0, 0) and not h.core.periodic.idle
+
+
+def test_a_connection_declares_at_most_max_funcs():
+    from jobmesh.coordinator.periodic_jobs import MAX_FUNCS
+
+    h = H()
+    w = Conn("w")
+    for i in range(MAX_FUNCS):
+        h.apply(T0, ev.PeriodicPacket(w, pc.CanDo(i, b"f-%d" % i)))
+    assert {type(msg) for _, msg in h.finish(T0)} == {pc.Success}
+    # One more is refused with NO_WORKER, by CAN_DO or BROADCAST; declaring one it has is fine
+    assert [msg for _, msg in h.send(T0, w, pc.CanDo(1, b"one-more"))] == [pc.NoWorker(1)]
+    assert [msg for _, msg in h.send(T0, w, pc.Broadcast(2, b"one-more"))] == [pc.NoWorker(2)]
+    assert [msg for _, msg in h.send(T0, w, pc.CanDo(3, b"f-7"))] == [pc.Success(3)]
+    assert len(h.status(T0)) == MAX_FUNCS
+    # After a CANT_DO it may declare another; another connection has its own count
+    h.send(T0, w, pc.CantDo(4, b"f-7"))
+    assert [msg for _, msg in h.send(T0, w, pc.CanDo(5, b"one-more"))] == [pc.Success(5)]
+    assert [msg for _, msg in h.send(T0, Conn("w2"), pc.CanDo(6, b"other"))] == [pc.Success(6)]
