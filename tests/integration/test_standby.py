@@ -335,8 +335,8 @@ def test_up_stands_by_then_starts_its_workers_and_comes_back_after_losing_the_le
         with CoordinatorClient(client_target, timeout=30) as client:
             assert client.wait(client.submit("WORD_COUNT", {"text": "one"}), timeout=30)["state"] == "COMPLETED"
 
-            # (and a job with CLI waits pending, given up's one address)
-            pending = client.submit("SLEEP", {"durationMillis": 2000})
+            # (and a job with CLI waits pending, given up's one address; it is not due before the test ends it)
+            pending = client.submit("SLEEP", {"durationMillis": 1}, run_at=time.time() + 86400)
             waiters.extend(cli_wait(pending, client_target) for _ in range(2))
             wait_until(lambda: client.stats().waits == 2, timeout=30, message="the CLI waits held")
 
@@ -346,11 +346,12 @@ def test_up_stands_by_then_starts_its_workers_and_comes_back_after_losing_the_le
         wait_until(lambda: out_path.read_text().count("listening") == 2, timeout=TAKEOVER, message="listening again")
         with CoordinatorClient(client_target, timeout=30) as client:
             assert client.wait(client.submit("WORD_COUNT", {"text": "two"}), timeout=30)["state"] == "COMPLETED"
-        # ... and the waits, sent again to it on the same address, printed the job's end
+            assert client.cancel(pending)[0]
+        # ... and the waits, sent again to it on the same address, printed the job's end (exit 1: CANCELLED)
         for waiter in waiters:
             out, err = waiter.communicate(timeout=TAKEOVER)
-            assert waiter.returncode == 0, err
-            assert json.loads(out)["state"] == "COMPLETED"
+            assert waiter.returncode == 1 and "ended CANCELLED" in err, err
+            assert json.loads(out)["state"] == "CANCELLED"
     finally:
         for waiter in waiters:
             if waiter.poll() is None:
