@@ -9,16 +9,22 @@ What each failure means for the caller (the error tree is in jobmesh/errors.py):
 
 - ``CoordinatorUnavailable``: connecting failed (to every address), the connection broke
   mid-request, the reply timed out or made no sense. The outcome is unknown (a submit may
-  have created a job), so only requests that are safe to repeat are sent again, once, on
-  a fresh connection: reads (status, listings, waits, stats...) and submits that carry an
-  ``idempotency_key`` (the coordinator answers a repeated key with the job it made). They
-  go again when a reused connection was found dead, or, given several addresses, when
-  the connection was lost or the reply timed out; then, while no address answers, the
-  client goes round the list again with backoff for up to ``failover_timeout``. Other requests (a submit without a
-  key, cancel, retry, purge, schedule changes) are not repeated; except that any request
-  goes on a fresh connection when the coordinator closed the connection after refusing
-  the previous request (it reads nothing more there, so this one was never read, or not
-  even sent). The socket is discarded; the next call reconnects.
+  have created a job), so only requests that are safe to repeat are sent again: reads
+  (status, listings, waits, stats...) and submits that carry an ``idempotency_key`` (the
+  coordinator answers a repeated key with the job it made). These ride through a restart
+  or a takeover: when the connection is lost (closed or reset) the request goes again on
+  a fresh connection, from the next address round the list (the same one when it is the
+  only one: a restarted coordinator comes back on it), and while no address takes the
+  connection the client tries again with backoff, for up to ``failover_timeout`` seconds
+  after each loss. A reply that timed out or made no sense sends them again as well when
+  the connection was reused or there are several addresses. A coordinator that closes
+  fresh connections on the request at once, before answering anything (a TLS port does so
+  to a plaintext client), is sent it ``DROPS_AT_ONCE`` times in all. Other requests (a
+  submit without a key, cancel, retry, purge, schedule changes) are not repeated; except
+  that any request goes on a fresh connection when the coordinator closed the connection
+  after refusing the previous request (it reads nothing more there, so this one was never
+  read, or not even sent). The socket is discarded; the next call reconnects. No other
+  class of it is raised.
 - ``RequestFailed``: the coordinator answered ERROR (unknown job, invalid payload,
   idempotency conflict). The next call works, on this connection or a fresh one.
 - ``TypeError``: an argument has a type the coordinator would refuse (``payload`` not a
@@ -51,7 +57,7 @@ import ssl
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 from zoneinfo import ZoneInfo
 
 from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, first_reachable, joined, parse_addresses
@@ -66,9 +72,12 @@ DEFAULT_PORT = 7071
 COORDINATOR_ENV = "JOBMESH_COORDINATOR"  # the addresses when the caller names none, as for the CLI
 RETRY_BASE = 0.05
 RETRY_CAP = 2.0
-# Given several addresses, how long a request safe to repeat whose connection was lost
-# keeps going round the list for a coordinator to answer (a standby taking over).
+# How long after a lost connection a request safe to repeat keeps trying the addresses
+# for a coordinator to answer it (a restart, or a standby taking over).
 FAILOVER_TIMEOUT = 30.0
+# Connections in a row closed on a request at once, before any answer, after which it is
+# not sent again: the coordinator will not take it.
+DROPS_AT_ONCE = 3
 WAIT_CHUNK_MILLIS = 60_000  # one WAIT_JOB waits at most this long; ``wait`` asks again after it
 _TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -77,7 +86,12 @@ _MILLISECOND = timedelta(milliseconds=1)
 
 class _ClosedUnanswered(CoordinatorUnavailable):
     """The coordinator closed the connection without answering the request (EOF, or a
-    reset or broken pipe: what a closed peer answers data with)."""
+    reset or broken pipe: what a closed peer answers data with). ``at_once``: on a
+    connection that had answered nothing, right after the request was sent."""
+
+    def __init__(self, message: str, at_once: bool):
+        super().__init__(message)
+        self.at_once = at_once
 
 
 class _NotConnected(CoordinatorUnavailable):
@@ -162,8 +176,8 @@ class CoordinatorClient:
     else 127.0.0.1. ``ValueError`` for an address that is not HOST:PORT (an IPv6 host in
     brackets: ``[::1]:7071``). ``connect_timeout`` (per address), ``timeout`` and
     ``failover_timeout`` are seconds: ``timeout`` bounds each reply, and
-    ``failover_timeout`` how long a request safe to repeat whose connection was lost
-    waits for one of several addresses to answer before ``CoordinatorUnavailable``.
+    ``failover_timeout`` how long after a lost connection a request safe to repeat
+    waits for an address to take it again before ``CoordinatorUnavailable``.
     ``token``: for a coordinator with ``--auth-file``, sent as AUTH first on each
     connection; a refused token raises ``RequestFailed("authentication failed")``.
     Without one, such a coordinator answers ``authentication required``.
@@ -208,6 +222,7 @@ class CoordinatorClient:
         self._reader: FrameReader | None = None
         self._lock = threading.RLock()  # re-entered when a fresh connection authenticates (close on a bad reply)
         self._refused = False  # the last reply was an ERROR (after which the coordinator may close)
+        self._answered = False  # the connection has carried a reply
         self.schedules = Schedules(self)
 
     def __enter__(self) -> "CoordinatorClient":
@@ -360,18 +375,25 @@ class CoordinatorClient:
         passes, ``WaitTimeout`` (a ``TimeoutError``) is raised with the snapshot as it
         stood. ``RequestFailed`` for an unknown id. The reply timeout of each request is
         its wait plus the client's ``timeout``; meanwhile other threads sharing this
-        client wait for the socket.
+        client wait for the socket. A wait rides through its coordinator's restart or a
+        standby's takeover (``failover_timeout``), asking again for the time left.
         """
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
-        while True:
-            chunk, last = WAIT_CHUNK_MILLIS, False
+        last = False  # whether the request made last asks for all the time left
+
+        def ask() -> m.WaitJob:
+            # Made anew for each sending, so that one sent again after a lost connection
+            # asks for the time left then.
+            nonlocal last
+            chunk = WAIT_CHUNK_MILLIS
             if deadline is not None:
                 left = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-                if left <= WAIT_CHUNK_MILLIS:
-                    chunk, last = left, True
-            reply = self._request(m.WaitJob(job_id, chunk), m.JobStatus, idempotent=True,
-                                  reply_timeout=chunk / 1000.0 + self.timeout)
-            job = reply.job
+                last = left <= WAIT_CHUNK_MILLIS
+                chunk = min(chunk, left)
+            return m.WaitJob(job_id, chunk)
+
+        while True:
+            job = self._request(ask, m.JobStatus, idempotent=True).job
             if job.get("state") in _TERMINAL_NAMES:
                 return job
             if last:
@@ -385,55 +407,83 @@ class CoordinatorClient:
 
     # ---- transport --------------------------------------------------------------------
 
-    def _request(self, request: m.Message, expect: type, idempotent: bool = False,
-                 reply_timeout: float | None = None) -> Any:
-        """One request, one reply; ``reply_timeout`` (seconds) replaces ``timeout`` for it."""
+    def _request(self, request: m.Message | Callable[[], m.Message], expect: type, idempotent: bool = False) -> Any:
+        """One request, one reply (``request`` may be a function that makes it, called
+        again for each sending). Only the public ``CoordinatorUnavailable`` leaves here."""
+        make: Callable[[], m.Message] = request if callable(request) else (lambda: request)
         with self._lock:
-            after_refusal = self._refused
-            if after_refusal and self._sock is not None and self._peer_closed():
-                self._discard()  # closed after the refusal, and nothing sent yet: go on a fresh one
-            reused = self._sock is not None
-            # A request safe to repeat goes again once on a fresh connection when a reused
-            # socket had died while idle (e.g. the coordinator restarted), or, given several
-            # addresses, when the connection was lost (the next address may be a standby
-            # that has taken over); a write's outcome is unknown, so it does not.
-            again = idempotent and (reused or len(self.addresses) > 1)
             try:
-                obj = self._exchange(request, reply_timeout)
-            except _NotConnected:
-                raise  # nothing was sent, and every address was tried
-            except _ClosedUnanswered:
-                # The coordinator closes a connection right after refusing a malformed
-                # request and reads nothing more on it; a close seen after an ERROR is that
-                # one, so the request was never read and any request goes again.
-                if not (again or (reused and after_refusal)):
+                sent, obj = self._send(make, idempotent)
+            except CoordinatorUnavailable as exc:
+                if type(exc) is CoordinatorUnavailable:
                     raise
-                obj = self._resend(request, reply_timeout)
-            except CoordinatorUnavailable:
-                if not again:
-                    raise
-                obj = self._resend(request, reply_timeout)
+                raise CoordinatorUnavailable(str(exc)) from exc.__cause__ or exc
             self._refused = obj.get("type") == m.Error.TYPE
-        return self._reply(request, obj, expect)
+        return self._reply(sent, obj, expect)
 
-    def _resend(self, request: m.Message, reply_timeout: float | None) -> dict[str, Any]:
-        """Send ``request`` once more, on a fresh connection. Given several addresses, a
-        round in which none answers is followed by another, with ``submit_backoff``
-        between them, for up to ``failover_timeout`` seconds: a standby takes a moment to
-        take over from a leader that died. The request itself goes only once."""
+    def _send(self, make: Callable[[], m.Message], idempotent: bool) -> tuple[m.Message, dict[str, Any]]:
+        """The request sent and its reply, sent again where that is safe (module docstring)."""
+        after_refusal = self._refused
+        if after_refusal and self._sock is not None and self._peer_closed():
+            self._discard()  # closed after the refusal, and nothing sent yet: go on a fresh one
+        reused = self._sock is not None
+        request = make()
+        try:
+            return request, self._exchange(request)
+        except _NotConnected:
+            raise  # nothing was sent, and no address took the connection
+        except _ClosedUnanswered as exc:
+            # A request safe to repeat rides through the coordinator's going away (a restart,
+            # a takeover). The coordinator also closes a connection right after refusing a
+            # malformed request and reads nothing more on it; a close seen after an ERROR is
+            # that one, so the request was never read and any request goes again.
+            if not (idempotent or (reused and after_refusal)):
+                raise
+            return self._resend(make, idempotent, exc)
+        except CoordinatorUnavailable as exc:
+            # No reply in time, or none that made sense: a request safe to repeat goes again
+            # when a reused socket may have died while idle, or when another address may be
+            # a standby that has taken over; a write's outcome is unknown, so it does not.
+            if not (idempotent and (reused or len(self.addresses) > 1)):
+                raise
+            return self._resend(make, idempotent, exc)
+
+    def _resend(self, make: Callable[[], m.Message], ride: bool, lost: CoordinatorUnavailable
+                ) -> tuple[m.Message, dict[str, Any]]:
+        """Send the request again on a fresh connection, from the address after the one
+        lost (the same one when it is the only one: a restarted coordinator comes back
+        there). While no address takes the connection, it tries again with
+        ``submit_backoff`` between rounds, for up to ``failover_timeout`` seconds after
+        the loss. With ``ride`` (a request safe to repeat) a connection lost again is
+        another loss, which opens a window of its own, and the request goes again; except
+        that ``DROPS_AT_ONCE`` connections in a row that the coordinator closed on the
+        request at once, without having answered anything, end it: it will not take this
+        request (a TLS port drops a plaintext client so)."""
         deadline = time.monotonic() + self.failover_timeout
+        drops = 1 if isinstance(lost, _ClosedUnanswered) and lost.at_once else 0
         rounds = 0
         while True:
+            request = make()
             try:
-                self._connect()
-            except _NotConnected:
-                rounds += 1
-                pause = submit_backoff(rounds)
-                if len(self.addresses) == 1 or time.monotonic() + pause > deadline:
+                return request, self._exchange(request)
+            except _NotConnected as exc:
+                failure: CoordinatorUnavailable = exc
+            except _ClosedUnanswered as exc:
+                if not ride:
                     raise
-                time.sleep(pause)
-                continue
-            return self._exchange(request, reply_timeout)
+                failure = exc
+                if exc.at_once:
+                    drops += 1
+                    if drops >= DROPS_AT_ONCE:
+                        raise
+                else:
+                    drops = 0
+                    deadline = time.monotonic() + self.failover_timeout
+            rounds += 1
+            pause = submit_backoff(rounds)
+            if time.monotonic() + pause > deadline:
+                raise failure
+            time.sleep(pause)
 
     def _reply(self, request: m.Message, obj: dict[str, Any], expect: type) -> Any:
         """The reply ``obj`` to ``request`` if it is an ``expect``; else the error it means."""
@@ -451,34 +501,46 @@ class CoordinatorClient:
         self.close()
         raise CoordinatorUnavailable("unexpected %s reply to %s" % (reply.TYPE, request.TYPE))
 
-    def _exchange(self, request: m.Message, reply_timeout: float | None = None) -> dict[str, Any]:
-        """Send one frame, read one frame; any transport trouble discards the socket."""
+    def _exchange(self, request: m.Message) -> dict[str, Any]:
+        """Send one frame, read one frame; any transport trouble discards the socket. A
+        WAIT_JOB's reply may take its wait plus ``timeout``."""
         frame = _encode_request(request)
         if self._sock is None:
             self._connect()
         where = self.address
         assert self._sock is not None and self._reader is not None
-        timeout = self.timeout if reply_timeout is None else reply_timeout
+        timeout = self.timeout
+        if isinstance(request, m.WaitJob):
+            timeout += request.timeout_millis / 1000.0
+            self._sock.settimeout(timeout)
+        sent_at = time.monotonic()
         try:
-            if reply_timeout is not None:
-                self._sock.settimeout(reply_timeout)
             self._sock.sendall(frame)
             obj = self._reader.read_frame()
-            if reply_timeout is not None:
+            if timeout != self.timeout:
                 self._sock.settimeout(self.timeout)
         except socket.timeout as exc:
             self._lost()
             raise CoordinatorUnavailable("no reply from %s within %.3gs" % (where, timeout)) from exc
         except (ConnectionResetError, BrokenPipeError) as exc:  # a closed peer, as EOF is
+            at_once = self._dropped_at_once(sent_at)
             self._lost()
-            raise _ClosedUnanswered("connection to %s lost: %s" % (where, exc)) from exc
+            raise _ClosedUnanswered("connection to %s lost: %s" % (where, exc), at_once) from exc
         except (OSError, ProtocolError) as exc:
             self._lost()
             raise CoordinatorUnavailable("connection to %s lost: %s" % (where, exc)) from exc
         if obj is None:
+            at_once = self._dropped_at_once(sent_at)
             self._lost()
-            raise _ClosedUnanswered("%s closed the connection without replying" % where)
+            raise _ClosedUnanswered("%s closed the connection without replying" % where, at_once)
+        self._answered = True
         return obj
+
+    def _dropped_at_once(self, sent_at: float) -> bool:
+        """Whether a connection that has answered nothing was closed on the request sent at
+        ``sent_at`` within ``connect_timeout``: a refusal of this client rather than a
+        coordinator going away while the request was pending."""
+        return not self._answered and time.monotonic() - sent_at < self.connect_timeout
 
     def _peer_closed(self) -> bool:
         """Whether the coordinator has closed the idle connection (seen without blocking;
@@ -516,6 +578,7 @@ class CoordinatorClient:
         sock.settimeout(self.timeout)
         self._sock = sock
         self._reader = FrameReader(sock.recv)
+        self._answered = False
         if self._token is not None:
             self._authenticate()
 

@@ -167,11 +167,38 @@ def task_type_name(text: str) -> str:
     return upper if upper in TASK_TYPES else text
 
 
-def _show_job(console: Console, job: dict[str, Any], as_json: bool, **extra: Any) -> None:
+def _stopped_running(job: dict[str, Any]) -> bool:
+    """Whether the job had an attempt but runs none now: its snapshot, which names a worker
+    only while RUNNING, does not say who ran the last one; its timeline does."""
+    return job.get("workerId") is None and bool(job.get("attempts"))
+
+
+def _timeline(client: CoordinatorClient, job_id: str) -> list[dict[str, Any]]:
+    """The job's timeline, or none if it is gone (purged since its snapshot was read)."""
+    try:
+        return client.events(job_id)
+    except RequestFailed:
+        return []
+
+
+def _show_job(client: CoordinatorClient, console: Console, job: dict[str, Any], as_json: bool,
+              **extra: Any) -> None:
     if as_json:
         console.out(render.to_json(dict(job, **extra)))
     else:
-        console.out(render.job_detail(job, _now_millis()))
+        timeline = _timeline(client, job["jobId"]) if _stopped_running(job) else None
+        console.out(render.job_detail(job, _now_millis(), events=timeline))
+
+
+def _last_workers(client: CoordinatorClient, jobs: list[dict[str, Any]]) -> dict[str, str]:
+    """jobId -> the worker of its last attempt, for each job that has stopped running."""
+    found = {}
+    for job in jobs:
+        if _stopped_running(job):
+            event = render.last_assignment(_timeline(client, job["jobId"]))
+            if event is not None:
+                found[job["jobId"]] = str(event["workerId"])
+    return found
 
 
 def _await(command: str, client: CoordinatorClient, console: Console, job_id: str, timeout: float | None,
@@ -180,10 +207,10 @@ def _await(command: str, client: CoordinatorClient, console: Console, job_id: st
     try:
         job = client.wait(job_id, timeout=timeout)
     except WaitTimeout as exc:
-        _show_job(console, exc.job, as_json)
+        _show_job(client, console, exc.job, as_json)
         console.error(command, "timed out: %s" % exc)
         return EXIT_TIMEOUT
-    _show_job(console, job, as_json)
+    _show_job(client, console, job, as_json)
     if job.get("state") == JobState.COMPLETED.value:
         return EXIT_OK
     console.error(command, "job %s ended %s: %s"
@@ -242,8 +269,7 @@ def status(client: CoordinatorClient, args: dict[str, Any], console: Console) ->
         return EXIT_OK
     # Busy workers are worth counting: say how many run the type and how full they are.
     found = client.workers() if job.get("waitingReason") == "WORKERS_BUSY" else None
-    # The snapshot names a worker only while RUNNING; the timeline says who ran the last attempt.
-    timeline = client.events(job["jobId"]) if job.get("workerId") is None and job.get("attempts") else None
+    timeline = _timeline(client, job["jobId"]) if _stopped_running(job) else None
     console.out(render.job_detail(job, _now_millis(), found, timeline))
     return EXIT_OK
 
@@ -312,7 +338,10 @@ def list_jobs(client: CoordinatorClient, args: dict[str, Any], console: Console)
         if cursor is None or not page:
             break
     jobs = jobs[:limit]
-    console.out(render.to_json(jobs) if args["--json"] else render.job_table(jobs, _now_millis()))
+    if args["--json"]:
+        console.out(render.to_json(jobs))
+    else:
+        console.out(render.job_table(jobs, _now_millis(), _last_workers(client, jobs)))
     return EXIT_OK
 
 
@@ -325,10 +354,10 @@ def workers(client: CoordinatorClient, args: dict[str, Any], console: Console) -
 def cancel(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
     was_cancelled, job = client.cancel(args["JOB_ID"])
     if args["--json"]:
-        _show_job(console, job, True, cancelled=was_cancelled)
+        _show_job(client, console, job, True, cancelled=was_cancelled)
     else:
         console.out(render.cancelled(was_cancelled, job))
-        _show_job(console, job, False)
+        _show_job(client, console, job, False)
     return EXIT_OK
 
 

@@ -114,13 +114,21 @@ def attempts(job: dict[str, Any]) -> str:
     return "%s/%s" % (job.get("attempts", MISSING), _max_attempts(job))
 
 
-def last_worker(events: list[dict[str, Any]]) -> str | None:
-    """``w-1 (attempt 2)``: the worker of the job's last assignment in its timeline, or None."""
+def last_assignment(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The job's last ASSIGNED event that names a worker, in its timeline, or None."""
     for event in reversed(events):
         if event.get("event") == "ASSIGNED" and event.get("workerId") is not None:
-            attempt = event.get("attempt")
-            return str(event["workerId"]) if attempt is None else "%s (attempt %s)" % (event["workerId"], attempt)
+            return event
     return None
+
+
+def last_worker(events: list[dict[str, Any]]) -> str | None:
+    """``w-1 (attempt 2)``: the worker of the job's last assignment in its timeline, or None."""
+    event = last_assignment(events)
+    if event is None:
+        return None
+    attempt = event.get("attempt")
+    return str(event["workerId"]) if attempt is None else "%s (attempt %s)" % (event["workerId"], attempt)
 
 
 def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None,
@@ -226,14 +234,18 @@ def event_table(events: list[dict[str, Any]]) -> str:
     return table(("AT", "TIME", "EVENT", "ATTEMPT", "WORKER", "DETAIL"), rows)
 
 
-def job_table(jobs: list[dict[str, Any]], now_millis: int) -> str:
+def job_table(jobs: list[dict[str, Any]], now_millis: int, last_workers: dict[str, str] | None = None) -> str:
+    """``list``: one job a row. The snapshot names a worker only while the job runs;
+    ``last_workers`` (jobId -> workerId, from the timelines) names the worker of the last
+    attempt of the others."""
     if not jobs:
         return "no jobs"
+    ran = last_workers or {}
     return table(
         ("JOB", "TYPE", "STATE", "PRIORITY", "ATTEMPTS", "WORKER", "UPDATED"),
         (
             (j.get("jobId"), j.get("taskType"), j.get("state"), j.get("priority"), attempts(j),
-             j.get("workerId"), updated_cell(j.get("updatedAtMillis"), now_millis))
+             j.get("workerId") or ran.get(j.get("jobId") or ""), updated_cell(j.get("updatedAtMillis"), now_millis))
             for j in jobs
         ),
     )

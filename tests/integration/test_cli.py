@@ -165,14 +165,24 @@ def test_idempotency_key_returns_the_same_job(coordinator):
     assert len(json_out(jm(coordinator, "list", "--json"))) == 1
 
 
-def test_status_of_a_finished_job_names_the_worker_that_ran_it(live):
-    r = jm(live, "submit", "SHA256", '{"text": "who ran me"}', "--wait", "--json")
-    assert r.returncode == 0, r.stderr
-    job = json_out(r)
-    assert job["workerId"] is None  # the snapshot names a worker only while RUNNING
-    r = jm(live, "status", job["jobId"])
+def test_every_command_names_the_worker_that_ran_a_finished_job(live):
+    # submit --wait prints the finished job with the worker of its last attempt
+    r = jm(live, "submit", "SHA256", '{"text": "who ran me"}', "--wait")
     assert r.returncode == 0, r.stderr
     assert "worker    w-cli (attempt 1)" in r.stdout.splitlines(), r.stdout
+    job_id = r.stdout.split()[2]  # "submitted job ID"
+    r = jm(live, "submit", "SHA256", '{"text": "who ran me too"}', "--wait", "--json")
+    other = json_out(r)
+    assert other["workerId"] is None  # the snapshot names a worker only while RUNNING
+    # ... and so do status, wait, cancel and list
+    for command in ("status", "wait", "cancel"):
+        r = jm(live, command, job_id)
+        assert r.returncode == 0, r.stderr
+        assert "worker    w-cli (attempt 1)" in r.stdout.splitlines(), (command, r.stdout)
+    r = jm(live, "list", "--type=SHA256")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines()[1:]]
+    assert [row[5] for row in rows if row[0] in (job_id, other["jobId"])] == ["w-cli", "w-cli"], r.stdout
 
 
 def test_a_repeated_keyed_submit_says_the_job_was_already_there(coordinator):

@@ -8,6 +8,7 @@ here, so that workers and clients can be given both addresses before the standby
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -131,6 +132,15 @@ def refuses(target: str) -> bool:
     return False
 
 
+def cli_wait(job_id: str, coordinators: str) -> subprocess.Popen:
+    """``jobmesh wait JOB --json`` running, its output in pipes (read with ``communicate``)."""
+    env = child_env()
+    env.pop("GEVENT_MONITOR_THREAD_ENABLE", None)
+    argv = [sys.executable, "-m", "jobmesh", "wait", job_id, "--json", "--coordinator=%s" % coordinators]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            env=env)
+
+
 def table_state(server, url: str) -> str:
     """Every job row's id, state and last update, read straight from the schema."""
     parts = urllib.parse.urlsplit(url)
@@ -176,6 +186,8 @@ def test_kill_9_of_the_leader_under_load_loses_nothing_and_keeps_running_work(no
     with CoordinatorClient(both_clients, timeout=30) as client:
         long_id = client.submit("SLEEP", {"durationMillis": 6000}, max_attempts=1)
         wait_until(lambda: client.status(long_id)["state"] == "RUNNING", timeout=30, message="the long job runs")
+    # ... CLI waits for that job, given both addresses
+    waiters = [cli_wait(long_id, both_clients) for _ in range(3)]
 
     # ... and clients submitting (each submit with its own key, sent again until answered)
     acknowledged: dict[str, str] = {}
@@ -209,6 +221,7 @@ def test_kill_9_of_the_leader_under_load_loses_nothing_and_keeps_running_work(no
     try:
         wait_until(lambda: len(acknowledged) >= 40, timeout=60, message="submits before the kill")
         with CoordinatorClient(leader.client_target, timeout=30) as client:
+            wait_until(lambda: client.stats().waits == 3, timeout=30, message="the CLI waits held by the leader")
             assert client.status(long_id)["state"] == "RUNNING"  # else this test shows no adoption
 
         # When the leader is killed mid-load
@@ -220,7 +233,15 @@ def test_kill_9_of_the_leader_under_load_loses_nothing_and_keeps_running_work(no
             t.join(TAKEOVER)
     finally:
         stop.set()
+        for waiter in waiters:
+            if waiter.poll() is None and not after_takeover.is_set():
+                waiter.kill()
     assert not failures, failures
+    # ... every CLI wait, sent again to the new leader, printed the job's end
+    for waiter in waiters:
+        out, err = waiter.communicate(timeout=TAKEOVER)
+        assert waiter.returncode == 0, err
+        assert json.loads(out)["state"] == "COMPLETED"
 
     # Then every acknowledged job completes exactly once, the long one still on attempt 1
     with CoordinatorClient(standby.client_target, timeout=60) as client:
@@ -302,6 +323,7 @@ def test_up_stands_by_then_starts_its_workers_and_comes_back_after_losing_the_le
                                "--heartbeat-timeout-millis=3000", "--sweep-interval-millis=20",
                                "--db-session-timeout-millis=1000"],
                               stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env())
+    waiters: list[subprocess.Popen] = []
     try:
         # Then up's coordinator stands by, and up starts no worker yet
         wait_until(lambda: STANDING_BY in out_path.read_text(), timeout=30, message="up's standing-by line")
@@ -313,13 +335,28 @@ def test_up_stands_by_then_starts_its_workers_and_comes_back_after_losing_the_le
         with CoordinatorClient(client_target, timeout=30) as client:
             assert client.wait(client.submit("WORD_COUNT", {"text": "one"}), timeout=30)["state"] == "COMPLETED"
 
+            # (and a job with CLI waits pending, given up's one address; it is not due before the test ends it)
+            pending = client.submit("SLEEP", {"durationMillis": 1}, run_at=time.time() + 86400)
+            waiters.extend(cli_wait(pending, client_target) for _ in range(2))
+            wait_until(lambda: client.stats().waits == 2, timeout=30, message="the CLI waits held")
+
         # When PostgreSQL restarts under it, its coordinator exits 75 and up starts it again
         postgres_server.restart()
         wait_until(lambda: "rc=75" in err_path.read_text(), timeout=TAKEOVER, message="the coordinator's exit 75")
         wait_until(lambda: out_path.read_text().count("listening") == 2, timeout=TAKEOVER, message="listening again")
         with CoordinatorClient(client_target, timeout=30) as client:
             assert client.wait(client.submit("WORD_COUNT", {"text": "two"}), timeout=30)["state"] == "COMPLETED"
+            assert client.cancel(pending)[0]
+        # ... and the waits, sent again to it on the same address, printed the job's end (exit 1: CANCELLED)
+        for waiter in waiters:
+            out, err = waiter.communicate(timeout=TAKEOVER)
+            assert waiter.returncode == 1 and "ended CANCELLED" in err, err
+            assert json.loads(out)["state"] == "CANCELLED"
     finally:
+        for waiter in waiters:
+            if waiter.poll() is None:
+                waiter.kill()
+                waiter.wait(10)
         up.terminate()
         try:
             up.wait(30)

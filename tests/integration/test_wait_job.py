@@ -7,6 +7,8 @@ Spec: CONTRACT.md "Waiting without polling"; docs/PROTOCOL.md "WAIT_JOB".
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -14,7 +16,7 @@ import pytest
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.client.api import WaitTimeout
-from tests.helpers import assert_prompt, baseline, run_cli, timed, wait_until
+from tests.helpers import assert_prompt, baseline, child_env, run_cli, timed, wait_until
 
 SLEEP = {"durationMillis": 10}
 
@@ -227,3 +229,52 @@ def test_a_client_that_closes_with_pending_waits_is_cleaned_up_at_once(coordinat
     raw.send(wait_job(job_id, 60_000))
     client.cancel(job_id)
     assert raw.recv()["job"]["state"] == "CANCELLED"
+
+
+def test_waits_ride_through_a_restart_of_their_coordinator(coordinator_factory, peers):
+    # Given two queued jobs (no worker yet), one submitted by `submit --wait` with its key
+    coordinator = coordinator_factory()
+    client = peers.client(coordinator)
+    job_id = client.submit_ok("SLEEP", SLEEP)
+    argv = [sys.executable, "-m", "jobmesh", "--json", "--coordinator=%s" % coordinator.client_target]
+    env = child_env()
+    env.pop("GEVENT_MONITOR_THREAD_ENABLE", None)
+    cli = [subprocess.Popen(argv[:3] + command + argv[3:], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True, env=env)
+           for command in (["wait", job_id], ["submit", "SLEEP", json.dumps(SLEEP), "--wait",
+                                              "--idempotency-key=ride-1"])]
+    # ... and waits pending on it: the CLI's two and the library's
+    ended: list = []
+
+    def library_wait() -> None:
+        try:
+            with CoordinatorClient(*coordinator.client_addr, timeout=10) as waiter:
+                ended.append(waiter.wait(job_id, timeout=60))
+        except Exception as exc:  # what escaped, for the assertion below
+            ended.append(exc)
+
+    thread = threading.Thread(target=library_wait)
+    thread.start()
+    try:
+        wait_until(lambda: client.request({"type": "GET_STATS"})["waits"] == 3, timeout=30, message="three waits held")
+        # When the coordinator is killed and comes back on the same ports and database
+        ports = {"worker_port": coordinator.worker_addr[1], "client_port": coordinator.client_addr[1]}
+        coordinator.kill()
+        coordinator.start(**ports)
+        # ... and a worker runs the two jobs
+        worker = peers.worker(coordinator, capacity=2)
+        for _ in range(2):
+            worker.complete(worker.await_assign(timeout=30), {"sleptMillis": 10})
+        # Then every wait returns the job's end: the waits were sent again once it was back
+        thread.join(60)
+        assert len(ended) == 1 and isinstance(ended[0], dict) and ended[0]["state"] == "COMPLETED", ended
+        for proc in cli:
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+            assert json.loads(out)["state"] == "COMPLETED" and err == ""
+    finally:
+        for proc in cli:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        thread.join(60)

@@ -159,3 +159,34 @@ def test_the_library_takes_jobmesh_coordinator_when_given_no_address(servers, mo
     with CoordinatorClient("127.0.0.1:%d" % closed_port()) as client:  # an address given wins
         with pytest.raises(CoordinatorUnavailable):
             client.status("j-1")
+
+
+def test_a_wait_whose_coordinator_stays_away_past_the_window_raises_the_public_error(servers):
+    # Given one address, where the coordinator reads the wait and dies for good
+    gone = servers(CLOSE, dies=True)
+    with CoordinatorClient("127.0.0.1:%d" % gone.port, failover_timeout=0.3) as client:
+        # When the wait is sent again until the window ends
+        with pytest.raises(CoordinatorUnavailable) as info:
+            client.wait("j-1")
+    # Then the error is the documented class itself, in one line naming the address
+    assert type(info.value) is CoordinatorUnavailable
+    assert str(info.value) == "cannot connect to 127.0.0.1:%d: Connection refused" % gone.port
+
+
+def test_a_coordinator_that_drops_every_request_at_once_is_given_up_quickly(servers):
+    # (as a TLS port drops a plaintext client: sending again cannot help)
+    dropping = servers(CLOSE, CLOSE, CLOSE, CLOSE, {"type": "JOB_STATUS", "job": SNAP})
+    with CoordinatorClient("127.0.0.1:%d" % dropping.port) as client:
+        with pytest.raises(CoordinatorUnavailable) as info:
+            client.status("j-1")
+    assert type(info.value) is CoordinatorUnavailable
+    assert str(info.value) == "127.0.0.1:%d closed the connection without replying" % dropping.port
+    assert len(dropping.requests) == 3
+
+
+def test_the_cli_wait_given_up_is_one_line_and_exit_3(servers):
+    dropping = servers(CLOSE, CLOSE, CLOSE)
+    code, out, err = cli([dropping.port], "wait", "j-1")
+    assert (code, out) == (EXIT_UNREACHABLE, "")
+    assert err == ("jobmesh wait: coordinator unreachable: 127.0.0.1:%d closed the connection without replying\n"
+                   % dropping.port)
