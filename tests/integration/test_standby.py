@@ -42,7 +42,7 @@ class Node(CoordinatorProc):
     def __init__(self, tmp_path, url: str, name: str, metrics: bool = False, **flags):
         flags.setdefault("heartbeat_timeout_millis", 3000)  # and so the lease grace (the default on PostgreSQL)
         flags.setdefault("db_session_timeout_millis", 1000)
-        super().__init__(tmp_path, name=name, **flags)
+        super().__init__(tmp_path, db=url, name=name, **flags)
         self.url = url
         self.ports = (free_port(), free_port())
         self.metrics_port = free_port() if metrics else None
