@@ -55,7 +55,7 @@ import hashlib
 import logging
 from collections import deque
 from functools import partial
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import gevent
 import gevent.event
@@ -83,7 +83,7 @@ LEAD_LOCK = 0x6A6D6C64  # "jmld"
 SCHEMA_LOCK = 0x6A6D7363  # "jmsc"
 DEFAULT_SESSION_TIMEOUT_MILLIS = 10_000
 KEEPALIVE_FRACTION = 4  # an idle writer runs a statement every timeout / KEEPALIVE_FRACTION
-RECOVERY_SLICE = 2000  # active rows recovery reads and decodes between two chances for other greenlets
+RECOVERY_SLICE = 2000  # active rows recovery reads and takes in between two chances for other greenlets
 YIELD_SECONDS = 0.0001
 
 
@@ -644,14 +644,16 @@ class PostgresStore:
 
     # ---- reads -------------------------------------------------------------------
 
-    def load_active(self) -> list[Job]:
-        """Every non-terminal job, for recovery; also builds the idempotency key filter.
+    def load_active(self) -> Iterator[Job]:
+        """Every non-terminal job, for recovery; also builds the idempotency key filter
+        (once the last job has been taken).
 
-        Read in slices of ``RECOVERY_SLICE`` rows through a server-side cursor, letting
-        other greenlets run between them: the writer's keepalive must reach the server
+        Read in slices of ``RECOVERY_SLICE`` rows through a server-side cursor, and
+        handed over one slice at a time: other greenlets run after the recovery has
+        taken in each slice (decoded here, then whatever the caller does with it, such
+        as the core building its table). The writer's keepalive must reach the server
         while a large recovery runs, or the new leader's own idle timeout (or a standby,
         judging it frozen) would end its session before it ever served."""
-        jobs: list[Job] = []
         with self.reader.transaction():
             with self.reader.cursor(name="jobmesh_active") as cur:
                 cur.execute("SELECT %s FROM %s WHERE state = ANY(%%s)" % (SELECT_COLUMNS, JOBS),
@@ -660,12 +662,11 @@ class PostgresStore:
                     rows = cur.fetchmany(RECOVERY_SLICE)
                     if not rows:
                         break
-                    jobs.extend(read_row(r) for r in rows)
+                    yield from map(read_row, rows)
                     # A short sleep, not sleep(0): that would switch greenlets without
                     # running the loop's timers, and the keepalive waits on one.
                     gevent.sleep(YIELD_SECONDS)
         self._keys = self._key_filter() if self._keys_usable else None
-        return jobs
 
     def _key_filter(self) -> KeyFilter:
         """A filter holding every stored key: their MD5s, computed by the server and

@@ -282,9 +282,41 @@ def test_a_recovery_longer_than_the_session_timeout_keeps_the_leadership(stores,
     monkeypatch.setattr(postgres_module, "read_row", slow_decode)
     # When it recovers (about twice the timeout)
     started = time.monotonic()
-    assert len(store.load_active()) == count
+    assert len(list(store.load_active())) == count
     assert time.monotonic() - started > 1.0
     # Then its session lived through it: the next batch commits
+    failure = store.commit(batch(make_job("after", count + 1))).get()
+    assert failure is None, failure
+
+
+def test_the_cores_recovery_longer_than_the_session_timeout_keeps_the_leadership(stores, monkeypatch):
+    # Given a leader with a short session timeout and more active jobs than the core takes
+    # in within that timeout: each job the table adopts holds the hub (as a million do)
+    from jobmesh.config import CoreConfig
+    from jobmesh.coordinator.core import CoordinatorCore
+    from jobmesh.coordinator.table import JobTable
+
+    monkeypatch.setattr(postgres_module, "RECOVERY_SLICE", 100)  # a slice of jobs: a tenth of a second below
+    count = 2000
+    first = stores()
+    first.lead(lambda: None)
+    first.write(batch(*[make_job("j%05d" % i, i + 1) for i in range(count)]))
+    first.close()
+    store = stores(session_timeout_millis=1000)
+    store.lead(lambda: None)  # a takeover: the new leader's session timeouts are armed
+    adopt = JobTable.adopt
+
+    def slow_adopt(self, job, now):
+        time.sleep(2.0 / count)  # blocks the thread, hub included
+        adopt(self, job, now)
+
+    monkeypatch.setattr(JobTable, "adopt", slow_adopt)
+    core = CoordinatorCore(store, CoreConfig())
+    # When the core recovers (about twice the timeout)
+    started = time.monotonic()
+    assert core.recover(0)["queued"] == count
+    assert time.monotonic() - started > 1.0
+    # Then the session lived through it: the next batch commits
     failure = store.commit(batch(make_job("after", count + 1))).get()
     assert failure is None, failure
 
@@ -297,7 +329,7 @@ def test_text_holding_nul_is_stored_with_a_replacement_and_found_by_the_same_key
     stored = leader.find_by_key("k\x00ey")
     assert stored is not None and stored.error == "boom\ufffd" and stored.worker_id == "w\ufffd"
     assert leader.get("j\x00").job_id == "j\ufffd"
-    leader.load_active()  # the key filter
+    list(leader.load_active())  # the key filter
     read = leader.read_later(key="k\x00ey")
     wait_until(read.ready, message="the read")
     assert read.result().job_id == "j\ufffd"
@@ -341,7 +373,7 @@ def test_a_read_the_server_refuses_fails_alone_and_later_reads_work(leader, admi
 def test_a_new_key_needs_no_read_once_recovery_built_the_filter(leader):
     leader.write(batch(make_job("a", 1, idempotency_key="stored")))
     assert not isinstance(leader.read_later(key="never"), Done)  # no filter before recovery: a read
-    leader.load_active()
+    list(leader.load_active())  # the key filter
     assert isinstance(leader.read_later(key="never"), Done) and leader.read_later(key="never").result() is None
     for key, expected in (("stored", "a"), ("added", "b")):
         if key == "added":
