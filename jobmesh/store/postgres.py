@@ -138,14 +138,26 @@ SCHEMA: dict[str, str] = {
                       " epoch bigint NOT NULL, timeout_millis bigint NOT NULL)",
     "jobmesh_fence(bigint)": FENCE_FUNCTION,
 }
-# The session holding the leadership lock, ended if it has been idle (not running a
-# statement) for longer than the leader's own session timeout (its keepalive runs four
-# times as often), or the given milliseconds if the epoch row is gone.
-STALE_HOLDER_SQL = ("SELECT pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-                    " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
-                    " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+# The session holding the leadership lock (the lock's key: LEAD_LOCK, the schema's oid).
+_HOLDER_FROM = " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+_HOLDER_WHERE = (" WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
+                 " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+# The holder, ended if it has been idle (not running a statement) for longer than the
+# leader's own session timeout (its keepalive runs four times as often), or the given
+# milliseconds if the epoch row is gone.
+STALE_HOLDER_SQL = ("SELECT pg_terminate_backend(a.pid)" + _HOLDER_FROM + _HOLDER_WHERE +
                     " AND a.state LIKE 'idle%%' AND a.state_change < now() - make_interval(secs => COALESCE("
                     "(SELECT timeout_millis FROM jobmesh_leader WHERE id = 1), %s) / 1000.0)")
+# This session's role, the holder's, and whether STALE_HOLDER_SQL can end the holder as
+# PostgreSQL decides it: pg_terminate_backend may be run; a superuser ends any session,
+# others no superuser's; the holder's state is seen and its session ended with the
+# privileges of its role (a role has its own), or of pg_read_all_stats and pg_signal_backend.
+HOLDER_ROLE_SQL = ("SELECT current_user, r.rolname, r.rolsuper, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
+                   " OR (NOT r.rolsuper AND (pg_has_role(r.oid, 'USAGE') OR (pg_has_role('pg_read_all_stats', 'USAGE')"
+                   " AND pg_has_role('pg_signal_backend', 'USAGE')))) AND (SELECT bool_and(has_function_privilege("
+                   "p.oid, 'EXECUTE')) FROM pg_proc p WHERE p.proname = 'pg_terminate_backend'"
+                   " AND p.pronamespace = 'pg_catalog'::regnamespace)" + _HOLDER_FROM
+                   + " JOIN pg_roles r ON r.oid = a.usesysid" + _HOLDER_WHERE)
 # A new leader's epoch (and its session timeout); %s is the timeout in milliseconds.
 BUMP_SQL = ("INSERT INTO jobmesh_leader (id, epoch, timeout_millis) VALUES (1, nextval('jobmesh_epoch'), %s)"
             " ON CONFLICT (id) DO UPDATE SET epoch = EXCLUDED.epoch, timeout_millis = EXCLUDED.timeout_millis"
@@ -440,6 +452,7 @@ class PostgresStore:
         c = self.conn
         key = (LEAD_LOCK, _int32(self._schema_oid))
         if c.execute("SELECT pg_try_advisory_lock(%s::int, %s::int)", key).fetchone() != (True,):
+            self._warn_if_holder_unending()
             standing_by()
             self._wait_for_lock(key)
         row = c.execute(BUMP_SQL, (self.timeout_millis,)).fetchone()
@@ -453,6 +466,17 @@ class PostgresStore:
                   " set_config('tcp_keepalives_count', '3', false)",
                   (str(ms), str(ms), str(ms), str(seconds), str(seconds)))
         self._writer = gevent.spawn(self._write_loop)
+
+    def _warn_if_holder_unending(self) -> None:
+        """Standing by: say so when this role cannot end the leader's session, which a
+        frozen leader's own timeouts do not always end (``_wait_for_lock``)."""
+        row = self.conn.execute(HOLDER_ROLE_SQL, (LEAD_LOCK, self._schema_oid)).fetchone()
+        if row is None or row[3]:
+            return
+        log.warning("database role %s cannot end the session of the leading coordinator (role %s%s): if that leader"
+                    " freezes, only PostgreSQL's own timeouts end its session, which do not cover every freeze, and"
+                    " this coordinator stands by until then; run the coordinators as one role that is no superuser"
+                    " (docs/SCALING.md)", row[0], row[1], ", a superuser" if row[2] else "")
 
     def _wait_for_lock(self, key: tuple[int, int]) -> None:
         """Wait for the lock in slices of ``lock_timeout``; after each, end the holder's
