@@ -470,7 +470,13 @@ class PostgresStore:
     def _warn_if_holder_unending(self) -> None:
         """Standing by: say so when this role cannot end the leader's session, which a
         frozen leader's own timeouts do not always end (``_wait_for_lock``)."""
-        row = self.conn.execute(HOLDER_ROLE_SQL, (LEAD_LOCK, self._schema_oid)).fetchone()
+        try:
+            row = self.conn.execute(HOLDER_ROLE_SQL, (LEAD_LOCK, self._schema_oid)).fetchone()
+        except psycopg.Error as exc:
+            if self.leadership_lost(exc):  # the session: the caller's to handle
+                raise
+            log.info("could not tell whether this role can end the leader's session: %s", self.fault_reason(exc))
+            return
         if row is None or row[3]:
             return
         log.warning("database role %s cannot end the session of the leading coordinator (role %s%s): if that leader"
