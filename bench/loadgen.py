@@ -336,7 +336,8 @@ class LoadGen:
                     raise procs.ChildFailed("PostgreSQL: %s" % exc) from None
                 db = self.postgres.database("bench")
             self.coordinator, self.worker_addr, self.client_addr = procs.start_coordinator(
-                self.run_dir, db, None if o["postgres"] else o["db_synchronous"], o["coordinator_args"] + self.secure_args)
+                self.run_dir, db, None if o["postgres"] else o["db_synchronous"],
+                o["coordinator_args"] + self.secure_args)
             self.children.append(self.coordinator)
             pid = self.coordinator.pid
         self.rss = procs.RssSampler(pid)

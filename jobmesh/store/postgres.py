@@ -141,7 +141,8 @@ SCHEMA: dict[str, str] = {
 # The session holding the leadership lock (the lock's key: LEAD_LOCK, the schema's oid).
 _HOLDER_FROM = " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
 _HOLDER_WHERE = (" WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
-                 " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+                 " AND l.objsubid = 2"
+                 " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())")
 # The holder, ended if it has been idle (not running a statement) for longer than the
 # leader's own session timeout (its keepalive runs four times as often), or the given
 # milliseconds if the epoch row is gone.
@@ -152,12 +153,13 @@ STALE_HOLDER_SQL = ("SELECT pg_terminate_backend(a.pid)" + _HOLDER_FROM + _HOLDE
 # PostgreSQL decides it: pg_terminate_backend may be run; a superuser ends any session,
 # others no superuser's; the holder's state is seen and its session ended with the
 # privileges of its role (a role has its own), or of pg_read_all_stats and pg_signal_backend.
-HOLDER_ROLE_SQL = ("SELECT current_user, r.rolname, r.rolsuper, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
-                   " OR (NOT r.rolsuper AND (pg_has_role(r.oid, 'USAGE') OR (pg_has_role('pg_read_all_stats', 'USAGE')"
-                   " AND pg_has_role('pg_signal_backend', 'USAGE')))) AND (SELECT bool_and(has_function_privilege("
-                   "p.oid, 'EXECUTE')) FROM pg_proc p WHERE p.proname = 'pg_terminate_backend'"
-                   " AND p.pronamespace = 'pg_catalog'::regnamespace)" + _HOLDER_FROM
-                   + " JOIN pg_roles r ON r.oid = a.usesysid" + _HOLDER_WHERE)
+HOLDER_ROLE_SQL = ("SELECT current_user, r.rolname, r.rolsuper,"
+                   " (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
+                   " OR (NOT r.rolsuper AND (pg_has_role(r.oid, 'USAGE')"
+                   " OR (pg_has_role('pg_read_all_stats', 'USAGE') AND pg_has_role('pg_signal_backend', 'USAGE'))))"
+                   " AND (SELECT bool_and(has_function_privilege(p.oid, 'EXECUTE')) FROM pg_proc p"
+                   " WHERE p.proname = 'pg_terminate_backend' AND p.pronamespace = 'pg_catalog'::regnamespace)"
+                   + _HOLDER_FROM + " JOIN pg_roles r ON r.oid = a.usesysid" + _HOLDER_WHERE)
 # A new leader's epoch (and its session timeout); %s is the timeout in milliseconds.
 BUMP_SQL = ("INSERT INTO jobmesh_leader (id, epoch, timeout_millis) VALUES (1, nextval('jobmesh_epoch'), %s)"
             " ON CONFLICT (id) DO UPDATE SET epoch = EXCLUDED.epoch, timeout_millis = EXCLUDED.timeout_millis"
