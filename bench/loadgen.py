@@ -336,7 +336,8 @@ class LoadGen:
                     raise procs.ChildFailed("PostgreSQL: %s" % exc) from None
                 db = self.postgres.database("bench")
             self.coordinator, self.worker_addr, self.client_addr = procs.start_coordinator(
-                self.run_dir, db, o["db_synchronous"], o["coordinator_args"] + self.secure_args)
+                self.run_dir, db, None if o["postgres"] else o["db_synchronous"],
+                o["coordinator_args"] + self.secure_args)
             self.children.append(self.coordinator)
             pid = self.coordinator.pid
         self.rss = procs.RssSampler(pid)
@@ -870,7 +871,7 @@ class LoadGen:
             "priority": o["priority"],
             "idempotency_keys": o["keys"],
             "seed": o["seed"],
-            "db_synchronous": None if o["coordinator"] else o["db_synchronous"],
+            "db_synchronous": None if o["coordinator"] or o["postgres"] else o["db_synchronous"],
             "store": None if o["coordinator"] else "postgres" if o["postgres"] else "sqlite",
             "coordinator_args": o["coordinator_args"],
             "tls": bool(o["tls"] or o["tls_ca"]),

@@ -111,10 +111,12 @@ def stop_all(children: list[Child], timeout: float = 10.0) -> dict[str, int | No
     return codes
 
 
-def start_coordinator(run_dir: Path, db: Path | str, synchronous: str, extra: list[str], timeout: float = 30.0,
+def start_coordinator(run_dir: Path, db: Path | str, synchronous: str | None, extra: list[str], timeout: float = 30.0,
                       poll: float = 0.05) -> tuple[Child, tuple[str, int], tuple[str, int]]:
+    """``synchronous``: SQLite's --db-synchronous (None on PostgreSQL, which refuses it)."""
     args = [sys.executable, "-m", "jobmesh", "coordinator", "--bind=127.0.0.1", "--worker-port=0",
-            "--client-port=0", "--db=%s" % db, "--db-synchronous=%s" % synchronous] + list(extra)
+            "--client-port=0", "--db=%s" % db] + ([] if synchronous is None else ["--db-synchronous=%s" % synchronous])
+    args += extra
     child = Child("coordinator", args, run_dir)
     try:
         match = child.wait_for_line(LISTENING, timeout, poll)

@@ -80,7 +80,8 @@ Coordinator options:
   --default-max-attempts=N       used when a submit says <= 0 [default: 3]
   --sweep-interval-millis=N      period of the sweep [default: 500]
   --db-synchronous=MODE          SQLite synchronous mode: FULL survives power loss,
-                                 NORMAL survives a process crash [default: FULL]
+                                 NORMAL survives a process crash (FULL unless given;
+                                 refused with a PostgreSQL --db: its server decides)
   --db-session-timeout-millis=N  PostgreSQL: the leader's database session ends after
                                  this long idle or unanswered, so a standby takes over
                                  from a frozen or cut-off leader within about this long;
@@ -640,7 +641,7 @@ def given_flags(doc: str, args: list[str]) -> set[str]:
 
 def _print_config(command: str, args: dict, sources: dict[str, Source]) -> int:
     """``--print-config``: check the settings as a start would, then print them."""
-    from jobmesh.config import coordinator_config, worker_config
+    from jobmesh.config import coordinator_config, is_database_url, worker_config
     from jobmesh.store.opening import shown
 
     db = str(args.get("--db"))
@@ -662,6 +663,8 @@ def _print_config(command: str, args: dict, sources: dict[str, Source]) -> int:
                 line += "; up gives its coordinator the heartbeat timeout, %d ms" % cfg.heartbeat_timeout_millis
             elif cfg.lease_grace_millis:
                 line += "; on PostgreSQL it is the heartbeat timeout, %d ms" % cfg.lease_grace_millis
+        if line.startswith("# db-synchronous is not set") and command != "worker" and not is_database_url(db):
+            line += "; FULL on an SQLite file"
         _print_line(line)
     return EXIT_OK
 

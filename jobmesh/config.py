@@ -193,7 +193,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         periodic_keepalive_millis=_int(args, "--periodic-keepalive-millis", 0),
         periodic_forget_idle_millis=_int(args, "--periodic-forget-idle-millis", 0),
         sweep_interval_millis=_int(args, "--sweep-interval-millis", 1),
-        db_synchronous=_choice(args, "--db-synchronous", SYNC_MODES),
+        db_synchronous=db_synchronous(args, db),
         db_session_timeout_millis=_int(args, "--db-session-timeout-millis", 100)
         if args.get("--db-session-timeout-millis") is not None else CoordinatorConfig.db_session_timeout_millis,
         log_level=_choice(args, "--log-level", LOG_LEVELS),
@@ -231,6 +231,18 @@ def lease_grace(args: dict[str, Any], db: str) -> int:
     if args.get("--lease-grace-millis") is not None:
         return _int(args, "--lease-grace-millis", 0)
     return _int(args, "--heartbeat-timeout-millis", 1) if is_database_url(db) else 0
+
+
+def db_synchronous(args: dict[str, Any], db: str) -> str:
+    """``--db-synchronous``, SQLite's PRAGMA: FULL when not given. Refused with a
+    PostgreSQL URL, where it would change nothing: the server decides what a commit
+    survives (``synchronous_commit``, ``fsync``)."""
+    if args.get("--db-synchronous") is None:
+        return CoordinatorConfig.db_synchronous
+    if is_database_url(db):
+        raise ConfigError("--db-synchronous is SQLite's and does nothing on PostgreSQL, whose server decides what "
+                          "a commit survives (synchronous_commit): leave it out with a PostgreSQL --db")
+    return _choice(args, "--db-synchronous", SYNC_MODES)
 
 
 def _path(args: dict[str, Any], flag: str) -> str | None:

@@ -61,7 +61,7 @@ from gevent.event import AsyncResult, Event
 from jobmesh.addresses import Address, parse_address
 from jobmesh.auth import (TOKEN_BYTES, TOKEN_ENV, TOKEN_FILE_ENV, WORKER, AuthFile, AuthFileError, entry_text,
                           read_token, replace_file, token_digest)
-from jobmesh.config import CoordinatorConfig, coordinator_config, env_name, parse_task_modules
+from jobmesh.config import CoordinatorConfig, coordinator_config, env_name, is_database_url, parse_task_modules
 from jobmesh.errors import BadAddress, ConfigError
 from jobmesh.exitcodes import EXIT_LEADERSHIP_LOST
 from jobmesh.store.opening import shown
@@ -111,7 +111,6 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         "retry-cap-millis": cfg.retry_cap_millis,
         "default-max-attempts": cfg.default_max_attempts,
         "sweep-interval-millis": cfg.sweep_interval_millis,
-        "db-synchronous": cfg.db_synchronous,
         "db-session-timeout-millis": cfg.db_session_timeout_millis,
         "retain-finished-millis": cfg.retain_finished_millis,
         "idle-timeout-millis": cfg.idle_timeout_millis,
@@ -122,6 +121,8 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         "lease-grace-millis": cfg.lease_grace_millis,
         "log-format": cfg.log_format,
     }
+    if not is_database_url(cfg.db):  # SQLite's; refused with a PostgreSQL URL
+        flags["db-synchronous"] = cfg.db_synchronous
     if cfg.periodic_port is not None:
         flags["periodic-port"] = cfg.periodic_port
     if cfg.metrics_port is not None:

@@ -115,6 +115,8 @@ class CoordinatorProc:
                                else self.tmp_path / "jobmesh.db")
         self.name = name
         self.flags = dict(FAST_FLAGS)
+        if isinstance(self.db, str):  # SQLite's setting, refused with a PostgreSQL URL
+            del self.flags["db-synchronous"]
         self.flags.update({k.replace("_", "-"): v for k, v in flags.items()})
         self.proc: subprocess.Popen | None = None
         self.worker_addr: tuple[str, int] | None = None

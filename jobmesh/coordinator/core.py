@@ -405,6 +405,10 @@ class CoordinatorCore:
         that registers again naming it keeps it (``JsonJobs``), else the sweep requeues
         or fails it then (``expire_deadlines``). SCHEDULED jobs keep their time; those
         that fell due while the coordinator was down are queued now.
+
+        Each job is taken in as the store hands it over: PostgreSQL's a slice at a time,
+        letting other greenlets run in between (its writer's keepalive: a recovery of a
+        million jobs outlasts the session timeout), so this loop keeps no list of its own.
         """
         # queued: QUEUED after recovery, including the requeued and those due while down;
         # kept: RUNNING on their old lease for the grace

@@ -30,7 +30,7 @@ never see SQL, a rowid, a driver's exception type or the thread a write runs on:
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from jobmesh.store.columns import COLUMN_NAMES, TERMINAL_STATES
 from jobmesh.store.job import Job
@@ -200,8 +200,9 @@ class Store(Protocol):
 
     # ---- reads -----------------------------------------------------------------------
 
-    def load_active(self) -> list[Job]:
-        """Every non-terminal job (recovery)."""
+    def load_active(self) -> Iterable[Job]:
+        """Every non-terminal job (recovery), taken in once: a store may hand them over
+        as it reads them."""
 
     def load_task_types(self) -> list[str]:
         """Every task type ever declared to this store, sorted by name."""

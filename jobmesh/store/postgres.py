@@ -55,7 +55,7 @@ import hashlib
 import logging
 from collections import deque
 from functools import partial
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import gevent
 import gevent.event
@@ -83,7 +83,7 @@ LEAD_LOCK = 0x6A6D6C64  # "jmld"
 SCHEMA_LOCK = 0x6A6D7363  # "jmsc"
 DEFAULT_SESSION_TIMEOUT_MILLIS = 10_000
 KEEPALIVE_FRACTION = 4  # an idle writer runs a statement every timeout / KEEPALIVE_FRACTION
-RECOVERY_SLICE = 2000  # active rows recovery reads and decodes between two chances for other greenlets
+RECOVERY_SLICE = 2000  # active rows recovery reads and takes in between two chances for other greenlets
 YIELD_SECONDS = 0.0001
 
 
@@ -138,14 +138,28 @@ SCHEMA: dict[str, str] = {
                       " epoch bigint NOT NULL, timeout_millis bigint NOT NULL)",
     "jobmesh_fence(bigint)": FENCE_FUNCTION,
 }
-# The session holding the leadership lock, ended if it has been idle (not running a
-# statement) for longer than the leader's own session timeout (its keepalive runs four
-# times as often), or the given milliseconds if the epoch row is gone.
-STALE_HOLDER_SQL = ("SELECT pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-                    " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
-                    " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+# The session holding the leadership lock (the lock's key: LEAD_LOCK, the schema's oid).
+_HOLDER_FROM = " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+_HOLDER_WHERE = (" WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
+                 " AND l.objsubid = 2"
+                 " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+# The holder, ended if it has been idle (not running a statement) for longer than the
+# leader's own session timeout (its keepalive runs four times as often), or the given
+# milliseconds if the epoch row is gone.
+STALE_HOLDER_SQL = ("SELECT pg_terminate_backend(a.pid)" + _HOLDER_FROM + _HOLDER_WHERE +
                     " AND a.state LIKE 'idle%%' AND a.state_change < now() - make_interval(secs => COALESCE("
                     "(SELECT timeout_millis FROM jobmesh_leader WHERE id = 1), %s) / 1000.0)")
+# This session's role, the holder's, and whether STALE_HOLDER_SQL can end the holder as
+# PostgreSQL decides it: pg_terminate_backend may be run; a superuser ends any session,
+# others no superuser's; the holder's state is seen and its session ended with the
+# privileges of its role (a role has its own), or of pg_read_all_stats and pg_signal_backend.
+HOLDER_ROLE_SQL = ("SELECT current_user, r.rolname, r.rolsuper,"
+                   " (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
+                   " OR (NOT r.rolsuper AND (pg_has_role(r.oid, 'USAGE')"
+                   " OR (pg_has_role('pg_read_all_stats', 'USAGE') AND pg_has_role('pg_signal_backend', 'USAGE'))))"
+                   " AND (SELECT bool_and(has_function_privilege(p.oid, 'EXECUTE')) FROM pg_proc p"
+                   " WHERE p.proname = 'pg_terminate_backend' AND p.pronamespace = 'pg_catalog'::regnamespace)"
+                   + _HOLDER_FROM + " JOIN pg_roles r ON r.oid = a.usesysid" + _HOLDER_WHERE)
 # A new leader's epoch (and its session timeout); %s is the timeout in milliseconds.
 BUMP_SQL = ("INSERT INTO jobmesh_leader (id, epoch, timeout_millis) VALUES (1, nextval('jobmesh_epoch'), %s)"
             " ON CONFLICT (id) DO UPDATE SET epoch = EXCLUDED.epoch, timeout_millis = EXCLUDED.timeout_millis"
@@ -440,6 +454,7 @@ class PostgresStore:
         c = self.conn
         key = (LEAD_LOCK, _int32(self._schema_oid))
         if c.execute("SELECT pg_try_advisory_lock(%s::int, %s::int)", key).fetchone() != (True,):
+            self._warn_if_holder_unending()
             standing_by()
             self._wait_for_lock(key)
         row = c.execute(BUMP_SQL, (self.timeout_millis,)).fetchone()
@@ -453,6 +468,23 @@ class PostgresStore:
                   " set_config('tcp_keepalives_count', '3', false)",
                   (str(ms), str(ms), str(ms), str(seconds), str(seconds)))
         self._writer = gevent.spawn(self._write_loop)
+
+    def _warn_if_holder_unending(self) -> None:
+        """Standing by: say so when this role cannot end the leader's session, which a
+        frozen leader's own timeouts do not always end (``_wait_for_lock``)."""
+        try:
+            row = self.conn.execute(HOLDER_ROLE_SQL, (LEAD_LOCK, self._schema_oid)).fetchone()
+        except psycopg.Error as exc:
+            if self.leadership_lost(exc):  # the session: the caller's to handle
+                raise
+            log.info("could not tell whether this role can end the leader's session: %s", self.fault_reason(exc))
+            return
+        if row is None or row[3]:
+            return
+        log.warning("database role %s cannot end the session of the leading coordinator (role %s%s): if that leader"
+                    " freezes, only PostgreSQL's own timeouts end its session, which do not cover every freeze, and"
+                    " this coordinator stands by until then; run the coordinators as one role that is no superuser"
+                    " (docs/SCALING.md)", row[0], row[1], ", a superuser" if row[2] else "")
 
     def _wait_for_lock(self, key: tuple[int, int]) -> None:
         """Wait for the lock in slices of ``lock_timeout``; after each, end the holder's
@@ -644,14 +676,16 @@ class PostgresStore:
 
     # ---- reads -------------------------------------------------------------------
 
-    def load_active(self) -> list[Job]:
-        """Every non-terminal job, for recovery; also builds the idempotency key filter.
+    def load_active(self) -> Iterator[Job]:
+        """Every non-terminal job, for recovery; also builds the idempotency key filter
+        (once the last job has been taken).
 
-        Read in slices of ``RECOVERY_SLICE`` rows through a server-side cursor, letting
-        other greenlets run between them: the writer's keepalive must reach the server
+        Read in slices of ``RECOVERY_SLICE`` rows through a server-side cursor, and
+        handed over one slice at a time: other greenlets run after the recovery has
+        taken in each slice (decoded here, then whatever the caller does with it, such
+        as the core building its table). The writer's keepalive must reach the server
         while a large recovery runs, or the new leader's own idle timeout (or a standby,
         judging it frozen) would end its session before it ever served."""
-        jobs: list[Job] = []
         with self.reader.transaction():
             with self.reader.cursor(name="jobmesh_active") as cur:
                 cur.execute("SELECT %s FROM %s WHERE state = ANY(%%s)" % (SELECT_COLUMNS, JOBS),
@@ -660,12 +694,11 @@ class PostgresStore:
                     rows = cur.fetchmany(RECOVERY_SLICE)
                     if not rows:
                         break
-                    jobs.extend(read_row(r) for r in rows)
+                    yield from map(read_row, rows)
                     # A short sleep, not sleep(0): that would switch greenlets without
                     # running the loop's timers, and the keepalive waits on one.
                     gevent.sleep(YIELD_SECONDS)
         self._keys = self._key_filter() if self._keys_usable else None
-        return jobs
 
     def _key_filter(self) -> KeyFilter:
         """A filter holding every stored key: their MD5s, computed by the server and

@@ -45,6 +45,19 @@ def test_bad_flag_values_are_usage_errors(tmp_path):
         assert flag.split("=")[0] in proc.stderr
 
 
+def test_db_synchronous_with_a_postgresql_url_is_refused_naming_the_flag_and_where_it_came_from():
+    # SQLite's setting would change nothing on PostgreSQL: refused before any connection
+    # is tried (nothing listens on port 1), as a one-line usage error.
+    url = "--db=postgresql://jobmesh@127.0.0.1:1/jobs"
+    given = run_cli("coordinator", url, "--db-synchronous=NORMAL")
+    from_env = run_cli("up", url, env={"JOBMESH_DB_SYNCHRONOUS": "FULL"})
+    for proc in (given, from_env):
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--db-synchronous" in lines[0] and "PostgreSQL" in lines[0], lines
+    assert "JOBMESH_DB_SYNCHRONOUS" in from_env.stderr
+
+
 def test_periodic_port_opens_and_is_on_the_listening_line(coordinator_factory):
     coord = coordinator_factory(periodic_port=0)
     assert coord.periodic_addr is not None and coord.periodic_addr[1] > 0

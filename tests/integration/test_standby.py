@@ -43,7 +43,7 @@ class Node(CoordinatorProc):
     def __init__(self, tmp_path, url: str, name: str, metrics: bool = False, **flags):
         flags.setdefault("heartbeat_timeout_millis", 3000)  # and so the lease grace (the default on PostgreSQL)
         flags.setdefault("db_session_timeout_millis", 1000)
-        super().__init__(tmp_path, name=name, **flags)
+        super().__init__(tmp_path, db=url, name=name, **flags)
         self.url = url
         self.ports = (free_port(), free_port())
         self.metrics_port = free_port() if metrics else None
@@ -92,11 +92,11 @@ class Node(CoordinatorProc):
 
 @pytest.fixture
 def nodes(tmp_path, postgres_url):
-    """``nodes(name, **flags)``: a Node on the test's schema; all stopped at teardown."""
+    """``nodes(name, **flags)``: a Node on the test's schema (or ``url=``); all stopped at teardown."""
     made: list[Node] = []
 
-    def make(name: str, **flags) -> Node:
-        node = Node(tmp_path, postgres_url, name, **flags)
+    def make(name: str, url: str = postgres_url, **flags) -> Node:
+        node = Node(tmp_path, url, name, **flags)
         made.append(node)
         return node
 
@@ -162,6 +162,7 @@ def test_a_standby_opens_no_job_port_and_takes_over_when_the_leader_stops(nodes)
     assert standby.http("/readyz")[0] == 503
     assert "jobmesh_leading 0.0" in standby.http("/metrics")[1]
     assert "listening" not in standby.stdout()
+    assert "cannot end the session" not in standby.stderr()  # one role: a frozen leader it would end
     # ... and a standby stops at once when told to
     third = nodes("third").launch().await_standing_by()
     assert third.terminate() == 0
@@ -173,6 +174,25 @@ def test_a_standby_opens_no_job_port_and_takes_over_when_the_leader_stops(nodes)
     assert "jobmesh_leading 1.0" in standby.http("/metrics")[1]
     with CoordinatorClient(standby.client_target) as client:
         assert client.status(job_id)["state"] == "QUEUED"
+
+
+def test_a_standby_whose_role_cannot_end_the_leaders_session_says_so_at_start(nodes, postgres_server, postgres_url):
+    # Given a leader connected as the superuser, and a role that is no superuser
+    leader = nodes("leader").launch().await_listening()
+    parts = urllib.parse.urlsplit(postgres_url)
+    schema = urllib.parse.parse_qs(parts.query)["options"][0].split("=", 1)[1]
+    role = "standby_" + schema
+    postgres_server.sql("CREATE ROLE %s LOGIN; GRANT USAGE ON SCHEMA %s TO %s" % (role, schema, role),
+                        parts.path.lstrip("/"))
+    # When a coordinator connected as that role stands by
+    standby = nodes("standby", url=postgres_url.replace("//%s@" % parts.username, "//%s@" % role, 1))
+    standby.launch().await_standing_by()
+    # Then its log names both roles and what it means for a frozen leader, in one line
+    line = wait_until(lambda: [x for x in standby.stderr().splitlines() if "cannot end the session" in x],
+                      message="the warning")[0]
+    assert "WARNING" in line and "role %s cannot end" % role in line and "role postgres, a superuser" in line
+    assert "freezes, only PostgreSQL's own timeouts end its session" in line
+    assert standby.terminate() == 0 and leader.terminate() == 0
 
 
 def test_kill_9_of_the_leader_under_load_loses_nothing_and_keeps_running_work(nodes, workers):

@@ -84,7 +84,7 @@ class CoreDriver:
             assert stored is not None, job.job_id
             assert insert_row(stored) == insert_row(job), job.job_id
         assert all(j.state not in TERMINAL for j in table.jobs.values())
-        assert core.active_count == len(self.store.load_active())
+        assert core.active_count == len(list(self.store.load_active()))
         stored = dict(self.store.load_schedules())
         assert stored.keys() == core.schedules.by_name.keys()
         for name, schedule in core.schedules.by_name.items():

@@ -218,6 +218,16 @@ def test_the_periodic_forget_idle_time_is_a_flag_up_passes_on():
         coord("--periodic-forget-idle-millis=-1")
 
 
+def test_db_synchronous_is_sqlites_full_unless_given_and_up_passes_it_on_sqlite_only():
+    from jobmesh.up import coordinator_argv
+
+    assert coord().db_synchronous == "FULL" and "--db-synchronous=FULL" in coordinator_argv(coord())
+    url = "--db=postgresql://jobmesh@db.example:5432/jobs"
+    assert not [a for a in coordinator_argv(coord(url)) if a.startswith("--db-synchronous")]
+    with pytest.raises(ConfigError, match="--db-synchronous .*PostgreSQL"):
+        coord(url, "--db-synchronous=FULL")
+
+
 def test_up_gives_its_coordinator_the_heartbeat_timeout_as_lease_grace_unless_told():
     from jobmesh.up import coordinator_argv, up_coordinator_config
 

@@ -144,7 +144,7 @@ def test_a_commit_that_fails_at_the_fire_instant_makes_no_job_and_recovery_makes
     # Then the database holds no job and the schedule has not advanced
     fault.write_text("")
     reader = SQLiteStore(path)
-    assert reader.load_active() == []
+    assert list(reader.load_active()) == []
     assert '"cursorMillis":%d' % T0 in dict(reader.load_schedules())["s"]
     # And the reload (a recovery, as the runtime does after a failed commit) makes exactly one
     d2, _ = restart(path, MINUTE + 200)

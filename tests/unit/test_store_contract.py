@@ -102,7 +102,7 @@ def ids(pairs: list[tuple[int, Job]]) -> list[str]:
 
 def test_a_new_store_is_empty(store):
     assert store.max_seq() == 0
-    assert store.load_active() == []
+    assert list(store.load_active()) == []
     assert store.load_task_types() == []
     assert store.list_page(10, None, None) == []
     assert store.get("nope") is None
