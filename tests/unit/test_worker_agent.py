@@ -122,7 +122,7 @@ def test_registers_then_heartbeats_on_its_own(coordinator, start_agent):
     start_agent(capacity=3, heartbeat_millis=30)
     conn = coordinator.next_conn()
     assert conn.accept_registration() == {"type": "WORKER_REGISTER", "workerId": "w-t", "capacity": 3,
-                                         "taskTypes": None}
+                                         "taskTypes": None, "resultAcks": True}
     beats = [conn.frames.get(timeout=1) for _ in range(3)]
     assert beats == [{"type": "HEARTBEAT", "workerId": "w-t"}] * 3
 
@@ -249,6 +249,40 @@ def test_a_held_result_the_coordinator_did_not_keep_is_dropped(coordinator, star
     wait_until(lambda: agent.registrations == 2, timeout=5, message="registered", sleep=gevent.sleep)
     second.no_result(0.2)
     assert agent.results == {}
+
+
+def test_a_sent_result_is_held_until_acknowledged_and_named_at_the_next_registration(coordinator, start_agent):
+    # Given a coordinator that agreed to acknowledge results
+    agent = start_agent(capacity=2)
+    first = coordinator.next_conn()
+    register = first.next("WORKER_REGISTER")
+    assert register["resultAcks"] is True
+    first.send({"type": "WORKER_REGISTERED", "workerId": "w-t", "resultAcks": True})
+    assign(first, "j1", "a1", "WORD_COUNT", {"text": "one"})
+    assign(first, "j2", "a2", "WORD_COUNT", {"text": "two"})
+    assert {first.next("TASK_RESULT")["attemptId"], first.next("TASK_RESULT")["attemptId"]} == {"a1", "a2"}
+    # When only a1's result is acknowledged (a2's went into a coordinator that then went away)
+    first.send({"type": "RESULT_ACK", "attemptIds": ["a1", 7]})
+    wait_until(lambda: list(agent.unacked) == ["a2"], timeout=5, message="a1 forgotten", sleep=gevent.sleep)
+    first.close()
+    # Then the next registration names a2, and the result follows it again
+    second = coordinator.next_conn()
+    assert second.next("WORKER_REGISTER")["running"] == [{"jobId": "j2", "attemptId": "a2"}]
+    second.send({"type": "WORKER_REGISTERED", "workerId": "w-t", "resultAcks": True})
+    result = second.next("TASK_RESULT")
+    assert (result["jobId"], result["attemptId"], result["result"]) == ("j2", "a2", {"words": 1})
+    # and it is dropped once acknowledged there
+    second.send({"type": "RESULT_ACK", "attemptIds": ["a2"]})
+    wait_until(lambda: agent.kept() == [], timeout=5, message="nothing held", sleep=gevent.sleep)
+
+
+def test_a_coordinator_that_does_not_acknowledge_leaves_nothing_held(coordinator, start_agent):
+    agent = start_agent()
+    conn = coordinator.next_conn()
+    conn.accept_registration()  # no resultAcks in the answer
+    assign(conn, "j1", "a1", "WORD_COUNT", {"text": "one"})
+    conn.next("TASK_RESULT")
+    assert agent.kept() == [] and agent.unacked == {}
 
 
 def test_kept_attempts_are_stopped_when_no_registration_succeeds_in_time(coordinator, start_agent):
