@@ -25,6 +25,7 @@ import pytest
 from jobmesh import auth
 from jobmesh.client import CoordinatorClient
 from tests.helpers import RawConn, wait_registered, wait_until
+from tests.pg_support import on_both_stores
 
 TASK_MILLIS = 2500
 
@@ -155,6 +156,7 @@ def forged_result(worker_id: str, job_id: str, attempt_id: str) -> dict:
             "success": True, "result": {"forged": True}, "error": None}
 
 
+@on_both_stores
 def test_a_kept_lease_is_kept_only_for_its_worker_and_a_type_it_may_run(coordinator_factory, worker_procs,
                                                                         tmp_path):
     # Given tokens: bill's worker token, and two others, one limited to etl.* types
