@@ -31,12 +31,15 @@ connection attempts) the kept attempts are stopped and their results dropped, as
 are at once with 0.
 
 A result written to a coordinator is not yet applied: one that froze or died may never
-read it. So a worker that keeps attempts (``keep_running_millis`` > 0) asks for
-RESULT_ACKs at registration, and where the coordinator agrees (WORKER_REGISTERED
-``resultAcks``) it holds each result it sent until an acknowledgement or a TASK_CANCEL
-names it. At the next registration the results still held are named and sent again like
-any other held result: the coordinator that follows (restarted, or a standby that took
-over) applies them to the leases it kept, and re-runs nothing that had finished.
+read it. So a worker that keeps attempts (``keep_running_millis`` > 0) and has somewhere
+else to go (several addresses: where it also asks for HEARTBEAT_ACKs and leaves a
+frozen coordinator) asks for RESULT_ACKs at registration, and where the coordinator
+agrees (WORKER_REGISTERED ``resultAcks``) it holds each result it sent until an
+acknowledgement or a TASK_CANCEL names it. At the next registration the results still
+held are named and sent again like any other held result: the coordinator that follows
+(restarted, or a standby that took over) applies them to the leases it kept, and
+re-runs nothing that had finished. A worker with one address sends the frames it always
+sent.
 
 This module uses gevent's socket explicitly, so it works whether or not the process is
 monkey-patched; it patches nothing.
@@ -139,6 +142,8 @@ class WorkerAgent:
         # their lease): only while the coordinator sends RESULT_ACKs (``_acked``).
         self.unacked: dict[str, tuple[Key, bytes]] = {}
         self._acked = False  # the live session's coordinator acknowledges results
+        # Where there is somewhere else to go, as for HEARTBEAT_ACKs, and results are kept.
+        self._asks_acks = len(self.addresses) > 1 and cfg.keep_running_millis > 0
         self._outbox: Queue | None = None  # the live session's outbox; None between sessions
         self._kept_since: float | None = None  # when the attempts kept across a lost connection were left
         self.registrations = 0
@@ -274,7 +279,7 @@ class WorkerAgent:
             kept = self.kept()
             running = [{"jobId": job_id, "attemptId": attempt_id} for job_id, attempt_id in kept] or None
             frame = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types, running,
-                                   result_acks=self.cfg.keep_running_millis > 0).to_wire()
+                                   result_acks=self._asks_acks).to_wire()
             if running is None:  # absent means none: the frame a worker keeping nothing always sent
                 del frame["running"]
             registered = self._ask(sock, reader, frame, WorkerRegistered)

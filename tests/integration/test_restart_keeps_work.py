@@ -24,7 +24,7 @@ import pytest
 
 from jobmesh import auth
 from jobmesh.client import CoordinatorClient
-from tests.helpers import RawConn, wait_registered, wait_until
+from tests.helpers import RawConn, WorkerProc, closed_address, wait_registered, wait_until
 from tests.pg_support import on_both_stores
 
 TASK_MILLIS = 2500
@@ -220,26 +220,36 @@ def test_a_kept_lease_is_kept_only_for_its_worker_and_a_type_it_may_run(coordina
 # ---- a result written into a coordinator that froze, then died ------------------------------
 
 
-def test_a_result_the_coordinator_never_applied_is_applied_after_the_restart(coordinator_factory, worker_procs):
-    # Given a real worker running a job's first attempt on a coordinator with a grace
-    coord, worker, job_id, attempt_id = running_job(coordinator_factory, worker_procs, "w-held", millis=800,
-                                                    lease_grace_millis=30_000)
-    # When the coordinator freezes, the task finishes and its result goes into the frozen
-    # coordinator's socket (two heartbeats written after it), then the coordinator dies
-    os.kill(coord.proc.pid, signal.SIGSTOP)
+def test_a_result_the_coordinator_never_applied_is_applied_after_the_restart(coordinator_factory, tmp_path):
+    # Given a real worker with a second address (so it leaves a coordinator that falls
+    # silent, and asks for its results to be acknowledged), on a coordinator with a grace
+    coord = coordinator_factory(lease_grace_millis=30_000, heartbeat_timeout_millis=5000)
+    worker = WorkerProc(tmp_path, "%s,%s" % (coord.worker_target, closed_address()), "w-held", capacity=1,
+                        heartbeat_millis=1000).start()
     try:
-        finished = "task finished job=%s" % job_id
-        wait_until(lambda: finished in worker.log(), timeout=15, message="the task finished")
-        wait_until(lambda: worker.log().split(finished, 1)[1].count("heartbeat worker=w-held") >= 2, timeout=15,
-                   message="the result written")
-    finally:
-        restart(coord, lease_grace_millis=30_000)
+        wait_until(lambda: "coordinator answers heartbeats" in worker.log(), timeout=30,
+                   message="heartbeats answered")
+        with CoordinatorClient(*coord.client_addr) as client:
+            job_id = client.submit("SLEEP", {"durationMillis": 300})
+            wait_until(lambda: "task started job=%s" % job_id in worker.log(), timeout=15, message="the task started")
+            [attempt_id] = assigned_attempts(client, job_id)
+        # When the coordinator freezes while the task runs: the result goes into the frozen
+        # process's socket, the worker leaves it (three silent heartbeats), and it dies
+        os.kill(coord.proc.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: "coordinator silent" in worker.log(), timeout=30, message="the worker left")
+            log = worker.log()
+            assert log.index("task finished job=%s" % job_id) < log.index("coordinator silent"), "finished late"
+        finally:
+            restart(coord, lease_grace_millis=30_000)
 
-    # Then the worker names the result it still holds, and sends it again: the job
-    # completes on its first attempt, nothing runs twice
-    with CoordinatorClient(*coord.client_addr) as client:
-        final = client.wait(job_id, timeout=30)
-        assert (final["state"], final["attempts"], final["result"]) == ("COMPLETED", 1, {"sleptMillis": 800}), final
-        assert [e["event"] for e in client.events(job_id)] == ["SUBMITTED", "ASSIGNED", "COMPLETED"]
-    assert "lease kept job=%s attempt=%s worker=w-held" % (job_id, attempt_id) in coord.stderr()
-    assert worker.count("task started job=%s" % job_id) == 1
+        # Then the worker names the result it still holds, and sends it again: the job
+        # completes on its first attempt, nothing runs twice
+        with CoordinatorClient(*coord.client_addr) as client:
+            final = client.wait(job_id, timeout=30)
+            assert (final["state"], final["attempts"], final["result"]) == ("COMPLETED", 1, {"sleptMillis": 300})
+            assert [e["event"] for e in client.events(job_id)] == ["SUBMITTED", "ASSIGNED", "COMPLETED"]
+        assert "lease kept job=%s attempt=%s worker=w-held" % (job_id, attempt_id) in coord.stderr()
+        assert worker.count("task started job=%s" % job_id) == 1
+    finally:
+        worker.cleanup()
