@@ -262,7 +262,7 @@ class WorkerRegister(Message):
     task_types: list[str] | None = wire("taskTypes", "list?", None)
     # The attempts this worker still runs (or holds a result of) from before it lost its
     # coordinator: ``[{jobId, attemptId}, ...]``; None (absent) means none.
-    running: list[dict[str, Any]] | None = wire("running", "list?", None)
+    running: list[dict[str, Any]] | None = wire("running", "list?", None, omit=True)
     # Asks for RESULT_ACKs: the worker then holds each result it sends until the
     # coordinator has applied it (or found it stale), and names the ones still held in
     # ``running`` at its next registration, so a result written to a coordinator that

@@ -278,10 +278,9 @@ class WorkerAgent:
                 log.info("authenticated worker=%s token=%s role=%s", self.worker_id, ok.name, ok.role)
             kept = self.kept()
             running = [{"jobId": job_id, "attemptId": attempt_id} for job_id, attempt_id in kept] or None
+            # Absent means none: the frame a worker keeping nothing always sent.
             frame = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types, running,
                                    result_acks=self._asks_acks).to_wire()
-            if running is None:  # absent means none: the frame a worker keeping nothing always sent
-                del frame["running"]
             registered = self._ask(sock, reader, frame, WorkerRegistered)
             sock.settimeout(None)
         except RegistrationRefused as exc:
