@@ -237,6 +237,7 @@ class CoordinatorCore:
     def end_batch(self, now: int) -> list[tuple[Waiter, m.Message]]:
         """After each batch: schedule, keep purging while the last pass was full; the waits
         answered in the batch with their replies (as the jobs stand at its end)."""
+        self.json.send_acks()
         self.json.schedule(now)
         self.periodic.end_batch(now)
         requests = self.requests

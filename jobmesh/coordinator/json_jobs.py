@@ -11,11 +11,18 @@ changes jobs only through the table and sends only through the outbox.
 A worker that registers again after losing its coordinator names the attempts it still
 runs (``running``). Each one that recovery kept on its lease for a worker to claim
 (``table.unclaimed``, --lease-grace-millis) is bound to the new session, as long as the
-session has room; it is the same attempt, with a fresh deadline. Every other one (the
-job ended, moved on to another attempt, is held by another session, or is unknown) gets
-a TASK_CANCEL after WORKER_REGISTERED, so the worker drops it. Claims are taken while
-the coordinator is draining or paused too: the attempt runs anyway, and its result can
-be applied.
+session has the workerId that held the lease, declared the job's type (which its token
+allowed, or the registration was refused) and has room; it is the same attempt, with a
+fresh deadline. Every other one (the job ended, moved on to another attempt, is held by
+another session or worker, is of a type the session does not run, or is unknown) gets
+a TASK_CANCEL after WORKER_REGISTERED, so the worker drops it, and changes nothing.
+Claims are taken while the coordinator is draining or paused too: the attempt runs
+anyway, and its result can be applied. A result is applied only from the session that
+holds its lease: a kept lease nobody claimed takes no result.
+
+A session that asked for them (WORKER_REGISTER ``resultAcks``) gets one RESULT_ACK at
+the end of each batch naming the results of it that were dealt with (applied, or
+stale); the frame leaves after the batch's commit, so an acknowledged result is durable.
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ class JsonJobs:
         self.queued = scheduler.TypedQueues()
         self.workers = WorkerRegistry()
         self.workers_by_type: dict[str, set[Session]] = {}  # task type -> live sessions that run it
+        self.acking: list[Session] = []  # the sessions with results to acknowledge at the end of the batch
         # Set by the core between batches: assign nothing (draining, or storage failing).
         self.hold = False
         table.listen(self, periodic=False)
@@ -118,17 +126,20 @@ class JsonJobs:
         types = BUILTIN_TYPES if msg.task_types is None else frozenset(msg.task_types)
         for name in self.table.declare_types(types, now):
             log.info("new task type declared type=%s worker=%s", name, worker_id)
-        session = Session(worker_id, capacity, conn, now, types)
+        session = Session(worker_id, capacity, conn, now, types, msg.result_acks)
         self.workers.add(session)
         for name in types:
             self.workers_by_type.setdefault(name, set()).add(session)
-        self.outbox.send(conn, m.WorkerRegistered(worker_id))
+        self.outbox.send(conn, m.WorkerRegistered(worker_id, msg.result_acks))
         log.info("worker registered worker=%s capacity=%d types=%s", worker_id, capacity, ",".join(sorted(types)))
         if msg.running:
             self._claim(now, session, msg.running)
 
     def _claim(self, now: int, session: Session, running: list[dict]) -> None:
-        """Keep the named leases that recovery kept for a worker; cancel the others."""
+        """Keep the named leases that recovery kept for this worker; cancel the others.
+
+        A lease is kept only for the workerId that held it and a type the session runs:
+        attempt ids are ``<jobId>.<n>``, so anyone who knows a job id can name one."""
         table = self.table
         for item in running:
             job_id, attempt_id = item["jobId"], item["attemptId"]
@@ -136,7 +147,11 @@ class JsonJobs:
             if job is None or job.attempt_id != attempt_id:
                 why = "no such attempt"
             elif job_id in table.unclaimed:
-                if len(session.running) < session.capacity:
+                if job.worker_id != session.worker_id:
+                    why = "held by worker %s" % job.worker_id
+                elif job.task_type not in session.task_types:
+                    why = "the worker does not run task type %s" % job.task_type
+                elif len(session.running) < session.capacity:
                     table.claim(job, session, now)
                     self.timers.track_lease(job)
                     log.info("lease kept job=%s attempt=%s worker=%s", job_id, attempt_id, session.worker_id)
@@ -180,7 +195,14 @@ class JsonJobs:
             session.last_heartbeat = now
 
     def on_result(self, now: int, conn: OutboundConnection, res: m.TaskResult) -> None:
+        """Apply a result from the session that holds its lease (a lease is only ever
+        given to a session that runs the job's type: assigned, or claimed); drop any other
+        as stale. Either way, a session that asked is told (RESULT_ACK)."""
         session = self.workers.by_conn(conn)
+        if session is not None and session.acks is not None:
+            if not session.acks:
+                self.acking.append(session)
+            session.acks.append(res.attempt_id)
         job = self.table.jobs.get(res.job_id)
         if (
             session is None
@@ -188,7 +210,7 @@ class JsonJobs:
             or job is None
             or job.state is not JobState.RUNNING
             or job.attempt_id != res.attempt_id
-            or job.worker_id != res.worker_id
+            or self.table.leases.get(res.job_id) is not session
             or job.periodic is not None
         ):
             log.warning("stale result dropped job=%s attempt=%s worker=%s", res.job_id, res.attempt_id, res.worker_id)
@@ -222,6 +244,14 @@ class JsonJobs:
         else:
             error = (res.error or "task failed without an error message")[:MAX_ERROR_CHARS]
             self.attempt_failed(job, now, error, "ATTEMPT_FAILED")
+
+    def send_acks(self) -> None:
+        """The end of a batch: each session that asked gets one RESULT_ACK for its results
+        of the batch (released after the commit, like every frame)."""
+        for session in self.acking:
+            self.outbox.send(session.conn, m.ResultAck(session.acks or []))
+            session.acks = []
+        self.acking.clear()
 
     def _stale_flood(self, session: Session, now: int) -> bool:
         """Count a session's stale results; more than MAX_STALE_PER_SECOND in a second

@@ -15,10 +15,10 @@ if TYPE_CHECKING:  # a protocol only: the registry stays free of gevent
 
 class Session:
     __slots__ = ("worker_id", "capacity", "conn", "last_heartbeat", "connected_at", "running", "task_types",
-                 "stale_since", "stale_count")
+                 "stale_since", "stale_count", "acks")
 
     def __init__(self, worker_id: str, capacity: int, conn: OutboundConnection, now_millis: int,
-                 task_types: frozenset[str] = frozenset()) -> None:
+                 task_types: frozenset[str] = frozenset(), result_acks: bool = False) -> None:
         self.worker_id = worker_id
         self.capacity = capacity
         self.conn = conn
@@ -28,6 +28,9 @@ class Session:
         self.running: set[str] = set()  # job ids whose current lease this worker holds
         self.stale_since = now_millis  # the window in which stale results are counted
         self.stale_count = 0
+        # The attempt ids of this batch's results to acknowledge (RESULT_ACK), for a
+        # worker that asked; None for one that did not.
+        self.acks: list[str] | None = [] if result_acks else None
 
     @property
     def free(self) -> int:

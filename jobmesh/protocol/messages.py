@@ -15,7 +15,8 @@ Each field is declared once, as a dataclass field made by ``wire(name, kind, def
 the dataclass gives the constructor, equality and typing; the codec reads the wire name
 and kind from the field's metadata. Field kinds: ``str``, ``int`` (never a bool),
 ``bool``, ``obj`` (JSON object), ``list``; a trailing ``?`` allows null. A field with a
-default may be absent.
+default may be absent; one declared with ``omit=True`` is also left out of the frames
+that carry its default, so a frame that does not use it is the frame it was before.
 
 A field made by ``local()`` is not on the wire at all: the receiver fills it in (the
 coordinator's handler sets ``submitted_by`` from the connection's token), so a peer
@@ -92,11 +93,14 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def wire(name: str, kind: str, default: Any = _MISSING) -> Any:
-    """Declare a message field: its wire name, its kind, and its default (none: required)."""
+def wire(name: str, kind: str, default: Any = _MISSING, omit: bool = False) -> Any:
+    """Declare a message field: its wire name, its kind, and its default (none: required);
+    ``omit``: encoded only when it differs from the default."""
     if kind.rstrip("?") not in _CHECKS:
         raise ValueError("unknown field kind %r" % kind)
-    metadata = {"wire": name, "kind": kind}
+    if omit and default is _MISSING:
+        raise ValueError("only a field with a default may be omitted")
+    metadata = {"wire": name, "kind": kind, "omit": omit}
     if isinstance(default, (list, dict)):
         factory: Callable[[], Any] = type(default)
         return dataclasses.field(default_factory=factory, metadata=metadata)
@@ -191,9 +195,16 @@ def _codec(cls: type[Message]) -> tuple[Callable[[dict[str, Any]], Message], Cal
     if hasattr(cls, "__post_init__"):
         lines.append("    new.__post_init__()")
     lines.append("    return new")
+    omitted = {f.name for f in dataclasses.fields(cls) if f.metadata.get("omit")}  # type: ignore[arg-type]
     lines.append("def encode(msg):")
-    lines.append("    return {%s}" % ", ".join(["'type': %r" % cls.TYPE] + ["%r: msg.%s" % (name, attr)
-                                                                       for attr, name, *_ in spec]))
+    lines.append("    d = {%s}" % ", ".join(["'type': %r" % cls.TYPE] + ["%r: msg.%s" % (name, attr)
+                                                                     for attr, name, *_ in spec
+                                                                     if attr not in omitted]))
+    for i, (attr, name, *_rest) in enumerate(spec):
+        if attr in omitted:
+            lines.append("    if msg.%s != _default%d:" % (attr, i))
+            lines.append("        d[%r] = msg.%s" % (name, attr))
+    lines.append("    return d")
     exec("\n".join(lines), names)  # noqa: S102 - source built from the class's declared fields only
     codec = (names["decode"], names["encode"])
     setattr(cls, "_CODEC", codec)
@@ -251,13 +262,20 @@ class WorkerRegister(Message):
     task_types: list[str] | None = wire("taskTypes", "list?", None)
     # The attempts this worker still runs (or holds a result of) from before it lost its
     # coordinator: ``[{jobId, attemptId}, ...]``; None (absent) means none.
-    running: list[dict[str, Any]] | None = wire("running", "list?", None)
+    running: list[dict[str, Any]] | None = wire("running", "list?", None, omit=True)
+    # Asks for RESULT_ACKs: the worker then holds each result it sends until the
+    # coordinator has applied it (or found it stale), and names the ones still held in
+    # ``running`` at its next registration, so a result written to a coordinator that
+    # froze or died before applying it reaches the one that follows.
+    result_acks: bool = wire("resultAcks", "bool", False, omit=True)
 
 
 @dataclass(frozen=True)
 class WorkerRegistered(Message):
     TYPE = "WORKER_REGISTERED"
     worker_id: str = wire("workerId", "str")
+    # True when the registration asked for RESULT_ACKs: this coordinator sends them.
+    result_acks: bool = wire("resultAcks", "bool", False, omit=True)
 
 
 @dataclass(frozen=True)
@@ -273,6 +291,16 @@ class Heartbeat(Message):
 class HeartbeatAck(Message):
     TYPE = "HEARTBEAT_ACK"
     worker_id: str = wire("workerId", "str")
+
+
+@dataclass(frozen=True)
+class ResultAck(Message):
+    """The TASK_RESULTs of these attempts are dealt with, durably: applied, or stale (their
+    lease had ended); the worker forgets them. Sent, after the commit, only to a session
+    that asked (WORKER_REGISTER ``resultAcks``), one frame for the results of a batch."""
+
+    TYPE = "RESULT_ACK"
+    attempt_ids: list[str] = wire("attemptIds", "list")
 
 
 @dataclass(frozen=True)
@@ -593,7 +621,7 @@ class SchedulePreview(Message):
 
 
 ALL_MESSAGES: tuple[type[Message], ...] = (
-    WorkerRegister, WorkerRegistered, Heartbeat, HeartbeatAck, TaskAssign, TaskCancel, TaskResult, Error,
+    WorkerRegister, WorkerRegistered, Heartbeat, HeartbeatAck, ResultAck, TaskAssign, TaskCancel, TaskResult, Error,
     SubmitJob, JobSubmitted, SubmitRejected, GetJobStatus, JobStatus, ListJobs, JobList,
     ListWorkers, WorkerList, CancelJob, JobCancel, GetJobEvents, JobEvents, RetryJob, PurgeJobs,
     JobsPurged, WaitJob, GetStats, Stats, SchedulePut, Schedule, ScheduleGet, ScheduleList, SchedulePause,
@@ -607,7 +635,8 @@ CLIENT_PORT_REQUESTS = frozenset({"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "
                                   "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB",
                                   "GET_STATS", "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",
                                   "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW"})
-TO_WORKER = frozenset({"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "HEARTBEAT_ACK", "ERROR", "AUTH_OK"})
+TO_WORKER = frozenset({"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "HEARTBEAT_ACK", "RESULT_ACK", "ERROR",
+                       "AUTH_OK"})
 TO_CLIENT = frozenset({"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST", "JOB_CANCEL",
                        "JOB_EVENTS", "JOBS_PURGED", "STATS", "SCHEDULE", "SCHEDULE_LIST", "SCHEDULE_PREVIEW",
                        "ERROR", "AUTH_OK"})

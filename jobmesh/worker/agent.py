@@ -30,6 +30,17 @@ keeps none. Without a registration within ``keep_running_millis`` (checked betwe
 connection attempts) the kept attempts are stopped and their results dropped, as they
 are at once with 0.
 
+A result written to a coordinator is not yet applied: one that froze or died may never
+read it. So a worker that keeps attempts (``keep_running_millis`` > 0) and has somewhere
+else to go (several addresses: where it also asks for HEARTBEAT_ACKs and leaves a
+frozen coordinator) asks for RESULT_ACKs at registration, and where the coordinator
+agrees (WORKER_REGISTERED ``resultAcks``) it holds each result it sent until an
+acknowledgement or a TASK_CANCEL names it. At the next registration the results still
+held are named and sent again like any other held result: the coordinator that follows
+(restarted, or a standby that took over) applies them to the leases it kept, and
+re-runs nothing that had finished. A worker with one address sends the frames it always
+sent.
+
 This module uses gevent's socket explicitly, so it works whether or not the process is
 monkey-patched; it patches nothing.
 """
@@ -61,6 +72,7 @@ from jobmesh.protocol.messages import (
     Heartbeat,
     HeartbeatAck,
     Message,
+    ResultAck,
     TaskAssign,
     TaskCancel,
     TaskResult,
@@ -126,6 +138,12 @@ class WorkerAgent:
         # Results of attempts not yet written to a coordinator, by lease: held while
         # disconnected, taken by the session's writer while connected.
         self.results: dict[Key, bytes] = {}
+        # Results written in this session and not yet acknowledged, by attempt id (with
+        # their lease): only while the coordinator sends RESULT_ACKs (``_acked``).
+        self.unacked: dict[str, tuple[Key, bytes]] = {}
+        self._acked = False  # the live session's coordinator acknowledges results
+        # Where there is somewhere else to go, as for HEARTBEAT_ACKs, and results are kept.
+        self._asks_acks = len(self.addresses) > 1 and cfg.keep_running_millis > 0
         self._outbox: Queue | None = None  # the live session's outbox; None between sessions
         self._kept_since: float | None = None  # when the attempts kept across a lost connection were left
         self.registrations = 0
@@ -194,7 +212,8 @@ class WorkerAgent:
 
     def kept(self) -> list[Key]:
         """The leases of the attempts still running here or holding a result, oldest first."""
-        return list(dict.fromkeys(self.in_flight.leases() + list(self.results)))
+        return list(dict.fromkeys(self.in_flight.leases() + list(self.results)
+                                  + [key for key, _frame in self.unacked.values()]))
 
     def _keep_running(self) -> None:
         """The session ended: keep its attempts for ``keep_running_millis`` (or stop them now)."""
@@ -224,8 +243,9 @@ class WorkerAgent:
         """Stop every attempt and drop every unsent result (their leases are gone)."""
         self._kept_since = None
         abandoned = self.in_flight.abandon_all()
-        dropped = len(self.results)
+        dropped = len(self.results) + len(self.unacked)
         self.results.clear()
+        self.unacked.clear()
         if abandoned or dropped:
             log.info("abandoned in-flight attempts worker=%s count=%d results_dropped=%d: %s",
                      self.worker_id, abandoned, dropped, why)
@@ -258,10 +278,10 @@ class WorkerAgent:
                 log.info("authenticated worker=%s token=%s role=%s", self.worker_id, ok.name, ok.role)
             kept = self.kept()
             running = [{"jobId": job_id, "attemptId": attempt_id} for job_id, attempt_id in kept] or None
-            frame = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types, running).to_wire()
-            if running is None:  # absent means none: the frame a worker keeping nothing always sent
-                del frame["running"]
-            self._ask(sock, reader, frame, WorkerRegistered)
+            # Absent means none: the frame a worker keeping nothing always sent.
+            frame = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types, running,
+                                   result_acks=self._asks_acks).to_wire()
+            registered = self._ask(sock, reader, frame, WorkerRegistered)
             sock.settimeout(None)
         except RegistrationRefused as exc:
             sock.close()
@@ -273,6 +293,7 @@ class WorkerAgent:
             raise
         self.registrations += 1
         self._kept_since = None
+        self._acked = registered.result_acks
         log.info("registered worker=%s capacity=%d heartbeat_millis=%d kept=%d",
                  self.worker_id, self.cfg.capacity, self.cfg.heartbeat_interval_millis, len(kept))
         return sock, reader
@@ -312,6 +333,10 @@ class WorkerAgent:
             self._outbox = None
             gevent.killall([heart, writer])
             sock.close()
+            # Not acknowledged: maybe never applied. Held, to be named and sent again.
+            for key, frame in self.unacked.values():
+                self.results[key] = frame
+            self.unacked.clear()
 
     # ---- session greenlets ------------------------------------------------------------
 
@@ -327,6 +352,11 @@ class WorkerAgent:
                     hearing.answers = True
                     log.info("coordinator answers heartbeats worker=%s: its silence will count from now on",
                              self.worker_id)
+            elif isinstance(msg, ResultAck):
+                unacked = self.unacked
+                for attempt_id in msg.attempt_ids:
+                    if isinstance(attempt_id, str):
+                        unacked.pop(attempt_id, None)
             elif isinstance(msg, TaskAssign):
                 self._on_assign(msg, outbox)
             elif isinstance(msg, TaskCancel):
@@ -339,7 +369,8 @@ class WorkerAgent:
     def _write_loop(self, sock: socket.socket, outbox: Queue) -> None:
         """Write the outbox's frames and the results waiting in ``results``. Results whose
         write did not complete (the connection failed, or the session ended) go back to
-        ``results``, to be named at the next registration."""
+        ``results``, to be named at the next registration; written ones wait in
+        ``unacked`` for their RESULT_ACK when the coordinator sends them."""
         sending: dict[Key, bytes] = {}
         try:
             for frame in outbox:
@@ -349,6 +380,10 @@ class WorkerAgent:
                 if self.results:
                     sending, self.results = self.results, {}
                     frame += b"".join(sending.values())
+                    if self._acked:  # before the write: its acknowledgement may come before sendall returns
+                        unacked = self.unacked
+                        for key, result in sending.items():
+                            unacked[key[1]] = (key, result)
                 sock.sendall(frame)
                 sending = {}
         except OSError as exc:
@@ -416,7 +451,8 @@ class WorkerAgent:
     def _on_cancel(self, msg: TaskCancel) -> None:
         if self.in_flight.cancel(msg.job_id, msg.attempt_id):
             log.info("task cancelled job=%s attempt=%s", msg.job_id, msg.attempt_id)
-        elif self.results.pop((msg.job_id, msg.attempt_id), None) is not None:
+        elif (self.results.pop((msg.job_id, msg.attempt_id), None) is not None
+              or self.unacked.pop(msg.attempt_id, None) is not None):
             log.info("result dropped job=%s attempt=%s: the coordinator did not keep the lease",
                      msg.job_id, msg.attempt_id)
         else:

@@ -436,3 +436,32 @@ def test_a_leader_whose_core_is_behind_on_a_worker_still_answers_its_heartbeats(
         assert commits_waiting() > 0
     client.close()
     worker.close()
+
+
+def test_a_result_written_into_a_frozen_leader_is_applied_by_the_standby(nodes, workers):
+    # Given a leader, a standby that keeps leases for 20 s at its takeover, and a worker on
+    # both addresses (heartbeats every second: it leaves a silent leader after three)
+    leader = nodes("leader").launch().await_listening()
+    standby = nodes("standby", lease_grace_millis=20_000).launch().await_standing_by()
+    worker = workers("%s,%s" % (leader.worker_target, standby.worker_target), "w-1", capacity=1,
+                     heartbeat_millis=1000)
+    wait_until(lambda: "coordinator answers heartbeats" in worker.log(), timeout=30,
+               message="heartbeats answered by the leader")
+    with CoordinatorClient(leader.client_target, timeout=30) as client:
+        job_id = client.submit("SLEEP", {"durationMillis": 800})
+    wait_until(lambda: "task started job=%s" % job_id in worker.log(), timeout=30, message="the task started")
+
+    # When the leader freezes while the task runs: its result goes into the frozen
+    # process's socket, then the worker leaves for the standby, which takes over
+    leader.proc.send_signal(signal.SIGSTOP)
+    wait_until(lambda: "coordinator silent" in worker.log(), timeout=30, message="the worker left the leader")
+    log = worker.log()
+    assert log.index("task finished job=%s" % job_id) < log.index("coordinator silent"), "finished after leaving"
+    standby.await_listening()
+
+    # Then the standby applies the result the worker still held: attempt 1, nothing re-run
+    with CoordinatorClient(standby.client_target, timeout=30) as client:
+        final = client.wait(job_id, timeout=TAKEOVER)
+        assert (final["state"], final["attempts"], final["result"]) == ("COMPLETED", 1, {"sleptMillis": 800}), final
+        assert [e["event"] for e in client.events(job_id)] == ["SUBMITTED", "ASSIGNED", "COMPLETED"]
+    assert worker.count("task started job=%s" % job_id) == 1

@@ -257,3 +257,40 @@ def test_a_storage_outage_gives_the_kept_leases_their_grace_again_when_it_ends()
     h.sweep(end + GRACE)
     assert h.state(claimed) == "RUNNING" and h.state(unclaimed) in ("QUEUED", "RUNNING")
     assert events(h, unclaimed)[2]["event"] == "RECOVERED"
+
+
+def test_a_kept_lease_is_kept_only_for_its_worker_id_and_a_type_its_session_runs():
+    # Given a job RUNNING on w1 at the crash, kept on its lease
+    h, [job_id] = running_at_restart()
+    snap = h.status(job_id)
+    # When another worker id names it, and w1's id names it without declaring its type
+    other = h.register(RESTART + 100, "w2", capacity=4, running=[lease(snap)])
+    assert h.cancels(other) == [m.TaskCancel(job_id, lease(snap)["attemptId"])]
+    conn = Conn("w1-limited")
+    h.register_on(RESTART + 150, conn, "w1", 4, ["etl.load"], [lease(snap)])
+    assert h.cancels(conn) == [m.TaskCancel(job_id, lease(snap)["attemptId"])]
+    # and that session, without a claim, sends a result for the lease
+    result(h, RESTART + 160, conn, job_id, lease(snap)["attemptId"], "w1")
+    # Then nothing changed: the lease still waits for w1, unclaimed, and no result is stored
+    snap = h.status(job_id)
+    assert (snap["state"], snap["attempts"], snap["workerId"], snap["result"]) == ("RUNNING", 1, "w1", None)
+    assert job_id in h.core.table.unclaimed
+    assert h.core.running_attempts == 0
+
+
+def test_results_of_a_session_that_asked_are_acknowledged_once_per_batch():
+    h, [applied, other] = running_at_restart(jobs=2)
+    leases = [lease(h.status(job_id)) for job_id in (applied, other)]
+    conn = Conn("w1")
+    h.apply(RESTART + 100, ev.Registered(conn, m.WorkerRegister("w1", 4, None, leases[:1], result_acks=True)))
+    assert h.step(RESTART + 100)[0] == (conn, m.WorkerRegistered("w1", result_acks=True))
+    # One result applied, one for a lease this session did not claim (stale), in one batch
+    h.apply(RESTART + 200, ev.Result(conn, m.TaskResult("w1", applied, leases[0]["attemptId"], True, {}, None)))
+    sent = result(h, RESTART + 200, conn, other, leases[1]["attemptId"], "w1")
+    assert [msg for c, msg in sent if isinstance(msg, m.ResultAck)] == [
+        m.ResultAck([leases[0]["attemptId"], leases[1]["attemptId"]])]
+    assert h.state(applied) == "COMPLETED" and h.state(other) == "RUNNING"
+    # A session that did not ask gets none
+    plain = h.register(RESTART + 300, "w9", capacity=1)
+    sent = result(h, RESTART + 300, plain, other, leases[1]["attemptId"], "w9")
+    assert not [msg for _c, msg in sent if isinstance(msg, m.ResultAck)]

@@ -19,10 +19,11 @@ SNAPSHOT = {
 # One fully populated sample of every message type, keyed by its wire type.
 SAMPLES: dict[str, m.Message] = {
     "WORKER_REGISTER": m.WorkerRegister(worker_id="w-1", capacity=4, task_types=["SLEEP", "GREET"],
-                                        running=[{"jobId": "j-1", "attemptId": "j-1.1"}]),
-    "WORKER_REGISTERED": m.WorkerRegistered(worker_id="w-1"),
+                                        running=[{"jobId": "j-1", "attemptId": "j-1.1"}], result_acks=True),
+    "WORKER_REGISTERED": m.WorkerRegistered(worker_id="w-1", result_acks=True),
     "HEARTBEAT": m.Heartbeat(worker_id="w-1"),
     "HEARTBEAT_ACK": m.HeartbeatAck(worker_id="w-1"),
+    "RESULT_ACK": m.ResultAck(attempt_ids=["j-1.1", "j-2.3"]),
     "TASK_ASSIGN": m.TaskAssign(job_id="j-1", attempt_id="a-1", attempt_number=2, task_type="SLEEP",
                                 payload={"durationMillis": 5}),
     "TASK_CANCEL": m.TaskCancel(job_id="j-1", attempt_id="a-1"),
@@ -96,10 +97,11 @@ def test_round_trip_through_frame_bytes(type_name):
 @pytest.mark.parametrize("type_name", sorted(SAMPLES))
 def test_wire_uses_camel_case_names_from_the_protocol(type_name):
     expected = {
-        "WORKER_REGISTER": {"workerId", "capacity", "taskTypes", "running"},
-        "WORKER_REGISTERED": {"workerId"},
+        "WORKER_REGISTER": {"workerId", "capacity", "taskTypes", "running", "resultAcks"},
+        "WORKER_REGISTERED": {"workerId", "resultAcks"},
         "HEARTBEAT": {"workerId", "ack"},
         "HEARTBEAT_ACK": {"workerId"},
+        "RESULT_ACK": {"attemptIds"},
         "TASK_ASSIGN": {"jobId", "attemptId", "attemptNumber", "taskType", "payload"},
         "TASK_CANCEL": {"jobId", "attemptId"},
         "TASK_RESULT": {"workerId", "jobId", "attemptId", "success", "result", "error"},
@@ -247,7 +249,8 @@ def test_port_tables_match_the_protocol():
                                       "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB", "GET_STATS",
                                       "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",
                                       "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW"}
-    assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "HEARTBEAT_ACK", "ERROR", "AUTH_OK"}
+    assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "HEARTBEAT_ACK", "RESULT_ACK", "ERROR",
+                           "AUTH_OK"}
     assert m.TO_CLIENT == {"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST",
                            "JOB_CANCEL", "JOB_EVENTS", "JOBS_PURGED", "STATS", "SCHEDULE", "SCHEDULE_LIST",
                            "SCHEDULE_PREVIEW", "ERROR", "AUTH_OK"}
@@ -317,3 +320,13 @@ def test_auth_on_a_coordinator_without_tokens_says_so():
     for port in (m.CLIENT_PORT_REQUESTS, m.WORKER_PORT_REQUESTS):
         with pytest.raises(ProtocolError, match="takes no tokens"):
             m.decode({"type": "AUTH", "token": "x"}, port)
+
+
+def test_a_field_declared_omit_leaves_the_frames_that_carry_its_default_unchanged():
+    # WORKER_REGISTERED without resultAcks is the frame it always was; with it, it says so
+    assert m.WorkerRegistered(worker_id="w").to_wire() == {"type": "WORKER_REGISTERED", "workerId": "w"}
+    assert m.WorkerRegistered(worker_id="w", result_acks=True).to_wire()["resultAcks"] is True
+    assert "resultAcks" not in m.WorkerRegister(worker_id="w", capacity=1).to_wire()
+    assert m.decode({"type": "WORKER_REGISTERED", "workerId": "w"}) == m.WorkerRegistered(worker_id="w")
+    with pytest.raises(ProtocolError):
+        m.decode({"type": "RESULT_ACK", "attemptIds": "j.1"})

@@ -15,11 +15,11 @@ import pytest
 from gevent.queue import Empty, Queue
 from gevent.server import StreamServer
 
-from jobmesh.addresses import Address
+from jobmesh.addresses import Address, parse_address
 from jobmesh.config import WorkerConfig
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.worker.agent import WorkerAgent
-from tests.helpers import wait_until
+from tests.helpers import closed_address, wait_until
 
 
 class ScriptedCoordinator:
@@ -249,6 +249,46 @@ def test_a_held_result_the_coordinator_did_not_keep_is_dropped(coordinator, star
     wait_until(lambda: agent.registrations == 2, timeout=5, message="registered", sleep=gevent.sleep)
     second.no_result(0.2)
     assert agent.results == {}
+
+
+def test_a_sent_result_is_held_until_acknowledged_and_named_at_the_next_registration(coordinator):
+    # Given a worker with a second address (where nothing listens), and a coordinator that
+    # agreed to acknowledge results
+    cfg = WorkerConfig((Address("127.0.0.1", coordinator.server.server_port),
+                        parse_address(closed_address())), "w-t", 2, 50)
+    agent = WorkerAgent(cfg)
+    runner = gevent.spawn(agent.run)
+    try:
+        first = coordinator.next_conn()
+        assert first.next("WORKER_REGISTER")["resultAcks"] is True
+        first.send({"type": "WORKER_REGISTERED", "workerId": "w-t", "resultAcks": True})
+        assign(first, "j1", "a1", "WORD_COUNT", {"text": "one"})
+        assign(first, "j2", "a2", "WORD_COUNT", {"text": "two"})
+        assert {first.next("TASK_RESULT")["attemptId"], first.next("TASK_RESULT")["attemptId"]} == {"a1", "a2"}
+        # When only a1's result is acknowledged (a2's went into a coordinator that then went away)
+        first.send({"type": "RESULT_ACK", "attemptIds": ["a1", 7]})
+        wait_until(lambda: list(agent.unacked) == ["a2"], timeout=5, message="a1 forgotten", sleep=gevent.sleep)
+        first.close()
+        # Then the next registration names a2, and the result follows it again
+        second = coordinator.next_conn()
+        assert second.next("WORKER_REGISTER")["running"] == [{"jobId": "j2", "attemptId": "a2"}]
+        second.send({"type": "WORKER_REGISTERED", "workerId": "w-t", "resultAcks": True})
+        result = second.next("TASK_RESULT")
+        assert (result["jobId"], result["attemptId"], result["result"]) == ("j2", "a2", {"words": 1})
+        # and it is dropped once acknowledged there
+        second.send({"type": "RESULT_ACK", "attemptIds": ["a2"]})
+        wait_until(lambda: agent.kept() == [], timeout=5, message="nothing held", sleep=gevent.sleep)
+    finally:
+        gevent.killall([runner], timeout=5)
+
+
+def test_a_coordinator_that_does_not_acknowledge_leaves_nothing_held(coordinator, start_agent):
+    agent = start_agent()
+    conn = coordinator.next_conn()
+    assert "resultAcks" not in conn.accept_registration()  # one address: not asked, and not agreed
+    assign(conn, "j1", "a1", "WORD_COUNT", {"text": "one"})
+    conn.next("TASK_RESULT")
+    assert agent.kept() == [] and agent.unacked == {}
 
 
 def test_kept_attempts_are_stopped_when_no_registration_succeeds_in_time(coordinator, start_agent):
