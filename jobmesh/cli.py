@@ -104,6 +104,9 @@ Coordinator options:
                                  connection must authenticate, and the metrics port
                                  asks for a token too (but /healthz and /readyz);
                                  SIGHUP reads the file again (docs/SECURITY.md)
+  --auth-timeout-millis=N        with --auth-file: close a connection whose TLS
+                                 handshake and AUTH (or Periodic registration) are not
+                                 done this long after it was accepted [default: 10000]
   --insecure                     allow a --bind address other machines can reach
                                  without --auth-file
   --schedules=FILE               recurring schedules to keep: a TOML file, one table per

@@ -115,6 +115,7 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         "db-session-timeout-millis": cfg.db_session_timeout_millis,
         "retain-finished-millis": cfg.retain_finished_millis,
         "idle-timeout-millis": cfg.idle_timeout_millis,
+        "auth-timeout-millis": cfg.auth_timeout_millis,
         "periodic-keepalive-millis": cfg.periodic_keepalive_millis,
         "log-level": cfg.log_level,
         "drain-millis": cfg.drain_millis,

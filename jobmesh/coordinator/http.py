@@ -546,8 +546,8 @@ class HttpPort:
             return False
         host = str(environ.get("REMOTE_ADDR", ""))
         identity = guard.authenticate(token, host)
+        guard.hold_back(host)  # a success waits as a refusal does, for an address that keeps failing
         if identity is None:
-            guard.hold_back(host)
             return False
         return identity.may("METRICS")
 

@@ -55,7 +55,7 @@ from jobmesh.periodic import codec as pc
 
 if TYPE_CHECKING:
     from jobmesh.auth import Identity
-    from jobmesh.coordinator.guard import Guard
+    from jobmesh.coordinator.guard import Guard, Ticket
     from jobmesh.periodic.rsa import OpenedDecoder, ServerKeys
 
     Decoder = pc.PacketDecoder | OpenedDecoder
@@ -294,8 +294,8 @@ class PeriodicPort:
                     guard.failed(host)
                 log.warning("closing periodic connection peer=%s:%s: wrong token name or token", *conn.addr[:2])
                 identity = None
+        guard.hold_back(host)  # a success waits as a refusal does, for an address that keeps failing
         if identity is None:
-            guard.hold_back(host)
             return None
         if worker != (identity.role == WORKER):  # only a worker token registers a worker, and only as one
             log.warning("closing periodic connection peer=%s:%s: token %s of role %s may not register as a %s",
@@ -334,7 +334,8 @@ class PeriodicPort:
         opened.feed(handshake.rest)
         return opened
 
-    def handle(self, sock: Any, addr: Any) -> None:
+    def handle(self, sock: Any, addr: Any, ticket: Ticket | None = None) -> None:
+        """One connection; with tokens (``guard.gate``), ``ticket`` is done once it registers."""
         nodelay(sock)
         conn = PeriodicConn(sock, addr) if self.keys is None else SealedPeriodicConn(sock, addr)
         self.conns.add(conn)
@@ -367,6 +368,8 @@ class PeriodicPort:
             refused = self._admit(registration, conn, self.keys is not None)
             if refused is None:
                 return
+            if ticket is not None:
+                ticket.done()
             conn.kind = int(registration.kind)
             conn.write(pc.encode_handshake_reply(_random.getrandbits(32)))
             conn.last_arrival = monotonic()

@@ -136,6 +136,13 @@ def test_a_plaintext_cli_on_a_tls_port_fails_cleanly(tls_coordinator):
     out = run_cli("list", coordinator=tls_coordinator.client_target)
     assert out.returncode == 3
     assert "unreachable" in out.stderr and "Traceback" not in out.stderr
+    assert "the coordinator speaks TLS here: add --tls-ca" in out.stderr
+
+
+def test_a_plaintext_worker_on_a_tls_port_is_told_so_and_exits_1(tls_coordinator, worker_procs):
+    worker = worker_procs.start(tls_coordinator, "w-plaintext")
+    assert worker.proc.wait(30) == 1
+    assert "the coordinator speaks TLS here: add --tls-ca" in worker.log()
 
 
 def test_a_tls_client_on_a_plaintext_port_is_told_so(coordinator, certs):
