@@ -382,7 +382,8 @@ Options:
 
 TOKEN_DOC = """Make, list and remove the tokens of an auth file (TOML, read by the coordinator
 through --auth-file; docs/SECURITY.md). The file stores each token's SHA-256 only: 'new'
-prints the token once, on stdout, and nowhere else. A running coordinator takes the change on
+prints the token once, on stdout, and nowhere else; write it to a file only you can read:
+(umask 077; jobmesh token new ci --role=client > ci.token). A running coordinator takes the change on
 SIGHUP; removing a token closes its connections then.
 
 Roles: worker (the worker port only), reader (status, list, workers, events, wait,
@@ -705,6 +706,17 @@ def _run(command: str, argv: list[str], args: dict, json_logs: bool) -> int:
         return EXIT_USAGE
 
 
+def _exposed_stdout() -> int | None:
+    """The mode of the regular file stdout was redirected to, when others may read it."""
+    try:
+        st = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError):
+        return None
+    import stat
+
+    return st.st_mode & 0o7777 if stat.S_ISREG(st.st_mode) and st.st_mode & 0o044 else None
+
+
 def run_token_command(args: dict) -> int:
     """``jobmesh token new|list|rm``: edit an auth file. ``AuthFileError`` (a ConfigError) for
     a bad name, role or file: one line, exit 2."""
@@ -718,6 +730,11 @@ def run_token_command(args: dict) -> int:
         _print_line(token)
         print("jobmesh token: added %r (role %s) to %s; the token above is shown only this once. A running "
               "coordinator takes it on SIGHUP." % (args["NAME"], args["--role"], path), file=sys.stderr)
+        exposed = _exposed_stdout()
+        if exposed is not None:
+            print("jobmesh token: warning: the token went into a file other users may read (mode %04o): chmod 600 "
+                  "it, and make the next one with (umask 077; jobmesh token new ... > FILE)" % exposed,
+                  file=sys.stderr)
         return EXIT_OK
     if args["rm"]:
         auth.remove_token(path, args["NAME"])

@@ -12,6 +12,8 @@ import base64
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -587,6 +589,16 @@ def test_token_cli(tmp_path):
     assert token not in open(path).read()
     assert auth.AuthFile.load(path).authenticate(token).name == "ci"
     assert run_cli("token", "new", "w1", "--role=worker", "--auth-file=%s" % path).returncode == 0
+    # a token written with a plain > into a file others may read is called out; under umask 077 it is not
+    for umask, warned in ((0o022, True), (0o077, False)):
+        target = tmp_path / ("w-%o.token" % umask)
+        shell = "umask %03o; %s -m jobmesh token new w-%o --role=worker --auth-file=%s > %s" % (
+            umask, sys.executable, umask, tmp_path / "umask.toml", target)
+        done = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, timeout=20)
+        assert done.returncode == 0, done.stderr
+        assert ("the token went into a file other users may read (mode 0644)" in done.stderr) is warned
+        assert auth.AuthFile.load(str(tmp_path / "umask.toml")).authenticate(target.read_text().strip()).name \
+            == "w-%o" % umask
     listed = run_cli("token", "list", "--auth-file=%s" % path)
     assert listed.returncode == 0 and "ci" in listed.stdout and "GREET, etl.*" in listed.stdout
     assert token not in listed.stdout
