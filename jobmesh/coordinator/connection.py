@@ -116,7 +116,8 @@ def tls_accept(context: ssl.SSLContext, sock: Any, addr: Any, timeout: float, wh
         tls_sock.do_handshake()
         return tls_sock
     except gevent.Timeout as exc:
-        if exc is not timer:
+        if exc is not timer:  # the caller's (the auth timeout): the TLS socket owns the descriptor now
+            (tls_sock if tls_sock is not None else sock).close()
             raise
         log.info("closing a %s connection peer=%s:%s: no TLS handshake within %.0f s", what, addr[0], addr[1], timeout)
     except OSError as exc:  # ssl.SSLError among them: a plaintext peer, a refused certificate

@@ -32,7 +32,8 @@ connection is a ``SealedPeriodicConn``, whose reads are opened and writes sealed
 ``--auth-file`` (``guard``), types 3 and 4 carry a token's name and text: a worker token
 for 4, a client or admin token for 3 (a reader token may only PING and STATUS); a wrong
 one, or a plain 1 or 2 from a peer that did not pass the RSA handshake, is closed
-without a reply. A token's ``taskTypes`` limit the funcs its client submits, runs,
+without a reply; the handshakes and the registration must be done within
+``--auth-timeout-millis`` (``guard.gate``). A token's ``taskTypes`` limit the funcs its client submits, runs,
 removes or drops, and its worker declares. A refused command gets NO_WORKER, as
 periodicd answers it.
 """
@@ -412,6 +413,8 @@ class PeriodicPort:
         except OSError as exc:
             log.info("periodic connection error peer=%s:%s: %s", addr[0], addr[1], exc)
         finally:
+            if ticket is not None:
+                ticket.done()  # no auth timeout in the middle of what follows
             if posted:
                 self.post_urgent(ev.PeriodicClosed(conn)) if conn.kind == pc.ConnType.WORKER else \
                     self.post(ev.PeriodicClosed(conn))

@@ -22,10 +22,12 @@ as unanswered, and the runtime holds the replies that follow it until it is answ
 A connection that ends with requests unanswered posts ``ClientClosed``, so the core
 forgets its waits.
 
-With ``--auth-file`` (``guard`` set), each port's first frame must be AUTH ``{token}``:
-the handler answers AUTH_OK ``{name, role}``, or ERROR ``authentication failed`` /
-``authentication required`` and closes (slowed, for an address that keeps failing:
-``guard.py``). Then every request is checked against the token's role and task types
+With ``--auth-file`` (``guard`` set), the guard admits each connection before its TLS
+handshake (bounding those of one address still waiting to authenticate) and closes it if
+its handshake and AUTH take longer than ``--auth-timeout-millis`` (``guard.gate``). Each
+port's first frame must be AUTH ``{token}``: the handler answers AUTH_OK ``{name, role}``,
+or ERROR ``authentication failed`` / ``authentication required`` and closes (either answer
+slowed, for an address that keeps failing: ``guard.py``). Then every request is checked against the token's role and task types
 before it is posted (``jobmesh.auth``); a forbidden one is answered ERROR ``forbidden:
 ...`` in order, through the mailbox, and the connection stays open. Without a guard no
 request is checked. It stops reading while
@@ -363,6 +365,8 @@ class Servers:
             if not conn.closed:  # closed here: the coordinator is stopping, nothing went wrong
                 log.info("worker connection error peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
         finally:
+            if ticket is not None:
+                ticket.done()  # no auth timeout in the middle of what follows
             if registered:
                 self.post_worker(ev.Disconnected(conn))
             if self.guard is not None:
@@ -445,6 +449,8 @@ class Servers:
         except OSError:
             pass
         finally:
+            if ticket is not None:
+                ticket.done()  # no auth timeout in the middle of what follows
             if identity is not None:
                 assert self.guard is not None
                 self.guard.detach(conn)
