@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import gevent
 
-from jobmesh.auth import AuthFile, AuthFileError, Identity, token_digest
+from jobmesh.auth import MAX_TOKEN_CHARS, AuthFile, AuthFileError, Identity, token_digest
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class Guard:
         record.count += 1
         record.last = now
         if isinstance(token, str) and token:
-            digest = token_digest(token[:4096])
+            digest = token_digest(token[:MAX_TOKEN_CHARS])
             if digest in record.by_token or len(record.by_token) < MAX_TOKENS_PER_PEER:
                 record.by_token[digest] = record.by_token.get(digest, 0) + 1
         self._peers[host] = record  # re-inserted: the dict stays in order of last failure
