@@ -208,7 +208,8 @@ WORKER_DOC = """Run a jobmesh worker: register with the coordinator and execute 
 It reconnects with capped backoff when the coordinator goes away, and meanwhile keeps
 its running attempts (and the results of those that finish) for as long as the
 flag --keep-running-millis says: registering again, it names them, so a restarted
-coordinator started with --lease-grace-millis lets them finish. SIGTERM or SIGINT stops it.
+coordinator started with --lease-grace-millis lets them finish. SIGTERM or SIGINT stops it;
+SIGHUP reads its token file again (the next connection presents the new token).
 Given --tls or --tls-ca it speaks TLS; the coordinator's certificate must carry the HOST
 of --coordinator. Given several addresses (a leader and its standbys), it tries them in
 turn, the next one first after a lost connection: a refused address moves on at once, a
