@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
@@ -45,6 +46,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from jobmesh.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 TOKEN_BYTES = 32  # secrets.token_urlsafe(32): 43 characters, 256 bits
 MAX_TOKEN_CHARS = 4096  # a longer presented token is refused unhashed
@@ -74,6 +77,14 @@ _PATTERN = re.compile(r"[A-Za-z0-9_.:\-]{1,128}(\.\*)?\Z")
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _HEADER = re.compile(r"\s*\[\[\s*token\s*\]\]\s*(#.*)?\Z")
 _KEYS = frozenset({"name", "role", "sha256", "taskTypes"})
+
+
+def roles_for(kind: str) -> list[str]:
+    """The roles that may make a request of ``kind``, least first (``["client", "admin"]``)."""
+    least = _LEAST_ROLE.get(kind, ADMIN)
+    if least == WORKER:
+        return [WORKER]
+    return [role for role in (READER, CLIENT, ADMIN) if _RANK[role] >= _RANK[least]]
 
 
 class AuthFileError(ConfigError):
@@ -342,6 +353,31 @@ def list_tokens(path: str) -> list[Identity]:
 
 
 # ---- the token a client or worker presents ---------------------------------------------------
+
+
+def token_file_of(token_file: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The file ``read_token`` takes the token from (None: none, or ``JOBMESH_TOKEN``)."""
+    env = os.environ if environ is None else environ
+    if token_file:
+        return token_file
+    if env.get(TOKEN_ENV, "").strip():
+        return None
+    return env.get(TOKEN_FILE_ENV, "").strip() or None
+
+
+def warn_if_exposed(path: str | None, what: str) -> None:
+    """Log a warning when the secret file at ``path`` (a token, the auth file, a private
+    key) may be read by users other than its owner; a file that cannot be looked at is
+    left to whoever reads it."""
+    if path is None:
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if mode & 0o044:
+        log.warning("%s %s is readable by other users (mode %04o): make it mode 0600 (chmod 600 %s)",
+                    what, path, mode & 0o7777, path)
 
 
 def read_token(token_file: str | None, environ: Mapping[str, str] | None = None) -> str | None:

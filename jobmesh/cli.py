@@ -108,6 +108,9 @@ Coordinator options:
                                  connection must authenticate, and the metrics port
                                  asks for a token too (but /healthz and /readyz);
                                  SIGHUP reads the file again (docs/SECURITY.md)
+  --auth-timeout-millis=N        with --auth-file: close a connection whose TLS
+                                 handshake and AUTH (or Periodic registration) are not
+                                 done this long after it was accepted [default: 10000]
   --insecure                     allow a --bind address other machines can reach
                                  without --auth-file
   --schedules=FILE               recurring schedules to keep: a TOML file, one table per
@@ -209,7 +212,8 @@ WORKER_DOC = """Run a jobmesh worker: register with the coordinator and execute 
 It reconnects with capped backoff when the coordinator goes away, and meanwhile keeps
 its running attempts (and the results of those that finish) for as long as the
 flag --keep-running-millis says: registering again, it names them, so a restarted
-coordinator started with --lease-grace-millis lets them finish. SIGTERM or SIGINT stops it.
+coordinator started with --lease-grace-millis lets them finish. SIGTERM or SIGINT stops it;
+SIGHUP reads its token file again (the next connection presents the new token).
 Given --tls or --tls-ca it speaks TLS; the coordinator's certificate must carry the HOST
 of --coordinator. Given several addresses (a leader and its standbys), it tries them in
 turn, the next one first after a lost connection: a refused address moves on at once, a
@@ -383,7 +387,8 @@ Options:
 
 TOKEN_DOC = """Make, list and remove the tokens of an auth file (TOML, read by the coordinator
 through --auth-file; docs/SECURITY.md). The file stores each token's SHA-256 only: 'new'
-prints the token once, on stdout, and nowhere else. A running coordinator takes the change on
+prints the token once, on stdout, and nowhere else; write it to a file only you can read:
+(umask 077; jobmesh token new ci --role=client > ci.token). A running coordinator takes the change on
 SIGHUP; removing a token closes its connections then.
 
 Roles: worker (the worker port only), reader (status, list, workers, events, wait,
@@ -708,6 +713,17 @@ def _run(command: str, argv: list[str], args: dict, json_logs: bool) -> int:
         return EXIT_USAGE
 
 
+def _exposed_stdout() -> int | None:
+    """The mode of the regular file stdout was redirected to, when others may read it."""
+    try:
+        st = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError):
+        return None
+    import stat
+
+    return st.st_mode & 0o7777 if stat.S_ISREG(st.st_mode) and st.st_mode & 0o044 else None
+
+
 def run_token_command(args: dict) -> int:
     """``jobmesh token new|list|rm``: edit an auth file. ``AuthFileError`` (a ConfigError) for
     a bad name, role or file: one line, exit 2."""
@@ -721,6 +737,11 @@ def run_token_command(args: dict) -> int:
         _print_line(token)
         print("jobmesh token: added %r (role %s) to %s; the token above is shown only this once. A running "
               "coordinator takes it on SIGHUP." % (args["NAME"], args["--role"], path), file=sys.stderr)
+        exposed = _exposed_stdout()
+        if exposed is not None:
+            print("jobmesh token: warning: the token went into a file other users may read (mode %04o): chmod 600 "
+                  "it, and make the next one with (umask 077; jobmesh token new ... > FILE)" % exposed,
+                  file=sys.stderr)
         return EXIT_OK
     if args["rm"]:
         auth.remove_token(path, args["NAME"])

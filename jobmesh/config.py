@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobmesh.addresses import Address, parse_addresses
-from jobmesh.auth import read_token
+from jobmesh.auth import read_token, token_file_of
 from jobmesh.errors import ConfigError
 from jobmesh.tls import ClientTls, client_tls
 
@@ -71,6 +71,8 @@ class CoordinatorConfig(CoreConfig):
     drain_millis: int = 0
     log_format: str = "text"
     auth_file: str | None = None  # tokens with roles (jobmesh/auth.py); None: nobody is asked for one
+    # With auth_file: a connection's TLS handshake and AUTH (or Periodic registration) must be done within this.
+    auth_timeout_millis: int = 10_000
     insecure: bool = False  # allow a non-loopback --bind without --auth-file
     schedules_file: str | None = None  # --schedules: a TOML file of recurring schedules (absolute path)
     # TLS on the worker, client and metrics ports (all three None: plaintext); paths of PEM files.
@@ -97,6 +99,7 @@ class WorkerConfig:
     keep_running_millis: int = 30_000
     # The token sent in AUTH (--token-file, JOBMESH_TOKEN, JOBMESH_TOKEN_FILE); never shown.
     token: str | None = field(default=None, repr=False)
+    token_file: str | None = None  # the file the token came from, read again on SIGHUP (None: not a file)
     tls: ClientTls | None = None  # how it speaks TLS to the coordinator (None: plaintext)
     connect_timeout_millis: int = 1000  # per address, before the next is tried
 
@@ -190,6 +193,7 @@ def coordinator_config(args: dict[str, Any]) -> CoordinatorConfig:
         default_max_attempts=_int(args, "--default-max-attempts", 1),
         retain_finished_millis=_int(args, "--retain-finished-millis", 0),
         idle_timeout_millis=_int(args, "--idle-timeout-millis", 1),
+        auth_timeout_millis=_int(args, "--auth-timeout-millis", 1),
         periodic_keepalive_millis=_int(args, "--periodic-keepalive-millis", 0),
         periodic_forget_idle_millis=_int(args, "--periodic-forget-idle-millis", 0),
         sweep_interval_millis=_int(args, "--sweep-interval-millis", 1),
@@ -291,6 +295,7 @@ def worker_config(args: dict[str, Any]) -> WorkerConfig:
         cancel_grace_millis=_int(args, "--cancel-grace-millis", 0),
         keep_running_millis=_int(args, "--keep-running-millis", 0),
         token=read_token(_path(args, "--token-file")),
+        token_file=token_file_of(_path(args, "--token-file")),
         tls=tls_of(args),
         connect_timeout_millis=_int(args, "--connect-timeout-millis", 1),
     )

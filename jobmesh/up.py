@@ -114,6 +114,7 @@ def coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
         "db-session-timeout-millis": cfg.db_session_timeout_millis,
         "retain-finished-millis": cfg.retain_finished_millis,
         "idle-timeout-millis": cfg.idle_timeout_millis,
+        "auth-timeout-millis": cfg.auth_timeout_millis,
         "periodic-keepalive-millis": cfg.periodic_keepalive_millis,
         "periodic-forget-idle-millis": cfg.periodic_forget_idle_millis,
         "log-level": cfg.log_level,

@@ -7,6 +7,7 @@ goes to files (an undrained pipe would freeze a child's hub).
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -212,11 +213,23 @@ class CoordinatorProc:
                 self.proc.wait(5)
 
 
+_strangers = itertools.count(1)
+
+
+def stranger() -> str:
+    """A loopback address of its own (127.0.X.Y, never 127.0.0.1) to connect from, so the
+    failed attempts a test makes from it slow no other test's connections."""
+    n = next(_strangers)
+    return "127.0.%d.%d" % (1 + n // 250 % 250, 2 + n % 250)
+
+
 class RawConn:
     """A stdlib framed connection: send dicts or raw bytes, receive dicts."""
 
-    def __init__(self, addr, timeout: float = 10.0):
-        self.sock = socket.create_connection(addr, timeout=timeout)
+    def __init__(self, addr, timeout: float = 10.0, source: str | None = None):
+        """``source``: the local address to connect from (another loopback address, e.g.
+        ``stranger()``, counts as another peer address for the coordinator's guard)."""
+        self.sock = socket.create_connection(addr, timeout=timeout, source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.reader = FrameReader(self.sock.recv)
 

@@ -495,6 +495,9 @@ class CoordinatorClient:
         if isinstance(reply, expect):
             return reply
         if isinstance(reply, m.Error):
+            if reply.message == m.TLS_PORT_REFUSAL:  # said in plaintext by a TLS port, which then closes
+                self._discard()
+                raise CoordinatorUnavailable("%s: %s" % (self.address, reply.message))
             raise RequestFailed(reply.message)
         if isinstance(reply, m.SubmitRejected):
             raise SubmitRejected(reply.reason, reply.active_count, reply.limit, reply.retryable)

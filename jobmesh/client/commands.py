@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any, Callable, TextIO
 
 from jobmesh.addresses import parse_addresses
-from jobmesh.auth import read_token
+from jobmesh.auth import read_token, roles_for, token_file_of, warn_if_exposed
 from jobmesh.client import render, top
 from jobmesh.client.api import EPOCH, CoordinatorClient, WaitTimeout
 from jobmesh.errors import ClientError, ConfigError, CoordinatorUnavailable, InvalidRequest, RequestFailed, SubmitRejected
@@ -488,12 +488,30 @@ HANDLERS: dict[str, Callable[[CoordinatorClient, dict[str, Any], Console], int]]
 }
 
 
+# The coordinator's words for a request the token's role may not make (CONTRACT: forbidden: ...).
+FORBIDDEN_KIND = re.compile(r"forbidden: token .* \(role (\w+)\) may not send ([A-Z_]+)\Z")
+SCHEDULE_SUBCOMMANDS = ("add", "list", "show", "pause", "resume", "rm", "trigger", "preview")
+
+
+def _role_hint(command: str, args: dict[str, Any], message: str) -> str:
+    """For a request the token's role may not make: the command, and the roles it needs."""
+    found = FORBIDDEN_KIND.match(message)
+    if found is None:
+        return ""
+    role, kind = found.groups()
+    if command == "schedule":
+        command += "".join(" " + sub for sub in SCHEDULE_SUBCOMMANDS if args.get(sub))
+    return "; 'jobmesh %s' needs a token of role %s, and this one is a %s token" % (
+        command, " or ".join(roles_for(kind)), role)
+
+
 def run_client_command(command: str, args: dict[str, Any], console: Console) -> int:
     """Run one client command; returns its exit code. ConfigError propagates (exit 2)."""
     addresses = parse_addresses(str(args["--coordinator"]))
     connect_timeout = _int_flag(args, "--connect-timeout-millis", 1) / 1000.0
     handler = HANDLERS[command]
     token = read_token(args.get("--token-file"))
+    warn_if_exposed(token_file_of(args.get("--token-file")), "the token file")
     try:
         with CoordinatorClient(addresses, connect_timeout=connect_timeout, tls=bool(args.get("--tls")),
                                tls_ca=args.get("--tls-ca"), tls_cert=args.get("--tls-cert"),
@@ -507,6 +525,8 @@ def run_client_command(command: str, args: dict[str, Any], console: Console) -> 
         if exc.message in AUTH_REFUSALS:
             hint = ("; give a token with --token-file=PATH, JOBMESH_TOKEN or JOBMESH_TOKEN_FILE"
                     if token is None else "; the token is not in the coordinator's auth file")
+        else:
+            hint = _role_hint(command, args, exc.message)
         console.error(command, "the coordinator refused: %s%s" % (exc.message, hint))
         return EXIT_FAILED
     except InvalidRequest as exc:  # nothing was sent: the input is at fault, like a bad flag

@@ -49,6 +49,8 @@ from gevent.event import Event
 from gevent.socket import wait_read, wait_write
 
 from jobmesh.coordinator.clock import monotonic
+from jobmesh.protocol.framing import encode_frame
+from jobmesh.protocol.messages import TLS_PORT_REFUSAL, Error
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +109,15 @@ def tls_accept(context: ssl.SSLContext, sock: Any, addr: Any, timeout: float, wh
     timer = gevent.Timeout(timeout)
     timer.start()
     try:
+        if sock.recv(1, socket.MSG_PEEK) == b"\x00":  # a frame's first byte; a TLS record's is never 0
+            _refuse_plaintext(sock, addr, what)
+            return None
         tls_sock = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         tls_sock.do_handshake()
         return tls_sock
     except gevent.Timeout as exc:
-        if exc is not timer:
+        if exc is not timer:  # the caller's (the auth timeout): the TLS socket owns the descriptor now
+            (tls_sock if tls_sock is not None else sock).close()
             raise
         log.info("closing a %s connection peer=%s:%s: no TLS handshake within %.0f s", what, addr[0], addr[1], timeout)
     except OSError as exc:  # ssl.SSLError among them: a plaintext peer, a refused certificate
@@ -120,6 +126,19 @@ def tls_accept(context: ssl.SSLContext, sock: Any, addr: Any, timeout: float, wh
         timer.close()
     (tls_sock if tls_sock is not None else sock).close()
     return None
+
+
+def _refuse_plaintext(sock: Any, addr: Any, what: str) -> None:
+    """A jobmesh frame in plaintext on a TLS port (a client or worker without --tls-ca):
+    take what it sent, so that closing does not reset the connection under the answer,
+    and answer an ERROR frame that says so; the caller's close follows."""
+    log.info("closing a %s connection peer=%s:%s: it speaks plaintext on a TLS port", what, addr[0], addr[1])
+    try:
+        sock.recv(65536)
+        sock.sendall(encode_frame(Error(TLS_PORT_REFUSAL).to_wire()))
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
 
 
 def receiver(sock: Any) -> Callable[[int], bytes]:

@@ -44,8 +44,7 @@ credentials is not counted as a failure (a browser always asks once without); a 
 token is, and is slowed like on the JSON ports (``guard.py``).
 
 With ``--tls-cert`` it is HTTPS: each connection's handshake runs in its own greenlet
-(``connection.tls_accept``), before the request is read, the over-limit short answers
-included. A TLS client or worker pointed here gets past the handshake (the certificate
+(``connection.tls_accept``), before the request is read. A TLS client or worker pointed here gets past the handshake (the certificate
 is the other ports'), so its first byte is read after it and looked at as a plaintext
 peer's is: a jobmesh frame is answered with the port mix-up.
 
@@ -73,8 +72,8 @@ from urllib.parse import parse_qs
 import gevent
 import ujson
 from gevent.event import AsyncResult
-from gevent.pool import Pool
-from gevent.pywsgi import LoggingLogAdapter, WSGIServer
+from gevent.pool import Group
+from gevent.pywsgi import LoggingLogAdapter, WSGIHandler, WSGIServer
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client import Histogram as LibraryHistogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -94,10 +93,8 @@ from jobmesh.tls import HANDSHAKE_SECONDS
 
 log = logging.getLogger(__name__)
 
-MAX_CONNECTIONS = 64  # concurrent HTTP connections; each holds at most one request to the core
+MAX_CONNECTIONS = 256  # open HTTP connections; each holds at most one request to the core
 READ_TIMEOUT_SECONDS = 5.0  # a connection that sends no complete request (or idles) this long is closed
-OVERFLOW_READ_SECONDS = 1.0  # past MAX_CONNECTIONS: how long a connection gets to send its request line
-OVERFLOW_MAX = 256  # connections past MAX_CONNECTIONS being answered at once (health checks, 503s)
 ASK_TIMEOUT = 10.0  # seconds a JSON request waits for the core's answer before a 504
 TICK_SECONDS = 0.25  # the lag timer's period
 SAMPLE_SECONDS = 1.0  # one chart sample a second ...
@@ -208,21 +205,42 @@ def _error_status(message: str, not_found: bool) -> str:
 # ---- the port -----------------------------------------------------------------------------
 
 
+class _Handler(WSGIHandler):
+    """gevent's handler, telling the server while it answers a request (from its complete
+    head until the response is written): only then is the connection's slot not free."""
+
+    def handle_one_response(self) -> Any:
+        server = self.server
+        fd = self.socket.fileno()
+        server.busy(fd)
+        try:
+            return super().handle_one_response()
+        finally:
+            server.idle(fd)
+
+
 class _Server(WSGIServer):
     """gevent's WSGI server, counting its open connections for ``jobmesh_connections``.
 
-    A connection that sends no complete request within ``READ_TIMEOUT_SECONDS`` (or idles
-    that long between requests) is closed. At most ``MAX_CONNECTIONS`` are served fully;
-    past that, a connection gets a short answer from ``overflow`` instead of waiting in the
-    accept queue, so half-sent requests can never keep ``/healthz`` from answering."""
+    At most ``MAX_CONNECTIONS`` connections are open at once. A connection counts as busy
+    only while one of its requests is answered (``_Handler``); before its request is
+    complete (a half-sent one), or idle between requests, it is free, and a new connection
+    that finds every slot taken closes the oldest free one. So stalled requests cost each
+    other their connections, never a scrape's or a health check's: a complete request is
+    answered at once. Only when every connection is busy answering is a new one closed.
+    A connection that sends no complete request within ``READ_TIMEOUT_SECONDS`` (or
+    idles that long between requests) is closed too."""
 
-    def __init__(self, *args: Any, overflow: Callable[[socket.socket], None], tls: ssl.SSLContext | None,
-                 handshake_timeout: float, **kwargs: Any) -> None:
-        self.full_pool = Pool(MAX_CONNECTIONS)
-        self.overflow_pool = Pool(OVERFLOW_MAX)
-        self._overflow = overflow
+    handler_class = _Handler
+
+    def __init__(self, *args: Any, tls: ssl.SSLContext | None, handshake_timeout: float, **kwargs: Any) -> None:
         self.tls = tls  # with a context, every connection starts with the TLS handshake (in its greenlet)
         self.handshake_timeout = handshake_timeout
+        self.handlers = Group()
+        # Descriptor -> handler greenlet of each open connection: those not answering a
+        # request, oldest first (re-inserted when one goes idle again), and those answering.
+        self._free: dict[int, gevent.Greenlet] = {}
+        self._busy: dict[int, gevent.Greenlet] = {}
         super().__init__(*args, **kwargs)
         self.open_connections = 0
 
@@ -233,37 +251,40 @@ class _Server(WSGIServer):
         return tls_accept(self.tls, sock, address, timeout, "metrics")
 
     def do_handle(self, *args: Any) -> None:
-        """An accepted connection, ``(socket, address)``: served, answered short, or closed."""
-        if not self.full_pool.full():
-            self.full_pool.spawn(self._serve, *args)
-        elif not self.overflow_pool.full():
-            self.overflow_pool.spawn(self._answer_overflow, args[0])
-        else:
-            self.do_close(*args)  # beyond even that: the peer sees its connection closed at once
+        """An accepted connection, ``(socket, address)``: served, past the oldest free
+        connection if it must; closed at once when every connection is busy."""
+        if len(self._free) + len(self._busy) >= MAX_CONNECTIONS:
+            if not self._free:
+                self.do_close(*args)
+                return
+            fd, oldest = next(iter(self._free.items()))
+            del self._free[fd]
+            oldest.kill(block=False)
+        fd = args[0].fileno()
+        self._free[fd] = self.handlers.spawn(self._serve, fd, *args)
 
-    def _serve(self, *args: Any) -> None:
+    def busy(self, fd: int) -> None:
+        greenlet = self._free.pop(fd, None)
+        if greenlet is not None:
+            self._busy[fd] = greenlet
+
+    def idle(self, fd: int) -> None:
+        greenlet = self._busy.pop(fd, None)
+        if greenlet is not None:
+            self._free[fd] = greenlet
+
+    def _serve(self, fd: int, *args: Any) -> None:
         try:
             self.handle(*args)
         finally:
+            self._free.pop(fd, None)
+            self._busy.pop(fd, None)
             self.do_close(*args)
-
-    def _answer_overflow(self, sock: socket.socket) -> None:
-        conn = None
-        try:
-            conn = self._secure(sock, sock.getpeername(), OVERFLOW_READ_SECONDS)
-            if conn is not None:
-                conn.settimeout(OVERFLOW_READ_SECONDS)
-                self._overflow(conn)
-        except OSError:
-            pass
-        finally:
-            (conn if conn is not None else sock).close()
 
     def stop(self, timeout: float | None = None) -> None:
         super().stop(timeout)
-        self.full_pool.join(timeout=timeout)
-        self.full_pool.kill(block=False)
-        self.overflow_pool.kill(block=False)
+        self.handlers.join(timeout=timeout)
+        self.handlers.kill(block=False)
 
     def handle(self, sock: Any, address: Any) -> None:
         self.open_connections += 1
@@ -392,7 +413,7 @@ class HttpPort:
     def start(self) -> _Server:
         """Listen and start the timer; returns the server (the runtime stops it with the others)."""
         self.server = _Server(
-            (self.bind, self.requested_port), self.app, overflow=self._overflow, tls=self.tls,
+            (self.bind, self.requested_port), self.app, tls=self.tls,
             handshake_timeout=self.handshake_timeout,
             log=LoggingLogAdapter(log, logging.DEBUG), error_log=LoggingLogAdapter(log, logging.ERROR),
         )
@@ -400,27 +421,6 @@ class HttpPort:
         self._sample(time.monotonic())
         self._timer = gevent.spawn(self._run_timer)
         return self.server
-
-    def _overflow(self, sock: socket.socket) -> None:
-        """A connection past MAX_CONNECTIONS: /healthz and /readyz are answered as usual,
-        anything else gets 503 (try again); then it is closed."""
-        data = b""
-        while b"\r\n" not in data and len(data) < 2048:
-            chunk = sock.recv(2048)
-            if not chunk:
-                return
-            data += chunk
-        parts = data.split(b"\r\n", 1)[0].split()
-        path = parts[1].split(b"?", 1)[0] if len(parts) >= 2 else b""
-        if path == b"/healthz":
-            status, body = "200 OK", b"ok\n"
-        elif path == b"/readyz":
-            status, body = ("200 OK", b"ready\n") if self.source.ready else ("503 Service Unavailable", b"not ready\n")
-        else:
-            status, body = "503 Service Unavailable", b"the metrics port is busy; try again\n"
-        sock.sendall(b"HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
-                     b"Connection: close\r\nCache-Control: no-store\r\n\r\n%s"
-                     % (status.encode("ascii"), len(body), body))
 
     def stop_timers(self) -> None:
         if self._timer is not None:
@@ -546,8 +546,8 @@ class HttpPort:
             return False
         host = str(environ.get("REMOTE_ADDR", ""))
         identity = guard.authenticate(token, host)
+        guard.hold_back(host)  # a success waits as a refusal does, for an address that keeps failing
         if identity is None:
-            guard.hold_back(host)
             return False
         return identity.may("METRICS")
 

@@ -33,7 +33,9 @@ connection is a ``SealedPeriodicConn``, whose reads are opened and writes sealed
 for 4, a client or admin token for 3 (a reader token may only PING and STATUS); a wrong
 one, or a plain 1 or 2, is closed without a reply, whether or not the RSA handshake came
 first: as aio-periodic speaks it, the handshake shows the coordinator to the peer but
-proves nothing about the peer (anyone who holds the two public keys completes it). A token's ``taskTypes`` limit the funcs its client submits, runs,
+proves nothing about the peer (anyone who holds the two public keys completes it). The
+handshakes and the registration must be done within ``--auth-timeout-millis``
+(``guard.gate``). A token's ``taskTypes`` limit the funcs its client submits, runs,
 removes or drops, and its worker declares. A refused command gets NO_WORKER, as
 periodicd answers it.
 """
@@ -56,7 +58,7 @@ from jobmesh.periodic import codec as pc
 
 if TYPE_CHECKING:
     from jobmesh.auth import Identity
-    from jobmesh.coordinator.guard import Guard
+    from jobmesh.coordinator.guard import Guard, Ticket
     from jobmesh.periodic.rsa import OpenedDecoder, ServerKeys
 
     Decoder = pc.PacketDecoder | OpenedDecoder
@@ -293,8 +295,8 @@ class PeriodicPort:
                     guard.failed(host)
                 log.warning("closing periodic connection peer=%s:%s: wrong token name or token", *conn.addr[:2])
                 identity = None
+        guard.hold_back(host)  # a success waits as a refusal does, for an address that keeps failing
         if identity is None:
-            guard.hold_back(host)
             return None
         if worker != (identity.role == WORKER):  # only a worker token registers a worker, and only as one
             log.warning("closing periodic connection peer=%s:%s: token %s of role %s may not register as a %s",
@@ -333,7 +335,8 @@ class PeriodicPort:
         opened.feed(handshake.rest)
         return opened
 
-    def handle(self, sock: Any, addr: Any) -> None:
+    def handle(self, sock: Any, addr: Any, ticket: Ticket | None = None) -> None:
+        """One connection; with tokens (``guard.gate``), ``ticket`` is done once it registers."""
         nodelay(sock)
         conn = PeriodicConn(sock, addr) if self.keys is None else SealedPeriodicConn(sock, addr)
         self.conns.add(conn)
@@ -366,6 +369,8 @@ class PeriodicPort:
             refused = self._admit(registration, conn)
             if refused is None:
                 return
+            if ticket is not None:
+                ticket.done()
             conn.kind = int(registration.kind)
             conn.write(pc.encode_handshake_reply(_random.getrandbits(32)))
             conn.last_arrival = monotonic()
@@ -408,6 +413,8 @@ class PeriodicPort:
         except OSError as exc:
             log.info("periodic connection error peer=%s:%s: %s", addr[0], addr[1], exc)
         finally:
+            if ticket is not None:
+                ticket.done()  # no auth timeout in the middle of what follows
             if posted:
                 self.post_urgent(ev.PeriodicClosed(conn)) if conn.kind == pc.ConnType.WORKER else \
                     self.post(ev.PeriodicClosed(conn))

@@ -70,7 +70,8 @@ from jobmesh.coordinator.outage import CommitFailed, StorageOutage, storage_erro
 from jobmesh.coordinator.core import INTERNAL_ERROR, SCHEDULES_NOT_APPLIED, CoordinatorCore
 from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock
 from jobmesh.coordinator.figures import RuntimeFigures
-from jobmesh.coordinator.guard import Guard
+from jobmesh.auth import warn_if_exposed
+from jobmesh.coordinator.guard import Guard, pending_bound
 from jobmesh.coordinator.housekeeping import (COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, CollectorPolicy, Histogram,
                                               raise_fd_limit)
 from jobmesh.coordinator import leadership
@@ -203,7 +204,8 @@ class Coordinator:
         self.handlers = Servers(self.mailbox.put, self.mailbox.put_urgent, config.idle_timeout_millis / 1000.0,
                                 self.tls, config.tls_handshake_timeout_millis / 1000.0)
         # Tokens (--auth-file): AuthFileError, a ConfigError, if the file is not valid.
-        self.guard = Guard.load(config.auth_file) if config.auth_file is not None else None
+        self.guard = (Guard.load(config.auth_file, config.auth_timeout_millis / 1000.0)
+                      if config.auth_file is not None else None)
         self.handlers.guard = self.guard
         self.periodic = PeriodicPort(self.mailbox.put, self.mailbox.put_urgent, self.handlers.connections,
                                      config.idle_timeout_millis / 1000.0, config.task_timeout_millis / 1000.0,
@@ -308,20 +310,26 @@ class Coordinator:
         # A Pool caps handlers. Clients may not use the last WORKER_FD_RESERVE descriptors,
         # so however many clients connect (or idle), new workers can still register;
         # further clients wait in the accept backlog until a client connection ends.
+        # With tokens, the connections of one address that have not authenticated yet
+        # take at most a quarter of the client port's slots (guard.py).
         per_server = max(64, fd_limit - FD_MARGIN)
+        per_client_server = max(32, per_server - WORKER_FD_RESERVE)
+        if self.guard is not None:
+            self.guard.pending_limit = pending_bound(per_client_server)
         worker_srv = gevent.server.StreamServer(
             (cfg.bind, cfg.worker_port), self.handlers.handler("worker"), backlog=BACKLOG,
             spawn=gevent.pool.Pool(per_server),
         )
         client_srv = gevent.server.StreamServer(
             (cfg.bind, cfg.client_port), self.handlers.handler("client"), backlog=BACKLOG,
-            spawn=gevent.pool.Pool(max(32, per_server - WORKER_FD_RESERVE)),
+            spawn=gevent.pool.Pool(per_client_server),
         )
         servers = [worker_srv, client_srv]
         if cfg.periodic_port is not None:
             periodic_srv = gevent.server.StreamServer(
-                (cfg.bind, cfg.periodic_port), self.periodic.handle, backlog=BACKLOG,
-                spawn=gevent.pool.Pool(max(32, per_server - WORKER_FD_RESERVE)),
+                (cfg.bind, cfg.periodic_port),
+                self.periodic.handle if self.guard is None else self.guard.gate(self.periodic.handle, "periodic"),
+                backlog=BACKLOG, spawn=gevent.pool.Pool(per_client_server),
             )
             servers.append(periodic_srv)
         for srv in servers:
@@ -342,6 +350,9 @@ class Coordinator:
 
     def _warn_about_auth(self) -> None:
         cfg = self.config
+        for path, what in ((cfg.auth_file, "the auth file"), (cfg.tls_key, "the --tls-key file"),
+                           (cfg.periodic_key, "the --periodic-key file")):
+            warn_if_exposed(path, what)
         remote = not is_loopback(cfg.bind)
         if self.guard is None:
             if remote:

@@ -22,10 +22,12 @@ as unanswered, and the runtime holds the replies that follow it until it is answ
 A connection that ends with requests unanswered posts ``ClientClosed``, so the core
 forgets its waits.
 
-With ``--auth-file`` (``guard`` set), each port's first frame must be AUTH ``{token}``:
-the handler answers AUTH_OK ``{name, role}``, or ERROR ``authentication failed`` /
-``authentication required`` and closes (slowed, for an address that keeps failing:
-``guard.py``). Then every request is checked against the token's role and task types
+With ``--auth-file`` (``guard`` set), the guard admits each connection before its TLS
+handshake (bounding those of one address still waiting to authenticate) and closes it if
+its handshake and AUTH take longer than ``--auth-timeout-millis`` (``guard.gate``). Each
+port's first frame must be AUTH ``{token}``: the handler answers AUTH_OK ``{name, role}``,
+or ERROR ``authentication failed`` / ``authentication required`` and closes (either answer
+slowed, for an address that keeps failing: ``guard.py``). Then every request is checked against the token's role and task types
 before it is posted (``jobmesh.auth``); a forbidden one is answered ERROR ``forbidden:
 ...`` in order, through the mailbox, and the connection stays open. Without a guard no
 request is checked. It stops reading while
@@ -50,7 +52,7 @@ from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.clock import monotonic
 from jobmesh.auth import WORKER, Identity
 from jobmesh.coordinator.connection import Output, nodelay, receiver, tls_accept
-from jobmesh.coordinator.guard import Guard
+from jobmesh.coordinator.guard import Guard, Ticket
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame
@@ -228,21 +230,24 @@ class Servers:
 
     def handler(self, port: str) -> Callable[[Any, tuple[Any, ...]], None]:
         """The StreamServer handler of the ``worker`` or ``client`` port: with TLS, the
-        handshake comes first, in the connection's greenlet (``tls_accept``)."""
-        handle = self.handle_worker if port == "worker" else self.handle_client
+        handshake comes first, in the connection's greenlet (``tls_accept``); with tokens,
+        the guard admits the connection before that and bounds the time to AUTH."""
+        handle: Callable[..., None] = self.handle_worker if port == "worker" else self.handle_client
         context = self.tls
-        if context is None:
+        if context is not None:
+            plain = handle
+
+            def handle(sock: Any, addr: tuple[Any, ...], ticket: Ticket | None = None) -> None:
+                tls_sock = tls_accept(context, sock, addr, self.handshake_timeout, port)
+                if tls_sock is not None:
+                    try:
+                        plain(tls_sock, addr, ticket)
+                    finally:
+                        tls_sock.close()
+
+        if self.guard is None:
             return handle
-
-        def handle_tls(sock: Any, addr: tuple[Any, ...]) -> None:
-            tls_sock = tls_accept(context, sock, addr, self.handshake_timeout, port)
-            if tls_sock is not None:
-                try:
-                    handle(tls_sock, addr)
-                finally:
-                    tls_sock.close()
-
-        return handle_tls
+        return self.guard.gate(handle, port)
 
     def _first_frame(self, reader: FrameReader, what: str, addr: Any) -> dict | None:
         """The first frame, which must complete within the idle timeout (so connections
@@ -260,37 +265,39 @@ class Servers:
         finally:
             timer.close()
 
-    def _authenticate(self, conn: Output, obj: dict, addr: Any, port: str) -> Identity | None:
+    def _authenticate(self, conn: Output, obj: dict, addr: Any, port: str, ticket: Ticket | None) -> Identity | None:
         """The first frame of a connection when tokens are on: AUTH with a known token is
-        answered AUTH_OK and gives its identity; anything else is answered ERROR (after
-        the guard's delay, for an address that keeps failing) and the connection closes."""
+        answered AUTH_OK and gives its identity; anything else is answered ERROR and the
+        connection closes. Either answer waits the guard's delay, for an address that
+        keeps failing (the failure is counted before it, however the peer goes on)."""
         guard = self.guard
         assert guard is not None
         host = str(addr[0])
+        identity = None
         if obj.get("type") != m.Auth.TYPE:
             guard.failed(host)
             reason = AUTH_REQUIRED
         else:
             identity = guard.authenticate(obj.get("token"), host)
-            if identity is not None:
-                conn.write(encode_frame(m.AuthOk(identity.name, identity.role).to_wire()))
-                guard.attach(conn, identity)
-                log.debug("authenticated peer=%s:%s port=%s token=%s role=%s", host, addr[1], port, identity.name,
-                          identity.role)
-                return identity
             reason = AUTH_FAILED
-        delay = guard.failure_delay(host)
+        delay = guard.hold_back(host)
+        if identity is not None:
+            if ticket is not None:
+                ticket.done()
+            conn.write(encode_frame(m.AuthOk(identity.name, identity.role).to_wire()))
+            guard.attach(conn, identity)
+            log.debug("authenticated peer=%s:%s port=%s token=%s role=%s", host, addr[1], port, identity.name,
+                      identity.role)
+            return identity
         log.log(logging.DEBUG if delay else logging.WARNING, "refused peer=%s:%s port=%s: %s%s", host, addr[1], port,
                 reason, " (after %.2f s: this address keeps failing)" % delay if delay else "")
-        if delay:
-            gevent.sleep(delay)
         conn.write(encode_frame(m.Error(reason).to_wire()), close=True)
         conn.flushed(AUTH_FLUSH_SECONDS)
         return None
 
     # ---- worker port ---------------------------------------------------------------
 
-    def handle_worker(self, sock: socket.socket, addr: tuple[Any, ...]) -> None:
+    def handle_worker(self, sock: socket.socket, addr: tuple[Any, ...], ticket: Ticket | None = None) -> None:
         nodelay(sock)
         conn = WorkerConn(sock, addr)
         self.worker_conns.add(conn)
@@ -303,7 +310,7 @@ class Servers:
             if obj is None:
                 return
             if self.guard is not None:
-                register = self._register_with_token(conn, reader, obj, addr)
+                register = self._register_with_token(conn, reader, obj, addr, ticket)
                 if register is None:
                     return
             else:
@@ -358,6 +365,8 @@ class Servers:
             if not conn.closed:  # closed here: the coordinator is stopping, nothing went wrong
                 log.info("worker connection error peer=%s:%s worker=%s: %s", addr[0], addr[1], conn.worker_id, exc)
         finally:
+            if ticket is not None:
+                ticket.done()  # no auth timeout in the middle of what follows
             if registered:
                 self.post_worker(ev.Disconnected(conn))
             if self.guard is not None:
@@ -366,12 +375,12 @@ class Servers:
             self.worker_conns.discard(conn)
             self.connections["worker"] -= 1
 
-    def _register_with_token(self, conn: WorkerConn, reader: FrameReader, obj: dict,
-                             addr: Any) -> m.WorkerRegister | None:
+    def _register_with_token(self, conn: WorkerConn, reader: FrameReader, obj: dict, addr: Any,
+                             ticket: Ticket | None) -> m.WorkerRegister | None:
         """AUTH, then the WORKER_REGISTER a worker token may make: what a request the token
         may not make gets (``forbidden``, the connection open) until then. None: the
         connection ended (refused, idle, or closed by the peer)."""
-        identity = self._authenticate(conn, obj, addr, "worker")
+        identity = self._authenticate(conn, obj, addr, "worker", ticket)
         if identity is None:
             return None
         while True:
@@ -393,7 +402,7 @@ class Servers:
 
     # ---- client port ----------------------------------------------------------------
 
-    def handle_client(self, sock: socket.socket, addr: tuple[Any, ...]) -> None:
+    def handle_client(self, sock: socket.socket, addr: tuple[Any, ...], ticket: Ticket | None = None) -> None:
         nodelay(sock)
         conn = ClientConn(sock)
         self.connections["client"] += 1
@@ -405,7 +414,7 @@ class Servers:
                 obj = self._first_frame(reader, "client", addr)
                 if obj is None:
                     return
-                identity = self._authenticate(conn, obj, addr, "client")
+                identity = self._authenticate(conn, obj, addr, "client", ticket)
                 if identity is None:
                     return
                 first = False
@@ -440,6 +449,8 @@ class Servers:
         except OSError:
             pass
         finally:
+            if ticket is not None:
+                ticket.done()  # no auth timeout in the middle of what follows
             if identity is not None:
                 assert self.guard is not None
                 self.guard.detach(conn)

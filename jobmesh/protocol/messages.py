@@ -659,8 +659,10 @@ CLIENT_PORT_REFUSAL = "this is the client port"  # how the client port's refusal
 # The refusal of an AUTH frame by a coordinator without --auth-file (the connection closes).
 NO_AUTH = "this coordinator takes no tokens (it runs without --auth-file); connect without one"
 METRICS_PORT_REFUSAL = "this is the metrics port"  # how the metrics port answers a frame
+# How a TLS port answers a frame sent in plaintext (before closing the connection).
+TLS_PORT_REFUSAL = "the coordinator speaks TLS here: add --tls-ca=PEM (or --tls to trust the system's CAs)"
 # A worker that gets a refusal beginning with one of these was pointed at the wrong port.
-WRONG_PORT_REFUSALS = (CLIENT_PORT_REFUSAL, METRICS_PORT_REFUSAL)
+WRONG_PORT_REFUSALS = (CLIENT_PORT_REFUSAL, METRICS_PORT_REFUSAL, TLS_PORT_REFUSAL)
 
 
 def metrics_port_refusal() -> Error:

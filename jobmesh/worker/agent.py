@@ -58,8 +58,9 @@ from gevent import socket
 from gevent.queue import Queue
 
 from jobmesh.addresses import Address, AllFailed, first_reachable, joined
+from jobmesh.auth import read_token, warn_if_exposed
 from jobmesh.config import WorkerConfig
-from jobmesh.errors import PayloadError, ProtocolError
+from jobmesh.errors import ConfigError, PayloadError, ProtocolError
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.payloads import TASK_TYPES
 from jobmesh.protocol.messages import (
@@ -147,6 +148,7 @@ class WorkerAgent:
         self._outbox: Queue | None = None  # the live session's outbox; None between sessions
         self._kept_since: float | None = None  # when the attempts kept across a lost connection were left
         self.registrations = 0
+        self.token = cfg.token  # presented in AUTH; SIGHUP reads cfg.token_file again (``reload_token``)
         self.wrong_port: str | None = None  # set when the coordinator says this is its client or metrics port,
         # or that it takes no tokens
         self.user_task_types: frozenset[str] = frozenset()
@@ -165,6 +167,26 @@ class WorkerAgent:
         """End the task processes; call once ``run``'s greenlet is dead."""
         if self.processes is not None:
             self.processes.close()
+
+    def reload_token(self) -> None:
+        """SIGHUP: read the token file again; the next connection presents what it holds
+        (the live one goes on with the token it opened with, until the coordinator closes
+        it: a removed token's connections are closed at its SIGHUP). A file that cannot be
+        read, or a token from ``JOBMESH_TOKEN``, keeps the token in force."""
+        path = self.cfg.token_file
+        if path is None:
+            log.info("SIGHUP: worker=%s has no token file to read again", self.worker_id)
+            return
+        try:
+            token = read_token(path)
+        except ConfigError as exc:
+            log.error("SIGHUP: kept the token in force worker=%s: %s", self.worker_id, exc)
+            return
+        warn_if_exposed(path, "the token file")
+        changed = token != self.token
+        self.token = token
+        log.info("SIGHUP: read the token file %s again worker=%s: %s", path, self.worker_id,
+                 "a new token, presented from the next connection on" if changed else "the same token")
 
     # ---- connection lifecycle ---------------------------------------------------------
 
@@ -273,8 +295,8 @@ class WorkerAgent:
             log.info("connected worker=%s coordinator=%s", self.worker_id, address)
             # The same reader serves the session: an assignment may share the reply's packet.
             reader = FrameReader(sock.recv)
-            if self.cfg.token is not None:  # a coordinator with --auth-file: AUTH first
-                ok = self._ask(sock, reader, Auth(self.cfg.token).to_wire(), AuthOk)
+            if self.token is not None:  # a coordinator with --auth-file: AUTH first
+                ok = self._ask(sock, reader, Auth(self.token).to_wire(), AuthOk)
                 log.info("authenticated worker=%s token=%s role=%s", self.worker_id, ok.name, ok.role)
             kept = self.kept()
             running = [{"jobId": job_id, "attemptId": attempt_id} for job_id, attempt_id in kept] or None
@@ -551,6 +573,8 @@ def run_worker(cfg: WorkerConfig) -> int:
             main.kill(block=False)
 
     handlers = [gevent.signal_handler(s, stop, s) for s in (signal.SIGTERM, signal.SIGINT)]
+    handlers.append(gevent.signal_handler(signal.SIGHUP, agent.reload_token))
+    warn_if_exposed(cfg.token_file, "the token file")
     try:
         main.join()
     finally:

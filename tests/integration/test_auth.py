@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import signal
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from types import SimpleNamespace
@@ -25,7 +29,7 @@ from jobmesh.errors import RequestFailed
 from jobmesh.protocol import messages as m
 from tests.integration import test_dashboard_browser as dashboard_browser
 from tests.helpers import (CoordinatorProc, RawConn, ScriptedWorker, closed_address, read_until_closed, run_cli,
-                           wait_until)
+                           stranger, wait_until)
 
 ROLES = ("worker", "reader", "client", "admin")
 LIMITED = ("GREET", "etl.*")  # the taskTypes of the "etl" client, "etl-admin" and "etl-worker" tokens
@@ -192,8 +196,8 @@ def test_only_a_worker_token_registers_a_worker(authed, opened, role):
     ({"type": "WORKER_REGISTER", "workerId": "w", "capacity": 1}, "authentication required"),
 ])
 def test_anything_but_a_known_token_first_is_refused_and_closed(authed, opened, port, first, says):
-    connect(authed.client_addr, authed.tokens["reader"], opened)  # a success: this address is not slowed
-    conn = RawConn(authed.client_addr if port == "client" else authed.worker_addr)
+    # (from an address of its own: the failures of these tests slow nobody else's AUTH)
+    conn = RawConn(authed.client_addr if port == "client" else authed.worker_addr, source=stranger())
     opened.append(conn)
     conn.send(first)
     frames, closed = read_until_closed(conn, timeout=15)
@@ -215,8 +219,7 @@ def test_fuzzed_first_frames_never_authenticate(authed, first, port):
     ERROR and the connection closes; the coordinator stays up."""
     opened: list = []
     try:
-        connect(authed.client_addr, authed.tokens["reader"], opened)  # not slowed by the failures below
-        conn = RawConn(authed.client_addr if port == "client" else authed.worker_addr)
+        conn = RawConn(authed.client_addr if port == "client" else authed.worker_addr, source=stranger())
         opened.append(conn)
         conn.send(first)
         frames, closed = read_until_closed(conn, timeout=15)
@@ -272,6 +275,26 @@ def test_the_library_and_the_cli_with_and_without_a_token(authed, tmp_path):
     assert env_cli.returncode == 0, env_cli.stderr
     env_file = run_cli_env({"JOBMESH_TOKEN_FILE": str(token_file)}, "workers", coordinator=target)
     assert env_file.returncode == 0, env_file.stderr
+
+
+def test_the_cli_names_the_command_and_the_role_it_needs(authed, tmp_path):
+    token_file = tmp_path / "reader.token"
+    token_file.write_text(authed.tokens["reader"])
+    os.chmod(token_file, 0o644)
+    out = run_cli("schedule", "add", "nightly-reader", "--every-millis=60000", "SLEEP", '{"durationMillis": 1}',
+                  "--token-file=%s" % token_file, coordinator=authed.client_target)
+    assert out.returncode == 1
+    assert "'jobmesh schedule add' needs a token of role admin, and this one is a reader token" in out.stderr
+    assert "forbidden: token" in out.stderr  # the coordinator's own words are kept
+    # and a token file others may read is named, with the fix
+    assert "the token file %s is readable by other users (mode 0644)" % token_file in out.stderr
+    assert "chmod 600" in out.stderr
+    os.chmod(token_file, 0o600)
+    out = run_cli("submit", "SLEEP", '{"durationMillis": 1}', "--token-file=%s" % token_file,
+                  coordinator=authed.client_target)
+    assert out.returncode == 1
+    assert "'jobmesh submit' needs a token of role client or admin, and this one is a reader token" in out.stderr
+    assert "readable by other users" not in out.stderr
 
 
 def run_cli_env(env: dict, *args, coordinator: str):
@@ -422,6 +445,46 @@ def test_failed_attempts_are_counted(authed, opened):
     assert failures() == before + 2
 
 
+def auth_answer_seconds(addr, token: str, source: str) -> tuple[float, str]:
+    """How long an AUTH from ``source`` waits for its answer, and the answer's type."""
+    conn = RawConn(addr, timeout=30, source=source)
+    try:
+        started = time.monotonic()
+        reply = conn.request({"type": "AUTH", "token": token})
+        return time.monotonic() - started, reply["type"]
+    finally:
+        conn.close()
+
+
+def test_guesses_that_close_early_are_slowed_and_a_success_clears_only_its_own_token(authed):
+    from jobmesh.coordinator import guard
+
+    def failures() -> float:
+        body = http_get(authed.metrics_url + "/metrics", {"Authorization": "Bearer " + authed.tokens["reader"]})[2]
+        return float(re.search(r"^jobmesh_auth_failures_total (\S+)$", body.decode(), re.M).group(1))
+
+    # Given an address whose first AUTH, with a good token, is answered at once
+    source = stranger()
+    first, answer = auth_answer_seconds(authed.client_addr, authed.tokens["reader"], source)
+    assert answer == "AUTH_OK"
+    # When a guesser there sends more than the free wrong guesses, each closing without
+    # waiting for the answer
+    before = failures()
+    for n in range(guard.FREE_FAILURES + 2):
+        conn = RawConn(authed.client_addr, source=source)
+        conn.send({"type": "AUTH", "token": "guess-%d" % n})
+        conn.close()
+    wait_until(lambda: failures() >= before + guard.FREE_FAILURES + 2, message="the guesses counted")
+    # Then even a good token's AUTH_OK from there waits (an answer coming quickly says nothing)
+    slowed, answer = auth_answer_seconds(authed.client_addr, authed.tokens["reader"], source)
+    assert answer == "AUTH_OK" and slowed >= first + guard.FIRST_DELAY
+    # and that success cleared nothing: the next wrong guess is still slowed
+    slowed, answer = auth_answer_seconds(authed.client_addr, "guess-again", source)
+    assert answer == "ERROR" and slowed >= first + guard.FIRST_DELAY
+    # while other addresses are not slowed
+    assert auth_answer_seconds(authed.client_addr, authed.tokens["reader"], stranger())[1] == "AUTH_OK"
+
+
 # ---- SIGHUP, removed tokens ----------------------------------------------------------------
 
 def test_sighup_closes_the_connections_of_a_removed_token(tmp_path, opened):
@@ -480,10 +543,13 @@ def test_a_real_worker_with_a_token_runs_jobs(tmp_path, worker_procs):
     tokens.new("ci", "client")
     (tmp_path / "w.token").write_text(tokens["w"])
     (tmp_path / "bad.token").write_text("not-the-token")
+    os.chmod(tokens.path, 0o644)  # as an editor or a copy may leave it
+    os.chmod(tmp_path / "w.token", 0o640)
+    os.chmod(tmp_path / "bad.token", 0o600)
     coord = CoordinatorProc(tmp_path, auth_file=tokens.path).start()
     try:
-        worker_procs.start(SimpleNamespace(worker_target="%s,%s" % (closed_address(), coord.worker_target)), "w-real",
-                           extra=("--token-file=%s" % (tmp_path / "w.token"),))
+        real = worker_procs.start(SimpleNamespace(worker_target="%s,%s" % (closed_address(), coord.worker_target)),
+                                  "w-real", extra=("--token-file=%s" % (tmp_path / "w.token"),))
         wrong = worker_procs.start(coord, "w-wrong", extra=("--token-file=%s" % (tmp_path / "bad.token"),))
         with CoordinatorClient(*coord.client_addr, token=tokens["ci"]) as client:
             job_id = client.submit("SHA256", {"text": "hello"})
@@ -491,6 +557,23 @@ def test_a_real_worker_with_a_token_runs_jobs(tmp_path, worker_procs):
             assert job["state"] == "COMPLETED" and job["submittedBy"] == "ci"
             wait_until(lambda: "authentication failed" in wrong.log(), timeout=15, message="the refused worker")
             assert [w["workerId"] for w in client.workers()] == ["w-real"]
+            # Rotation without a restart: a new token in the auth file and the worker's token
+            # file, SIGHUP to the worker, the old token removed and SIGHUP to the coordinator
+            # (the files others may read were named at start)
+            assert "the auth file %s is readable by other users (mode 0644)" % tokens.path in coord.stderr()
+            assert "the token file %s is readable by other users (mode 0640)" % (tmp_path / "w.token") in real.log()
+            assert "readable by other users" not in wrong.log()
+            tokens.new("w2", "worker")
+            (tmp_path / "w.token").write_text(tokens["w2"])
+            real.proc.send_signal(signal.SIGHUP)
+            wait_until(lambda: "a new token, presented from the next connection on" in real.log(), timeout=15,
+                       message="the worker read its token file again")
+            auth.remove_token(tokens.path, "w")
+            coord.proc.send_signal(signal.SIGHUP)
+            # the worker reconnects with the new token and keeps working
+            wait_until(lambda: "token=w2 role=worker" in real.log(), timeout=15, message="authenticated with w2")
+            job_id = client.submit("SHA256", {"text": "rotated"})
+            assert client.wait(job_id, timeout=30)["state"] == "COMPLETED"
         assert tokens["w"] not in wrong.log() + coord.stderr()
     finally:
         coord.cleanup()
@@ -506,6 +589,16 @@ def test_token_cli(tmp_path):
     assert token not in open(path).read()
     assert auth.AuthFile.load(path).authenticate(token).name == "ci"
     assert run_cli("token", "new", "w1", "--role=worker", "--auth-file=%s" % path).returncode == 0
+    # a token written with a plain > into a file others may read is called out; under umask 077 it is not
+    for umask, warned in ((0o022, True), (0o077, False)):
+        target = tmp_path / ("w-%o.token" % umask)
+        shell = "umask %03o; %s -m jobmesh token new w-%o --role=worker --auth-file=%s > %s" % (
+            umask, sys.executable, umask, tmp_path / "umask.toml", target)
+        done = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, timeout=20)
+        assert done.returncode == 0, done.stderr
+        assert ("the token went into a file other users may read (mode 0644)" in done.stderr) is warned
+        assert auth.AuthFile.load(str(tmp_path / "umask.toml")).authenticate(target.read_text().strip()).name \
+            == "w-%o" % umask
     listed = run_cli("token", "list", "--auth-file=%s" % path)
     assert listed.returncode == 0 and "ci" in listed.stdout and "GREET, etl.*" in listed.stdout
     assert token not in listed.stdout

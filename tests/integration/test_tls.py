@@ -136,6 +136,13 @@ def test_a_plaintext_cli_on_a_tls_port_fails_cleanly(tls_coordinator):
     out = run_cli("list", coordinator=tls_coordinator.client_target)
     assert out.returncode == 3
     assert "unreachable" in out.stderr and "Traceback" not in out.stderr
+    assert "the coordinator speaks TLS here: add --tls-ca" in out.stderr
+
+
+def test_a_plaintext_worker_on_a_tls_port_is_told_so_and_exits_1(tls_coordinator, worker_procs):
+    worker = worker_procs.start(tls_coordinator, "w-plaintext")
+    assert worker.proc.wait(30) == 1
+    assert "the coordinator speaks TLS here: add --tls-ca" in worker.log()
 
 
 def test_a_tls_client_on_a_plaintext_port_is_told_so(coordinator, certs):
@@ -399,3 +406,28 @@ def test_tls_and_tokens_together_a_worker_and_the_cli_run_jobs(coordinator_facto
     with pytest.raises(urllib.error.HTTPError) as denied:
         urllib.request.urlopen("https://%s:%d/metrics" % (host, port), context=context, timeout=20)
     assert denied.value.code == 401
+
+
+def test_the_auth_timeout_counts_the_tls_handshake(coordinator_factory, certs, tmp_path):
+    # Given tokens over TLS, a handshake allowed a minute but AUTH due a second after accept
+    from jobmesh import auth
+    path = str(tmp_path / "auth.toml")
+    token = auth.new_token(path, "ci", "client")
+    coord = coordinator_factory(tls_cert=certs.server, tls_key=certs.server_key, auth_file=path,
+                                auth_timeout_millis=1000, tls_handshake_timeout_millis=60000)
+    # a peer that never starts its handshake, and one that finishes it but never sends AUTH,
+    silent = socket.create_connection(coord.client_addr, timeout=30)
+    quiet = tls_socket(coord.client_addr, certs)
+    quiet.settimeout(30)
+    # are both closed at the auth timeout, not the handshake's
+    assert silent.recv(1) == b""
+    try:
+        assert quiet.recv(1) == b""
+    except (ssl.SSLError, ConnectionResetError):
+        pass
+    assert coord.stderr().count("not authenticated within 1.0 s (--auth-timeout-millis)") == 2
+    # while a client that authenticates at once is served
+    with CoordinatorClient(*coord.client_addr, tls_ca=str(certs.ca), token=token) as client:
+        assert client.workers() == []
+    silent.close()
+    quiet.close()

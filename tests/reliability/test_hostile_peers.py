@@ -290,3 +290,48 @@ def test_a_storage_stall_declares_no_worker_dead(coordinator_factory, peers):
     for job_id in jobs:
         snap = client.status(job_id)
         assert (snap["state"], snap["attempts"]) == ("RUNNING", 1), snap
+
+
+def test_strangers_that_never_authenticate_cannot_take_the_slots_of_workers_and_clients(tmp_path):
+    # Given a coordinator with tokens whose descriptor limit leaves 64 worker and 32 client slots
+    from jobmesh import auth
+    from tests.helpers import CoordinatorProc
+    path = str(tmp_path / "auth.toml")
+    tokens = {role: auth.new_token(path, role, role) for role in ("worker", "client")}
+    coord = CoordinatorProc(tmp_path, name="strangers", auth_file=path, auth_timeout_millis=4000, periodic_port=0)
+    coord.open_files_limit = 300
+    coord.start()
+    silent = []
+    try:
+        # When strangers on one address open more silent connections than either port has slots
+        for addr in [coord.worker_addr] * 80 + [coord.client_addr] * 40:
+            silent.append(RawConn(addr, timeout=30))
+        # a worker still registers
+        worker = RawConn(coord.worker_addr, timeout=30)
+        silent.append(worker)
+        assert worker.request({"type": "AUTH", "token": tokens["worker"]})["type"] == "AUTH_OK"
+        reply = worker.request({"type": "WORKER_REGISTER", "workerId": "w-past-strangers", "capacity": 1})
+        assert reply["type"] == "WORKER_REGISTERED", reply
+        # and a client still submits
+        client = RawConn(coord.client_addr, timeout=30)
+        silent.append(client)
+        assert client.request({"type": "AUTH", "token": tokens["client"]})["type"] == "AUTH_OK"
+        reply = client.request({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1}})
+        assert reply["type"] == "JOB_SUBMITTED", reply
+        # and every silent connection is closed: the oldest ones to make room for newer ones
+        # of their address, the others once --auth-timeout-millis passed
+        periodic = RawConn(coord.periodic_addr, timeout=30)
+        silent.append(periodic)
+        for conn in silent[:-3]:
+            assert conn.recv() is None
+        assert "not authenticated within 4.0 s" in coord.stderr()
+        # on the Periodic port too
+        assert periodic.recv() is None
+        wait_until(lambda: "periodic connection peer=127.0.0.1:%d: not authenticated within 4.0 s"
+                   % periodic.sock.getsockname()[1] in coord.stderr(), message="the auth timeout logged")
+        # while the authenticated ones stay open
+        assert client.request({"type": "GET_STATS"})["type"] == "STATS"
+    finally:
+        for conn in silent:
+            conn.close()
+        coord.cleanup()

@@ -17,6 +17,14 @@ class Conn:
         self.aborted = True
 
 
+class Sock:
+    def __init__(self):
+        self.down = False
+
+    def shutdown(self, how):
+        self.down = True
+
+
 @pytest.fixture
 def tokens(tmp_path):
     path = str(tmp_path / "auth.toml")
@@ -24,7 +32,7 @@ def tokens(tmp_path):
     return path, made
 
 
-def test_a_peer_that_keeps_failing_is_slowed_and_a_success_clears_it(tokens):
+def test_a_peer_that_keeps_failing_is_slowed_and_a_success_forgives_only_its_own_token(tokens):
     path, made = tokens
     guard = Guard.load(path)
     for n in range(1, g.FREE_FAILURES + 1):
@@ -37,8 +45,34 @@ def test_a_peer_that_keeps_failing_is_slowed_and_a_success_clears_it(tokens):
     assert delays[0] == g.FIRST_DELAY and delays == sorted(delays) and delays[-1] == g.MAX_DELAY
     assert guard.failure_delay("10.0.0.2") == 0.0  # other addresses are not slowed
     assert guard.failures == g.FREE_FAILURES + 12
+    # A success with another token clears nothing
     assert guard.authenticate(made["ci"], "10.0.0.1").name == "ci"
-    assert guard.failure_delay("10.0.0.1") == 0.0
+    assert guard.failure_delay("10.0.0.1") == g.MAX_DELAY
+    # while the success of a token that failed before (it was added since) forgives its own failures
+    late = auth.new_token(path, "late", "client")
+    for _ in range(g.FREE_FAILURES + 5):
+        assert guard.authenticate(late, "10.0.0.3") is None
+    assert guard.authenticate("guess", "10.0.0.3") is None
+    assert guard.failure_delay("10.0.0.3") > 0
+    assert guard.reload() and guard.authenticate(late, "10.0.0.3").name == "late"
+    assert guard.failure_delay("10.0.0.3") == 0.0
+
+
+def test_connections_waiting_to_authenticate_are_bounded_per_address(tokens):
+    guard = Guard.load(tokens[0])
+    guard.pending_limit = 2
+    socks = [Sock() for _ in range(4)]
+    first, second = guard.admit(socks[0], "10.0.0.1", "client"), guard.admit(socks[1], "10.0.0.1", "worker")
+    other = guard.admit(socks[2], "2001:db8::1", "client")  # another address (an IPv6 /64 is one)
+    second.done()  # authenticated: no longer counted
+    guard.admit(socks[3], "10.0.0.1", "client")
+    assert not any(sock.down for sock in socks)
+    guard.admit(Sock(), "10.0.0.1", "client")  # a third waiting: the oldest makes room
+    assert socks[0].down and first.timer is None and not socks[3].down
+    guard.admit(Sock(), "2001:db8::2", "client")
+    guard.admit(Sock(), "2001:db8::3", "client")
+    assert socks[2].down and other.timer is None
+    assert g.address_key("::ffff:10.0.0.1") == "10.0.0.1" and g.address_key("2001:db8::1") == "2001:db8::/64"
 
 
 def test_addresses_remembered_are_bounded(tokens, monkeypatch):
