@@ -62,7 +62,7 @@ def _framework() -> ModuleType:
 
 
 _package = _framework().__name__
-tasks: Any = importlib.import_module(_package + ".base")  # Task, TaskResult, TaskContext, TaskError ...
+framework: Any = importlib.import_module(_package + ".base")  # Task, TaskResult, TaskContext, TaskError ...
 _backends: Any = importlib.import_module(_package + ".backends.base")
 _exceptions: Any = importlib.import_module(_package + ".exceptions")
 _signals: Any = importlib.import_module(_package + ".signals")
@@ -115,9 +115,9 @@ def task_error(text: str) -> Any:
     first, _, rest = text.partition("\n")
     raised = _RAISED.match(first)
     if raised is not None and rest:
-        return tasks.TaskError(exception_class_path=raised.group(1), traceback=rest)
-    return tasks.TaskError(exception_class_path="%s.%s" % (JobFailed.__module__, JobFailed.__qualname__),
-                                traceback=text)
+        return framework.TaskError(exception_class_path=raised.group(1), traceback=rest)
+    return framework.TaskError(exception_class_path="%s.%s" % (JobFailed.__module__, JobFailed.__qualname__),
+                               traceback=text)
 
 
 def as_datetime(millis: int | None) -> datetime | None:
@@ -222,7 +222,7 @@ class JobmeshBackend(_backends.BaseTaskBackend):
             task = import_string(job["taskType"])
         except ImportError:
             task = None
-        if not isinstance(task, tasks.Task):
+        if not isinstance(task, framework.Task):
             raise TaskResultDoesNotExist("job %s is a %s job, not a Django task's" % (job["jobId"], job["taskType"]))
         return task
 
@@ -232,12 +232,15 @@ def make_result(task: Any, result_id: str, status: str, args: Any, kwargs: Any, 
                 last_attempted_at: datetime | None = None, finished_at: datetime | None = None,
                 worker_ids: list[str] | None = None, errors: list[Any] | None = None) -> Any:
     """A ``TaskResult`` of the framework in use (its args and kwargs normalized to JSON)."""
-    return tasks.TaskResult(
-        task=task, id=result_id, status=tasks.TaskResultStatus[status], enqueued_at=enqueued_at,
+    return framework.TaskResult(
+        task=task, id=result_id, status=framework.TaskResultStatus[status], enqueued_at=enqueued_at,
         started_at=started_at, last_attempted_at=last_attempted_at, finished_at=finished_at,
         args=args, kwargs=kwargs, backend=backend, errors=errors or [], worker_ids=worker_ids or [])
 
 
 def send_signal(name: str, backend: Any, result: Any) -> None:
-    """Send the framework's ``task_enqueued``, ``task_started`` or ``task_finished`` for ``result``."""
-    getattr(_signals, name).send(type(backend), task_result=result)
+    """Send the framework's ``task_enqueued``, ``task_started`` or ``task_finished`` for
+    ``result`` (a version of it without that signal is sent nothing)."""
+    signal = getattr(_signals, name, None)
+    if signal is not None:
+        signal.send(type(backend), task_result=result)

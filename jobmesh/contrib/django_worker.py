@@ -83,7 +83,7 @@ def _project_tasks() -> dict[str, Any]:
     from django.apps import apps
     from django.utils.module_loading import module_has_submodule
 
-    from jobmesh.contrib.django import JobmeshBackend, tasks
+    from jobmesh.contrib.django import JobmeshBackend, framework
 
     found: dict[str, Any] = {}
     for app in apps.get_app_configs():
@@ -91,7 +91,7 @@ def _project_tasks() -> dict[str, Any]:
             continue
         module = importlib.import_module(app.name + ".tasks")
         for value in vars(module).values():
-            if isinstance(value, tasks.Task) and isinstance(value.get_backend(), JobmeshBackend):
+            if isinstance(value, framework.Task) and isinstance(value.get_backend(), JobmeshBackend):
                 found.setdefault(value.module_path, value)
     if not found:
         raise ConfigError("no task in the installed apps' tasks modules uses a jobmesh.contrib.django.JobmeshBackend "
@@ -111,7 +111,7 @@ def run(task: Any, payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     from django.db import close_old_connections
     from django.utils import timezone
 
-    from jobmesh.contrib.django import RETURN_VALUE, failure_text, make_result, send_signal, task_error, tasks
+    from jobmesh.contrib.django import RETURN_VALUE, failure_text, make_result, send_signal, task_error, framework
 
     args, kwargs = payload.get("args", []), payload.get("kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):
@@ -126,7 +126,7 @@ def run(task: Any, payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     close_old_connections()
     try:
         if task.takes_context:
-            value = task.call(tasks.TaskContext(task_result=result), *args, **kwargs)
+            value = task.call(framework.TaskContext(task_result=result), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
         json.dumps(value, allow_nan=False)  # a return value that is not JSON fails here, with its traceback
@@ -135,14 +135,14 @@ def run(task: Any, payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     except BaseException as exc:
         log.warning("task %s raised job=%s attempt=%d", task.module_path, ctx.job_id, ctx.attempt, exc_info=True)
         text = failure_text(exc, MAX_ERROR_CHARS)
-        object.__setattr__(result, "status", tasks.TaskResultStatus.FAILED)
+        object.__setattr__(result, "status", framework.TaskResultStatus.FAILED)
         object.__setattr__(result, "finished_at", timezone.now())
         result.errors.append(task_error(text))
         send_signal("task_finished", backend, result)
         raise TaskFailure(text) from None
     finally:
         close_old_connections()
-    object.__setattr__(result, "status", tasks.TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "status", framework.TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "finished_at", timezone.now())
     object.__setattr__(result, "_return_value", value)
     send_signal("task_finished", backend, result)
