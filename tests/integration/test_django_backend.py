@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import os
+import subprocess
 import sys
 import textwrap
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -144,6 +146,10 @@ def client(module_coordinator):
         yield c
 
 
+def millis(at: datetime) -> int:
+    return (at - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(milliseconds=1)
+
+
 def finished(client, task, result):
     """The result once its job has ended (WAIT_JOB), read again through the backend."""
     client.wait(result.id, timeout=30)
@@ -220,19 +226,17 @@ def test_priority_maps_to_the_nearest_jobmesh_priority(project, client):
 
 
 def test_run_after_schedules_the_job(project, client):
-    from django.utils import timezone
-
-    later = timezone.now() + timedelta(hours=1)
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
     result = project.add.using(run_after=later).enqueue(1, 1)
     job = client.status(result.id)
-    assert job["state"] == "SCHEDULED" and job["runAtMillis"] == int(later.timestamp() * 1000)
+    assert job["state"] == "SCHEDULED" and job["runAtMillis"] == millis(later)
     assert project.add.get_result(result.id).status == "READY"
     client.cancel(result.id)
     cancelled = project.add.get_result(result.id)
     assert cancelled.status == "FAILED" and cancelled.errors[-1].exception_class.__name__ == "JobFailed"
-    soon = timezone.now() + timedelta(milliseconds=300)
+    soon = datetime.now(timezone.utc) + timedelta(milliseconds=300)
     done = finished(client, project.add, project.add.using(run_after=soon).enqueue(2, 2))
-    assert done.return_value == 4 and done.started_at >= soon
+    assert done.return_value == 4 and millis(done.started_at) >= millis(soon)
 
 
 def test_aenqueue_and_aget_result_and_an_async_task(project, client):
@@ -261,3 +265,22 @@ def test_worker_with_a_settings_module_that_cannot_load_exits_2_in_one_line(proj
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "--django=jmdj_nosuch.settings" in proc.stderr and "jmdj_nosuch" in proc.stderr
+
+
+def test_the_django_side_and_the_task_processes_import_no_gevent():
+    # A Django process (web server, manage.py) and the task processes run unpatched: the
+    # backend and the worker's Django module are plain Python on stdlib sockets.
+    code = ("import json, sys, jobmesh.contrib.django, jobmesh.contrib.django_worker; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'gevent')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []
+
+
+def test_the_backend_refuses_options_it_does_not_take(project):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from jobmesh.contrib.django import JobmeshBackend
+
+    with pytest.raises(ImproperlyConfigured, match="unknown OPTIONS cordinator"):
+        JobmeshBackend("other", {"OPTIONS": {"cordinator": "127.0.0.1:7071"}})
