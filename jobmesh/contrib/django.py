@@ -211,7 +211,8 @@ class JobmeshBackend(_backends.BaseTaskBackend):
         return result
 
     def close(self) -> None:
-        """Close the connection (the next call opens another)."""
+        """Close the connection (the next call opens another); Django's ``close_all`` of
+        its task backends calls it."""
         if self._client is not None:
             self._client.close()
 

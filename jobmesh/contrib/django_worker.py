@@ -111,7 +111,7 @@ def run(task: Any, payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     from django.db import close_old_connections
     from django.utils import timezone
 
-    from jobmesh.contrib.django import RETURN_VALUE, failure_text, make_result, send_signal, task_error, framework
+    from jobmesh.contrib.django import RETURN_VALUE, failure_text, framework, make_result, send_signal, task_error
 
     args, kwargs = payload.get("args", []), payload.get("kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):

@@ -20,6 +20,7 @@ import sys
 import textwrap
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -234,6 +235,17 @@ def test_run_after_schedules_the_job(project, client):
     client.cancel(result.id)
     cancelled = project.add.get_result(result.id)
     assert cancelled.status == "FAILED" and cancelled.errors[-1].exception_class.__name__ == "JobFailed"
+    # Without USE_TZ, Django's times are naive, in the project's TIME_ZONE.
+    from django.conf import settings
+    from django.test.utils import override_settings
+
+    with override_settings(USE_TZ=False):
+        naive = datetime.now() + timedelta(hours=2)
+        local = project.add.using(run_after=naive).enqueue(3, 3)
+        expected = millis(naive.replace(tzinfo=ZoneInfo(settings.TIME_ZONE)))
+        assert client.status(local.id)["runAtMillis"] == expected
+        assert project.add.get_result(local.id).enqueued_at.tzinfo is None
+        client.cancel(local.id)
     soon = datetime.now(timezone.utc) + timedelta(milliseconds=300)
     done = finished(client, project.add, project.add.using(run_after=soon).enqueue(2, 2))
     assert done.return_value == 4 and millis(done.started_at) >= millis(soon)
