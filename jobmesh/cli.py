@@ -237,6 +237,9 @@ Options:
                                    or PYTHONPATH) whose @task functions this worker runs
                                    besides the built-ins, each in a child process
                                    whose output goes to stderr, the log
+  --django=SETTINGS                run the tasks of the Django project with this settings
+                                   module (e.g. mysite.settings, from the current
+                                   directory or PYTHONPATH) that use jobmesh's backend
   --cancel-grace-millis=N          a cancelled user task that has not returned after N ms
                                    gets SIGTERM (with all it started), after 2N ms SIGKILL
                                    [default: 5000]
@@ -701,6 +704,10 @@ def _run(command: str, argv: list[str], args: dict, json_logs: bool) -> int:
 
             worker_cfg = worker_config(args)
             setup_logging(worker_cfg.log_level, worker_cfg.log_format)
+            if worker_cfg.django_settings is not None:
+                from jobmesh.contrib.django_worker import set_up
+
+                set_up(worker_cfg.django_settings, worker_cfg.worker_id)
             return run_worker(worker_cfg)
         if command == "token":
             return run_token_command(args)

@@ -93,6 +93,8 @@ class WorkerConfig:
     log_format: str = "text"
     # Modules whose @task functions this worker runs (``--tasks``), besides the built-ins.
     task_modules: tuple[str, ...] = ()
+    # A Django project's settings module (``--django``): its tasks run too, through DJANGO_WORKER.
+    django_settings: str | None = None
     # After a cancel, how long a user task gets to return before SIGTERM, then before SIGKILL.
     cancel_grace_millis: int = 5000
     # How long running attempts are kept while the coordinator is unreachable (0: stopped at once).
@@ -105,6 +107,8 @@ class WorkerConfig:
 
 
 _MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
+# The task module that registers a Django project's tasks (``--django``); see that module.
+DJANGO_WORKER = "jobmesh.contrib.django_worker"
 
 
 def parse_task_modules(value: Any) -> tuple[str, ...]:
@@ -284,6 +288,9 @@ def worker_config(args: dict[str, Any]) -> WorkerConfig:
     worker_id = args.get("--id") or "worker-" + uuid.uuid4().hex[:8]
     if not str(worker_id).strip():
         raise ConfigError("--id must not be empty")
+    django = args.get("--django")
+    if django is not None and not _MODULE_NAME.match(str(django)):
+        raise ConfigError("--django must be the dotted name of a Django settings module, got %r" % django)
     return WorkerConfig(
         coordinators=coordinators,
         worker_id=str(worker_id),
@@ -291,7 +298,8 @@ def worker_config(args: dict[str, Any]) -> WorkerConfig:
         heartbeat_interval_millis=_int(args, "--heartbeat-interval-millis", 1),
         log_level=_choice(args, "--log-level", LOG_LEVELS),
         log_format=log_format(args),
-        task_modules=parse_task_modules(args.get("--tasks")),
+        task_modules=parse_task_modules(args.get("--tasks")) + ((DJANGO_WORKER,) if django is not None else ()),
+        django_settings=None if django is None else str(django),
         cancel_grace_millis=_int(args, "--cancel-grace-millis", 0),
         keep_running_millis=_int(args, "--keep-running-millis", 0),
         token=read_token(_path(args, "--token-file")),

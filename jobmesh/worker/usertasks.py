@@ -48,6 +48,11 @@ class TaskDefinitionError(JobmeshError, ValueError):
     """A ``@task`` that cannot be registered: bad or built-in name, taken name, wrong signature."""
 
 
+class TaskFailure(JobmeshError):
+    """Raised by a task function to fail its attempt with exactly this error text (cut to
+    ``MAX_ERROR_CHARS``), which is all the function's part: nothing more is logged."""
+
+
 @dataclass
 class TaskContext:
     """What a two-parameter task function gets besides its payload.
@@ -186,6 +191,8 @@ def run_task(name: str, payload: dict[str, Any], ctx: TaskContext) -> tuple[bool
         result = fn(payload, ctx) if _wants_context.get(name) else fn(payload)
     except KeyboardInterrupt:
         raise
+    except TaskFailure as exc:
+        return False, None, str(exc)[:MAX_ERROR_CHARS]
     except BaseException as exc:
         # The traceback goes to the process's stderr, where the user's own output goes too.
         log.warning("task %s raised job=%s attempt=%d", name, ctx.job_id, ctx.attempt, exc_info=True)

@@ -1,0 +1,1 @@
+"""jobmesh inside other frameworks: ``jobmesh.contrib.django`` (a backend for Django's tasks)."""
