@@ -61,10 +61,10 @@ from typing import Any, Callable, Iterator, Sequence
 from zoneinfo import ZoneInfo
 
 from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, first_reachable, joined, parse_addresses
-from jobmesh.errors import (ClientError, CoordinatorUnavailable, InvalidRequest, ProtocolError, RequestFailed,
-                            RequestTooLarge, SubmitRejected)
+from jobmesh.client.wire import BadReply, ClosedUnanswered, NotConnected, TlsFailed, encode_request, read_reply, tls_reason
+from jobmesh.errors import ClientError, CoordinatorUnavailable, ProtocolError, RequestFailed, SubmitRejected
 from jobmesh.protocol import messages as m
-from jobmesh.protocol.framing import FrameReader, encode_frame
+from jobmesh.protocol.framing import FrameReader
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.tls import HANDSHAKE_SECONDS, client_context, client_tls, secure
 
@@ -82,20 +82,6 @@ WAIT_CHUNK_MILLIS = 60_000  # one WAIT_JOB waits at most this long; ``wait`` ask
 _TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MILLISECOND = timedelta(milliseconds=1)
-
-
-class _ClosedUnanswered(CoordinatorUnavailable):
-    """The coordinator closed the connection without answering the request (EOF, or a
-    reset or broken pipe: what a closed peer answers data with). ``at_once``: on a
-    connection that had answered nothing, right after the request was sent."""
-
-    def __init__(self, message: str, at_once: bool):
-        super().__init__(message)
-        self.at_once = at_once
-
-
-class _NotConnected(CoordinatorUnavailable):
-    """No address took the connection: nothing was sent."""
 
 
 class WaitTimeout(ClientError, TimeoutError):
@@ -152,20 +138,6 @@ def submit_backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP)
     """Seconds to wait before resubmit number ``retry`` (1-based): full jitter on a capped doubling."""
     ceiling = min(cap, base * (2 ** (retry - 1)))
     return random.uniform(ceiling / 2, ceiling)
-
-
-def _encode_request(request: m.Message) -> bytes:
-    """The request's frame; ``TypeError`` naming the argument whose type the coordinator would
-    refuse, ``InvalidRequest`` (``RequestTooLarge``) if it cannot be one."""
-    request.check_types()
-    try:
-        return encode_frame(request.to_wire())
-    except ProtocolError as exc:
-        if isinstance(exc.__cause__, UnicodeError):
-            raise InvalidRequest("%s cannot be sent: it holds text that is not valid Unicode" % request.TYPE) from exc
-        raise RequestTooLarge("%s is too large to send: %s" % (request.TYPE, exc)) from exc
-    except (ValueError, OverflowError, TypeError) as exc:  # e.g. a payload holding something JSON cannot
-        raise InvalidRequest("%s cannot be encoded as JSON: %s" % (request.TYPE, exc)) from exc
 
 
 class CoordinatorClient:
@@ -430,9 +402,9 @@ class CoordinatorClient:
         request = make()
         try:
             return request, self._exchange(request)
-        except _NotConnected:
+        except NotConnected:
             raise  # nothing was sent, and no address took the connection
-        except _ClosedUnanswered as exc:
+        except ClosedUnanswered as exc:
             # A request safe to repeat rides through the coordinator's going away (a restart,
             # a takeover). The coordinator also closes a connection right after refusing a
             # malformed request and reads nothing more on it; a close seen after an ERROR is
@@ -460,15 +432,15 @@ class CoordinatorClient:
         request at once, without having answered anything, end it: it will not take this
         request (a TLS port drops a plaintext client so)."""
         deadline = time.monotonic() + self.failover_timeout
-        drops = 1 if isinstance(lost, _ClosedUnanswered) and lost.at_once else 0
+        drops = 1 if isinstance(lost, ClosedUnanswered) and lost.at_once else 0
         rounds = 0
         while True:
             request = make()
             try:
                 return request, self._exchange(request)
-            except _NotConnected as exc:
+            except NotConnected as exc:
                 failure: CoordinatorUnavailable = exc
-            except _ClosedUnanswered as exc:
+            except ClosedUnanswered as exc:
                 if not ride:
                     raise
                 failure = exc
@@ -488,23 +460,15 @@ class CoordinatorClient:
     def _reply(self, request: m.Message, obj: dict[str, Any], expect: type) -> Any:
         """The reply ``obj`` to ``request`` if it is an ``expect``; else the error it means."""
         try:
-            reply = m.decode(obj, m.TO_CLIENT)
-        except ProtocolError as exc:
+            return read_reply(request, obj, expect, self.address)
+        except BadReply as exc:
             self.close()
-            raise CoordinatorUnavailable("unintelligible reply from %s: %s" % (self.address, exc)) from exc
-        if isinstance(reply, expect):
-            return reply
-        if isinstance(reply, m.Error):
-            raise RequestFailed(reply.message)
-        if isinstance(reply, m.SubmitRejected):
-            raise SubmitRejected(reply.reason, reply.active_count, reply.limit, reply.retryable)
-        self.close()
-        raise CoordinatorUnavailable("unexpected %s reply to %s" % (reply.TYPE, request.TYPE))
+            raise CoordinatorUnavailable(str(exc)) from exc.__cause__ or exc
 
     def _exchange(self, request: m.Message) -> dict[str, Any]:
         """Send one frame, read one frame; any transport trouble discards the socket. A
         WAIT_JOB's reply may take its wait plus ``timeout``."""
-        frame = _encode_request(request)
+        frame = encode_request(request)
         if self._sock is None:
             self._connect()
         where = self.address
@@ -525,14 +489,14 @@ class CoordinatorClient:
         except (ConnectionResetError, BrokenPipeError) as exc:  # a closed peer, as EOF is
             at_once = self._dropped_at_once(sent_at)
             self._lost()
-            raise _ClosedUnanswered("connection to %s lost: %s" % (where, exc), at_once) from exc
+            raise ClosedUnanswered("connection to %s lost: %s" % (where, exc), at_once) from exc
         except (OSError, ProtocolError) as exc:
             self._lost()
             raise CoordinatorUnavailable("connection to %s lost: %s" % (where, exc)) from exc
         if obj is None:
             at_once = self._dropped_at_once(sent_at)
             self._lost()
-            raise _ClosedUnanswered("%s closed the connection without replying" % where, at_once)
+            raise ClosedUnanswered("%s closed the connection without replying" % where, at_once)
         self._answered = True
         return obj
 
@@ -571,9 +535,9 @@ class CoordinatorClient:
     def _connect(self) -> None:
         """Connect to the first address that answers, from ``_at`` round the list."""
         try:
-            self._at, sock = first_reachable(self.addresses, self._at, self._open, (OSError, _TlsFailed))
+            self._at, sock = first_reachable(self.addresses, self._at, self._open, (OSError, TlsFailed))
         except AllFailed as exc:
-            raise _NotConnected("cannot connect to %s" % exc) from exc.failures[-1][1]
+            raise NotConnected("cannot connect to %s" % exc) from exc.failures[-1][1]
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.timeout)
         self._sock = sock
@@ -590,7 +554,7 @@ class CoordinatorClient:
             try:
                 sock = secure(sock, self.tls, address.host)
             except OSError as exc:
-                raise _TlsFailed("TLS handshake failed: %s" % _tls_reason(exc)) from exc
+                raise TlsFailed("TLS handshake failed: %s" % tls_reason(exc)) from exc
         return sock
 
     def _authenticate(self) -> None:
@@ -700,17 +664,3 @@ class Schedules:
                                     m.SchedulePreview, idempotent=True)
         zone = ZoneInfo(timezone)
         return [(EPOCH + timedelta(milliseconds=t)).astimezone(zone) for t in reply.fire_times]
-
-
-class _TlsFailed(Exception):
-    """A TLS handshake with one address failed (the next address is tried)."""
-
-
-def _tls_reason(exc: OSError) -> str:
-    """Why a handshake failed, in words a user can act on."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return "%s (the certificate must be signed by a trusted CA, --tls-ca, and carry the host name)" % (
-            exc.verify_message or exc)
-    if isinstance(exc, ssl.SSLError) and "WRONG_VERSION_NUMBER" in str(exc):
-        return "the coordinator does not speak TLS on this port"
-    return str(exc) or type(exc).__name__
