@@ -140,6 +140,134 @@ def submit_backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP)
     return random.uniform(ceiling / 2, ceiling)
 
 
+# ---- what the client libraries share (this one and jobmesh.aio's AsyncClient) ----------
+
+
+def coordinator_addresses(host: str | Sequence[str | Address] | None, port: int) -> tuple[Address, ...]:
+    """The client's ``host`` argument as addresses; ``$JOBMESH_COORDINATOR``, else
+    127.0.0.1, when it is None. ``ValueError`` (``BadAddress``) for one that is not HOST:PORT."""
+    if host is None:
+        host = os.environ.get(COORDINATOR_ENV) or "127.0.0.1"
+    return parse_addresses(host, "the coordinator address", default_port=port)
+
+
+def tls_context(tls: bool | ssl.SSLContext, tls_ca: str | None, tls_cert: str | None,
+                tls_key: str | None) -> ssl.SSLContext | None:
+    """The client's TLS arguments as a context (None: plaintext); ``ConfigError`` for
+    certificate files that cannot be read."""
+    if isinstance(tls, ssl.SSLContext):
+        return tls
+    settings = client_tls(tls, tls_ca, tls_cert, tls_key)
+    return client_context(settings) if settings is not None else None
+
+
+def submit_request(task_type: str, payload: dict[str, Any], max_attempts: int = 0,
+                   priority: str | Priority | None = None, idempotency_key: str | None = None,
+                   delay: float | timedelta | None = None, run_at: datetime | float | None = None) -> m.SubmitJob:
+    """The SUBMIT_JOB that ``submit`` sends (``schedule_millis`` checks the times; the
+    other types are checked when it is framed)."""
+    if isinstance(priority, Priority):
+        priority = priority.value
+    run_at_millis, delay_millis = schedule_millis(delay, run_at)
+    return m.SubmitJob(task_type, payload, max_attempts, idempotency_key, priority,
+                       run_at_millis=run_at_millis, delay_millis=delay_millis)
+
+
+def purge_request(older_than_millis: int, limit: int | None, dry_run: bool) -> m.PurgeJobs:
+    """The PURGE_JOBS that ``purge`` sends; ``ValueError`` for a negative age or limit."""
+    request = m.PurgeJobs(older_than_millis, limit, dry_run)
+    request.check_types()
+    if older_than_millis < 0 or (limit is not None and limit < 1):
+        raise ValueError("older_than_millis must be >= 0 and limit >= 1, got %r, %r" % (older_than_millis, limit))
+    return request
+
+
+def may_resend(failure: CoordinatorUnavailable, idempotent: bool, reused: bool, after_refusal: bool,
+               several_addresses: bool) -> bool:
+    """Whether a request whose first sending failed with ``failure`` goes again (module
+    docstring): ``reused``, the connection had carried requests before it; ``after_refusal``,
+    the last reply on it was an ERROR."""
+    if isinstance(failure, NotConnected):
+        return False  # nothing was sent, and no address took the connection
+    if isinstance(failure, ClosedUnanswered):
+        # A request safe to repeat rides through the coordinator's going away (a restart,
+        # a takeover). The coordinator also closes a connection right after refusing a
+        # malformed request and reads nothing more on it; a close seen after an ERROR is
+        # that one, so the request was never read and any request goes again.
+        return idempotent or (reused and after_refusal)
+    # No reply in time, or none that made sense: a request safe to repeat goes again
+    # when a reused connection may have died while idle, or when another address may be
+    # a standby that has taken over; a write's outcome is unknown, so it does not.
+    return idempotent and (reused or several_addresses)
+
+
+class Failover:
+    """The rounds of sending a request again after its connection was ``lost``: while no
+    address takes the connection, again after ``submit_backoff``, for up to ``timeout``
+    seconds after the loss. A request safe to repeat (``ride``) whose connection is lost
+    again has had another loss, which opens a window of its own; except that
+    ``DROPS_AT_ONCE`` connections in a row that the coordinator closed on the request at
+    once, without having answered anything, end it: it will not take this request (a
+    TLS port drops a plaintext client so). ``clock``: monotonic seconds."""
+
+    def __init__(self, lost: CoordinatorUnavailable, timeout: float, clock: Callable[[], float]) -> None:
+        self._timeout = timeout
+        self._clock = clock
+        self._deadline = clock() + timeout
+        self._drops = 1 if isinstance(lost, ClosedUnanswered) and lost.at_once else 0
+        self._rounds = 0
+
+    def pause(self, failure: NotConnected | ClosedUnanswered, ride: bool) -> float:
+        """Seconds to wait before the next sending after ``failure``; raises ``failure``
+        when the request is not to go again."""
+        if isinstance(failure, ClosedUnanswered):
+            if not ride:
+                raise failure
+            if failure.at_once:
+                self._drops += 1
+                if self._drops >= DROPS_AT_ONCE:
+                    raise failure
+            else:
+                self._drops = 0
+                self._deadline = self._clock() + self._timeout
+        self._rounds += 1
+        pause = submit_backoff(self._rounds)
+        if self._clock() + pause > self._deadline:
+            raise failure
+        return pause
+
+
+class WaitChunks:
+    """The WAIT_JOBs of one ``wait``: called, the next one, asking for at most
+    ``WAIT_CHUNK_MILLIS`` or the time left of ``timeout`` seconds (None: no limit). It is
+    made anew for each sending, so that one sent again after a lost connection asks for
+    the time left then. ``clock``: monotonic seconds."""
+
+    def __init__(self, job_id: str, timeout: float | None, clock: Callable[[], float]) -> None:
+        self.job_id = job_id
+        self.timeout = timeout
+        self._clock = clock
+        self._deadline = None if timeout is None else clock() + max(timeout, 0.0)
+        self._last = False  # whether the request made last asks for all the time left
+
+    def __call__(self) -> m.WaitJob:
+        chunk = WAIT_CHUNK_MILLIS
+        if self._deadline is not None:
+            left = max(0, math.ceil((self._deadline - self._clock()) * 1000))
+            self._last = left <= WAIT_CHUNK_MILLIS
+            chunk = min(chunk, left)
+        return m.WaitJob(self.job_id, chunk)
+
+    def outcome(self, job: dict[str, Any]) -> dict[str, Any] | None:
+        """The snapshot a reply brought, once the job ended; None to ask again;
+        ``WaitTimeout`` when the time is up."""
+        if job.get("state") in _TERMINAL_NAMES:
+            return job
+        if self._last:
+            raise WaitTimeout(self.job_id, self.timeout if self.timeout is not None else 0.0, job)
+        return None
+
+
 class CoordinatorClient:
     """Blocking client; use as a context manager or call ``close()``.
 
@@ -176,20 +304,13 @@ class CoordinatorClient:
         tls_cert: str | None = None,
         tls_key: str | None = None,
     ):
-        if host is None:
-            host = os.environ.get(COORDINATOR_ENV) or "127.0.0.1"
-        self.addresses = parse_addresses(host, "the coordinator address", default_port=port)
+        self.addresses = coordinator_addresses(host, port)
         self._at = 0  # the index of the address connected to, or to try first
         self.connect_timeout = connect_timeout
         self.timeout = timeout
         self.failover_timeout = failover_timeout
         self._token = token  # sent as AUTH first on each connection (a coordinator with --auth-file)
-        self.tls: ssl.SSLContext | None
-        if isinstance(tls, ssl.SSLContext):
-            self.tls = tls
-        else:
-            settings = client_tls(tls, tls_ca, tls_cert, tls_key)
-            self.tls = client_context(settings) if settings is not None else None
+        self.tls = tls_context(tls, tls_ca, tls_cert, tls_key)
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
         self._lock = threading.RLock()  # re-entered when a fresh connection authenticates (close on a bad reply)
@@ -247,11 +368,7 @@ class CoordinatorClient:
         Give at most one; a naive datetime or a negative time raises ``ValueError`` before
         anything is sent.
         """
-        if isinstance(priority, Priority):
-            priority = priority.value
-        run_at_millis, delay_millis = schedule_millis(delay, run_at)
-        request = m.SubmitJob(task_type, payload, max_attempts, idempotency_key, priority,
-                              run_at_millis=run_at_millis, delay_millis=delay_millis)
+        request = submit_request(task_type, payload, max_attempts, priority, idempotency_key, delay, run_at)
         retry = 0
         while True:
             try:
@@ -331,11 +448,7 @@ class CoordinatorClient:
         ``more`` means such jobs remain: call again. With ``dry_run`` nothing is deleted and
         ``purged`` is how many would have been (``more``: at least that many).
         ``ValueError`` for a negative age or limit."""
-        request = m.PurgeJobs(older_than_millis, limit, dry_run)
-        request.check_types()
-        if older_than_millis < 0 or (limit is not None and limit < 1):
-            raise ValueError("older_than_millis must be >= 0 and limit >= 1, got %r, %r" % (older_than_millis, limit))
-        reply = self._request(request, m.JobsPurged)
+        reply = self._request(purge_request(older_than_millis, limit, dry_run), m.JobsPurged)
         return reply.purged, reply.more
 
     def wait(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
@@ -350,26 +463,11 @@ class CoordinatorClient:
         client wait for the socket. A wait rides through its coordinator's restart or a
         standby's takeover (``failover_timeout``), asking again for the time left.
         """
-        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
-        last = False  # whether the request made last asks for all the time left
-
-        def ask() -> m.WaitJob:
-            # Made anew for each sending, so that one sent again after a lost connection
-            # asks for the time left then.
-            nonlocal last
-            chunk = WAIT_CHUNK_MILLIS
-            if deadline is not None:
-                left = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-                last = left <= WAIT_CHUNK_MILLIS
-                chunk = min(chunk, left)
-            return m.WaitJob(job_id, chunk)
-
+        asks = WaitChunks(job_id, timeout, time.monotonic)
         while True:
-            job = self._request(ask, m.JobStatus, idempotent=True).job
-            if job.get("state") in _TERMINAL_NAMES:
+            job = asks.outcome(self._request(asks, m.JobStatus, idempotent=True).job)
+            if job is not None:
                 return job
-            if last:
-                raise WaitTimeout(job_id, timeout if timeout is not None else 0.0, job)
 
     def request(self, request: m.Message, expect: type, idempotent: bool = False) -> Any:
         """Send any client-port request and return its reply of type ``expect`` (errors as
@@ -402,21 +500,8 @@ class CoordinatorClient:
         request = make()
         try:
             return request, self._exchange(request)
-        except NotConnected:
-            raise  # nothing was sent, and no address took the connection
-        except ClosedUnanswered as exc:
-            # A request safe to repeat rides through the coordinator's going away (a restart,
-            # a takeover). The coordinator also closes a connection right after refusing a
-            # malformed request and reads nothing more on it; a close seen after an ERROR is
-            # that one, so the request was never read and any request goes again.
-            if not (idempotent or (reused and after_refusal)):
-                raise
-            return self._resend(make, idempotent, exc)
         except CoordinatorUnavailable as exc:
-            # No reply in time, or none that made sense: a request safe to repeat goes again
-            # when a reused socket may have died while idle, or when another address may be
-            # a standby that has taken over; a write's outcome is unknown, so it does not.
-            if not (idempotent and (reused or len(self.addresses) > 1)):
+            if not may_resend(exc, idempotent, reused, after_refusal, len(self.addresses) > 1):
                 raise
             return self._resend(make, idempotent, exc)
 
@@ -424,38 +509,14 @@ class CoordinatorClient:
                 ) -> tuple[m.Message, dict[str, Any]]:
         """Send the request again on a fresh connection, from the address after the one
         lost (the same one when it is the only one: a restarted coordinator comes back
-        there). While no address takes the connection, it tries again with
-        ``submit_backoff`` between rounds, for up to ``failover_timeout`` seconds after
-        the loss. With ``ride`` (a request safe to repeat) a connection lost again is
-        another loss, which opens a window of its own, and the request goes again; except
-        that ``DROPS_AT_ONCE`` connections in a row that the coordinator closed on the
-        request at once, without having answered anything, end it: it will not take this
-        request (a TLS port drops a plaintext client so)."""
-        deadline = time.monotonic() + self.failover_timeout
-        drops = 1 if isinstance(lost, ClosedUnanswered) and lost.at_once else 0
-        rounds = 0
+        there), in the rounds of a ``Failover`` (``ride``: a request safe to repeat)."""
+        failover = Failover(lost, self.failover_timeout, time.monotonic)
         while True:
             request = make()
             try:
                 return request, self._exchange(request)
-            except NotConnected as exc:
-                failure: CoordinatorUnavailable = exc
-            except ClosedUnanswered as exc:
-                if not ride:
-                    raise
-                failure = exc
-                if exc.at_once:
-                    drops += 1
-                    if drops >= DROPS_AT_ONCE:
-                        raise
-                else:
-                    drops = 0
-                    deadline = time.monotonic() + self.failover_timeout
-            rounds += 1
-            pause = submit_backoff(rounds)
-            if time.monotonic() + pause > deadline:
-                raise failure
-            time.sleep(pause)
+            except (NotConnected, ClosedUnanswered) as exc:
+                time.sleep(failover.pause(exc, ride))
 
     def _reply(self, request: m.Message, obj: dict[str, Any], expect: type) -> Any:
         """The reply ``obj`` to ``request`` if it is an ``expect``; else the error it means."""
