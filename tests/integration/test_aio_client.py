@@ -8,8 +8,11 @@ coordinator and one worker (``shared``); token and TLS tests share another.
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import re
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import pytest
@@ -353,3 +356,14 @@ def test_a_client_made_outside_a_loop_serves_one_loop_after_another(shared):
     assert run(client.status(job_id))["jobId"] == job_id
     run(client.close())
     assert wait_until(lambda: run(client.status(job_id))["state"] == "COMPLETED", timeout=30)
+
+
+def test_the_readme_examples(shared, capsys):
+    # The asyncio script runs as written (against this coordinator); the FastAPI service,
+    # whose packages are not installed here, is at least Python.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## From asyncio"):]
+    script, service = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
+    exec(compile(script.replace("127.0.0.1:7071", shared.client_target), "README.md", "exec"), {})
+    assert capsys.readouterr().out.startswith("100 jobs submitted\nCOMPLETED {'sha256': ")
+    ast.parse(service)
