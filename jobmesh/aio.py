@@ -21,6 +21,7 @@ writes its request as it makes it, and a reply is matched to its request by orde
 the client port answers every connection's requests in the order they came
 (docs/PROTOCOL.md, "Client port"); so one connection serves any number of coroutines at
 once, and a reply timed out (``timeout``) or lost fails the requests behind it as well.
+The frames that coroutines make in one turn of the event loop go out in one write.
 A pending WAIT_JOB holds back the replies to everything sent after it on its connection,
 so each wait goes on a connection of its own, kept afterwards for the next wait (at most
 ``IDLE_WAIT_CONNECTIONS`` of them are kept). Every connection is opened in the running
@@ -82,6 +83,7 @@ class _Connection(asyncio.Protocol):
             collections.deque())
         self._timer: asyncio.TimerHandle | None = None
         self._writable: asyncio.Future[None] | None = None  # while the transport's buffer is full
+        self._unsent: list[bytes] = []  # frames of this turn of the loop, written together at its end
 
     @property
     def usable(self) -> bool:
@@ -100,10 +102,19 @@ class _Connection(asyncio.Protocol):
             return future
         now = self._loop.time()
         self._pending.append((future, now, now + timeout, timeout))
-        self._transport.write(frame)
+        if not self._unsent:  # the first of this turn of the loop: written once it ends
+            self._loop.call_soon(self._write)
+        self._unsent.append(frame)
         if self._timer is None:
             self._arm()
         return future
+
+    def _write(self) -> None:
+        """Write the frames the loop's turn made, in one write: many coroutines sending at
+        once cost one system call."""
+        unsent, self._unsent = self._unsent, []
+        if self._transport is not None and not self.ended:
+            self._transport.write(b"".join(unsent))
 
     async def drain(self) -> None:
         """Return once the transport takes more (at once unless the coordinator reads slowly)."""
