@@ -5,6 +5,8 @@ each costing only that connection, with the blocking client's errors."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
@@ -99,3 +101,10 @@ def test_the_reply_timeout_of_a_wait_covers_the_wait(scripted):
     asyncio.run(main())
     [request] = server.requests
     assert request["type"] == "WAIT_JOB" and 4900 <= request["timeoutMillis"] <= 5000
+
+
+def test_importing_it_brings_in_no_gevent():
+    # It runs inside an asyncio application: gevent (and its patching) stays out.
+    code = "import sys, jobmesh.aio; print(sorted(m for m in sys.modules if m.split('.')[0] == 'gevent'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
