@@ -38,6 +38,7 @@ One client serves one event loop at a time; used from another loop (a second
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import os
 import ssl
@@ -47,7 +48,8 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, joined
 from jobmesh.client.api import (DEFAULT_PORT, FAILOVER_TIMEOUT, Failover, WaitChunks, WaitTimeout, coordinator_addresses,
-                                may_resend, purge_request, submit_backoff, submit_request, tls_context)
+                                fire_times, may_resend, preview_request, purge_request, schedule_put_request,
+                                submit_backoff, submit_request, tls_context)
 from jobmesh.client.wire import (BadReply, ClosedUnanswered, NotConnected, TlsFailed, encode_request, read_reply,
                                  tls_reason)
 from jobmesh.errors import CoordinatorUnavailable, ProtocolError, SubmitRejected
@@ -239,6 +241,7 @@ class AsyncClient:
         self._idle_waits: list[_Connection] = []
         self._busy_waits: set[_Connection] = set()
         self._closes = 0  # close() calls so far: a request failed by one is not sent again
+        self.schedules = AsyncSchedules(self)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -553,3 +556,54 @@ class AsyncClient:
         """``conn`` failed: the next connection starts with the address after its own."""
         if self._at == conn.index:
             self._at = (conn.index + 1) % len(self.addresses)
+
+
+class AsyncSchedules:
+    """``client.schedules`` of an AsyncClient: recurring schedules, as the blocking
+    client's ``schedules`` (jobmesh/client/api.py, ``Schedules``), as coroutines."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def put(self, name: str, task_type: str, payload: dict[str, Any] | None = None, *,
+                  cron: str | None = None, every: float | timedelta | None = None, timezone: str = "UTC",
+                  missed: str = "latest", overlap: str = "skip", jitter: float | timedelta = 0,
+                  catchup_window: float | timedelta | None = None, priority: str | Priority | None = None,
+                  max_attempts: int = 0, paused: bool = False) -> dict[str, Any]:
+        """Create or replace the schedule ``name`` and return it."""
+        request = schedule_put_request(name, task_type, payload, cron=cron, every=every, timezone=timezone,
+                                       missed=missed, overlap=overlap, jitter=jitter, catchup_window=catchup_window,
+                                       priority=priority, max_attempts=max_attempts, paused=paused)
+        return (await self.client.request(request, m.Schedule)).schedule
+
+    async def get(self, name: str) -> dict[str, Any]:
+        return (await self.client.request(m.ScheduleGet(name), m.Schedule, idempotent=True)).schedule
+
+    async def list(self) -> builtins.list[dict[str, Any]]:
+        """Every schedule, by name (fetched a page at a time)."""
+        out: builtins.list[dict[str, Any]] = []
+        after = None
+        while True:
+            reply = await self.client.request(m.ScheduleList(after=after), m.ScheduleList, idempotent=True)
+            out.extend(reply.schedules)
+            after = reply.next_after
+            if after is None:
+                return out
+
+    async def pause(self, name: str) -> dict[str, Any]:
+        return (await self.client.request(m.SchedulePause(name), m.Schedule)).schedule
+
+    async def resume(self, name: str) -> dict[str, Any]:
+        return (await self.client.request(m.ScheduleResume(name), m.Schedule)).schedule
+
+    async def delete(self, name: str) -> dict[str, Any]:
+        return (await self.client.request(m.ScheduleDelete(name), m.Schedule)).schedule
+
+    async def trigger(self, name: str) -> str:
+        return (await self.client.request(m.ScheduleTrigger(name), m.JobSubmitted)).job_id
+
+    async def preview(self, cron: str | None = None, every: float | timedelta | None = None, timezone: str = "UTC",
+                      start: datetime | float | None = None, count: int = 10) -> builtins.list[datetime]:
+        reply = await self.client.request(preview_request(cron, every, timezone, start, count), m.SchedulePreview,
+                                          idempotent=True)
+        return fire_times(reply, timezone)

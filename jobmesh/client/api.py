@@ -652,6 +652,40 @@ def _millis(value: float | timedelta | None, name: str) -> int | None:
     return _seconds_to_millis(value, name)
 
 
+def schedule_put_request(name: str, task_type: str, payload: dict[str, Any] | None, *, cron: str | None,
+                         every: float | timedelta | None, timezone: str, missed: str, overlap: str,
+                         jitter: float | timedelta, catchup_window: float | timedelta | None,
+                         priority: str | Priority | None, max_attempts: int, paused: bool) -> m.SchedulePut:
+    """The SCHEDULE_PUT that ``schedules.put`` sends (times in seconds or timedeltas)."""
+    schedule: dict[str, Any] = {
+        "name": name, "taskType": task_type, "payload": payload or {}, "timezone": timezone, "missed": missed,
+        "overlap": overlap, "jitterMillis": _millis(jitter, "jitter"), "maxAttempts": max_attempts,
+        "paused": paused, "priority": priority.value if isinstance(priority, Priority) else priority}
+    if cron is not None:
+        schedule["cron"] = cron
+    if every is not None:
+        schedule["everyMillis"] = _millis(every, "every")
+    if catchup_window is not None:
+        schedule["catchupWindowMillis"] = _millis(catchup_window, "catchup_window")
+    return m.SchedulePut(schedule)
+
+
+def preview_request(cron: str | None, every: float | timedelta | None, timezone: str,
+                    start: datetime | float | None, count: int) -> m.SchedulePreview:
+    """The SCHEDULE_PREVIEW that ``schedules.preview`` sends."""
+    from_millis = None
+    if start is not None:
+        from_millis, _ = schedule_millis(None, start)
+    return m.SchedulePreview(cron=cron, every_millis=_millis(every, "every"), timezone=timezone,
+                             from_millis=from_millis, count=count)
+
+
+def fire_times(reply: m.SchedulePreview, timezone: str) -> list[datetime]:
+    """A preview's fire times as aware datetimes in ``timezone``."""
+    zone = ZoneInfo(timezone)
+    return [(EPOCH + timedelta(milliseconds=t)).astimezone(zone) for t in reply.fire_times]
+
+
 class Schedules:
     """``client.schedules``: recurring schedules (README.md, "Recurring schedules").
 
@@ -670,17 +704,10 @@ class Schedules:
         again) and return it. Give ``cron`` (five fields or @daily ..., wall-clock times in
         ``timezone``) or ``every`` (seconds or a ``timedelta``, at least one second).
         ``jitter`` and ``catchup_window`` are seconds or timedeltas."""
-        schedule: dict[str, Any] = {
-            "name": name, "taskType": task_type, "payload": payload or {}, "timezone": timezone, "missed": missed,
-            "overlap": overlap, "jitterMillis": _millis(jitter, "jitter"), "maxAttempts": max_attempts,
-            "paused": paused, "priority": priority.value if isinstance(priority, Priority) else priority}
-        if cron is not None:
-            schedule["cron"] = cron
-        if every is not None:
-            schedule["everyMillis"] = _millis(every, "every")
-        if catchup_window is not None:
-            schedule["catchupWindowMillis"] = _millis(catchup_window, "catchup_window")
-        return self.client.request(m.SchedulePut(schedule), m.Schedule).schedule
+        request = schedule_put_request(name, task_type, payload, cron=cron, every=every, timezone=timezone,
+                                       missed=missed, overlap=overlap, jitter=jitter, catchup_window=catchup_window,
+                                       priority=priority, max_attempts=max_attempts, paused=paused)
+        return self.client.request(request, m.Schedule).schedule
 
     def get(self, name: str) -> dict[str, Any]:
         """The schedule, with ``recentJobs`` (its last jobs: jobId, scheduledFor, state)."""
@@ -717,11 +744,6 @@ class Schedules:
         """The next ``count`` fire times after ``start`` (an aware datetime or epoch seconds;
         default now) of a cron expression or interval, as aware datetimes in ``timezone``;
         no schedule is needed."""
-        from_millis = None
-        if start is not None:
-            from_millis, _ = schedule_millis(None, start)
-        reply = self.client.request(m.SchedulePreview(cron=cron, every_millis=_millis(every, "every"),
-                                                      timezone=timezone, from_millis=from_millis, count=count),
-                                    m.SchedulePreview, idempotent=True)
-        zone = ZoneInfo(timezone)
-        return [(EPOCH + timedelta(milliseconds=t)).astimezone(zone) for t in reply.fire_times]
+        reply = self.client.request(preview_request(cron, every, timezone, start, count), m.SchedulePreview,
+                                    idempotent=True)
+        return fire_times(reply, timezone)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -112,6 +112,26 @@ def test_every_method_against_a_real_worker(shared):
             assert purged == 0
             reply = await client.request(messages.GetJobStatus(done_id), messages.JobStatus, idempotent=True)
             assert reply.job["jobId"] == done_id
+
+    run(main())
+
+
+def test_recurring_schedules(shared):
+    async def main() -> None:
+        async with AsyncClient(shared.client_target) as client:
+            made = await client.schedules.put("aio-hourly", "SHA256", {"text": "tick"}, every=3600, paused=True)
+            assert (made["name"], made["everyMillis"], made["paused"]) == ("aio-hourly", 3_600_000, True)
+            assert (await client.schedules.resume("aio-hourly"))["paused"] is False
+            assert (await client.schedules.pause("aio-hourly"))["paused"] is True
+            assert "aio-hourly" in [s["name"] for s in await client.schedules.list()]
+            job_id = await client.schedules.trigger("aio-hourly")
+            assert (await client.wait(job_id, timeout=30))["state"] == "COMPLETED"
+            assert job_id in [j["jobId"] for j in (await client.schedules.get("aio-hourly"))["recentJobs"]]
+            times = await client.schedules.preview(cron="0 * * * *", timezone="Europe/Paris", start=0, count=3)
+            assert [(t.minute, t.utcoffset()) for t in times] == [(0, timedelta(hours=1))] * 3
+            assert (await client.schedules.delete("aio-hourly"))["name"] == "aio-hourly"
+            with pytest.raises(RequestFailed):
+                await client.schedules.get("aio-hourly")
 
     run(main())
 
