@@ -20,8 +20,7 @@ import pytest
 from jobmesh import auth
 from jobmesh.aio import AsyncClient
 from jobmesh.client import CoordinatorClient, WaitTimeout
-from jobmesh.errors import (ConfigError, CoordinatorUnavailable, InvalidRequest, RequestFailed, RequestTooLarge,
-                            SubmitRejected)
+from jobmesh.errors import ConfigError, CoordinatorUnavailable, InvalidRequest, RequestFailed, RequestTooLarge
 from jobmesh.protocol import messages
 from jobmesh.protocol.jobs import JobState, Priority
 from tests.helpers import CoordinatorProc, WorkerProc, closed_address, wait_registered, wait_until
@@ -264,25 +263,6 @@ def test_the_requests_after_a_refusal_that_closed_the_connection_go_on_a_fresh_o
             # Then the next writes, sent at once, all succeed on a fresh connection
             more = await asyncio.gather(*(client.submit("SHA256", {"text": str(i)}) for i in range(5)))
             assert [j["jobId"] for j in (await client.list_jobs(limit=6))[0]] == more[::-1] + [first]
-
-    run(main())
-
-
-def test_submit_retries_wait_out_a_full_coordinator(coordinator_factory):
-    coord = coordinator_factory(max_active_jobs=1)
-
-    async def main() -> None:
-        async with AsyncClient(coord.client_target) as client:
-            blocker = await client.submit("SLEEP", LONG)
-            with pytest.raises(SubmitRejected) as info:
-                await client.submit("SLEEP", LONG)
-            assert (info.value.active_count, info.value.limit, info.value.retryable) == (1, 1, True)
-            # a resubmitting submit gets in once the first job makes room
-            later = asyncio.ensure_future(client.submit("SLEEP", {"durationMillis": 1}, submit_retries=50))
-            while (await client.stats()).rejected < 3:  # the first rejection, and one resubmit's
-                await asyncio.sleep(0.01)
-            await client.cancel(blocker)
-            assert (await client.status(await later))["state"] == "QUEUED"
 
     run(main())
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from jobmesh.aio import AsyncClient
-from jobmesh.errors import CoordinatorUnavailable
+from jobmesh.errors import CoordinatorUnavailable, SubmitRejected
 from jobmesh.protocol.framing import encode_frame
 from tests.helpers import CLOSE, HANG, Delayed, ScriptedServer
 
@@ -88,6 +88,24 @@ def test_a_submit_whose_connection_closes_is_not_sent_again_but_a_read_is(script
     asyncio.run(main())
     assert [r["type"] for r in server.requests] == ["GET_JOB_STATUS"] * 3 + ["SUBMIT_JOB"] * 2
     assert server.connections == 3
+
+
+def test_submit_retries_resubmit_a_retryable_rejection_only(scripted):
+    rejected = {"type": "SUBMIT_REJECTED", "reason": "full", "activeCount": 1, "limit": 1, "retryable": True}
+    server = scripted(rejected, rejected, {"type": "JOB_SUBMITTED", "jobId": "j-3"}, rejected,
+                      dict(rejected, retryable=False))
+
+    async def main() -> None:
+        async with on(server) as client:
+            assert await client.submit("SLEEP", {"durationMillis": 1}, submit_retries=5) == "j-3"
+            with pytest.raises(SubmitRejected) as info:
+                await client.submit("SLEEP", {"durationMillis": 1})
+            assert (info.value.active_count, info.value.limit, info.value.retryable) == (1, 1, True)
+            with pytest.raises(SubmitRejected):
+                await client.submit("SLEEP", {"durationMillis": 1}, submit_retries=5)
+
+    asyncio.run(main())
+    assert len(server.requests) == 5
 
 
 def test_the_reply_timeout_of_a_wait_covers_the_wait(scripted):
