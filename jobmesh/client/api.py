@@ -61,10 +61,10 @@ from typing import Any, Callable, Iterator, Sequence
 from zoneinfo import ZoneInfo
 
 from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, first_reachable, joined, parse_addresses
-from jobmesh.errors import (ClientError, CoordinatorUnavailable, InvalidRequest, ProtocolError, RequestFailed,
-                            RequestTooLarge, SubmitRejected)
+from jobmesh.client.wire import BadReply, ClosedUnanswered, NotConnected, TlsFailed, encode_request, read_reply, tls_reason
+from jobmesh.errors import ClientError, CoordinatorUnavailable, ProtocolError, RequestFailed, SubmitRejected
 from jobmesh.protocol import messages as m
-from jobmesh.protocol.framing import FrameReader, encode_frame
+from jobmesh.protocol.framing import FrameReader
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.tls import HANDSHAKE_SECONDS, client_context, client_tls, secure
 
@@ -82,20 +82,6 @@ WAIT_CHUNK_MILLIS = 60_000  # one WAIT_JOB waits at most this long; ``wait`` ask
 _TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MILLISECOND = timedelta(milliseconds=1)
-
-
-class _ClosedUnanswered(CoordinatorUnavailable):
-    """The coordinator closed the connection without answering the request (EOF, or a
-    reset or broken pipe: what a closed peer answers data with). ``at_once``: on a
-    connection that had answered nothing, right after the request was sent."""
-
-    def __init__(self, message: str, at_once: bool):
-        super().__init__(message)
-        self.at_once = at_once
-
-
-class _NotConnected(CoordinatorUnavailable):
-    """No address took the connection: nothing was sent."""
 
 
 class WaitTimeout(ClientError, TimeoutError):
@@ -154,18 +140,132 @@ def submit_backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP)
     return random.uniform(ceiling / 2, ceiling)
 
 
-def _encode_request(request: m.Message) -> bytes:
-    """The request's frame; ``TypeError`` naming the argument whose type the coordinator would
-    refuse, ``InvalidRequest`` (``RequestTooLarge``) if it cannot be one."""
+# ---- what the client libraries share (this one and jobmesh.aio's AsyncClient) ----------
+
+
+def coordinator_addresses(host: str | Sequence[str | Address] | None, port: int) -> tuple[Address, ...]:
+    """The client's ``host`` argument as addresses; ``$JOBMESH_COORDINATOR``, else
+    127.0.0.1, when it is None. ``ValueError`` (``BadAddress``) for one that is not HOST:PORT."""
+    if host is None:
+        host = os.environ.get(COORDINATOR_ENV) or "127.0.0.1"
+    return parse_addresses(host, "the coordinator address", default_port=port)
+
+
+def tls_context(tls: bool | ssl.SSLContext, tls_ca: str | None, tls_cert: str | None,
+                tls_key: str | None) -> ssl.SSLContext | None:
+    """The client's TLS arguments as a context (None: plaintext); ``ConfigError`` for
+    certificate files that cannot be read."""
+    if isinstance(tls, ssl.SSLContext):
+        return tls
+    settings = client_tls(tls, tls_ca, tls_cert, tls_key)
+    return client_context(settings) if settings is not None else None
+
+
+def submit_request(task_type: str, payload: dict[str, Any], max_attempts: int = 0,
+                   priority: str | Priority | None = None, idempotency_key: str | None = None,
+                   delay: float | timedelta | None = None, run_at: datetime | float | None = None) -> m.SubmitJob:
+    """The SUBMIT_JOB that ``submit`` sends (``schedule_millis`` checks the times; the
+    other types are checked when it is framed)."""
+    if isinstance(priority, Priority):
+        priority = priority.value
+    run_at_millis, delay_millis = schedule_millis(delay, run_at)
+    return m.SubmitJob(task_type, payload, max_attempts, idempotency_key, priority,
+                       run_at_millis=run_at_millis, delay_millis=delay_millis)
+
+
+def purge_request(older_than_millis: int, limit: int | None, dry_run: bool) -> m.PurgeJobs:
+    """The PURGE_JOBS that ``purge`` sends; ``ValueError`` for a negative age or limit."""
+    request = m.PurgeJobs(older_than_millis, limit, dry_run)
     request.check_types()
-    try:
-        return encode_frame(request.to_wire())
-    except ProtocolError as exc:
-        if isinstance(exc.__cause__, UnicodeError):
-            raise InvalidRequest("%s cannot be sent: it holds text that is not valid Unicode" % request.TYPE) from exc
-        raise RequestTooLarge("%s is too large to send: %s" % (request.TYPE, exc)) from exc
-    except (ValueError, OverflowError, TypeError) as exc:  # e.g. a payload holding something JSON cannot
-        raise InvalidRequest("%s cannot be encoded as JSON: %s" % (request.TYPE, exc)) from exc
+    if older_than_millis < 0 or (limit is not None and limit < 1):
+        raise ValueError("older_than_millis must be >= 0 and limit >= 1, got %r, %r" % (older_than_millis, limit))
+    return request
+
+
+def may_resend(failure: CoordinatorUnavailable, idempotent: bool, reused: bool, after_refusal: bool,
+               several_addresses: bool) -> bool:
+    """Whether a request whose first sending failed with ``failure`` goes again (module
+    docstring): ``reused``, the connection had carried requests before it; ``after_refusal``,
+    the last reply on it was an ERROR."""
+    if isinstance(failure, NotConnected):
+        return False  # nothing was sent, and no address took the connection
+    if isinstance(failure, ClosedUnanswered):
+        # A request safe to repeat rides through the coordinator's going away (a restart,
+        # a takeover). The coordinator also closes a connection right after refusing a
+        # malformed request and reads nothing more on it; a close seen after an ERROR is
+        # that one, so the request was never read and any request goes again.
+        return idempotent or (reused and after_refusal)
+    # No reply in time, or none that made sense: a request safe to repeat goes again
+    # when a reused connection may have died while idle, or when another address may be
+    # a standby that has taken over; a write's outcome is unknown, so it does not.
+    return idempotent and (reused or several_addresses)
+
+
+class Failover:
+    """The rounds of sending a request again after its connection was ``lost``: while no
+    address takes the connection, again after ``submit_backoff``, for up to ``timeout``
+    seconds after the loss. A request safe to repeat (``ride``) whose connection is lost
+    again has had another loss, which opens a window of its own; except that
+    ``DROPS_AT_ONCE`` connections in a row that the coordinator closed on the request at
+    once, without having answered anything, end it: it will not take this request (a
+    TLS port drops a plaintext client so). ``clock``: monotonic seconds."""
+
+    def __init__(self, lost: CoordinatorUnavailable, timeout: float, clock: Callable[[], float]) -> None:
+        self._timeout = timeout
+        self._clock = clock
+        self._deadline = clock() + timeout
+        self._drops = 1 if isinstance(lost, ClosedUnanswered) and lost.at_once else 0
+        self._rounds = 0
+
+    def pause(self, failure: NotConnected | ClosedUnanswered, ride: bool) -> float:
+        """Seconds to wait before the next sending after ``failure``; raises ``failure``
+        when the request is not to go again."""
+        if isinstance(failure, ClosedUnanswered):
+            if not ride:
+                raise failure
+            if failure.at_once:
+                self._drops += 1
+                if self._drops >= DROPS_AT_ONCE:
+                    raise failure
+            else:
+                self._drops = 0
+                self._deadline = self._clock() + self._timeout
+        self._rounds += 1
+        pause = submit_backoff(self._rounds)
+        if self._clock() + pause > self._deadline:
+            raise failure
+        return pause
+
+
+class WaitChunks:
+    """The WAIT_JOBs of one ``wait``: called, the next one, asking for at most
+    ``WAIT_CHUNK_MILLIS`` or the time left of ``timeout`` seconds (None: no limit). It is
+    made anew for each sending, so that one sent again after a lost connection asks for
+    the time left then. ``clock``: monotonic seconds."""
+
+    def __init__(self, job_id: str, timeout: float | None, clock: Callable[[], float]) -> None:
+        self.job_id = job_id
+        self.timeout = timeout
+        self._clock = clock
+        self._deadline = None if timeout is None else clock() + max(timeout, 0.0)
+        self._last = False  # whether the request made last asks for all the time left
+
+    def __call__(self) -> m.WaitJob:
+        chunk = WAIT_CHUNK_MILLIS
+        if self._deadline is not None:
+            left = max(0, math.ceil((self._deadline - self._clock()) * 1000))
+            self._last = left <= WAIT_CHUNK_MILLIS
+            chunk = min(chunk, left)
+        return m.WaitJob(self.job_id, chunk)
+
+    def outcome(self, job: dict[str, Any]) -> dict[str, Any] | None:
+        """The snapshot a reply brought, once the job ended; None to ask again;
+        ``WaitTimeout`` when the time is up."""
+        if job.get("state") in _TERMINAL_NAMES:
+            return job
+        if self._last:
+            raise WaitTimeout(self.job_id, self.timeout if self.timeout is not None else 0.0, job)
+        return None
 
 
 class CoordinatorClient:
@@ -204,20 +304,13 @@ class CoordinatorClient:
         tls_cert: str | None = None,
         tls_key: str | None = None,
     ):
-        if host is None:
-            host = os.environ.get(COORDINATOR_ENV) or "127.0.0.1"
-        self.addresses = parse_addresses(host, "the coordinator address", default_port=port)
+        self.addresses = coordinator_addresses(host, port)
         self._at = 0  # the index of the address connected to, or to try first
         self.connect_timeout = connect_timeout
         self.timeout = timeout
         self.failover_timeout = failover_timeout
         self._token = token  # sent as AUTH first on each connection (a coordinator with --auth-file)
-        self.tls: ssl.SSLContext | None
-        if isinstance(tls, ssl.SSLContext):
-            self.tls = tls
-        else:
-            settings = client_tls(tls, tls_ca, tls_cert, tls_key)
-            self.tls = client_context(settings) if settings is not None else None
+        self.tls = tls_context(tls, tls_ca, tls_cert, tls_key)
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
         self._lock = threading.RLock()  # re-entered when a fresh connection authenticates (close on a bad reply)
@@ -275,11 +368,7 @@ class CoordinatorClient:
         Give at most one; a naive datetime or a negative time raises ``ValueError`` before
         anything is sent.
         """
-        if isinstance(priority, Priority):
-            priority = priority.value
-        run_at_millis, delay_millis = schedule_millis(delay, run_at)
-        request = m.SubmitJob(task_type, payload, max_attempts, idempotency_key, priority,
-                              run_at_millis=run_at_millis, delay_millis=delay_millis)
+        request = submit_request(task_type, payload, max_attempts, priority, idempotency_key, delay, run_at)
         retry = 0
         while True:
             try:
@@ -359,11 +448,7 @@ class CoordinatorClient:
         ``more`` means such jobs remain: call again. With ``dry_run`` nothing is deleted and
         ``purged`` is how many would have been (``more``: at least that many).
         ``ValueError`` for a negative age or limit."""
-        request = m.PurgeJobs(older_than_millis, limit, dry_run)
-        request.check_types()
-        if older_than_millis < 0 or (limit is not None and limit < 1):
-            raise ValueError("older_than_millis must be >= 0 and limit >= 1, got %r, %r" % (older_than_millis, limit))
-        reply = self._request(request, m.JobsPurged)
+        reply = self._request(purge_request(older_than_millis, limit, dry_run), m.JobsPurged)
         return reply.purged, reply.more
 
     def wait(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
@@ -378,26 +463,11 @@ class CoordinatorClient:
         client wait for the socket. A wait rides through its coordinator's restart or a
         standby's takeover (``failover_timeout``), asking again for the time left.
         """
-        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
-        last = False  # whether the request made last asks for all the time left
-
-        def ask() -> m.WaitJob:
-            # Made anew for each sending, so that one sent again after a lost connection
-            # asks for the time left then.
-            nonlocal last
-            chunk = WAIT_CHUNK_MILLIS
-            if deadline is not None:
-                left = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-                last = left <= WAIT_CHUNK_MILLIS
-                chunk = min(chunk, left)
-            return m.WaitJob(job_id, chunk)
-
+        asks = WaitChunks(job_id, timeout, time.monotonic)
         while True:
-            job = self._request(ask, m.JobStatus, idempotent=True).job
-            if job.get("state") in _TERMINAL_NAMES:
+            job = asks.outcome(self._request(asks, m.JobStatus, idempotent=True).job)
+            if job is not None:
                 return job
-            if last:
-                raise WaitTimeout(job_id, timeout if timeout is not None else 0.0, job)
 
     def request(self, request: m.Message, expect: type, idempotent: bool = False) -> Any:
         """Send any client-port request and return its reply of type ``expect`` (errors as
@@ -430,21 +500,8 @@ class CoordinatorClient:
         request = make()
         try:
             return request, self._exchange(request)
-        except _NotConnected:
-            raise  # nothing was sent, and no address took the connection
-        except _ClosedUnanswered as exc:
-            # A request safe to repeat rides through the coordinator's going away (a restart,
-            # a takeover). The coordinator also closes a connection right after refusing a
-            # malformed request and reads nothing more on it; a close seen after an ERROR is
-            # that one, so the request was never read and any request goes again.
-            if not (idempotent or (reused and after_refusal)):
-                raise
-            return self._resend(make, idempotent, exc)
         except CoordinatorUnavailable as exc:
-            # No reply in time, or none that made sense: a request safe to repeat goes again
-            # when a reused socket may have died while idle, or when another address may be
-            # a standby that has taken over; a write's outcome is unknown, so it does not.
-            if not (idempotent and (reused or len(self.addresses) > 1)):
+            if not may_resend(exc, idempotent, reused, after_refusal, len(self.addresses) > 1):
                 raise
             return self._resend(make, idempotent, exc)
 
@@ -452,62 +509,27 @@ class CoordinatorClient:
                 ) -> tuple[m.Message, dict[str, Any]]:
         """Send the request again on a fresh connection, from the address after the one
         lost (the same one when it is the only one: a restarted coordinator comes back
-        there). While no address takes the connection, it tries again with
-        ``submit_backoff`` between rounds, for up to ``failover_timeout`` seconds after
-        the loss. With ``ride`` (a request safe to repeat) a connection lost again is
-        another loss, which opens a window of its own, and the request goes again; except
-        that ``DROPS_AT_ONCE`` connections in a row that the coordinator closed on the
-        request at once, without having answered anything, end it: it will not take this
-        request (a TLS port drops a plaintext client so)."""
-        deadline = time.monotonic() + self.failover_timeout
-        drops = 1 if isinstance(lost, _ClosedUnanswered) and lost.at_once else 0
-        rounds = 0
+        there), in the rounds of a ``Failover`` (``ride``: a request safe to repeat)."""
+        failover = Failover(lost, self.failover_timeout, time.monotonic)
         while True:
             request = make()
             try:
                 return request, self._exchange(request)
-            except _NotConnected as exc:
-                failure: CoordinatorUnavailable = exc
-            except _ClosedUnanswered as exc:
-                if not ride:
-                    raise
-                failure = exc
-                if exc.at_once:
-                    drops += 1
-                    if drops >= DROPS_AT_ONCE:
-                        raise
-                else:
-                    drops = 0
-                    deadline = time.monotonic() + self.failover_timeout
-            rounds += 1
-            pause = submit_backoff(rounds)
-            if time.monotonic() + pause > deadline:
-                raise failure
-            time.sleep(pause)
+            except (NotConnected, ClosedUnanswered) as exc:
+                time.sleep(failover.pause(exc, ride))
 
     def _reply(self, request: m.Message, obj: dict[str, Any], expect: type) -> Any:
         """The reply ``obj`` to ``request`` if it is an ``expect``; else the error it means."""
         try:
-            reply = m.decode(obj, m.TO_CLIENT)
-        except ProtocolError as exc:
+            return read_reply(request, obj, expect, self.address)
+        except BadReply as exc:
             self.close()
-            raise CoordinatorUnavailable("unintelligible reply from %s: %s" % (self.address, exc)) from exc
-        if isinstance(reply, expect):
-            return reply
-        if isinstance(reply, m.Error):
-            if reply.message == m.TLS_PORT_REFUSAL:  # said in plaintext by a TLS port, which then closes
-                self._discard()
-                raise CoordinatorUnavailable("%s: %s" % (self.address, reply.message))
-            raise RequestFailed(reply.message)
-        if isinstance(reply, m.SubmitRejected):
-            raise SubmitRejected(reply.reason, reply.active_count, reply.limit, reply.retryable)
-        self.close()
-        raise CoordinatorUnavailable("unexpected %s reply to %s" % (reply.TYPE, request.TYPE))
+            raise CoordinatorUnavailable(str(exc)) from exc.__cause__ or exc
 
     def _exchange(self, request: m.Message) -> dict[str, Any]:
         """Send one frame, read one frame; any transport trouble discards the socket. A
         WAIT_JOB's reply may take its wait plus ``timeout``."""
-        frame = _encode_request(request)
+        frame = encode_request(request)
         if self._sock is None:
             self._connect()
         where = self.address
@@ -528,14 +550,14 @@ class CoordinatorClient:
         except (ConnectionResetError, BrokenPipeError) as exc:  # a closed peer, as EOF is
             at_once = self._dropped_at_once(sent_at)
             self._lost()
-            raise _ClosedUnanswered("connection to %s lost: %s" % (where, exc), at_once) from exc
+            raise ClosedUnanswered("connection to %s lost: %s" % (where, exc), at_once) from exc
         except (OSError, ProtocolError) as exc:
             self._lost()
             raise CoordinatorUnavailable("connection to %s lost: %s" % (where, exc)) from exc
         if obj is None:
             at_once = self._dropped_at_once(sent_at)
             self._lost()
-            raise _ClosedUnanswered("%s closed the connection without replying" % where, at_once)
+            raise ClosedUnanswered("%s closed the connection without replying" % where, at_once)
         self._answered = True
         return obj
 
@@ -574,9 +596,9 @@ class CoordinatorClient:
     def _connect(self) -> None:
         """Connect to the first address that answers, from ``_at`` round the list."""
         try:
-            self._at, sock = first_reachable(self.addresses, self._at, self._open, (OSError, _TlsFailed))
+            self._at, sock = first_reachable(self.addresses, self._at, self._open, (OSError, TlsFailed))
         except AllFailed as exc:
-            raise _NotConnected("cannot connect to %s" % exc) from exc.failures[-1][1]
+            raise NotConnected("cannot connect to %s" % exc) from exc.failures[-1][1]
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.timeout)
         self._sock = sock
@@ -593,7 +615,7 @@ class CoordinatorClient:
             try:
                 sock = secure(sock, self.tls, address.host)
             except OSError as exc:
-                raise _TlsFailed("TLS handshake failed: %s" % _tls_reason(exc)) from exc
+                raise TlsFailed("TLS handshake failed: %s" % tls_reason(exc)) from exc
         return sock
 
     def _authenticate(self) -> None:
@@ -630,6 +652,40 @@ def _millis(value: float | timedelta | None, name: str) -> int | None:
     return _seconds_to_millis(value, name)
 
 
+def schedule_put_request(name: str, task_type: str, payload: dict[str, Any] | None, *, cron: str | None,
+                         every: float | timedelta | None, timezone: str, missed: str, overlap: str,
+                         jitter: float | timedelta, catchup_window: float | timedelta | None,
+                         priority: str | Priority | None, max_attempts: int, paused: bool) -> m.SchedulePut:
+    """The SCHEDULE_PUT that ``schedules.put`` sends (times in seconds or timedeltas)."""
+    schedule: dict[str, Any] = {
+        "name": name, "taskType": task_type, "payload": payload or {}, "timezone": timezone, "missed": missed,
+        "overlap": overlap, "jitterMillis": _millis(jitter, "jitter"), "maxAttempts": max_attempts,
+        "paused": paused, "priority": priority.value if isinstance(priority, Priority) else priority}
+    if cron is not None:
+        schedule["cron"] = cron
+    if every is not None:
+        schedule["everyMillis"] = _millis(every, "every")
+    if catchup_window is not None:
+        schedule["catchupWindowMillis"] = _millis(catchup_window, "catchup_window")
+    return m.SchedulePut(schedule)
+
+
+def preview_request(cron: str | None, every: float | timedelta | None, timezone: str,
+                    start: datetime | float | None, count: int) -> m.SchedulePreview:
+    """The SCHEDULE_PREVIEW that ``schedules.preview`` sends."""
+    from_millis = None
+    if start is not None:
+        from_millis, _ = schedule_millis(None, start)
+    return m.SchedulePreview(cron=cron, every_millis=_millis(every, "every"), timezone=timezone,
+                             from_millis=from_millis, count=count)
+
+
+def fire_times(reply: m.SchedulePreview, timezone: str) -> list[datetime]:
+    """A preview's fire times as aware datetimes in ``timezone``."""
+    zone = ZoneInfo(timezone)
+    return [(EPOCH + timedelta(milliseconds=t)).astimezone(zone) for t in reply.fire_times]
+
+
 class Schedules:
     """``client.schedules``: recurring schedules (README.md, "Recurring schedules").
 
@@ -648,17 +704,10 @@ class Schedules:
         again) and return it. Give ``cron`` (five fields or @daily ..., wall-clock times in
         ``timezone``) or ``every`` (seconds or a ``timedelta``, at least one second).
         ``jitter`` and ``catchup_window`` are seconds or timedeltas."""
-        schedule: dict[str, Any] = {
-            "name": name, "taskType": task_type, "payload": payload or {}, "timezone": timezone, "missed": missed,
-            "overlap": overlap, "jitterMillis": _millis(jitter, "jitter"), "maxAttempts": max_attempts,
-            "paused": paused, "priority": priority.value if isinstance(priority, Priority) else priority}
-        if cron is not None:
-            schedule["cron"] = cron
-        if every is not None:
-            schedule["everyMillis"] = _millis(every, "every")
-        if catchup_window is not None:
-            schedule["catchupWindowMillis"] = _millis(catchup_window, "catchup_window")
-        return self.client.request(m.SchedulePut(schedule), m.Schedule).schedule
+        request = schedule_put_request(name, task_type, payload, cron=cron, every=every, timezone=timezone,
+                                       missed=missed, overlap=overlap, jitter=jitter, catchup_window=catchup_window,
+                                       priority=priority, max_attempts=max_attempts, paused=paused)
+        return self.client.request(request, m.Schedule).schedule
 
     def get(self, name: str) -> dict[str, Any]:
         """The schedule, with ``recentJobs`` (its last jobs: jobId, scheduledFor, state)."""
@@ -695,25 +744,6 @@ class Schedules:
         """The next ``count`` fire times after ``start`` (an aware datetime or epoch seconds;
         default now) of a cron expression or interval, as aware datetimes in ``timezone``;
         no schedule is needed."""
-        from_millis = None
-        if start is not None:
-            from_millis, _ = schedule_millis(None, start)
-        reply = self.client.request(m.SchedulePreview(cron=cron, every_millis=_millis(every, "every"),
-                                                      timezone=timezone, from_millis=from_millis, count=count),
-                                    m.SchedulePreview, idempotent=True)
-        zone = ZoneInfo(timezone)
-        return [(EPOCH + timedelta(milliseconds=t)).astimezone(zone) for t in reply.fire_times]
-
-
-class _TlsFailed(Exception):
-    """A TLS handshake with one address failed (the next address is tried)."""
-
-
-def _tls_reason(exc: OSError) -> str:
-    """Why a handshake failed, in words a user can act on."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return "%s (the certificate must be signed by a trusted CA, --tls-ca, and carry the host name)" % (
-            exc.verify_message or exc)
-    if isinstance(exc, ssl.SSLError) and "WRONG_VERSION_NUMBER" in str(exc):
-        return "the coordinator does not speak TLS on this port"
-    return str(exc) or type(exc).__name__
+        reply = self.client.request(preview_request(cron, every, timezone, start, count), m.SchedulePreview,
+                                    idempotent=True)
+        return fire_times(reply, timezone)
