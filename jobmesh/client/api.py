@@ -79,6 +79,7 @@ FAILOVER_TIMEOUT = 30.0
 # not sent again: the coordinator will not take it.
 DROPS_AT_ONCE = 3
 WAIT_CHUNK_MILLIS = 60_000  # one WAIT_JOB waits at most this long; ``wait`` asks again after it
+WATCH_MILLIS = 1000  # with ``on_snapshot``, ``wait`` shows the job this often (a WAIT_JOB of this long)
 _TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MILLISECOND = timedelta(milliseconds=1)
@@ -366,7 +367,8 @@ class CoordinatorClient:
         reply = self._request(request, m.JobsPurged)
         return reply.purged, reply.more
 
-    def wait(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
+    def wait(self, job_id: str, timeout: float | None = None,
+             on_snapshot: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
         """Wait until the job is COMPLETED, FAILED or CANCELLED and return that snapshot.
 
         No polling: each WAIT_JOB is answered by the coordinator the moment the job ends,
@@ -377,18 +379,23 @@ class CoordinatorClient:
         its wait plus the client's ``timeout``; meanwhile other threads sharing this
         client wait for the socket. A wait rides through its coordinator's restart or a
         standby's takeover (``failover_timeout``), asking again for the time left.
+
+        ``on_snapshot`` watches the job meanwhile: it is called with the snapshot at once
+        and then about once a second (``WATCH_MILLIS``) until the job ends, e.g. to show
+        its ``progress``.
         """
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         last = False  # whether the request made last asks for all the time left
+        first = on_snapshot is not None  # a watched wait shows the job at once
 
         def ask() -> m.WaitJob:
             # Made anew for each sending, so that one sent again after a lost connection
             # asks for the time left then.
             nonlocal last
-            chunk = WAIT_CHUNK_MILLIS
+            chunk = WAIT_CHUNK_MILLIS if on_snapshot is None else 0 if first else WATCH_MILLIS
             if deadline is not None:
                 left = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-                last = left <= WAIT_CHUNK_MILLIS
+                last = left <= chunk
                 chunk = min(chunk, left)
             return m.WaitJob(job_id, chunk)
 
@@ -398,6 +405,9 @@ class CoordinatorClient:
                 return job
             if last:
                 raise WaitTimeout(job_id, timeout if timeout is not None else 0.0, job)
+            first = False
+            if on_snapshot is not None:
+                on_snapshot(job)
 
     def request(self, request: m.Message, expect: type, idempotent: bool = False) -> Any:
         """Send any client-port request and return its reply of type ``expect`` (errors as
