@@ -258,3 +258,20 @@ def test_worker_and_up_take_the_tasks_flag():
     assert worker_config(parse(["worker"])[1]).task_modules == ()
     assert worker_config(parse(["worker", "--tasks=mytasks,pkg.more"])[1]).task_modules == ("mytasks", "pkg.more")
     assert parse(["up", "--tasks=mytasks", "--workers=1"])[1]["--tasks"] == "mytasks"
+
+
+def test_ctx_progress_checks_its_arguments_and_hands_each_report_to_the_sink():
+    from fractions import Fraction
+
+    reports: list = []
+    c = TaskContext("j-1", 1, "j-1.1", sink=lambda *report: reports.append(report))
+    c.progress(0)
+    c.progress(Fraction(1, 4), "a quarter")  # any real number
+    c.progress(1, "x" * 1500)  # a long message is cut to 1,000 characters
+    assert reports == [("j-1.1", 0.0, None), ("j-1.1", 0.25, "a quarter"), ("j-1.1", 1.0, "x" * 1000)]
+    for fraction, message in ((1.01, None), (-0.5, None), (float("nan"), None), (True, None), ("0.5", None),
+                              (None, None), (0.5, 7), (0.5, b"bytes")):
+        with pytest.raises(ValueError):
+            c.progress(fraction, message)
+    assert len(reports) == 3
+    TaskContext("j-2", 1, "j-2.1").progress(0.5, "no sink: nothing to send it to")
