@@ -8,15 +8,21 @@ The tasks are ``REPORTER`` and ``SPIN`` in ``tests/user_tasks_module.py``.
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
+import select
 import shutil
+import subprocess
+import sys
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import CoordinatorProc, WorkerProc, run_cli, wait_registered, wait_until
+from tests.helpers import CoordinatorProc, WorkerProc, child_env, run_cli, wait_registered, wait_until
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
 
@@ -131,3 +137,56 @@ def test_progress_of_another_lease_or_out_of_bounds_is_dropped_and_the_connectio
     scripted.complete(assign, {"ok": True})
     assert client.wait(job_id, timeout=10)["state"] == "COMPLETED"
     assert not scripted.closed.is_set() and scripted.errors == [], scripted.errors
+
+
+def read_pty(fd: int, until: bytes | None, timeout: float = 15.0) -> bytes:
+    """What a terminal shows: read ``fd`` (a pty's master end) until ``until`` has appeared,
+    or (None) until the other end is closed."""
+    out = b""
+    deadline = time.monotonic() + timeout
+    while until is None or until not in out:
+        left = deadline - time.monotonic()
+        assert left > 0, "timed out waiting for %r on the terminal; it shows %r" % (until, out)
+        if not select.select([fd], [], [], left)[0]:
+            continue
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: every process holding the other end has exited
+            chunk = b""
+        if not chunk:
+            assert until is None, "the terminal closed before %r appeared; it showed %r" % (until, out)
+            break
+        out += chunk
+    return out
+
+
+def test_wait_shows_the_progress_on_a_terminal_only(coord, worker, client, tmp_path):
+    # Given a running job that reported progress
+    job_id = client.submit("REPORTER", {"dir": str(tmp_path)}, max_attempts=1)
+    wait_until((tmp_path / "started-1").exists, timeout=15, message="attempt 1 started")
+    (tmp_path / "report-1").write_text(json.dumps({"fraction": 0.5, "message": "halfway there"}))
+    shown(client, job_id, "halfway there")
+    # When `jobmesh wait` runs with a terminal as its stdout
+    master, slave = pty.openpty()
+    env = child_env()
+    env.pop("GEVENT_MONITOR_THREAD_ENABLE", None)
+    proc = subprocess.Popen([sys.executable, "-m", "jobmesh", "wait", job_id, "--coordinator=" + coord.client_target],
+                            stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE, env=env)
+    os.close(slave)
+    try:
+        # Then the terminal shows a line with the job's progress, redrawn in place
+        before = read_pty(master, b"job %s RUNNING 50%% halfway there" % job_id.encode())
+        (tmp_path / "end-1").write_text("")
+        assert proc.wait(timeout=15) == 0, proc.stderr.read()
+        after = read_pty(master, None)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    # and erases it before the final snapshot
+    shown_text = (before + after).decode()
+    assert "\r\x1b[K" in before.decode() and "\r\x1b[Kjob       %s\r\n" % job_id in shown_text, shown_text
+    assert "state     COMPLETED" in shown_text
+    # And into a pipe there is no such line
+    piped = run_cli("wait", job_id, coordinator=coord.client_target)
+    assert piped.returncode == 0 and "\r" not in piped.stdout and "\x1b" not in piped.stdout, piped
