@@ -72,23 +72,31 @@ class TaskContext:
     attempt_id: str
     cancelled: threading.Event = field(default_factory=threading.Event)
     sink: ProgressSink | None = field(default=None, repr=False, compare=False)
+    _dropped: bool = field(default=False, repr=False, compare=False)  # a report out of bounds was logged
 
     def progress(self, fraction: float, message: str | None = None) -> None:
         """Report how far the attempt is: ``fraction`` from 0 to 1, and a ``message`` (cut
         to 1,000 characters). The job's snapshot shows the latest report while it runs.
 
         Cheap enough for a tight loop: reports are coalesced, the latest one sent at most
-        a few times a second. ``ValueError`` for a fraction that is not a number from 0 to 1
-        or a message that is not a string; from any thread of the task."""
+        a few times a second; from any thread of the task. A fraction outside 0..1 (or
+        NaN) is not sent, as the coordinator would drop it; the first such report of an
+        attempt is logged, and the task goes on. ``TypeError`` for a fraction that is not
+        a number or a message that is neither a string nor None."""
         if isinstance(fraction, numbers.Real) and not isinstance(fraction, bool):
             fraction = float(fraction)  # numpy's numbers too
         if isinstance(message, str) and len(message) > MAX_PROGRESS_MESSAGE_CHARS:
             message = message[:MAX_PROGRESS_MESSAGE_CHARS]
         problem = progress_problem(fraction, message)
-        if problem is not None:
-            raise ValueError(problem)
-        if self.sink is not None:
-            self.sink(self.attempt_id, fraction, message)
+        if problem is None:
+            if self.sink is not None:
+                self.sink(self.attempt_id, fraction, message)
+        elif not isinstance(fraction, float) or not (message is None or isinstance(message, str)):
+            raise TypeError(problem)
+        elif not self._dropped:
+            self._dropped = True
+            log.warning("progress not sent job=%s attempt=%d: %s (the attempt's later ones are not logged)",
+                        self.job_id, self.attempt, problem)
 
 
 _registry: dict[str, TaskFunction] = {}
