@@ -120,6 +120,7 @@ class CoordinatorCore:
             ev.Request: self._request,
             ev.Registered: lambda e, now: json.on_registered(now, e.conn, e.msg),
             ev.Result: lambda e, now: json.on_result(now, e.conn, e.msg),
+            ev.Progress: lambda e, now: json.on_progress(now, e.conn, e.msg),
             ev.Disconnected: lambda e, now: json.on_disconnected(now, e.conn),
             ev.PeriodicPacket: lambda e, now: periodic.on_packet(now, e.conn, e.msg, e.submitted_by),
             ev.PeriodicClosed: lambda e, now: periodic.on_closed(now, e.conn),

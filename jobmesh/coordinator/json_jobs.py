@@ -20,6 +20,11 @@ Claims are taken while the coordinator is draining or paused too: the attempt ru
 anyway, and its result can be applied. A result is applied only from the session that
 holds its lease: a kept lease nobody claimed takes no result.
 
+A TASK_PROGRESS is kept only in memory, as its job's ``progress`` (the snapshot shows
+it), and only from the session that holds the lease of that very attempt; the job's next
+move clears it. It is never stored: a report costs a lookup and a small dict, and a
+restart forgets it (the next report brings it back).
+
 A session that asked for them (WORKER_REGISTER ``resultAcks``) gets one RESULT_ACK at
 the end of each batch naming the results of it that were dealt with (applied, or
 stale); the frame leaves after the batch's commit, so an acknowledged result is durable.
@@ -43,7 +48,7 @@ from jobmesh.coordinator.timers import Timers
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from jobmesh.protocol.messages import quote
-from jobmesh.protocol.payloads import MAX_NESTING, is_finite_json, result_too_large, too_deep
+from jobmesh.protocol.payloads import MAX_NESTING, is_finite_json, progress_problem, result_too_large, too_deep
 
 if TYPE_CHECKING:
     from jobmesh.coordinator.connection import OutboundConnection
@@ -203,23 +208,16 @@ class JsonJobs:
             if not session.acks:
                 self.acking.append(session)
             session.acks.append(res.attempt_id)
-        job = self.table.jobs.get(res.job_id)
-        if (
-            session is None
-            or session.worker_id != res.worker_id
-            or job is None
-            or job.state is not JobState.RUNNING
-            or job.attempt_id != res.attempt_id
-            or self.table.leases.get(res.job_id) is not session
-            or job.periodic is not None
-        ):
+        job = self._held(session, res.worker_id, res.job_id, res.attempt_id)
+        if job is None:
             log.warning("stale result dropped job=%s attempt=%s worker=%s", res.job_id, res.attempt_id, res.worker_id)
             self.counters.stale_results += 1
             if session is not None and self._stale_flood(session, now):
                 return
-            if job is not None:
-                self.table.event(job, now, "STALE_RESULT", "a result for a lease that had ended was dropped",
-                                 attempt=_attempt_number(job.job_id, res.attempt_id), worker_id=res.worker_id)
+            stale = self.table.jobs.get(res.job_id)
+            if stale is not None:
+                self.table.event(stale, now, "STALE_RESULT", "a result for a lease that had ended was dropped",
+                                 attempt=_attempt_number(stale.job_id, res.attempt_id), worker_id=res.worker_id)
             return
         if res.success:
             result = res.result if res.result is not None else {}
@@ -244,6 +242,35 @@ class JsonJobs:
         else:
             error = (res.error or "task failed without an error message")[:MAX_ERROR_CHARS]
             self.attempt_failed(job, now, error, "ATTEMPT_FAILED")
+
+    def on_progress(self, now: int, conn: OutboundConnection, report: m.TaskProgress) -> None:
+        """Keep a progress report as its job's ``progress`` if the session holds the lease of
+        that attempt and the report is within bounds; drop it otherwise (the connection
+        stays: a late report of an attempt that just ended is normal)."""
+        job = self._held(self.workers.by_conn(conn), report.worker_id, report.job_id, report.attempt_id)
+        if job is None or progress_problem(report.fraction, report.message) is not None:
+            self.counters.progress_dropped += 1
+            log.debug("progress dropped job=%s attempt=%s worker=%s", report.job_id, report.attempt_id,
+                      report.worker_id)
+            return
+        self.counters.progress_reports += 1
+        job.progress = {"fraction": report.fraction, "message": report.message, "atMillis": now + self.table.drift}
+
+    def _held(self, session: Session | None, worker_id: str, job_id: str, attempt_id: str) -> Job | None:
+        """The job whose running attempt ``attempt_id`` is leased to ``session``, which the
+        frame says is ``worker_id``; None if it is not: the one check of results and progress."""
+        job = self.table.jobs.get(job_id)
+        if (
+            session is None
+            or session.worker_id != worker_id
+            or job is None
+            or job.state is not JobState.RUNNING
+            or job.attempt_id != attempt_id
+            or self.table.leases.get(job_id) is not session
+            or job.periodic is not None
+        ):
+            return None
+        return job
 
     def send_acks(self) -> None:
         """The end of a batch: each session that asked gets one RESULT_ACK for its results

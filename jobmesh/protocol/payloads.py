@@ -33,6 +33,7 @@ from jobmesh.protocol.messages import quote
 MAX_TEXT_CHARS = 200_000
 MAX_NESTING = 64  # levels of objects and arrays in a payload or a result (the value itself is level 1)
 MAX_RESULT_BYTES = 64 * 1024  # a task's result as JSON (see result_too_large)
+MAX_PROGRESS_MESSAGE_CHARS = 1000  # a progress report's message (ctx.progress, TASK_PROGRESS)
 
 
 def result_too_large(result: Any, stored: str | None = None) -> str | None:
@@ -50,6 +51,23 @@ def result_too_large(result: Any, stored: str | None = None) -> str | None:
     if size <= MAX_RESULT_BYTES:
         return None
     return "result is %d bytes as JSON; a result may be at most %d bytes (64 KiB)" % (size, MAX_RESULT_BYTES)
+
+
+def progress_problem(fraction: Any, message: Any) -> str | None:
+    """Why ``(fraction, message)`` is not a progress report, or None: the fraction is a
+    number from 0 to 1 (not a bool, not NaN), the message null or a string of at most
+    ``MAX_PROGRESS_MESSAGE_CHARS`` characters. The task process refuses a bad report with
+    these words, the coordinator drops one (TASK_PROGRESS)."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        return "the progress fraction must be a number from 0 to 1, not %s" % type(fraction).__name__
+    if not 0 <= fraction <= 1:  # NaN too: every comparison with it is false
+        return "the progress fraction must be from 0 to 1, got %r" % fraction
+    if message is not None and not isinstance(message, str):
+        return "the progress message must be a string or None, not %s" % type(message).__name__
+    if message is not None and len(message) > MAX_PROGRESS_MESSAGE_CHARS:
+        return "the progress message may be at most %d characters, got %d" % (MAX_PROGRESS_MESSAGE_CHARS,
+                                                                              len(message))
+    return None
 
 # task type -> (field, python type, minimum, maximum); for text, the bounds are on length.
 TASK_SPECS: dict[str, tuple[str, type, int, int]] = {

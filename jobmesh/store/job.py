@@ -62,6 +62,9 @@ class Job:
     ready_at: int = 0  # when the job first became due: priority aging and queue order count from here
     wake_at: int | None = None  # SCHEDULED / RETRY_WAIT: when it becomes due
     damaged: str | None = None  # why its stored row did not decode (columns.read_row); None: it did
+    # Not stored either: the running attempt's last progress report, as the snapshot shows it
+    # ({fraction, message, atMillis}); None until one arrives, and again after every move.
+    progress: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.updated_at is None or self.updated_at == -(1 << 62):
@@ -79,6 +82,7 @@ class Job:
         check_transition(self.state, target)
         self.state = target
         self.updated_at = now_millis
+        self.progress = None  # reported by an attempt: a new attempt starts without one
         if target is not JobState.RUNNING:
             # The lease and its deadline live exactly as long as RUNNING does.
             self.worker_id = None
@@ -126,6 +130,7 @@ class Job:
             "protocol": "json" if self.periodic is None else "periodic",
             "name": self.name,
             "submittedBy": self.submitted_by,
+            "progress": self.progress,
         }
         if self.schedule_name is not None:  # only fired jobs carry these: other snapshots keep their fields
             snapshot["scheduleName"] = self.schedule_name

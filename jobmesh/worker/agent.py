@@ -11,6 +11,10 @@ task pool:
 - the writer: the only greenlet that writes to the socket, draining the session's
   outbox (all queued frames in one ``sendall``), so frames from several greenlets never interleave.
 
+A user task's progress reports (``ctx.progress``, coalesced by its task process) become
+TASK_PROGRESS frames in the live session's outbox, ahead of the attempt's result; without
+a live session they are dropped (progress is not held like a result).
+
 When the connection ends, for whatever reason, the agent reconnects with capped
 exponential backoff, registering under the same id. A refused registration (typically:
 the coordinator still holds our previous session) is retried the same way. Given several
@@ -76,6 +80,7 @@ from jobmesh.protocol.messages import (
     ResultAck,
     TaskAssign,
     TaskCancel,
+    TaskProgress,
     TaskResult,
     WorkerRegister,
     WorkerRegistered,
@@ -487,7 +492,8 @@ class WorkerAgent:
         if msg.task_type in self.user_task_types and self.processes is not None:
             # Runs in a child process; this greenlet only waits (killing it detaches the child).
             success, result, error = self.processes.run(msg.task_type, msg.job_id, msg.attempt_id,
-                                                        msg.attempt_number, msg.payload)
+                                                        msg.attempt_number, msg.payload,
+                                                        lambda fraction, text: self._progress(msg, fraction, text))
             if not success:
                 result, error = None, error or "task failed"
             log.debug("user task finished job=%s attempt=%s success=%s millis=%d", msg.job_id, msg.attempt_id,
@@ -511,6 +517,21 @@ class WorkerAgent:
         log.debug("task finished job=%s attempt=%s success=%s millis=%d", msg.job_id, msg.attempt_id,
                   error is None, (time.monotonic() - started) * 1000)
         return self._result(msg, result, error)
+
+    def _progress(self, msg: TaskAssign, fraction: Any, message: Any) -> None:
+        """A progress report of ``msg``'s attempt: a TASK_PROGRESS for the live session, if
+        there is one. A report that is not one (its task process checked it) is dropped."""
+        outbox = self._outbox
+        if outbox is None:
+            return
+        report = TaskProgress(self.worker_id, msg.job_id, msg.attempt_id, fraction, message)
+        try:
+            report.check_types()
+            frame = encode_frame(report.to_wire())
+        except (TypeError, ProtocolError):
+            log.debug("progress not sendable job=%s attempt=%s", msg.job_id, msg.attempt_id)
+            return
+        outbox.put(frame)
 
     def _result(self, msg: TaskAssign, result: dict | None = None, error: str | None = None) -> bytes:
         """The TASK_RESULT frame echoing ``msg``'s lease."""

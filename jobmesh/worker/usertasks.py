@@ -27,6 +27,7 @@ import importlib
 import inspect
 import json
 import logging
+import numbers
 import os
 import sys
 import threading
@@ -34,7 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from jobmesh.errors import ConfigError, JobmeshError
-from jobmesh.protocol.payloads import TASK_NAME_RULE, TASK_TYPES, is_task_type_name
+from jobmesh.protocol.payloads import (
+    MAX_PROGRESS_MESSAGE_CHARS,
+    TASK_NAME_RULE,
+    TASK_TYPES,
+    is_task_type_name,
+    progress_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +49,9 @@ log = logging.getLogger(__name__)
 MAX_ERROR_CHARS = 2000
 
 TaskFunction = Callable[..., Any]
+# Where ``ctx.progress`` reports go: (attempt id, fraction, message); the task process
+# coalesces them (``jobmesh.worker.child``).
+ProgressSink = Callable[[str, float, "str | None"], None]
 
 
 class TaskDefinitionError(JobmeshError, ValueError):
@@ -59,12 +69,39 @@ class TaskContext:
 
     ``cancelled`` is set when the attempt is cancelled or its lease revoked; a long
     function should poll ``ctx.cancelled.is_set()`` or wait on it and return early.
+    ``progress(fraction, message=None)`` says how far it is.
     """
 
     job_id: str
     attempt: int
     attempt_id: str
     cancelled: threading.Event = field(default_factory=threading.Event)
+    sink: ProgressSink | None = field(default=None, repr=False, compare=False)
+    _dropped: bool = field(default=False, repr=False, compare=False)  # a report out of bounds was logged
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far the attempt is: ``fraction`` from 0 to 1, and a ``message`` (cut
+        to 1,000 characters). The job's snapshot shows the latest report while it runs.
+
+        Cheap enough for a tight loop: reports are coalesced, the latest one sent at most
+        a few times a second; from any thread of the task. A fraction outside 0..1 (or
+        NaN) is not sent, as the coordinator would drop it; the first such report of an
+        attempt is logged, and the task goes on. ``TypeError`` for a fraction that is not
+        a number or a message that is neither a string nor None."""
+        if isinstance(fraction, numbers.Real) and not isinstance(fraction, bool):
+            fraction = float(fraction)  # numpy's numbers too
+        if isinstance(message, str) and len(message) > MAX_PROGRESS_MESSAGE_CHARS:
+            message = message[:MAX_PROGRESS_MESSAGE_CHARS]
+        problem = progress_problem(fraction, message)
+        if problem is None:
+            if self.sink is not None:
+                self.sink(self.attempt_id, fraction, message)
+        elif not isinstance(fraction, float) or not (message is None or isinstance(message, str)):
+            raise TypeError(problem)
+        elif not self._dropped:
+            self._dropped = True
+            log.warning("progress not sent job=%s attempt=%d: %s (the attempt's later ones are not logged)",
+                        self.job_id, self.attempt, problem)
 
 
 _registry: dict[str, TaskFunction] = {}

@@ -226,3 +226,42 @@ def test_errors_go_to_the_consoles_stderr_one_line(jm):
     code, out, err, _server = jm([{"type": "ERROR", "message": "unknown task type 'greet'"}], "submit", "greet")
     assert (code, out) == (1, "")
     assert err == "jobmesh submit: the coordinator refused: unknown task type 'greet'\n"
+
+
+# ---- wait: a live line on a terminal only -----------------------------------------------
+
+
+EVENTS = {"type": "JOB_EVENTS", "jobId": "j-1", "events": []}
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_wait_on_a_terminal_shows_the_jobs_progress_in_place_then_erases_it():
+    running = dict(SNAP, state="RUNNING", workerId="w-1",
+                   progress={"fraction": 0.42, "message": "compressing chunk 7", "atMillis": NOW_ISH})
+    later = dict(running, progress=dict(running["progress"], fraction=0.9, message="chunk 9"))
+    done = dict(SNAP, state="COMPLETED", attempts=1, result={"ok": True})
+    server = ScriptedServer([{"type": "JOB_STATUS", "job": job} for job in (running, later, done)] + [EVENTS])
+    try:
+        _cmd, args = parse(["wait", "j-1", "--coordinator=127.0.0.1:%d" % server.port])
+        out = Terminal()
+        assert run_client_command("wait", args, Console(out, io.StringIO())) == EXIT_OK
+    finally:
+        server.close()
+    # The job at once, then a WAIT_JOB of a second at a time while it runs
+    assert [r.get("timeoutMillis") for r in server.requests] == [0, 1000, 1000, None]
+    text = out.getvalue()
+    first, second = "\r\x1b[Kjob j-1 RUNNING 42% compressing chunk 7", "\r\x1b[Kjob j-1 RUNNING 90% chunk 9"
+    assert text.startswith(first + second + "\r\x1b[Kjob       j-1\n"), text
+    assert "state     COMPLETED\n" in text
+
+
+@pytest.mark.parametrize("flags", [(), ("--json",)])
+def test_wait_into_a_pipe_or_with_json_writes_no_live_line(jm, flags):
+    done = dict(SNAP, state="COMPLETED", attempts=1, result={"ok": True})
+    code, out, _err, server = jm([{"type": "JOB_STATUS", "job": done}, EVENTS], "wait", "j-1", *flags)
+    assert code == EXIT_OK and "\r" not in out and "\x1b" not in out
+    assert server.requests[0]["timeoutMillis"] == 60_000

@@ -238,3 +238,17 @@ def test_times_past_the_year_9999_are_shown_as_epoch_millis_not_an_error():
                                      "recentJobs": [{"jobId": "j", "scheduledFor": last + 5, "state": None}]},
                                     [last - 5, last + 2 ** 40], 0)
     assert "9999-12-31 23:59:59 UTC" in detail and "after 9999-12-31" in detail
+
+
+def test_job_detail_shows_a_running_jobs_progress_as_a_percentage_and_its_message():
+    report = {"fraction": 0.42, "message": "compressing\nchunk 7", "atMillis": NOW}
+    out = render.job_detail(job(state="RUNNING", workerId="w-1", result=None, progress=report), NOW)
+    assert "\nstate     RUNNING\nprogress  42% compressing chunk 7\n" in out
+    # Rounded down, so only a finished report reads 100%; a report without a message is the percentage
+    assert render.progress(job(state="RUNNING", progress=dict(report, fraction=0.29, message=None))) == "29%"
+    assert render.progress(job(state="RUNNING", progress=dict(report, fraction=0.999))).startswith("99% ")
+    assert render.progress(job(state="RUNNING", progress=dict(report, fraction=1))).startswith("100% ")
+    # Nothing for a job without a report, one that is not running, or a report that is not one
+    for other in (job(state="RUNNING", progress=None), job(state="COMPLETED", progress=report), job(state="RUNNING"),
+                  job(state="RUNNING", progress=dict(report, fraction=float("nan")))):
+        assert render.progress(other) is None and "progress" not in render.job_detail(other, NOW)

@@ -258,3 +258,27 @@ def test_worker_and_up_take_the_tasks_flag():
     assert worker_config(parse(["worker"])[1]).task_modules == ()
     assert worker_config(parse(["worker", "--tasks=mytasks,pkg.more"])[1]).task_modules == ("mytasks", "pkg.more")
     assert parse(["up", "--tasks=mytasks", "--workers=1"])[1]["--tasks"] == "mytasks"
+
+
+def test_ctx_progress_checks_its_arguments_and_hands_each_report_to_the_sink(caplog):
+    from fractions import Fraction
+
+    reports: list = []
+    c = TaskContext("j-1", 1, "j-1.1", sink=lambda *report: reports.append(report))
+    c.progress(0)
+    c.progress(Fraction(1, 4), "a quarter")  # any real number
+    c.progress(1, "x" * 1500)  # a long message is cut to 1,000 characters
+    assert reports == [("j-1.1", 0.0, None), ("j-1.1", 0.25, "a quarter"), ("j-1.1", 1.0, "x" * 1000)]
+    # A fraction outside 0..1 is not sent, and logged once: the task goes on
+    for fraction in (1.0000000000000002, -0.5, float("nan"), float("inf")):
+        c.progress(fraction, "out of bounds")
+    assert len(reports) == 3
+    logged = [r.getMessage() for r in caplog.records if "progress not sent" in r.getMessage()]
+    assert logged == ["progress not sent job=j-1 attempt=1: the progress fraction must be from 0 to 1, got "
+                      "1.0000000000000002 (the attempt's later ones are not logged)"], logged
+    # A value of the wrong type is a bug in the task: TypeError
+    for fraction, message in ((True, None), ("0.5", None), (None, None), (0.5, 7), (0.5, b"bytes")):
+        with pytest.raises(TypeError):
+            c.progress(fraction, message)
+    assert len(reports) == 3
+    TaskContext("j-2", 1, "j-2.1").progress(0.5, "no sink: nothing to send it to")
