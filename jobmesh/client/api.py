@@ -263,6 +263,8 @@ class CoordinatorClient:
         submit_retries: int = 0,
         delay: float | timedelta | None = None,
         run_at: datetime | float | None = None,
+        timeout_millis: int | None = None,
+        result_ttl_millis: int | None = None,
     ) -> str:
         """Submit a job and return its jobId.
 
@@ -274,12 +276,17 @@ class CoordinatorClient:
         or than ``run_at`` (an aware ``datetime``, or epoch seconds); it is SCHEDULED until then.
         Give at most one; a naive datetime or a negative time raises ``ValueError`` before
         anything is sent.
+
+        ``timeout_millis`` is this job's per-attempt deadline (1 ms to 7 days; None: its task
+        type's, else the coordinator's); ``result_ttl_millis`` purges the job, timeline and
+        all, that long after it ends (None: the coordinator's retention).
         """
         if isinstance(priority, Priority):
             priority = priority.value
         run_at_millis, delay_millis = schedule_millis(delay, run_at)
         request = m.SubmitJob(task_type, payload, max_attempts, idempotency_key, priority,
-                              run_at_millis=run_at_millis, delay_millis=delay_millis)
+                              run_at_millis=run_at_millis, delay_millis=delay_millis, timeout_millis=timeout_millis,
+                              result_ttl_millis=result_ttl_millis)
         retry = 0
         while True:
             try:

@@ -380,7 +380,7 @@ class CoordinatorCore:
         schedules = self.schedules.take_dirty()
         if not schedules:
             return batch
-        return Batch(batch.inserts, batch.updates, batch.task_types, batch.purges, schedules)
+        return batch._replace(schedules=schedules)
 
     def take_outbound(self) -> list[tuple[OutboundConnection, Frame]]:
         return self.outbox.take()
@@ -418,6 +418,7 @@ class CoordinatorCore:
         table = self.table
         grace = self.config.lease_grace_millis
         table.known_types.update(self.store.load_task_types())
+        table.load_defaults(self.store.load_task_defaults())
         wall = now + table.drift
         for job in self.store.load_active():
             state = job.state
