@@ -18,6 +18,7 @@ from jobmesh.client import CoordinatorClient
 from jobmesh.errors import RequestFailed
 from tests.helpers import RegistrationRefused, WorkerProcs, wait_registered, wait_until
 from tests.integration.test_user_tasks import MODULE_SOURCE
+from tests.pg_support import on_both_stores
 
 WEEK_MILLIS = 7 * 24 * 3600 * 1000
 TEN_YEARS_MILLIS = 315_360_000_000
@@ -160,6 +161,7 @@ def test_a_registration_with_bad_task_defaults_is_refused_and_keeps_nothing(shar
 # ---- kept durably, by the latest declaration ------------------------------------------------
 
 
+@on_both_stores
 def test_defaults_survive_a_restart_and_apply_while_no_worker_is_connected(coordinator_factory, worker_procs,
                                                                            tmp_path, peers):
     # Given a worker that declared ONCE (max_attempts=1) and HASTY (timeout 0.3 s), then left
