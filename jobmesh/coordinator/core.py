@@ -380,7 +380,7 @@ class CoordinatorCore:
         schedules = self.schedules.take_dirty()
         if not schedules:
             return batch
-        return batch._replace(schedules=schedules)
+        return Batch(batch.inserts, batch.updates, batch.task_types, batch.purges, schedules, batch.task_defaults)
 
     def take_outbound(self) -> list[tuple[OutboundConnection, Frame]]:
         return self.outbox.take()
