@@ -132,10 +132,12 @@ def _task_defaults(name: str, timeout: Any, max_attempts: Any, retry_backoff: An
 
 
 def declared_defaults(names: Iterable[str]) -> dict[str, dict[str, int | None]]:
-    """WORKER_REGISTER ``taskDefaults`` of these registered task types: every one, the
-    fields its ``@task`` left out as null (the latest declaration of a type is what the
-    coordinator keeps)."""
-    return {name: dict(_defaults[name]) for name in sorted(names) if name in _defaults}
+    """WORKER_REGISTER ``taskDefaults`` of these registered task types: each one whose
+    ``@task`` has options, those it left out as null (the coordinator keeps the latest
+    entry of a type as a whole). A type without options has no entry: what the
+    coordinator keeps for it stays, and the registration is the one it always was."""
+    return {name: dict(_defaults[name]) for name in sorted(names)
+            if any(value is not None for value in _defaults.get(name, {}).values())}
 
 
 def _origin(fn: TaskFunction) -> str:

@@ -1,8 +1,9 @@
 """What a task type and a job may ask for: ``@task`` options kept per type, a job's own
 deadline, and a result's time to live (CONTRACT.md "What a task can say and ask for").
 
-Real coordinators and real ``jobmesh worker --tasks=jm_user_tasks`` processes (the module
-is ``tests/user_tasks_module.py``, whose ONCE, HASTY and PATIENT types declare options).
+Real coordinators and real ``jobmesh worker --tasks=jm_user_tasks,jm_task_options``
+processes (``tests/user_tasks_module.py``, and ``tests/task_options_module.py`` whose
+ONCE, HASTY and PATIENT types declare options).
 The stateless tests share one coordinator and one worker; those that restart or need no
 worker connected start their own.
 """
@@ -18,6 +19,14 @@ from jobmesh.client import CoordinatorClient
 from jobmesh.errors import RequestFailed
 from tests.helpers import RegistrationRefused, WorkerProcs, wait_registered, wait_until
 from tests.integration.test_user_tasks import MODULE_SOURCE
+
+OPTIONS_SOURCE = MODULE_SOURCE.parent / "task_options_module.py"
+TASKS = "jm_user_tasks,jm_task_options"
+
+
+def copy_modules(where) -> None:
+    shutil.copy(MODULE_SOURCE, where / "jm_user_tasks.py")
+    shutil.copy(OPTIONS_SOURCE, where / "jm_task_options.py")
 from tests.pg_support import on_both_stores
 
 WEEK_MILLIS = 7 * 24 * 3600 * 1000
@@ -26,11 +35,11 @@ TEN_YEARS_MILLIS = 315_360_000_000
 
 @pytest.fixture(scope="module")
 def shared(module_coordinator, tmp_path_factory):
-    """The module's coordinator with one real worker running jm_user_tasks (capacity 2)."""
+    """The module's coordinator with one real worker running both modules (capacity 2)."""
     where = tmp_path_factory.mktemp("user-worker")
-    shutil.copy(MODULE_SOURCE, where / "jm_user_tasks.py")
+    copy_modules(where)
     procs = WorkerProcs(where)
-    procs.start(module_coordinator, "w-defaults", capacity=2, tasks="jm_user_tasks", cwd=where)
+    procs.start(module_coordinator, "w-defaults", capacity=2, tasks=TASKS, cwd=where)
     with CoordinatorClient(*module_coordinator.client_addr, timeout=10) as client:
         wait_registered(client, ["w-defaults"])
     yield module_coordinator
@@ -166,8 +175,8 @@ def test_defaults_survive_a_restart_and_apply_while_no_worker_is_connected(coord
                                                                            tmp_path, peers):
     # Given a worker that declared ONCE (max_attempts=1) and HASTY (timeout 0.3 s), then left
     coord = coordinator_factory()
-    shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
-    worker = worker_procs.start(coord, "w-first", capacity=1, tasks="jm_user_tasks", cwd=tmp_path)
+    copy_modules(tmp_path)
+    worker = worker_procs.start(coord, "w-first", capacity=1, tasks=TASKS, cwd=tmp_path)
     with CoordinatorClient(*coord.client_addr, timeout=10) as client:
         wait_registered(client, ["w-first"])
         assert worker.terminate() == 0

@@ -267,10 +267,12 @@ def test_task_options_become_the_types_task_defaults_in_milliseconds(names):
     full, bare = names("FULL"), names("BARE")
     task(full, timeout=2.5, max_attempts=4, retry_backoff=(0.25, 60))(lambda payload: {})
     task(bare)(lambda payload: {})
-    # Every registered type is declared, the options it left out as null (the latest declaration wins)
-    assert declared_defaults([full, bare, "NOT_REGISTERED"]) == {
+    part = names("PART")
+    task(part, max_attempts=2)(lambda payload: {})
+    # Each registered type with options is declared, the options it left out as null; one without has no entry
+    assert declared_defaults([full, bare, part, "NOT_REGISTERED"]) == {
         full: {"timeoutMillis": 2500, "maxAttempts": 4, "retryBaseMillis": 250, "retryCapMillis": 60_000},
-        bare: {"timeoutMillis": None, "maxAttempts": None, "retryBaseMillis": None, "retryCapMillis": None},
+        part: {"timeoutMillis": None, "maxAttempts": 2, "retryBaseMillis": None, "retryCapMillis": None},
     }
     # The bounds themselves are allowed: a millisecond and 7 days, a backoff of nothing to ten years
     task(full, timeout=0.001, max_attempts=1_000_000, retry_backoff=(0, 315_360_000))(lambda payload: {})
