@@ -135,7 +135,7 @@ class JsonJobs:
         if msg.task_defaults:
             for name in self.table.declare_defaults(msg.task_defaults):
                 log.info("task type defaults declared type=%s worker=%s defaults=%s", name, worker_id,
-                         ujson.dumps(msg.task_defaults[name]))
+                         ujson.dumps(self.table.defaults[name].to_wire()))
         session = Session(worker_id, capacity, conn, now, types, msg.result_acks)
         self.workers.add(session)
         for name in types:

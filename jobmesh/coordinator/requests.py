@@ -322,7 +322,7 @@ class ClientRequests:
         load without one large delete ever stalling the core.
 
         A job with a time to live is found by the store's expiry index, whatever its
-        place in the sequence; the others by the walk in sequence order."""
+        place in the sequence, and only there; the others by the walk in sequence order."""
         wall = now_millis + self.table.drift
         expired = self.table.store.expired(wall, limit)
         if expired:
@@ -331,7 +331,8 @@ class ClientRequests:
         if retain <= 0:
             self.purge_backlog = len(expired) >= limit
             return
-        found, self._purge_cursor = self.table.store.purgeable(self._purge_cursor, wall - retain, limit)
+        # A job with a time to live of its own is kept that long, however long retention keeps the others.
+        found, self._purge_cursor = self.table.store.purgeable(self._purge_cursor, wall - retain, limit, False)
         self.table.forget(found)
         # Keep purging every batch only while walks find plenty (a walk that steps over
         # active jobs finds little, and waits for the next sweep).

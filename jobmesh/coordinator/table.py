@@ -3,14 +3,14 @@
 ``JobTable`` owns the jobs in memory (the active ones, a bounded cache of finished ones),
 the idempotency-key index, the rows to commit (dirty, new, purged), the per-state counts,
 the leases (which session holds each running job), the known task types and their
-declared defaults, each job's timeline, and the submission sequence. Jobs enter it through ``admit`` (a new job) or
-``adopt`` (recovery), and change state only through ``transition``; both tell the
-registered listeners, which keep their own indexes (queues, due times, Periodic funcs,
-waiters) in step. A listener is any object with ``entered(job, now)`` (the job is in the
-table, in its current state) and ``moved(job, source, target, now)`` (after the move);
-it says whether it wants JSON jobs, Periodic jobs or both. A new index is a listener; a
-new state is a row of the table in ``protocol/jobs.py`` and, if it needs one, a branch
-in ``transition``.
+declared defaults, each job's timeline, and the submission sequence. Jobs enter it
+through ``admit`` (a new job) or ``adopt`` (recovery), and change state only through
+``transition``; both tell the registered listeners, which keep their own indexes
+(queues, due times, Periodic funcs, waiters) in step. A listener is any object with
+``entered(job, now)`` (the job is in the table, in its current state) and
+``moved(job, source, target, now)`` (after the move); it says whether it wants JSON
+jobs, Periodic jobs or both. A new index is a listener; a new state is a row of the
+table in ``protocol/jobs.py`` and, if it needs one, a branch in ``transition``.
 
 Pure: no gevent, no clock; ``now`` is core time from the caller, and ``drift`` (kept by
 the core) turns it into the wall-clock instants a job's record holds.
@@ -427,8 +427,11 @@ class JobTable:
 
     def forget(self, found: list[tuple[str, str | None]]) -> int:
         """Drop finished jobs from memory (cache, keys, dirty rows); the batch's commit
-        deletes their rows. Their idempotency keys are free again."""
+        deletes their rows. Their idempotency keys are free again. Returns how many it
+        dropped: a job found twice in a batch (its time to live passed, and retention's
+        walk met it too) counts once."""
         purging = self._purging
+        dropped = 0
         for job_id, key in found:
             if job_id in purging:
                 continue
@@ -438,8 +441,9 @@ class JobTable:
             self._dirty.pop(job_id, None)
             self._purges.append(job_id)
             purging.add(job_id)
-        self.counters.purged += len(found)
-        return len(found)
+            dropped += 1
+        self.counters.purged += dropped
+        return dropped
 
     def carry_totals(self, old: JobTable) -> None:
         """A reload: the finished counts count since the process started."""

@@ -117,14 +117,15 @@ def expired_query(table: str, mark: str) -> str:
         table, EXPIRY_WHERE, EXPIRY_KEY, mark, EXPIRY_KEY, mark)
 
 
-def purge_walk(rows: Sequence[tuple], after: int, cutoff_millis: int,
-               limit: int) -> tuple[list[tuple[str, str | None]], int]:
+def purge_walk(rows: Sequence[tuple], after: int, cutoff_millis: int, limit: int,
+               own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
     """``Store.purgeable``'s answer from the rows its walk read: (seq, job id, key, state,
-    updated at), in sequence order from just past ``after``, at most ``limit`` of them."""
+    updated at, result ttl), in sequence order from just past ``after``, at most ``limit``
+    of them."""
     found: list[tuple[str, str | None]] = []
     seq = after
-    for seq, job_id, key, state, updated_at in rows:
-        if state in TERMINAL_STATES:
+    for seq, job_id, key, state, updated_at, ttl in rows:
+        if state in TERMINAL_STATES and (own_ttl or ttl is None):
             if updated_at >= cutoff_millis:
                 return found, 0
             found.append((job_id, key))
@@ -258,12 +259,14 @@ class Store(Protocol):
         sequences below ``before`` (None: from the newest); filtered by state and task
         type when given. A pair's sequence is the cursor of the page after it."""
 
-    def purgeable(self, after: int, cutoff_millis: int, limit: int) -> tuple[list[tuple[str, str | None]], int]:
+    def purgeable(self, after: int, cutoff_millis: int, limit: int,
+                  own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
         """Retention: finished jobs last updated before ``cutoff_millis``, walking jobs in
         sequence order from just past ``after`` (0: the oldest) and examining at most
         ``limit`` of them. Returns (job id, idempotency key) pairs and where the next walk
         starts: past the examined jobs, or 0 once the walk met a finished job not old
-        enough yet (the rest are newer), or the end. Active jobs are stepped over."""
+        enough yet (the rest are newer), or the end. Active jobs are stepped over, and so
+        are jobs with a time to live of their own unless ``own_ttl``."""
 
     def expired(self, now_millis: int, limit: int) -> list[tuple[str, str | None]]:
         """Finished jobs whose time to live (``result_ttl``) has passed: ended (last updated)

@@ -773,13 +773,14 @@ class PostgresStore:
         sql, params = page_query(JOBS, "%s", limit, state, before, task_type)
         return [(job.seq, job) for job in map(read_row, self.reader.execute(sql.encode(), storable(params)))]
 
-    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at FROM %s WHERE seq > %%s"
+    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at, result_ttl FROM %s WHERE seq > %%s"
                       " ORDER BY seq LIMIT %%s" % JOBS)
 
-    def purgeable(self, after: int, cutoff_millis: int, limit: int) -> tuple[list[tuple[str, str | None]], int]:
+    def purgeable(self, after: int, cutoff_millis: int, limit: int,
+                  own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
         """As SQLite's: the walk in sequence order (see ``Store.purgeable``)."""
         return purge_walk(self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall(), after, cutoff_millis,
-                          limit)
+                          limit, own_ttl)
 
     EXPIRED_SQL = expired_query(JOBS, "%s")
 

@@ -413,10 +413,11 @@ class SQLiteStore:
         return page_query("jobs", "?", limit, state, before, task_type)
 
     # The walk's SELECT: the seq index gives the rows in order, O(rows examined).
-    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at FROM jobs WHERE seq > ?"
+    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at, result_ttl FROM jobs WHERE seq > ?"
                       " ORDER BY seq LIMIT ?")
 
-    def purgeable(self, after: int, cutoff_millis: int, limit: int) -> tuple[list[tuple[str, str | None]], int]:
+    def purgeable(self, after: int, cutoff_millis: int, limit: int,
+                  own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
         """Finished jobs last updated before ``cutoff_millis``, walking the table in
         sequence (submission) order from just past ``after``, examining at most ``limit``
         rows (see ``Store.purgeable``).
@@ -427,7 +428,7 @@ class SQLiteStore:
         of throughput). Active jobs are stepped over, so a long queue of old jobs cannot
         stall it."""
         return purge_walk(self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall(), after, cutoff_millis,
-                          limit)
+                          limit, own_ttl)
 
     # The index named: on a table without statistics the planner may prefer another one.
     EXPIRED_SQL = expired_query("jobs INDEXED BY jobs_expiry", "?")

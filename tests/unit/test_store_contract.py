@@ -447,6 +447,9 @@ def test_expired_finds_finished_jobs_past_their_time_to_live_earliest_first(stor
            make_job("running", 4, state=JobState.RUNNING, updated_at=100, result_ttl=0),  # active: never
            make_job("plain", 5, state=JobState.COMPLETED, updated_at=100))  # no time to live: retention's
     assert store.expired(299, 10) == []
+    # Retention's walk steps over them (their own time to live decides), PURGE_JOBS does not
+    assert store.purgeable(0, 10**6, 10, own_ttl=False) == ([("plain", None)], 0)
+    assert store.purgeable(0, 10**6, 10) == ([("late", None), ("soon", "k"), ("mid", None), ("plain", None)], 0)
     assert store.expired(600, 10) == [("soon", "k"), ("mid", None)]
     assert store.expired(10_000, 2) == [("soon", "k"), ("mid", None)]
     assert store.expired(10_000, 10) == [("soon", "k"), ("mid", None), ("late", None)]
