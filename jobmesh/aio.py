@@ -292,11 +292,14 @@ class AsyncClient:
         submit_retries: int = 0,
         delay: float | timedelta | None = None,
         run_at: datetime | float | None = None,
+        timeout_millis: int | None = None,
+        result_ttl_millis: int | None = None,
     ) -> str:
         """Submit a job and return its jobId (as ``CoordinatorClient.submit``: ``submit_retries``
         resubmits after a retryable ``SubmitRejected`` with backoff; ``delay`` or ``run_at``
-        schedule it)."""
-        request = submit_request(task_type, payload, max_attempts, priority, idempotency_key, delay, run_at)
+        schedule it; ``timeout_millis`` and ``result_ttl_millis`` as there)."""
+        request = submit_request(task_type, payload, max_attempts, priority, idempotency_key, delay, run_at,
+                                 timeout_millis, result_ttl_millis)
         retry = 0
         while True:
             try:

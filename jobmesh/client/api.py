@@ -164,14 +164,16 @@ def tls_context(tls: bool | ssl.SSLContext, tls_ca: str | None, tls_cert: str | 
 
 def submit_request(task_type: str, payload: dict[str, Any], max_attempts: int = 0,
                    priority: str | Priority | None = None, idempotency_key: str | None = None,
-                   delay: float | timedelta | None = None, run_at: datetime | float | None = None) -> m.SubmitJob:
+                   delay: float | timedelta | None = None, run_at: datetime | float | None = None,
+                   timeout_millis: int | None = None, result_ttl_millis: int | None = None) -> m.SubmitJob:
     """The SUBMIT_JOB that ``submit`` sends (``schedule_millis`` checks the times; the
     other types are checked when it is framed)."""
     if isinstance(priority, Priority):
         priority = priority.value
     run_at_millis, delay_millis = schedule_millis(delay, run_at)
     return m.SubmitJob(task_type, payload, max_attempts, idempotency_key, priority,
-                       run_at_millis=run_at_millis, delay_millis=delay_millis)
+                       run_at_millis=run_at_millis, delay_millis=delay_millis, timeout_millis=timeout_millis,
+                       result_ttl_millis=result_ttl_millis)
 
 
 def purge_request(older_than_millis: int, limit: int | None, dry_run: bool) -> m.PurgeJobs:
@@ -362,6 +364,8 @@ class CoordinatorClient:
         submit_retries: int = 0,
         delay: float | timedelta | None = None,
         run_at: datetime | float | None = None,
+        timeout_millis: int | None = None,
+        result_ttl_millis: int | None = None,
     ) -> str:
         """Submit a job and return its jobId.
 
@@ -373,8 +377,13 @@ class CoordinatorClient:
         or than ``run_at`` (an aware ``datetime``, or epoch seconds); it is SCHEDULED until then.
         Give at most one; a naive datetime or a negative time raises ``ValueError`` before
         anything is sent.
+
+        ``timeout_millis`` is this job's per-attempt deadline (1 ms to 7 days; None: its task
+        type's, else the coordinator's); ``result_ttl_millis`` purges the job, timeline and
+        all, that long after it ends (None: the coordinator's retention).
         """
-        request = submit_request(task_type, payload, max_attempts, priority, idempotency_key, delay, run_at)
+        request = submit_request(task_type, payload, max_attempts, priority, idempotency_key, delay, run_at,
+                                 timeout_millis, result_ttl_millis)
         retry = 0
         while True:
             try:

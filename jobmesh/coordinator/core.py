@@ -381,7 +381,7 @@ class CoordinatorCore:
         schedules = self.schedules.take_dirty()
         if not schedules:
             return batch
-        return Batch(batch.inserts, batch.updates, batch.task_types, batch.purges, schedules)
+        return Batch(batch.inserts, batch.updates, batch.task_types, batch.purges, schedules, batch.task_defaults)
 
     def take_outbound(self) -> list[tuple[OutboundConnection, Frame]]:
         return self.outbox.take()
@@ -419,6 +419,7 @@ class CoordinatorCore:
         table = self.table
         grace = self.config.lease_grace_millis
         table.known_types.update(self.store.load_task_types())
+        table.load_defaults(self.store.load_task_defaults())
         wall = now + table.drift
         for job in self.store.load_active():
             state = job.state

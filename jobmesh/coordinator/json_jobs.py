@@ -48,7 +48,8 @@ from jobmesh.coordinator.timers import Timers
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from jobmesh.protocol.messages import quote
-from jobmesh.protocol.payloads import MAX_NESTING, is_finite_json, progress_problem, result_too_large, too_deep
+from jobmesh.protocol.payloads import (MAX_NESTING, is_finite_json, progress_problem, result_too_large,
+                                       task_defaults_problem, too_deep)
 
 if TYPE_CHECKING:
     from jobmesh.coordinator.connection import OutboundConnection
@@ -129,8 +130,18 @@ class JsonJobs:
             self._refuse(conn, "worker id %s belongs to a live Periodic worker session" % quote(worker_id))
             return
         types = BUILTIN_TYPES if msg.task_types is None else frozenset(msg.task_types)
+        if msg.task_defaults is not None:
+            problem = self._defaults_problem(msg.task_defaults, types)
+            if problem is not None:
+                log.warning("refused registration worker=%s: %s", worker_id, problem)
+                self._refuse(conn, problem)
+                return
         for name in self.table.declare_types(types, now):
             log.info("new task type declared type=%s worker=%s", name, worker_id)
+        if msg.task_defaults:
+            for name in self.table.declare_defaults(msg.task_defaults):
+                log.info("task type defaults declared type=%s worker=%s defaults=%s", name, worker_id,
+                         ujson.dumps(self.table.defaults[name].to_wire()))
         session = Session(worker_id, capacity, conn, now, types, msg.result_acks)
         self.workers.add(session)
         for name in types:
@@ -139,6 +150,18 @@ class JsonJobs:
         log.info("worker registered worker=%s capacity=%d types=%s", worker_id, capacity, ",".join(sorted(types)))
         if msg.running:
             self._claim(now, session, msg.running)
+
+    @staticmethod
+    def _defaults_problem(declared: dict, types: frozenset[str]) -> str | None:
+        """Why a registration's ``taskDefaults`` cannot be kept: a worker speaks only for
+        the types it declares (which its token allows), within the bounds."""
+        for name, body in declared.items():
+            if name not in types:
+                return "taskDefaults names task type %s, which this worker does not declare" % quote(name)
+            problem = task_defaults_problem(name, body)
+            if problem is not None:
+                return problem
+        return None
 
     def _claim(self, now: int, session: Session, running: list[dict]) -> None:
         """Keep the named leases that recovery kept for this worker; cancel the others.
@@ -178,9 +201,15 @@ class JsonJobs:
 
     def registration_writes(self, msg: m.WorkerRegister) -> bool:
         """Whether applying this registration would write a row: it declares a task type
-        the database does not know yet, or claims running attempts (a claim stores the
-        lease's new holder and deadline)."""
-        return bool(msg.running) or (msg.task_types is not None and not set(msg.task_types) <= self.table.known_types)
+        the database does not know yet or defaults other than those kept, or claims
+        running attempts (a claim stores the lease's new holder and deadline)."""
+        return (bool(msg.running) or (msg.task_types is not None and not set(msg.task_types) <= self.table.known_types)
+                or (bool(msg.task_defaults) and self._defaults_change(msg)))
+
+    def _defaults_change(self, msg: m.WorkerRegister) -> bool:
+        types = BUILTIN_TYPES if msg.task_types is None else frozenset(msg.task_types)
+        return (msg.task_defaults is not None and self._defaults_problem(msg.task_defaults, types) is None
+                and self.table.changes_defaults(msg.task_defaults))
 
     def refuse_registration(self, conn: OutboundConnection, msg: m.WorkerRegister, reason: str) -> None:
         """A registration that would store a new task type: ERROR, closed (it registers again)."""
@@ -352,7 +381,10 @@ class JsonJobs:
         """An attempt ended without a result: RETRY_WAIT while attempts remain, else FAILED."""
         self.table.attempt_ended(job, now, error, cause)
         if job.attempts < job.max_attempts:
-            delay = scheduler.retry_delay_millis(job.attempts, self.config.retry_base_millis, self.config.retry_cap_millis)
+            # The job's own backoff (its task type's, kept at creation), else the coordinator's.
+            base = self.config.retry_base_millis if job.retry_base is None else job.retry_base
+            cap = self.config.retry_cap_millis if job.retry_cap is None else job.retry_cap
+            delay = scheduler.retry_delay_millis(job.attempts, base, cap)
             self.table.transition(job, JobState.RETRY_WAIT, now, due_at=now + delay)
             log.info("retry job=%s attempt=%d/%d in=%dms error=%s", job.job_id, job.attempts, job.max_attempts, delay, error)
         else:

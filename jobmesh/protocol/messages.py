@@ -272,6 +272,10 @@ class WorkerRegister(Message):
     # ``running`` at its next registration, so a result written to a coordinator that
     # froze or died before applying it reaches the one that follows.
     result_acks: bool = wire("resultAcks", "bool", False, omit=True)
+    # What this worker's task types ask for (``@task`` options): ``{TYPE: {timeoutMillis,
+    # maxAttempts, retryBaseMillis, retryCapMillis}}``; the coordinator keeps the latest
+    # per type. None (absent) leaves the kept ones alone.
+    task_defaults: dict[str, Any] | None = wire("taskDefaults", "obj?", None, omit=True)
 
 
 @dataclass(frozen=True)
@@ -396,6 +400,8 @@ class SubmitJob(Message):
     priority: str | None = wire("priority", "str?", None)
     run_at_millis: int | None = wire("runAtMillis", "int?", None)  # epoch millis; not with delayMillis
     delay_millis: int | None = wire("delayMillis", "int?", None)
+    timeout_millis: int | None = wire("timeoutMillis", "int?", None, omit=True)  # this job's per-attempt deadline
+    result_ttl_millis: int | None = wire("resultTtlMillis", "int?", None, omit=True)  # purged this long after it ends
     submitted_by: str | None = local()  # the submitting token's name (auth on), set by the handler
 
 

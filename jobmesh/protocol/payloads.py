@@ -167,3 +167,35 @@ def validate_payload(task_type: Any, payload: Any) -> dict[str, Any]:
                 "%s field %r is %d characters, the limit is %d" % (task_type, field, len(value), high)
             )
     return payload
+
+
+# ---- what a task type or a job may ask for (docs/PROTOCOL.md) -------------------------
+
+MAX_ATTEMPTS_LIMIT = 1_000_000  # a job's attempt budget at most
+MAX_TIMEOUT_MILLIS = 7 * 24 * 3600 * 1000  # a per-attempt deadline: 1 ms .. 7 days
+# Ten years (as the coordinator's millisecond settings): a result's time to live and a
+# retry backoff at most; beyond it an instant no longer fits the store's integers.
+MAX_TTL_MILLIS = 315_360_000_000
+# WORKER_REGISTER taskDefaults: field -> (least, most); each field may be absent or null.
+TASK_DEFAULT_BOUNDS: dict[str, tuple[int, int]] = {
+    "timeoutMillis": (1, MAX_TIMEOUT_MILLIS),
+    "maxAttempts": (1, MAX_ATTEMPTS_LIMIT),
+    "retryBaseMillis": (0, MAX_TTL_MILLIS),
+    "retryCapMillis": (0, MAX_TTL_MILLIS),
+}
+
+
+def task_defaults_problem(task_type: str, defaults: Any) -> str | None:
+    """Why ``defaults`` (one type's entry of WORKER_REGISTER ``taskDefaults``) cannot be
+    kept, or None if it can. Unknown fields are ignored, as in messages."""
+    if not isinstance(defaults, dict):
+        return "taskDefaults of %s must be an object, got %s" % (quote(task_type), quote(defaults))
+    for field, (low, high) in TASK_DEFAULT_BOUNDS.items():
+        value = defaults.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            return "taskDefaults of %s: %s must be an integer %d..%d or null, got %s" % (
+                quote(task_type), field, low, high, quote(value))
+    base, cap = defaults.get("retryBaseMillis"), defaults.get("retryCapMillis")
+    if base is not None and cap is not None and base > cap:
+        return "taskDefaults of %s: retryBaseMillis %d is above retryCapMillis %d" % (quote(task_type), base, cap)
+    return None

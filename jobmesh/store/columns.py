@@ -110,6 +110,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("scheduled_for", I, added=True),
     # v9: the name of the token that submitted the job (docs/SECURITY.md); NULL without --auth-file.
     Column("submitted_by", T, added=True),
+    # v10: what the job asked for at creation: its result's time to live (resultTtlMillis)
+    # and its retry backoff (its task type's declared one); NULL: the coordinator's settings.
+    Column("result_ttl", I, added=True),
+    Column("retry_base", I, added=True),
+    Column("retry_cap", I, added=True),
     # The job's timeline (its newest events, EVENT_CODES below), rewritten with the row it
     # belongs to, so it is exactly as durable as the state it explains. In memory the job
     # keeps it as text too (Job.events), appended one fragment per event.

@@ -90,7 +90,7 @@ from jobmesh.worker import tasks
 from jobmesh.worker.processes import ProcessPool
 from jobmesh.tls import client_context, secure
 from jobmesh.worker.running import Attempt, InFlight, Key
-from jobmesh.worker.usertasks import load_modules
+from jobmesh.worker.usertasks import declared_defaults, load_modules
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
@@ -160,8 +160,10 @@ class WorkerAgent:
         self.processes: ProcessPool | None = None
         # None (absent on the wire) means the five built-ins.
         self.task_types: list[str] | None = None
+        self.task_defaults: dict[str, Any] | None = None  # the user task types' @task options
         if cfg.task_modules:
             self.user_task_types = frozenset(load_modules(cfg.task_modules))
+            self.task_defaults = declared_defaults(self.user_task_types) or None
             self.processes = ProcessPool(cfg.task_modules, cfg.capacity, cancel_grace=cfg.cancel_grace_millis / 1000.0,
                                          log_args=("--log-level=%s" % cfg.log_level, "--log-format=%s" % cfg.log_format))
             self.task_types = list(TASK_TYPES) + sorted(self.user_task_types)
@@ -307,7 +309,7 @@ class WorkerAgent:
             running = [{"jobId": job_id, "attemptId": attempt_id} for job_id, attempt_id in kept] or None
             # Absent means none: the frame a worker keeping nothing always sent.
             frame = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types, running,
-                                   result_acks=self._asks_acks).to_wire()
+                                   result_acks=self._asks_acks, task_defaults=self.task_defaults).to_wire()
             registered = self._ask(sock, reader, frame, WorkerRegistered)
             sock.settimeout(None)
         except RegistrationRefused as exc:

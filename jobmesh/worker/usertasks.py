@@ -9,6 +9,13 @@
     def greet(payload):                 # or greet(payload, ctx)
         return {"greeting": "hello " + payload["name"]}
 
+    @task("RESIZE", timeout=30, max_attempts=5, retry_backoff=(2, 60))
+    def resize(payload): ...
+
+The options are the type's defaults for its jobs (``declared_defaults``): the worker
+sends them in WORKER_REGISTER ``taskDefaults`` and the coordinator keeps them, applying
+them to the jobs of the type whose submit did not say otherwise.
+
 This module is stdlib-only (plus ``jobmesh.errors`` and ``jobmesh.protocol.payloads``,
 which import nothing else): the task child process (``jobmesh.worker.child``) imports it
 in a clean, unpatched interpreter, and importing gevent there would defeat the point
@@ -41,6 +48,7 @@ from jobmesh.protocol.payloads import (
     TASK_TYPES,
     is_task_type_name,
     progress_problem,
+    task_defaults_problem,
 )
 
 log = logging.getLogger(__name__)
@@ -106,14 +114,22 @@ class TaskContext:
 
 _registry: dict[str, TaskFunction] = {}
 _wants_context: dict[str, bool] = {}
+_defaults: dict[str, dict[str, int | None]] = {}  # name -> its taskDefaults entry
 
 
-def task(name: str) -> Callable[[TaskFunction], TaskFunction]:
-    """Register the decorated function as the body of task type ``name``; returns it unchanged."""
+def task(name: str, timeout: float | None = None, max_attempts: int | None = None,
+         retry_backoff: tuple[float, float] | None = None) -> Callable[[TaskFunction], TaskFunction]:
+    """Register the decorated function as the body of task type ``name``; returns it unchanged.
+
+    The options are the defaults of the type's jobs: ``timeout`` each attempt's deadline in
+    seconds (a millisecond to 7 days), ``max_attempts`` the attempt budget, and
+    ``retry_backoff`` ``(base, cap)`` in seconds: the wait before attempt n+1 is
+    base * 2^(n-1), at most cap. None leaves the coordinator's setting."""
     if not is_task_type_name(name):
         raise TaskDefinitionError("task name %r is invalid: task-type names are %s" % (name, TASK_NAME_RULE))
     if name in TASK_TYPES:
         raise TaskDefinitionError("task name %r is a built-in task type (%s)" % (name, ", ".join(TASK_TYPES)))
+    defaults = _task_defaults(name, timeout, max_attempts, retry_backoff)
 
     def register(fn: TaskFunction) -> TaskFunction:
         wants_context = _check_signature(name, fn)
@@ -123,9 +139,48 @@ def task(name: str) -> Callable[[TaskFunction], TaskFunction]:
         # The same function defined again (a module reloaded) simply replaces itself.
         _registry[name] = fn
         _wants_context[name] = wants_context
+        _defaults[name] = defaults
         return fn
 
     return register
+
+
+def _millis(name: str, option: str, seconds: Any) -> int | None:
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds != seconds:
+        raise TaskDefinitionError("@task(%r): %s must be a number of seconds, got %r" % (name, option, seconds))
+    try:
+        return int(round(seconds * 1000))
+    except OverflowError:
+        raise TaskDefinitionError("@task(%r): %s is out of range: %r" % (name, option, seconds)) from None
+
+
+def _task_defaults(name: str, timeout: Any, max_attempts: Any, retry_backoff: Any) -> dict[str, int | None]:
+    """The ``taskDefaults`` entry of ``@task``'s options; ``TaskDefinitionError`` if one is
+    out of the coordinator's bounds."""
+    base = cap = None
+    if retry_backoff is not None:
+        if not isinstance(retry_backoff, (tuple, list)) or len(retry_backoff) != 2:
+            raise TaskDefinitionError("@task(%r): retry_backoff must be (base_seconds, cap_seconds), got %r"
+                                      % (name, retry_backoff))
+        base, cap = (_millis(name, "retry_backoff", value) for value in retry_backoff)
+    defaults = {"timeoutMillis": _millis(name, "timeout", timeout), "maxAttempts": max_attempts,
+                "retryBaseMillis": base, "retryCapMillis": cap}
+    problem = task_defaults_problem(name, defaults)
+    if problem is not None:
+        raise TaskDefinitionError("@task(%r) options: %s (timeout=%r, max_attempts=%r, retry_backoff=%r)"
+                                  % (name, problem, timeout, max_attempts, retry_backoff))
+    return defaults
+
+
+def declared_defaults(names: Iterable[str]) -> dict[str, dict[str, int | None]]:
+    """WORKER_REGISTER ``taskDefaults`` of these registered task types: each one whose
+    ``@task`` has options, those it left out as null (the coordinator keeps the latest
+    entry of a type as a whole). A type without options has no entry: what the
+    coordinator keeps for it stays, and the registration is the one it always was."""
+    return {name: dict(_defaults[name]) for name in sorted(names)
+            if any(value is not None for value in _defaults.get(name, {}).values())}
 
 
 def _origin(fn: TaskFunction) -> str:
@@ -161,6 +216,7 @@ def unregister(names: Iterable[str]) -> None:
     for name in names:
         _registry.pop(name, None)
         _wants_context.pop(name, None)
+        _defaults.pop(name, None)
 
 
 def load_modules(modules: Iterable[str]) -> dict[str, TaskFunction]:
