@@ -45,3 +45,22 @@ def periodic_peers():
     made = PeerSet()
     yield made
     made.close()
+
+
+@pytest.fixture(scope="module")
+def shared_coordinator(tmp_path_factory):
+    """One coordinator (FAST_FLAGS, port 0) shared by a module's tests that take their
+    isolation from data: task types, keys and worker ids of their own, and job checks
+    that compare before with after. On PostgreSQL when JOBMESH_TEST_STORE=postgres, as
+    ``coordinator_factory``'s are."""
+    import os
+
+    from tests import pg_support
+    from tests.helpers import CoordinatorProc
+
+    flags = {}
+    if os.environ.get("JOBMESH_TEST_STORE") == "postgres":
+        flags = {"db": pg_support.server().schema(), "lease_grace_millis": 0}
+    proc = CoordinatorProc(tmp_path_factory.mktemp("shared"), **flags)
+    yield proc.start()
+    proc.cleanup()

@@ -6,9 +6,14 @@ of admitted jobs never pass admission. A known idempotencyKey with the same logi
 (taskType, payload, effective maxAttempts, priority with null = NORMAL) returns the original
 jobId, even after the job ended and even at the limit; a different request is an ERROR and
 the original is left untouched.
+
+The identity checks that need no worker and no limit share one coordinator: each uses
+keys of its own and compares the job list before and after.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 
@@ -16,8 +21,19 @@ from tests.pg_support import on_both_stores
 from tests.helpers import wait_until
 
 
+_serial = itertools.count(1)
+
+
+def unique(prefix: str) -> str:
+    """An idempotency key no other test of this module uses."""
+    return "%s-%d" % (prefix, next(_serial))
+
+
 def job_ids(client) -> list[str]:
-    return [j["jobId"] for j in client.list_jobs(limit=1000)["jobs"]]
+    """Every job's id, newest first."""
+    reply = client.list_jobs(limit=1000)
+    assert reply["nextCursor"] is None, "more jobs than one page"
+    return [j["jobId"] for j in reply["jobs"]]
 
 
 def assert_rejected(reply: dict, active: int, limit: int) -> None:
@@ -198,22 +214,24 @@ CONFLICTS = [
 
 
 @pytest.mark.parametrize("case,changed", CONFLICTS, ids=[c[0] for c in CONFLICTS])
-def test_same_key_different_request_is_an_error(coordinator, peers, case, changed):
+def test_same_key_different_request_is_an_error(shared_coordinator, peers, case, changed):
     # Given a keyed job
-    client = peers.client(coordinator)
-    job_id = client.submit_ok(idempotencyKey="k-conflict", **BASE)
+    client = peers.client(shared_coordinator)
+    key = unique("k-conflict")
+    earlier = job_ids(client)
+    job_id = client.submit_ok(idempotencyKey=key, **BASE)
     before = client.status(job_id)
 
     # When the key is reused for a different request
-    reply = client.submit(idempotencyKey="k-conflict", **changed)
+    reply = client.submit(idempotencyKey=key, **changed)
 
     # Then the reply is ERROR, the connection stays open, and the original job is untouched
     assert reply["type"] == "ERROR", reply
     assert isinstance(reply["message"], str) and reply["message"]
     assert client.status(job_id) == before
-    assert job_ids(client) == [job_id]
+    assert job_ids(client) == [job_id] + earlier
     # And the original request still maps to it
-    assert client.submit(idempotencyKey="k-conflict", **BASE)["jobId"] == job_id
+    assert client.submit(idempotencyKey=key, **BASE)["jobId"] == job_id
 
 
 @pytest.mark.parametrize("first,second", [
@@ -222,47 +240,54 @@ def test_same_key_different_request_is_an_error(coordinator, peers, case, change
     ({"priority": None}, {"priority": "NORMAL"}),
     ({}, {"priority": None}),
 ])
-def test_omitted_priority_equals_normal_for_identity(coordinator, peers, first, second):
-    client = peers.client(coordinator)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey="k-prio", **first)
+def test_omitted_priority_equals_normal_for_identity(shared_coordinator, peers, first, second):
+    client = peers.client(shared_coordinator)
+    key = unique("k-prio")
+    earlier = job_ids(client)
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey=key, **first)
     assert client.status(job_id)["priority"] == "NORMAL"
-    assert client.submit("SLEEP", {"durationMillis": 1}, idempotencyKey="k-prio", **second) == {
+    assert client.submit("SLEEP", {"durationMillis": 1}, idempotencyKey=key, **second) == {
         "type": "JOB_SUBMITTED", "jobId": job_id}
-    assert job_ids(client) == [job_id]
+    assert job_ids(client) == [job_id] + earlier
 
 
 @pytest.mark.parametrize("first,second", [(None, 0), (0, 3), (-1, None), (3, -7)])
-def test_identity_uses_the_effective_max_attempts(coordinator, peers, first, second):
+def test_identity_uses_the_effective_max_attempts(shared_coordinator, peers, first, second):
     # maxAttempts <= 0 (or absent) means the server default, 3: the same logical request as 3
-    client = peers.client(coordinator)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=first, idempotencyKey="k-eff")
-    assert client.submit("SLEEP", {"durationMillis": 1}, max_attempts=second, idempotencyKey="k-eff") == {
+    client = peers.client(shared_coordinator)
+    key = unique("k-eff")
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=first, idempotencyKey=key)
+    assert client.submit("SLEEP", {"durationMillis": 1}, max_attempts=second, idempotencyKey=key) == {
         "type": "JOB_SUBMITTED", "jobId": job_id}
     assert client.status(job_id)["maxAttempts"] == 3
 
 
-def test_payload_identity_ignores_member_order(coordinator, peers):
+def test_payload_identity_ignores_member_order(shared_coordinator, peers):
     # JSON objects are unordered: the same members in another order are the same payload
-    client = peers.client(coordinator)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1, "note": "x"}, idempotencyKey="k-order")
-    assert client.submit("SLEEP", {"note": "x", "durationMillis": 1}, idempotencyKey="k-order") == {
+    client = peers.client(shared_coordinator)
+    key = unique("k-order")
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1, "note": "x"}, idempotencyKey=key)
+    assert client.submit("SLEEP", {"note": "x", "durationMillis": 1}, idempotencyKey=key) == {
         "type": "JOB_SUBMITTED", "jobId": job_id}
 
 
-def test_without_a_key_every_submission_is_a_new_job(coordinator, peers):
-    client = peers.client(coordinator)
+def test_without_a_key_every_submission_is_a_new_job(shared_coordinator, peers):
+    client = peers.client(shared_coordinator)
+    earlier = job_ids(client)
     a = client.submit_ok("SLEEP", {"durationMillis": 1})
     b = client.submit_ok("SLEEP", {"durationMillis": 1})
     c = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey=None)
     assert len({a, b, c}) == 3
+    assert job_ids(client) == [c, b, a] + earlier
 
 
-def test_different_keys_are_different_jobs(coordinator, peers):
-    client = peers.client(coordinator)
-    a = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey="k-a")
-    b = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey="k-b")
+def test_different_keys_are_different_jobs(shared_coordinator, peers):
+    client = peers.client(shared_coordinator)
+    earlier = job_ids(client)
+    a = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey=unique("k-a"))
+    b = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey=unique("k-b"))
     assert a != b
-    assert sorted(job_ids(client)) == sorted([a, b])
+    assert job_ids(client) == [b, a] + earlier
 
 
 @on_both_stores

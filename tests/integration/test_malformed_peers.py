@@ -29,7 +29,7 @@ import time
 import pytest
 
 from jobmesh.protocol.framing import HEADER, MAX_FRAME, encode_frame
-from tests.helpers import (CoordinatorProc, RawConn, RegistrationRefused, ScriptedWorker, assert_prompt, baseline,
+from tests.helpers import (RawConn, RegistrationRefused, ScriptedWorker, assert_prompt, baseline,
                            read_until_closed, timed, wait_until)
 
 _serial = itertools.count(1)
@@ -41,11 +41,9 @@ def unique(prefix: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def clients_only(tmp_path_factory):
-    """A coordinator shared by the module's tests in which no worker ever registers."""
-    proc = CoordinatorProc(tmp_path_factory.mktemp("clients-only"))
-    yield proc.start()
-    proc.cleanup()
+def clients_only(shared_coordinator):
+    """The coordinator shared by the module's tests in which no worker ever registers."""
+    return shared_coordinator
 
 
 def job_ids(client) -> list[str]:
