@@ -48,19 +48,32 @@ def periodic_peers():
 
 
 @pytest.fixture(scope="module")
-def shared_coordinator(tmp_path_factory):
-    """One coordinator (FAST_FLAGS, port 0) shared by a module's tests that take their
-    isolation from data: task types, keys and worker ids of their own, and job checks
-    that compare before with after. On PostgreSQL when JOBMESH_TEST_STORE=postgres, as
-    ``coordinator_factory``'s are."""
+def module_coordinators(tmp_path_factory):
+    """``module_coordinators(**flags)``: coordinators shared by a module's tests that take
+    their isolation from data (task types, keys and worker ids of their own, and job checks
+    that compare before with after); all stopped after the module. On PostgreSQL when
+    JOBMESH_TEST_STORE=postgres, as ``coordinator_factory``'s are."""
     import os
 
     from tests import pg_support
     from tests.helpers import CoordinatorProc
 
-    flags = {}
-    if os.environ.get("JOBMESH_TEST_STORE") == "postgres":
-        flags = {"db": pg_support.server().schema(), "lease_grace_millis": 0}
-    proc = CoordinatorProc(tmp_path_factory.mktemp("shared"), **flags)
-    yield proc.start()
-    proc.cleanup()
+    started = []
+
+    def make(**flags):
+        if os.environ.get("JOBMESH_TEST_STORE") == "postgres" and "db" not in flags:
+            flags["db"] = pg_support.server().schema()
+            flags.setdefault("lease_grace_millis", 0)
+        proc = CoordinatorProc(tmp_path_factory.mktemp("shared"), **flags)
+        started.append(proc)
+        return proc.start()
+
+    yield make
+    for proc in started:
+        proc.cleanup()
+
+
+@pytest.fixture(scope="module")
+def shared_coordinator(module_coordinators):
+    """One coordinator (FAST_FLAGS) shared by a module's tests (``module_coordinators``)."""
+    return module_coordinators()
