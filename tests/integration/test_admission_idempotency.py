@@ -7,8 +7,9 @@ of admitted jobs never pass admission. A known idempotencyKey with the same logi
 jobId, even after the job ended and even at the limit; a different request is an ERROR and
 the original is left untouched.
 
-The identity checks that need no worker and no limit share one coordinator: each uses
-keys of its own and compares the job list before and after.
+The checks that need no limit share one coordinator per store: each uses keys of its
+own, its workers declare a task type of their own, and it compares the job list before
+and after.
 """
 
 from __future__ import annotations
@@ -25,8 +26,16 @@ _serial = itertools.count(1)
 
 
 def unique(prefix: str) -> str:
-    """An idempotency key no other test of this module uses."""
+    """An idempotency key or task type no other test of this module uses."""
     return "%s-%d" % (prefix, next(_serial))
+
+
+def declare(peers, coordinator, client, task_type: str) -> None:
+    """Make ``task_type`` known (a worker declares it) and leave no worker for it."""
+    worker_id = "w-declares-" + task_type
+    peers.worker(coordinator, worker_id, capacity=1, task_types=[task_type]).close()
+    wait_until(lambda: worker_id not in [w["workerId"] for w in client.workers()], timeout=3,
+               message="the declaring worker gone")
 
 
 def job_ids(client) -> list[str]:
@@ -114,11 +123,15 @@ def test_retries_never_pass_admission(coordinator_factory, peers):
 
 
 @on_both_stores
-def test_same_key_same_request_returns_the_same_job(coordinator, peers):
-    # Given a job submitted with an idempotency key
+def test_same_key_same_request_returns_the_same_job(shared_on_store, peers):
+    # Given a job submitted with an idempotency key (of a type that only this test's worker runs)
+    coordinator = shared_on_store
     client = peers.client(coordinator)
-    request = dict(task_type="SHA256", payload={"text": "abc"}, max_attempts=2, idempotencyKey="k-same",
+    task_type = unique("SAME")
+    declare(peers, coordinator, client, task_type)
+    request = dict(task_type=task_type, payload={"text": "abc"}, max_attempts=2, idempotencyKey=unique("k-same"),
                    priority="HIGH")
+    earlier = job_ids(client)
     job_id = client.submit_ok(**request)
 
     # When the same request is submitted again, on this and on another connection
@@ -128,10 +141,10 @@ def test_same_key_same_request_returns_the_same_job(coordinator, peers):
     # Then the reply is indistinguishable from the first success, and no new job exists
     assert again == {"type": "JOB_SUBMITTED", "jobId": job_id}
     assert other == {"type": "JOB_SUBMITTED", "jobId": job_id}
-    assert job_ids(client) == [job_id]
+    assert job_ids(client) == [job_id] + earlier
 
     # And the same holds after the job has completed, without running it again
-    worker = peers.worker(coordinator, "w-key", capacity=1)
+    worker = peers.worker(coordinator, "w-key-" + task_type, capacity=1, task_types=[task_type])
     a = worker.await_assign()
     worker.complete(a, {"sha256": "0" * 64})
     client.wait_state(job_id, "COMPLETED")
@@ -139,26 +152,32 @@ def test_same_key_same_request_returns_the_same_job(coordinator, peers):
     assert worker.poll_assign(0.2) is None
     snap = client.status(job_id)
     assert (snap["state"], snap["attempts"]) == ("COMPLETED", 1)
-    assert job_ids(client) == [job_id]
+    assert job_ids(client) == [job_id] + earlier
 
 
 @on_both_stores
 @pytest.mark.parametrize("ending", ["fail", "cancel"])
-def test_key_stays_bound_after_failure_or_cancel(coordinator, peers, ending):
+def test_key_stays_bound_after_failure_or_cancel(shared_on_store, peers, ending):
+    coordinator = shared_on_store
     client = peers.client(coordinator)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=1, idempotencyKey="k-end")
+    task_type, key = unique("END"), unique("k-end")
+    if ending == "cancel":
+        declare(peers, coordinator, client, task_type)
+    else:
+        worker = peers.worker(coordinator, "w-kend-" + task_type, capacity=1, task_types=[task_type])
+    earlier = job_ids(client)
+    job_id = client.submit_ok(task_type, {"durationMillis": 1}, max_attempts=1, idempotencyKey=key)
     if ending == "cancel":
         client.cancel(job_id)
         state = "CANCELLED"
     else:
-        worker = peers.worker(coordinator, "w-kend", capacity=1)
         worker.fail(worker.await_assign(), "nope")
         state = "FAILED"
     client.wait_state(job_id, state)
-    assert client.submit("SLEEP", {"durationMillis": 1}, max_attempts=1, idempotencyKey="k-end") == {
+    assert client.submit(task_type, {"durationMillis": 1}, max_attempts=1, idempotencyKey=key) == {
         "type": "JOB_SUBMITTED", "jobId": job_id}
     assert client.status(job_id)["state"] == state
-    assert job_ids(client) == [job_id]
+    assert job_ids(client) == [job_id] + earlier
 
 
 @on_both_stores
@@ -291,16 +310,18 @@ def test_different_keys_are_different_jobs(shared_coordinator, peers):
 
 
 @on_both_stores
-def test_concurrent_duplicates_create_one_job(coordinator, peers):
+def test_concurrent_duplicates_create_one_job(shared_on_store, peers):
     # Given 8 connections racing the same keyed request
     import threading
-    clients = [peers.client(coordinator) for _ in range(8)]
+    clients = [peers.client(shared_on_store) for _ in range(8)]
     replies: list = []
     barrier = threading.Barrier(len(clients))
+    key = unique("k-race")
+    earlier = job_ids(clients[0])
 
     def go(c):
         barrier.wait(5)
-        replies.append(c.submit("SLEEP", {"durationMillis": 1}, idempotencyKey="k-race"))
+        replies.append(c.submit("SLEEP", {"durationMillis": 1}, idempotencyKey=key))
 
     threads = [threading.Thread(target=go, args=(c,), daemon=True) for c in clients]
     for t in threads:
@@ -311,7 +332,8 @@ def test_concurrent_duplicates_create_one_job(coordinator, peers):
     assert len(replies) == 8
     assert {r["type"] for r in replies} == {"JOB_SUBMITTED"}
     assert len({r["jobId"] for r in replies}) == 1
-    wait_until(lambda: len(job_ids(clients[0])) == 1, timeout=2, message="exactly one job")
+    wait_until(lambda: job_ids(clients[0]) == [replies[0]["jobId"]] + earlier, timeout=2,
+               message="exactly one job")
 
 
 @on_both_stores
