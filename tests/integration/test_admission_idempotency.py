@@ -6,9 +6,15 @@ of admitted jobs never pass admission. A known idempotencyKey with the same logi
 (taskType, payload, effective maxAttempts, priority with null = NORMAL) returns the original
 jobId, even after the job ended and even at the limit; a different request is an ERROR and
 the original is left untouched.
+
+The checks that need no limit share one coordinator per store: each uses keys of its
+own, its workers declare a task type of their own, and it compares the job list before
+and after.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 
@@ -16,8 +22,27 @@ from tests.pg_support import on_both_stores
 from tests.helpers import wait_until
 
 
+_serial = itertools.count(1)
+
+
+def unique(prefix: str) -> str:
+    """An idempotency key or task type no other test of this module uses."""
+    return "%s-%d" % (prefix, next(_serial))
+
+
+def declare(peers, coordinator, client, task_type: str) -> None:
+    """Make ``task_type`` known (a worker declares it) and leave no worker for it."""
+    worker_id = "w-declares-" + task_type
+    peers.worker(coordinator, worker_id, capacity=1, task_types=[task_type]).close()
+    wait_until(lambda: worker_id not in [w["workerId"] for w in client.workers()], timeout=3,
+               message="the declaring worker gone")
+
+
 def job_ids(client) -> list[str]:
-    return [j["jobId"] for j in client.list_jobs(limit=1000)["jobs"]]
+    """Every job's id, newest first."""
+    reply = client.list_jobs(limit=1000)
+    assert reply["nextCursor"] is None, "more jobs than one page"
+    return [j["jobId"] for j in reply["jobs"]]
 
 
 def assert_rejected(reply: dict, active: int, limit: int) -> None:
@@ -98,11 +123,15 @@ def test_retries_never_pass_admission(coordinator_factory, peers):
 
 
 @on_both_stores
-def test_same_key_same_request_returns_the_same_job(coordinator, peers):
-    # Given a job submitted with an idempotency key
+def test_same_key_same_request_returns_the_same_job(shared_on_store, peers):
+    # Given a job submitted with an idempotency key (of a type that only this test's worker runs)
+    coordinator = shared_on_store
     client = peers.client(coordinator)
-    request = dict(task_type="SHA256", payload={"text": "abc"}, max_attempts=2, idempotencyKey="k-same",
+    task_type = unique("SAME")
+    declare(peers, coordinator, client, task_type)
+    request = dict(task_type=task_type, payload={"text": "abc"}, max_attempts=2, idempotencyKey=unique("k-same"),
                    priority="HIGH")
+    earlier = job_ids(client)
     job_id = client.submit_ok(**request)
 
     # When the same request is submitted again, on this and on another connection
@@ -112,10 +141,10 @@ def test_same_key_same_request_returns_the_same_job(coordinator, peers):
     # Then the reply is indistinguishable from the first success, and no new job exists
     assert again == {"type": "JOB_SUBMITTED", "jobId": job_id}
     assert other == {"type": "JOB_SUBMITTED", "jobId": job_id}
-    assert job_ids(client) == [job_id]
+    assert job_ids(client) == [job_id] + earlier
 
     # And the same holds after the job has completed, without running it again
-    worker = peers.worker(coordinator, "w-key", capacity=1)
+    worker = peers.worker(coordinator, "w-key-" + task_type, capacity=1, task_types=[task_type])
     a = worker.await_assign()
     worker.complete(a, {"sha256": "0" * 64})
     client.wait_state(job_id, "COMPLETED")
@@ -123,26 +152,32 @@ def test_same_key_same_request_returns_the_same_job(coordinator, peers):
     assert worker.poll_assign(0.2) is None
     snap = client.status(job_id)
     assert (snap["state"], snap["attempts"]) == ("COMPLETED", 1)
-    assert job_ids(client) == [job_id]
+    assert job_ids(client) == [job_id] + earlier
 
 
 @on_both_stores
 @pytest.mark.parametrize("ending", ["fail", "cancel"])
-def test_key_stays_bound_after_failure_or_cancel(coordinator, peers, ending):
+def test_key_stays_bound_after_failure_or_cancel(shared_on_store, peers, ending):
+    coordinator = shared_on_store
     client = peers.client(coordinator)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=1, idempotencyKey="k-end")
+    task_type, key = unique("END"), unique("k-end")
+    if ending == "cancel":
+        declare(peers, coordinator, client, task_type)
+    else:
+        worker = peers.worker(coordinator, "w-kend-" + task_type, capacity=1, task_types=[task_type])
+    earlier = job_ids(client)
+    job_id = client.submit_ok(task_type, {"durationMillis": 1}, max_attempts=1, idempotencyKey=key)
     if ending == "cancel":
         client.cancel(job_id)
         state = "CANCELLED"
     else:
-        worker = peers.worker(coordinator, "w-kend", capacity=1)
         worker.fail(worker.await_assign(), "nope")
         state = "FAILED"
     client.wait_state(job_id, state)
-    assert client.submit("SLEEP", {"durationMillis": 1}, max_attempts=1, idempotencyKey="k-end") == {
+    assert client.submit(task_type, {"durationMillis": 1}, max_attempts=1, idempotencyKey=key) == {
         "type": "JOB_SUBMITTED", "jobId": job_id}
     assert client.status(job_id)["state"] == state
-    assert job_ids(client) == [job_id]
+    assert job_ids(client) == [job_id] + earlier
 
 
 @on_both_stores
@@ -198,22 +233,24 @@ CONFLICTS = [
 
 
 @pytest.mark.parametrize("case,changed", CONFLICTS, ids=[c[0] for c in CONFLICTS])
-def test_same_key_different_request_is_an_error(coordinator, peers, case, changed):
+def test_same_key_different_request_is_an_error(shared_coordinator, peers, case, changed):
     # Given a keyed job
-    client = peers.client(coordinator)
-    job_id = client.submit_ok(idempotencyKey="k-conflict", **BASE)
+    client = peers.client(shared_coordinator)
+    key = unique("k-conflict")
+    earlier = job_ids(client)
+    job_id = client.submit_ok(idempotencyKey=key, **BASE)
     before = client.status(job_id)
 
     # When the key is reused for a different request
-    reply = client.submit(idempotencyKey="k-conflict", **changed)
+    reply = client.submit(idempotencyKey=key, **changed)
 
     # Then the reply is ERROR, the connection stays open, and the original job is untouched
     assert reply["type"] == "ERROR", reply
     assert isinstance(reply["message"], str) and reply["message"]
     assert client.status(job_id) == before
-    assert job_ids(client) == [job_id]
+    assert job_ids(client) == [job_id] + earlier
     # And the original request still maps to it
-    assert client.submit(idempotencyKey="k-conflict", **BASE)["jobId"] == job_id
+    assert client.submit(idempotencyKey=key, **BASE)["jobId"] == job_id
 
 
 @pytest.mark.parametrize("first,second", [
@@ -222,60 +259,69 @@ def test_same_key_different_request_is_an_error(coordinator, peers, case, change
     ({"priority": None}, {"priority": "NORMAL"}),
     ({}, {"priority": None}),
 ])
-def test_omitted_priority_equals_normal_for_identity(coordinator, peers, first, second):
-    client = peers.client(coordinator)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey="k-prio", **first)
+def test_omitted_priority_equals_normal_for_identity(shared_coordinator, peers, first, second):
+    client = peers.client(shared_coordinator)
+    key = unique("k-prio")
+    earlier = job_ids(client)
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey=key, **first)
     assert client.status(job_id)["priority"] == "NORMAL"
-    assert client.submit("SLEEP", {"durationMillis": 1}, idempotencyKey="k-prio", **second) == {
+    assert client.submit("SLEEP", {"durationMillis": 1}, idempotencyKey=key, **second) == {
         "type": "JOB_SUBMITTED", "jobId": job_id}
-    assert job_ids(client) == [job_id]
+    assert job_ids(client) == [job_id] + earlier
 
 
 @pytest.mark.parametrize("first,second", [(None, 0), (0, 3), (-1, None), (3, -7)])
-def test_identity_uses_the_effective_max_attempts(coordinator, peers, first, second):
+def test_identity_uses_the_effective_max_attempts(shared_coordinator, peers, first, second):
     # maxAttempts <= 0 (or absent) means the server default, 3: the same logical request as 3
-    client = peers.client(coordinator)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=first, idempotencyKey="k-eff")
-    assert client.submit("SLEEP", {"durationMillis": 1}, max_attempts=second, idempotencyKey="k-eff") == {
+    client = peers.client(shared_coordinator)
+    key = unique("k-eff")
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=first, idempotencyKey=key)
+    assert client.submit("SLEEP", {"durationMillis": 1}, max_attempts=second, idempotencyKey=key) == {
         "type": "JOB_SUBMITTED", "jobId": job_id}
     assert client.status(job_id)["maxAttempts"] == 3
 
 
-def test_payload_identity_ignores_member_order(coordinator, peers):
+def test_payload_identity_ignores_member_order(shared_coordinator, peers):
     # JSON objects are unordered: the same members in another order are the same payload
-    client = peers.client(coordinator)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1, "note": "x"}, idempotencyKey="k-order")
-    assert client.submit("SLEEP", {"note": "x", "durationMillis": 1}, idempotencyKey="k-order") == {
+    client = peers.client(shared_coordinator)
+    key = unique("k-order")
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1, "note": "x"}, idempotencyKey=key)
+    assert client.submit("SLEEP", {"note": "x", "durationMillis": 1}, idempotencyKey=key) == {
         "type": "JOB_SUBMITTED", "jobId": job_id}
 
 
-def test_without_a_key_every_submission_is_a_new_job(coordinator, peers):
-    client = peers.client(coordinator)
+def test_without_a_key_every_submission_is_a_new_job(shared_coordinator, peers):
+    client = peers.client(shared_coordinator)
+    earlier = job_ids(client)
     a = client.submit_ok("SLEEP", {"durationMillis": 1})
     b = client.submit_ok("SLEEP", {"durationMillis": 1})
     c = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey=None)
     assert len({a, b, c}) == 3
+    assert job_ids(client) == [c, b, a] + earlier
 
 
-def test_different_keys_are_different_jobs(coordinator, peers):
-    client = peers.client(coordinator)
-    a = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey="k-a")
-    b = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey="k-b")
+def test_different_keys_are_different_jobs(shared_coordinator, peers):
+    client = peers.client(shared_coordinator)
+    earlier = job_ids(client)
+    a = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey=unique("k-a"))
+    b = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey=unique("k-b"))
     assert a != b
-    assert sorted(job_ids(client)) == sorted([a, b])
+    assert job_ids(client) == [b, a] + earlier
 
 
 @on_both_stores
-def test_concurrent_duplicates_create_one_job(coordinator, peers):
+def test_concurrent_duplicates_create_one_job(shared_on_store, peers):
     # Given 8 connections racing the same keyed request
     import threading
-    clients = [peers.client(coordinator) for _ in range(8)]
+    clients = [peers.client(shared_on_store) for _ in range(8)]
     replies: list = []
     barrier = threading.Barrier(len(clients))
+    key = unique("k-race")
+    earlier = job_ids(clients[0])
 
     def go(c):
         barrier.wait(5)
-        replies.append(c.submit("SLEEP", {"durationMillis": 1}, idempotencyKey="k-race"))
+        replies.append(c.submit("SLEEP", {"durationMillis": 1}, idempotencyKey=key))
 
     threads = [threading.Thread(target=go, args=(c,), daemon=True) for c in clients]
     for t in threads:
@@ -286,7 +332,8 @@ def test_concurrent_duplicates_create_one_job(coordinator, peers):
     assert len(replies) == 8
     assert {r["type"] for r in replies} == {"JOB_SUBMITTED"}
     assert len({r["jobId"] for r in replies}) == 1
-    wait_until(lambda: len(job_ids(clients[0])) == 1, timeout=2, message="exactly one job")
+    wait_until(lambda: job_ids(clients[0]) == [replies[0]["jobId"]] + earlier, timeout=2,
+               message="exactly one job")
 
 
 @on_both_stores

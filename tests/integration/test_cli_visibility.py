@@ -61,8 +61,8 @@ def test_events_of_a_job_that_failed_once(live):
     assert len(rows) == len(events) and "w-cli" in rows[-1] and "COMPLETED" in rows[-1]
 
 
-def test_events_of_an_unknown_job_exits_1(live):
-    r = jm(live, "events", "no-such-job")
+def test_events_of_an_unknown_job_exits_1(shared_coordinator):
+    r = jm(shared_coordinator, "events", "no-such-job")
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.startswith("jobmesh events: the coordinator refused: ")
 
@@ -84,10 +84,11 @@ def test_retry_a_finished_job(live):
     assert "retry of  %s" % old in r.stdout
 
 
-def test_retry_of_an_unfinished_or_unknown_job_exits_1(coordinator):
-    queued = json.loads(jm(coordinator, "submit", "SLEEP", '{"durationMillis": 1}', "--json").stdout)["jobId"]
+def test_retry_of_an_unfinished_or_unknown_job_exits_1(shared_coordinator):
+    # (no worker ever joins the shared coordinator: the job stays queued)
+    queued = json.loads(jm(shared_coordinator, "submit", "SLEEP", '{"durationMillis": 1}', "--json").stdout)["jobId"]
     for job_id in (queued, "no-such-job"):
-        r = jm(coordinator, "retry", job_id)
+        r = jm(shared_coordinator, "retry", job_id)
         assert r.returncode == 1 and r.stdout == "" and "refused" in r.stderr
 
 

@@ -4,10 +4,15 @@ With --task-timeout-millis=300 a RUNNING attempt past its coordinator-clock dead
 its lease revoked, a best-effort TASK_CANCEL {jobId, attemptId} goes to its worker, and the
 job is retried or failed. CANCEL_JOB moves QUEUED/RETRY_WAIT/RUNNING jobs to CANCELLED;
 late results from revoked attempts are stale-rejected.
+
+The tests share two coordinators (one with the short deadline, one with the default):
+each test's jobs are of a task type of its own, declared by its own workers, and its
+workers have ids of their own. Tests that need other retry settings start their own.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 
@@ -19,16 +24,31 @@ TIMEOUT_MS = 300
 TIMEOUT_WORDS = re.compile(r"time|deadline", re.IGNORECASE)
 
 
-@pytest.fixture
-def coord(coordinator_factory):
-    return coordinator_factory(task_timeout_millis=TIMEOUT_MS)
+_serial = itertools.count(1)
+
+
+def own_type() -> str:
+    """A task type no other test of this module uses."""
+    return "DEADLINES-%d" % next(_serial)
+
+
+def active_jobs(client, worker_id: str) -> int:
+    (item,) = [w for w in client.workers() if w["workerId"] == worker_id]
+    return item["activeJobs"]
+
+
+@pytest.fixture(scope="module")
+def coord(module_coordinators):
+    """The coordinator with the short deadline, shared by the module."""
+    return module_coordinators(task_timeout_millis=TIMEOUT_MS)
 
 
 def test_deadline_expiry_on_a_heartbeating_worker_cancels_and_reassigns(coord, peers):
     # Given a healthy, heartbeating worker holding attempt 1 and never answering it
     client = peers.client(coord)
-    worker = peers.worker(coord, "w-stuck", capacity=1)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 60_000}, max_attempts=3)
+    task_type = own_type()
+    worker = peers.worker(coord, "w-stuck", capacity=1, task_types=[task_type])
+    job_id = client.submit_ok(task_type, {"durationMillis": 60_000}, max_attempts=3)
     first = worker.await_assign()
     t_assign = time.monotonic()
 
@@ -60,8 +80,9 @@ def test_deadline_expiry_on_a_heartbeating_worker_cancels_and_reassigns(coord, p
 def test_late_success_from_a_timed_out_attempt_is_stale(coord, peers):
     # Given attempt 1 timed out and attempt 2 is RUNNING
     client = peers.client(coord)
-    worker = peers.worker(coord, "w-late", capacity=1)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 60_000}, max_attempts=3)
+    task_type = own_type()
+    worker = peers.worker(coord, "w-late", capacity=1, task_types=[task_type])
+    job_id = client.submit_ok(task_type, {"durationMillis": 60_000}, max_attempts=3)
     first = worker.await_assign()
     worker.await_cancel(timeout=5)
     second = worker.await_assign(timeout=5)
@@ -89,8 +110,9 @@ def test_late_success_from_a_timed_out_attempt_is_stale(coord, peers):
 def test_deadline_expiry_on_the_final_attempt_fails_the_job(coord, peers):
     # Given a job with a single attempt, stuck on a live worker
     client = peers.client(coord)
-    worker = peers.worker(coord, "w-final", capacity=1)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 60_000}, max_attempts=1)
+    task_type = own_type()
+    worker = peers.worker(coord, "w-final", capacity=1, task_types=[task_type])
+    job_id = client.submit_ok(task_type, {"durationMillis": 60_000}, max_attempts=1)
     first = worker.await_assign()
 
     # When its deadline passes
@@ -106,7 +128,7 @@ def test_deadline_expiry_on_the_final_attempt_fails_the_job(coord, peers):
     assert done["error"] and TIMEOUT_WORDS.search(done["error"]), done["error"]
 
     # And the worker's slot was freed: it receives the next job, and the old one is not retried
-    nxt = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=1)
+    nxt = client.submit_ok(task_type, {"durationMillis": 1}, max_attempts=1)
     assign = worker.await_assign(timeout=5)
     assert assign["jobId"] == nxt
     # A late success for the failed attempt cannot revive it
@@ -115,9 +137,13 @@ def test_deadline_expiry_on_the_final_attempt_fails_the_job(coord, peers):
 
 
 def test_cancel_a_queued_job(coord, peers):
-    # Given a QUEUED job and no workers
+    # Given a QUEUED job and no workers for its type (the one that declared it has left)
     client = peers.client(coord)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1})
+    task_type = own_type()
+    peers.worker(coord, "w-declares", capacity=1, task_types=[task_type]).close()
+    wait_until(lambda: "w-declares" not in [w["workerId"] for w in client.workers()], timeout=3,
+               message="the declaring worker gone")
+    job_id = client.submit_ok(task_type, {"durationMillis": 1})
     assert client.status(job_id)["state"] == "QUEUED"
 
     # When it is cancelled
@@ -133,8 +159,8 @@ def test_cancel_a_queued_job(coord, peers):
     assert client.status(job_id)["state"] == "CANCELLED"
 
     # And it is never scheduled once a worker joins, while later work is
-    worker = peers.worker(coord, "w-joins", capacity=2)
-    later = client.submit_ok("SLEEP", {"durationMillis": 1})
+    worker = peers.worker(coord, "w-joins", capacity=2, task_types=[task_type])
+    later = client.submit_ok(task_type, {"durationMillis": 1})
     assign = worker.await_assign()
     assert assign["jobId"] == later
     assert worker.poll_assign(0.3) is None
@@ -142,12 +168,13 @@ def test_cancel_a_queued_job(coord, peers):
     assert client.status(job_id)["state"] == "CANCELLED"
 
 
-def test_cancel_a_running_job_revokes_the_lease_and_frees_capacity(coordinator, peers):
+def test_cancel_a_running_job_revokes_the_lease_and_frees_capacity(shared_coordinator, peers):
     # Given a capacity-1 worker running job A (with the long default deadline, so only the cancel acts)
-    coord = coordinator
+    coord = shared_coordinator
     coord_client = peers.client(coord)
-    worker = peers.worker(coord, "w-run", capacity=1)
-    a = coord_client.submit_ok("SLEEP", {"durationMillis": 60_000}, max_attempts=3)
+    task_type = own_type()
+    worker = peers.worker(coord, "w-run", capacity=1, task_types=[task_type])
+    a = coord_client.submit_ok(task_type, {"durationMillis": 60_000}, max_attempts=3)
     assign_a = worker.await_assign()
     coord_client.wait_state(a, "RUNNING")
 
@@ -165,10 +192,10 @@ def test_cancel_a_running_job_revokes_the_lease_and_frees_capacity(coordinator, 
     assert (cancel["jobId"], cancel["attemptId"]) == (a, assign_a["attemptId"])
 
     # And its slot is free: the next job goes to it although it never answered A
-    b = coord_client.submit_ok("SLEEP", {"durationMillis": 1})
+    b = coord_client.submit_ok(task_type, {"durationMillis": 1})
     assign_b = worker.await_assign(timeout=2)
     assert assign_b["jobId"] == b
-    assert [w["activeJobs"] for w in coord_client.workers()] == [1]
+    assert active_jobs(coord_client, "w-run") == 1
 
     # And A is not retried
     worker.complete(assign_b, {"sleptMillis": 1})
@@ -177,17 +204,18 @@ def test_cancel_a_running_job_revokes_the_lease_and_frees_capacity(coordinator, 
     assert coord_client.status(a)["state"] == "CANCELLED"
 
 
-def test_a_worker_ignoring_the_cancel_cannot_resurrect_the_job(coordinator, peers):
+def test_a_worker_ignoring_the_cancel_cannot_resurrect_the_job(shared_coordinator, peers):
     # Given a RUNNING job A on a capacity-1 worker, cancelled by a client
-    client = peers.client(coordinator)
-    worker = peers.worker(coordinator, "w-ignore", capacity=1)
-    a = client.submit_ok("SLEEP", {"durationMillis": 60_000})
+    client = peers.client(shared_coordinator)
+    task_type = own_type()
+    worker = peers.worker(shared_coordinator, "w-ignore", capacity=1, task_types=[task_type])
+    a = client.submit_ok(task_type, {"durationMillis": 60_000})
     assign_a = worker.await_assign()
     client.wait_state(a, "RUNNING")
     assert client.cancel(a)["cancelled"] is True
     worker.await_cancel(timeout=2)
     # and the freed slot now holds job B
-    b = client.submit_ok("SLEEP", {"durationMillis": 60_000})
+    b = client.submit_ok(task_type, {"durationMillis": 60_000})
     assign_b = worker.await_assign(timeout=2)
     assert assign_b["jobId"] == b
 
@@ -201,10 +229,10 @@ def test_a_worker_ignoring_the_cancel_cannot_resurrect_the_job(coordinator, peer
 
     assert_stays(still_cancelled, 0.2, message="A stays CANCELLED")
     # And the stale result freed no capacity: B still holds the only slot, so C waits
-    c = client.submit_ok("SLEEP", {"durationMillis": 1})
+    c = client.submit_ok(task_type, {"durationMillis": 1})
     assert worker.poll_assign(0.3) is None
     assert client.status(c)["state"] == "QUEUED"
-    assert [w["activeJobs"] for w in client.workers()] == [1]
+    assert active_jobs(client, "w-ignore") == 1
     worker.complete(assign_b, {"sleptMillis": 1})
     assert worker.await_assign(timeout=2)["jobId"] == c
 
@@ -231,11 +259,12 @@ def test_cancel_a_retry_wait_job(coordinator_factory, peers):
 
 
 @pytest.mark.parametrize("final", ["COMPLETED", "FAILED", "CANCELLED"])
-def test_cancelling_a_terminal_job_reports_the_real_state(coordinator, peers, final):
+def test_cancelling_a_terminal_job_reports_the_real_state(shared_coordinator, peers, final):
     # Given a job that already ended
-    client = peers.client(coordinator)
-    worker = peers.worker(coordinator, "w-term", capacity=1)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=1)
+    client = peers.client(shared_coordinator)
+    task_type = own_type()
+    worker = peers.worker(shared_coordinator, "w-term-" + final.lower(), capacity=1, task_types=[task_type])
+    job_id = client.submit_ok(task_type, {"durationMillis": 1}, max_attempts=1)
     assign = worker.await_assign()
     if final == "COMPLETED":
         worker.complete(assign, {"sleptMillis": 1})
@@ -256,19 +285,20 @@ def test_cancelling_a_terminal_job_reports_the_real_state(coordinator, peers, fi
     assert client.status(job_id) == before
 
 
-def test_cancelling_an_unknown_job_is_an_error(coordinator, peers):
-    client = peers.client(coordinator)
+def test_cancelling_an_unknown_job_is_an_error(shared_coordinator, peers):
+    client = peers.client(shared_coordinator)
     reply = client.cancel("no-such-job")
     assert reply["type"] == "ERROR" and reply["message"]
     # the connection stays open
-    assert client.workers() == []
+    assert isinstance(client.workers(), list)
 
 
 def test_cancel_for_one_attempt_does_not_touch_the_next(coord, peers):
     # Given attempt 1 timed out (cancelled) and attempt 2 RUNNING on the same worker
     client = peers.client(coord)
-    worker = peers.worker(coord, "w-next", capacity=1)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 60_000}, max_attempts=2)
+    task_type = own_type()
+    worker = peers.worker(coord, "w-next", capacity=1, task_types=[task_type])
+    job_id = client.submit_ok(task_type, {"durationMillis": 60_000}, max_attempts=2)
     first = worker.await_assign()
     c1 = worker.await_cancel(timeout=5)
     second = worker.await_assign(timeout=5)
@@ -277,7 +307,7 @@ def test_cancel_for_one_attempt_does_not_touch_the_next(coord, peers):
     assert all(c["attemptId"] != second["attemptId"] for c in worker.cancels)
     worker.complete(second, {"sleptMillis": 2})
     assert client.wait_state(job_id, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
-    wait_until(lambda: client.workers()[0]["activeJobs"] == 0, timeout=2, message="slot freed")
+    wait_until(lambda: active_jobs(client, "w-next") == 0, timeout=2, message="slot freed")
 
 
 def test_worker_loss_after_a_timeout_does_not_count_twice(coordinator_factory, peers):
@@ -297,14 +327,15 @@ def test_worker_loss_after_a_timeout_does_not_count_twice(coordinator_factory, p
     assert_stays(lambda: client.status(job_id) == waiting, 0.3, message="RETRY_WAIT unchanged")
 
 
-def test_worker_loss_after_a_cancel_leaves_the_job_cancelled(coordinator, peers):
-    client = peers.client(coordinator)
-    worker = peers.worker(coordinator, "w-gone", capacity=1)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 60_000}, max_attempts=3)
+def test_worker_loss_after_a_cancel_leaves_the_job_cancelled(shared_coordinator, peers):
+    client = peers.client(shared_coordinator)
+    task_type = own_type()
+    worker = peers.worker(shared_coordinator, "w-gone", capacity=1, task_types=[task_type])
+    job_id = client.submit_ok(task_type, {"durationMillis": 60_000}, max_attempts=3)
     worker.await_assign()
     cancelled = client.cancel(job_id)["job"]
     worker.await_cancel()
     worker.close()
-    spare = peers.worker(coordinator, "w-spare", capacity=1)
+    spare = peers.worker(shared_coordinator, "w-spare", capacity=1, task_types=[task_type])
     assert_stays(lambda: client.status(job_id) == cancelled, 0.3, message="job stays CANCELLED")
     assert spare.poll_assign(0.05) is None

@@ -1,9 +1,15 @@
-"""LIST_JOBS: newest first, limit (default 100, at most 1000), state filter, cursor paging (CONTRACT.md)."""
+"""LIST_JOBS: newest first, limit (default 100, at most 1000), state filter, cursor paging (CONTRACT.md).
+
+Most checks need a coordinator holding exactly their jobs and start their own. The paging
+checks only read, so the limits share one coordinator per store holding 250 jobs; the
+error checks share one and compare the listing before and after.
+"""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.helpers import Client
 from tests.pg_support import on_both_stores
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
@@ -25,6 +31,25 @@ def submit_many(client, n: int, task: str = "SLEEP") -> list[str]:
             assert reply["type"] == "JOB_SUBMITTED", reply
             ids.append(reply["jobId"])
     return ids
+
+
+@pytest.fixture(scope="module")
+def _stocked():
+    return {}
+
+
+@pytest.fixture
+def jobs_250(_stocked, module_coordinators, db_kind):
+    """``(coordinator, ids in submission order)``: a coordinator on the test's store holding
+    250 jobs and nothing else, shared by the module's tests that only read them."""
+    if db_kind not in _stocked:
+        coord = module_coordinators(store=db_kind)
+        client = Client(coord.client_addr)
+        try:
+            _stocked[db_kind] = (coord, submit_many(client, 250))
+        finally:
+            client.close()
+    return _stocked[db_kind]
 
 
 def page(client, **fields) -> dict:
@@ -83,10 +108,10 @@ def test_limit_is_at_most_1000(coordinator, peers):
 
 @on_both_stores
 @pytest.mark.parametrize("limit", [1, 7, 40, 250])
-def test_cursor_paging_visits_each_job_exactly_once(coordinator, peers, limit):
+def test_cursor_paging_visits_each_job_exactly_once(jobs_250, peers, limit):
     # Given 250 jobs
+    coordinator, ids = jobs_250
     client = peers.client(coordinator)
-    ids = submit_many(client, 250)
     # When paging with the given limit until nextCursor is null
     seen: list[str] = []
     cursor = None
@@ -192,22 +217,24 @@ def test_state_filter_with_limit_and_cursor(coordinator, peers):
 
 # The cursor is opaque: only strings the coordinator handed out are valid.
 @pytest.mark.parametrize("cursor", ["not-a-cursor!!", "{}", "\u2603 snowman"])
-def test_bad_cursor_is_an_error_and_the_connection_stays_open(coordinator, peers, cursor):
-    client = peers.client(coordinator)
+def test_bad_cursor_is_an_error_and_the_connection_stays_open(shared_coordinator, peers, cursor):
+    client = peers.client(shared_coordinator)
+    before = [j["jobId"] for j in page(client)["jobs"]]
     job_id = client.submit_ok("SLEEP", {"durationMillis": 1})
     reply = client.list_jobs(cursor=cursor)
     assert reply["type"] == "ERROR", reply
     assert reply["message"]
-    assert [j["jobId"] for j in page(client)["jobs"]] == [job_id]
+    assert [j["jobId"] for j in page(client)["jobs"]] == [job_id] + before
 
 
 @pytest.mark.parametrize("state", ["BOGUS", "queued", "DONE"])
-def test_unknown_state_filter_is_an_error_and_the_connection_stays_open(coordinator, peers, state):
-    client = peers.client(coordinator)
-    client.submit_ok("SLEEP", {"durationMillis": 1})
+def test_unknown_state_filter_is_an_error_and_the_connection_stays_open(shared_coordinator, peers, state):
+    client = peers.client(shared_coordinator)
+    before = [j["jobId"] for j in page(client)["jobs"]]
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1})
     reply = client.list_jobs(state=state)
     assert reply["type"] == "ERROR", reply
-    assert len(page(client)["jobs"]) == 1
+    assert [j["jobId"] for j in page(client)["jobs"]] == [job_id] + before
 
 
 def test_pages_with_large_results_stay_under_the_frame_limit(coordinator, peers):

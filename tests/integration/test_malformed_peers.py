@@ -8,11 +8,18 @@ registered worker keep working, and the coordinator keeps serving.
 
 Well-formed requests that cannot be served (unknown jobId, invalid payload, bad priority
 name, idempotency conflict) get ERROR and the connection stays open (CONTRACT.md).
+
+Since a bad peer must cost only its own connection, the cases share coordinators: one
+(``module_coordinator``) where workers take part, each test's bystanders declaring a task
+type of their own, and one (``clients_only``) that no worker ever joins. Each case then
+proves that the coordinator the cases before it misbehaved at still serves. The tests that
+fill a coordinator with work, or measure its latency, start their own.
 """
 
 from __future__ import annotations
 
 import fcntl
+import itertools
 import socket
 import struct
 import termios
@@ -22,8 +29,32 @@ import time
 import pytest
 
 from jobmesh.protocol.framing import HEADER, MAX_FRAME, encode_frame
-from tests.helpers import (RawConn, RegistrationRefused, ScriptedWorker, assert_prompt, baseline, read_until_closed, timed,
-                           wait_until)
+from tests.helpers import (RawConn, RegistrationRefused, ScriptedWorker, assert_prompt, baseline,
+                           read_until_closed, timed, wait_until)
+
+_serial = itertools.count(1)
+
+
+def unique(prefix: str) -> str:
+    """A name no other test of this module uses (task types, worker ids, keys)."""
+    return "%s-%d" % (prefix, next(_serial))
+
+
+@pytest.fixture(scope="module")
+def clients_only(shared_coordinator):
+    """The coordinator shared by the module's tests in which no worker ever registers."""
+    return shared_coordinator
+
+
+def job_ids(client) -> list[str]:
+    """Every job's id, newest first (the shared coordinators hold far fewer than 1000)."""
+    reply = client.list_jobs(limit=1000)
+    assert reply["nextCursor"] is None, "more jobs than one page"
+    return [j["jobId"] for j in reply["jobs"]]
+
+
+def worker_ids(client) -> list[str]:
+    return [w["workerId"] for w in client.workers()]
 
 
 def frame_of(body: bytes) -> bytes:
@@ -156,20 +187,24 @@ CLIENT_CASES = [
 
 
 @pytest.fixture
-def bystanders(coordinator, peers):
-    """An open client connection and a registered worker, made before the bad peer arrives."""
-    client = peers.client(coordinator)
-    worker = peers.worker(coordinator, "w-bystander", capacity=2)
-    assert client.workers()[0]["workerId"] == "w-bystander"
+def bystanders(module_coordinator, peers):
+    """An open client connection and a registered worker, made before the bad peer arrives;
+    the worker alone runs a task type of its own (``worker.task_type``)."""
+    client = peers.client(module_coordinator)
+    task_type = unique("BYSTANDER")
+    worker = peers.worker(module_coordinator, "w-" + task_type.lower(), capacity=2, task_types=[task_type])
+    worker.task_type = task_type
+    assert worker.worker_id in worker_ids(client)
     return client, worker
 
 
 def assert_still_serving(coordinator, peers, client, worker):
+    # The coordinator process is still running
+    assert coordinator.proc.poll() is None, coordinator.stderr()
     # The already-open client connection still answers
-    ids = [w["workerId"] for w in client.workers()]
-    assert "w-bystander" in ids
+    assert worker.worker_id in worker_ids(client)
     # The registered worker is still alive and receives and completes work
-    job_id = client.submit_ok("WORD_COUNT", {"text": "still serving"})
+    job_id = client.submit_ok(worker.task_type, {"text": "still serving"})
     assign = worker.await_assign()
     assert assign["jobId"] == job_id
     worker.complete(assign, {"words": 2})
@@ -192,8 +227,9 @@ def check_violation(conn: RawConn, expect_error: bool, allowed_before=()):
 
 @pytest.mark.parametrize("case,step,expect_error", FRAMING_CASES + WORKER_CASES,
                          ids=[c[0] for c in FRAMING_CASES + WORKER_CASES])
-def test_worker_port_violation_closes_only_that_connection(coordinator, peers, bystanders, case, step,
+def test_worker_port_violation_closes_only_that_connection(module_coordinator, peers, bystanders, case, step,
                                                            expect_error):
+    coordinator = module_coordinator
     client, worker = bystanders
     # Given a bad peer on the worker port
     bad = peers.raw(coordinator.worker_addr)
@@ -202,7 +238,7 @@ def test_worker_port_violation_closes_only_that_connection(coordinator, peers, b
     # Then it gets a best-effort ERROR and its connection is closed
     check_violation(bad, expect_error)
     # And any session it had registered is gone
-    wait_until(lambda: "w-bad" not in [w["workerId"] for w in client.workers()], timeout=3,
+    wait_until(lambda: not {"w-bad", "w-x"} & set(worker_ids(client)), timeout=3,
                message="the bad worker's session to be removed")
     # And everybody else is unaffected
     assert_still_serving(coordinator, peers, client, worker)
@@ -210,9 +246,11 @@ def test_worker_port_violation_closes_only_that_connection(coordinator, peers, b
 
 @pytest.mark.parametrize("case,step,expect_error", FRAMING_CASES + CLIENT_CASES,
                          ids=[c[0] for c in FRAMING_CASES + CLIENT_CASES])
-def test_client_port_violation_closes_only_that_connection(coordinator, peers, bystanders, case, step,
+def test_client_port_violation_closes_only_that_connection(module_coordinator, peers, bystanders, case, step,
                                                            expect_error):
+    coordinator = module_coordinator
     client, worker = bystanders
+    before = job_ids(client)
     # Given a bad peer on the client port
     bad = peers.raw(coordinator.client_addr)
     # When it misbehaves
@@ -220,7 +258,7 @@ def test_client_port_violation_closes_only_that_connection(coordinator, peers, b
     # Then it gets a best-effort ERROR and its connection is closed
     check_violation(bad, expect_error)
     # And no job was created by it
-    assert client.list_jobs()["jobs"] == []
+    assert job_ids(client) == before
     # And everybody else is unaffected
     assert_still_serving(coordinator, peers, client, worker)
 
@@ -255,41 +293,45 @@ UNSERVABLE = [
 
 
 @pytest.mark.parametrize("case,request_", UNSERVABLE, ids=[c[0] for c in UNSERVABLE])
-def test_unservable_request_gets_error_and_the_connection_stays_open(coordinator, peers, case, request_):
-    client = peers.client(coordinator)
+def test_unservable_request_gets_error_and_the_connection_stays_open(clients_only, peers, case, request_):
+    client = peers.client(clients_only)
+    before = job_ids(client)
     # When a well-formed request cannot be served
     reply = client.request(request_)
     # Then the reply is ERROR with a message
     assert reply["type"] == "ERROR", reply
     assert isinstance(reply["message"], str) and reply["message"]
     # And no job was created
-    assert client.list_jobs()["jobs"] == []
+    assert job_ids(client) == before
     # And the same connection keeps serving
     job_id = client.submit_ok("SLEEP", {"durationMillis": 1})
     assert client.status(job_id)["state"] == "QUEUED"
-    assert [j["jobId"] for j in client.list_jobs()["jobs"]] == [job_id]
+    assert job_ids(client) == [job_id] + before
 
 
-def test_text_at_the_bound_is_accepted(coordinator, peers):
-    client = peers.client(coordinator)
+def test_text_at_the_bound_is_accepted(clients_only, peers):
+    client = peers.client(clients_only)
     job_id = client.submit_ok("WORD_COUNT", {"text": "x" * 200_000})
     assert client.status(job_id)["taskType"] == "WORD_COUNT"
 
 
-def test_idempotency_conflict_keeps_the_connection_open(coordinator, peers):
-    client = peers.client(coordinator)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey="k-conflict")
-    reply = client.submit("SLEEP", {"durationMillis": 2}, idempotencyKey="k-conflict")
+def test_idempotency_conflict_keeps_the_connection_open(clients_only, peers):
+    client = peers.client(clients_only)
+    key = unique("k-conflict")
+    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, idempotencyKey=key)
+    reply = client.submit("SLEEP", {"durationMillis": 2}, idempotencyKey=key)
     assert reply["type"] == "ERROR" and reply["message"]
     assert client.status(job_id)["state"] == "QUEUED"
 
 
 # ---- registration ---------------------------------------------------------------------------------
 
-def test_duplicate_register_of_a_live_id_is_refused(coordinator, peers):
-    # Given a live worker session "w-dup"
+def test_duplicate_register_of_a_live_id_is_refused(module_coordinator, peers):
+    coordinator = module_coordinator
+    # Given a live worker session "w-dup" (the one worker for its task type)
     client = peers.client(coordinator)
-    first = peers.worker(coordinator, "w-dup", capacity=1)
+    task_type = unique("DUP")
+    first = peers.worker(coordinator, "w-dup", capacity=1, task_types=[task_type])
     # When a second connection registers the same id
     second = peers.raw(coordinator.worker_addr)
     second.send({"type": "WORKER_REGISTER", "workerId": "w-dup", "capacity": 5})
@@ -300,25 +342,26 @@ def test_duplicate_register_of_a_live_id_is_refused(coordinator, peers):
     # And the first session is untouched: listed once with its own capacity, still gets work
     items = [w for w in client.workers() if w["workerId"] == "w-dup"]
     assert len(items) == 1 and items[0]["capacity"] == 1
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1})
+    job_id = client.submit_ok(task_type, {"durationMillis": 1})
     assign = first.await_assign()
     assert assign["jobId"] == job_id
     first.complete(assign, {"sleptMillis": 1})
     assert client.wait_state(job_id, "COMPLETED")["attempts"] == 1
 
 
-def test_an_id_can_register_again_after_its_session_ended(coordinator, peers):
+def test_an_id_can_register_again_after_its_session_ended(module_coordinator, peers):
+    coordinator = module_coordinator
     client = peers.client(coordinator)
     first = peers.worker(coordinator, "w-again", capacity=1)
     first.close()
-    wait_until(lambda: client.workers() == [], timeout=3, message="session removed after close")
+    wait_until(lambda: "w-again" not in worker_ids(client), timeout=3, message="session removed after close")
     again = peers.worker(coordinator, "w-again", capacity=2)
-    assert [(w["workerId"], w["capacity"]) for w in client.workers()] == [("w-again", 2)]
+    assert [(w["workerId"], w["capacity"]) for w in client.workers() if w["workerId"] == "w-again"] == [("w-again", 2)]
     assert not again.closed.is_set()
 
 
-def test_scripted_worker_raises_on_refusal(coordinator, peers):
-    w = ScriptedWorker(coordinator.worker_addr, worker_id="w-zero", capacity=0)
+def test_scripted_worker_raises_on_refusal(module_coordinator, peers):
+    w = ScriptedWorker(module_coordinator.worker_addr, worker_id="w-zero", capacity=0)
     try:
         with pytest.raises(RegistrationRefused) as info:
             w.register()
@@ -328,23 +371,28 @@ def test_scripted_worker_raises_on_refusal(coordinator, peers):
 
 
 @pytest.mark.parametrize("capacity", [1, 1024])
-def test_capacity_bounds_are_inclusive(coordinator, peers, capacity):
-    client = peers.client(coordinator)
-    peers.worker(coordinator, "w-cap", capacity=capacity)
-    assert [(w["workerId"], w["capacity"]) for w in client.workers()] == [("w-cap", capacity)]
+def test_capacity_bounds_are_inclusive(module_coordinator, peers, capacity):
+    client = peers.client(module_coordinator)
+    worker_id = unique("w-cap")
+    peers.worker(module_coordinator, worker_id, capacity=capacity)
+    assert [(w["workerId"], w["capacity"]) for w in client.workers() if w["workerId"] == worker_id] == [
+        (worker_id, capacity)]
 
 
 # ---- forward compatibility and framing on a healthy connection ------------------------------------
 
-def test_unknown_fields_are_ignored_on_both_ports(coordinator, peers):
-    # Given a worker whose every message carries extra fields
+def test_unknown_fields_are_ignored_on_both_ports(module_coordinator, peers):
+    coordinator = module_coordinator
+    # Given a worker (the one worker for its task type) whose every message carries extra fields
     client = peers.client(coordinator)
+    task_type = unique("FWD")
     w = peers.raw(coordinator.worker_addr)
-    w.send({"type": "WORKER_REGISTER", "workerId": "w-fwd", "capacity": 1, "v": 1, "labels": {"zone": "a"}})
+    w.send({"type": "WORKER_REGISTER", "workerId": "w-fwd", "capacity": 1, "taskTypes": [task_type], "v": 1,
+            "labels": {"zone": "a"}})
     assert w.recv()["type"] == "WORKER_REGISTERED"
     w.send({"type": "HEARTBEAT", "workerId": "w-fwd", "load": [0.1, 0.2]})
     # When a client submits with extra fields too
-    reply = client.request({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1},
+    reply = client.request({"type": "SUBMIT_JOB", "taskType": task_type, "payload": {"durationMillis": 1},
                             "maxAttempts": 1, "v": 1, "trace": {"id": "t"}})
     assert reply["type"] == "JOB_SUBMITTED"
     job_id = reply["jobId"]
@@ -361,8 +409,8 @@ def test_unknown_fields_are_ignored_on_both_ports(coordinator, peers):
     assert client.request({"type": "LIST_JOBS", "sort": "asc"})["type"] == "JOB_LIST"
 
 
-def test_a_frame_split_into_single_bytes_is_assembled(coordinator, peers):
-    conn = peers.raw(coordinator.client_addr)
+def test_a_frame_split_into_single_bytes_is_assembled(clients_only, peers):
+    conn = peers.raw(clients_only.client_addr)
     data = encode_frame({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1}})
     for i in range(len(data)):
         conn.send_raw(data[i:i + 1])
@@ -372,13 +420,14 @@ def test_a_frame_split_into_single_bytes_is_assembled(coordinator, peers):
     assert reply["type"] == "JOB_SUBMITTED"
 
 
-def test_several_frames_in_one_write_each_get_a_reply(coordinator, peers):
-    conn = peers.raw(coordinator.client_addr)
+def test_several_frames_in_one_write_each_get_a_reply(clients_only, peers):
+    conn = peers.raw(clients_only.client_addr)
     conn.send_raw(b"".join(encode_frame({"type": "LIST_WORKERS"}) for _ in range(5)))
     assert [conn.recv()["type"] for _ in range(5)] == ["WORKER_LIST"] * 5
 
 
-def test_clean_close_between_frames_is_harmless(coordinator, peers):
+def test_clean_close_between_frames_is_harmless(clients_only, peers):
+    coordinator = clients_only
     client = peers.client(coordinator)
     for _ in range(5):
         c = RawConn(coordinator.client_addr)
@@ -416,16 +465,18 @@ def test_a_submission_too_big_to_assign_does_not_wedge_a_worker(coordinator, pee
 
 
 @pytest.mark.parametrize("token", [b"NaN", b"Infinity", b"-Infinity"])
-def test_nan_in_a_payload_creates_no_job(coordinator, peers, token):
+def test_nan_in_a_payload_creates_no_job(clients_only, peers, token):
     # NaN/Infinity are not JSON. Whether the coordinator treats the frame as non-JSON (ERROR and close)
     # or as an invalid payload (ERROR, connection open), it must answer ERROR and create nothing.
+    coordinator = clients_only
     client = peers.client(coordinator)
+    before = job_ids(client)
     bad = peers.raw(coordinator.client_addr)
     bad.send_raw(frame_of(b'{"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1, "x": '
                           + token + b"}}"))
     reply = bad.recv()
     assert reply is not None and reply["type"] == "ERROR", reply
-    assert client.list_jobs()["jobs"] == []
+    assert job_ids(client) == before
     assert client.workers() == []
 
 
@@ -595,7 +646,8 @@ def test_a_worker_that_never_reads_blocks_nobody(coordinator, peers):
         beater.join(2)
 
 
-def test_a_client_that_half_closes_still_gets_every_reply(coordinator, peers):
+def test_a_client_that_half_closes_still_gets_every_reply(clients_only, peers):
+    coordinator = clients_only
     # Given a client that pipelines more requests than the per-connection limit, then
     # closes its sending side without reading anything yet
     conn = peers.raw(coordinator.client_addr)
@@ -613,9 +665,9 @@ def test_a_client_that_half_closes_still_gets_every_reply(coordinator, peers):
     assert all(client.status(r["jobId"])["state"] == "QUEUED" for r in replies)
 
 
-def test_a_violation_after_pipelined_requests_is_answered_after_them(coordinator, peers):
+def test_a_violation_after_pipelined_requests_is_answered_after_them(clients_only, peers):
     # Given valid requests followed by a malformed frame, all in one write
-    conn = peers.raw(coordinator.client_addr)
+    conn = peers.raw(clients_only.client_addr)
     good = [encode_frame({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1}})
             for _ in range(3)]
     conn.send_raw(b"".join(good) + frame_of(b"{not json"))

@@ -1,4 +1,8 @@
-"""The metrics port of a real coordinator process (--metrics-port=0): /metrics, health, JSON."""
+"""The metrics port of a real coordinator process (--metrics-port=0): /metrics, health, JSON.
+
+The checks that count nothing share one coordinator (``shared_coord``); those that read
+counts, or stop the coordinator, start their own.
+"""
 
 from __future__ import annotations
 
@@ -55,7 +59,13 @@ def coord(coordinator_factory):
     return coordinator_factory(metrics_port=0)
 
 
-def test_the_listening_line_ends_with_the_metrics_port(coord):
+@pytest.fixture(scope="module")
+def shared_coord(module_coordinators):
+    return module_coordinators(metrics_port=0)
+
+
+def test_the_listening_line_ends_with_the_metrics_port(shared_coord):
+    coord = shared_coord
     line = coord.stdout().strip().splitlines()[0]
     assert line.startswith("jobmesh coordinator listening worker=")
     assert line.endswith(" metrics=127.0.0.1:%d" % coord.metrics_addr[1])
@@ -224,8 +234,8 @@ def test_json_endpoints_read_through_the_core(coord, peers):
     assert series["running"][-1] == 1 and series["queued"][-1] == 2
 
 
-def test_the_dashboard_page_is_served(coord):
-    status, headers, body = get(coord.metrics_url + "/")
+def test_the_dashboard_page_is_served(shared_coord):
+    status, headers, body = get(shared_coord.metrics_url + "/")
     assert status == 200
     assert headers["Content-Type"] == "text/html; charset=utf-8"
     assert b"<title>jobmesh</title>" in body
@@ -259,11 +269,12 @@ def test_every_state_is_in_the_metrics_the_summary_get_stats_and_top(coord):
         assert " %s 0" % state.lower() in text, text
 
 
-def test_half_sent_requests_cost_no_scrape_and_no_health_check(coord):
+def test_half_sent_requests_cost_no_scrape_and_no_health_check(shared_coord):
     import socket
 
     from jobmesh.coordinator.http import MAX_CONNECTIONS
 
+    coord = shared_coord
     host, port = coord.metrics_addr
     base = "http://%s:%d" % (host, port)
     fds = coord.open_fds()

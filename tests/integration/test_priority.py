@@ -3,13 +3,33 @@
 QUEUED jobs are assigned highest effective priority first: base level (HIGH=2, NORMAL=1,
 LOW=0) raised by one per whole --aging-step-millis waited since submission, capped at
 HIGH; ties go by a persistent, strictly increasing submission sequence (FIFO).
+
+The checks at the default aging step share one coordinator: each test's jobs are of a
+task type of its own, which only its own workers run, so the order they see is the
+order among that test's jobs. The other aging steps start their own.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
+
+from tests.helpers import wait_until
+
+_serial = itertools.count(1)
+
+
+def declared_type(peers, coordinator, client) -> str:
+    """A task type no other test of this module uses, made known to ``coordinator`` by a
+    worker that declared it and left (its jobs then wait for the test's own worker)."""
+    task_type = "PRIORITY-%d" % next(_serial)
+    worker_id = "w-declares-" + task_type
+    peers.worker(coordinator, worker_id, capacity=1, task_types=[task_type]).close()
+    wait_until(lambda: worker_id not in [w["workerId"] for w in client.workers()], timeout=3,
+               message="the declaring worker gone")
+    return task_type
 
 
 def drain_order(worker, n: int) -> list[str]:
@@ -23,21 +43,23 @@ def drain_order(worker, n: int) -> list[str]:
     return order
 
 
-def test_highest_priority_first_fifo_within_a_level(coordinator, peers):
+def test_highest_priority_first_fifo_within_a_level(shared_coordinator, peers):
     # Given no worker and a mix of priorities submitted in this order
+    coordinator = shared_coordinator
     client = peers.client(coordinator)
+    task_type = declared_type(peers, coordinator, client)
     spec = [("L1", "LOW"), ("N1", "NORMAL"), ("H1", "HIGH"), ("N2", None), ("L2", "LOW"), ("H2", "HIGH"),
             ("N3", "NORMAL"), ("H3", "HIGH"), ("N4", "__omit__")]
     ids = {}
     for name, prio in spec:
         extra = {} if prio == "__omit__" else {"priority": prio}
-        ids[name] = client.submit_ok("WORD_COUNT", {"text": name}, **extra)
+        ids[name] = client.submit_ok(task_type, {"text": name}, **extra)
     # and snapshots carry the base priority (null/omitted = NORMAL)
     assert [client.status(ids[n])["priority"] for n, _ in spec] == [
         "LOW", "NORMAL", "HIGH", "NORMAL", "LOW", "HIGH", "NORMAL", "HIGH", "NORMAL"]
 
     # When a capacity-1 worker attaches
-    worker = peers.worker(coordinator, "w-prio", capacity=1)
+    worker = peers.worker(coordinator, "w-prio", capacity=1, task_types=[task_type])
 
     # Then HIGH jobs go first, then NORMAL, then LOW, each level in submission order
     names = {v: k for k, v in ids.items()}
@@ -45,15 +67,17 @@ def test_highest_priority_first_fifo_within_a_level(coordinator, peers):
     assert order == ["H1", "H2", "H3", "N1", "N2", "N3", "N4", "L1", "L2"]
 
 
-def test_fifo_for_many_jobs_submitted_in_the_same_millisecond(coordinator, peers):
+def test_fifo_for_many_jobs_submitted_in_the_same_millisecond(shared_coordinator, peers):
     # Given a burst of same-priority jobs, pipelined so many share a millisecond
+    coordinator = shared_coordinator
     client = peers.client(coordinator)
+    task_type = declared_type(peers, coordinator, client)
     n = 30
     for i in range(n):
-        client.conn.send({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": i}})
+        client.conn.send({"type": "SUBMIT_JOB", "taskType": task_type, "payload": {"durationMillis": i}})
     ids = [client.conn.recv()["jobId"] for _ in range(n)]
     # When a worker drains them one at a time
-    worker = peers.worker(coordinator, "w-fifo", capacity=1)
+    worker = peers.worker(coordinator, "w-fifo", capacity=1, task_types=[task_type])
     # Then the order is exactly the submission order
     assert drain_order(worker, n) == ids
 
@@ -108,11 +132,12 @@ def test_one_aging_step_lifts_low_to_normal(coordinator_factory, peers):
     assert drain_order(worker, 2) == [low, normal]
 
 
-def test_a_retry_keeps_its_priority(coordinator, peers):
+def test_a_retry_keeps_its_priority(shared_coordinator, peers):
     # Given a HIGH job that fails once
-    client = peers.client(coordinator)
-    worker = peers.worker(coordinator, "w-keep", capacity=1)
-    job_id = client.submit_ok("FAIL", {"failUntilAttempt": 2}, priority="HIGH", max_attempts=2)
+    client = peers.client(shared_coordinator)
+    task_type = "PRIORITY-%d" % next(_serial)
+    worker = peers.worker(shared_coordinator, "w-keep", capacity=1, task_types=[task_type])
+    job_id = client.submit_ok(task_type, {"failUntilAttempt": 2}, priority="HIGH", max_attempts=2)
     worker.fail(worker.await_assign(), "once")
     # Then it keeps HIGH through RETRY_WAIT and the retry
     second = worker.await_assign()
@@ -123,11 +148,12 @@ def test_a_retry_keeps_its_priority(coordinator, peers):
 
 
 @pytest.mark.parametrize("bad", ["URGENT", "high", "Low", "", "2", " HIGH"])
-def test_invalid_priority_is_an_error(coordinator, peers, bad):
-    client = peers.client(coordinator)
+def test_invalid_priority_is_an_error(shared_coordinator, peers, bad):
+    client = peers.client(shared_coordinator)
+    before = [j["jobId"] for j in client.list_jobs(limit=1000)["jobs"]]
     reply = client.submit("SLEEP", {"durationMillis": 1}, priority=bad)
     assert reply["type"] == "ERROR", reply
     assert reply["message"]
-    assert client.list_jobs()["jobs"] == []
+    assert [j["jobId"] for j in client.list_jobs(limit=1000)["jobs"]] == before
     # the connection stays open
     assert client.status(client.submit_ok("SLEEP", {"durationMillis": 1}, priority="LOW"))["priority"] == "LOW"

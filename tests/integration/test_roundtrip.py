@@ -1,12 +1,14 @@
 """Submit → assign → result → status, against a real coordinator (PROTOCOL.md, CONTRACT.md).
 
 A scripted worker plays the worker side by hand, so every frame the coordinator sends
-is observed exactly.
+is observed exactly. Checks that need no fresh coordinator share one per store: their
+workers declare a task type of their own and run only their test's jobs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 
 import pytest
@@ -19,6 +21,14 @@ SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "wor
                    "retryAtMillis", "retryOf", "waitingReason", "protocol", "name",
                    "submittedBy", "progress"}
 WORKER_ITEM_FIELDS = {"workerId", "capacity", "activeJobs", "lastHeartbeatMillis"}
+
+
+_serial = itertools.count(1)
+
+
+def own_type() -> str:
+    """A task type no other test of this module uses."""
+    return "ROUNDTRIP-%d" % next(_serial)
 
 
 def now_ms() -> int:
@@ -103,9 +113,9 @@ def test_submit_assign_complete(coordinator, peers):
 
 
 @pytest.mark.parametrize("given", [None, 0, -1, -100])
-def test_max_attempts_le_zero_uses_the_server_default(coordinator, peers, given):
+def test_max_attempts_le_zero_uses_the_server_default(shared_coordinator, peers, given):
     # Given the default --default-max-attempts (3)
-    client = peers.client(coordinator)
+    client = peers.client(shared_coordinator)
     # When a submit says maxAttempts <= 0 (or omits it)
     job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=given)
     # Then the job gets the server default
@@ -154,22 +164,22 @@ def test_list_workers(coordinator, peers):
                message="activeJobs back to 0")
 
 
-def test_many_requests_on_one_connection(coordinator, peers):
+def test_many_requests_on_one_connection(shared_coordinator, peers):
     # Given one client connection
-    client = peers.client(coordinator)
+    client = peers.client(shared_coordinator)
     # When it sends many requests one after another
     ids = [client.submit_ok("WORD_COUNT", {"text": "a b c %d" % i}) for i in range(40)]
     # Then each gets exactly one reply, in order, on the same connection
     assert len(set(ids)) == 40
     for job_id in ids:
         assert client.status(job_id)["jobId"] == job_id
-    assert client.workers() == []
+    assert isinstance(client.workers(), list)  # a WORKER_LIST
     assert client.list_jobs()["type"] == "JOB_LIST"
 
 
-def test_pipelined_requests_get_replies_in_order(coordinator, peers):
+def test_pipelined_requests_get_replies_in_order(shared_coordinator, peers):
     # Given several requests written back-to-back before reading any reply
-    client = peers.client(coordinator)
+    client = peers.client(shared_coordinator)
     job_id = client.submit_ok("SLEEP", {"durationMillis": 1})
     frames = [{"type": "GET_JOB_STATUS", "jobId": job_id}, {"type": "LIST_WORKERS"},
               {"type": "GET_JOB_STATUS", "jobId": "no-such-job"}, {"type": "LIST_JOBS"}]
@@ -182,11 +192,12 @@ def test_pipelined_requests_get_replies_in_order(coordinator, peers):
 
 
 @on_both_stores
-def test_failed_result_is_retried_with_a_new_attempt_and_the_error_is_kept(coordinator, peers):
+def test_failed_result_is_retried_with_a_new_attempt_and_the_error_is_kept(shared_on_store, peers):
     # Given a worker and a job with a budget of 3
-    client = peers.client(coordinator)
-    worker = peers.worker(coordinator, "w-retry", capacity=1)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=3)
+    client = peers.client(shared_on_store)
+    task_type = own_type()
+    worker = peers.worker(shared_on_store, "w-retry-" + task_type, capacity=1, task_types=[task_type])
+    job_id = client.submit_ok(task_type, {"durationMillis": 1}, max_attempts=3)
     first = worker.await_assign()
 
     # When attempt 1 fails
@@ -270,11 +281,12 @@ def test_backoff_is_visible_as_retry_wait(coordinator_factory, peers):
     assert done["attempts"] == 4 and done["error"] == "fail 3"
 
 
-def test_result_with_a_wrong_lease_is_dropped(coordinator, peers):
+def test_result_with_a_wrong_lease_is_dropped(shared_coordinator, peers):
     # Given a RUNNING job
-    client = peers.client(coordinator)
-    worker = peers.worker(coordinator, "w-lease", capacity=1)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1})
+    client = peers.client(shared_coordinator)
+    task_type = own_type()
+    worker = peers.worker(shared_coordinator, "w-lease-" + task_type, capacity=1, task_types=[task_type])
+    job_id = client.submit_ok(task_type, {"durationMillis": 1})
     assign = worker.await_assign()
 
     # When the worker reports a result for a different attemptId, and for an unknown job
@@ -318,12 +330,13 @@ def test_largest_text_payload_is_assigned_whole(coordinator, peers):
 
 
 @on_both_stores
-def test_a_huge_result_never_produces_an_oversized_reply(coordinator, peers):
+def test_a_huge_result_never_produces_an_oversized_reply(shared_on_store, peers):
     # Given a worker that reports a result as large as a TASK_RESULT frame can carry
     from jobmesh.protocol.framing import MAX_FRAME
-    client = peers.client(coordinator)
-    worker = peers.worker(coordinator, "w-huge", capacity=1)
-    job_id = client.submit_ok("SLEEP", {"durationMillis": 1}, max_attempts=1)
+    client = peers.client(shared_on_store)
+    task_type = own_type()
+    worker = peers.worker(shared_on_store, "w-huge-" + task_type, capacity=1, task_types=[task_type])
+    job_id = client.submit_ok(task_type, {"durationMillis": 1}, max_attempts=1)
     assign = worker.await_assign()
     blob = "x" * (MAX_FRAME - 400)
     worker.result(assign, True, result={"blob": blob}, error=None)
@@ -331,7 +344,7 @@ def test_a_huge_result_never_produces_an_oversized_reply(coordinator, peers):
     done = client.wait_state(job_id, ("COMPLETED", "FAILED"))
     assert client.list_jobs()["type"] == "JOB_LIST"
     # And the connection and the worker keep working
-    nxt = client.submit_ok("SLEEP", {"durationMillis": 1})
+    nxt = client.submit_ok(task_type, {"durationMillis": 1})
     a2 = worker.await_assign()
     assert a2["jobId"] == nxt
     worker.complete(a2, {"sleptMillis": 1})
@@ -340,19 +353,20 @@ def test_a_huge_result_never_produces_an_oversized_reply(coordinator, peers):
 
 
 @on_both_stores
-def test_a_duplicate_result_is_applied_once(coordinator, peers):
+def test_a_duplicate_result_is_applied_once(shared_on_store, peers):
     # Given a capacity-1 worker that completed job A
-    client = peers.client(coordinator)
-    worker = peers.worker(coordinator, "w-dupres", capacity=1)
-    a = client.submit_ok("SLEEP", {"durationMillis": 1})
+    client = peers.client(shared_on_store)
+    task_type = own_type()
+    worker = peers.worker(shared_on_store, "w-dupres-" + task_type, capacity=1, task_types=[task_type])
+    a = client.submit_ok(task_type, {"durationMillis": 1})
     assign_a = worker.await_assign()
     worker.complete(assign_a, {"sleptMillis": 1})
     done = client.wait_state(a, "COMPLETED")
     # and is now running job B, with job C queued behind it
-    b = client.submit_ok("SLEEP", {"durationMillis": 2})
+    b = client.submit_ok(task_type, {"durationMillis": 2})
     assign_b = worker.await_assign()
     assert assign_b["jobId"] == b
-    c = client.submit_ok("SLEEP", {"durationMillis": 3})
+    c = client.submit_ok(task_type, {"durationMillis": 3})
 
     # When A's result is sent again (a failure report, even)
     worker.complete(assign_a, {"sleptMillis": 999})
