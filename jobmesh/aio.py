@@ -360,6 +360,11 @@ class AsyncClient:
         """The job's timeline, oldest first; ``RequestFailed`` for an unknown id."""
         return (await self._request(m.GetJobEvents(job_id), m.JobEvents, idempotent=True)).events
 
+    async def payload(self, job_id: str) -> dict[str, Any] | None:
+        """The payload the job was submitted with (None for a Periodic job); ``RequestFailed``
+        for an unknown id."""
+        return (await self._request(m.GetJobPayload(job_id), m.JobPayload, idempotent=True)).payload
+
     async def retry(self, job_id: str) -> str:
         """Submit a finished job again and return the new jobId (never resubmitted here)."""
         return (await self._request(m.RetryJob(job_id), m.JobSubmitted)).job_id

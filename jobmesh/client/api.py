@@ -448,6 +448,11 @@ class CoordinatorClient:
         ``RequestFailed`` for an unknown id."""
         return self._request(m.GetJobEvents(job_id), m.JobEvents, idempotent=True).events
 
+    def payload(self, job_id: str) -> dict[str, Any] | None:
+        """The payload the job was submitted with (None for a Periodic job, whose workload
+        is bytes); ``RequestFailed`` for an unknown id."""
+        return self._request(m.GetJobPayload(job_id), m.JobPayload, idempotent=True).payload
+
     def retry(self, job_id: str) -> str:
         """Submit a finished job again (same type, payload, priority and attempt budget) and
         return the new jobId; its snapshot's ``retryOf`` is ``job_id``.

@@ -23,13 +23,13 @@ them (``jobmesh.contrib.django_worker``). On the wire:
 - a failed attempt's error: ``module.ExceptionClass: message`` on its first line, then the
   traceback (``failure_text``), which ``get_result`` turns back into a ``TaskError``.
 
-The result id is the jobId. ``get_result`` reads the job (its snapshot and its timeline:
-two requests; not its arguments, which the client port does not hand out). A job's state maps to Django's statuses: QUEUED, SCHEDULED and
-RETRY_WAIT are READY, RUNNING is RUNNING, COMPLETED is SUCCESSFUL, FAILED and CANCELLED are
-FAILED. Django's priority (-100..100) maps to the nearest of jobmesh's three: 100 HIGH, 0
-NORMAL, -100 LOW (51..100 HIGH, -50..50 NORMAL, -100..-51 LOW). Queue names are checked
-against the backend's ``QUEUES`` as Django does, and otherwise not used: jobmesh routes
-jobs by task type.
+The result id is the jobId. ``get_result`` reads the job: its snapshot, its payload (the
+task's arguments) and, once it was attempted or cancelled, its timeline. A job's state maps
+to Django's statuses: QUEUED, SCHEDULED and RETRY_WAIT are READY, RUNNING is RUNNING,
+COMPLETED is SUCCESSFUL, FAILED and CANCELLED are FAILED. Django's priority (-100..100)
+maps to the nearest of jobmesh's three: 100 HIGH, 0 NORMAL, -100 LOW (51..100 HIGH, -50..50
+NORMAL, -100..-51 LOW). Queue names are checked against the backend's ``QUEUES`` as Django
+does, and otherwise not used: jobmesh routes jobs by task type.
 
 The client is the blocking ``CoordinatorClient`` (stdlib sockets: no gevent, no patching),
 one per backend instance, that is one per thread (Django keeps task backends per thread);
@@ -182,23 +182,26 @@ class JobmeshBackend(_backends.BaseTaskBackend):
         return result
 
     def get_result(self, result_id: str) -> Any:
-        """The job ``result_id`` as a ``TaskResult``; ``TaskResultDoesNotExist`` if there is no
-        such job, or it is not a Django task's. Its ``args`` and ``kwargs`` are empty: the
-        client port does not hand out a job's payload (the result ``enqueue`` returned has
-        them, and ``refresh()`` keeps them)."""
+        """The job ``result_id`` as a ``TaskResult``, with its ``args`` and ``kwargs``;
+        ``TaskResultDoesNotExist`` if there is no such job, or it is not a Django task's."""
         client = self.client
         try:
             job = client.status(result_id)
+            task = self._task_of(job)
+            arguments = task_arguments(client.payload(result_id))
         except RequestFailed as exc:
             if exc.message.startswith("unknown job"):
                 raise TaskResultDoesNotExist(result_id) from None
             raise
-        task = self._task_of(job)
+        if arguments is None:
+            raise TaskResultDoesNotExist("job %s is a %s job whose payload is no Django task's arguments"
+                                         % (result_id, job["taskType"]))
+        args, kwargs = arguments
         events = client.events(result_id) if job["attempts"] or job["state"] == "CANCELLED" else []
         assigned = [e for e in events if e["event"] == "ASSIGNED"]
         finished = job["state"] in ("COMPLETED", "FAILED", "CANCELLED")
         result = make_result(
-            task, result_id, _STATUS[job["state"]], [], {}, self.alias,
+            task, result_id, _STATUS[job["state"]], args, kwargs, self.alias,
             enqueued_at=as_datetime(job["createdAtMillis"]),
             started_at=as_datetime(assigned[0]["atMillis"]) if assigned else None,
             last_attempted_at=as_datetime(assigned[-1]["atMillis"]) if assigned else None,
@@ -226,6 +229,17 @@ class JobmeshBackend(_backends.BaseTaskBackend):
         if not isinstance(task, framework.Task):
             raise TaskResultDoesNotExist("job %s is a %s job, not a Django task's" % (job["jobId"], job["taskType"]))
         return task
+
+
+def task_arguments(payload: dict[str, Any] | None) -> tuple[list[Any], dict[str, Any]] | None:
+    """A Django task's args and kwargs from its job's payload (either may be absent), as the
+    worker calls the function with them; None if the payload is not of that shape."""
+    if payload is None:
+        return None
+    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        return None
+    return args, kwargs
 
 
 def make_result(task: Any, result_id: str, status: str, args: Any, kwargs: Any, backend: str, *,

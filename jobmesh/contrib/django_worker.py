@@ -111,11 +111,13 @@ def run(task: Any, payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     from django.db import close_old_connections
     from django.utils import timezone
 
-    from jobmesh.contrib.django import RETURN_VALUE, failure_text, framework, make_result, send_signal, task_error
+    from jobmesh.contrib.django import (RETURN_VALUE, failure_text, framework, make_result, send_signal,
+                                        task_arguments, task_error)
 
-    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
-    if not isinstance(args, list) or not isinstance(kwargs, dict):
+    arguments = task_arguments(payload)
+    if arguments is None:
         raise TaskFailure("the payload of a Django task is {\"args\": [...], \"kwargs\": {...}}")
+    args, kwargs = arguments
     started = timezone.now()
     # One worker id per attempt so far (the context's ``attempt`` counts them): the earlier
     # attempts' workers are not known here, this one's stands for them.

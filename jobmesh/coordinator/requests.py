@@ -195,7 +195,8 @@ class ClientRequests:
         return m.JobStatus(self.snapshot(job))
 
     def get_job_payload(self, now_millis: int, job_id: str) -> m.Message:
-        """The job's payload (the metrics port's job view; the snapshot has none)."""
+        """The job's payload (GET_JOB_PAYLOAD, also the dashboard's job view; the snapshot has
+        none); null for a Periodic job, whose workload is bytes."""
         job = self.table.lookup(job_id)
         if job is None:
             return m.Error("unknown job %s" % quote(job_id))

@@ -548,9 +548,8 @@ class Stats(Message):
     waits: int = wire("waits", "int", 0)  # pending WAIT_JOBs and Periodic RUN_JOB / RECV_DATA callers
 
 
-# The metrics port's own request, asked in process (never sent on a socket, so in no port's
-# set below): a job's payload for the dashboard's job view. The job snapshot carries no
-# payload (its field set is the protocol's).
+# A job's payload: a client-port request (a reader's), which the dashboard's job view also
+# asks in process. The job snapshot carries no payload (its field set is the protocol's).
 @dataclass(frozen=True)
 class GetJobPayload(Message):
     TYPE = "GET_JOB_PAYLOAD"
@@ -651,7 +650,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     ListWorkers, WorkerList, CancelJob, JobCancel, GetJobEvents, JobEvents, RetryJob, PurgeJobs,
     JobsPurged, WaitJob, GetStats, Stats, SchedulePut, Schedule, ScheduleGet, ScheduleList, SchedulePause,
     ScheduleResume, ScheduleDelete, ScheduleTrigger, SchedulePreview, Auth, AuthOk,
-    TaskProgress,
+    TaskProgress, GetJobPayload, JobPayload,
 )
 BY_TYPE: dict[str, type[Message]] = {cls.TYPE: cls for cls in ALL_MESSAGES}
 
@@ -660,12 +659,13 @@ WORKER_PORT_REQUESTS = frozenset({"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT",
 CLIENT_PORT_REQUESTS = frozenset({"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
                                   "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB",
                                   "GET_STATS", "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",
-                                  "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW"})
+                                  "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW",
+                                  "GET_JOB_PAYLOAD"})
 TO_WORKER = frozenset({"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "HEARTBEAT_ACK", "RESULT_ACK", "ERROR",
                        "AUTH_OK"})
 TO_CLIENT = frozenset({"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST", "JOB_CANCEL",
                        "JOB_EVENTS", "JOBS_PURGED", "STATS", "SCHEDULE", "SCHEDULE_LIST", "SCHEDULE_PREVIEW",
-                       "ERROR", "AUTH_OK"})
+                       "ERROR", "AUTH_OK", "JOB_PAYLOAD"})
 
 
 def decode(obj: dict[str, Any], allowed: frozenset[str] | None = None) -> Message:

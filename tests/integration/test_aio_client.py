@@ -103,6 +103,9 @@ def test_every_method_against_a_real_worker(shared):
             assert cancelled is True and snap["state"] == "CANCELLED"
             # the rest of the blocking client's methods
             assert [e["event"] for e in await client.events(done_id)][0] == "SUBMITTED"
+            assert await client.payload(later_id) == {"text": "later"}
+            with pytest.raises(RequestFailed, match="unknown job"):
+                await client.payload("no-such-job")
             again = await client.retry(done_id)
             assert (await client.wait(again, timeout=30))["state"] == "COMPLETED"
             assert "w-aio" in [w["workerId"] for w in await client.workers()]

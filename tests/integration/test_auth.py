@@ -169,6 +169,21 @@ def test_each_role_may_make_exactly_the_contracts_requests(authed, jobs, opened,
     assert follow_up["type"] == ("STATS" if role != "worker" else "ERROR"), follow_up
 
 
+def test_a_reader_reads_a_jobs_payload(authed, jobs, opened):
+    queued, _ = jobs
+    # A reader gets the payload (as the dashboard's job view shows it), on a raw
+    # connection and through the library
+    conn = connect(authed.client_addr, authed.tokens["reader"], opened)
+    assert conn.request({"type": "GET_JOB_PAYLOAD", "jobId": queued}) == {
+        "type": "JOB_PAYLOAD", "jobId": queued, "payload": {"durationMillis": 1}}
+    with CoordinatorClient(*authed.client_addr, token=authed.tokens["reader"]) as reader:
+        assert reader.payload(queued) == {"durationMillis": 1}
+    # a worker token on the client port may not
+    worker = connect(authed.client_addr, authed.tokens["worker"], opened)
+    reply = worker.request({"type": "GET_JOB_PAYLOAD", "jobId": queued})
+    assert reply["type"] == "ERROR" and reply["message"].startswith("forbidden: "), reply
+
+
 @pytest.mark.parametrize("role", ROLES)
 def test_only_a_worker_token_registers_a_worker(authed, opened, role):
     conn = connect(authed.worker_addr, authed.tokens[role], opened)

@@ -162,15 +162,17 @@ def test_enqueue_runs_the_function_in_the_worker_and_get_result_reads_the_job(pr
     assert result.status == "READY" and result.args == [2, 40] and result.kwargs == {}
     job = client.status(result.id)  # the result id is the jobId, the type the task's module path
     assert job["taskType"] == "jmdj_app.tasks.add" and job["priority"] == "NORMAL"
-    done = finished(client, project.add, result)
+    done = finished(client, project.add, result)  # read by id: the job's payload gives the arguments
     assert done.status == "SUCCESSFUL" and done.is_finished
+    assert done.args == [2, 40] and done.kwargs == {}
     assert done.return_value == 42
     assert done.errors == [] and done.worker_ids == ["django-w"]
     assert done.enqueued_at <= done.started_at <= done.finished_at and done.started_at.tzinfo is not None
-    result.refresh()  # keeps the arguments, which a result read by id does not have
+    result.refresh()
     assert result.status == "SUCCESSFUL" and result.return_value == 42 and result.args == [2, 40]
     greeting = finished(client, project.greet, project.greet.enqueue("Ada", punctuation="?"))
     assert greeting.return_value == {"greeting": "hello Ada?"}
+    assert greeting.args == ["Ada"] and greeting.kwargs == {"punctuation": "?"}
 
 
 def test_an_exception_fails_the_attempts_with_its_class_and_traceback(project, client):
@@ -269,6 +271,14 @@ def test_get_result_of_no_django_job_does_not_exist(project, client):
     other = client.submit("WORD_COUNT", {"text": "a b"})
     with pytest.raises(TaskResultDoesNotExist):
         project.add.get_result(other)
+    # A job of a task's type whose payload is no task's arguments (submitted by hand, not
+    # by enqueue) is not a Django task's result either
+    odd = client.submit("jmdj_app.tasks.add", {"args": "2, 40"}, delay=3600)
+    try:
+        with pytest.raises(TaskResultDoesNotExist, match="no Django task's arguments"):
+            project.add.get_result(odd)
+    finally:
+        client.cancel(odd)
 
 
 def test_worker_with_a_settings_module_that_cannot_load_exits_2_in_one_line(project, module_coordinator, tmp_path):

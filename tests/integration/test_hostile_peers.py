@@ -57,6 +57,7 @@ CLIENT_CASES = [
     ("status-job-id", lambda v: {"type": "GET_JOB_STATUS", "jobId": v}, "unknown job", False),
     ("events-job-id", lambda v: {"type": "GET_JOB_EVENTS", "jobId": v}, "unknown job", False),
     ("cancel-job-id", lambda v: {"type": "CANCEL_JOB", "jobId": v}, "unknown job", False),
+    ("payload-job-id", lambda v: {"type": "GET_JOB_PAYLOAD", "jobId": v}, "unknown job", False),
     ("list-state", lambda v: {"type": "LIST_JOBS", "state": v}, "unknown state", False),
     ("list-cursor", lambda v: {"type": "LIST_JOBS", "cursor": v}, "invalid cursor", False),
     ("submit-task-type", lambda v: {"type": "SUBMIT_JOB", "taskType": v, "payload": {}}, "unknown task type",
@@ -190,6 +191,35 @@ def test_the_cli_on_the_worker_port_is_told_the_right_port(coord):
     assert done.returncode == 1, done
     assert done.stderr.strip() == ("jobmesh list: the coordinator refused: this is the worker port; LIST_JOBS "
                                    "belongs on the client port (7071 by default)")
+
+
+def test_a_jobs_payload_is_served_on_the_client_port_not_on_the_worker_port(coord):
+    payload = {"text": "héllo ✓ \U0001f600 \x01"}
+    client = RawConn(coord.client_addr)
+    worker = RawConn(coord.worker_addr)
+    try:
+        # Given a job submitted on the client port
+        job_id = client.request({"type": "SUBMIT_JOB", "taskType": "SHA256", "payload": payload})["jobId"]
+        # Then GET_JOB_PAYLOAD answers the payload as it was submitted
+        assert client.request({"type": "GET_JOB_PAYLOAD", "jobId": job_id}) == {
+            "type": "JOB_PAYLOAD", "jobId": job_id, "payload": payload}
+        # an unknown job is an ERROR that leaves the connection open
+        assert client.request({"type": "GET_JOB_PAYLOAD", "jobId": "no-such-job"}) == {
+            "type": "ERROR", "message": "unknown job 'no-such-job'"}
+        assert client.request({"type": "GET_JOB_STATUS", "jobId": job_id})["type"] == "JOB_STATUS"
+        # and the library hands out the same
+        with CoordinatorClient(coord.client_target) as library:
+            assert library.payload(job_id) == payload
+            with pytest.raises(RequestFailed, match="unknown job"):
+                library.payload("no-such-job")
+        # The worker port refuses it, naming the right port, and closes
+        worker.send({"type": "GET_JOB_PAYLOAD", "jobId": job_id})
+        assert last_frame_before_close(worker) == {
+            "type": "ERROR", "message": "this is the worker port; GET_JOB_PAYLOAD belongs on the client port "
+                                        "(7071 by default)"}
+    finally:
+        client.close()
+        worker.close()
 
 
 def test_a_worker_on_the_client_port_logs_the_right_port_and_exits_1(coord, worker_procs):  # noqa: F811

@@ -162,7 +162,7 @@ CLIENT_CASES = [
     ("worker-message-on-client-port", msg({"type": "HEARTBEAT", "workerId": "w-x"}), True),
     ("register-on-client-port", msg({"type": "WORKER_REGISTER", "workerId": "w-x", "capacity": 1}), True),
     ("reply-type-as-request", msg({"type": "JOB_SUBMITTED", "jobId": "j"}), True),
-    ("metrics-port-request-on-client-port", msg({"type": "GET_JOB_PAYLOAD", "jobId": "j"}), True),
+    ("payload-job-id-number", msg({"type": "GET_JOB_PAYLOAD", "jobId": 12}), True),
     ("submit-payload-array", msg({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": []}), True),
     ("submit-payload-missing", msg({"type": "SUBMIT_JOB", "taskType": "SLEEP"}), True),
     ("submit-task-type-number", msg({"type": "SUBMIT_JOB", "taskType": 3, "payload": {}}), True),

@@ -28,7 +28,7 @@ def digest(token: str) -> str:
 
 
 def test_every_request_kind_is_in_exactly_one_role_row():
-    kinds = set(m.CLIENT_PORT_REQUESTS | m.WORKER_PORT_REQUESTS) | SCHEDULE_KINDS | {"METRICS", "GET_JOB_PAYLOAD"}
+    kinds = set(m.CLIENT_PORT_REQUESTS | m.WORKER_PORT_REQUESTS) | SCHEDULE_KINDS | {"METRICS"}
     for kind in kinds:
         rows = [role for role, row in ROLE_REQUESTS.items() if kind in row]
         assert len(rows) == 1, (kind, rows)

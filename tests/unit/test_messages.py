@@ -71,6 +71,8 @@ SAMPLES: dict[str, m.Message] = {
                                           fire_times=[1_800_001_800_000, 1_800_088_200_000]),
     "AUTH": m.Auth(token="s3cret-token"),
     "AUTH_OK": m.AuthOk(name="ci", role="client"),
+    "GET_JOB_PAYLOAD": m.GetJobPayload(job_id="j-1"),
+    "JOB_PAYLOAD": m.JobPayload(job_id="j-1", payload={"text": "héllo ✓", "n": [1, 2.5, None]}),
 }
 
 
@@ -115,6 +117,8 @@ def test_wire_uses_camel_case_names_from_the_protocol(type_name):
         "SUBMIT_REJECTED": {"reason", "activeCount", "limit", "retryable"},
         "GET_JOB_STATUS": {"jobId"},
         "JOB_STATUS": {"job"},
+        "GET_JOB_PAYLOAD": {"jobId"},
+        "JOB_PAYLOAD": {"jobId", "payload"},
         "LIST_JOBS": {"limit", "state", "cursor", "taskType"},
         "JOB_LIST": {"jobs", "nextCursor"},
         "LIST_WORKERS": set(),
@@ -255,12 +259,13 @@ def test_port_tables_match_the_protocol():
     assert m.CLIENT_PORT_REQUESTS == {"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
                                       "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB", "GET_STATS",
                                       "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",
-                                      "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW"}
+                                      "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW",
+                                      "GET_JOB_PAYLOAD"}
     assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "HEARTBEAT_ACK", "RESULT_ACK", "ERROR",
                            "AUTH_OK"}
     assert m.TO_CLIENT == {"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST",
                            "JOB_CANCEL", "JOB_EVENTS", "JOBS_PURGED", "STATS", "SCHEDULE", "SCHEDULE_LIST",
-                           "SCHEDULE_PREVIEW", "ERROR", "AUTH_OK"}
+                           "SCHEDULE_PREVIEW", "ERROR", "AUTH_OK", "JOB_PAYLOAD"}
 
 
 @pytest.mark.parametrize("type_name", sorted(SAMPLES))
