@@ -297,6 +297,30 @@ def test_the_cli_names_the_command_and_the_role_it_needs(authed, tmp_path):
     assert "readable by other users" not in out.stderr
 
 
+def test_the_cli_names_the_limit_command_and_the_role_it_needs(authed, tmp_path):
+    # Given a reader token and a client token
+    files = {}
+    for role in ("reader", "client"):
+        files[role] = tmp_path / ("%s.token" % role)
+        files[role].write_text(authed.tokens[role])
+        os.chmod(files[role], 0o600)
+    # Then changes name the command and admin, for either
+    for role, argv, command in (("reader", ("limit", "set", "SLEEP", "--max-running=1"), "limit set"),
+                                ("client", ("limit", "rm", "SLEEP"), "limit rm"),
+                                ("client", ("pause", "SLEEP"), "pause"),
+                                ("reader", ("resume", "SLEEP"), "resume")):
+        out = run_cli(*argv, "--token-file=%s" % files[role], coordinator=authed.client_target)
+        assert out.returncode == 1, out.stderr
+        assert ("'jobmesh %s' needs a token of role admin, and this one is a %s token" % (command, role)
+                in out.stderr), out.stderr
+        assert out.stderr.count("\n") == 1
+    # and reads are a reader's
+    out = run_cli("limit", "list", "--json", "--token-file=%s" % files["reader"], coordinator=authed.client_target)
+    assert out.returncode == 0, out.stderr
+    out = run_cli("limit", "show", "SLEEP", "--token-file=%s" % files["reader"], coordinator=authed.client_target)
+    assert out.returncode == 0 and "type      SLEEP" in out.stdout, out.stderr
+
+
 def run_cli_env(env: dict, *args, coordinator: str):
     import subprocess
     import sys

@@ -106,6 +106,10 @@ def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_fa
         client.submit_ok("SLEEP", {"durationMillis": 60000})
         worker.await_assign()
     queued = client.submit_ok("SHA256", {"text": "hello"}, priority="LOW")
+    # and a limit on FAIL, and PRIME_COUNT paused
+    assert client.request({"type": "LIMIT_PUT", "limit": {"taskType": "FAIL", "maxRunning": 3,
+                                                          "ratePerSecond": 2}})["type"] == "LIMIT"
+    assert client.request({"type": "TYPE_PAUSE", "taskType": "PRIME_COUNT"})["type"] == "LIMIT"
 
     wait = WebDriverWait(browser, 15)
     browser.get(coord.metrics_url + "/")
@@ -114,6 +118,17 @@ def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_fa
     assert browser.find_element(By.CSS_SELECTOR, "#card-queued .value").text == "1"
     assert browser.find_element(By.CSS_SELECTOR, "#card-retry .value").text == "1"
     assert browser.find_element(By.ID, "ready").text == "ready"
+    # The limits panel shows each limit, and the paused type with a PAUSED badge
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#limits tr[data-limit='PRIME_COUNT']")))
+    paused = browser.find_element(By.CSS_SELECTOR, "#limits tr[data-limit='PRIME_COUNT']")
+    assert paused.find_element(By.CSS_SELECTOR, ".badge.paused").text == "PAUSED"
+    cells = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#limits tr[data-limit='FAIL'] td")]
+    assert cells == ["FAIL", "active", "3", "-", "2/s (burst 2)", "-", "0", "0"], cells
+    assert "1 paused" in browser.find_element(By.ID, "limits-hint").text
+    # a job of the paused type waits, and the panel counts it
+    held = client.submit_ok("PRIME_COUNT", {"limit": 10})
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#limits tr[data-limit='PRIME_COUNT'] td")[7].text == "1")
+    assert client.status(held)["waitingReason"] == "TYPE_PAUSED"
     # the workers and the job list render
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#workers tr[data-worker='w-1']")))
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#jobs tr[data-job='%s']" % queued)))
