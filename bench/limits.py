@@ -60,28 +60,17 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 
 from docopt import docopt  # noqa: E402
 
+from bench.listeners import CLIENT, T0_MILLIS, Conn  # noqa: E402
+
 from jobmesh.config import CoreConfig  # noqa: E402
 from jobmesh.coordinator import events as ev  # noqa: E402
 from jobmesh.coordinator.core import CoordinatorCore  # noqa: E402
 from jobmesh.protocol import messages as m  # noqa: E402
 from jobmesh.store.sqlite import SQLiteStore  # noqa: E402
 
-T0_MILLIS = 1_700_000_000_000
 SLOTS_PER_WORKER = 1000  # a worker's capacity is at most 1024
 SUBMIT_BATCH = 5000  # submits per batch while the queue fills
 TASK_TYPE = "SLEEP"
-
-
-class Conn:
-    """A connection as the core sees it: an opaque, hashable handle."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-CLIENT = Conn("client")
 
 
 class Queue:
