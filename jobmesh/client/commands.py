@@ -261,7 +261,8 @@ def submit(client: CoordinatorClient, args: dict[str, Any], console: Console) ->
             console.out(render.submitted(job_id) if earlier is None else render.resubmitted(earlier, key))
     if not args["--wait"]:
         if as_json:
-            console.out(render.to_json({"jobId": job_id, "duplicate": reply.duplicate}))
+            # {"jobId": ...} as the contract prints it, with "duplicate" only when it is one
+            console.out(render.to_json(dict({"jobId": job_id}, **({"duplicate": True} if reply.duplicate else {}))))
         return EXIT_OK
     try:
         return _await("submit", client, console, job_id, timeout, as_json)
