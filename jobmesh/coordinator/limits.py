@@ -209,14 +209,17 @@ class TypeLimit:
             bucket.take(now)
             self._wake(bucket.due(now), self.task_type, key)  # then the key opens, or its bucket is forgotten
 
-    def ended(self, key: str | None) -> None:
+    def ended(self, key: str | None, now: int) -> None:
         self.running -= 1
         if key is not None:
             n = self.running_by_key.get(key, 0) - 1
             if n > 0:
                 self.running_by_key[key] = n
-            else:
-                self.running_by_key.pop(key, None)
+                return
+            self.running_by_key.pop(key, None)
+            bucket = self.key_buckets.get(key)
+            if bucket is not None:  # forgotten once full again (``forget_full``)
+                self._wake(bucket.due(now, bucket.size), self.task_type, key)
 
     def queue(self, key: str | None, delta: int) -> None:
         n = self.queued_by_key.get(key, 0) + delta
@@ -293,7 +296,7 @@ class Limits:
         if target is JobState.RUNNING:
             limit.started(key, now)
         elif source is JobState.RUNNING:
-            limit.ended(key)
+            limit.ended(key, now)
             self._open(job.task_type, None)
             if key is not None:
                 self._open(job.task_type, key)
