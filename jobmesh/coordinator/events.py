@@ -118,6 +118,10 @@ class Fire(Event):
     """A recurring schedule's fire time has come (at most one pending)."""
 
 
+class TokensDue(Event):
+    """A rate-limited task type or key has its next token (at most one pending)."""
+
+
 class Stop(Event):
     """Stop the core after this batch."""
 
@@ -127,6 +131,7 @@ EXPIRE = Expire()
 STOP = Stop()
 READS_DONE = ReadsDone()
 FIRE = Fire()
+TOKENS_DUE = TokensDue()
 
 
 class PeriodicPacket(Event):

@@ -19,6 +19,7 @@ import ujson
 from jobmesh.coordinator.figures import Counters
 from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
 from jobmesh.coordinator.json_jobs import JsonJobs
+from jobmesh.coordinator.limits import Limits, check_key
 from jobmesh.coordinator.periodic_jobs import PeriodicJobs
 from jobmesh.store.columns import load_events
 from jobmesh.coordinator.table import JobTable
@@ -51,8 +52,10 @@ EVENT_FIELDS = ("atMillis", "event", "attempt", "workerId", "detail", "retryAtMi
 class ClientRequests:
     """The core's client requests; see the module docstring."""
 
-    def __init__(self, table: JobTable, json: JsonJobs, periodic: PeriodicJobs, counters: Counters) -> None:
+    def __init__(self, table: JobTable, json: JsonJobs, periodic: PeriodicJobs, counters: Counters,
+                 limits: Limits) -> None:
         self.table = table
+        self.limits = limits
         self.config = table.config
         self.json = json
         self.periodic = periodic
@@ -122,6 +125,9 @@ class ClientRequests:
             if size > MAX_PAYLOAD_BYTES:
                 return m.Error("payload is %d bytes encoded; at most %d fit in a task assignment" % (
                     size, MAX_PAYLOAD_BYTES))
+        problem = check_key("concurrencyKey", req.concurrency_key) or check_key("uniqueKey", req.unique_key)
+        if problem is not None:
+            return m.Error(problem)
         key = req.idempotency_key
         if key is not None:
             if len(key) > MAX_KEY_CHARS:
@@ -140,15 +146,20 @@ class ClientRequests:
                     "idempotencyKey %s is already bound to job %s with a different request "
                     "(taskType, payload, maxAttempts or priority differ)" % (quote(key), existing.job_id)
                 )
+        if req.unique_key is not None:  # after the idempotency key: a resend of a submit answers its own job
+            live = self.limits.unique.get((req.task_type, req.unique_key))
+            if live is not None:
+                return m.JobSubmitted(live, duplicate=True)
         return self._create(now_millis, req.task_type, req.payload, payload_json, max_attempts, priority, key,
-                            run_at, submitted_by=req.submitted_by)
+                            run_at, submitted_by=req.submitted_by, keys=(req.concurrency_key, req.unique_key))
 
     def _create(self, now_millis: int, task_type: str, payload: dict[str, Any], payload_json: str | None,
                 max_attempts: int, priority: Priority, key: str | None, run_at: int | None,
-                retry_of: str | None = None, submitted_by: str | None = None) -> m.Message:
+                retry_of: str | None = None, submitted_by: str | None = None,
+                keys: tuple[str | None, str | None] = (None, None)) -> m.Message:
         """Admit and create a job (SUBMITTED, then QUEUED or SCHEDULED); the reply to its submit.
         ``submitted_by`` is the name of the token that asked (auth on), which the SUBMITTED
-        event names too."""
+        event names too; ``keys`` its concurrencyKey and uniqueKey."""
         if self.table.active_count >= self.config.max_active_jobs:
             self.counters.rejected += 1
             return m.SubmitRejected(
@@ -159,6 +170,7 @@ class ClientRequests:
         job = self.table.new_job(now_millis, task_type, payload, max_attempts, priority,
                                  JobState.SCHEDULED if later else JobState.QUEUED, key, self.config.task_timeout_millis,
                                  payload_json, run_at, retry_of)
+        job.concurrency_key, job.unique_key = keys
         detail = None if retry_of is None else "retry of %s" % retry_of
         if submitted_by is not None:
             job.submitted_by = submitted_by
@@ -281,7 +293,7 @@ class ClientRequests:
         if problem is not None:
             return m.Error("job %s cannot be retried: %s" % (job_id, problem))
         reply = self._create(now_millis, job.task_type, job.payload, None, job.max_attempts, job.priority, None,
-                             None, retry_of=job_id, submitted_by=submitted_by)
+                             None, retry_of=job_id, submitted_by=submitted_by, keys=(job.concurrency_key, None))
         if isinstance(reply, m.JobSubmitted):
             log.info("retry submitted job=%s retry_of=%s", reply.job_id, job_id)
         return reply

@@ -14,7 +14,8 @@ never see SQL, a rowid, a driver's exception type or the thread a write runs on:
   gives the short words clients see.
 * Recurring schedules are rows of their own, a name and a JSON body the core encodes
   (``coordinator/schedules.py``); a batch writes them in the same transaction as the jobs
-  their fires made, so a fire and its job are durable together or not at all.
+  their fires made, so a fire and its job are durable together or not at all. Limits
+  per task type (``coordinator/limits.py``) are rows of their own the same way.
 * A shared store (PostgreSQL) may have several coordinators: ``lead`` returns once this
   one leads, and every write is fenced, so one that lost leadership commits nothing more
   (``leadership_lost`` tells those errors from storage faults and bugs).
@@ -45,6 +46,8 @@ class Batch(NamedTuple):
     purges: Sequence[str] = ()  # finished jobs to delete, before the inserts (their keys are free)
     # Recurring schedules written or deleted: (name, stored body as JSON text, or None to delete).
     schedules: Sequence[tuple[str, str | None]] = ()
+    # Limits per task type written or deleted: (task type, stored body as JSON text, or None to delete).
+    limits: Sequence[tuple[str, str | None]] = ()
 
 
 def merge_batches(older: Batch, newer: Batch) -> Batch:
@@ -63,7 +66,10 @@ def merge_batches(older: Batch, newer: Batch) -> Batch:
     purges = list(dict.fromkeys(list(older.purges) + list(newer.purges)))
     schedules = dict(older.schedules)
     schedules.update(newer.schedules)
-    return Batch(list(inserted.values()), list(updated.values()), types, purges, list(schedules.items()))
+    limits = dict(older.limits)
+    limits.update(newer.limits)
+    return Batch(list(inserted.values()), list(updated.values()), types, purges, list(schedules.items()),
+                 list(limits.items()))
 
 
 def outcome_of(call: Callable[..., None], *args: Any) -> Exception | None:
@@ -209,6 +215,9 @@ class Store(Protocol):
 
     def load_schedules(self) -> list[tuple[str, str]]:
         """Every recurring schedule as (name, body JSON text), sorted by name (recovery)."""
+
+    def load_limits(self) -> list[tuple[str, str]]:
+        """Every task type's limit as (task type, body JSON text), sorted by type (recovery)."""
 
     def max_seq(self) -> int:
         """The largest sequence stored; 0 if there is no job."""

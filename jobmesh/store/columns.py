@@ -110,6 +110,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("scheduled_for", I, added=True),
     # v9: the name of the token that submitted the job (docs/SECURITY.md); NULL without --auth-file.
     Column("submitted_by", T, added=True),
+    # v10: limits (docs/PROTOCOL.md, "Limits"): the key maxRunningPerKey counts by, and the
+    # key that keeps the job unique among its type's live jobs (NULL: none).
+    Column("concurrency_key", T, added=True),
+    Column("unique_key", T, added=True),
     # The job's timeline (its newest events, EVENT_CODES below), rewritten with the row it
     # belongs to, so it is exactly as durable as the state it explains. In memory the job
     # keeps it as text too (Job.events), appended one fragment per event.

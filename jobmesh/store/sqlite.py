@@ -26,6 +26,8 @@ ALTER TABLE on an older database):
 * v8: recurring schedules: the ``schedules`` table (a name and a JSON body), and the
   ``schedule_name`` and ``scheduled_for`` columns of the jobs their fires made.
 * v9: ``submitted_by`` (the name of the token that submitted the job; NULL without auth).
+* v10: limits: the ``limits`` table (a task type and a JSON body), and the jobs'
+  ``concurrency_key`` and ``unique_key`` columns.
 
 Two connections: ``conn`` is the writer (migrations, recovery, then batch writes on the
 store's one-thread pool, ``commit``); ``reader`` serves reads inline on the hub's thread.
@@ -81,13 +83,15 @@ OBSOLETE_INDEXES = ("jobs_state", "jobs_task_type")
 TASK_TYPES_TABLE = "CREATE TABLE IF NOT EXISTS task_types (name TEXT PRIMARY KEY, first_seen INTEGER NOT NULL)"
 # Recurring schedules (v8): one row per schedule, its body JSON text (coordinator/schedules.py).
 SCHEDULES_TABLE = "CREATE TABLE IF NOT EXISTS schedules (name TEXT PRIMARY KEY, body TEXT NOT NULL)"
+# Limits per task type (v10): one row per type, its body JSON text (coordinator/limits.py).
+LIMITS_TABLE = "CREATE TABLE IF NOT EXISTS limits (task_type TEXT PRIMARY KEY, body TEXT NOT NULL)"
 # A scratch table for the storage probe (``SQLiteStore.probe``); it is always empty.
 PROBE_TABLE = "CREATE TABLE IF NOT EXISTS storage_probe (x BLOB)"
 PROBE_FREE_PAGES = 256  # beyond this many free pages, a probe no longer insists that the file grow
 # What a current database holds besides the jobs columns; when all of it is there (and no
 # obsolete index), opening writes nothing, so a read-only or full database still opens
 # (and serves reads).
-SCHEMA_OBJECTS = frozenset(INDEXES) | {"task_types", "storage_probe", "schedules"}
+SCHEMA_OBJECTS = frozenset(INDEXES) | {"task_types", "storage_probe", "schedules", "limits"}
 # Rows renumbered 1..n in submission order (v7), when their sequences are not unique.
 RENUMBER_SQL = ("UPDATE jobs SET seq = r.n FROM (SELECT rowid AS id, row_number() OVER (ORDER BY seq, created_at, rowid) AS n"
                 " FROM jobs) AS r WHERE jobs.rowid = r.id")
@@ -220,6 +224,7 @@ class SQLiteStore:
                     c.execute(sql)
             c.execute(TASK_TYPES_TABLE)
             c.execute(SCHEDULES_TABLE)
+            c.execute(LIMITS_TABLE)
             c.execute(PROBE_TABLE)
             c.execute("COMMIT")
         except BaseException:
@@ -248,7 +253,7 @@ class SQLiteStore:
 
     def write(self, batch: Batch) -> None:
         """Apply one batch in a single transaction (group commit)."""
-        inserts, updates, task_types, purges, schedules = batch
+        inserts, updates, task_types, purges, schedules, limits = batch
         c = self.conn
         with self._transaction("BEGIN"):
             for start in range(0, len(purges), ROWS_PER_STATEMENT):  # first: a new job may take a purged key
@@ -264,6 +269,10 @@ class SQLiteStore:
                 c.executemany("DELETE FROM schedules WHERE name=?", [(name,) for name, body in schedules if body is None])
                 c.executemany("INSERT OR REPLACE INTO schedules (name, body) VALUES (?, ?)",
                               [row for row in schedules if row[1] is not None])
+            if limits:
+                c.executemany("DELETE FROM limits WHERE task_type=?", [(name,) for name, body in limits if body is None])
+                c.executemany("INSERT OR REPLACE INTO limits (task_type, body) VALUES (?, ?)",
+                              [row for row in limits if row[1] is not None])
 
     def commit(self, batch: Batch) -> Outcome:
         """``write`` on the store's one write thread, off the hub."""
@@ -361,6 +370,10 @@ class SQLiteStore:
     def load_schedules(self) -> list[tuple[str, str]]:
         """Every recurring schedule as (name, body), sorted by name."""
         return [(row[0], row[1]) for row in self.conn.execute("SELECT name, body FROM schedules ORDER BY name")]
+
+    def load_limits(self) -> list[tuple[str, str]]:
+        """Every task type's limit as (task type, body), sorted by type."""
+        return [(row[0], row[1]) for row in self.conn.execute("SELECT task_type, body FROM limits ORDER BY task_type")]
 
     def max_seq(self) -> int:
         return int(self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()[0])

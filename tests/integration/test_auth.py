@@ -104,6 +104,8 @@ LEAST_ROLE = {
     "SUBMIT_JOB": "client", "CANCEL_JOB": "client",
     "RETRY_JOB": "admin", "PURGE_JOBS": "admin", "SCHEDULE_PUT": "admin", "SCHEDULE_PAUSE": "admin",
     "SCHEDULE_RESUME": "admin", "SCHEDULE_DELETE": "admin", "SCHEDULE_TRIGGER": "admin",
+    "LIMIT_GET": "reader", "LIMIT_LIST": "reader", "LIMIT_PUT": "admin", "LIMIT_DELETE": "admin",
+    "TYPE_PAUSE": "admin", "TYPE_RESUME": "admin",
 }
 RANK = {"reader": 1, "client": 2, "admin": 3}
 
@@ -135,6 +137,12 @@ def request_of(kind: str, job_id: str, finished_id: str) -> dict:
         "SCHEDULE_DELETE": {"name": "nightly"},
         "SCHEDULE_TRIGGER": {"name": "nightly"},
         "SCHEDULE_PREVIEW": {"everyMillis": 60000, "timezone": "UTC", "fromMillis": 0, "count": 2},
+        "LIMIT_PUT": {"limit": {"taskType": "NO_SUCH_TYPE", "maxRunning": 1}},  # ERROR: unknown type
+        "LIMIT_GET": {"taskType": "NO_SUCH_TYPE"},
+        "LIMIT_LIST": {},
+        "LIMIT_DELETE": {"taskType": "NO_SUCH_TYPE"},
+        "TYPE_PAUSE": {"taskType": "NO_SUCH_TYPE"},
+        "TYPE_RESUME": {"taskType": "NO_SUCH_TYPE"},
     }[kind]
 
 

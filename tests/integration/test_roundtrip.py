@@ -60,7 +60,7 @@ def test_submit_assign_complete(coordinator, peers):
         "workerId": None, "result": None, "error": None, "createdAtMillis": queued["createdAtMillis"],
         "updatedAtMillis": queued["updatedAtMillis"], "priority": "NORMAL", "runAtMillis": None,
         "retryAtMillis": None, "retryOf": None, "waitingReason": "NO_WORKER", "protocol": "json", "name": None,
-        "submittedBy": None,
+        "submittedBy": None, "concurrencyKey": None, "uniqueKey": None,
     }
     # createdAtMillis is Unix epoch milliseconds, stamped during the request
     assert before - 5 <= queued["createdAtMillis"] <= after + 5
@@ -96,7 +96,7 @@ def test_submit_assign_complete(coordinator, peers):
         "workerId": None, "result": {"sha256": digest}, "error": None,
         "createdAtMillis": queued["createdAtMillis"], "updatedAtMillis": done["updatedAtMillis"],
         "priority": "NORMAL", "runAtMillis": None, "retryAtMillis": None, "retryOf": None,
-        "waitingReason": None, "protocol": "json", "name": None, "submittedBy": None,
+        "waitingReason": None, "protocol": "json", "name": None, "submittedBy": None, "concurrencyKey": None, "uniqueKey": None,
     }
     assert done_before - 5 <= done["updatedAtMillis"] <= now_ms() + 5
     assert worker.bad_frames == [] and worker.errors == []
