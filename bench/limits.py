@@ -20,7 +20,9 @@
     timeline. Printed: starts in the window; the rate after the burst, (starts - burst) /
     window, against the set rate; the busiest and quietest whole second after the first;
     and the worst excess over the promise "at most burst + rate x t starts in any t
-    seconds", over every interval between two starts (0 or less: kept).
+    seconds", over every interval between two starts (0 or less: kept; the timeline's
+    times are wall-clock milliseconds, the bucket's core time, so rate x 2 ms is within
+    what can be told apart).
 
 Figures only, no thresholds.
 
@@ -208,7 +210,10 @@ def report_rate(starts: list[int], rate: float, burst: int, window: float, start
           % (len(starts), (len(starts) - burst) / window, rate, ((len(starts) - burst) / window / rate - 1) * 100))
     if whole:
         print("  whole seconds after the first: busiest %d starts, quietest %d" % (max(whole), min(whole)))
-    print("  worst excess over burst + rate x t in any interval: %.3f starts (0 or less: kept)" % worst)
+    # The timeline's times are the wall clock's (core time plus its drift, rounded to the
+    # millisecond), the bucket's core time: they may differ by a millisecond either way.
+    print("  worst excess over burst + rate x t in any interval: %.3f starts (kept when at most %.3f, what"
+          " the timeline's 1 ms either way against core time allows)" % (worst, rate * 2 / 1000))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,4 +20,5 @@ def test_limits_bench_tiny(tmp_path):
     assert limited.endswith("most running per key 1)")
     assert any(line.startswith("rate: ratePerSecond=20, burst 20, over 1 s") for line in lines)
     (excess,) = [line for line in lines if "worst excess over burst + rate x t" in line]
-    assert float(excess.split(": ")[1].split()[0]) <= 1e-9
+    # kept, within the timeline's millisecond either way against core time (20 x 2 ms)
+    assert float(excess.split(": ")[1].split()[0]) <= 0.04 + 1e-9
