@@ -9,6 +9,9 @@ tests share the coordinator without seeing each other's limits or jobs.
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import pytest
 
 from jobmesh.client import CoordinatorClient
@@ -188,3 +191,30 @@ def test_the_library_puts_gets_lists_pauses_and_deletes(coord, peers):
             client.limits.put("LIB_T", rate_per_second=float("inf"))
         assert client.limits.get("LIB_T")["maxRunning"] is None  # nothing was changed
 
+
+
+def test_the_readme_examples_are_one_command_each_and_do_what_they_say(coord, peers):
+    # Given the five commands of the README's "Limits" section, and a worker of their types
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Limits"):readme.index("## Periodic clients")]
+    commands = [shlex.split(line.strip()) for line in section.splitlines() if line.startswith("    jobmesh ")]
+    assert [c[:3] for c in commands] == [["jobmesh", "limit", "set"], ["jobmesh", "limit", "set"],
+                                         ["jobmesh", "limit", "set"], ["jobmesh", "pause", "MAILER"],
+                                         ["jobmesh", "submit", "REPORT"]]
+    worker = peers.worker(coord, "w-readme", capacity=1, task_types=["EXPORT", "PARTNER_API", "MAILER", "REPORT"])
+    with CoordinatorClient(*coord.client_addr) as client:
+        # When each runs, then it does what the README says
+        effects = [("EXPORT", "maxRunning", 5), ("EXPORT", "maxRunningPerKey", 2),
+                   ("PARTNER_API", "ratePerSecond", 10), ("MAILER", "paused", True)]
+        for argv, (task_type, field, value) in zip(commands, effects):
+            out = jm(coord, *argv[1:])
+            assert out.returncode == 0, out.stderr
+            assert client.limits.get(task_type)[field] == value
+        first = jm(coord, *commands[4][1:])
+        assert first.returncode == 0, first.stderr
+        job_id = first.stdout.split()[-1]
+        worker.await_assign()
+        again = jm(coord, *commands[4][1:])
+        assert again.stdout.startswith("job %s is already active with unique key report:2026-12-05" % job_id)
+        for task_type in ("EXPORT", "PARTNER_API", "MAILER"):
+            client.limits.delete(task_type)
