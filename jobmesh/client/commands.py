@@ -289,12 +289,15 @@ def _held(client: CoordinatorClient, job: dict[str, Any]) -> render.Held | None:
     if reason not in render.LIMIT_REASONS or reason == "TYPE_PAUSED":
         return None
     task_type = str(job.get("taskType"))
-    limit = client.limits.get(task_type)
-    running_for_key = None
-    if reason == "KEY_CONCURRENCY_LIMIT":
-        key = job.get("concurrencyKey")
-        running_for_key = sum(1 for other in client.iter_jobs(JobState.RUNNING, MAX_PAGE, task_type)
-                              if other.get("concurrencyKey") == key)
+    try:
+        limit = client.limits.get(task_type)
+        running_for_key = None
+        if reason == "KEY_CONCURRENCY_LIMIT":
+            key = job.get("concurrencyKey")
+            running_for_key = sum(1 for other in client.iter_jobs(JobState.RUNNING, MAX_PAGE, task_type)
+                                  if other.get("concurrencyKey") == key)
+    except RequestFailed:  # the figures are a courtesy: without them the reason still reads as words
+        return None
     return render.Held(limit, running_for_key)
 
 

@@ -281,3 +281,11 @@ def test_status_of_a_job_held_by_a_key_limit_counts_the_keys_running_jobs(jm):
     assert "waiting   2 of 2 EXPORT jobs for key acme are running\n" in out
     assert [r["type"] for r in server.requests] == ["GET_JOB_STATUS", "LIMIT_GET", "LIST_JOBS"]
     assert (server.requests[2]["state"], server.requests[2]["taskType"]) == ("RUNNING", "EXPORT")
+
+
+def test_status_of_a_held_job_whose_limit_cannot_be_read_still_says_why(jm):
+    held = dict(SNAP, taskType="EXPORT", waitingReason="CONCURRENCY_LIMIT")
+    code, out, _err, _server = jm([{"type": "JOB_STATUS", "job": held}, {"type": "ERROR", "message": "no"}],
+                                  "status", "j-1")
+    assert code == EXIT_OK
+    assert "waiting   as many EXPORT jobs are running as its limit allows\n" in out
