@@ -135,3 +135,20 @@ def test_a_standby_taking_over_from_a_killed_leader_keeps_limits_exact(nodes, wo
         job_ids += submit_load(client, 12, offset=36)
         # Then no instant of any timeline passed a limit, and no unique key had two live jobs
         check_timelines(client, job_ids)
+
+
+def test_a_rate_limited_type_starts_a_job_per_token_on_a_real_coordinator(coordinator, worker_procs):
+    # Given a type limited to 4 starts a second (burst 1) and a worker with room for all
+    worker_procs.start(coordinator, "w-rate", capacity=8)
+    with CoordinatorClient(*coordinator.client_addr) as client:
+        wait_registered(client, ["w-rate"])
+        limit = client.request(m.LimitPut({"taskType": "WORD_COUNT", "ratePerSecond": 4, "burst": 1}), m.Limit).limit
+        assert limit["burst"] == 1
+        # When five jobs are submitted at once
+        job_ids = [client.submit("WORD_COUNT", {"text": "a b"}) for _ in range(5)]
+        # Then each starts when its token is due (the timer wakes the core; nothing polls),
+        # and no two starts are closer than a token's 250 ms (the instants are wall-clock: a ms of slack)
+        starts = sorted(next(e["atMillis"] for e in client.events(job_id) if e["event"] == "ASSIGNED")
+                        for job_id in job_ids if client.wait(job_id, timeout=30)["state"] == "COMPLETED")
+        assert len(starts) == 5
+        assert all(b - a >= 248 for a, b in zip(starts, starts[1:])), starts
