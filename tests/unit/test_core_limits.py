@@ -8,13 +8,15 @@ restart, and the rows that make limits survive one.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from jobmesh.coordinator import events as ev
 from jobmesh.protocol import messages as m
+from jobmesh.protocol.jobs import JobState
 from jobmesh.store.sqlite import SQLiteStore
+from tests.unit.core_driver import Conn
 from tests.unit.test_core import Harness
 
 T = "SLEEP"
@@ -216,6 +218,12 @@ def test_the_first_reason_that_holds_is_shown(h):
     put_ok(h, 2, maxRunning=5, maxRunningPerKey=0, ratePerSecond=1)
     assert reason(h, job) == "KEY_CONCURRENCY_LIMIT"
     assert h.core.metrics().jobs_held == {(T, "KEY_CONCURRENCY_LIMIT"): 1}
+    from jobmesh.coordinator.figures import METRICS, RuntimeFigures
+    from jobmesh.coordinator.http import family
+
+    [held] = [metric for metric in METRICS if metric.name == "jobmesh_jobs_held"]
+    [sample] = family(held, h.core.metrics(), cast(RuntimeFigures, None)).samples
+    assert sample.labels == {"taskType": T, "reason": "KEY_CONCURRENCY_LIMIT"} and sample.value == 1
 
 
 # ==== validation ================================================================================
@@ -293,3 +301,30 @@ def test_limits_kept_leases_and_unique_keys_survive_a_restart(tmp_path):
     assert submit(h2, 11, ukey="ua") == m.JobSubmitted(a, duplicate=True)
     h2.sweep(5011)  # the grace ends: both requeued, and the limit lets two start
     assert len(running(h2)) == 2
+
+
+# ==== the Periodic port's jobs obey the limit of their func ======================================
+
+
+def test_a_periodic_func_obeys_the_limit_of_its_name():
+    from jobmesh.periodic import codec as pc
+    from tests.unit.test_core_periodic import T0, H, assigns
+
+    p = H()
+    w = Conn("pw")
+    p.worker(T0, w, "f", tokens=4)  # the func is known: its limit may be set
+    p.request(T0, m.LimitPut({"taskType": "f", "maxRunning": 1}))
+    p.finish(T0)
+    out = p.submit(T0, name="a") + p.submit(T0, name="b")
+    assert len(assigns(out)) == 1  # one of the four tokens: the limit holds the other job
+    held = p.job(name="b")
+    assert p.core.requests.snapshot(held)["waitingReason"] == "CONCURRENCY_LIMIT"
+    out = p.send(T0 + 5, w, pc.WorkDone(9, pc.Handle(b"f", b"a"), b"ok"))  # its run ends: the next starts
+    assert [a.job.name for a in assigns(out)] == [b"b"]
+    p.request(T0 + 6, m.TypePause("f"))
+    p.finish(T0 + 6)
+    out = p.submit(T0 + 7, name="c")
+    assert assigns(out) == [] and p.core.requests.snapshot(p.job(name="c"))["waitingReason"] == "TYPE_PAUSED"
+    p.request(T0 + 8, m.TypeResume("f"))
+    p.send(T0 + 8, w, pc.WorkDone(10, pc.Handle(b"f", b"b"), b"ok"))
+    assert p.job(name="c").state is JobState.RUNNING
