@@ -151,6 +151,7 @@ class ClientRequests:
             live = self.limits.unique.get((req.task_type, req.unique_key))
             if live is not None:
                 return m.JobSubmitted(live, duplicate=True)
+            self.limits.listen()  # the job's end frees its key
         return self._create(now_millis, req.task_type, req.payload, payload_json, max_attempts, priority, key,
                             run_at, submitted_by=req.submitted_by, keys=(req.concurrency_key, req.unique_key))
 
