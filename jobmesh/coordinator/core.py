@@ -467,6 +467,7 @@ class CoordinatorCore:
                 assert due_time(job) is not None
                 stats["retry_wait" if state is JobState.RETRY_WAIT else "scheduled"] += 1
         table.next_seq = self.store.max_seq() + 1
+        self.limits.settle()
         self.schedules.load(self.store, now)  # and the fire times that passed while down follow ``missed``
         if stats["kept"]:
             log.info("kept %d running jobs on their leases for %d ms, for their workers to claim", stats["kept"], grace)

@@ -5,12 +5,15 @@ type's ``TypeLimit`` (its settings, its RUNNING jobs in total and per concurrenc
 its QUEUED jobs per key, its token buckets), the index of unique keys held by live jobs,
 and the due times at which a rate-limited type or key gets its next token. As the
 table's listener it counts every start (a move to RUNNING: an ASSIGNED event) and every
-end of an attempt; a RUNNING job recovery kept on its lease counts as it is adopted.
+end of an attempt; a RUNNING job recovery kept on its lease counts as it is adopted. It
+listens only while there is something to keep (``listen``, ``settle``): a coordinator
+with no limit and no live unique key pays nothing per job.
 
 Limits are exact because they are checked where the core assigns: the JSON part's queue
 of a limited type is a ``scheduler.KeyedJobs`` whose ``Gate`` is the type's
 ``TypeLimit``, and the Periodic part asks the same gate before each dispatch. A type
-without a limit costs one dict lookup per move here and nothing in the scheduler.
+without a limit costs one dict lookup per move here (none at all while nothing is
+limited) and nothing in the scheduler.
 
 When a type or key may start again (an attempt ended, a token is due, the limit was
 changed), the parts that hold its jobs are told (``on_open``); a token's due time is
@@ -258,7 +261,21 @@ class Limits:
         self._openers: list[Callable[[str, str | None], None]] = []
         self._changed: list[Callable[[str, TypeLimit | None], None]] = []
         self.now = 0  # the latest core time seen (a snapshot's reason is as of it)
-        table.listen(self)
+        self._listening = False
+        self.listen()  # recovery's jobs: their unique keys, and the RUNNING ones of limited types
+
+    def listen(self) -> None:
+        """Be told of every job from now on: a limit is set, or a job with a unique key comes."""
+        if not self._listening:
+            self.table.listen(self)
+            self._listening = True
+
+    def settle(self) -> None:
+        """After recovery: with no limit and no unique key held there is nothing to keep
+        until one comes (``listen``), so the table need not tell of any job meanwhile."""
+        if self._listening and not self.by_type and not self.unique:
+            self.table.unlisten(self)
+            self._listening = False
 
     def on_open(self, opener: Callable[[str, str | None], None]) -> None:
         """Tell ``opener(type, key)`` when a type (key None) or one of its keys may start again."""
@@ -407,6 +424,7 @@ class Limits:
                 self._drop(task_type)
             return
         if fresh:
+            self.listen()
             self._count(limit)
             self.by_type[task_type] = limit
         self._dirty[task_type] = limit

@@ -125,9 +125,10 @@ class ClientRequests:
             if size > MAX_PAYLOAD_BYTES:
                 return m.Error("payload is %d bytes encoded; at most %d fit in a task assignment" % (
                     size, MAX_PAYLOAD_BYTES))
-        problem = check_key("concurrencyKey", req.concurrency_key) or check_key("uniqueKey", req.unique_key)
-        if problem is not None:
-            return m.Error(problem)
+        if req.concurrency_key is not None or req.unique_key is not None:
+            problem = check_key("concurrencyKey", req.concurrency_key) or check_key("uniqueKey", req.unique_key)
+            if problem is not None:
+                return m.Error(problem)
         key = req.idempotency_key
         if key is not None:
             if len(key) > MAX_KEY_CHARS:
@@ -150,6 +151,7 @@ class ClientRequests:
             live = self.limits.unique.get((req.task_type, req.unique_key))
             if live is not None:
                 return m.JobSubmitted(live, duplicate=True)
+            self.limits.listen()  # the job's end frees its key
         return self._create(now_millis, req.task_type, req.payload, payload_json, max_attempts, priority, key,
                             run_at, submitted_by=req.submitted_by, keys=(req.concurrency_key, req.unique_key))
 

@@ -285,6 +285,11 @@ class KeyedJobs:
             for level in range(MAX_LEVEL + 1):
                 self._push_head(key, level)
 
+    def unblock_all(self) -> None:
+        """The limit changed: every key set aside competes again (O(keys set aside))."""
+        for key in list(self._blocked):
+            self.unblock(key)
+
     def entries(self) -> list[tuple[int, int, int, str]]:
         return [e for queue in self._by_key.values() for e in queue.entries()]
 
@@ -331,8 +336,13 @@ class TypedQueues:
         return QueuedJobs() if gate is None else KeyedJobs(gate)
 
     def set_gate(self, task_type: str, gate: Gate | None, key_of: Callable[[str], str | None]) -> None:
-        """The type got a limit (``gate``) or lost it (None): its queued jobs are queued
-        again behind it, every key open again (``key_of``: a queued job's concurrency key)."""
+        """The type got a limit (``gate``), lost it (None) or its limit changed: its queued
+        jobs are queued again behind it (``key_of``: a queued job's concurrency key), or
+        for a changed limit only its keys set aside compete again."""
+        old = self._by_type.get(task_type)
+        if gate is not None and type(old) is KeyedJobs and old.gate is gate:
+            old.unblock_all()
+            return
         if gate is None:
             self._gates.pop(task_type, None)
         else:

@@ -391,6 +391,23 @@ def test_task_type_limits_of_client_and_worker_tokens(authed, opened):
     worker.close()
 
 
+def test_a_limited_admin_token_limits_only_its_task_types(authed, opened):
+    # Given an admin token limited to GREET and etl.*
+    etl = connect(authed.client_addr, authed.tokens["etl-admin"], opened)
+    # A limit of another type is forbidden, whichever request changes it; reads are not
+    for request in ({"type": "LIMIT_PUT", "limit": {"taskType": "SLEEP", "maxRunning": 0}},
+                    {"type": "TYPE_PAUSE", "taskType": "SLEEP"}, {"type": "TYPE_RESUME", "taskType": "SLEEP"},
+                    {"type": "LIMIT_DELETE", "taskType": "SLEEP"}):
+        reply = etl.request(request)
+        assert reply["type"] == "ERROR" and reply["message"].startswith("forbidden: "), (request, reply)
+        assert "may not limit task type 'SLEEP'" in reply["message"], reply
+    assert etl.request({"type": "LIMIT_GET", "taskType": "SLEEP"})["limit"]["maxRunning"] is None
+    # Within its limits it may (GREET: a type a worker of this module declared, or an ERROR of its own)
+    for kind in ("TYPE_PAUSE", "TYPE_RESUME"):  # resumed: the module's other tests run GREET jobs
+        reply = etl.request({"type": kind, "taskType": "GREET"})
+        assert not (reply["type"] == "ERROR" and reply["message"].startswith("forbidden: ")), reply
+
+
 def test_a_limited_admin_token_schedules_only_its_task_types(authed, opened):
     # Given an admin token limited to GREET and etl.*: a schedule's fires submit its
     # taskType, so a schedule of another type is as forbidden as submitting one (and a

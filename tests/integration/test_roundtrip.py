@@ -17,7 +17,7 @@ from tests.helpers import assert_stays, wait_until
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
                    "retryAtMillis", "retryOf", "waitingReason", "protocol", "name",
-                   "submittedBy"}
+                   "submittedBy", "concurrencyKey", "uniqueKey"}
 WORKER_ITEM_FIELDS = {"workerId", "capacity", "activeJobs", "lastHeartbeatMillis"}
 
 

@@ -328,3 +328,19 @@ def test_a_periodic_func_obeys_the_limit_of_its_name():
     p.request(T0 + 8, m.TypeResume("f"))
     p.send(T0 + 8, w, pc.WorkDone(10, pc.Handle(b"f", b"b"), b"ok"))
     assert p.job(name="c").state is JobState.RUNNING
+
+
+def test_after_a_recovery_with_nothing_to_keep_a_unique_key_or_a_limit_is_still_kept():
+    # Given a core recovered from an empty store (nothing limited, no unique key held)
+    h = Harness()
+    h.core.recover(0)
+    h.register(0, "w", capacity=1)
+    # Then a unique key is held while its job lives, and freed when it ends
+    first = submit_ok(h, ukey="u")
+    assert submit(h, 1, ukey="u") == m.JobSubmitted(first, duplicate=True)
+    h.report(2, first)
+    assert submit_ok(h, 3, ukey="u") != first
+    # ... and a limit set now counts the job already running
+    put_ok(h, 4, maxRunning=1)
+    queued = submit_ok(h, 5)
+    assert reason(h, queued) == "CONCURRENCY_LIMIT"

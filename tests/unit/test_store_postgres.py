@@ -394,6 +394,26 @@ def test_opening_twice_creates_the_schema_once_and_migrates_nothing(stores):
     assert first.migrated == [] and second.migrated == []
 
 
+def test_a_schema_from_before_limits_gets_their_table_and_columns_on_opening(stores, admin):
+    # Given a schema as a coordinator before limits left it (a job in it)
+    first = stores()
+    first.lead(lambda: None)
+    first.write(batch(make_job("old", 1)))
+    first.close()
+    admin.execute("DROP TABLE jobmesh_limits")
+    admin.execute("ALTER TABLE jobmesh_jobs DROP COLUMN concurrency_key, DROP COLUMN unique_key")
+    # When a coordinator opens it
+    store = stores()
+    store.lead(lambda: None)
+    # Then the columns and the table are added, and the old row reads with no keys
+    assert store.migrated == ["concurrency_key", "unique_key"]
+    assert store.load_limits() == []
+    store.write(Batch([], [], limits=[("SLEEP", '{"maxRunning": 1}')]))
+    assert store.load_limits() == [("SLEEP", '{"maxRunning": 1}')]
+    old = store.get("old")
+    assert old is not None and (old.concurrency_key, old.unique_key) == (None, None)
+
+
 # ---- choosing the store --------------------------------------------------------------------------
 
 
