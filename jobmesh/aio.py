@@ -293,14 +293,17 @@ class AsyncClient:
         submit_retries: int = 0,
         delay: float | timedelta | None = None,
         run_at: datetime | float | None = None,
+        timeout_millis: int | None = None,
+        result_ttl_millis: int | None = None,
         concurrency_key: str | None = None,
         unique_key: str | None = None,
     ) -> str:
         """Submit a job and return its jobId (as ``CoordinatorClient.submit``: ``submit_retries``
         resubmits after a retryable ``SubmitRejected`` with backoff; ``delay`` or ``run_at``
-        schedule it; ``concurrency_key`` and ``unique_key`` as there)."""
+        schedule it; ``timeout_millis``, ``result_ttl_millis``, ``concurrency_key`` and
+        ``unique_key`` as there)."""
         request = submit_request(task_type, payload, max_attempts, priority, idempotency_key, delay, run_at,
-                                 concurrency_key, unique_key)
+                                 timeout_millis, result_ttl_millis, concurrency_key, unique_key)
         return (await self.send_submit(request, submit_retries)).job_id
 
     async def send_submit(self, request: m.SubmitJob, submit_retries: int = 0) -> m.JobSubmitted:

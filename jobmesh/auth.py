@@ -62,7 +62,7 @@ _RANK = {READER: 1, CLIENT: 2, ADMIN: 3}  # reader < client < admin; worker stan
 # what the rows of lower roles list too; worker's row is its own). A kind in no row is
 # admin's. "METRICS" is the metrics port's every path but /healthz and /readyz.
 ROLE_REQUESTS: dict[str, frozenset[str]] = {
-    WORKER: frozenset({"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"}),
+    WORKER: frozenset({"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT", "TASK_PROGRESS"}),
     READER: frozenset({"GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "GET_JOB_EVENTS", "WAIT_JOB", "GET_STATS",
                        "GET_JOB_PAYLOAD", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PREVIEW", "LIMIT_GET",
                        "LIMIT_LIST", "METRICS"}),

@@ -323,9 +323,10 @@ class ScriptedWorker:
     # -- lifecycle ---------------------------------------------------------------
 
     def register(self, worker_id: str | None = None, capacity: int | None = None,
-                 heartbeats: bool = True, timeout: float = 5.0, task_types: list[str] | None = None) -> dict:
-        """Send WORKER_REGISTER (with ``taskTypes`` if given); return WORKER_REGISTERED or
-        raise ``RegistrationRefused``."""
+                 heartbeats: bool = True, timeout: float = 5.0, task_types: list[str] | None = None,
+                 extra: dict | None = None) -> dict:
+        """Send WORKER_REGISTER (with ``taskTypes`` if given, and the fields of ``extra``);
+        return WORKER_REGISTERED or raise ``RegistrationRefused``."""
         if worker_id is not None:
             self.worker_id = worker_id
         if capacity is not None:
@@ -333,6 +334,7 @@ class ScriptedWorker:
         frame = {"type": "WORKER_REGISTER", "workerId": self.worker_id, "capacity": self.capacity}
         if task_types is not None:
             frame["taskTypes"] = task_types
+        frame.update(extra or {})
         self.send(frame)
         self.conn.sock.settimeout(timeout)
         try:

@@ -189,3 +189,42 @@ def deaf(payload, ctx):
         time.sleep(0.05)
     mark(payload, "finished")
     return {"done": True}
+
+
+def _wait_for(path, ctx, seconds=30):
+    """Whether ``path`` appeared within ``seconds`` (False as soon as the attempt is cancelled)."""
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if ctx.cancelled.is_set() or time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@task("REPORTER")
+def reporter(payload, ctx):
+    """Attempt n marks ``started-n``, waits for the file ``report-n`` in ``dir`` and reports
+    the ``fraction`` and ``message`` it holds (JSON), waits for ``end-n``, then fails if
+    ``report-n`` said ``fail``, else returns."""
+    d = Path(payload["dir"])
+    n = ctx.attempt
+    mark(payload, "started-%d" % n)
+    if not _wait_for(d / ("report-%d" % n), ctx):
+        return {"reported": False}
+    spec = json.loads((d / ("report-%d" % n)).read_text())
+    ctx.progress(spec["fraction"], spec.get("message"))
+    if not _wait_for(d / ("end-%d" % n), ctx):
+        return {"reported": True}
+    if spec.get("fail"):
+        raise RuntimeError("attempt %d fails after reporting" % n)
+    return {"attempt": n}
+
+
+@task("SPIN")
+def spin(payload, ctx):
+    """``ctx.progress`` ``calls`` times in a tight loop, then returns how long that took."""
+    calls = payload["calls"]
+    started = time.monotonic()
+    for i in range(calls):
+        ctx.progress(i / calls, "step %d" % i)
+    return {"calls": calls, "seconds": time.monotonic() - started}

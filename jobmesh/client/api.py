@@ -79,6 +79,7 @@ FAILOVER_TIMEOUT = 30.0
 # not sent again: the coordinator will not take it.
 DROPS_AT_ONCE = 3
 WAIT_CHUNK_MILLIS = 60_000  # one WAIT_JOB waits at most this long; ``wait`` asks again after it
+WATCH_MILLIS = 1000  # with ``on_snapshot``, ``wait`` shows the job this often (a WAIT_JOB of this long)
 _TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MILLISECOND = timedelta(milliseconds=1)
@@ -164,6 +165,7 @@ def tls_context(tls: bool | ssl.SSLContext, tls_ca: str | None, tls_cert: str | 
 def submit_request(task_type: str, payload: dict[str, Any], max_attempts: int = 0,
                    priority: str | Priority | None = None, idempotency_key: str | None = None,
                    delay: float | timedelta | None = None, run_at: datetime | float | None = None,
+                   timeout_millis: int | None = None, result_ttl_millis: int | None = None,
                    concurrency_key: str | None = None, unique_key: str | None = None) -> m.SubmitJob:
     """The SUBMIT_JOB that ``submit`` sends (``schedule_millis`` checks the times; the
     other types are checked when it is framed)."""
@@ -171,8 +173,8 @@ def submit_request(task_type: str, payload: dict[str, Any], max_attempts: int = 
         priority = priority.value
     run_at_millis, delay_millis = schedule_millis(delay, run_at)
     return m.SubmitJob(task_type, payload, max_attempts, idempotency_key, priority,
-                       run_at_millis=run_at_millis, delay_millis=delay_millis,
-                       concurrency_key=concurrency_key, unique_key=unique_key)
+                       run_at_millis=run_at_millis, delay_millis=delay_millis, timeout_millis=timeout_millis,
+                       result_ttl_millis=result_ttl_millis, concurrency_key=concurrency_key, unique_key=unique_key)
 
 
 # A limit's fields (CONTRACT, "Limits"): the counts are whole numbers, the rates numbers.
@@ -279,20 +281,24 @@ class WaitChunks:
     """The WAIT_JOBs of one ``wait``: called, the next one, asking for at most
     ``WAIT_CHUNK_MILLIS`` or the time left of ``timeout`` seconds (None: no limit). It is
     made anew for each sending, so that one sent again after a lost connection asks for
-    the time left then. ``clock``: monotonic seconds."""
+    the time left then. ``clock``: monotonic seconds. A ``watch``ed wait asks at once
+    first (0 ms), then for ``WATCH_MILLIS`` at a time, so its caller sees the job about
+    once a second."""
 
-    def __init__(self, job_id: str, timeout: float | None, clock: Callable[[], float]) -> None:
+    def __init__(self, job_id: str, timeout: float | None, clock: Callable[[], float], watch: bool = False) -> None:
         self.job_id = job_id
         self.timeout = timeout
         self._clock = clock
         self._deadline = None if timeout is None else clock() + max(timeout, 0.0)
         self._last = False  # whether the request made last asks for all the time left
+        self._watch = watch
+        self._first = watch  # a watched wait shows the job at once
 
     def __call__(self) -> m.WaitJob:
-        chunk = WAIT_CHUNK_MILLIS
+        chunk = WAIT_CHUNK_MILLIS if not self._watch else 0 if self._first else WATCH_MILLIS
         if self._deadline is not None:
             left = max(0, math.ceil((self._deadline - self._clock()) * 1000))
-            self._last = left <= WAIT_CHUNK_MILLIS
+            self._last = left <= chunk
             chunk = min(chunk, left)
         return m.WaitJob(self.job_id, chunk)
 
@@ -303,6 +309,7 @@ class WaitChunks:
             return job
         if self._last:
             raise WaitTimeout(self.job_id, self.timeout if self.timeout is not None else 0.0, job)
+        self._first = False
         return None
 
 
@@ -395,6 +402,8 @@ class CoordinatorClient:
         submit_retries: int = 0,
         delay: float | timedelta | None = None,
         run_at: datetime | float | None = None,
+        timeout_millis: int | None = None,
+        result_ttl_millis: int | None = None,
         concurrency_key: str | None = None,
         unique_key: str | None = None,
     ) -> str:
@@ -409,12 +418,16 @@ class CoordinatorClient:
         Give at most one; a naive datetime or a negative time raises ``ValueError`` before
         anything is sent.
 
+        ``timeout_millis`` is this job's per-attempt deadline (1 ms to 7 days; None: its task
+        type's, else the coordinator's); ``result_ttl_millis`` purges the job, timeline and
+        all, that long after it ends (None: the coordinator's retention).
+
         ``concurrency_key``: the key the type's per-key limits count the job under (README.md,
         "Limits"). ``unique_key``: while a job of the type with that key is not finished,
         nothing is created and that job's id is returned (``send_submit`` says which).
         """
         request = submit_request(task_type, payload, max_attempts, priority, idempotency_key, delay, run_at,
-                                 concurrency_key, unique_key)
+                                 timeout_millis, result_ttl_millis, concurrency_key, unique_key)
         return self.send_submit(request, submit_retries).job_id
 
     def send_submit(self, request: m.SubmitJob, submit_retries: int = 0) -> m.JobSubmitted:
@@ -502,7 +515,8 @@ class CoordinatorClient:
         reply = self._request(purge_request(older_than_millis, limit, dry_run), m.JobsPurged)
         return reply.purged, reply.more
 
-    def wait(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
+    def wait(self, job_id: str, timeout: float | None = None,
+             on_snapshot: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
         """Wait until the job is COMPLETED, FAILED or CANCELLED and return that snapshot.
 
         No polling: each WAIT_JOB is answered by the coordinator the moment the job ends,
@@ -513,12 +527,19 @@ class CoordinatorClient:
         its wait plus the client's ``timeout``; meanwhile other threads sharing this
         client wait for the socket. A wait rides through its coordinator's restart or a
         standby's takeover (``failover_timeout``), asking again for the time left.
+
+        ``on_snapshot`` watches the job meanwhile: it is called with the snapshot at once
+        and then about once a second (``WATCH_MILLIS``) until the job ends, e.g. to show
+        its ``progress``.
         """
-        asks = WaitChunks(job_id, timeout, time.monotonic)
+        asks = WaitChunks(job_id, timeout, time.monotonic, watch=on_snapshot is not None)
         while True:
-            job = asks.outcome(self._request(asks, m.JobStatus, idempotent=True).job)
+            snapshot = self._request(asks, m.JobStatus, idempotent=True).job
+            job = asks.outcome(snapshot)
             if job is not None:
                 return job
+            if on_snapshot is not None:
+                on_snapshot(snapshot)
 
     def request(self, request: m.Message, expect: type, idempotent: bool = False) -> Any:
         """Send any client-port request and return its reply of type ``expect`` (errors as

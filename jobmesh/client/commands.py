@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shutil
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -54,11 +55,22 @@ class Console:
         self.stdout.write(render.printable(text) + "\n")
         self.stdout.flush()
 
+    def terminal(self) -> bool:
+        """Whether the output goes to a terminal."""
+        isatty = getattr(self.stdout, "isatty", None)
+        return isatty is not None and bool(isatty())
+
     def screen(self, codes: str, text: str) -> None:
         """Terminal ``codes`` of our own (``top``'s clear-screen), then a line of output; into
         a pipe or a file, only the line (codes are for a terminal)."""
-        isatty = getattr(self.stdout, "isatty", None)
-        self.stdout.write((codes if isatty is not None and isatty() else "") + render.printable(text) + "\n")
+        self.stdout.write((codes if self.terminal() else "") + render.printable(text) + "\n")
+        self.stdout.flush()
+
+    def live(self, text: str | None) -> None:
+        """A line redrawn in place (``wait``'s progress), cut to the terminal's width so it
+        never wraps; None erases it. Only for a terminal: callers check ``terminal()``."""
+        line = "" if text is None else render.printable(text)[: max(1, shutil.get_terminal_size().columns - 1)]
+        self.stdout.write("\r\x1b[K" + line)
         self.stdout.flush()
 
     def error(self, command: str, text: str) -> None:
@@ -204,9 +216,10 @@ def _last_workers(client: CoordinatorClient, jobs: list[dict[str, Any]]) -> dict
 
 def _await(command: str, client: CoordinatorClient, console: Console, job_id: str, timeout: float | None,
            as_json: bool) -> int:
-    """Wait for the job, print its final snapshot, and map its end state to an exit code."""
+    """Wait for the job, print its final snapshot, and map its end state to an exit code.
+    On a terminal (and not ``--json``), a line shows the job meanwhile: its state and progress."""
     try:
-        job = client.wait(job_id, timeout=timeout)
+        job = _watch(client, console, job_id, timeout, as_json)
     except WaitTimeout as exc:
         _show_job(client, console, exc.job, as_json)
         console.error(command, "timed out: %s" % exc)
@@ -217,6 +230,18 @@ def _await(command: str, client: CoordinatorClient, console: Console, job_id: st
     console.error(command, "job %s ended %s: %s"
                   % (job_id, job.get("state"), job.get("error") or "no error recorded"))
     return EXIT_FAILED
+
+
+def _watch(client: CoordinatorClient, console: Console, job_id: str, timeout: float | None,
+           as_json: bool) -> dict[str, Any]:
+    """``client.wait``, with the live line on a terminal, erased before anything else is written."""
+    if as_json or not console.terminal():
+        return client.wait(job_id, timeout=timeout)
+    try:
+        return client.wait(job_id, timeout=timeout,
+                           on_snapshot=lambda job: console.live(render.watch_line(job, _now_millis())))
+    finally:
+        console.live(None)
 
 
 # ---- handlers ---------------------------------------------------------------------------

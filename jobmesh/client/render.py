@@ -8,6 +8,7 @@ the wire field names, exactly as the coordinator sent them.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -132,6 +133,31 @@ def last_worker(events: list[dict[str, Any]]) -> str | None:
     return str(event["workerId"]) if attempt is None else "%s (attempt %s)" % (event["workerId"], attempt)
 
 
+def progress(job: dict[str, Any]) -> str | None:
+    """``42% compressing chunk 7``: a running job's last progress report (its snapshot's
+    ``progress``) on one line, the percentage rounded down; None without one."""
+    report = job.get("progress")
+    if job.get("state") != "RUNNING" or not isinstance(report, dict):
+        return None
+    fraction = report.get("fraction")
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+        return None
+    text = "%d%%" % math.floor(fraction * 100 + 1e-9)  # 0.29 is 29%, not 28% (0.29 * 100 < 29)
+    message = report.get("message")
+    if isinstance(message, str) and message.strip():
+        text += " " + " ".join(message.split())
+    return text
+
+
+def watch_line(job: dict[str, Any], now_millis: int) -> str:
+    """What ``wait`` shows on a terminal while the job runs: ``job J RUNNING 42% compressing
+    chunk 7``, or why it waits."""
+    shown = progress(job)
+    if shown is None and job.get("waitingReason") is not None:
+        shown = waiting(job, now_millis)
+    return " ".join(str(part) for part in ("job", job.get("jobId"), job.get("state"), shown) if part is not None)
+
+
 def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None,
                events: list[dict[str, Any]] | None = None, held: Held | None = None) -> str:
     """One job as labelled lines, for ``status``, ``cancel`` and ``wait``; ``workers`` and
@@ -162,6 +188,9 @@ def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any
     keys = job_keys(job)
     if keys is not None:
         rows.insert(rows.index(("priority", job.get("priority"))), ("keys", keys))
+    shown = progress(job)
+    if shown is not None:  # a running job's last report
+        rows.insert(rows.index(("state", job.get("state"))) + 1, ("progress", shown))
     if job.get("submittedBy") is not None:  # the token's name, with --auth-file
         rows.insert(rows.index(("created", when(created, now_millis))), ("submitter", job["submittedBy"]))
     if job.get("scheduleName") is not None:

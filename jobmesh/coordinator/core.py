@@ -129,6 +129,7 @@ class CoordinatorCore:
             ev.Request: self._request,
             ev.Registered: lambda e, now: json.on_registered(now, e.conn, e.msg),
             ev.Result: lambda e, now: json.on_result(now, e.conn, e.msg),
+            ev.Progress: lambda e, now: json.on_progress(now, e.conn, e.msg),
             ev.Disconnected: lambda e, now: json.on_disconnected(now, e.conn),
             ev.PeriodicPacket: lambda e, now: periodic.on_packet(now, e.conn, e.msg, e.submitted_by),
             ev.PeriodicClosed: lambda e, now: periodic.on_closed(now, e.conn),
@@ -392,7 +393,8 @@ class CoordinatorCore:
         limits = self.limits.take_dirty()
         if not schedules and not limits:
             return batch
-        return Batch(batch.inserts, batch.updates, batch.task_types, batch.purges, schedules, limits)
+        return Batch(batch.inserts, batch.updates, batch.task_types, batch.purges, schedules, limits,
+                     batch.task_defaults)
 
     def take_outbound(self) -> list[tuple[OutboundConnection, Frame]]:
         return self.outbox.take()
@@ -430,6 +432,7 @@ class CoordinatorCore:
         table = self.table
         grace = self.config.lease_grace_millis
         table.known_types.update(self.store.load_task_types())
+        table.load_defaults(self.store.load_task_defaults())
         self.limits.load(self.store, now)  # before the jobs: the RUNNING ones count against them
         wall = now + table.drift
         for job in self.store.load_active():

@@ -43,6 +43,17 @@ class Result(Event):
         self.msg = msg
 
 
+class Progress(Event):
+    """A TASK_PROGRESS arrived."""
+
+    __slots__ = ("conn", "msg")
+    conn: OutboundConnection
+
+    def __init__(self, conn: OutboundConnection, msg: m.TaskProgress) -> None:
+        self.conn = conn
+        self.msg = msg
+
+
 class Disconnected(Event):
     """A registered worker's connection ended."""
 

@@ -51,6 +51,8 @@ class Counters:
     workers_lost: int = 0  # worker sessions lost (dead or disconnected)
     stale_results: int = 0  # results for an old lease, dropped
     purged: int = 0  # finished jobs deleted by retention or PURGE_JOBS
+    progress_reports: int = 0  # TASK_PROGRESS frames applied (kept as their job's progress)
+    progress_dropped: int = 0  # TASK_PROGRESS frames dropped: a lease not held, or out of bounds
 
     def add(self, other: Counters) -> None:
         for f in fields(self):
@@ -225,6 +227,10 @@ METRICS: tuple[Metric, ...] = (
            summary="workersLost"),
     Metric("jobmesh_stale_results_total", "Results for an old lease, dropped.", C, "counters.stale_results",
            summary="staleResults"),
+    Metric("jobmesh_progress_reports_total", "TASK_PROGRESS reports applied (each replaces its running job's "
+           "progress, in memory).", C, "counters.progress_reports"),
+    Metric("jobmesh_progress_dropped_total", "TASK_PROGRESS reports dropped: for a lease the worker does not "
+           "hold, or out of bounds.", C, "counters.progress_dropped"),
     Metric("jobmesh_jobs_purged_total", "Finished jobs deleted (retention and PURGE_JOBS).", C, "counters.purged"),
     Metric("jobmesh_workers", "Live worker sessions (JSON workers).", G, "workers", summary="workers",
            stats="workers"),

@@ -20,6 +20,11 @@ Claims are taken while the coordinator is draining or paused too: the attempt ru
 anyway, and its result can be applied. A result is applied only from the session that
 holds its lease: a kept lease nobody claimed takes no result.
 
+A TASK_PROGRESS is kept only in memory, as its job's ``progress`` (the snapshot shows
+it), and only from the session that holds the lease of that very attempt; the job's next
+move clears it. It is never stored: a report costs a lookup and a small dict, and a
+restart forgets it (the next report brings it back).
+
 A session that asked for them (WORKER_REGISTER ``resultAcks``) gets one RESULT_ACK at
 the end of each batch naming the results of it that were dealt with (applied, or
 stale); the frame leaves after the batch's commit, so an acknowledged result is durable.
@@ -44,7 +49,8 @@ from jobmesh.coordinator.timers import Timers
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from jobmesh.protocol.messages import quote
-from jobmesh.protocol.payloads import MAX_NESTING, is_finite_json, result_too_large, too_deep
+from jobmesh.protocol.payloads import (MAX_NESTING, is_finite_json, progress_problem, result_too_large,
+                                       task_defaults_problem, too_deep)
 
 if TYPE_CHECKING:
     from jobmesh.coordinator.connection import OutboundConnection
@@ -142,8 +148,18 @@ class JsonJobs:
             self._refuse(conn, "worker id %s belongs to a live Periodic worker session" % quote(worker_id))
             return
         types = BUILTIN_TYPES if msg.task_types is None else frozenset(msg.task_types)
+        if msg.task_defaults is not None:
+            problem = self._defaults_problem(msg.task_defaults, types)
+            if problem is not None:
+                log.warning("refused registration worker=%s: %s", worker_id, problem)
+                self._refuse(conn, problem)
+                return
         for name in self.table.declare_types(types, now):
             log.info("new task type declared type=%s worker=%s", name, worker_id)
+        if msg.task_defaults:
+            for name in self.table.declare_defaults(msg.task_defaults):
+                log.info("task type defaults declared type=%s worker=%s defaults=%s", name, worker_id,
+                         ujson.dumps(self.table.defaults[name].to_wire()))
         session = Session(worker_id, capacity, conn, now, types, msg.result_acks)
         self.workers.add(session)
         for name in types:
@@ -152,6 +168,18 @@ class JsonJobs:
         log.info("worker registered worker=%s capacity=%d types=%s", worker_id, capacity, ",".join(sorted(types)))
         if msg.running:
             self._claim(now, session, msg.running)
+
+    @staticmethod
+    def _defaults_problem(declared: dict, types: frozenset[str]) -> str | None:
+        """Why a registration's ``taskDefaults`` cannot be kept: a worker speaks only for
+        the types it declares (which its token allows), within the bounds."""
+        for name, body in declared.items():
+            if name not in types:
+                return "taskDefaults names task type %s, which this worker does not declare" % quote(name)
+            problem = task_defaults_problem(name, body)
+            if problem is not None:
+                return problem
+        return None
 
     def _claim(self, now: int, session: Session, running: list[dict]) -> None:
         """Keep the named leases that recovery kept for this worker; cancel the others.
@@ -191,9 +219,15 @@ class JsonJobs:
 
     def registration_writes(self, msg: m.WorkerRegister) -> bool:
         """Whether applying this registration would write a row: it declares a task type
-        the database does not know yet, or claims running attempts (a claim stores the
-        lease's new holder and deadline)."""
-        return bool(msg.running) or (msg.task_types is not None and not set(msg.task_types) <= self.table.known_types)
+        the database does not know yet or defaults other than those kept, or claims
+        running attempts (a claim stores the lease's new holder and deadline)."""
+        return (bool(msg.running) or (msg.task_types is not None and not set(msg.task_types) <= self.table.known_types)
+                or (bool(msg.task_defaults) and self._defaults_change(msg)))
+
+    def _defaults_change(self, msg: m.WorkerRegister) -> bool:
+        types = BUILTIN_TYPES if msg.task_types is None else frozenset(msg.task_types)
+        return (msg.task_defaults is not None and self._defaults_problem(msg.task_defaults, types) is None
+                and self.table.changes_defaults(msg.task_defaults))
 
     def refuse_registration(self, conn: OutboundConnection, msg: m.WorkerRegister, reason: str) -> None:
         """A registration that would store a new task type: ERROR, closed (it registers again)."""
@@ -221,23 +255,16 @@ class JsonJobs:
             if not session.acks:
                 self.acking.append(session)
             session.acks.append(res.attempt_id)
-        job = self.table.jobs.get(res.job_id)
-        if (
-            session is None
-            or session.worker_id != res.worker_id
-            or job is None
-            or job.state is not JobState.RUNNING
-            or job.attempt_id != res.attempt_id
-            or self.table.leases.get(res.job_id) is not session
-            or job.periodic is not None
-        ):
+        job = self._held(session, res.worker_id, res.job_id, res.attempt_id)
+        if job is None:
             log.warning("stale result dropped job=%s attempt=%s worker=%s", res.job_id, res.attempt_id, res.worker_id)
             self.counters.stale_results += 1
             if session is not None and self._stale_flood(session, now):
                 return
-            if job is not None:
-                self.table.event(job, now, "STALE_RESULT", "a result for a lease that had ended was dropped",
-                                 attempt=_attempt_number(job.job_id, res.attempt_id), worker_id=res.worker_id)
+            stale = self.table.jobs.get(res.job_id)
+            if stale is not None:
+                self.table.event(stale, now, "STALE_RESULT", "a result for a lease that had ended was dropped",
+                                 attempt=_attempt_number(stale.job_id, res.attempt_id), worker_id=res.worker_id)
             return
         if res.success:
             result = res.result if res.result is not None else {}
@@ -262,6 +289,35 @@ class JsonJobs:
         else:
             error = (res.error or "task failed without an error message")[:MAX_ERROR_CHARS]
             self.attempt_failed(job, now, error, "ATTEMPT_FAILED")
+
+    def on_progress(self, now: int, conn: OutboundConnection, report: m.TaskProgress) -> None:
+        """Keep a progress report as its job's ``progress`` if the session holds the lease of
+        that attempt and the report is within bounds; drop it otherwise (the connection
+        stays: a late report of an attempt that just ended is normal)."""
+        job = self._held(self.workers.by_conn(conn), report.worker_id, report.job_id, report.attempt_id)
+        if job is None or progress_problem(report.fraction, report.message) is not None:
+            self.counters.progress_dropped += 1
+            log.debug("progress dropped job=%s attempt=%s worker=%s", report.job_id, report.attempt_id,
+                      report.worker_id)
+            return
+        self.counters.progress_reports += 1
+        job.progress = {"fraction": report.fraction, "message": report.message, "atMillis": now + self.table.drift}
+
+    def _held(self, session: Session | None, worker_id: str, job_id: str, attempt_id: str) -> Job | None:
+        """The job whose running attempt ``attempt_id`` is leased to ``session``, which the
+        frame says is ``worker_id``; None if it is not: the one check of results and progress."""
+        job = self.table.jobs.get(job_id)
+        if (
+            session is None
+            or session.worker_id != worker_id
+            or job is None
+            or job.state is not JobState.RUNNING
+            or job.attempt_id != attempt_id
+            or self.table.leases.get(job_id) is not session
+            or job.periodic is not None
+        ):
+            return None
+        return job
 
     def send_acks(self) -> None:
         """The end of a batch: each session that asked gets one RESULT_ACK for its results
@@ -343,7 +399,10 @@ class JsonJobs:
         """An attempt ended without a result: RETRY_WAIT while attempts remain, else FAILED."""
         self.table.attempt_ended(job, now, error, cause)
         if job.attempts < job.max_attempts:
-            delay = scheduler.retry_delay_millis(job.attempts, self.config.retry_base_millis, self.config.retry_cap_millis)
+            # The job's own backoff (its task type's, kept at creation), else the coordinator's.
+            base = self.config.retry_base_millis if job.retry_base is None else job.retry_base
+            cap = self.config.retry_cap_millis if job.retry_cap is None else job.retry_cap
+            delay = scheduler.retry_delay_millis(job.attempts, base, cap)
             self.table.transition(job, JobState.RETRY_WAIT, now, due_at=now + delay)
             log.info("retry job=%s attempt=%d/%d in=%dms error=%s", job.job_id, job.attempts, job.max_attempts, delay, error)
         else:

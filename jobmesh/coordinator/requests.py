@@ -30,14 +30,14 @@ from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.messages import quote
-from jobmesh.protocol.payloads import MAX_NESTING, TASK_SPECS, is_finite_json, too_deep, validate_payload
+from jobmesh.protocol.payloads import (MAX_ATTEMPTS_LIMIT, MAX_NESTING, MAX_TIMEOUT_MILLIS, MAX_TTL_MILLIS, TASK_SPECS,
+                                       is_finite_json, too_deep, validate_payload)
 
 if TYPE_CHECKING:
     from jobmesh.coordinator.connection import ReplyConnection
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS_LIMIT = 1_000_000
 MAX_KEY_CHARS = 1024
 MAX_PAYLOAD_BYTES = MAX_FRAME - 4096  # leaves room for TASK_ASSIGN's other fields
 LIST_DEFAULT = 100
@@ -109,9 +109,14 @@ class ClientRequests:
             priority = Priority.parse(req.priority)
         except ValueError as exc:
             return m.Error(str(exc))
-        max_attempts = req.max_attempts if req.max_attempts > 0 else self.config.default_max_attempts
+        max_attempts = req.max_attempts if req.max_attempts > 0 else self.table.max_attempts_of(req.task_type)
         if max_attempts > MAX_ATTEMPTS_LIMIT:
             return m.Error("maxAttempts must be at most %d, got %s" % (MAX_ATTEMPTS_LIMIT, quote(max_attempts)))
+        timeout, ttl = req.timeout_millis, req.result_ttl_millis
+        if timeout is not None and not 1 <= timeout <= MAX_TIMEOUT_MILLIS:
+            return m.Error("timeoutMillis must be 1..%d (7 days), got %s" % (MAX_TIMEOUT_MILLIS, quote(timeout)))
+        if ttl is not None and not 0 <= ttl <= MAX_TTL_MILLIS:
+            return m.Error("resultTtlMillis must be 0..%d (ten years), got %s" % (MAX_TTL_MILLIS, quote(ttl)))
         problem = self.check_payload(req.task_type, req.payload)
         if problem is not None:
             return m.Error(problem)
@@ -153,15 +158,17 @@ class ClientRequests:
                 return m.JobSubmitted(live, duplicate=True)
             self.limits.listen()  # the job's end frees its key
         return self._create(now_millis, req.task_type, req.payload, payload_json, max_attempts, priority, key,
-                            run_at, submitted_by=req.submitted_by, keys=(req.concurrency_key, req.unique_key))
+                            run_at, submitted_by=req.submitted_by, timeout=timeout, result_ttl=ttl,
+                            keys=(req.concurrency_key, req.unique_key))
 
     def _create(self, now_millis: int, task_type: str, payload: dict[str, Any], payload_json: str | None,
                 max_attempts: int, priority: Priority, key: str | None, run_at: int | None,
-                retry_of: str | None = None, submitted_by: str | None = None,
-                keys: tuple[str | None, str | None] = (None, None)) -> m.Message:
+                retry_of: str | None = None, submitted_by: str | None = None, timeout: int | None = None,
+                result_ttl: int | None = None, keys: tuple[str | None, str | None] = (None, None)) -> m.Message:
         """Admit and create a job (SUBMITTED, then QUEUED or SCHEDULED); the reply to its submit.
         ``submitted_by`` is the name of the token that asked (auth on), which the SUBMITTED
-        event names too; ``keys`` its concurrencyKey and uniqueKey."""
+        event names too; ``keys`` its concurrencyKey and uniqueKey. ``timeout`` and the retry
+        backoff not given come from the task type's declared defaults (``JobTable.give_defaults``)."""
         if self.table.active_count >= self.config.max_active_jobs:
             self.counters.rejected += 1
             return m.SubmitRejected(
@@ -170,8 +177,10 @@ class ClientRequests:
             )
         later = run_at is not None and run_at > now_millis + self.table.drift
         job = self.table.new_job(now_millis, task_type, payload, max_attempts, priority,
-                                 JobState.SCHEDULED if later else JobState.QUEUED, key, self.config.task_timeout_millis,
-                                 payload_json, run_at, retry_of)
+                                 JobState.SCHEDULED if later else JobState.QUEUED, key, None, payload_json, run_at,
+                                 retry_of)
+        self.table.give_defaults(job, timeout)
+        job.result_ttl = result_ttl
         job.concurrency_key, job.unique_key = keys
         detail = None if retry_of is None else "retry of %s" % retry_of
         if submitted_by is not None:
@@ -295,7 +304,8 @@ class ClientRequests:
         if problem is not None:
             return m.Error("job %s cannot be retried: %s" % (job_id, problem))
         reply = self._create(now_millis, job.task_type, job.payload, None, job.max_attempts, job.priority, None,
-                             None, retry_of=job_id, submitted_by=submitted_by, keys=(job.concurrency_key, None))
+                             None, retry_of=job_id, submitted_by=submitted_by, timeout=job.execution_timeout,
+                             result_ttl=job.result_ttl, keys=(job.concurrency_key, None))
         if isinstance(reply, m.JobSubmitted):
             log.info("retry submitted job=%s retry_of=%s", reply.job_id, job_id)
         return reply
@@ -320,18 +330,27 @@ class ClientRequests:
         return m.JobsPurged(purged, purged == limit)
 
     def purge_expired(self, now_millis: int, limit: int = PURGE_SWEEP) -> None:
-        """Retention: purge finished jobs older than ``retain_finished_millis`` in small
-        steps (each sweep, and each batch while more are due), so the database stops
-        growing under a steady load without one large delete ever stalling the core."""
+        """Retention: purge finished jobs older than ``retain_finished_millis``, and those
+        whose own time to live (resultTtlMillis) has passed, in small steps (each sweep,
+        and each batch while more are due), so the database stops growing under a steady
+        load without one large delete ever stalling the core.
+
+        A job with a time to live is found by the store's expiry index, whatever its
+        place in the sequence, and only there; the others by the walk in sequence order."""
+        wall = now_millis + self.table.drift
+        expired = self.table.store.expired(wall, limit)
+        if expired:
+            self.table.forget(expired)
         retain = self.config.retain_finished_millis
         if retain <= 0:
+            self.purge_backlog = len(expired) >= limit
             return
-        cutoff = now_millis + self.table.drift - retain
-        found, self._purge_cursor = self.table.store.purgeable(self._purge_cursor, cutoff, limit)
+        # A job with a time to live of its own is kept that long, however long retention keeps the others.
+        found, self._purge_cursor = self.table.store.purgeable(self._purge_cursor, wall - retain, limit, False)
         self.table.forget(found)
         # Keep purging every batch only while walks find plenty (a walk that steps over
         # active jobs finds little, and waits for the next sweep).
-        self.purge_backlog = bool(self._purge_cursor) and len(found) * 2 >= limit
+        self.purge_backlog = (bool(self._purge_cursor) and len(found) * 2 >= limit) or len(expired) >= limit
 
     def list_workers(self, now_millis: int) -> m.Message:
         """Every live worker session: JSON workers, then Periodic ones (``protocol`` tells)."""

@@ -348,7 +348,8 @@ class Schedules:
         later = run_at is not None and run_at > now + table.drift
         job = table.new_job(now, s.task_type, s.payload, s.max_attempts, s.priority,
                             JobState.SCHEDULED if later else JobState.QUEUED, KEY_PREFIX + "%s:%d" % (s.name, fire),
-                            self.config.task_timeout_millis, s.payload_json, run_at)
+                            None, s.payload_json, run_at)
+        table.give_defaults(job, None)
         job.schedule_name = s.name
         job.scheduled_for = fire
         job.submitted_by = submitted_by

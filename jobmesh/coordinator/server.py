@@ -342,9 +342,9 @@ class Servers:
                     return
                 conn.last_arrival = monotonic()
                 msg = m.decode(obj, m.WORKER_PORT_REQUESTS)
-                if not isinstance(msg, (m.TaskResult, m.Heartbeat)):  # the port's one other request
+                if not isinstance(msg, (m.TaskResult, m.Heartbeat, m.TaskProgress)):  # the port's one other request
                     raise ProtocolError("WORKER_REGISTER sent twice on one connection")
-                assert isinstance(msg, (m.TaskResult, m.Heartbeat)), "the rest of WORKER_PORT_REQUESTS"
+                assert isinstance(msg, (m.TaskResult, m.Heartbeat, m.TaskProgress)), "the rest of WORKER_PORT_REQUESTS"
                 if msg.worker_id != conn.worker_id:
                     raise ProtocolError(
                         "%s workerId %s does not match this session's %s"
@@ -352,6 +352,8 @@ class Servers:
                     )
                 if isinstance(msg, m.TaskResult):
                     self.post_worker(ev.Result(conn, msg))
+                elif isinstance(msg, m.TaskProgress):  # the core keeps it or drops it: never the connection
+                    self.post_worker(ev.Progress(conn, msg))
                 else:  # a HEARTBEAT: its arrival is what it says (stamped above), and maybe "answer me"
                     if msg.ack:
                         acks = True

@@ -2,15 +2,15 @@
 
 ``JobTable`` owns the jobs in memory (the active ones, a bounded cache of finished ones),
 the idempotency-key index, the rows to commit (dirty, new, purged), the per-state counts,
-the leases (which session holds each running job), the known task types, each job's
-timeline, and the submission sequence. Jobs enter it through ``admit`` (a new job) or
-``adopt`` (recovery), and change state only through ``transition``; both tell the
-registered listeners, which keep their own indexes (queues, due times, Periodic funcs,
-waiters) in step. A listener is any object with ``entered(job, now)`` (the job is in the
-table, in its current state) and ``moved(job, source, target, now)`` (after the move);
-it says whether it wants JSON jobs, Periodic jobs or both. A new index is a listener; a
-new state is a row of the table in ``protocol/jobs.py`` and, if it needs one, a branch
-in ``transition``.
+the leases (which session holds each running job), the known task types and their
+declared defaults, each job's timeline, and the submission sequence. Jobs enter it
+through ``admit`` (a new job) or ``adopt`` (recovery), and change state only through
+``transition``; both tell the registered listeners, which keep their own indexes
+(queues, due times, Periodic funcs, waiters) in step. A listener is any object with
+``entered(job, now)`` (the job is in the table, in its current state) and
+``moved(job, source, target, now)`` (after the move); it says whether it wants JSON
+jobs, Periodic jobs or both. A new index is a listener; a new state is a row of the
+table in ``protocol/jobs.py`` and, if it needs one, a branch in ``transition``.
 
 Pure: no gevent, no clock; ``now`` is core time from the caller, and ``drift`` (kept by
 the core) turns it into the wall-clock instants a job's record holds.
@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import random
 from collections import Counter, OrderedDict
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, NamedTuple, Protocol
+
+import ujson
 
 from jobmesh.config import CoreConfig
 from jobmesh.coordinator.figures import Counters
@@ -58,6 +60,25 @@ class Listener(MoveListener, Protocol):
         """The job is in the table now (admitted or recovered), in ``job.state``."""
 
 
+class TaskDefaults(NamedTuple):
+    """What a task type's worker declared for its jobs (WORKER_REGISTER ``taskDefaults``,
+    checked by ``payloads.task_defaults_problem``); None: not declared."""
+
+    timeout: int | None = None
+    max_attempts: int | None = None
+    retry_base: int | None = None
+    retry_cap: int | None = None
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> TaskDefaults:
+        return cls(body.get("timeoutMillis"), body.get("maxAttempts"), body.get("retryBaseMillis"),
+                   body.get("retryCapMillis"))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"timeoutMillis": self.timeout, "maxAttempts": self.max_attempts, "retryBaseMillis": self.retry_base,
+                "retryCapMillis": self.retry_cap}
+
+
 class ReadPending(Exception):
     """A lookup needs a row the store has not read yet (``Store.read_later``): the
     request that asked waits for ``read`` and is applied again once it is done."""
@@ -92,6 +113,7 @@ class JobTable:
         # (--lease-grace-millis): no session holds them; their deadline ends the grace.
         self.unclaimed: set[str] = set()
         self.known_types: set[str] = set(BUILTIN_TYPES)  # built-ins and every type ever declared
+        self.defaults: dict[str, TaskDefaults] = {}  # task type -> its latest declared defaults
         self.next_seq = 1
         self.drift = 0  # wall clock minus core time (the core keeps it current)
         # (state, task type or Periodic func, priority, whether Periodic) -> active jobs;
@@ -105,6 +127,7 @@ class JobTable:
         self._dirty: dict[str, Job] = {}
         self._new: set[str] = set()
         self._new_types: list[tuple[str, int]] = []
+        self._new_defaults: dict[str, str] = {}  # task type -> its defaults' body to store
         self._purges: list[str] = []
         self._purging: set[str] = set()  # the same, to look up: their rows are gone as of this batch
         self._reads: dict[tuple[str, str], Read] = {}  # store reads a waiting request will use
@@ -297,6 +320,47 @@ class JobTable:
             self._new_types.append((name, now + self.drift))
         return new
 
+    def changes_defaults(self, declared: dict[str, Any]) -> bool:
+        """Whether keeping ``declared`` (a registration's checked ``taskDefaults``) would
+        change what is kept (and so write a row)."""
+        return any(self.defaults.get(name) != TaskDefaults.from_wire(body) for name, body in declared.items())
+
+    def declare_defaults(self, declared: dict[str, Any]) -> list[str]:
+        """Keep a registration's checked ``taskDefaults``: each type named there takes its
+        new defaults (the latest declaration wins), stored with this batch, so they are
+        durable before the registration is answered; types not named keep theirs. Returns
+        the types whose defaults changed."""
+        changed = []
+        for name, body in sorted(declared.items()):
+            defaults = TaskDefaults.from_wire(body)
+            if self.defaults.get(name) != defaults:
+                self.defaults[name] = defaults
+                self._new_defaults[name] = ujson.dumps(defaults.to_wire())
+                changed.append(name)
+        return changed
+
+    def load_defaults(self, rows: Iterable[tuple[str, str]]) -> None:
+        """Recovery: the defaults the store keeps, as (type, body JSON text)."""
+        for name, body in rows:
+            self.defaults[name] = TaskDefaults.from_wire(ujson.loads(body))
+
+    def max_attempts_of(self, task_type: str) -> int:
+        """The attempt budget of a new job of ``task_type`` whose submit named none."""
+        defaults = self.defaults.get(task_type)
+        return (defaults is not None and defaults.max_attempts) or self.config.default_max_attempts
+
+    def give_defaults(self, job: Job, timeout: int | None) -> None:
+        """A new JSON job takes its per-attempt deadline (``timeout`` if its submit gave
+        one, else its task type's, else --task-timeout-millis) and its retry backoff (its
+        task type's; None: --retry-base/cap-millis when it retries) as they stand now, and
+        keeps them."""
+        defaults = self.defaults.get(job.task_type)
+        if defaults is None:
+            job.execution_timeout = timeout or self.config.task_timeout_millis
+            return
+        job.execution_timeout = timeout or defaults.timeout or self.config.task_timeout_millis
+        job.retry_base, job.retry_cap = defaults.retry_base, defaults.retry_cap
+
     def take_dirty(self) -> Batch:
         """What to commit for everything changed since the last call."""
         inserts, updates = [], []
@@ -306,8 +370,11 @@ class JobTable:
                 inserts.append(insert_row(job))
             else:
                 updates.append(update_row(job))
-        batch = Batch(inserts, updates, self._new_types, self._purges)
+        batch = Batch(inserts, updates, self._new_types, self._purges,
+                      task_defaults=list(self._new_defaults.items()) if self._new_defaults else ())
         self._new_types, self._purges = [], []
+        if self._new_defaults:
+            self._new_defaults = {}
         self._purging = set()
         self._dirty = {}
         self._new = set()
@@ -366,8 +433,11 @@ class JobTable:
 
     def forget(self, found: list[tuple[str, str | None]]) -> int:
         """Drop finished jobs from memory (cache, keys, dirty rows); the batch's commit
-        deletes their rows. Their idempotency keys are free again."""
+        deletes their rows. Their idempotency keys are free again. Returns how many it
+        dropped: a job found twice in a batch (its time to live passed, and retention's
+        walk met it too) counts once."""
         purging = self._purging
+        dropped = 0
         for job_id, key in found:
             if job_id in purging:
                 continue
@@ -377,8 +447,9 @@ class JobTable:
             self._dirty.pop(job_id, None)
             self._purges.append(job_id)
             purging.add(job_id)
-        self.counters.purged += len(found)
-        return len(found)
+            dropped += 1
+        self.counters.purged += dropped
+        return dropped
 
     def carry_totals(self, old: JobTable) -> None:
         """A reload: the finished counts count since the process started."""

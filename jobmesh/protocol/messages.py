@@ -14,7 +14,8 @@ Error texts that quote what a peer sent go through ``quote``, which shows at mos
 Each field is declared once, as a dataclass field made by ``wire(name, kind, default)``:
 the dataclass gives the constructor, equality and typing; the codec reads the wire name
 and kind from the field's metadata. Field kinds: ``str``, ``int`` (never a bool),
-``bool``, ``obj`` (JSON object), ``list``; a trailing ``?`` allows null. A field with a
+``bool``, ``num`` (an integer or a float, never a bool), ``obj`` (JSON object), ``list``;
+a trailing ``?`` allows null. A field with a
 default may be absent; one declared with ``omit=True`` is also left out of the frames
 that carry its default, so a frame that does not use it is the frame it was before.
 
@@ -88,6 +89,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "str": lambda v: isinstance(v, str),
     "int": _is_int,
     "bool": lambda v: isinstance(v, bool),
+    "num": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
     "obj": lambda v: isinstance(v, dict),
     "list": lambda v: isinstance(v, list),
 }
@@ -161,6 +163,7 @@ _INLINE_CHECKS = {
     "str": "isinstance(v, str)",
     "int": "(isinstance(v, int) and v is not True and v is not False)",
     "bool": "(v is True or v is False)",
+    "num": "(isinstance(v, (int, float)) and v is not True and v is not False)",
     "obj": "isinstance(v, dict)",
     "list": "isinstance(v, list)",
 }
@@ -222,13 +225,14 @@ def _bad_field(cls: type[Message], name: str, kind: str, value: Any) -> Protocol
 _KIND_NAMES = {
     "str": "a string", "str?": "a string or null", "int": "an integer", "int?": "an integer or null",
     "bool": "a boolean", "obj": "an object", "obj?": "an object or null", "list": "an array",
-    "list?": "an array or null",
+    "list?": "an array or null", "num": "a number",
 }
 
 
 _PYTHON_KIND_NAMES = {
     "str": "a str", "str?": "a str or None", "int": "an int", "int?": "an int or None",
     "bool": "a bool", "obj": "a dict", "obj?": "a dict or None", "list": "a list", "list?": "a list or None",
+    "num": "an int or a float",
 }
 
 
@@ -268,6 +272,10 @@ class WorkerRegister(Message):
     # ``running`` at its next registration, so a result written to a coordinator that
     # froze or died before applying it reaches the one that follows.
     result_acks: bool = wire("resultAcks", "bool", False, omit=True)
+    # What this worker's task types ask for (``@task`` options): ``{TYPE: {timeoutMillis,
+    # maxAttempts, retryBaseMillis, retryCapMillis}}``; the coordinator keeps the latest
+    # per type. None (absent) leaves the kept ones alone.
+    task_defaults: dict[str, Any] | None = wire("taskDefaults", "obj?", None, omit=True)
 
 
 @dataclass(frozen=True)
@@ -332,6 +340,21 @@ class TaskResult(Message):
 
 
 @dataclass(frozen=True)
+class TaskProgress(Message):
+    """How far a running attempt is: ``fraction`` 0..1 and an optional ``message`` (at most
+    1,000 characters). Kept by the coordinator in memory only, as the job's snapshot
+    ``progress``; one for a lease the session does not hold, or out of those bounds, is
+    dropped and the connection stays (docs/PROTOCOL.md)."""
+
+    TYPE = "TASK_PROGRESS"
+    worker_id: str = wire("workerId", "str")
+    job_id: str = wire("jobId", "str")
+    attempt_id: str = wire("attemptId", "str")
+    fraction: float = wire("fraction", "num")
+    message: str | None = wire("message", "str?", None)
+
+
+@dataclass(frozen=True)
 class Error(Message):
     """``message`` is bounded on construction (``MAX_ERROR_CHARS``), so an ERROR always
     encodes and fits in a frame, whatever the text it was built from."""
@@ -381,6 +404,8 @@ class SubmitJob(Message):
     # that makes the job unique among its type's live jobs.
     concurrency_key: str | None = wire("concurrencyKey", "str?", None, omit=True)
     unique_key: str | None = wire("uniqueKey", "str?", None, omit=True)
+    timeout_millis: int | None = wire("timeoutMillis", "int?", None, omit=True)  # this job's per-attempt deadline
+    result_ttl_millis: int | None = wire("resultTtlMillis", "int?", None, omit=True)  # purged this long after it ends
     submitted_by: str | None = local()  # the submitting token's name (auth on), set by the handler
 
 
@@ -684,11 +709,12 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     JobsPurged, WaitJob, GetStats, Stats, SchedulePut, Schedule, ScheduleGet, ScheduleList, SchedulePause,
     ScheduleResume, ScheduleDelete, ScheduleTrigger, SchedulePreview, Auth, AuthOk,
     LimitPut, Limit, LimitGet, LimitList, LimitDelete, TypePause, TypeResume,
+    TaskProgress,
 )
 BY_TYPE: dict[str, type[Message]] = {cls.TYPE: cls for cls in ALL_MESSAGES}
 
 # What each side may legally receive.
-WORKER_PORT_REQUESTS = frozenset({"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"})
+WORKER_PORT_REQUESTS = frozenset({"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT", "TASK_PROGRESS"})
 CLIENT_PORT_REQUESTS = frozenset({"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
                                   "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB",
                                   "GET_STATS", "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",

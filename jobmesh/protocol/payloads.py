@@ -33,6 +33,7 @@ from jobmesh.protocol.messages import quote
 MAX_TEXT_CHARS = 200_000
 MAX_NESTING = 64  # levels of objects and arrays in a payload or a result (the value itself is level 1)
 MAX_RESULT_BYTES = 64 * 1024  # a task's result as JSON (see result_too_large)
+MAX_PROGRESS_MESSAGE_CHARS = 1000  # a progress report's message (ctx.progress, TASK_PROGRESS)
 
 
 def result_too_large(result: Any, stored: str | None = None) -> str | None:
@@ -50,6 +51,23 @@ def result_too_large(result: Any, stored: str | None = None) -> str | None:
     if size <= MAX_RESULT_BYTES:
         return None
     return "result is %d bytes as JSON; a result may be at most %d bytes (64 KiB)" % (size, MAX_RESULT_BYTES)
+
+
+def progress_problem(fraction: Any, message: Any) -> str | None:
+    """Why ``(fraction, message)`` is not a progress report, or None: the fraction is a
+    number from 0 to 1 (not a bool, not NaN), the message null or a string of at most
+    ``MAX_PROGRESS_MESSAGE_CHARS`` characters. The task process refuses a bad report with
+    these words, the coordinator drops one (TASK_PROGRESS)."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        return "the progress fraction must be a number from 0 to 1, not %s" % type(fraction).__name__
+    if not 0 <= fraction <= 1:  # NaN too: every comparison with it is false
+        return "the progress fraction must be from 0 to 1, got %r" % fraction
+    if message is not None and not isinstance(message, str):
+        return "the progress message must be a string or None, not %s" % type(message).__name__
+    if message is not None and len(message) > MAX_PROGRESS_MESSAGE_CHARS:
+        return "the progress message may be at most %d characters, got %d" % (MAX_PROGRESS_MESSAGE_CHARS,
+                                                                              len(message))
+    return None
 
 # task type -> (field, python type, minimum, maximum); for text, the bounds are on length.
 TASK_SPECS: dict[str, tuple[str, type, int, int]] = {
@@ -149,3 +167,35 @@ def validate_payload(task_type: Any, payload: Any) -> dict[str, Any]:
                 "%s field %r is %d characters, the limit is %d" % (task_type, field, len(value), high)
             )
     return payload
+
+
+# ---- what a task type or a job may ask for (docs/PROTOCOL.md) -------------------------
+
+MAX_ATTEMPTS_LIMIT = 1_000_000  # a job's attempt budget at most
+MAX_TIMEOUT_MILLIS = 7 * 24 * 3600 * 1000  # a per-attempt deadline: 1 ms .. 7 days
+# Ten years (as the coordinator's millisecond settings): a result's time to live and a
+# retry backoff at most; beyond it an instant no longer fits the store's integers.
+MAX_TTL_MILLIS = 315_360_000_000
+# WORKER_REGISTER taskDefaults: field -> (least, most); each field may be absent or null.
+TASK_DEFAULT_BOUNDS: dict[str, tuple[int, int]] = {
+    "timeoutMillis": (1, MAX_TIMEOUT_MILLIS),
+    "maxAttempts": (1, MAX_ATTEMPTS_LIMIT),
+    "retryBaseMillis": (0, MAX_TTL_MILLIS),
+    "retryCapMillis": (0, MAX_TTL_MILLIS),
+}
+
+
+def task_defaults_problem(task_type: str, defaults: Any) -> str | None:
+    """Why ``defaults`` (one type's entry of WORKER_REGISTER ``taskDefaults``) cannot be
+    kept, or None if it can. Unknown fields are ignored, as in messages."""
+    if not isinstance(defaults, dict):
+        return "taskDefaults of %s must be an object, got %s" % (quote(task_type), quote(defaults))
+    for field, (low, high) in TASK_DEFAULT_BOUNDS.items():
+        value = defaults.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            return "taskDefaults of %s: %s must be an integer %d..%d or null, got %s" % (
+                quote(task_type), field, low, high, quote(value))
+    base, cap = defaults.get("retryBaseMillis"), defaults.get("retryCapMillis")
+    if base is not None and cap is not None and base > cap:
+        return "taskDefaults of %s: retryBaseMillis %d is above retryCapMillis %d" % (quote(task_type), base, cap)
+    return None

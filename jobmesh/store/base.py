@@ -14,8 +14,9 @@ never see SQL, a rowid, a driver's exception type or the thread a write runs on:
   gives the short words clients see.
 * Recurring schedules are rows of their own, a name and a JSON body the core encodes
   (``coordinator/schedules.py``); a batch writes them in the same transaction as the jobs
-  their fires made, so a fire and its job are durable together or not at all. Limits
-  per task type (``coordinator/limits.py``) are rows of their own the same way.
+  their fires made, so a fire and its job are durable together or not at all. So are the
+  task types' declared defaults (WORKER_REGISTER ``taskDefaults``), one body per type, and
+  the limits per task type (``coordinator/limits.py``).
 * A shared store (PostgreSQL) may have several coordinators: ``lead`` returns once this
   one leads, and every write is fenced, so one that lost leadership commits nothing more
   (``leadership_lost`` tells those errors from storage faults and bugs).
@@ -48,6 +49,8 @@ class Batch(NamedTuple):
     schedules: Sequence[tuple[str, str | None]] = ()
     # Limits per task type written or deleted: (task type, stored body as JSON text, or None to delete).
     limits: Sequence[tuple[str, str | None]] = ()
+    # Task types' declared defaults written: (name, stored body as JSON text), the latest per name.
+    task_defaults: Sequence[tuple[str, str]] = ()
 
 
 def merge_batches(older: Batch, newer: Batch) -> Batch:
@@ -68,8 +71,10 @@ def merge_batches(older: Batch, newer: Batch) -> Batch:
     schedules.update(newer.schedules)
     limits = dict(older.limits)
     limits.update(newer.limits)
+    defaults = dict(older.task_defaults)
+    defaults.update(newer.task_defaults)
     return Batch(list(inserted.values()), list(updated.values()), types, purges, list(schedules.items()),
-                 list(limits.items()))
+                 list(limits.items()), list(defaults.items()))
 
 
 def outcome_of(call: Callable[..., None], *args: Any) -> Exception | None:
@@ -97,14 +102,35 @@ def page_query(table: str, mark: str, limit: int, state: str | None, before: int
         ", ".join(COLUMN_NAMES), table, ("WHERE " + " AND ".join(where) + " ") if where else "", mark), params
 
 
-def purge_walk(rows: Sequence[tuple], after: int, cutoff_millis: int,
-               limit: int) -> tuple[list[tuple[str, str | None]], int]:
+# The finished jobs that asked for a time to live (resultTtlMillis), by when it ends: a
+# partial index over them alone, so the jobs that did not ask cost it nothing, and the
+# expired ones are found in order of expiry without a scan (``Store.expired``).
+EXPIRY_KEY = "(updated_at + result_ttl)"
+EXPIRY_WHERE = "result_ttl IS NOT NULL AND state IN (%s)" % ", ".join("'%s'" % state for state in TERMINAL_STATES)
+
+
+def expiry_index(name: str, table: str) -> str:
+    """The CREATE INDEX of the expiry index, which SQLite and PostgreSQL spell alike."""
+    return "CREATE INDEX IF NOT EXISTS %s ON %s (%s) WHERE %s" % (name, table, EXPIRY_KEY, EXPIRY_WHERE)
+
+
+def expired_query(table: str, mark: str) -> str:
+    """The SELECT behind ``Store.expired`` (parameters: now, limit) from ``table`` (which
+    may name the index to use): it repeats the index's condition word for word, so that
+    the planner may use the partial index."""
+    return "SELECT job_id, idempotency_key FROM %s WHERE %s AND %s <= %s ORDER BY %s LIMIT %s" % (
+        table, EXPIRY_WHERE, EXPIRY_KEY, mark, EXPIRY_KEY, mark)
+
+
+def purge_walk(rows: Sequence[tuple], after: int, cutoff_millis: int, limit: int,
+               own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
     """``Store.purgeable``'s answer from the rows its walk read: (seq, job id, key, state,
-    updated at), in sequence order from just past ``after``, at most ``limit`` of them."""
+    updated at, result ttl), in sequence order from just past ``after``, at most ``limit``
+    of them."""
     found: list[tuple[str, str | None]] = []
     seq = after
-    for seq, job_id, key, state, updated_at in rows:
-        if state in TERMINAL_STATES:
+    for seq, job_id, key, state, updated_at, ttl in rows:
+        if state in TERMINAL_STATES and (own_ttl or ttl is None):
             if updated_at >= cutoff_millis:
                 return found, 0
             found.append((job_id, key))
@@ -219,6 +245,9 @@ class Store(Protocol):
     def load_limits(self) -> list[tuple[str, str]]:
         """Every task type's limit as (task type, body JSON text), sorted by type (recovery)."""
 
+    def load_task_defaults(self) -> list[tuple[str, str]]:
+        """Every task type's declared defaults as (name, body JSON text), sorted by name (recovery)."""
+
     def max_seq(self) -> int:
         """The largest sequence stored; 0 if there is no job."""
 
@@ -238,12 +267,19 @@ class Store(Protocol):
         sequences below ``before`` (None: from the newest); filtered by state and task
         type when given. A pair's sequence is the cursor of the page after it."""
 
-    def purgeable(self, after: int, cutoff_millis: int, limit: int) -> tuple[list[tuple[str, str | None]], int]:
+    def purgeable(self, after: int, cutoff_millis: int, limit: int,
+                  own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
         """Retention: finished jobs last updated before ``cutoff_millis``, walking jobs in
         sequence order from just past ``after`` (0: the oldest) and examining at most
         ``limit`` of them. Returns (job id, idempotency key) pairs and where the next walk
         starts: past the examined jobs, or 0 once the walk met a finished job not old
-        enough yet (the rest are newer), or the end. Active jobs are stepped over."""
+        enough yet (the rest are newer), or the end. Active jobs are stepped over, and so
+        are jobs with a time to live of their own unless ``own_ttl``."""
+
+    def expired(self, now_millis: int, limit: int) -> list[tuple[str, str | None]]:
+        """Finished jobs whose time to live (``result_ttl``) has passed: ended (last updated)
+        at least that long before ``now_millis``; (job id, idempotency key) pairs, the
+        earliest expiry first, at most ``limit``. An index read: O(what it returns)."""
 
     def close(self) -> None:
         """Release connections and the write executor; the store is unusable after."""

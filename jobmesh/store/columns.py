@@ -110,7 +110,12 @@ COLUMNS: tuple[Column, ...] = (
     Column("scheduled_for", I, added=True),
     # v9: the name of the token that submitted the job (docs/SECURITY.md); NULL without --auth-file.
     Column("submitted_by", T, added=True),
-    # v10: limits (docs/PROTOCOL.md, "Limits"): the key maxRunningPerKey counts by, and the
+    # v10: what the job asked for at creation: its result's time to live (resultTtlMillis)
+    # and its retry backoff (its task type's declared one); NULL: the coordinator's settings.
+    Column("result_ttl", I, added=True),
+    Column("retry_base", I, added=True),
+    Column("retry_cap", I, added=True),
+    # v11: limits (docs/PROTOCOL.md, "Limits"): the key maxRunningPerKey counts by, and the
     # key that keeps the job unique among its type's live jobs (NULL: none).
     Column("concurrency_key", T, added=True),
     Column("unique_key", T, added=True),

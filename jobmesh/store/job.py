@@ -39,7 +39,7 @@ class Job:
     error: str | None = None
     updated_at: int = -(1 << 62)  # unset: the creation time
     retry_at: int | None = None  # RETRY_WAIT: when the next attempt is due (epoch millis)
-    execution_timeout: int | None = None
+    execution_timeout: int | None = None  # each attempt's deadline (ms), fixed at creation
     deadline: int | None = None
     run_at: int | None = None  # when the job was asked to run (runAtMillis), None: at once
     retry_of: str | None = None  # the finished job this one retries (RETRY_JOB)
@@ -60,10 +60,19 @@ class Job:
     # A job a recurring schedule made: the schedule's name and the nominal fire time (epoch millis).
     schedule_name: str | None = None
     scheduled_for: int | None = None
+    # What the job asked for besides its budget, fixed at creation: how long a finished job
+    # is kept (resultTtlMillis; None: the coordinator's retention), and its retry backoff
+    # (its task type's declared one; None: the coordinator's --retry-base/cap-millis).
+    result_ttl: int | None = None
+    retry_base: int | None = None
+    retry_cap: int | None = None
     # Not stored; core time (monotonic, see coordinator/clock.py), set by the core:
     ready_at: int = 0  # when the job first became due: priority aging and queue order count from here
     wake_at: int | None = None  # SCHEDULED / RETRY_WAIT: when it becomes due
     damaged: str | None = None  # why its stored row did not decode (columns.read_row); None: it did
+    # Not stored either: the running attempt's last progress report, as the snapshot shows it
+    # ({fraction, message, atMillis}); None until one arrives, and again after every move.
+    progress: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.updated_at is None or self.updated_at == -(1 << 62):
@@ -81,6 +90,7 @@ class Job:
         check_transition(self.state, target)
         self.state = target
         self.updated_at = now_millis
+        self.progress = None  # reported by an attempt: a new attempt starts without one
         if target is not JobState.RUNNING:
             # The lease and its deadline live exactly as long as RUNNING does.
             self.worker_id = None
@@ -130,8 +140,11 @@ class Job:
             "submittedBy": self.submitted_by,
             "concurrencyKey": self.concurrency_key,
             "uniqueKey": self.unique_key,
+            "progress": self.progress,
         }
         if self.schedule_name is not None:  # only fired jobs carry these: other snapshots keep their fields
             snapshot["scheduleName"] = self.schedule_name
             snapshot["scheduledFor"] = self.scheduled_for
+        if self.result_ttl is not None:  # only a job that asked for one: other snapshots keep their fields
+            snapshot["resultTtlMillis"] = self.result_ttl
         return snapshot

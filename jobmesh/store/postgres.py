@@ -64,7 +64,8 @@ import psycopg
 from psycopg import pq
 from psycopg.types.numeric import Int8Dumper
 
-from jobmesh.store.base import Batch, Done, Outcome, Read, outcome_of, page_query, purge_walk
+from jobmesh.store.base import (Batch, Done, Outcome, Read, expired_query, expiry_index, outcome_of, page_query,
+                                purge_walk)
 from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, Column, Kind,
                                    column_definition, read_row)
 from jobmesh.store.job import Job
@@ -110,6 +111,8 @@ SCHEDULES_PUT_SQL = ("INSERT INTO jobmesh_schedules (name, body) SELECT * FROM u
 LIMITS_DELETE_SQL = "DELETE FROM jobmesh_limits WHERE task_type = ANY(%s::text[])"
 LIMITS_PUT_SQL = ("INSERT INTO jobmesh_limits (task_type, body) SELECT * FROM unnest(%s::text[], %s::text[])"
                   " ON CONFLICT (task_type) DO UPDATE SET body = EXCLUDED.body")
+TASK_DEFAULTS_PUT_SQL = ("INSERT INTO jobmesh_task_defaults (name, body) SELECT * FROM unnest(%s::text[], %s::text[])"
+                         " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body")
 FENCE_SQL = "SELECT jobmesh_fence(%s)"
 KEY_INDEX = COLUMN_NAMES.index("idempotency_key")
 
@@ -129,10 +132,13 @@ SCHEMA: dict[str, str] = {
     "jobmesh_jobs_seq": "CREATE UNIQUE INDEX IF NOT EXISTS jobmesh_jobs_seq ON %s (seq)" % JOBS,
     "jobmesh_jobs_state_seq": "CREATE INDEX IF NOT EXISTS jobmesh_jobs_state_seq ON %s (state, seq)" % JOBS,
     "jobmesh_jobs_task_type_seq": "CREATE INDEX IF NOT EXISTS jobmesh_jobs_task_type_seq ON %s (task_type, seq)" % JOBS,
+    "jobmesh_jobs_expiry": expiry_index("jobmesh_jobs_expiry", JOBS),
     "jobmesh_task_types": "CREATE TABLE IF NOT EXISTS jobmesh_task_types (name text PRIMARY KEY,"
                           " first_seen bigint NOT NULL)",
     "jobmesh_schedules": "CREATE TABLE IF NOT EXISTS jobmesh_schedules (name text PRIMARY KEY, body text NOT NULL)",
     "jobmesh_limits": "CREATE TABLE IF NOT EXISTS jobmesh_limits (task_type text PRIMARY KEY, body text NOT NULL)",
+    "jobmesh_task_defaults": "CREATE TABLE IF NOT EXISTS jobmesh_task_defaults (name text PRIMARY KEY,"
+                             " body text NOT NULL)",
     "jobmesh_probe": "CREATE TABLE IF NOT EXISTS jobmesh_probe (x text)",  # always empty: the storage probe's
     "jobmesh_epoch": "CREATE SEQUENCE IF NOT EXISTS jobmesh_epoch",
     # One row: the epoch of the current leader, and its session timeout (how long a
@@ -440,14 +446,14 @@ class PostgresStore:
         with c.transaction():
             c.execute("SELECT pg_advisory_xact_lock(%s::int, hashtext(current_schema()))", (SCHEMA_LOCK,))
             missing = self._missing()
-            for name, sql in SCHEMA.items():
-                if name in missing:
-                    c.execute(sql.encode())
-            for column in COLUMNS:
+            for column in COLUMNS:  # first: an index may be over a column an older table lacks
                 if column.name in missing:
                     c.execute(("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s"
                                % (JOBS, column.name, column_sql(column))).encode())
                     self.migrated.append(column.name)
+            for name, sql in SCHEMA.items():
+                if name in missing:
+                    c.execute(sql.encode())
 
     # ---- leadership -----------------------------------------------------------------
 
@@ -540,7 +546,7 @@ class PostgresStore:
             raise LeadershipLost("this coordinator lost leadership: %s" % self._lost)
         if self._epoch is None:
             raise LeadershipLost("this store does not lead (lead() first)")
-        inserts, updates, task_types, purges, schedules, limits = batch
+        inserts, updates, task_types, purges, schedules, limits, task_defaults = batch
         keys = self._keys
         if keys is not None:
             for row in inserts:
@@ -565,6 +571,8 @@ class PostgresStore:
                     statements.append((delete_sql, (gone,)))
                 if put:
                     statements.append((put_sql, [list(column) for column in zip(*put)]))
+        if task_defaults:
+            statements.append((TASK_DEFAULTS_PUT_SQL, [list(column) for column in zip(*dict(task_defaults).items())]))
         try:
             self._transaction(statements)
         except psycopg.DataError as exc:
@@ -732,6 +740,10 @@ class PostgresStore:
         return [(row[0], row[1]) for row in self.reader.execute(
             "SELECT task_type, body FROM jobmesh_limits ORDER BY task_type")]
 
+    def load_task_defaults(self) -> list[tuple[str, str]]:
+        return [(row[0], row[1]) for row in self.reader.execute(
+            "SELECT name, body FROM jobmesh_task_defaults ORDER BY name")]
+
     def max_seq(self) -> int:
         row = self.reader.execute("SELECT COALESCE(MAX(seq), 0) FROM %s" % JOBS).fetchone()
         return int(row[0]) if row else 0
@@ -771,13 +783,20 @@ class PostgresStore:
         sql, params = page_query(JOBS, "%s", limit, state, before, task_type)
         return [(job.seq, job) for job in map(read_row, self.reader.execute(sql.encode(), storable(params)))]
 
-    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at FROM %s WHERE seq > %%s"
+    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at, result_ttl FROM %s WHERE seq > %%s"
                       " ORDER BY seq LIMIT %%s" % JOBS)
 
-    def purgeable(self, after: int, cutoff_millis: int, limit: int) -> tuple[list[tuple[str, str | None]], int]:
+    def purgeable(self, after: int, cutoff_millis: int, limit: int,
+                  own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
         """As SQLite's: the walk in sequence order (see ``Store.purgeable``)."""
         return purge_walk(self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall(), after, cutoff_millis,
-                          limit)
+                          limit, own_ttl)
+
+    EXPIRED_SQL = expired_query(JOBS, "%s")
+
+    def expired(self, now_millis: int, limit: int) -> list[tuple[str, str | None]]:
+        """As SQLite's: from the expiry index (``Store.expired``)."""
+        return [(row[0], row[1]) for row in self.reader.execute(self.EXPIRED_SQL, (now_millis, limit))]
 
     def close(self) -> None:
         """Stop the commit greenlet (after the writes queued) and close the connections;

@@ -26,7 +26,10 @@ ALTER TABLE on an older database):
 * v8: recurring schedules: the ``schedules`` table (a name and a JSON body), and the
   ``schedule_name`` and ``scheduled_for`` columns of the jobs their fires made.
 * v9: ``submitted_by`` (the name of the token that submitted the job; NULL without auth).
-* v10: limits: the ``limits`` table (a task type and a JSON body), and the jobs'
+* v10: ``result_ttl``, ``retry_base``, ``retry_cap`` (what a job asked for at creation),
+  the ``jobs_expiry`` index of finished jobs with a time to live, and the
+  ``task_defaults`` table (each task type's declared defaults, a JSON body).
+* v11: limits: the ``limits`` table (a task type and a JSON body), and the jobs'
   ``concurrency_key`` and ``unique_key`` columns.
 
 Two connections: ``conn`` is the writer (migrations, recovery, then batch writes on the
@@ -47,7 +50,8 @@ from typing import Any, Callable, Iterator, cast
 
 from gevent.threadpool import ThreadPool
 
-from jobmesh.store.base import Batch, Done, Outcome, Read, outcome_of, page_query, purge_walk
+from jobmesh.store.base import (Batch, Done, Outcome, Read, expired_query, expiry_index, outcome_of, page_query,
+                                purge_walk)
 from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, Column, Kind,
                                    column_definition, read_row)
 from jobmesh.store.job import Job
@@ -77,21 +81,24 @@ INDEXES = {
     "jobs_seq": "CREATE UNIQUE INDEX jobs_seq ON jobs(seq)",
     "jobs_state_seq": "CREATE INDEX jobs_state_seq ON jobs(state, seq)",
     "jobs_task_type_seq": "CREATE INDEX jobs_task_type_seq ON jobs(task_type, seq)",
+    "jobs_expiry": expiry_index("jobs_expiry", "jobs"),
 }
 # Indexes of older schemas, ordered by rowid within state or task type: replaced above.
 OBSOLETE_INDEXES = ("jobs_state", "jobs_task_type")
 TASK_TYPES_TABLE = "CREATE TABLE IF NOT EXISTS task_types (name TEXT PRIMARY KEY, first_seen INTEGER NOT NULL)"
 # Recurring schedules (v8): one row per schedule, its body JSON text (coordinator/schedules.py).
 SCHEDULES_TABLE = "CREATE TABLE IF NOT EXISTS schedules (name TEXT PRIMARY KEY, body TEXT NOT NULL)"
-# Limits per task type (v10): one row per type, its body JSON text (coordinator/limits.py).
+# Limits per task type (v11): one row per type, its body JSON text (coordinator/limits.py).
 LIMITS_TABLE = "CREATE TABLE IF NOT EXISTS limits (task_type TEXT PRIMARY KEY, body TEXT NOT NULL)"
+# Task types' declared defaults (v10): one row per type, its body JSON text (WORKER_REGISTER taskDefaults).
+TASK_DEFAULTS_TABLE = "CREATE TABLE IF NOT EXISTS task_defaults (name TEXT PRIMARY KEY, body TEXT NOT NULL)"
 # A scratch table for the storage probe (``SQLiteStore.probe``); it is always empty.
 PROBE_TABLE = "CREATE TABLE IF NOT EXISTS storage_probe (x BLOB)"
 PROBE_FREE_PAGES = 256  # beyond this many free pages, a probe no longer insists that the file grow
 # What a current database holds besides the jobs columns; when all of it is there (and no
 # obsolete index), opening writes nothing, so a read-only or full database still opens
 # (and serves reads).
-SCHEMA_OBJECTS = frozenset(INDEXES) | {"task_types", "storage_probe", "schedules", "limits"}
+SCHEMA_OBJECTS = frozenset(INDEXES) | {"task_types", "storage_probe", "schedules", "limits", "task_defaults"}
 # Rows renumbered 1..n in submission order (v7), when their sequences are not unique.
 RENUMBER_SQL = ("UPDATE jobs SET seq = r.n FROM (SELECT rowid AS id, row_number() OVER (ORDER BY seq, created_at, rowid) AS n"
                 " FROM jobs) AS r WHERE jobs.rowid = r.id")
@@ -225,6 +232,7 @@ class SQLiteStore:
             c.execute(TASK_TYPES_TABLE)
             c.execute(SCHEDULES_TABLE)
             c.execute(LIMITS_TABLE)
+            c.execute(TASK_DEFAULTS_TABLE)
             c.execute(PROBE_TABLE)
             c.execute("COMMIT")
         except BaseException:
@@ -253,7 +261,7 @@ class SQLiteStore:
 
     def write(self, batch: Batch) -> None:
         """Apply one batch in a single transaction (group commit)."""
-        inserts, updates, task_types, purges, schedules, limits = batch
+        inserts, updates, task_types, purges, schedules, limits, task_defaults = batch
         c = self.conn
         with self._transaction("BEGIN"):
             for start in range(0, len(purges), ROWS_PER_STATEMENT):  # first: a new job may take a purged key
@@ -273,6 +281,8 @@ class SQLiteStore:
                 c.executemany("DELETE FROM limits WHERE task_type=?", [(name,) for name, body in limits if body is None])
                 c.executemany("INSERT OR REPLACE INTO limits (task_type, body) VALUES (?, ?)",
                               [row for row in limits if row[1] is not None])
+            if task_defaults:
+                c.executemany("INSERT OR REPLACE INTO task_defaults (name, body) VALUES (?, ?)", task_defaults)
 
     def commit(self, batch: Batch) -> Outcome:
         """``write`` on the store's one write thread, off the hub."""
@@ -375,6 +385,10 @@ class SQLiteStore:
         """Every task type's limit as (task type, body), sorted by type."""
         return [(row[0], row[1]) for row in self.conn.execute("SELECT task_type, body FROM limits ORDER BY task_type")]
 
+    def load_task_defaults(self) -> list[tuple[str, str]]:
+        """Every task type's declared defaults as (name, body), sorted by name."""
+        return [(row[0], row[1]) for row in self.conn.execute("SELECT name, body FROM task_defaults ORDER BY name")]
+
     def max_seq(self) -> int:
         return int(self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()[0])
 
@@ -412,10 +426,11 @@ class SQLiteStore:
         return page_query("jobs", "?", limit, state, before, task_type)
 
     # The walk's SELECT: the seq index gives the rows in order, O(rows examined).
-    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at FROM jobs WHERE seq > ?"
+    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at, result_ttl FROM jobs WHERE seq > ?"
                       " ORDER BY seq LIMIT ?")
 
-    def purgeable(self, after: int, cutoff_millis: int, limit: int) -> tuple[list[tuple[str, str | None]], int]:
+    def purgeable(self, after: int, cutoff_millis: int, limit: int,
+                  own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
         """Finished jobs last updated before ``cutoff_millis``, walking the table in
         sequence (submission) order from just past ``after``, examining at most ``limit``
         rows (see ``Store.purgeable``).
@@ -426,7 +441,14 @@ class SQLiteStore:
         of throughput). Active jobs are stepped over, so a long queue of old jobs cannot
         stall it."""
         return purge_walk(self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall(), after, cutoff_millis,
-                          limit)
+                          limit, own_ttl)
+
+    # The index named: on a table without statistics the planner may prefer another one.
+    EXPIRED_SQL = expired_query("jobs INDEXED BY jobs_expiry", "?")
+
+    def expired(self, now_millis: int, limit: int) -> list[tuple[str, str | None]]:
+        """Finished jobs whose time to live has passed, from the expiry index (``Store.expired``)."""
+        return [(row[0], row[1]) for row in self.reader.execute(self.EXPIRED_SQL, (now_millis, limit))]
 
     def close(self) -> None:
         """Stop the write thread and close the connections; call with no write in flight."""

@@ -11,6 +11,10 @@ task pool:
 - the writer: the only greenlet that writes to the socket, draining the session's
   outbox (all queued frames in one ``sendall``), so frames from several greenlets never interleave.
 
+A user task's progress reports (``ctx.progress``, coalesced by its task process) become
+TASK_PROGRESS frames in the live session's outbox, ahead of the attempt's result; without
+a live session they are dropped (progress is not held like a result).
+
 When the connection ends, for whatever reason, the agent reconnects with capped
 exponential backoff, registering under the same id. A refused registration (typically:
 the coordinator still holds our previous session) is retried the same way. Given several
@@ -76,6 +80,7 @@ from jobmesh.protocol.messages import (
     ResultAck,
     TaskAssign,
     TaskCancel,
+    TaskProgress,
     TaskResult,
     WorkerRegister,
     WorkerRegistered,
@@ -85,7 +90,7 @@ from jobmesh.worker import tasks
 from jobmesh.worker.processes import ProcessPool
 from jobmesh.tls import client_context, secure
 from jobmesh.worker.running import Attempt, InFlight, Key
-from jobmesh.worker.usertasks import load_modules
+from jobmesh.worker.usertasks import declared_defaults, load_modules
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
@@ -155,8 +160,10 @@ class WorkerAgent:
         self.processes: ProcessPool | None = None
         # None (absent on the wire) means the five built-ins.
         self.task_types: list[str] | None = None
+        self.task_defaults: dict[str, Any] | None = None  # the user task types' @task options
         if cfg.task_modules:
             self.user_task_types = frozenset(load_modules(cfg.task_modules))
+            self.task_defaults = declared_defaults(self.user_task_types) or None
             self.processes = ProcessPool(cfg.task_modules, cfg.capacity, cancel_grace=cfg.cancel_grace_millis / 1000.0,
                                          log_args=("--log-level=%s" % cfg.log_level, "--log-format=%s" % cfg.log_format))
             self.task_types = list(TASK_TYPES) + sorted(self.user_task_types)
@@ -302,7 +309,7 @@ class WorkerAgent:
             running = [{"jobId": job_id, "attemptId": attempt_id} for job_id, attempt_id in kept] or None
             # Absent means none: the frame a worker keeping nothing always sent.
             frame = WorkerRegister(self.worker_id, self.cfg.capacity, self.task_types, running,
-                                   result_acks=self._asks_acks).to_wire()
+                                   result_acks=self._asks_acks, task_defaults=self.task_defaults).to_wire()
             registered = self._ask(sock, reader, frame, WorkerRegistered)
             sock.settimeout(None)
         except RegistrationRefused as exc:
@@ -487,7 +494,8 @@ class WorkerAgent:
         if msg.task_type in self.user_task_types and self.processes is not None:
             # Runs in a child process; this greenlet only waits (killing it detaches the child).
             success, result, error = self.processes.run(msg.task_type, msg.job_id, msg.attempt_id,
-                                                        msg.attempt_number, msg.payload)
+                                                        msg.attempt_number, msg.payload,
+                                                        lambda fraction, text: self._progress(msg, fraction, text))
             if not success:
                 result, error = None, error or "task failed"
             log.debug("user task finished job=%s attempt=%s success=%s millis=%d", msg.job_id, msg.attempt_id,
@@ -511,6 +519,21 @@ class WorkerAgent:
         log.debug("task finished job=%s attempt=%s success=%s millis=%d", msg.job_id, msg.attempt_id,
                   error is None, (time.monotonic() - started) * 1000)
         return self._result(msg, result, error)
+
+    def _progress(self, msg: TaskAssign, fraction: Any, message: Any) -> None:
+        """A progress report of ``msg``'s attempt: a TASK_PROGRESS for the live session, if
+        there is one. A report that is not one (its task process checked it) is dropped."""
+        outbox = self._outbox
+        if outbox is None:
+            return
+        report = TaskProgress(self.worker_id, msg.job_id, msg.attempt_id, fraction, message)
+        try:
+            report.check_types()
+            frame = encode_frame(report.to_wire())
+        except (TypeError, ProtocolError):
+            log.debug("progress not sendable job=%s attempt=%s", msg.job_id, msg.attempt_id)
+            return
+        outbox.put(frame)
 
     def _result(self, msg: TaskAssign, result: dict | None = None, error: str | None = None) -> bytes:
         """The TASK_RESULT frame echoing ``msg``'s lease."""

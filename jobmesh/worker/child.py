@@ -19,6 +19,7 @@ subprocess) into one JSON object per line, and a task's traceback is one object 
                       {"op": "cancel", "attemptId"}        sets that attempt's ctx.cancelled
     child -> worker   {"op": "ready", "pid", "taskTypes"}  once, after the modules loaded
                       {"op": "failed", "error"}            instead, then exit 1
+                      {"op": "progress", "attemptId", "fraction", "message"}  ctx.progress, coalesced
                       {"op": "result", "attemptId", "success", "result", "error"}
 
 Threads: a reader thread takes frames off the socket; "run" goes to the main thread
@@ -26,7 +27,11 @@ through a ``queue.Queue``, "cancel" sets the attempt's ``threading.Event``, and 
 worker closed its end, or died) ends the process at once, whatever the main thread is
 running: it SIGKILLs its own process group (itself and whatever the task started; the
 worker made it the group's leader), so neither it nor a task's descendants outlive the
-worker. The main thread runs one function at a time and sends its result.
+worker. The main thread runs one function at a time and sends its result. A relay
+thread sends ``ctx.progress`` reports: only the latest of each attempt, at most once per
+``PROGRESS_INTERVAL``, so a task that reports in a tight loop costs a lock and a dict
+store per call, and the worker and the coordinator a few frames a second. A report the
+relay has not sent when the function returns is dropped (the attempt is over).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 from jobmesh.errors import ConfigError, ProtocolError
@@ -47,17 +53,64 @@ from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.payloads import result_too_large
 from jobmesh.worker.usertasks import TaskContext, load_modules, run_task
 
+PROGRESS_INTERVAL = 0.2  # seconds between two progress frames of the task process, at least
+
+
+class ProgressRelay:
+    """The latest ``ctx.progress`` report of each attempt, sent by a thread of its own at
+    most every ``interval`` seconds (the first one of a quiet spell at once)."""
+
+    def __init__(self, send: Any, interval: float = PROGRESS_INTERVAL):
+        self._send = send
+        self._interval = interval
+        self._ready = threading.Condition()
+        self._latest: dict[str, tuple[float, str | None]] = {}
+
+    def report(self, attempt_id: str, fraction: float, message: str | None) -> None:
+        """``ctx.progress``'s sink; runs in the task's thread, never blocks on the socket."""
+        with self._ready:
+            if not self._latest:
+                self._ready.notify()
+            self._latest[attempt_id] = (fraction, message)
+
+    def forget(self, attempt_id: str) -> None:
+        """The attempt has ended: its unsent report is dropped."""
+        with self._ready:
+            self._latest.pop(attempt_id, None)
+
+    def run(self) -> None:
+        """The relay thread's body."""
+        while True:
+            with self._ready:
+                while not self._latest:
+                    self._ready.wait()
+                latest, self._latest = self._latest, {}
+            for attempt_id, (fraction, message) in latest.items():
+                try:
+                    data = encode_frame({"op": "progress", "attemptId": attempt_id, "fraction": fraction,
+                                         "message": message})
+                except ProtocolError:  # a message that does not encode (a lone surrogate): not sent
+                    continue
+                self._send(data)
+            time.sleep(self._interval)
+
 
 class Child:
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.runs: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
+        self._write = threading.Lock()  # progress frames (relay thread) and results (main thread)
         self._contexts: dict[str, TaskContext] = {}
+        self.progress = ProgressRelay(self.send_bytes)
 
     def send(self, obj: dict[str, Any]) -> None:
+        self.send_bytes(encode_frame(obj))
+
+    def send_bytes(self, data: bytes) -> None:
         try:
-            self.sock.sendall(encode_frame(obj))
+            with self._write:
+                self.sock.sendall(data)
         except OSError:
             end()  # the worker is gone
 
@@ -71,7 +124,8 @@ class Child:
                     break
                 op = frame.get("op")
                 if op == "run":
-                    ctx = TaskContext(str(frame["jobId"]), int(frame["attempt"]), str(frame["attemptId"]))
+                    ctx = TaskContext(str(frame["jobId"]), int(frame["attempt"]), str(frame["attemptId"]),
+                                      sink=self.progress.report)
                     with self._lock:
                         self._contexts[ctx.attempt_id] = ctx
                     self.runs.put((frame, ctx))
@@ -95,6 +149,7 @@ class Child:
                 success, result, error = False, None, too_large
             with self._lock:
                 self._contexts.pop(ctx.attempt_id, None)
+            self.progress.forget(ctx.attempt_id)
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()
@@ -107,10 +162,7 @@ class Child:
             except ProtocolError as exc:  # too big for one frame, or not valid Unicode
                 data = encode_frame({"op": "result", "attemptId": ctx.attempt_id, "success": False,
                                      "result": None, "error": "task result not sendable: %s" % exc})
-            try:
-                self.sock.sendall(data)
-            except OSError:
-                end()
+            self.send_bytes(data)
 
 
 def end() -> None:
@@ -172,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     sock.setblocking(True)  # the worker's end is a gevent socket: the fd arrives non-blocking
     child = Child(sock)
     threading.Thread(target=child.read_loop, name="jobmesh-child-reader", daemon=True).start()
+    threading.Thread(target=child.progress.run, name="jobmesh-child-progress", daemon=True).start()
     try:
         names = sorted(load_modules([m for m in args.tasks.split(",") if m]))
     except ConfigError as exc:

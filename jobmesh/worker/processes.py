@@ -8,7 +8,8 @@ starves the hub; a child interpreter has none of that and runs on another core.
 - One child per busy slot, started lazily by the attempt greenlet that needs it and
   reused by later attempts; at most ``capacity`` children wait idle.
 - An attempt greenlet (in ``InFlight``'s pool) calls ``ProcessPool.run``: it takes a
-  child, sends "run" and waits for the result frame, cooperatively.
+  child, sends "run" and waits for the result frame, cooperatively, handing the
+  attempt's progress frames (already coalesced by the child) to its ``on_progress``.
 - Each child leads its own process group, so whatever a task starts (a fork, a
   subprocess) is signalled with it. A small greenlet per child waits for its exit by pid
   (gevent's child watcher), not for EOF on its socket, which a forked descendant may hold
@@ -37,7 +38,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import gevent
 from gevent import socket, subprocess
@@ -47,6 +48,9 @@ from jobmesh.errors import ProtocolError
 from jobmesh.protocol.framing import FrameReader, encode_frame
 
 log = logging.getLogger(__name__)
+
+# What an attempt does with its task's progress reports: (fraction, message).
+OnProgress = Callable[[Any, Any], None]
 
 START_TIMEOUT = 60.0      # importing the user's modules may be slow (think numpy, torch)
 EXIT_WAIT = 5.0           # how long to wait for the exit code of a child whose socket closed
@@ -149,15 +153,22 @@ class TaskProcess:
     def send(self, obj: dict[str, Any]) -> None:
         self.sock.sendall(encode_frame(obj))
 
-    def wait_result(self, attempt_id: str) -> dict[str, Any]:
-        """The result frame for ``attempt_id``; TaskProcessError if the child dies first."""
+    def wait_result(self, attempt_id: str, on_progress: OnProgress | None = None) -> dict[str, Any]:
+        """The result frame for ``attempt_id``; TaskProcessError if the child dies first.
+        Its progress frames meanwhile go to ``on_progress``; any other frame (a late
+        report of an earlier attempt) is skipped."""
         try:
             while True:
                 frame = self.reader.read_frame()
                 if frame is None:
                     break
-                if frame.get("op") == "result" and frame.get("attemptId") == attempt_id:
+                if frame.get("attemptId") != attempt_id:
+                    continue
+                op = frame.get("op")
+                if op == "result":
                     return frame
+                if op == "progress" and on_progress is not None:
+                    on_progress(frame.get("fraction"), frame.get("message"))
         except (OSError, ProtocolError):
             pass
         raise TaskProcessError(self.exit_description())
@@ -233,9 +244,10 @@ class ProcessPool:
         """Children still running a cancelled attempt."""
         return len(self._detached)
 
-    def run(self, task_type: str, job_id: str, attempt_id: str, attempt: int,
-            payload: dict[str, Any]) -> tuple[bool, dict[str, Any] | None, str | None]:
-        """Run one attempt in a child: ``(success, result, error)``.
+    def run(self, task_type: str, job_id: str, attempt_id: str, attempt: int, payload: dict[str, Any],
+            on_progress: OnProgress | None = None) -> tuple[bool, dict[str, Any] | None, str | None]:
+        """Run one attempt in a child: ``(success, result, error)``; its progress reports
+        go to ``on_progress`` as they arrive.
 
         Blocks the calling greenlet until the result arrives. Killing that greenlet
         (cancel, session end) detaches the child, see the module docstring.
@@ -260,7 +272,7 @@ class ProcessPool:
             raise
         child.attempts += 1
         try:
-            reply = child.wait_result(attempt_id)
+            reply = child.wait_result(attempt_id, on_progress)
         except TaskProcessError as exc:
             self._discard(child)
             log.warning("task process died job=%s attempt=%s pid=%d: %s", job_id, attempt_id, child.pid, exc)

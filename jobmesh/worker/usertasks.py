@@ -9,6 +9,13 @@
     def greet(payload):                 # or greet(payload, ctx)
         return {"greeting": "hello " + payload["name"]}
 
+    @task("RESIZE", timeout=30, max_attempts=5, retry_backoff=(2, 60))
+    def resize(payload): ...
+
+The options are the type's defaults for its jobs (``declared_defaults``): the worker
+sends them in WORKER_REGISTER ``taskDefaults`` and the coordinator keeps them, applying
+them to the jobs of the type whose submit did not say otherwise.
+
 This module is stdlib-only (plus ``jobmesh.errors`` and ``jobmesh.protocol.payloads``,
 which import nothing else): the task child process (``jobmesh.worker.child``) imports it
 in a clean, unpatched interpreter, and importing gevent there would defeat the point
@@ -27,6 +34,7 @@ import importlib
 import inspect
 import json
 import logging
+import numbers
 import os
 import sys
 import threading
@@ -34,7 +42,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from jobmesh.errors import ConfigError, JobmeshError
-from jobmesh.protocol.payloads import TASK_NAME_RULE, TASK_TYPES, is_task_type_name
+from jobmesh.protocol.payloads import (
+    MAX_PROGRESS_MESSAGE_CHARS,
+    TASK_NAME_RULE,
+    TASK_TYPES,
+    is_task_type_name,
+    progress_problem,
+    task_defaults_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +57,9 @@ log = logging.getLogger(__name__)
 MAX_ERROR_CHARS = 2000
 
 TaskFunction = Callable[..., Any]
+# Where ``ctx.progress`` reports go: (attempt id, fraction, message); the task process
+# coalesces them (``jobmesh.worker.child``).
+ProgressSink = Callable[[str, float, "str | None"], None]
 
 
 class TaskDefinitionError(JobmeshError, ValueError):
@@ -59,24 +77,59 @@ class TaskContext:
 
     ``cancelled`` is set when the attempt is cancelled or its lease revoked; a long
     function should poll ``ctx.cancelled.is_set()`` or wait on it and return early.
+    ``progress(fraction, message=None)`` says how far it is.
     """
 
     job_id: str
     attempt: int
     attempt_id: str
     cancelled: threading.Event = field(default_factory=threading.Event)
+    sink: ProgressSink | None = field(default=None, repr=False, compare=False)
+    _dropped: bool = field(default=False, repr=False, compare=False)  # a report out of bounds was logged
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far the attempt is: ``fraction`` from 0 to 1, and a ``message`` (cut
+        to 1,000 characters). The job's snapshot shows the latest report while it runs.
+
+        Cheap enough for a tight loop: reports are coalesced, the latest one sent at most
+        a few times a second; from any thread of the task. A fraction outside 0..1 (or
+        NaN) is not sent, as the coordinator would drop it; the first such report of an
+        attempt is logged, and the task goes on. ``TypeError`` for a fraction that is not
+        a number or a message that is neither a string nor None."""
+        if isinstance(fraction, numbers.Real) and not isinstance(fraction, bool):
+            fraction = float(fraction)  # numpy's numbers too
+        if isinstance(message, str) and len(message) > MAX_PROGRESS_MESSAGE_CHARS:
+            message = message[:MAX_PROGRESS_MESSAGE_CHARS]
+        problem = progress_problem(fraction, message)
+        if problem is None:
+            if self.sink is not None:
+                self.sink(self.attempt_id, fraction, message)
+        elif not isinstance(fraction, float) or not (message is None or isinstance(message, str)):
+            raise TypeError(problem)
+        elif not self._dropped:
+            self._dropped = True
+            log.warning("progress not sent job=%s attempt=%d: %s (the attempt's later ones are not logged)",
+                        self.job_id, self.attempt, problem)
 
 
 _registry: dict[str, TaskFunction] = {}
 _wants_context: dict[str, bool] = {}
+_defaults: dict[str, dict[str, int | None]] = {}  # name -> its taskDefaults entry
 
 
-def task(name: str) -> Callable[[TaskFunction], TaskFunction]:
-    """Register the decorated function as the body of task type ``name``; returns it unchanged."""
+def task(name: str, timeout: float | None = None, max_attempts: int | None = None,
+         retry_backoff: tuple[float, float] | None = None) -> Callable[[TaskFunction], TaskFunction]:
+    """Register the decorated function as the body of task type ``name``; returns it unchanged.
+
+    The options are the defaults of the type's jobs: ``timeout`` each attempt's deadline in
+    seconds (a millisecond to 7 days), ``max_attempts`` the attempt budget, and
+    ``retry_backoff`` ``(base, cap)`` in seconds: the wait before attempt n+1 is
+    base * 2^(n-1), at most cap. None leaves the coordinator's setting."""
     if not is_task_type_name(name):
         raise TaskDefinitionError("task name %r is invalid: task-type names are %s" % (name, TASK_NAME_RULE))
     if name in TASK_TYPES:
         raise TaskDefinitionError("task name %r is a built-in task type (%s)" % (name, ", ".join(TASK_TYPES)))
+    defaults = _task_defaults(name, timeout, max_attempts, retry_backoff)
 
     def register(fn: TaskFunction) -> TaskFunction:
         wants_context = _check_signature(name, fn)
@@ -86,9 +139,48 @@ def task(name: str) -> Callable[[TaskFunction], TaskFunction]:
         # The same function defined again (a module reloaded) simply replaces itself.
         _registry[name] = fn
         _wants_context[name] = wants_context
+        _defaults[name] = defaults
         return fn
 
     return register
+
+
+def _millis(name: str, option: str, seconds: Any) -> int | None:
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds != seconds:
+        raise TaskDefinitionError("@task(%r): %s must be a number of seconds, got %r" % (name, option, seconds))
+    try:
+        return int(round(seconds * 1000))
+    except OverflowError:
+        raise TaskDefinitionError("@task(%r): %s is out of range: %r" % (name, option, seconds)) from None
+
+
+def _task_defaults(name: str, timeout: Any, max_attempts: Any, retry_backoff: Any) -> dict[str, int | None]:
+    """The ``taskDefaults`` entry of ``@task``'s options; ``TaskDefinitionError`` if one is
+    out of the coordinator's bounds."""
+    base = cap = None
+    if retry_backoff is not None:
+        if not isinstance(retry_backoff, (tuple, list)) or len(retry_backoff) != 2:
+            raise TaskDefinitionError("@task(%r): retry_backoff must be (base_seconds, cap_seconds), got %r"
+                                      % (name, retry_backoff))
+        base, cap = (_millis(name, "retry_backoff", value) for value in retry_backoff)
+    defaults = {"timeoutMillis": _millis(name, "timeout", timeout), "maxAttempts": max_attempts,
+                "retryBaseMillis": base, "retryCapMillis": cap}
+    problem = task_defaults_problem(name, defaults)
+    if problem is not None:
+        raise TaskDefinitionError("@task(%r) options: %s (timeout=%r, max_attempts=%r, retry_backoff=%r)"
+                                  % (name, problem, timeout, max_attempts, retry_backoff))
+    return defaults
+
+
+def declared_defaults(names: Iterable[str]) -> dict[str, dict[str, int | None]]:
+    """WORKER_REGISTER ``taskDefaults`` of these registered task types: each one whose
+    ``@task`` has options, those it left out as null (the coordinator keeps the latest
+    entry of a type as a whole). A type without options has no entry: what the
+    coordinator keeps for it stays, and the registration is the one it always was."""
+    return {name: dict(_defaults[name]) for name in sorted(names)
+            if any(value is not None for value in _defaults.get(name, {}).values())}
 
 
 def _origin(fn: TaskFunction) -> str:
@@ -124,6 +216,7 @@ def unregister(names: Iterable[str]) -> None:
     for name in names:
         _registry.pop(name, None)
         _wants_context.pop(name, None)
+        _defaults.pop(name, None)
 
 
 def load_modules(modules: Iterable[str]) -> dict[str, TaskFunction]:

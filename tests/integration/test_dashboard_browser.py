@@ -102,14 +102,18 @@ def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_fa
     retrying = client.submit_ok("FAIL", {"failUntilAttempt": 2}, priority="HIGH")
     worker.fail(worker.await_assign(), "attempt 1 failed (failUntilAttempt=2)")
     client.wait_state(retrying, "RETRY_WAIT")
-    for _ in range(2):
-        client.submit_ok("SLEEP", {"durationMillis": 60000})
-        worker.await_assign()
+    running = [client.submit_ok("SLEEP", {"durationMillis": 60000}) for _ in range(2)]
+    reporting = worker.await_assign()
+    worker.await_assign()
     queued = client.submit_ok("SHA256", {"text": "hello"}, priority="LOW")
     # and a limit on FAIL, and PRIME_COUNT paused
     assert client.request({"type": "LIMIT_PUT", "limit": {"taskType": "FAIL", "maxRunning": 3,
                                                           "ratePerSecond": 2}})["type"] == "LIMIT"
     assert client.request({"type": "TYPE_PAUSE", "taskType": "PRIME_COUNT"})["type"] == "LIMIT"
+    # one of the running jobs has reported its progress
+    worker.send({"type": "TASK_PROGRESS", "workerId": "w-1", "jobId": reporting["jobId"],
+                 "attemptId": reporting["attemptId"], "fraction": 0.42, "message": "compressing chunk 7"})
+    wait_until(lambda: client.status(reporting["jobId"])["progress"], message="the progress report kept")
 
     wait = WebDriverWait(browser, 15)
     browser.get(coord.metrics_url + "/")
@@ -141,6 +145,12 @@ def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_fa
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#jobs tr[data-job='%s']" % queued)))
     row = browser.find_element(By.CSS_SELECTOR, "#jobs tr[data-job='%s']" % queued)
     assert "QUEUED" in row.text and "SHA256" in row.text and "workers busy" in row.text
+    # the running job that reported progress has a bar, the other none
+    bar = browser.find_element(By.CSS_SELECTOR, "#jobs tr[data-job='%s'] .progress" % reporting["jobId"])
+    assert bar.get_attribute("data-progress") == "42" and "42% compressing chunk 7" in bar.text
+    assert bar.find_element(By.CSS_SELECTOR, ".bar > div").get_attribute("style") == "width: 42%;"
+    assert not browser.find_elements(By.CSS_SELECTOR, "#jobs tr[data-job='%s'] .progress"
+                                     % (set(running) - {reporting["jobId"]}).pop())
     # the chart has drawn its lines
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-depth path[data-series='running']"))
     if SCREENSHOT_DIR:
@@ -195,6 +205,12 @@ def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_fa
     created = datetime.fromtimestamp(snapshot["createdAtMillis"] / 1000, timezone.utc)
     assert fields[fields.index("Created") + 1].startswith(
         created.strftime("%Y-%m-%d %H:%M:%S.") + "%03d UTC" % (snapshot["createdAtMillis"] % 1000)), fields
+    # The reporting job's page shows its progress after its attempts
+    browser.get(coord.metrics_url + "/#/job/" + reporting["jobId"])
+    wait.until(lambda d: "Progress" in d.find_element(By.ID, "jv-fields").text.splitlines())
+    fields = browser.find_element(By.ID, "jv-fields").text.splitlines()
+    assert fields[fields.index("Progress") - 2:fields.index("Progress") + 2] == [
+        "Attempts", "1 of 3", "Progress", "42% compressing chunk 7"], fields
 
 
 def _save(browser, name: str) -> None:

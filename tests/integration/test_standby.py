@@ -154,10 +154,17 @@ def table_state(server, url: str) -> str:
 
 
 def test_a_standby_opens_no_job_port_and_takes_over_when_the_leader_stops(nodes):
-    # Given a leader with a job, and a second coordinator on the same database
+    # Given a leader with a job and a task type's declared defaults, and a second
+    # coordinator on the same database
     leader = nodes("leader").launch().await_listening()
     with CoordinatorClient(leader.client_target) as client:
         job_id = client.submit("WORD_COUNT", {"text": "before the takeover"})
+    host, port = leader.worker_target.rsplit(":", 1)
+    declaring = RawConn((host, int(port)))
+    assert declaring.request({"type": "WORKER_REGISTER", "workerId": "w-declares", "capacity": 1,
+                              "taskTypes": ["DECLARED"], "taskDefaults": {"DECLARED": {"maxAttempts": 1}}}
+                             )["type"] == "WORKER_REGISTERED"
+    declaring.close()
     standby = nodes("standby", metrics=True).launch().await_standing_by()
 
     # Then the second one stands by: no job port, not ready, but alive
@@ -178,6 +185,8 @@ def test_a_standby_opens_no_job_port_and_takes_over_when_the_leader_stops(nodes)
     assert "jobmesh_leading 1.0" in standby.http("/metrics")[1]
     with CoordinatorClient(standby.client_target) as client:
         assert client.status(job_id)["state"] == "QUEUED"
+        # and the defaults it keeps: a job of that type takes them, no worker connected
+        assert client.status(client.submit("DECLARED", {}))["maxAttempts"] == 1
 
 
 def test_a_standby_whose_role_cannot_end_the_leaders_session_says_so_at_start(nodes, postgres_server, postgres_url):

@@ -31,7 +31,7 @@ from tests.helpers import CoordinatorProc, alive, child_env, run_cli, wait_until
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
 USER_TYPES = sorted(["BIG", "BOOM", "CHATTY", "COOP", "CPU", "DEAF", "EXIT3", "FLAKY", "GREET", "LISTY", "LOGS",
-                     "NAP", "ORPHAN", "STUBBORN", "THREADS", "WHOAMI"])
+                     "NAP", "ORPHAN", "REPORTER", "SPIN", "STUBBORN", "THREADS", "WHOAMI"])
 
 
 class Session:

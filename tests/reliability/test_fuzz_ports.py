@@ -193,6 +193,8 @@ WORKER_REQUESTS = {
     "HEARTBEAT": {"type": "HEARTBEAT", "workerId": "w"},
     "TASK_RESULT": {"type": "TASK_RESULT", "workerId": "w", "jobId": "j", "attemptId": "j.1", "success": True,
                     "result": {"words": 1}, "error": None},
+    "TASK_PROGRESS": {"type": "TASK_PROGRESS", "workerId": "w", "jobId": "j", "attemptId": "j.1", "fraction": 0.5,
+                      "message": "half"},
 }
 
 

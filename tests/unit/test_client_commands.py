@@ -77,6 +77,8 @@ def test_run_at_without_a_zone_follows_the_process_time_zone(tz, utc_hour_minute
 
 @pytest.mark.parametrize("text", ["garbage", "", "tomorrow", "2026-13-01T00:00:00Z", "12:00", "--5", "1.5e12",
                                   "-1", "-1796055997317", "1969-12-31T23:59:59Z", "99999999999999999999999"])
+
+
 def test_run_at_that_does_not_parse_or_is_negative(text):
     with pytest.raises(ConfigError) as info:
         parse_run_at(text)
@@ -167,6 +169,8 @@ def test_submit_of_stdin_payload_without_a_stdin_is_a_usage_error(jm):
 
 @pytest.mark.parametrize("flag,sent", [("--type=SLEEP", "SLEEP"), ("--type=sleep", "SLEEP"),
                                        ("--type=GREET", "GREET"), ("--type=greet", "greet")])
+
+
 def test_list_type_sends_task_type(jm, flag, sent):
     code, out, _err, server = jm([{"type": "JOB_LIST", "jobs": [], "nextCursor": None}], "list", flag, "--json")
     assert code == EXIT_OK and out == "[]\n"
@@ -289,3 +293,42 @@ def test_status_of_a_held_job_whose_limit_cannot_be_read_still_says_why(jm):
                                   "status", "j-1")
     assert code == EXIT_OK
     assert "waiting   as many EXPORT jobs are running as its limit allows\n" in out
+
+
+# ---- wait: a live line on a terminal only -----------------------------------------------
+
+
+EVENTS = {"type": "JOB_EVENTS", "jobId": "j-1", "events": []}
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_wait_on_a_terminal_shows_the_jobs_progress_in_place_then_erases_it():
+    running = dict(SNAP, state="RUNNING", workerId="w-1",
+                   progress={"fraction": 0.42, "message": "compressing chunk 7", "atMillis": NOW_ISH})
+    later = dict(running, progress=dict(running["progress"], fraction=0.9, message="chunk 9"))
+    done = dict(SNAP, state="COMPLETED", attempts=1, result={"ok": True})
+    server = ScriptedServer([{"type": "JOB_STATUS", "job": job} for job in (running, later, done)] + [EVENTS])
+    try:
+        _cmd, args = parse(["wait", "j-1", "--coordinator=127.0.0.1:%d" % server.port])
+        out = Terminal()
+        assert run_client_command("wait", args, Console(out, io.StringIO())) == EXIT_OK
+    finally:
+        server.close()
+    # The job at once, then a WAIT_JOB of a second at a time while it runs
+    assert [r.get("timeoutMillis") for r in server.requests] == [0, 1000, 1000, None]
+    text = out.getvalue()
+    first, second = "\r\x1b[Kjob j-1 RUNNING 42% compressing chunk 7", "\r\x1b[Kjob j-1 RUNNING 90% chunk 9"
+    assert text.startswith(first + second + "\r\x1b[Kjob       j-1\n"), text
+    assert "state     COMPLETED\n" in text
+
+
+@pytest.mark.parametrize("flags", [(), ("--json",)])
+def test_wait_into_a_pipe_or_with_json_writes_no_live_line(jm, flags):
+    done = dict(SNAP, state="COMPLETED", attempts=1, result={"ok": True})
+    code, out, _err, server = jm([{"type": "JOB_STATUS", "job": done}, EVENTS], "wait", "j-1", *flags)
+    assert code == EXIT_OK and "\r" not in out and "\x1b" not in out
+    assert server.requests[0]["timeoutMillis"] == 60_000

@@ -304,3 +304,17 @@ def test_limit_detail():
 
 def test_duplicate_submit_names_the_live_job_and_key():
     assert render.duplicate("j-9", "report:7") == "job j-9 is already active with unique key report:7; no new job"
+
+
+def test_job_detail_shows_a_running_jobs_progress_as_a_percentage_and_its_message():
+    report = {"fraction": 0.42, "message": "compressing\nchunk 7", "atMillis": NOW}
+    out = render.job_detail(job(state="RUNNING", workerId="w-1", result=None, progress=report), NOW)
+    assert "\nstate     RUNNING\nprogress  42% compressing chunk 7\n" in out
+    # Rounded down, so only a finished report reads 100%; a report without a message is the percentage
+    assert render.progress(job(state="RUNNING", progress=dict(report, fraction=0.29, message=None))) == "29%"
+    assert render.progress(job(state="RUNNING", progress=dict(report, fraction=0.999))).startswith("99% ")
+    assert render.progress(job(state="RUNNING", progress=dict(report, fraction=1))).startswith("100% ")
+    # Nothing for a job without a report, one that is not running, or a report that is not one
+    for other in (job(state="RUNNING", progress=None), job(state="COMPLETED", progress=report), job(state="RUNNING"),
+                  job(state="RUNNING", progress=dict(report, fraction=float("nan")))):
+        assert render.progress(other) is None and "progress" not in render.job_detail(other, NOW)

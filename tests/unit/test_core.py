@@ -168,6 +168,7 @@ def test_submit_creates_a_queued_job(h):
         "workerId": None, "result": None, "error": None, "createdAtMillis": 1234, "updatedAtMillis": 1234,
         "priority": "LOW", "runAtMillis": None, "retryAtMillis": None, "retryOf": None, "waitingReason": "NO_WORKER",
         "protocol": "json", "name": None, "submittedBy": None, "concurrencyKey": None, "uniqueKey": None,
+        "progress": None,
     }
     stored = h.store.get(job_id)
     assert stored.state is JobState.QUEUED and stored.payload == {"durationMillis": 7}
@@ -1179,6 +1180,82 @@ def test_recovered_retry_wait_without_retry_time_is_still_retried():
     for now in (100, 101, 10_000):
         h.sweep(now)
     assert h.status(job_id)["state"] == "RUNNING"
+
+
+# ==== progress (TASK_PROGRESS) ================================================================
+
+
+def progress(h: Harness, now: int, job_id: str, fraction: Any, message: Any = None, attempt_id: str | None = None,
+             conn: Conn | None = None, worker_id: str | None = None) -> list:
+    conn = conn or h.holder(job_id)
+    report = m.TaskProgress(worker_id or conn.name, job_id, attempt_id or h.assign_of(job_id).attempt_id, fraction,
+                            message)
+    h.apply(now, ev.Progress(conn, report))
+    batch = h.core.take_dirty()
+    assert not (batch.inserts or batch.updates), "a progress report is never written to the store"
+    return h.step(now)
+
+
+def test_progress_from_the_lease_holder_is_the_running_jobs_snapshot_progress():
+    # Given a running job
+    h = Harness()
+    h.register(0, "w1")
+    job_id = h.submit_ok(10)
+    assert h.status(job_id)["state"] == "RUNNING" and h.status(job_id)["progress"] is None
+    # When its worker reports progress twice
+    progress(h, 20, job_id, 0.25, "chunk 2")
+    progress(h, 30, job_id, 1, None)
+    # Then the snapshot shows the latest, at the wall-clock time it arrived
+    wall = 30 + h.core.table.drift
+    assert h.status(job_id)["progress"] == {"fraction": 1, "message": None, "atMillis": wall}
+    assert h.core.counters.progress_reports == 2
+    # And it leaves with the attempt: the completed job shows none
+    h.report(40, job_id)
+    assert h.status(job_id)["state"] == "COMPLETED" and h.status(job_id)["progress"] is None
+
+
+def test_progress_is_dropped_unless_in_bounds_and_from_the_current_lease_the_connection_stays():
+    h = Harness()
+    w1, w2 = h.register(0, "w1", capacity=1), h.register(0, "w2", capacity=1)
+    job_id = h.submit_ok(10)
+    holder = h.holder(job_id)
+    other = w2 if holder is w1 else w1
+    progress(h, 20, job_id, 0.5, "kept")
+    kept = h.status(job_id)["progress"]
+    attempt_id = h.assign_of(job_id).attempt_id
+    # When reports arrive for another attempt, from the other worker, or out of bounds
+    progress(h, 30, job_id, 0.6, attempt_id=job_id + ".2")
+    progress(h, 30, job_id, 0.6, conn=other)
+    progress(h, 30, job_id, 0.6, conn=other, worker_id=holder.name)
+    for fraction, message in ((1.5, None), (-0.1, None), (float("nan"), None), (float("inf"), None),
+                              (0.6, "x" * 1001)):
+        progress(h, 30, job_id, fraction, message)
+    progress(h, 30, "no-such-job", 0.6, attempt_id=attempt_id, conn=holder)
+    # Then none of them changes anything and no connection is closed or told off
+    assert h.status(job_id)["progress"] == kept and kept["message"] == "kept"
+    assert h.core.counters.progress_dropped == 9
+    assert not [msg for _c, msg in h.sent if msg is None or isinstance(msg, m.Error)], h.sent
+    # And a message of exactly 1,000 characters is kept
+    progress(h, 40, job_id, 0.7, "y" * 1000)
+    assert h.status(job_id)["progress"]["message"] == "y" * 1000
+
+
+def test_a_new_attempt_starts_without_the_last_ones_progress():
+    h = Harness()
+    h.register(0, "w1")
+    job_id = h.submit_ok(10, max_attempts=2)
+    progress(h, 20, job_id, 0.9, "almost")
+    # When the attempt fails, the job waits for its retry without progress
+    h.report(30, job_id, success=False, error="boom")
+    assert h.status(job_id)["state"] == "RETRY_WAIT" and h.status(job_id)["progress"] is None
+    # And the next attempt runs without any until it reports; the first attempt's reports are stale
+    first = h.assign_of(job_id)
+    h.sweep(30 + CAP + 1)
+    assert h.status(job_id)["state"] == "RUNNING" and h.assign_of(job_id).attempt_id != first.attempt_id
+    progress(h, 2000, job_id, 0.95, "stale", attempt_id=first.attempt_id)
+    assert h.status(job_id)["progress"] is None
+    progress(h, 2000, job_id, 0.1, "second")
+    assert h.status(job_id)["progress"]["message"] == "second"
 
 
 # ==== a randomized run checked against the invariants =======================================

@@ -235,6 +235,29 @@ def test_retention_purges_in_small_batches_each_sweep_and_batch():
     assert not h.core.table.finished
 
 
+def test_a_time_to_live_purges_its_job_whatever_retention_says():
+    # Given retention of one second, and jobs finished at 0: one kept a minute, one 0 ms, one without
+    h = Harness(retain_finished_millis=1000)
+    h.register(0, "w1", capacity=4)
+    jobs = {}
+    for name, ttl in (("minute", 60_000), ("none", 0), ("plain", None)):
+        reply = h.request(0, m.SubmitJob("SLEEP", {"durationMillis": 1}, result_ttl_millis=ttl))
+        h.step(0)
+        jobs[name] = reply.job_id
+        h.report(0, reply.job_id)
+    # When a sweep comes at once, the 0 ms one is purged (retention would keep it a second)
+    h.sweep(1)
+    assert h.store.get(jobs["none"]) is None and h.store.count() == 2
+    # Then at 1 s retention takes the plain one, but not the one that asked for a minute
+    h.sweep(1_001)
+    assert h.store.count() == 1 and h.store.get(jobs["minute"]) is not None
+    h.sweep(59_999)
+    assert h.store.get(jobs["minute"]) is not None
+    # which its own time to live purges once the minute is over; each job counted once
+    h.sweep(60_000)
+    assert h.store.count() == 0 and h.core.counters.purged == 3
+
+
 def test_retention_zero_keeps_everything():
     h = Harness(retain_finished_millis=0)
     h.cancel(1, h.submit_ok(0))

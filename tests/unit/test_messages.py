@@ -29,6 +29,8 @@ SAMPLES: dict[str, m.Message] = {
     "TASK_CANCEL": m.TaskCancel(job_id="j-1", attempt_id="a-1"),
     "TASK_RESULT": m.TaskResult(worker_id="w-1", job_id="j-1", attempt_id="a-1", success=True,
                                 result={"sleptMillis": 5}, error=None),
+    "TASK_PROGRESS": m.TaskProgress(worker_id="w-1", job_id="j-1", attempt_id="j-1.1", fraction=0.25,
+                                    message="chunk 7 ✓"),
     "ERROR": m.Error(message="nope ✓"),
     "SUBMIT_JOB": m.SubmitJob(task_type="SHA256", payload={"text": "héllo"}, max_attempts=2,
                               idempotency_key="k-1", priority="HIGH", run_at_millis=1_800_000_000_000),
@@ -114,6 +116,7 @@ def test_wire_uses_camel_case_names_from_the_protocol(type_name):
         "TASK_ASSIGN": {"jobId", "attemptId", "attemptNumber", "taskType", "payload"},
         "TASK_CANCEL": {"jobId", "attemptId"},
         "TASK_RESULT": {"workerId", "jobId", "attemptId", "success", "result", "error"},
+        "TASK_PROGRESS": {"workerId", "jobId", "attemptId", "fraction", "message"},
         "ERROR": {"message"},
         "SUBMIT_JOB": {"taskType", "payload", "maxAttempts", "idempotencyKey", "priority", "runAtMillis",
                        "delayMillis"},
@@ -216,6 +219,9 @@ def test_non_string_type_is_rejected(bad_type):
     {"type": "TASK_RESULT", "workerId": "w", "jobId": "j", "attemptId": "a", "success": 1},
     {"type": "TASK_RESULT", "workerId": "w", "jobId": "j", "attemptId": "a", "success": True, "result": []},
     {"type": "TASK_RESULT", "workerId": "w", "jobId": "j", "attemptId": "a", "success": False, "error": 5},
+    {"type": "TASK_PROGRESS", "workerId": "w", "jobId": "j", "attemptId": "a", "fraction": "0.5"},
+    {"type": "TASK_PROGRESS", "workerId": "w", "jobId": "j", "attemptId": "a", "fraction": True},
+    {"type": "TASK_PROGRESS", "workerId": "w", "jobId": "j", "attemptId": "a", "fraction": 0.5, "message": 7},
     {"type": "TASK_ASSIGN", "jobId": "j", "attemptId": "a", "attemptNumber": "1", "taskType": "SLEEP",
      "payload": {}},
     {"type": "TASK_ASSIGN", "jobId": "j", "attemptId": "a", "attemptNumber": 1, "taskType": "SLEEP",
@@ -246,6 +252,7 @@ def test_wrong_field_types_are_rejected(obj):
     {"type": "WORKER_REGISTER", "capacity": 4},
     {"type": "HEARTBEAT"},
     {"type": "TASK_RESULT", "workerId": "w", "jobId": "j", "attemptId": "a"},
+    {"type": "TASK_PROGRESS", "workerId": "w", "jobId": "j", "attemptId": "a"},
     {"type": "TASK_ASSIGN", "jobId": "j", "attemptId": "a", "attemptNumber": 1, "taskType": "SLEEP"},
     {"type": "SUBMIT_JOB", "taskType": "SLEEP"},
     {"type": "SUBMIT_JOB", "payload": {}},
@@ -260,7 +267,7 @@ def test_missing_required_fields_are_rejected(obj):
 
 
 def test_port_tables_match_the_protocol():
-    assert m.WORKER_PORT_REQUESTS == {"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT"}
+    assert m.WORKER_PORT_REQUESTS == {"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT", "TASK_PROGRESS"}
     assert m.CLIENT_PORT_REQUESTS == {"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "CANCEL_JOB",
                                       "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB", "GET_STATS",
                                       "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",

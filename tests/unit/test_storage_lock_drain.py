@@ -209,3 +209,23 @@ def test_a_probe_reopens_a_writer_opened_on_a_read_only_file(tmp_path):
     store.write(Batch([], [], [("T", 1)], []))
     assert "T" in store.load_task_types()
     store.close()
+
+
+def test_while_storage_fails_a_registration_with_new_task_defaults_is_refused_and_the_same_ones_are_not():
+    # Given a core that keeps ONCE's defaults (maxAttempts 1), whose storage then fails
+    h = Harness()
+    kept = {"ONCE": {"maxAttempts": 1}}
+    h.apply(1, ev.Registered(Conn("w0"), m.WorkerRegister("w0", 1, ["ONCE"], task_defaults=kept)))
+    h.step(1)
+    h.core.refusal = REFUSAL
+    # When one worker declares other defaults for it, and another the ones kept
+    changed, same = Conn("w-changed"), Conn("w-same")
+    h.apply(2, ev.Registered(changed, m.WorkerRegister("w-changed", 1, ["ONCE"],
+                                                       task_defaults={"ONCE": {"maxAttempts": 5}})))
+    h.apply(2, ev.Registered(same, m.WorkerRegister("w-same", 1, ["ONCE"], task_defaults=kept)))
+    # Then the first is refused and closed, nothing written; the second registers
+    assert not any(h.core.take_dirty())
+    out = h.core.take_outbound()
+    assert [msg for c, msg in out if c is changed] == [REFUSAL, None]
+    assert [msg for c, msg in out if c is same] == [m.WorkerRegistered("w-same")]
+    assert h.core.table.max_attempts_of("ONCE") == 1

@@ -125,7 +125,7 @@ def test_every_field_round_trips_including_json_and_unicode(store):
         error="boom: ünïcode 💥", updated_at=1_700_000_000_999, execution_timeout=600_000,
         deadline=2**62, run_at=1_700_000_000_500, retry_of="older", name="nightly",
         periodic={"workload": "d29yaw==", "b64": True, "count": 1, "timeout": 30, "sched": 5},
-        events='[5,"S"],[7,"A",1,"wörker"]',
+        events='[5,"S"],[7,"A",1,"wörker"]', result_ttl=315_360_000_000, retry_base=1500, retry_cap=2**40,
     )
     insert(store, job)
     got = store.get("ジョブ-1")
@@ -440,7 +440,51 @@ def test_limits_are_written_replaced_and_deleted_with_their_batch_and_kept_on_re
         again.close()
 
 
+def test_task_defaults_are_kept_per_type_the_latest_winning_and_survive_a_reopen(backend, store):
+    assert store.load_task_defaults() == []
+    store.write(Batch([], [], [("GREET", 1)], task_defaults=[("GREET", '{"maxAttempts": 1}'), ("ALPHA", "{}")]))
+    # A later batch replaces one type's body and leaves the other's alone.
+    store.write(Batch([], [], task_defaults=[("GREET", '{"maxAttempts": 2, "timeoutMillis": 5}')]))
+    assert store.load_task_defaults() == [("ALPHA", "{}"), ("GREET", '{"maxAttempts": 2, "timeoutMillis": 5}')]
+    # A batch that fails keeps none of its defaults.
+    with pytest.raises(Exception):
+        store.write(Batch([insert_row(make_job("x", 1)), insert_row(make_job("x", 2))], [],
+                          task_defaults=[("ALPHA", '{"maxAttempts": 9}')]))
+    store.close()
+    again = backend.open()
+    try:
+        assert again.load_task_defaults() == [("ALPHA", "{}"), ("GREET", '{"maxAttempts": 2, "timeoutMillis": 5}')]
+    finally:
+        again.close()
+
+
 def test_merged_batches_keep_the_newest_row_of_each_limit():
     older = Batch([], [], limits=[("A", "1"), ("B", "1")])
     newer = Batch([], [], limits=[("A", None), ("C", "2")])
     assert sorted(merge_batches(older, newer).limits, key=lambda r: r[0]) == [("A", None), ("B", "1"), ("C", "2")]
+
+
+def test_merged_batches_keep_the_newest_defaults_of_each_type():
+    older = Batch([], [], task_defaults=[("a", "1"), ("b", "1")])
+    newer = Batch([], [], task_defaults=[("a", "2")])
+    assert sorted(merge_batches(older, newer).task_defaults) == [("a", "2"), ("b", "1")]
+
+
+def test_expired_finds_finished_jobs_past_their_time_to_live_earliest_first(store):
+    insert(store,
+           make_job("late", 1, state=JobState.FAILED, updated_at=100, result_ttl=900),  # expires at 1000
+           make_job("soon", 2, state=JobState.COMPLETED, updated_at=300, result_ttl=0, idempotency_key="k"),  # 300
+           make_job("mid", 3, state=JobState.CANCELLED, updated_at=200, result_ttl=400),  # 600
+           make_job("running", 4, state=JobState.RUNNING, updated_at=100, result_ttl=0),  # active: never
+           make_job("plain", 5, state=JobState.COMPLETED, updated_at=100))  # no time to live: retention's
+    assert store.expired(299, 10) == []
+    # Retention's walk steps over them (their own time to live decides), PURGE_JOBS does not
+    assert store.purgeable(0, 10**6, 10, own_ttl=False) == ([("plain", None)], 0)
+    assert store.purgeable(0, 10**6, 10) == ([("late", None), ("soon", "k"), ("mid", None), ("plain", None)], 0)
+    assert store.expired(600, 10) == [("soon", "k"), ("mid", None)]
+    assert store.expired(10_000, 2) == [("soon", "k"), ("mid", None)]
+    assert store.expired(10_000, 10) == [("soon", "k"), ("mid", None), ("late", None)]
+    # A job that ends enters the index; purged ones leave it.
+    job = make_job("running", 4, state=JobState.COMPLETED, updated_at=5000, result_ttl=0)
+    store.write(Batch([], [update_row(job)], purges=["soon", "mid"]))
+    assert store.expired(10_000, 10) == [("late", None), ("running", None)]

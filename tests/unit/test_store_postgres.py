@@ -414,6 +414,27 @@ def test_a_schema_from_before_limits_gets_their_table_and_columns_on_opening(sto
     assert old is not None and (old.concurrency_key, old.unique_key) == (None, None)
 
 
+def test_a_table_from_before_time_to_live_gains_its_columns_index_and_defaults_table(stores, admin):
+    # Given a schema as the coordinator made it before jobs asked for a time to live or a backoff
+    first = stores()
+    first.close()
+    admin.execute("DROP INDEX jobmesh_jobs_expiry")
+    admin.execute("DROP TABLE jobmesh_task_defaults")
+    for column in ("result_ttl", "retry_base", "retry_cap"):
+        admin.execute("ALTER TABLE jobmesh_jobs DROP COLUMN %s" % column)
+    # When a store opens it, the columns come first and then the index over them
+    store = stores()
+    assert store.migrated == ["result_ttl", "retry_base", "retry_cap"]
+    store.lead(lambda: None)
+    store.write(Batch([insert_row(make_job("done", 1, state=JobState.COMPLETED, updated_at=10, result_ttl=5))], [],
+                      task_defaults=[("GREET", "{}")]))
+    assert store.expired(15, 10) == [("done", None)] and store.load_task_defaults() == [("GREET", "{}")]
+    # And the expired jobs are read through the index, not by a scan of the table
+    admin.execute("SET enable_seqscan = off")
+    plan = " ".join(row[0] for row in admin.execute(("EXPLAIN " + store.EXPIRED_SQL) % (15, 10)))
+    assert "jobmesh_jobs_expiry" in plan, plan
+
+
 # ---- choosing the store --------------------------------------------------------------------------
 
 
@@ -454,6 +475,8 @@ def test_an_unreachable_server_is_a_one_line_error_without_the_password():
 
 @pytest.mark.parametrize("url", ["postgresql://u:secret@[::1/db", "POSTGRESQL://u:secret@127.0.0.1:1/db",
                                  "postgresql:///db?host=[::1&password=secret"])
+
+
 def test_a_url_libpq_cannot_parse_is_a_one_line_error_without_the_password(url):
     # libpq quotes the URL it could not parse in its message.
     with pytest.raises(CannotOpen) as caught:

@@ -18,7 +18,7 @@ from jobmesh.config import parse_task_modules
 from jobmesh.errors import ConfigError
 from jobmesh.protocol.payloads import TASK_TYPES
 from jobmesh.worker import TaskContext, TaskDefinitionError, load_modules, task
-from jobmesh.worker.usertasks import registered, run_task, unregister
+from jobmesh.worker.usertasks import declared_defaults, registered, run_task, unregister
 
 
 @pytest.fixture
@@ -258,3 +258,76 @@ def test_worker_and_up_take_the_tasks_flag():
     assert worker_config(parse(["worker"])[1]).task_modules == ()
     assert worker_config(parse(["worker", "--tasks=mytasks,pkg.more"])[1]).task_modules == ("mytasks", "pkg.more")
     assert parse(["up", "--tasks=mytasks", "--workers=1"])[1]["--tasks"] == "mytasks"
+
+
+def test_ctx_progress_checks_its_arguments_and_hands_each_report_to_the_sink(caplog):
+    from fractions import Fraction
+
+    reports: list = []
+    c = TaskContext("j-1", 1, "j-1.1", sink=lambda *report: reports.append(report))
+    c.progress(0)
+    c.progress(Fraction(1, 4), "a quarter")  # any real number
+    c.progress(1, "x" * 1500)  # a long message is cut to 1,000 characters
+    assert reports == [("j-1.1", 0.0, None), ("j-1.1", 0.25, "a quarter"), ("j-1.1", 1.0, "x" * 1000)]
+    # A fraction outside 0..1 is not sent, and logged once: the task goes on
+    for fraction in (1.0000000000000002, -0.5, float("nan"), float("inf")):
+        c.progress(fraction, "out of bounds")
+    assert len(reports) == 3
+    logged = [r.getMessage() for r in caplog.records if "progress not sent" in r.getMessage()]
+    assert logged == ["progress not sent job=j-1 attempt=1: the progress fraction must be from 0 to 1, got "
+                      "1.0000000000000002 (the attempt's later ones are not logged)"], logged
+    # A value of the wrong type is a bug in the task: TypeError
+    for fraction, message in ((True, None), ("0.5", None), (None, None), (0.5, 7), (0.5, b"bytes")):
+        with pytest.raises(TypeError):
+            c.progress(fraction, message)
+    assert len(reports) == 3
+    TaskContext("j-2", 1, "j-2.1").progress(0.5, "no sink: nothing to send it to")
+
+
+# ---- options: the type's defaults for its jobs ----------------------------------------------
+
+
+def test_task_options_become_the_types_task_defaults_in_milliseconds(names):
+    full, bare = names("FULL"), names("BARE")
+    task(full, timeout=2.5, max_attempts=4, retry_backoff=(0.25, 60))(lambda payload: {})
+    task(bare)(lambda payload: {})
+    part = names("PART")
+    task(part, max_attempts=2)(lambda payload: {})
+    # Each registered type with options is declared, the options it left out as null; one without has no entry
+    assert declared_defaults([full, bare, part, "NOT_REGISTERED"]) == {
+        full: {"timeoutMillis": 2500, "maxAttempts": 4, "retryBaseMillis": 250, "retryCapMillis": 60_000},
+        part: {"timeoutMillis": None, "maxAttempts": 2, "retryBaseMillis": None, "retryCapMillis": None},
+    }
+    # The bounds themselves are allowed: a millisecond and 7 days, a backoff of nothing to ten years
+    task(full, timeout=0.001, max_attempts=1_000_000, retry_backoff=(0, 315_360_000))(lambda payload: {})
+    task(full, timeout=7 * 86400, retry_backoff=(1, 1))(lambda payload: {})
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"timeout": 0}, "timeoutMillis must be an integer 1..604800000"),
+    ({"timeout": 0.0004}, "timeoutMillis must be an integer 1..604800000"),
+    ({"timeout": 7 * 86400 + 1}, "timeoutMillis must be an integer 1..604800000"),
+    ({"timeout": "30"}, "timeout must be a number of seconds"),
+    ({"timeout": float("nan")}, "timeout must be a number of seconds"),
+    ({"timeout": float("inf")}, "timeout is out of range"),
+    ({"max_attempts": 0}, "maxAttempts must be an integer 1..1000000"),
+    ({"max_attempts": 2.0}, "maxAttempts must be an integer"),
+    ({"max_attempts": True}, "maxAttempts must be an integer"),
+    ({"retry_backoff": 5}, "retry_backoff must be (base_seconds, cap_seconds)"),
+    ({"retry_backoff": (1, 2, 3)}, "retry_backoff must be (base_seconds, cap_seconds)"),
+    ({"retry_backoff": (-1, 2)}, "retryBaseMillis must be an integer 0..315360000000"),
+    ({"retry_backoff": (5, 1)}, "retryBaseMillis 5000 is above retryCapMillis 1000"),
+    ({"retry_backoff": (1, 315_360_001)}, "retryCapMillis must be an integer 0..315360000000"),
+])
+def test_task_options_out_of_bounds_are_refused_when_the_module_loads(names, options, words):
+    with pytest.raises(TaskDefinitionError, match="^@task") as refused:
+        task(names(), **options)
+    assert words in str(refused.value), refused.value
+
+
+def test_a_module_with_bad_options_is_a_one_line_config_error(modules):
+    name = modules.write("from jobmesh.worker import task\n\n@task('OPTS', max_attempts=0)\ndef f(payload):\n"
+                         "    return {}\n")
+    with pytest.raises(ConfigError, match="maxAttempts must be an integer 1..1000000") as refused:
+        load_modules([name])
+    assert "\n" not in str(refused.value)
