@@ -48,8 +48,8 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, joined
 from jobmesh.client.api import (DEFAULT_PORT, FAILOVER_TIMEOUT, Failover, WaitChunks, WaitTimeout, coordinator_addresses,
-                                fire_times, may_resend, preview_request, purge_request, schedule_put_request,
-                                submit_backoff, submit_request, tls_context)
+                                fire_times, limit_put_request, may_resend, preview_request, purge_request,
+                                schedule_put_request, submit_backoff, submit_request, tls_context)
 from jobmesh.client.wire import (BadReply, ClosedUnanswered, NotConnected, TlsFailed, encode_request, read_reply,
                                  tls_reason)
 from jobmesh.errors import CoordinatorUnavailable, ProtocolError, SubmitRejected
@@ -242,6 +242,7 @@ class AsyncClient:
         self._busy_waits: set[_Connection] = set()
         self._closes = 0  # close() calls so far: a request failed by one is not sent again
         self.schedules = AsyncSchedules(self)
+        self.limits = AsyncLimits(self)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -294,19 +295,26 @@ class AsyncClient:
         run_at: datetime | float | None = None,
         timeout_millis: int | None = None,
         result_ttl_millis: int | None = None,
+        concurrency_key: str | None = None,
+        unique_key: str | None = None,
     ) -> str:
         """Submit a job and return its jobId (as ``CoordinatorClient.submit``: ``submit_retries``
         resubmits after a retryable ``SubmitRejected`` with backoff; ``delay`` or ``run_at``
-        schedule it; ``timeout_millis`` and ``result_ttl_millis`` as there)."""
+        schedule it; ``timeout_millis``, ``result_ttl_millis``, ``concurrency_key`` and
+        ``unique_key`` as there)."""
         request = submit_request(task_type, payload, max_attempts, priority, idempotency_key, delay, run_at,
-                                 timeout_millis, result_ttl_millis)
+                                 timeout_millis, result_ttl_millis, concurrency_key, unique_key)
+        return (await self.send_submit(request, submit_retries)).job_id
+
+    async def send_submit(self, request: m.SubmitJob, submit_retries: int = 0) -> m.JobSubmitted:
+        """Send a SUBMIT_JOB made by ``submit_request`` and return the JOB_SUBMITTED itself
+        (``.job_id``, ``.duplicate``), as ``CoordinatorClient.send_submit``."""
         retry = 0
         while True:
             try:
                 # A keyed submit is safe to send again: the coordinator answers a repeat
                 # with the job the key already made.
-                reply = await self._request(request, m.JobSubmitted, idempotent=idempotency_key is not None)
-                return reply.job_id
+                return await self._request(request, m.JobSubmitted, idempotent=request.idempotency_key is not None)
             except SubmitRejected as exc:
                 if not exc.retryable or retry >= submit_retries:
                     raise
@@ -615,3 +623,34 @@ class AsyncSchedules:
         reply = await self.client.request(preview_request(cron, every, timezone, start, count), m.SchedulePreview,
                                           idempotent=True)
         return fire_times(reply, timezone)
+
+
+class AsyncLimits:
+    """``client.limits`` of an AsyncClient: limits per task type and pausing a type, as
+    the blocking client's ``limits`` (jobmesh/client/api.py, ``Limits``), as coroutines."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def put(self, task_type: str, max_running: int | None = None, max_running_per_key: int | None = None,
+                  rate_per_second: float | None = None, burst: int | None = None,
+                  rate_per_key_per_second: float | None = None, paused: bool | None = None) -> dict[str, Any]:
+        """Create or replace the limits of ``task_type`` and return them."""
+        request = limit_put_request(task_type, max_running, max_running_per_key, rate_per_second, burst,
+                                    rate_per_key_per_second, paused)
+        return (await self.client.request(request, m.Limit)).limit
+
+    async def get(self, task_type: str) -> dict[str, Any]:
+        return (await self.client.request(m.LimitGet(task_type), m.Limit, idempotent=True)).limit
+
+    async def list(self) -> builtins.list[dict[str, Any]]:
+        return (await self.client.request(m.LimitList(), m.LimitList, idempotent=True)).limits
+
+    async def delete(self, task_type: str) -> dict[str, Any]:
+        return (await self.client.request(m.LimitDelete(task_type), m.Limit)).limit
+
+    async def pause(self, task_type: str) -> dict[str, Any]:
+        return (await self.client.request(m.TypePause(task_type), m.Limit)).limit
+
+    async def resume(self, task_type: str) -> dict[str, Any]:
+        return (await self.client.request(m.TypeResume(task_type), m.Limit)).limit

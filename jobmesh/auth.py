@@ -64,10 +64,12 @@ _RANK = {READER: 1, CLIENT: 2, ADMIN: 3}  # reader < client < admin; worker stan
 ROLE_REQUESTS: dict[str, frozenset[str]] = {
     WORKER: frozenset({"WORKER_REGISTER", "HEARTBEAT", "TASK_RESULT", "TASK_PROGRESS"}),
     READER: frozenset({"GET_JOB_STATUS", "LIST_JOBS", "LIST_WORKERS", "GET_JOB_EVENTS", "WAIT_JOB", "GET_STATS",
-                       "GET_JOB_PAYLOAD", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PREVIEW", "METRICS"}),
+                       "GET_JOB_PAYLOAD", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PREVIEW", "LIMIT_GET",
+                       "LIMIT_LIST", "METRICS"}),
     CLIENT: frozenset({"SUBMIT_JOB", "CANCEL_JOB"}),
     ADMIN: frozenset({"RETRY_JOB", "PURGE_JOBS", "SCHEDULE_PUT", "SCHEDULE_PAUSE", "SCHEDULE_RESUME",
-                      "SCHEDULE_DELETE", "SCHEDULE_TRIGGER"}),
+                      "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "LIMIT_PUT", "LIMIT_DELETE", "TYPE_PAUSE",
+                      "TYPE_RESUME"}),
 }
 _LEAST_ROLE = {kind: role for role, kinds in ROLE_REQUESTS.items() for kind in kinds}
 

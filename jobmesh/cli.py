@@ -53,6 +53,9 @@ Commands:
   purge        delete finished jobs older than a given age
   top          a live view of jobs and workers, until Ctrl-C
   schedule     recurring schedules: add, list, show, pause, resume, rm, trigger, preview
+  limit        limits per task type: set, list, show, rm
+  pause        start no more jobs of a task type (running ones go on)
+  resume       start jobs of a paused task type again
   token        make, list and remove the tokens of an auth file
 
 Run 'jobmesh <command> --help' for a command's options.
@@ -302,6 +305,10 @@ Options:
   --submit-retries=N        resubmit up to N times when the coordinator is overloaded [default: 0]
   --delay-millis=N          run no earlier than N milliseconds from now
   --run-at=TIME             run no earlier than TIME
+  --concurrency-key=K       the key a per-key limit of the type counts this job under
+                            (jobmesh limit set TYPE --max-running-per-key=N)
+  --unique-key=K            while a job of this type with key K is not finished, submit
+                            nothing new and print that job
   --wait                    wait for the job to finish and print its final state
   --timeout-millis=N        with --wait: give up after this long (0 = never) [default: 0]
 """ + CLIENT_OPTIONS
@@ -395,8 +402,9 @@ prints the token once, on stdout, and nowhere else; write it to a file only you 
 SIGHUP; removing a token closes its connections then.
 
 Roles: worker (the worker port only), reader (status, list, workers, events, wait,
-stats, schedule get/list/preview, and the metrics port), client (also submit and
-cancel), admin (everything: retry, purge, schedule changes).
+stats, schedule get/list/preview, limit list/show, and the metrics port), client
+(also submit and cancel), admin (everything: retry, purge, schedule changes, limit
+set/rm, pause, resume).
 
 Usage:
   jobmesh token new NAME --role=ROLE [--task-types=TYPES] [--auth-file=PATH]
@@ -452,6 +460,44 @@ Options:
   --count=N                    preview: how many fire times, 1..1000 [default: 10]
 """ + CLIENT_OPTIONS
 
+LIMIT_DOC = """Limits per task type, checked where the coordinator assigns: at most N running
+(in all, or per concurrency key), at most R starts a second (in all, or per key).
+
+'set' creates or replaces the limits of TASK_TYPE with those it is given (a limit not
+given is removed; a pause is kept). 'show' and 'list' print each limit with the type's
+running and queued jobs and whether it is paused; 'rm' removes every limit of the type
+(and its pause). R is starts a second, e.g. 10 or 0.5 (one every two seconds); --burst
+is how many may start at once after a quiet spell (default: R rounded up, at least 1).
+
+Usage:
+  jobmesh limit set TASK_TYPE [--max-running=N] [--max-running-per-key=N] [--rate=R] [--burst=N] [--rate-per-key=R] [options]
+  jobmesh limit list [options]
+  jobmesh limit show TASK_TYPE [options]
+  jobmesh limit rm TASK_TYPE [options]
+
+Options:
+  --max-running=N           at most N jobs of the type running at once
+  --max-running-per-key=N   at most N running at once per --concurrency-key of the job
+  --rate=R                  at most R starts a second (a token bucket of --burst)
+  --burst=N                 with --rate: starts allowed at once after a quiet spell
+  --rate-per-key=R          at most R starts a second per concurrency key (burst 1)
+""" + CLIENT_OPTIONS
+
+PAUSE_DOC = """Pause a task type: no job of it starts until 'jobmesh resume'; running jobs go on,
+and submits are accepted (they wait QUEUED). The pause holds across restarts.
+
+Usage:
+  jobmesh pause TASK_TYPE [options]
+
+Options:""" + CLIENT_OPTIONS
+
+RESUME_DOC = """Resume a paused task type: its queued jobs start again, within its limits.
+
+Usage:
+  jobmesh resume TASK_TYPE [options]
+
+Options:""" + CLIENT_OPTIONS
+
 DOCS = {
     "coordinator": COORDINATOR_DOC,
     "up": UP_DOC,
@@ -467,10 +513,13 @@ DOCS = {
     "purge": PURGE_DOC,
     "top": TOP_DOC,
     "schedule": SCHEDULE_DOC,
+    "limit": LIMIT_DOC,
+    "pause": PAUSE_DOC,
+    "resume": RESUME_DOC,
     "token": TOKEN_DOC,
 }
 CLIENT_COMMANDS = ("submit", "status", "list", "workers", "cancel", "wait", "events", "retry", "purge", "top",
-                   "schedule")
+                   "schedule", "limit", "pause", "resume")
 SERVER_COMMANDS = ("coordinator", "up", "worker")
 OTHER_COMMANDS = ("token",)
 

@@ -165,7 +165,8 @@ def tls_context(tls: bool | ssl.SSLContext, tls_ca: str | None, tls_cert: str | 
 def submit_request(task_type: str, payload: dict[str, Any], max_attempts: int = 0,
                    priority: str | Priority | None = None, idempotency_key: str | None = None,
                    delay: float | timedelta | None = None, run_at: datetime | float | None = None,
-                   timeout_millis: int | None = None, result_ttl_millis: int | None = None) -> m.SubmitJob:
+                   timeout_millis: int | None = None, result_ttl_millis: int | None = None,
+                   concurrency_key: str | None = None, unique_key: str | None = None) -> m.SubmitJob:
     """The SUBMIT_JOB that ``submit`` sends (``schedule_millis`` checks the times; the
     other types are checked when it is framed)."""
     if isinstance(priority, Priority):
@@ -173,7 +174,43 @@ def submit_request(task_type: str, payload: dict[str, Any], max_attempts: int = 
     run_at_millis, delay_millis = schedule_millis(delay, run_at)
     return m.SubmitJob(task_type, payload, max_attempts, idempotency_key, priority,
                        run_at_millis=run_at_millis, delay_millis=delay_millis, timeout_millis=timeout_millis,
-                       result_ttl_millis=result_ttl_millis)
+                       result_ttl_millis=result_ttl_millis, concurrency_key=concurrency_key, unique_key=unique_key)
+
+
+# A limit's fields (CONTRACT, "Limits"): the counts are whole numbers, the rates numbers.
+LIMIT_COUNTS = ("maxRunning", "maxRunningPerKey", "burst")
+LIMIT_RATES = ("ratePerSecond", "ratePerKeyPerSecond")
+
+
+def limit_put_request(task_type: str, max_running: int | None = None, max_running_per_key: int | None = None,
+                      rate_per_second: float | None = None, burst: int | None = None,
+                      rate_per_key_per_second: float | None = None, paused: bool | None = None) -> m.LimitPut:
+    """The LIMIT_PUT that ``limits.put`` sends: every limit of the type, None for none;
+    ``paused`` None keeps the type's pause as it is. ``TypeError`` for a count that is not
+    an int or a rate that is not a number, ``ValueError`` for a rate that is not finite
+    (the coordinator judges the values: a negative count, a rate <= 0)."""
+    if not isinstance(task_type, str):
+        raise TypeError("task_type must be a str, got %r" % (task_type,))
+    limit: dict[str, Any] = {"taskType": task_type, "maxRunning": max_running,
+                             "maxRunningPerKey": max_running_per_key, "ratePerSecond": rate_per_second,
+                             "burst": burst, "ratePerKeyPerSecond": rate_per_key_per_second}
+    for name in LIMIT_COUNTS:
+        value = limit[name]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError("%s must be an int or None, got %r" % (name, value))
+    for name in LIMIT_RATES:
+        value = limit[name]
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError("%s must be a number of starts a second or None, got %r" % (name, value))
+        if not math.isfinite(value):
+            raise ValueError("%s must be finite, got %r" % (name, value))
+    if paused is not None:
+        if not isinstance(paused, bool):
+            raise TypeError("paused must be a bool or None, got %r" % (paused,))
+        limit["paused"] = paused
+    return m.LimitPut(limit)
 
 
 def purge_request(older_than_millis: int, limit: int | None, dry_run: bool) -> m.PurgeJobs:
@@ -325,6 +362,7 @@ class CoordinatorClient:
         self._refused = False  # the last reply was an ERROR (after which the coordinator may close)
         self._answered = False  # the connection has carried a reply
         self.schedules = Schedules(self)
+        self.limits = Limits(self)
 
     def __enter__(self) -> "CoordinatorClient":
         return self
@@ -366,6 +404,8 @@ class CoordinatorClient:
         run_at: datetime | float | None = None,
         timeout_millis: int | None = None,
         result_ttl_millis: int | None = None,
+        concurrency_key: str | None = None,
+        unique_key: str | None = None,
     ) -> str:
         """Submit a job and return its jobId.
 
@@ -381,16 +421,25 @@ class CoordinatorClient:
         ``timeout_millis`` is this job's per-attempt deadline (1 ms to 7 days; None: its task
         type's, else the coordinator's); ``result_ttl_millis`` purges the job, timeline and
         all, that long after it ends (None: the coordinator's retention).
+
+        ``concurrency_key``: the key the type's per-key limits count the job under (README.md,
+        "Limits"). ``unique_key``: while a job of the type with that key is not finished,
+        nothing is created and that job's id is returned (``send_submit`` says which).
         """
         request = submit_request(task_type, payload, max_attempts, priority, idempotency_key, delay, run_at,
-                                 timeout_millis, result_ttl_millis)
+                                 timeout_millis, result_ttl_millis, concurrency_key, unique_key)
+        return self.send_submit(request, submit_retries).job_id
+
+    def send_submit(self, request: m.SubmitJob, submit_retries: int = 0) -> m.JobSubmitted:
+        """Send a SUBMIT_JOB made by ``submit_request`` (``submit``'s arguments) and return
+        the JOB_SUBMITTED itself: ``.job_id``, and ``.duplicate``, true when a job with the
+        ``unique_key`` was active and nothing was made. ``submit_retries`` as for ``submit``."""
         retry = 0
         while True:
             try:
                 # A keyed submit is safe to send again: the coordinator answers a repeat
                 # with the job the key already made.
-                reply = self._request(request, m.JobSubmitted, idempotent=idempotency_key is not None)
-                return reply.job_id
+                return self._request(request, m.JobSubmitted, idempotent=request.idempotency_key is not None)
             except SubmitRejected as exc:
                 if not exc.retryable or retry >= submit_retries:
                     raise
@@ -775,3 +824,46 @@ class Schedules:
         reply = self.client.request(preview_request(cron, every, timezone, start, count), m.SchedulePreview,
                                     idempotent=True)
         return fire_times(reply, timezone)
+
+
+class Limits:
+    """``client.limits``: concurrency and rate limits per task type, and pausing a type
+    (README.md, "Limits").
+
+    Limits are returned as the wire dicts: ``taskType``, ``maxRunning``,
+    ``maxRunningPerKey``, ``ratePerSecond``, ``burst``, ``ratePerKeyPerSecond`` (None: no
+    such limit), ``paused``, and ``running`` and ``queued`` (the type's jobs now).
+    ``RequestFailed`` for bad input (nothing is changed then) or a token whose role may
+    not (changes need admin, reads reader)."""
+
+    def __init__(self, client: CoordinatorClient) -> None:
+        self.client = client
+
+    def put(self, task_type: str, max_running: int | None = None, max_running_per_key: int | None = None,
+            rate_per_second: float | None = None, burst: int | None = None,
+            rate_per_key_per_second: float | None = None, paused: bool | None = None) -> dict[str, Any]:
+        """Create or replace the limits of ``task_type`` (one not given is removed; ``paused``
+        None keeps the type's pause) and return them. ``burst``, with ``rate_per_second``:
+        starts allowed at once (default: the rate rounded up, at least 1)."""
+        request = limit_put_request(task_type, max_running, max_running_per_key, rate_per_second, burst,
+                                    rate_per_key_per_second, paused)
+        return self.client.request(request, m.Limit).limit
+
+    def get(self, task_type: str) -> dict[str, Any]:
+        """The type's limits (all None, not paused, for a type with none)."""
+        return self.client.request(m.LimitGet(task_type), m.Limit, idempotent=True).limit
+
+    def list(self) -> builtins.list[dict[str, Any]]:
+        """Every type with a limit or a pause."""
+        return self.client.request(m.LimitList(), m.LimitList, idempotent=True).limits
+
+    def delete(self, task_type: str) -> dict[str, Any]:
+        """Remove every limit of the type, and its pause; returns the last state."""
+        return self.client.request(m.LimitDelete(task_type), m.Limit).limit
+
+    def pause(self, task_type: str) -> dict[str, Any]:
+        """No job of the type starts until ``resume``; running ones go on, submits are taken."""
+        return self.client.request(m.TypePause(task_type), m.Limit).limit
+
+    def resume(self, task_type: str) -> dict[str, Any]:
+        return self.client.request(m.TypeResume(task_type), m.Limit).limit

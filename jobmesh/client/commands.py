@@ -1,5 +1,5 @@
-"""The client commands: submit, status, list, workers, cancel, wait, events, retry, purge and
-schedule (``top`` is in top.py).
+"""The client commands: submit, status, list, workers, cancel, wait, events, retry, purge,
+schedule, limit, pause and resume (``top`` is in top.py).
 
 Each handler takes a connected-on-demand ``CoordinatorClient``, docopt's dict and a
 ``Console``, writes its output (text, or one JSON document with ``--json``) through the
@@ -22,7 +22,7 @@ from typing import Any, Callable, TextIO
 from jobmesh.addresses import parse_addresses
 from jobmesh.auth import read_token, roles_for, token_file_of, warn_if_exposed
 from jobmesh.client import render, top
-from jobmesh.client.api import EPOCH, CoordinatorClient, WaitTimeout
+from jobmesh.client.api import EPOCH, CoordinatorClient, WaitTimeout, submit_request
 from jobmesh.errors import ClientError, ConfigError, CoordinatorUnavailable, InvalidRequest, RequestFailed, SubmitRejected
 from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE
 from jobmesh.protocol import messages as m
@@ -30,6 +30,7 @@ from jobmesh.protocol.jobs import JobState, Priority
 from jobmesh.protocol.payloads import TASK_TYPES
 
 MAX_PAGE = 1000
+MAX_KEY = 256  # characters of a --concurrency-key or --unique-key
 AUTO_KEY_PREFIX = "cli-"  # the idempotency key submit adds when given none
 AUTH_REFUSALS = ("authentication required", "authentication failed")  # the coordinator's words
 _EPOCH_MILLIS = re.compile(r"[+-]?[0-9]+")
@@ -264,22 +265,29 @@ def submit(client: CoordinatorClient, args: dict[str, Any], console: Console) ->
         # before the reply (a takeover), the client sends it once more round the address
         # list, and the coordinator that already made the job answers with it.
         key = AUTO_KEY_PREFIX + secrets.token_hex(16)
+    unique_key = _key_flag(args, "--unique-key")
     try:
-        job_id = client.submit(task_type, payload, max_attempts, priority.value,
-                               key, submit_retries=retries, **schedule)
+        reply = client.send_submit(submit_request(task_type, payload, max_attempts, priority.value, key,
+                                                  concurrency_key=_key_flag(args, "--concurrency-key"),
+                                                  unique_key=unique_key, **schedule), retries)
     except SubmitRejected as exc:
         console.error("submit", "rejected, the coordinator is overloaded: %s%s"
                       % (exc, "; try --submit-retries=N" if exc.retryable and not retries else ""))
         return EXIT_FAILED
+    job_id = reply.job_id
     if not as_json:
         earlier = None
-        if asked_at is not None:
+        if asked_at is not None and not reply.duplicate:
             job = client.status(job_id)
             earlier = job if job["createdAtMillis"] < asked_at else None
-        console.out(render.submitted(job_id) if earlier is None else render.resubmitted(earlier, key))
+        if reply.duplicate:
+            console.out(render.duplicate(job_id, str(unique_key)))
+        else:
+            console.out(render.submitted(job_id) if earlier is None else render.resubmitted(earlier, key))
     if not args["--wait"]:
         if as_json:
-            console.out(render.to_json({"jobId": job_id}))
+            # {"jobId": ...} as the contract prints it, with "duplicate" only when it is one
+            console.out(render.to_json(dict({"jobId": job_id}, **({"duplicate": True} if reply.duplicate else {}))))
         return EXIT_OK
     try:
         return _await("submit", client, console, job_id, timeout, as_json)
@@ -295,8 +303,37 @@ def status(client: CoordinatorClient, args: dict[str, Any], console: Console) ->
     # Busy workers are worth counting: say how many run the type and how full they are.
     found = client.workers() if job.get("waitingReason") == "WORKERS_BUSY" else None
     timeline = _timeline(client, job["jobId"]) if _stopped_running(job) else None
-    console.out(render.job_detail(job, _now_millis(), found, timeline))
+    console.out(render.job_detail(job, _now_millis(), found, timeline, _held(client, job)))
     return EXIT_OK
+
+
+def _held(client: CoordinatorClient, job: dict[str, Any]) -> render.Held | None:
+    """For a job a limit holds back, its type's limit, and for a per-key limit how many jobs
+    with its key run (counted over the type's RUNNING jobs, as few as its workers' slots)."""
+    reason = job.get("waitingReason")
+    if reason not in render.LIMIT_REASONS or reason == "TYPE_PAUSED":
+        return None
+    task_type = str(job.get("taskType"))
+    try:
+        limit = client.limits.get(task_type)
+        running_for_key = None
+        if reason == "KEY_CONCURRENCY_LIMIT":
+            key = job.get("concurrencyKey")
+            running_for_key = sum(1 for other in client.iter_jobs(JobState.RUNNING, MAX_PAGE, task_type)
+                                  if other.get("concurrencyKey") == key)
+    except RequestFailed:  # the figures are a courtesy: without them the reason still reads as words
+        return None
+    return render.Held(limit, running_for_key)
+
+
+def _key_flag(args: dict[str, Any], flag: str) -> str | None:
+    """``--concurrency-key`` / ``--unique-key``: 1-256 characters, no NUL (CONTRACT)."""
+    value = args.get(flag)
+    if value is None:
+        return None
+    if not 1 <= len(value) <= MAX_KEY or "\0" in value:
+        raise ConfigError("%s must be 1-%d characters without NUL, got %r" % (flag, MAX_KEY, value[:300]))
+    return str(value)
 
 
 def events(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
@@ -494,6 +531,78 @@ def schedule(client: CoordinatorClient, args: dict[str, Any], console: Console) 
     return EXIT_OK
 
 
+# ---- limits -----------------------------------------------------------------------------
+
+# ``limit set``'s flags: the LIMIT field each sets, and whether it is a count or a rate.
+LIMIT_FLAGS = (("--max-running", "maxRunning", int), ("--max-running-per-key", "maxRunningPerKey", int),
+               ("--rate", "ratePerSecond", float), ("--burst", "burst", int),
+               ("--rate-per-key", "ratePerKeyPerSecond", float))
+
+
+def _rate_flag(args: dict[str, Any], flag: str) -> float:
+    raw = args[flag]
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ConfigError("%s must be a number of starts a second above 0, e.g. 10 or 0.5, got %r" % (flag, raw))
+    return value
+
+
+def limit_set(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    values: dict[str, Any] = {}
+    for flag, field, kind in LIMIT_FLAGS:
+        if args[flag] is not None:
+            values[field] = _int_flag(args, flag, 0) if kind is int else _rate_flag(args, flag)
+    if not values:
+        raise ConfigError("give at least one of %s (to remove the type's limits: jobmesh limit rm %s)"
+                          % (", ".join(flag + "=..." for flag, _, _ in LIMIT_FLAGS), args["TASK_TYPE"]))
+    if "burst" in values and "ratePerSecond" not in values:
+        raise ConfigError("--burst is the bucket of --rate: give --rate too")
+    limit = client.limits.put(task_type_name(str(args["TASK_TYPE"])), values.get("maxRunning"),
+                              values.get("maxRunningPerKey"), values.get("ratePerSecond"), values.get("burst"),
+                              values.get("ratePerKeyPerSecond"))
+    return _show_limit(limit, args, console, "limits of %s set" % limit.get("taskType"))
+
+
+def _show_limit(limit: dict[str, Any], args: dict[str, Any], console: Console, said: str | None = None) -> int:
+    if args["--json"]:
+        console.out(render.to_json(limit))
+    else:
+        if said is not None:
+            console.out(said)
+        console.out(render.limit_detail(limit))
+    return EXIT_OK
+
+
+def limit_command(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    """``jobmesh limit set|list|show|rm``."""
+    if args["set"]:
+        return limit_set(client, args, console)
+    if args["list"]:
+        found = client.limits.list()
+        console.out(render.to_json(found) if args["--json"] else render.limit_table(found))
+        return EXIT_OK
+    task_type = task_type_name(str(args["TASK_TYPE"]))
+    if args["show"]:
+        return _show_limit(client.limits.get(task_type), args, console)
+    return _show_limit(client.limits.delete(task_type), args, console,
+                       "limits of %s removed, and its pause if it had one; this was the last state:" % task_type)
+
+
+def pause(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    task_type = task_type_name(str(args["TASK_TYPE"]))
+    return _show_limit(client.limits.pause(task_type), args, console,
+                       "%s paused: no new job of it starts (running ones go on) until jobmesh resume %s"
+                       % (task_type, task_type))
+
+
+def resume(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    task_type = task_type_name(str(args["TASK_TYPE"]))
+    return _show_limit(client.limits.resume(task_type), args, console, "%s resumed" % task_type)
+
+
 def top_view(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
     return top.run(client, console, _int_flag(args, "--interval-millis", 1), _int_flag(args, "--iterations", 0))
 
@@ -510,12 +619,17 @@ HANDLERS: dict[str, Callable[[CoordinatorClient, dict[str, Any], Console], int]]
     "purge": purge,
     "top": top_view,
     "schedule": schedule,
+    "limit": limit_command,
+    "pause": pause,
+    "resume": resume,
 }
 
 
 # The coordinator's words for a request the token's role may not make (CONTRACT: forbidden: ...).
 FORBIDDEN_KIND = re.compile(r"forbidden: token .* \(role (\w+)\) may not send ([A-Z_]+)\Z")
-SCHEDULE_SUBCOMMANDS = ("add", "list", "show", "pause", "resume", "rm", "trigger", "preview")
+# The commands that have subcommands, and those subcommands, as the role hint names them.
+SUBCOMMANDS = {"schedule": ("add", "list", "show", "pause", "resume", "rm", "trigger", "preview"),
+               "limit": ("set", "list", "show", "rm")}
 
 
 def _role_hint(command: str, args: dict[str, Any], message: str) -> str:
@@ -524,8 +638,7 @@ def _role_hint(command: str, args: dict[str, Any], message: str) -> str:
     if found is None:
         return ""
     role, kind = found.groups()
-    if command == "schedule":
-        command += "".join(" " + sub for sub in SCHEDULE_SUBCOMMANDS if args.get(sub))
+    command += "".join(" " + sub for sub in SUBCOMMANDS.get(command, ()) if args.get(sub))
     return "; 'jobmesh %s' needs a token of role %s, and this one is a %s token" % (
         command, " or ".join(roles_for(kind)), role)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 from zoneinfo import ZoneInfo
@@ -158,10 +159,10 @@ def watch_line(job: dict[str, Any], now_millis: int) -> str:
 
 
 def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None,
-               events: list[dict[str, Any]] | None = None) -> str:
-    """One job as labelled lines, for ``status``, ``cancel`` and ``wait``; ``workers`` as for
-    ``waiting``. The snapshot names a worker only while the job runs; with ``events`` (its
-    timeline) a job that is not running shows the worker of its last attempt."""
+               events: list[dict[str, Any]] | None = None, held: Held | None = None) -> str:
+    """One job as labelled lines, for ``status``, ``cancel`` and ``wait``; ``workers`` and
+    ``held`` as for ``waiting``. The snapshot names a worker only while the job runs; with
+    ``events`` (its timeline) a job that is not running shows the worker of its last attempt."""
     created = job.get("createdAtMillis")
     updated = job.get("updatedAtMillis")
     rows = [
@@ -183,7 +184,10 @@ def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any
         rows.insert(rows.index(("type", job.get("taskType"))) + 1, ("name", "%s (Periodic)" % job.get("name")))
     if job.get("waitingReason") is not None:
         rows.insert(rows.index(("state", job.get("state"))) + 1,
-                    ("waiting", waiting(job, now_millis, workers)))
+                    ("waiting", waiting(job, now_millis, workers, held)))
+    keys = job_keys(job)
+    if keys is not None:
+        rows.insert(rows.index(("priority", job.get("priority"))), ("keys", keys))
     shown = progress(job)
     if shown is not None:  # a running job's last report
         rows.insert(rows.index(("state", job.get("state"))) + 1, ("progress", shown))
@@ -207,14 +211,76 @@ def runs_job(worker: dict[str, Any], job: dict[str, Any]) -> bool:
             and job.get("taskType") in (worker.get("taskTypes") or ()))
 
 
-def waiting(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None) -> str:
+def job_keys(job: dict[str, Any]) -> str | None:
+    """``concurrency acme, unique report-7``: the job's keys, None when it has neither."""
+    keys = [(name, job.get(field)) for name, field in (("concurrency", "concurrencyKey"), ("unique", "uniqueKey"))]
+    shown = ["%s %s" % (name, value) for name, value in keys if value is not None]
+    return ", ".join(shown) or None
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a job held back by a limit waits on: its type's limit (a LIMIT's dict) and, for
+    a per-key limit, how many jobs of the type with the job's key are running."""
+
+    limit: dict[str, Any]
+    running_for_key: int | None = None
+
+
+LIMIT_REASONS = ("TYPE_PAUSED", "CONCURRENCY_LIMIT", "KEY_CONCURRENCY_LIMIT", "RATE_LIMIT")
+
+
+def rate(per_second: Any) -> str:
+    """``10 starts a second``, ``1 start a second``, ``0.5 starts a second``."""
+    return "%s start%s a second" % (number(per_second), "" if per_second == 1 else "s")
+
+
+def number(value: Any) -> str:
+    """A count or a rate without a needless fraction: ``10``, ``0.5``; ``-`` for null."""
+    if value is None:
+        return MISSING
+    return "%g" % value if isinstance(value, float) else str(value)
+
+
+def held_back(job: dict[str, Any], held: Held | None) -> str:
+    """Why a limit holds the job back, in words; with ``held`` (its type's limit, fetched
+    by the caller) the figures too: ``3 of 3 EXPORT jobs for key acme are running``."""
+    reason = job.get("waitingReason")
+    task_type = job.get("taskType")
+    key = job.get("concurrencyKey")
+    limit = held.limit if held is not None else {}
+    if reason == "TYPE_PAUSED":
+        return "%s is paused (jobmesh resume %s starts its jobs again)" % (task_type, task_type)
+    if reason == "CONCURRENCY_LIMIT":
+        if limit.get("maxRunning") is None:
+            return "as many %s jobs are running as its limit allows" % task_type
+        return "%s of %s %s jobs are running" % (number(limit.get("running")), number(limit["maxRunning"]), task_type)
+    if reason == "KEY_CONCURRENCY_LIMIT":
+        running = None if held is None else held.running_for_key
+        if limit.get("maxRunningPerKey") is None or running is None:
+            return "as many %s jobs for key %s are running as its limit allows" % (task_type, key)
+        return "%d of %s %s jobs for key %s are running" % (running, number(limit["maxRunningPerKey"]), task_type, key)
+    # RATE_LIMIT: the type's rate, its rate per key, or both
+    rates = []
+    if limit.get("ratePerSecond") is not None:
+        rates.append(rate(limit["ratePerSecond"]))
+    if limit.get("ratePerKeyPerSecond") is not None and key is not None:
+        rates.append("%s for key %s" % (rate(limit["ratePerKeyPerSecond"]), key))
+    return "rate limit: %s" % (", ".join(rates) if rates else "%s starts as fast as its limit allows" % task_type)
+
+
+def waiting(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None,
+            held: Held | None = None) -> str:
     """Why a job is not running, in words (its ``waitingReason``).
 
     ``workers`` (a WORKER_LIST, when the caller fetched one) gives WORKERS_BUSY its counts:
-    the workers that declared the job's type, their slots in use and in all.
+    the workers that declared the job's type, their slots in use and in all. ``held``
+    gives a limit's reason its figures (``held_back``).
     """
     reason = job.get("waitingReason")
     task_type = job.get("taskType")
+    if reason in LIMIT_REASONS:
+        return held_back(job, held)
     if reason == "SCHEDULED":
         return "scheduled: runs %s" % when(job.get("runAtMillis"), now_millis)
     if reason == "RETRY_BACKOFF":
@@ -318,6 +384,11 @@ def resubmitted(job: dict[str, Any], key: str) -> str:
         job["jobId"], printable(repr(key)), timestamp(job.get("createdAtMillis"), zone=True), job.get("state"))
 
 
+def duplicate(job_id: str, unique_key: str) -> str:
+    """A submit with a unique key that a job not yet finished holds: nothing new was made."""
+    return "job %s is already active with unique key %s; no new job" % (job_id, unique_key)
+
+
 def retried(new_job_id: str, old_job_id: str) -> str:
     return "submitted job %s (retry of %s)" % (new_job_id, old_job_id)
 
@@ -406,3 +477,47 @@ def fire_times(times: list[int], zone_name: str) -> str:
     if not times:
         return "no fire times"
     return "\n".join("%s  %d" % (zoned(t, zone_name), t) for t in times)
+
+
+# ---- limits -----------------------------------------------------------------------------
+
+
+def limit_rules(limit: dict[str, Any]) -> str:
+    """A type's limits in words: ``at most 5 running, 2 per key; 10 starts a second (burst 10)``."""
+    parts = []
+    if limit.get("maxRunning") is not None:
+        parts.append("at most %s running" % number(limit["maxRunning"]))
+    if limit.get("maxRunningPerKey") is not None:
+        parts.append("at most %s running per key" % number(limit["maxRunningPerKey"]))
+    if limit.get("ratePerSecond") is not None:
+        parts.append("%s (burst %s)" % (rate(limit["ratePerSecond"]), number(limit.get("burst"))))
+    if limit.get("ratePerKeyPerSecond") is not None:
+        parts.append("%s per key" % rate(limit["ratePerKeyPerSecond"]))
+    return "; ".join(parts) or "no limit"
+
+
+def limit_state(limit: dict[str, Any]) -> str:
+    return "PAUSED" if limit.get("paused") else "active"
+
+
+def limit_table(limits: list[dict[str, Any]]) -> str:
+    """``limit list``: one type a row, its limits, running and queued jobs, and its state."""
+    if not limits:
+        return "no limits (jobmesh limit set TASK_TYPE --max-running=N adds one)"
+    return table(
+        ("TYPE", "STATE", "MAX RUNNING", "PER KEY", "RATE/S", "BURST", "RATE/S PER KEY", "RUNNING", "QUEUED"),
+        ((lim.get("taskType"), limit_state(lim), number(lim.get("maxRunning")), number(lim.get("maxRunningPerKey")),
+          number(lim.get("ratePerSecond")), number(lim.get("burst")), number(lim.get("ratePerKeyPerSecond")),
+          number(lim.get("running")), number(lim.get("queued"))) for lim in limits),
+    )
+
+
+def limit_detail(limit: dict[str, Any]) -> str:
+    """``limit show`` (and what ``set``, ``rm``, ``pause`` and ``resume`` leave): labelled lines."""
+    rows = [
+        ("type", limit.get("taskType")),
+        ("state", "PAUSED: no new job starts; running jobs go on" if limit.get("paused") else "active"),
+        ("limits", limit_rules(limit)),
+        ("jobs", "%s running, %s queued" % (number(limit.get("running")), number(limit.get("queued")))),
+    ]
+    return "\n".join("%-9s %s" % (label, MISSING if value is None else value) for label, value in rows)

@@ -14,7 +14,8 @@ The parts, each owning its state (docs/ARCHITECTURE.md):
 * ``json`` (``json_jobs.py``): typed queues, worker sessions, the scheduling pass;
 * ``periodic`` (``periodic_jobs.py``): the Periodic port's funcs, names, tokens, locks, waits;
 * ``requests`` (``requests.py``): the client requests, WAIT_JOB waiters and retention;
-* ``schedules`` (``schedules.py``): recurring schedules, their fire times and policies.
+* ``schedules`` (``schedules.py``): recurring schedules, their fire times and policies;
+* ``limits`` (``limits.py``): limits per task type, their counts and buckets, unique keys.
 
 ``apply(event, now)`` dispatches a mailbox event (``events.py``) through one table and
 returns a client request's reply; ``end_batch(now)`` does the work after each batch
@@ -38,6 +39,7 @@ from jobmesh.config import CoreConfig
 from jobmesh.coordinator import events as ev
 from jobmesh.coordinator.figures import Counters, Figures, stats_message
 from jobmesh.coordinator.json_jobs import JsonJobs
+from jobmesh.coordinator.limits import Limits
 from jobmesh.coordinator.outbox import Frame, Outbox
 from jobmesh.coordinator.periodic_jobs import PeriodicJobs
 from jobmesh.coordinator.requests import ClientRequests
@@ -65,7 +67,7 @@ INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
 # A handler's refusals (ev.Refusal, ev.Forbidden) keep their own answer.
 READ_REQUESTS = frozenset({m.GetJobStatus, m.ListJobs, m.ListWorkers, m.GetJobEvents, m.GetStats, m.WaitJob,
                            m.GetJobPayload, m.ScheduleGet, m.ScheduleList, m.SchedulePreview,
-                           ev.Refusal, ev.Forbidden})
+                           m.LimitGet, m.LimitList, ev.Refusal, ev.Forbidden})
 
 
 class CoordinatorCore:
@@ -76,12 +78,13 @@ class CoordinatorCore:
         self.outbox = Outbox()
         self.table = JobTable(store, config, self.counters, new_id)
         self.timers = Timers(self.table)
+        self.limits = Limits(self.table, lambda name: name in self.table.known_types or name in self.periodic.funcs)
         # Worker ids are one namespace: each port's part refuses or skips the other's.
-        self.json = JsonJobs(self.table, self.timers, self.outbox, self.counters,
+        self.json = JsonJobs(self.table, self.timers, self.outbox, self.counters, self.limits,
                              lambda worker_id: worker_id in self.periodic.workers)
-        self.periodic = PeriodicJobs(self.table, self.timers, self.outbox, self.counters,
+        self.periodic = PeriodicJobs(self.table, self.timers, self.outbox, self.counters, self.limits,
                                      lambda worker_id: self.json.workers.get(worker_id) is not None)
-        self.requests = ClientRequests(self.table, self.json, self.periodic, self.counters)
+        self.requests = ClientRequests(self.table, self.json, self.periodic, self.counters, self.limits)
         self.schedules = Schedules(self.table, self.requests.check_payload)
         self._draining = False
         self._refusal: m.Error | None = None  # storage fails: what a write is answered
@@ -92,7 +95,7 @@ class CoordinatorCore:
         self._held: list[tuple[Read, ev.Request, Slot]] = []
         self._new_reads: list[Read] = []
         self._resumed: list[tuple[Waiter, m.Message]] = []
-        requests, schedules = self.requests, self.schedules
+        requests, schedules, limits = self.requests, self.schedules, self.limits
         self._answers: dict[type, Callable[[int, Any], m.Message]] = {
             m.SubmitJob: requests.submit_job,
             m.GetJobStatus: lambda now, r: requests.get_job_status(now, r.job_id),
@@ -112,6 +115,12 @@ class CoordinatorCore:
             m.ScheduleDelete: lambda now, r: schedules.delete(now, r.name),
             m.ScheduleTrigger: lambda now, r: schedules.trigger(now, r.name, r.submitted_by, r.task_types),
             m.SchedulePreview: schedules.preview,
+            m.LimitPut: limits.put,
+            m.LimitGet: limits.get,
+            m.LimitList: limits.list_limits,
+            m.LimitDelete: limits.delete,
+            m.TypePause: lambda now, r: limits.set_paused(now, r.task_type, True),
+            m.TypeResume: lambda now, r: limits.set_paused(now, r.task_type, False),
             ev.Refusal: lambda now, r: r.error,
             ev.Forbidden: lambda now, r: r.error,
         }
@@ -130,9 +139,11 @@ class CoordinatorCore:
             ev.ReadsDone: lambda e, now: self.resume_held(now),
             ev.SchedulesFile: lambda e, now: self.on_schedules_file(now, e.definitions),
             ev.Fire: lambda e, now: self.fire_schedules(now),
+            ev.TokensDue: lambda e, now: limits.wake(now),
         }
         self._sweep_steps: tuple[Callable[[int], Any], ...] = (
-            json.detect_dead_workers, self.expire_deadlines, self.promote_due_jobs, self.fire_schedules, json.schedule,
+            json.detect_dead_workers, self.expire_deadlines, self.promote_due_jobs, self.fire_schedules, limits.wake,
+            json.schedule,
             periodic.dispatch, self._purge, requests.expire_waits, periodic.expire_waits, periodic.forget_idle)
 
     # ---- applying events ----------------------------------------------------------------
@@ -379,9 +390,11 @@ class CoordinatorCore:
     def take_dirty(self) -> Batch:
         batch = self.table.take_dirty()
         schedules = self.schedules.take_dirty()
-        if not schedules:
+        limits = self.limits.take_dirty()
+        if not schedules and not limits:
             return batch
-        return Batch(batch.inserts, batch.updates, batch.task_types, batch.purges, schedules, batch.task_defaults)
+        return Batch(batch.inserts, batch.updates, batch.task_types, batch.purges, schedules, limits,
+                     batch.task_defaults)
 
     def take_outbound(self) -> list[tuple[OutboundConnection, Frame]]:
         return self.outbox.take()
@@ -420,6 +433,7 @@ class CoordinatorCore:
         grace = self.config.lease_grace_millis
         table.known_types.update(self.store.load_task_types())
         table.load_defaults(self.store.load_task_defaults())
+        self.limits.load(self.store, now)  # before the jobs: the RUNNING ones count against them
         wall = now + table.drift
         for job in self.store.load_active():
             state = job.state
@@ -456,6 +470,7 @@ class CoordinatorCore:
                 assert due_time(job) is not None
                 stats["retry_wait" if state is JobState.RETRY_WAIT else "scheduled"] += 1
         table.next_seq = self.store.max_seq() + 1
+        self.limits.settle()
         self.schedules.load(self.store, now)  # and the fire times that passed while down follow ``missed``
         if stats["kept"]:
             log.info("kept %d running jobs on their leases for %d ms, for their workers to claim", stats["kept"], grace)
@@ -501,7 +516,7 @@ class CoordinatorCore:
                        periodic_workers=len(self.periodic.workers),
                        waits=len(self.requests.waiters) + self.periodic.waits.live,
                        schedule_fires=dict(self.schedules.fires), schedule_skips=dict(self.schedules.skips),
-                       schedule_misses=dict(self.schedules.misses))
+                       schedule_misses=dict(self.schedules.misses), jobs_held=self.limits.held())
 
     def get_stats(self, now: int) -> m.Message:
         """GET_STATS: the figures the metrics port shows, from counters (O(series))."""

@@ -129,6 +129,10 @@ class Fire(Event):
     """A recurring schedule's fire time has come (at most one pending)."""
 
 
+class TokensDue(Event):
+    """A rate-limited task type or key has its next token (at most one pending)."""
+
+
 class Stop(Event):
     """Stop the core after this batch."""
 
@@ -138,6 +142,7 @@ EXPIRE = Expire()
 STOP = Stop()
 READS_DONE = ReadsDone()
 FIRE = Fire()
+TOKENS_DUE = TokensDue()
 
 
 class PeriodicPacket(Event):

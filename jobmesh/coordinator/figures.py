@@ -81,6 +81,8 @@ class Figures:
     schedule_fires: Mapping[str, int] = field(default_factory=dict)
     schedule_skips: Mapping[str, int] = field(default_factory=dict)
     schedule_misses: Mapping[str, int] = field(default_factory=dict)
+    # QUEUED jobs a limit holds back, by (task type, reason) (coordinator/limits.py).
+    jobs_held: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def jobs_by_state(self) -> dict[str, int]:
@@ -246,6 +248,9 @@ METRICS: tuple[Metric, ...] = (
            "ended (overlap=skip).", C, "schedule_skips", ("schedule",)),
     Metric("jobmesh_schedule_missed_total", "Fire times that made no job because the coordinator was down or held "
            "back, or that fell outside the schedule's missed policy.", C, "schedule_misses", ("schedule",)),
+    Metric("jobmesh_jobs_held", "QUEUED jobs held back by their type's limit, by the reason shown "
+           "(TYPE_PAUSED, CONCURRENCY_LIMIT, KEY_CONCURRENCY_LIMIT, RATE_LIMIT).", G, "jobs_held",
+           ("taskType", "reason")),
     Metric("jobmesh_connections", "Open connections by port.", G, "connections_by_port", ("port",), runtime=True,
            summary="connections"),
     Metric("jobmesh_active_jobs_limit", "The admission limit on non-terminal jobs (--max-active-jobs).", G,

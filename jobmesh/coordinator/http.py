@@ -21,6 +21,8 @@ the coordinator's hub (``--metrics-port``, on the ``--bind`` address) and answer
     /api/workers             the live workers
     /api/schedules?after=    a page of recurring schedules by name (next fire, last job and
                              its state, counts) and nextAfter
+    /api/limits              every task type with a limit or a pause: its limits, paused,
+                             and its running and queued jobs
 
 Two ways of reading, and why:
 
@@ -577,6 +579,8 @@ class HttpPort:
             return self._json(start_response, {"workers": self.ask(m.ListWorkers())["workers"]})
         if path == "/api/schedules":
             return self._json(start_response, self._schedules(parse_qs(environ.get("QUERY_STRING", ""))))
+        if path == "/api/limits":
+            return self._json(start_response, {"limits": self.ask(m.LimitList()).get("limits", [])})
         if path == "/api/jobs":
             return self._json(start_response, self._list_jobs(parse_qs(environ.get("QUERY_STRING", ""))))
         match = JOB_PATH.match(path)

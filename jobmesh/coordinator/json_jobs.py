@@ -40,6 +40,7 @@ import ujson
 
 from jobmesh.coordinator import scheduler
 from jobmesh.coordinator.figures import Counters
+from jobmesh.coordinator.limits import Limits, TypeLimit
 from jobmesh.store.job import Job
 from jobmesh.coordinator.outbox import Outbox
 from jobmesh.coordinator.registry import Session, WorkerRegistry
@@ -68,9 +69,10 @@ def _attempt_number(job_id: str, attempt_id: str) -> int | None:
 
 
 class JsonJobs:
-    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters,
+    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters, limits: Limits,
                  held_elsewhere: Callable[[str], bool] = lambda worker_id: False) -> None:
         self.table = table
+        self.limits = limits
         self.held_elsewhere = held_elsewhere  # whether a live Periodic session has that worker id
         self.timers = timers
         self.config = table.config
@@ -83,21 +85,37 @@ class JsonJobs:
         # Set by the core between batches: assign nothing (draining, or storage failing).
         self.hold = False
         table.listen(self, periodic=False)
+        limits.on_change(self._limit_changed)
+        limits.on_open(self._key_opened)
 
     # ---- the table's listener ----------------------------------------------------------
 
     def entered(self, job: Job, now: int) -> None:
         if job.state is JobState.QUEUED:
-            self.queued.add(job.job_id, job.task_type, job.priority.level, job.ready_at, job.seq)
+            self.queued.add(job.job_id, job.task_type, job.priority.level, job.ready_at, job.seq, job.concurrency_key)
 
     def moved(self, job: Job, source: JobState, target: JobState, now: int) -> None:
         if source is JobState.QUEUED:
             self.queued.discard(job.job_id)
         if target is JobState.QUEUED:
-            self.queued.add(job.job_id, job.task_type, job.priority.level, job.ready_at, job.seq)
+            self.queued.add(job.job_id, job.task_type, job.priority.level, job.ready_at, job.seq, job.concurrency_key)
+
+    # ---- limits: a limited type's jobs queue behind its gate ---------------------------
+
+    def _limit_changed(self, task_type: str, limit: TypeLimit | None) -> None:
+        jobs = self.table.jobs
+        self.queued.set_gate(task_type, limit, lambda job_id: jobs[job_id].concurrency_key)
+
+    def _key_opened(self, task_type: str, key: str | None) -> None:
+        if key is not None:
+            self.queued.unblock(task_type, key)
 
     def waiting_reason(self, job: Job) -> str:
-        """Why a QUEUED job is not running, from the worker indexes: O(workers of its type)."""
+        """Why a QUEUED job is not running: its type's limit, else the worker indexes
+        (O(workers of its type))."""
+        held = self.limits.reason(job)
+        if held is not None:
+            return held
         if not len(self.workers):
             return "NO_WORKER"
         able = self.workers_by_type.get(job.task_type)

@@ -22,6 +22,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
 from jobmesh.coordinator.figures import Counters
+from jobmesh.coordinator.limits import Limits
 from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
 from jobmesh.coordinator.locks import LockTable
 from jobmesh.coordinator.outbox import Outbox
@@ -103,9 +104,10 @@ def _as_text(raw: bytes) -> tuple[str, bool]:
 class PeriodicJobs:
     """The core's Periodic requests and events; see the module docstring."""
 
-    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters,
+    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters, limits: Limits,
                  held_elsewhere: Callable[[str], bool] = lambda worker_id: False) -> None:
         self.table = table
+        self.limits = limits  # a func's jobs obey the limit of the task type of its name
         self.held_elsewhere = held_elsewhere  # whether a live JSON worker session has that worker id
         self.timers = timers
         self.outbox = outbox
@@ -140,6 +142,7 @@ class PeriodicJobs:
             pc.Acquire: self._on_acquire, pc.Release: self._on_release,
         }
         table.listen(self, json=False)
+        limits.on_open(self._func_opened)
 
     # ---- the table's listener ----------------------------------------------------------
 
@@ -187,8 +190,16 @@ class PeriodicJobs:
         elif not waits_lock:
             self._enter(job, pf)
 
+    def _func_opened(self, func: str, key: str | None) -> None:
+        """The func's limit may let a job start again: worth a dispatch pass."""
+        if func in self.funcs:
+            self._ready.add(func)
+
     def waiting_reason(self, job: Job) -> str:
         """Why a QUEUED Periodic job is not running."""
+        held = self.limits.reason(job)
+        if held is not None:
+            return held
         if job.job_id in self.locks.waiting:
             return "LOCK_WAIT"
         pf = self.funcs.get(job.task_type)
@@ -714,7 +725,10 @@ class PeriodicJobs:
             if pf is None:
                 continue
             queue = pf.queue
+            gate = self.limits.gate(func)
             while queue:
+                if gate is not None and not gate.open(now_millis):
+                    break  # held by its limit: the limit says when it may start again (``_func_opened``)
                 session = self._token_holder(pf)
                 if session is None:
                     break

@@ -19,6 +19,7 @@ import ujson
 from jobmesh.coordinator.figures import Counters
 from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
 from jobmesh.coordinator.json_jobs import JsonJobs
+from jobmesh.coordinator.limits import Limits, check_key
 from jobmesh.coordinator.periodic_jobs import PeriodicJobs
 from jobmesh.store.columns import load_events
 from jobmesh.coordinator.table import JobTable
@@ -51,8 +52,10 @@ EVENT_FIELDS = ("atMillis", "event", "attempt", "workerId", "detail", "retryAtMi
 class ClientRequests:
     """The core's client requests; see the module docstring."""
 
-    def __init__(self, table: JobTable, json: JsonJobs, periodic: PeriodicJobs, counters: Counters) -> None:
+    def __init__(self, table: JobTable, json: JsonJobs, periodic: PeriodicJobs, counters: Counters,
+                 limits: Limits) -> None:
         self.table = table
+        self.limits = limits
         self.config = table.config
         self.json = json
         self.periodic = periodic
@@ -127,6 +130,10 @@ class ClientRequests:
             if size > MAX_PAYLOAD_BYTES:
                 return m.Error("payload is %d bytes encoded; at most %d fit in a task assignment" % (
                     size, MAX_PAYLOAD_BYTES))
+        if req.concurrency_key is not None or req.unique_key is not None:
+            problem = check_key("concurrencyKey", req.concurrency_key) or check_key("uniqueKey", req.unique_key)
+            if problem is not None:
+                return m.Error(problem)
         key = req.idempotency_key
         if key is not None:
             if len(key) > MAX_KEY_CHARS:
@@ -145,17 +152,23 @@ class ClientRequests:
                     "idempotencyKey %s is already bound to job %s with a different request "
                     "(taskType, payload, maxAttempts or priority differ)" % (quote(key), existing.job_id)
                 )
+        if req.unique_key is not None:  # after the idempotency key: a resend of a submit answers its own job
+            live = self.limits.unique.get((req.task_type, req.unique_key))
+            if live is not None:
+                return m.JobSubmitted(live, duplicate=True)
+            self.limits.listen()  # the job's end frees its key
         return self._create(now_millis, req.task_type, req.payload, payload_json, max_attempts, priority, key,
-                            run_at, submitted_by=req.submitted_by, timeout=timeout, result_ttl=ttl)
+                            run_at, submitted_by=req.submitted_by, timeout=timeout, result_ttl=ttl,
+                            keys=(req.concurrency_key, req.unique_key))
 
     def _create(self, now_millis: int, task_type: str, payload: dict[str, Any], payload_json: str | None,
                 max_attempts: int, priority: Priority, key: str | None, run_at: int | None,
                 retry_of: str | None = None, submitted_by: str | None = None, timeout: int | None = None,
-                result_ttl: int | None = None) -> m.Message:
+                result_ttl: int | None = None, keys: tuple[str | None, str | None] = (None, None)) -> m.Message:
         """Admit and create a job (SUBMITTED, then QUEUED or SCHEDULED); the reply to its submit.
         ``submitted_by`` is the name of the token that asked (auth on), which the SUBMITTED
-        event names too. ``timeout`` and the retry backoff not given come from the task
-        type's declared defaults (``JobTable.give_defaults``)."""
+        event names too; ``keys`` its concurrencyKey and uniqueKey. ``timeout`` and the retry
+        backoff not given come from the task type's declared defaults (``JobTable.give_defaults``)."""
         if self.table.active_count >= self.config.max_active_jobs:
             self.counters.rejected += 1
             return m.SubmitRejected(
@@ -168,6 +181,7 @@ class ClientRequests:
                                  retry_of)
         self.table.give_defaults(job, timeout)
         job.result_ttl = result_ttl
+        job.concurrency_key, job.unique_key = keys
         detail = None if retry_of is None else "retry of %s" % retry_of
         if submitted_by is not None:
             job.submitted_by = submitted_by
@@ -292,7 +306,7 @@ class ClientRequests:
             return m.Error("job %s cannot be retried: %s" % (job_id, problem))
         reply = self._create(now_millis, job.task_type, job.payload, None, job.max_attempts, job.priority, None,
                              None, retry_of=job_id, submitted_by=submitted_by, timeout=job.execution_timeout,
-                             result_ttl=job.result_ttl)
+                             result_ttl=job.result_ttl, keys=(job.concurrency_key, None))
         if isinstance(reply, m.JobSubmitted):
             log.info("retry submitted job=%s retry_of=%s", reply.job_id, job_id)
         return reply

@@ -223,6 +223,8 @@ class Coordinator:
         # Recurring schedules: the timer for the earliest next fire time (core time) and
         # the FIRE marker it posts, so fires do not wait for the sweep.
         self.fires = MarkerTimer(self.mailbox.put_urgent, ev.FIRE)
+        # Rate limits: the timer for the earliest token due (core time) and the marker it posts.
+        self.tokens = MarkerTimer(self.mailbox.put_urgent, ev.TOKENS_DUE)
         self._stopping = False
         self.stopped = gevent.event.Event()
         self.exit_code = 0  # what run_coordinator returns once stopped
@@ -234,7 +236,7 @@ class Coordinator:
         # What the runtime itself does before the core applies an event of that kind.
         self._before: dict[type, Callable[[Any], None]] = {
             ev.Sweep: self._before_sweep, ev.Expire: self.expiry.taken, ev.ClientClosed: self._before_client_closed,
-            ev.ReadsDone: self._before_reads_done, ev.Fire: self.fires.taken,
+            ev.ReadsDone: self._before_reads_done, ev.Fire: self.fires.taken, ev.TokensDue: self.tokens.taken,
         }
         self._reads_pending = False  # a READS_DONE marker is in the mailbox
         self._draining = False
@@ -549,6 +551,14 @@ class Coordinator:
         if due is not None:
             self.fires.arm(max(due - core.table.drift, now_millis() + FIRE_TICK_MILLIS))
 
+    def _arm_tokens(self) -> None:
+        """Keep a timer armed for the earliest token a rate-limited type or key waits for
+        (none without rate limits: one heap peek per batch)."""
+        core = self.core
+        due = None if core is None else core.limits.next_wake()
+        if due is not None:
+            self.tokens.arm(due)
+
     def _before_reads_done(self, _event: ev.ReadsDone) -> None:
         self._reads_pending = False
 
@@ -629,6 +639,7 @@ class Coordinator:
                 return
             self._arm_expiry()
             self._arm_fire()
+            self._arm_tokens()
             core = self.core
             if core is not None:
                 for read in core.take_new_reads():  # none on SQLite: its reads answer at once
@@ -923,6 +934,7 @@ class Coordinator:
             self._sweep_timer.kill(block=False)
         self.expiry.stop()
         self.fires.stop()
+        self.tokens.stop()
         if self._core_greenlet is not None:
             self._core_greenlet.unlink(self._core_died)
             self.mailbox.put(ev.STOP)

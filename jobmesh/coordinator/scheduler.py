@@ -17,12 +17,19 @@ most three heads: O(log n) per pick, however deep the queue.
 ``TypedQueues`` keeps one ``QueuedJobs`` per task type, so that a job no free worker can
 run never holds back one that a free worker can run (no head-of-line blocking): a pick
 compares only the heads of the types some free worker declared.
+
+A type with a limit (``limits.py``) has a ``KeyedJobs`` instead: one ``QueuedJobs`` per
+concurrency key, and per base level a heap of the heads of the keys that may start a
+job, so that a key at its limit never holds back another key. The limit is its ``Gate``:
+a closed gate (paused, at maxRunning, no rate token) holds the whole type in O(1); a key
+found closed when its head comes up is set aside (its heap entries go stale) until the
+gate's owner says it may start again (``unblock``), so a pick never scans blocked keys.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Container, Iterable, TypeVar
+from typing import Callable, Container, Iterable, Protocol, TypeVar
 
 from jobmesh.protocol.jobs import MAX_LEVEL
 
@@ -69,7 +76,7 @@ class QueuedJobs:
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._members
 
-    def add(self, job_id: str, base_level: int, due_at_millis: int, seq: int) -> None:
+    def add(self, job_id: str, base_level: int, due_at_millis: int, seq: int, key: str | None = None) -> None:
         if job_id in self._members:
             return
         self._members[job_id] = base_level
@@ -146,6 +153,151 @@ class QueuedJobs:
         return _in_order(self.entries(), now_millis, aging_step_millis)
 
 
+class Gate(Protocol):
+    """A type's limit, as the queue of its jobs asks it."""
+
+    def open(self, now_millis: int) -> bool:
+        """Whether a job of the type may start now (not paused, below maxRunning, a rate token)."""
+
+    def key_open(self, key: str, now_millis: int) -> bool:
+        """Whether a job with this concurrency key may start now (below maxRunningPerKey, a key token)."""
+
+
+_Head = tuple[int, int, str, "str | None"]  # (due_at, seq, job id, key) of a key's head at one level
+
+
+class KeyedJobs:
+    """The QUEUED jobs of one limited task type, one ``QueuedJobs`` per concurrency key
+    (None: the jobs without one), behind the type's ``Gate``. Same interface as ``QueuedJobs``.
+
+    Per base level, ``_heads`` holds an entry for the head of every key not set aside;
+    an entry is current while its job heads its key at that level and the key is not set
+    aside; others are skipped (and dropped) when they surface. The best job is then the
+    best of at most three current entries, as in ``QueuedJobs``: priority, aging and FIFO
+    order hold across keys exactly as within one queue."""
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+        self._by_key: dict[str | None, QueuedJobs] = {}
+        self._key_of: dict[str, str | None] = {}  # job id -> its key
+        self._blocked: set[str] = set()  # keys set aside until ``unblock``
+        self._heads: list[list[_Head]] = [[] for _ in range(MAX_LEVEL + 1)]
+
+    def __len__(self) -> int:
+        return len(self._key_of)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._key_of
+
+    def _push_head(self, key: str | None, level: int) -> None:
+        queue = self._by_key.get(key)
+        head = None if queue is None else queue._head(level)
+        if head is not None:
+            heapq.heappush(self._heads[level], (head[0], head[1], head[2], key))
+            if len(self._heads[level]) > 2 * len(self._by_key) + 1024:
+                self._compact(level)
+
+    def _compact(self, level: int) -> None:
+        """Rebuild one level's heap from the current heads (cancels leave stale entries)."""
+        heap = []
+        for key, queue in self._by_key.items():
+            head = queue._head(level)
+            if head is not None and key not in self._blocked:
+                heap.append((head[0], head[1], head[2], key))
+        heapq.heapify(heap)
+        self._heads[level] = heap
+
+    def add(self, job_id: str, base_level: int, due_at_millis: int, seq: int, key: str | None = None) -> None:
+        if job_id in self._key_of:
+            return
+        queue = self._by_key.get(key)
+        if queue is None:
+            queue = self._by_key[key] = QueuedJobs()
+        queue.add(job_id, base_level, due_at_millis, seq)
+        self._key_of[job_id] = key
+        if key not in self._blocked and queue._head(base_level) == (due_at_millis, seq, job_id):
+            heapq.heappush(self._heads[base_level], (due_at_millis, seq, job_id, key))
+
+    def discard(self, job_id: str) -> None:
+        if job_id not in self._key_of:
+            return
+        key = self._key_of.pop(job_id)
+        queue = self._by_key[key]
+        level = queue._members.get(job_id, 0)
+        queue.discard(job_id)
+        if not len(queue):
+            del self._by_key[key]
+            self._blocked.discard(key)
+        elif key not in self._blocked:
+            self._push_head(key, level)  # the key's new head at that level, if it was the head
+
+    def _current(self, level: int) -> _Head | None:
+        heap = self._heads[level]
+        while heap:
+            entry = heap[0]
+            key = entry[3]
+            queue = self._by_key.get(key)
+            if queue is not None and key not in self._blocked:
+                head = queue._head(level)
+                if head is not None and head[2] == entry[2]:
+                    return entry
+            heapq.heappop(heap)
+        return None
+
+    def best(self, now_millis: int, aging_step_millis: int) -> tuple[QueueKey, str] | None:
+        """(sort key, job id) of the job that should run next among those the limit lets
+        start now, without removing it; None while the gate is closed."""
+        gate = self.gate
+        if not gate.open(now_millis):
+            return None
+        while True:
+            best: tuple[QueueKey, str, str | None] | None = None
+            for level in range(MAX_LEVEL + 1):
+                entry = self._current(level)
+                if entry is None:
+                    continue
+                key = queued_sort_key(level, entry[0], entry[1], now_millis, aging_step_millis)
+                if best is None or key < best[0]:
+                    best = (key, entry[2], entry[3])
+            if best is None:
+                return None
+            found_key = best[2]
+            if found_key is None or gate.key_open(found_key, now_millis):
+                return best[0], best[1]
+            self._blocked.add(found_key)  # set aside: its entries go stale until ``unblock``
+
+    def remove_head(self, job_id: str) -> None:
+        """Remove ``job_id``, which ``best`` just returned."""
+        key = self._key_of.pop(job_id)
+        queue = self._by_key[key]
+        level = queue._members[job_id]
+        queue.remove_head(job_id)
+        heapq.heappop(self._heads[level])  # its entry: the current head of that level
+        if not len(queue):
+            del self._by_key[key]
+        else:
+            self._push_head(key, level)
+
+    def unblock(self, key: str) -> None:
+        """The key may start a job again: its heads compete again."""
+        if key in self._blocked:
+            self._blocked.discard(key)
+            for level in range(MAX_LEVEL + 1):
+                self._push_head(key, level)
+
+    def unblock_all(self) -> None:
+        """The limit changed: every key set aside competes again (O(keys set aside))."""
+        for key in list(self._blocked):
+            self.unblock(key)
+
+    def entries(self) -> list[tuple[int, int, int, str]]:
+        return [e for queue in self._by_key.values() for e in queue.entries()]
+
+    def keys(self) -> list[tuple[str | None, int]]:
+        """(key, queued jobs) of every key with queued jobs (for figures)."""
+        return [(key, len(queue)) for key, queue in self._by_key.items()]
+
+
 def _in_order(entries: list[tuple[int, int, int, str]], now_millis: int, aging_step_millis: int) -> list[str]:
     entries = sorted(entries, key=lambda e: queued_sort_key(e[0], e[1], e[2], now_millis, aging_step_millis))
     return [e[3] for e in entries]
@@ -159,8 +311,9 @@ class TypedQueues:
     """
 
     def __init__(self) -> None:
-        self._by_type: dict[str, QueuedJobs] = {}
+        self._by_type: dict[str, QueuedJobs | KeyedJobs] = {}
         self._type_of: dict[str, str] = {}
+        self._gates: dict[str, Gate] = {}  # the limited types: their jobs queue in a KeyedJobs
 
     def __len__(self) -> int:
         return len(self._type_of)
@@ -168,14 +321,44 @@ class TypedQueues:
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._type_of
 
-    def add(self, job_id: str, task_type: str, base_level: int, due_at_millis: int, seq: int) -> None:
+    def add(self, job_id: str, task_type: str, base_level: int, due_at_millis: int, seq: int,
+            key: str | None = None) -> None:
         if job_id in self._type_of:
             return
         queue = self._by_type.get(task_type)
         if queue is None:
-            queue = self._by_type[task_type] = QueuedJobs()
-        queue.add(job_id, base_level, due_at_millis, seq)
+            queue = self._by_type[task_type] = self._new_queue(task_type)
+        queue.add(job_id, base_level, due_at_millis, seq, key)
         self._type_of[job_id] = task_type
+
+    def _new_queue(self, task_type: str) -> QueuedJobs | KeyedJobs:
+        gate = self._gates.get(task_type)
+        return QueuedJobs() if gate is None else KeyedJobs(gate)
+
+    def set_gate(self, task_type: str, gate: Gate | None, key_of: Callable[[str], str | None]) -> None:
+        """The type got a limit (``gate``), lost it (None) or its limit changed: its queued
+        jobs are queued again behind it (``key_of``: a queued job's concurrency key), or
+        for a changed limit only its keys set aside compete again."""
+        old = self._by_type.get(task_type)
+        if gate is not None and type(old) is KeyedJobs and old.gate is gate:
+            old.unblock_all()
+            return
+        if gate is None:
+            self._gates.pop(task_type, None)
+        else:
+            self._gates[task_type] = gate
+        old = self._by_type.pop(task_type, None)
+        if old is None:
+            return
+        queue = self._by_type[task_type] = self._new_queue(task_type)
+        for level, due_at, seq, job_id in old.entries():
+            queue.add(job_id, level, due_at, seq, key_of(job_id))
+
+    def unblock(self, task_type: str, key: str) -> None:
+        """A key of a limited type may start a job again."""
+        queue = self._by_type.get(task_type)
+        if type(queue) is KeyedJobs:
+            queue.unblock(key)
 
     def discard(self, job_id: str) -> None:
         task_type = self._type_of.pop(job_id, None)

@@ -96,14 +96,20 @@ def forbidden(identity: Identity, msg: m.Message) -> str | None:
     elif isinstance(msg, m.SchedulePut):  # its fires submit that type (a malformed body is the core's to refuse)
         task_type = msg.schedule.get("taskType")
         names = [task_type] if isinstance(task_type, str) else []
+    elif isinstance(msg, m.LimitPut):  # a limit holds back that type's jobs
+        task_type = msg.limit.get("taskType")
+        names = [task_type] if isinstance(task_type, str) else []
+    elif isinstance(msg, (m.LimitDelete, m.TypePause, m.TypeResume)):
+        names = [msg.task_type]
     else:
         return None
     refused = [name for name in names if not identity.may_use_type(name)]
     if not refused:
         return None
+    verb = ("declare" if isinstance(msg, m.WorkerRegister) else
+            "submit" if isinstance(msg, (m.SubmitJob, m.SchedulePut)) else "limit")
     return "forbidden: token %s may not %s task type %s (its taskTypes: %s)" % (
-        m.quote(identity.name), "declare" if isinstance(msg, m.WorkerRegister) else "submit", m.quote(refused[0]),
-        ", ".join(identity.task_types) or "none")
+        m.quote(identity.name), verb, m.quote(refused[0]), ", ".join(identity.task_types) or "none")
 
 
 def check_task_types(msg: m.WorkerRegister) -> None:

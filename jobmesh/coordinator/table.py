@@ -140,6 +140,12 @@ class JobTable:
         if periodic:
             self._periodic_enter.append(listener)
 
+    def unlisten(self, listener: MoveListener) -> None:
+        """Tell ``listener`` of nothing more (it may ``listen`` again)."""
+        for group in (self._json, self._periodic, self._json_enter, self._periodic_enter):
+            if listener in group:
+                group.remove(listener)  # type: ignore[arg-type]
+
     def listen_moves(self, listener: MoveListener, json: bool = True, periodic: bool = True) -> None:
         """Tell ``listener`` of every move of a JSON and/or Periodic job."""
         if json:

@@ -400,6 +400,10 @@ class SubmitJob(Message):
     priority: str | None = wire("priority", "str?", None)
     run_at_millis: int | None = wire("runAtMillis", "int?", None)  # epoch millis; not with delayMillis
     delay_millis: int | None = wire("delayMillis", "int?", None)
+    # Limits (docs/PROTOCOL.md, "Limits"): the key maxRunningPerKey counts by, and the key
+    # that makes the job unique among its type's live jobs.
+    concurrency_key: str | None = wire("concurrencyKey", "str?", None, omit=True)
+    unique_key: str | None = wire("uniqueKey", "str?", None, omit=True)
     timeout_millis: int | None = wire("timeoutMillis", "int?", None, omit=True)  # this job's per-attempt deadline
     result_ttl_millis: int | None = wire("resultTtlMillis", "int?", None, omit=True)  # purged this long after it ends
     submitted_by: str | None = local()  # the submitting token's name (auth on), set by the handler
@@ -409,6 +413,7 @@ class SubmitJob(Message):
 class JobSubmitted(Message):
     TYPE = "JOB_SUBMITTED"
     job_id: str = wire("jobId", "str")
+    duplicate: bool = wire("duplicate", "bool", False, omit=True)  # a live job held the submit's uniqueKey
 
 
 @dataclass(frozen=True)
@@ -644,12 +649,65 @@ class SchedulePreview(Message):
     fire_times: list[int] = wire("fireTimes", "list", [])
 
 
+# ---- limits per task type (docs/PROTOCOL.md, "Limits") ------------------------------------
+
+
+@dataclass(frozen=True)
+class LimitPut(Message):
+    """Create or replace a type's limit (``paused`` kept unless given); answered with LIMIT."""
+
+    TYPE = "LIMIT_PUT"
+    limit: dict[str, Any] = wire("limit", "obj")
+
+
+@dataclass(frozen=True)
+class Limit(Message):
+    """A type's limit as the coordinator holds it, with its RUNNING and QUEUED jobs now:
+    the reply to LIMIT_PUT, GET, DELETE, TYPE_PAUSE and TYPE_RESUME."""
+
+    TYPE = "LIMIT"
+    limit: dict[str, Any] = wire("limit", "obj")
+
+
+@dataclass(frozen=True)
+class LimitGet(Message):
+    TYPE = "LIMIT_GET"
+    task_type: str = wire("taskType", "str")
+
+
+@dataclass(frozen=True)
+class LimitList(Message):
+    """The request (no field) and its reply (``limits``: every type with a limit or paused)."""
+
+    TYPE = "LIMIT_LIST"
+    limits: list[dict[str, Any]] = wire("limits", "list", [])
+
+
+@dataclass(frozen=True)
+class LimitDelete(Message):
+    TYPE = "LIMIT_DELETE"
+    task_type: str = wire("taskType", "str")
+
+
+@dataclass(frozen=True)
+class TypePause(Message):
+    TYPE = "TYPE_PAUSE"
+    task_type: str = wire("taskType", "str")
+
+
+@dataclass(frozen=True)
+class TypeResume(Message):
+    TYPE = "TYPE_RESUME"
+    task_type: str = wire("taskType", "str")
+
+
 ALL_MESSAGES: tuple[type[Message], ...] = (
     WorkerRegister, WorkerRegistered, Heartbeat, HeartbeatAck, ResultAck, TaskAssign, TaskCancel, TaskResult, Error,
     SubmitJob, JobSubmitted, SubmitRejected, GetJobStatus, JobStatus, ListJobs, JobList,
     ListWorkers, WorkerList, CancelJob, JobCancel, GetJobEvents, JobEvents, RetryJob, PurgeJobs,
     JobsPurged, WaitJob, GetStats, Stats, SchedulePut, Schedule, ScheduleGet, ScheduleList, SchedulePause,
     ScheduleResume, ScheduleDelete, ScheduleTrigger, SchedulePreview, Auth, AuthOk,
+    LimitPut, Limit, LimitGet, LimitList, LimitDelete, TypePause, TypeResume,
     TaskProgress, GetJobPayload, JobPayload,
 )
 BY_TYPE: dict[str, type[Message]] = {cls.TYPE: cls for cls in ALL_MESSAGES}
@@ -660,12 +718,13 @@ CLIENT_PORT_REQUESTS = frozenset({"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "
                                   "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB",
                                   "GET_STATS", "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",
                                   "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW",
-                                  "GET_JOB_PAYLOAD"})
+                                  "LIMIT_PUT", "LIMIT_GET", "LIMIT_LIST", "LIMIT_DELETE", "TYPE_PAUSE",
+                                  "TYPE_RESUME", "GET_JOB_PAYLOAD"})
 TO_WORKER = frozenset({"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "HEARTBEAT_ACK", "RESULT_ACK", "ERROR",
                        "AUTH_OK"})
 TO_CLIENT = frozenset({"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST", "JOB_CANCEL",
                        "JOB_EVENTS", "JOBS_PURGED", "STATS", "SCHEDULE", "SCHEDULE_LIST", "SCHEDULE_PREVIEW",
-                       "ERROR", "AUTH_OK", "JOB_PAYLOAD"})
+                       "ERROR", "AUTH_OK", "LIMIT", "LIMIT_LIST", "JOB_PAYLOAD"})
 
 
 def decode(obj: dict[str, Any], allowed: frozenset[str] | None = None) -> Message:

@@ -15,7 +15,8 @@ never see SQL, a rowid, a driver's exception type or the thread a write runs on:
 * Recurring schedules are rows of their own, a name and a JSON body the core encodes
   (``coordinator/schedules.py``); a batch writes them in the same transaction as the jobs
   their fires made, so a fire and its job are durable together or not at all. So are the
-  task types' declared defaults (WORKER_REGISTER ``taskDefaults``), one body per type.
+  task types' declared defaults (WORKER_REGISTER ``taskDefaults``), one body per type, and
+  the limits per task type (``coordinator/limits.py``).
 * A shared store (PostgreSQL) may have several coordinators: ``lead`` returns once this
   one leads, and every write is fenced, so one that lost leadership commits nothing more
   (``leadership_lost`` tells those errors from storage faults and bugs).
@@ -46,6 +47,8 @@ class Batch(NamedTuple):
     purges: Sequence[str] = ()  # finished jobs to delete, before the inserts (their keys are free)
     # Recurring schedules written or deleted: (name, stored body as JSON text, or None to delete).
     schedules: Sequence[tuple[str, str | None]] = ()
+    # Limits per task type written or deleted: (task type, stored body as JSON text, or None to delete).
+    limits: Sequence[tuple[str, str | None]] = ()
     # Task types' declared defaults written: (name, stored body as JSON text), the latest per name.
     task_defaults: Sequence[tuple[str, str]] = ()
 
@@ -66,10 +69,12 @@ def merge_batches(older: Batch, newer: Batch) -> Batch:
     purges = list(dict.fromkeys(list(older.purges) + list(newer.purges)))
     schedules = dict(older.schedules)
     schedules.update(newer.schedules)
+    limits = dict(older.limits)
+    limits.update(newer.limits)
     defaults = dict(older.task_defaults)
     defaults.update(newer.task_defaults)
     return Batch(list(inserted.values()), list(updated.values()), types, purges, list(schedules.items()),
-                 list(defaults.items()))
+                 list(limits.items()), list(defaults.items()))
 
 
 def outcome_of(call: Callable[..., None], *args: Any) -> Exception | None:
@@ -236,6 +241,9 @@ class Store(Protocol):
 
     def load_schedules(self) -> list[tuple[str, str]]:
         """Every recurring schedule as (name, body JSON text), sorted by name (recovery)."""
+
+    def load_limits(self) -> list[tuple[str, str]]:
+        """Every task type's limit as (task type, body JSON text), sorted by type (recovery)."""
 
     def load_task_defaults(self) -> list[tuple[str, str]]:
         """Every task type's declared defaults as (name, body JSON text), sorted by name (recovery)."""

@@ -115,6 +115,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("result_ttl", I, added=True),
     Column("retry_base", I, added=True),
     Column("retry_cap", I, added=True),
+    # v11: limits (docs/PROTOCOL.md, "Limits"): the key maxRunningPerKey counts by, and the
+    # key that keeps the job unique among its type's live jobs (NULL: none).
+    Column("concurrency_key", T, added=True),
+    Column("unique_key", T, added=True),
     # The job's timeline (its newest events, EVENT_CODES below), rewritten with the row it
     # belongs to, so it is exactly as durable as the state it explains. In memory the job
     # keeps it as text too (Job.events), appended one fragment per event.

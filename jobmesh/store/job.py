@@ -44,6 +44,8 @@ class Job:
     run_at: int | None = None  # when the job was asked to run (runAtMillis), None: at once
     retry_of: str | None = None  # the finished job this one retries (RETRY_JOB)
     submitted_by: str | None = None  # the name of the token that submitted it (None without --auth-file)
+    concurrency_key: str | None = None  # maxRunningPerKey counts running jobs by this (None: not limited by it)
+    unique_key: str | None = None  # no two live jobs of a type hold the same one (None: none)
     # The timeline as stored (store.columns.event_fragment, comma-joined): text, so that a job's
     # events cost one string, not a list of tuples, and the row needs no re-encoding.
     events: str = ""
@@ -136,6 +138,8 @@ class Job:
             "protocol": "json" if self.periodic is None else "periodic",
             "name": self.name,
             "submittedBy": self.submitted_by,
+            "concurrencyKey": self.concurrency_key,
+            "uniqueKey": self.unique_key,
             "progress": self.progress,
         }
         if self.schedule_name is not None:  # only fired jobs carry these: other snapshots keep their fields

@@ -108,6 +108,9 @@ TASK_TYPES_SQL = ("INSERT INTO jobmesh_task_types (name, first_seen) SELECT * FR
 SCHEDULES_DELETE_SQL = "DELETE FROM jobmesh_schedules WHERE name = ANY(%s::text[])"
 SCHEDULES_PUT_SQL = ("INSERT INTO jobmesh_schedules (name, body) SELECT * FROM unnest(%s::text[], %s::text[])"
                      " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body")
+LIMITS_DELETE_SQL = "DELETE FROM jobmesh_limits WHERE task_type = ANY(%s::text[])"
+LIMITS_PUT_SQL = ("INSERT INTO jobmesh_limits (task_type, body) SELECT * FROM unnest(%s::text[], %s::text[])"
+                  " ON CONFLICT (task_type) DO UPDATE SET body = EXCLUDED.body")
 TASK_DEFAULTS_PUT_SQL = ("INSERT INTO jobmesh_task_defaults (name, body) SELECT * FROM unnest(%s::text[], %s::text[])"
                          " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body")
 FENCE_SQL = "SELECT jobmesh_fence(%s)"
@@ -133,6 +136,7 @@ SCHEMA: dict[str, str] = {
     "jobmesh_task_types": "CREATE TABLE IF NOT EXISTS jobmesh_task_types (name text PRIMARY KEY,"
                           " first_seen bigint NOT NULL)",
     "jobmesh_schedules": "CREATE TABLE IF NOT EXISTS jobmesh_schedules (name text PRIMARY KEY, body text NOT NULL)",
+    "jobmesh_limits": "CREATE TABLE IF NOT EXISTS jobmesh_limits (task_type text PRIMARY KEY, body text NOT NULL)",
     "jobmesh_task_defaults": "CREATE TABLE IF NOT EXISTS jobmesh_task_defaults (name text PRIMARY KEY,"
                              " body text NOT NULL)",
     "jobmesh_probe": "CREATE TABLE IF NOT EXISTS jobmesh_probe (x text)",  # always empty: the storage probe's
@@ -542,7 +546,7 @@ class PostgresStore:
             raise LeadershipLost("this coordinator lost leadership: %s" % self._lost)
         if self._epoch is None:
             raise LeadershipLost("this store does not lead (lead() first)")
-        inserts, updates, task_types, purges, schedules, task_defaults = batch
+        inserts, updates, task_types, purges, schedules, limits, task_defaults = batch
         keys = self._keys
         if keys is not None:
             for row in inserts:
@@ -557,14 +561,16 @@ class PostgresStore:
             statements.append((UPDATE_SQL, [list(column) for column in zip(*updates)]))
         if task_types:
             statements.append((TASK_TYPES_SQL, [list(column) for column in zip(*task_types)]))
-        if schedules:
-            latest = dict(schedules)
-            gone = [name for name, body in latest.items() if body is None]
-            put = [(name, body) for name, body in latest.items() if body is not None]
-            if gone:
-                statements.append((SCHEDULES_DELETE_SQL, (gone,)))
-            if put:
-                statements.append((SCHEDULES_PUT_SQL, [list(column) for column in zip(*put)]))
+        for rows, delete_sql, put_sql in ((schedules, SCHEDULES_DELETE_SQL, SCHEDULES_PUT_SQL),
+                                          (limits, LIMITS_DELETE_SQL, LIMITS_PUT_SQL)):
+            if rows:
+                latest = dict(rows)
+                gone = [name for name, body in latest.items() if body is None]
+                put = [(name, body) for name, body in latest.items() if body is not None]
+                if gone:
+                    statements.append((delete_sql, (gone,)))
+                if put:
+                    statements.append((put_sql, [list(column) for column in zip(*put)]))
         if task_defaults:
             statements.append((TASK_DEFAULTS_PUT_SQL, [list(column) for column in zip(*dict(task_defaults).items())]))
         try:
@@ -729,6 +735,10 @@ class PostgresStore:
 
     def load_schedules(self) -> list[tuple[str, str]]:
         return [(row[0], row[1]) for row in self.reader.execute("SELECT name, body FROM jobmesh_schedules ORDER BY name")]
+
+    def load_limits(self) -> list[tuple[str, str]]:
+        return [(row[0], row[1]) for row in self.reader.execute(
+            "SELECT task_type, body FROM jobmesh_limits ORDER BY task_type")]
 
     def load_task_defaults(self) -> list[tuple[str, str]]:
         return [(row[0], row[1]) for row in self.reader.execute(

@@ -29,6 +29,8 @@ ALTER TABLE on an older database):
 * v10: ``result_ttl``, ``retry_base``, ``retry_cap`` (what a job asked for at creation),
   the ``jobs_expiry`` index of finished jobs with a time to live, and the
   ``task_defaults`` table (each task type's declared defaults, a JSON body).
+* v11: limits: the ``limits`` table (a task type and a JSON body), and the jobs'
+  ``concurrency_key`` and ``unique_key`` columns.
 
 Two connections: ``conn`` is the writer (migrations, recovery, then batch writes on the
 store's one-thread pool, ``commit``); ``reader`` serves reads inline on the hub's thread.
@@ -86,6 +88,8 @@ OBSOLETE_INDEXES = ("jobs_state", "jobs_task_type")
 TASK_TYPES_TABLE = "CREATE TABLE IF NOT EXISTS task_types (name TEXT PRIMARY KEY, first_seen INTEGER NOT NULL)"
 # Recurring schedules (v8): one row per schedule, its body JSON text (coordinator/schedules.py).
 SCHEDULES_TABLE = "CREATE TABLE IF NOT EXISTS schedules (name TEXT PRIMARY KEY, body TEXT NOT NULL)"
+# Limits per task type (v11): one row per type, its body JSON text (coordinator/limits.py).
+LIMITS_TABLE = "CREATE TABLE IF NOT EXISTS limits (task_type TEXT PRIMARY KEY, body TEXT NOT NULL)"
 # Task types' declared defaults (v10): one row per type, its body JSON text (WORKER_REGISTER taskDefaults).
 TASK_DEFAULTS_TABLE = "CREATE TABLE IF NOT EXISTS task_defaults (name TEXT PRIMARY KEY, body TEXT NOT NULL)"
 # A scratch table for the storage probe (``SQLiteStore.probe``); it is always empty.
@@ -94,7 +98,7 @@ PROBE_FREE_PAGES = 256  # beyond this many free pages, a probe no longer insists
 # What a current database holds besides the jobs columns; when all of it is there (and no
 # obsolete index), opening writes nothing, so a read-only or full database still opens
 # (and serves reads).
-SCHEMA_OBJECTS = frozenset(INDEXES) | {"task_types", "storage_probe", "schedules", "task_defaults"}
+SCHEMA_OBJECTS = frozenset(INDEXES) | {"task_types", "storage_probe", "schedules", "limits", "task_defaults"}
 # Rows renumbered 1..n in submission order (v7), when their sequences are not unique.
 RENUMBER_SQL = ("UPDATE jobs SET seq = r.n FROM (SELECT rowid AS id, row_number() OVER (ORDER BY seq, created_at, rowid) AS n"
                 " FROM jobs) AS r WHERE jobs.rowid = r.id")
@@ -227,6 +231,7 @@ class SQLiteStore:
                     c.execute(sql)
             c.execute(TASK_TYPES_TABLE)
             c.execute(SCHEDULES_TABLE)
+            c.execute(LIMITS_TABLE)
             c.execute(TASK_DEFAULTS_TABLE)
             c.execute(PROBE_TABLE)
             c.execute("COMMIT")
@@ -256,7 +261,7 @@ class SQLiteStore:
 
     def write(self, batch: Batch) -> None:
         """Apply one batch in a single transaction (group commit)."""
-        inserts, updates, task_types, purges, schedules, task_defaults = batch
+        inserts, updates, task_types, purges, schedules, limits, task_defaults = batch
         c = self.conn
         with self._transaction("BEGIN"):
             for start in range(0, len(purges), ROWS_PER_STATEMENT):  # first: a new job may take a purged key
@@ -272,6 +277,10 @@ class SQLiteStore:
                 c.executemany("DELETE FROM schedules WHERE name=?", [(name,) for name, body in schedules if body is None])
                 c.executemany("INSERT OR REPLACE INTO schedules (name, body) VALUES (?, ?)",
                               [row for row in schedules if row[1] is not None])
+            if limits:
+                c.executemany("DELETE FROM limits WHERE task_type=?", [(name,) for name, body in limits if body is None])
+                c.executemany("INSERT OR REPLACE INTO limits (task_type, body) VALUES (?, ?)",
+                              [row for row in limits if row[1] is not None])
             if task_defaults:
                 c.executemany("INSERT OR REPLACE INTO task_defaults (name, body) VALUES (?, ?)", task_defaults)
 
@@ -371,6 +380,10 @@ class SQLiteStore:
     def load_schedules(self) -> list[tuple[str, str]]:
         """Every recurring schedule as (name, body), sorted by name."""
         return [(row[0], row[1]) for row in self.conn.execute("SELECT name, body FROM schedules ORDER BY name")]
+
+    def load_limits(self) -> list[tuple[str, str]]:
+        """Every task type's limit as (task type, body), sorted by type."""
+        return [(row[0], row[1]) for row in self.conn.execute("SELECT task_type, body FROM limits ORDER BY task_type")]
 
     def load_task_defaults(self) -> list[tuple[str, str]]:
         """Every task type's declared defaults as (name, body), sorted by name."""

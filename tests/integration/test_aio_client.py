@@ -20,6 +20,7 @@ import pytest
 from jobmesh import auth
 from jobmesh.aio import AsyncClient
 from jobmesh.client import CoordinatorClient, WaitTimeout
+from jobmesh.client.api import submit_request
 from jobmesh.errors import ConfigError, CoordinatorUnavailable, InvalidRequest, RequestFailed, RequestTooLarge
 from jobmesh.protocol import messages
 from jobmesh.protocol.jobs import JobState, Priority
@@ -134,6 +135,34 @@ def test_recurring_schedules(shared):
             assert (await client.schedules.delete("aio-hourly"))["name"] == "aio-hourly"
             with pytest.raises(RequestFailed):
                 await client.schedules.get("aio-hourly")
+
+    run(main())
+
+
+def test_limits_and_submits_with_keys(shared):
+    async def main() -> None:
+        async with AsyncClient(shared.client_target) as client:
+            # Given WORD_COUNT paused (with a limit of its own), a submit waits for it
+            made = await client.limits.put("WORD_COUNT", max_running=2, max_running_per_key=1)
+            assert (made["taskType"], made["maxRunning"], made["maxRunningPerKey"], made["paused"]) == (
+                "WORD_COUNT", 2, 1, False)
+            assert (await client.limits.pause("WORD_COUNT"))["paused"] is True
+            job_id = await client.submit("WORD_COUNT", {"text": "a b"}, concurrency_key="acme", unique_key="wc-1")
+            # a second submit with the unique key makes nothing and names the first job
+            again = await client.send_submit(submit_request("WORD_COUNT", {"text": "a b"}, unique_key="wc-1"))
+            assert (again.job_id, again.duplicate) == (job_id, True)
+            assert await client.submit("WORD_COUNT", {"text": "a b"}, unique_key="wc-1") == job_id
+            snapshot = await client.status(job_id)
+            assert (snapshot["concurrencyKey"], snapshot["uniqueKey"]) == ("acme", "wc-1")
+            assert (await client.limits.get("WORD_COUNT"))["queued"] == 1
+            assert "WORD_COUNT" in [lim["taskType"] for lim in await client.limits.list()]
+            # When it is resumed the job runs
+            assert (await client.limits.resume("WORD_COUNT"))["paused"] is False
+            assert (await client.wait(job_id, timeout=30))["result"] == {"words": 2}
+            assert (await client.limits.delete("WORD_COUNT"))["maxRunning"] == 2
+            assert (await client.limits.get("WORD_COUNT"))["maxRunning"] is None
+            with pytest.raises(TypeError, match="burst must be an int"):
+                await client.limits.put("WORD_COUNT", rate_per_second=1, burst=1.5)  # type: ignore[arg-type]
 
     run(main())
 

@@ -104,6 +104,8 @@ LEAST_ROLE = {
     "SUBMIT_JOB": "client", "CANCEL_JOB": "client",
     "RETRY_JOB": "admin", "PURGE_JOBS": "admin", "SCHEDULE_PUT": "admin", "SCHEDULE_PAUSE": "admin",
     "SCHEDULE_RESUME": "admin", "SCHEDULE_DELETE": "admin", "SCHEDULE_TRIGGER": "admin",
+    "LIMIT_GET": "reader", "LIMIT_LIST": "reader", "LIMIT_PUT": "admin", "LIMIT_DELETE": "admin",
+    "TYPE_PAUSE": "admin", "TYPE_RESUME": "admin",
 }
 RANK = {"reader": 1, "client": 2, "admin": 3}
 
@@ -135,6 +137,12 @@ def request_of(kind: str, job_id: str, finished_id: str) -> dict:
         "SCHEDULE_DELETE": {"name": "nightly"},
         "SCHEDULE_TRIGGER": {"name": "nightly"},
         "SCHEDULE_PREVIEW": {"everyMillis": 60000, "timezone": "UTC", "fromMillis": 0, "count": 2},
+        "LIMIT_PUT": {"limit": {"taskType": "NO_SUCH_TYPE", "maxRunning": 1}},  # ERROR: unknown type
+        "LIMIT_GET": {"taskType": "NO_SUCH_TYPE"},
+        "LIMIT_LIST": {},
+        "LIMIT_DELETE": {"taskType": "NO_SUCH_TYPE"},
+        "TYPE_PAUSE": {"taskType": "NO_SUCH_TYPE"},
+        "TYPE_RESUME": {"taskType": "NO_SUCH_TYPE"},
     }[kind]
 
 
@@ -312,6 +320,30 @@ def test_the_cli_names_the_command_and_the_role_it_needs(authed, tmp_path):
     assert "readable by other users" not in out.stderr
 
 
+def test_the_cli_names_the_limit_command_and_the_role_it_needs(authed, tmp_path):
+    # Given a reader token and a client token
+    files = {}
+    for role in ("reader", "client"):
+        files[role] = tmp_path / ("%s.token" % role)
+        files[role].write_text(authed.tokens[role])
+        os.chmod(files[role], 0o600)
+    # Then changes name the command and admin, for either
+    for role, argv, command in (("reader", ("limit", "set", "SLEEP", "--max-running=1"), "limit set"),
+                                ("client", ("limit", "rm", "SLEEP"), "limit rm"),
+                                ("client", ("pause", "SLEEP"), "pause"),
+                                ("reader", ("resume", "SLEEP"), "resume")):
+        out = run_cli(*argv, "--token-file=%s" % files[role], coordinator=authed.client_target)
+        assert out.returncode == 1, out.stderr
+        assert ("'jobmesh %s' needs a token of role admin, and this one is a %s token" % (command, role)
+                in out.stderr), out.stderr
+        assert out.stderr.count("\n") == 1
+    # and reads are a reader's
+    out = run_cli("limit", "list", "--json", "--token-file=%s" % files["reader"], coordinator=authed.client_target)
+    assert out.returncode == 0, out.stderr
+    out = run_cli("limit", "show", "SLEEP", "--token-file=%s" % files["reader"], coordinator=authed.client_target)
+    assert out.returncode == 0 and "type      SLEEP" in out.stdout, out.stderr
+
+
 def run_cli_env(env: dict, *args, coordinator: str):
     import subprocess
     import sys
@@ -372,6 +404,23 @@ def test_task_type_limits_of_client_and_worker_tokens(authed, opened):
     status = etl.request({"type": "GET_JOB_STATUS", "jobId": submitted["jobId"]})["job"]
     assert status["submittedBy"] == "etl"
     worker.close()
+
+
+def test_a_limited_admin_token_limits_only_its_task_types(authed, opened):
+    # Given an admin token limited to GREET and etl.*
+    etl = connect(authed.client_addr, authed.tokens["etl-admin"], opened)
+    # A limit of another type is forbidden, whichever request changes it; reads are not
+    for request in ({"type": "LIMIT_PUT", "limit": {"taskType": "SLEEP", "maxRunning": 0}},
+                    {"type": "TYPE_PAUSE", "taskType": "SLEEP"}, {"type": "TYPE_RESUME", "taskType": "SLEEP"},
+                    {"type": "LIMIT_DELETE", "taskType": "SLEEP"}):
+        reply = etl.request(request)
+        assert reply["type"] == "ERROR" and reply["message"].startswith("forbidden: "), (request, reply)
+        assert "may not limit task type 'SLEEP'" in reply["message"], reply
+    assert etl.request({"type": "LIMIT_GET", "taskType": "SLEEP"})["limit"]["maxRunning"] is None
+    # Within its limits it may (GREET: a type a worker of this module declared, or an ERROR of its own)
+    for kind in ("TYPE_PAUSE", "TYPE_RESUME"):  # resumed: the module's other tests run GREET jobs
+        reply = etl.request({"type": kind, "taskType": "GREET"})
+        assert not (reply["type"] == "ERROR" and reply["message"].startswith("forbidden: ")), reply
 
 
 def test_a_limited_admin_token_schedules_only_its_task_types(authed, opened):

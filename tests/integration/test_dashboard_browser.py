@@ -106,6 +106,10 @@ def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_fa
     reporting = worker.await_assign()
     worker.await_assign()
     queued = client.submit_ok("SHA256", {"text": "hello"}, priority="LOW")
+    # and a limit on FAIL, and PRIME_COUNT paused
+    assert client.request({"type": "LIMIT_PUT", "limit": {"taskType": "FAIL", "maxRunning": 3,
+                                                          "ratePerSecond": 2}})["type"] == "LIMIT"
+    assert client.request({"type": "TYPE_PAUSE", "taskType": "PRIME_COUNT"})["type"] == "LIMIT"
     # one of the running jobs has reported its progress
     worker.send({"type": "TASK_PROGRESS", "workerId": "w-1", "jobId": reporting["jobId"],
                  "attemptId": reporting["attemptId"], "fraction": 0.42, "message": "compressing chunk 7"})
@@ -118,6 +122,24 @@ def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_fa
     assert browser.find_element(By.CSS_SELECTOR, "#card-queued .value").text == "1"
     assert browser.find_element(By.CSS_SELECTOR, "#card-retry .value").text == "1"
     assert browser.find_element(By.ID, "ready").text == "ready"
+    # The limits panel shows each limit, and the paused type with a PAUSED badge (read
+    # through waits that ignore a row the panel's refresh has just replaced)
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    panel = WebDriverWait(browser, 15, ignored_exceptions=(StaleElementReferenceException,))
+
+    def cells(task_type):
+        return lambda d: [td.text for td in d.find_elements(By.CSS_SELECTOR, "#limits tr[data-limit='%s'] td"
+                                                            % task_type)]
+
+    panel.until(lambda d: d.find_element(By.CSS_SELECTOR, "#limits tr[data-limit='PRIME_COUNT'] .badge.paused")
+                .text == "PAUSED")
+    panel.until(lambda d: cells("FAIL")(d) == ["FAIL", "active", "3", "-", "2/s (burst 2)", "-", "0", "0"])
+    assert "1 paused" in browser.find_element(By.ID, "limits-hint").text
+    # a job of the paused type waits, and the panel counts it
+    held = client.submit_ok("PRIME_COUNT", {"limit": 10})
+    panel.until(lambda d: cells("PRIME_COUNT")(d)[1:] == ["PAUSED", "-", "-", "-", "-", "0", "1"])
+    assert client.status(held)["waitingReason"] == "TYPE_PAUSED"
     # the workers and the job list render
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#workers tr[data-worker='w-1']")))
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#jobs tr[data-job='%s']" % queued)))

@@ -19,7 +19,7 @@ from tests.helpers import assert_stays, wait_until
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
                    "retryAtMillis", "retryOf", "waitingReason", "protocol", "name",
-                   "submittedBy", "progress"}
+                   "submittedBy", "concurrencyKey", "uniqueKey", "progress"}
 WORKER_ITEM_FIELDS = {"workerId", "capacity", "activeJobs", "lastHeartbeatMillis"}
 
 
@@ -70,7 +70,7 @@ def test_submit_assign_complete(coordinator, peers):
         "workerId": None, "result": None, "error": None, "createdAtMillis": queued["createdAtMillis"],
         "updatedAtMillis": queued["updatedAtMillis"], "priority": "NORMAL", "runAtMillis": None,
         "retryAtMillis": None, "retryOf": None, "waitingReason": "NO_WORKER", "protocol": "json", "name": None,
-        "submittedBy": None, "progress": None,
+        "submittedBy": None, "concurrencyKey": None, "uniqueKey": None, "progress": None,
     }
     # createdAtMillis is Unix epoch milliseconds, stamped during the request
     assert before - 5 <= queued["createdAtMillis"] <= after + 5
@@ -106,7 +106,8 @@ def test_submit_assign_complete(coordinator, peers):
         "workerId": None, "result": {"sha256": digest}, "error": None,
         "createdAtMillis": queued["createdAtMillis"], "updatedAtMillis": done["updatedAtMillis"],
         "priority": "NORMAL", "runAtMillis": None, "retryAtMillis": None, "retryOf": None,
-        "waitingReason": None, "protocol": "json", "name": None, "submittedBy": None, "progress": None,
+        "waitingReason": None, "protocol": "json", "name": None, "submittedBy": None, "concurrencyKey": None, "uniqueKey": None,
+        "progress": None,
     }
     assert done_before - 5 <= done["updatedAtMillis"] <= now_ms() + 5
     assert worker.bad_frames == [] and worker.errors == []

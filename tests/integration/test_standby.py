@@ -4,6 +4,8 @@ over (docs/SCALING.md; CONTRACT.md, "A standby coordinator (PostgreSQL)").
 Real coordinators and workers as processes, a real PostgreSQL server (tests/pg_support.py,
 one per session; each test gets a fresh schema). The coordinators listen on ports picked
 here, so that workers and clients can be given both addresses before the standby leads.
+A takeover under load keeps the limits of a type exact (the load and checks of
+test_limits_exact.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import pytest
 
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import ClientError
-from tests.helpers import CoordinatorProc, RawConn, WorkerProc, child_env, wait_until
+from jobmesh.protocol import messages as m
+from tests.helpers import CoordinatorProc, RawConn, WorkerProc, child_env, wait_registered, wait_until
+from tests.integration.test_limits_exact import MAX_RUNNING, TYPE, check_timelines, set_limit, submit_load
 
 STANDING_BY = "jobmesh coordinator standing by"
 EXIT_LEADERSHIP_LOST = 75
@@ -474,3 +478,28 @@ def test_a_result_written_into_a_frozen_leader_is_applied_by_the_standby(nodes, 
         assert (final["state"], final["attempts"], final["result"]) == ("COMPLETED", 1, {"sleptMillis": 800}), final
         assert [e["event"] for e in client.events(job_id)] == ["SUBMITTED", "ASSIGNED", "COMPLETED"]
     assert worker.count("task started job=%s" % job_id) == 1
+
+
+def test_a_standby_taking_over_from_a_killed_leader_keeps_limits_exact(nodes, workers):
+    # (the load and the checks: test_limits_exact.py)
+    # Given a leader, a standby, and two workers on both addresses
+    leader = nodes("leader").launch().await_listening()
+    standby = nodes("standby").launch().await_standing_by()
+    both_workers = "%s,%s" % (leader.worker_target, standby.worker_target)
+    for n in (1, 2):
+        workers(both_workers, "w-%d" % n, capacity=4)
+    with CoordinatorClient(leader.client_target, timeout=30) as client:
+        wait_registered(client, ["w-1", "w-2"])
+        set_limit(client)
+        job_ids = submit_load(client, 36)
+        wait_until(lambda: client.request(m.LimitGet(TYPE), m.Limit).limit["running"] == MAX_RUNNING,
+                   message="the limit reached")
+    # When the leader is killed under load and the standby takes over
+    leader.proc.kill()
+    leader.proc.wait(10)
+    standby.await_listening()
+    with CoordinatorClient(standby.client_target, timeout=60) as client:
+        assert client.request(m.LimitGet(TYPE), m.Limit).limit["maxRunning"] == MAX_RUNNING
+        job_ids += submit_load(client, 12, offset=36)
+        # Then no instant of any timeline passed a limit, and no unique key had two live jobs
+        check_timelines(client, job_ids)

@@ -89,6 +89,7 @@ class CoreDriver:
         assert stored.keys() == core.schedules.by_name.keys()
         for name, schedule in core.schedules.by_name.items():
             assert stored[name] == schedule.body(), name
+        assert dict(self.store.load_limits()) == {name: limit.body() for name, limit in core.limits.by_type.items()}
         for session in core.json.workers:
             assert len(session.running) <= session.capacity, session.worker_id
         for job_id, session in table.leases.items():

@@ -5,12 +5,14 @@ each costing only that connection, with the blocking client's errors."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import subprocess
 import sys
 
 import pytest
 
 from jobmesh.aio import AsyncClient
+from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import CoordinatorUnavailable, SubmitRejected
 from jobmesh.protocol.framing import encode_frame
 from tests.helpers import CLOSE, HANG, Delayed, ScriptedServer
@@ -106,6 +108,25 @@ def test_submit_retries_resubmit_a_retryable_rejection_only(scripted):
 
     asyncio.run(main())
     assert len(server.requests) == 5
+
+
+def test_both_clients_submit_take_the_same_arguments_and_send_the_same_request(scripted):
+    assert inspect.signature(AsyncClient.submit).parameters.keys() == \
+        inspect.signature(CoordinatorClient.submit).parameters.keys()
+    options = dict(timeout_millis=5000, result_ttl_millis=60_000, concurrency_key="acme", unique_key="r:1")
+    server = scripted({"type": "JOB_SUBMITTED", "jobId": "j-1"}, {"type": "JOB_SUBMITTED", "jobId": "j-2"})
+
+    async def main() -> str:
+        async with on(server) as client:
+            return await client.submit("SLEEP", {"durationMillis": 1}, **options)
+
+    assert asyncio.run(main()) == "j-1"
+    with CoordinatorClient("127.0.0.1:%d" % server.port) as client:
+        assert client.submit("SLEEP", {"durationMillis": 1}, **options) == "j-2"
+    sent, again = server.requests
+    assert sent == again
+    assert (sent["timeoutMillis"], sent["resultTtlMillis"], sent["concurrencyKey"], sent["uniqueKey"]) == (
+        5000, 60_000, "acme", "r:1")
 
 
 def test_the_reply_timeout_of_a_wait_covers_the_wait(scripted):

@@ -30,7 +30,7 @@ COORDINATOR_FLAGS = {
 
 def test_commands_are_the_contracts():
     client = {"submit", "status", "list", "workers", "cancel", "wait", "events", "retry", "purge", "top",
-              "schedule"}
+              "schedule", "limit", "pause", "resume"}
     assert set(DOCS) == {"up", "coordinator", "worker", "token"} | client
     assert set(CLIENT_COMMANDS) == client
 
@@ -136,7 +136,8 @@ def test_listing_commands(command):
 @pytest.mark.parametrize("command", sorted(CLIENT_COMMANDS))
 def test_every_client_command_takes_coordinator(command):
     argv = [command] + {"submit": ["SLEEP"], "status": ["j"], "cancel": ["j"], "wait": ["j"], "events": ["j"],
-                         "retry": ["j"], "purge": ["--older-than=7d"], "schedule": ["list"]}.get(command, [])
+                         "retry": ["j"], "purge": ["--older-than=7d"], "schedule": ["list"], "limit": ["list"],
+                         "pause": ["T"], "resume": ["T"]}.get(command, [])
     _cmd, args = parse(argv + ["--coordinator=example:1234"])
     assert args["--coordinator"] == "example:1234"
 
@@ -185,3 +186,38 @@ def test_a_bad_command_or_flag_is_named_with_the_closest_one(argv, message):
 def test_a_unique_prefix_of_an_option_is_not_called_unknown():
     command, args = parse(["submit", "SLEEP", "--prio=HIGH"])
     assert args["--priority"] == "HIGH"
+
+
+def test_limit_set_and_its_flags():
+    cmd, args = parse(["limit", "set", "EXPORT", "--max-running=5", "--max-running-per-key=2", "--rate=10",
+                       "--burst=20", "--rate-per-key=0.5", "--json"])
+    assert cmd == "limit" and args["set"] and args["TASK_TYPE"] == "EXPORT" and args["--json"]
+    assert (args["--max-running"], args["--max-running-per-key"], args["--rate"], args["--burst"],
+            args["--rate-per-key"]) == ("5", "2", "10", "20", "0.5")
+
+
+@pytest.mark.parametrize("argv,sub", [(["limit", "list"], "list"), (["limit", "show", "EXPORT"], "show"),
+                                      (["limit", "rm", "EXPORT"], "rm")])
+def test_limit_subcommands(argv, sub):
+    cmd, args = parse(argv)
+    assert cmd == "limit" and args[sub]
+
+
+@pytest.mark.parametrize("command", ["pause", "resume"])
+def test_pause_and_resume_take_a_task_type(command):
+    cmd, args = parse([command, "MAILER", "--json"])
+    assert (cmd, args["TASK_TYPE"], args["--json"]) == (command, "MAILER", True)
+    with pytest.raises(UsageError):
+        parse([command])
+
+
+def test_submit_keys():
+    _cmd, args = parse(["submit", "EXPORT", "--concurrency-key=acme", "--unique-key=report:1"])
+    assert (args["--concurrency-key"], args["--unique-key"]) == ("acme", "report:1")
+
+
+@pytest.mark.parametrize("argv", [["limit"], ["limit", "set"], ["limit", "show"], ["limit", "list", "X"],
+                                  ["limit", "set", "X", "--max-runnin-per=1"]])
+def test_limit_usage_errors(argv):
+    with pytest.raises(UsageError):
+        parse(argv)

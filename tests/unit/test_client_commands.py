@@ -77,6 +77,8 @@ def test_run_at_without_a_zone_follows_the_process_time_zone(tz, utc_hour_minute
 
 @pytest.mark.parametrize("text", ["garbage", "", "tomorrow", "2026-13-01T00:00:00Z", "12:00", "--5", "1.5e12",
                                   "-1", "-1796055997317", "1969-12-31T23:59:59Z", "99999999999999999999999"])
+
+
 def test_run_at_that_does_not_parse_or_is_negative(text):
     with pytest.raises(ConfigError) as info:
         parse_run_at(text)
@@ -167,6 +169,8 @@ def test_submit_of_stdin_payload_without_a_stdin_is_a_usage_error(jm):
 
 @pytest.mark.parametrize("flag,sent", [("--type=SLEEP", "SLEEP"), ("--type=sleep", "SLEEP"),
                                        ("--type=GREET", "GREET"), ("--type=greet", "greet")])
+
+
 def test_list_type_sends_task_type(jm, flag, sent):
     code, out, _err, server = jm([{"type": "JOB_LIST", "jobs": [], "nextCursor": None}], "list", flag, "--json")
     assert code == EXIT_OK and out == "[]\n"
@@ -226,6 +230,69 @@ def test_errors_go_to_the_consoles_stderr_one_line(jm):
     code, out, err, _server = jm([{"type": "ERROR", "message": "unknown task type 'greet'"}], "submit", "greet")
     assert (code, out) == (1, "")
     assert err == "jobmesh submit: the coordinator refused: unknown task type 'greet'\n"
+
+
+# ---- limits -----------------------------------------------------------------------------
+
+LIMIT = {"taskType": "EXPORT", "maxRunning": None, "maxRunningPerKey": 2, "ratePerSecond": None, "burst": None,
+         "ratePerKeyPerSecond": None, "paused": False, "running": 2, "queued": 7}
+
+
+def test_limit_set_sends_every_limit_and_no_pause(jm):
+    code, out, err, server = jm([{"type": "LIMIT", "limit": LIMIT}], "limit", "set", "EXPORT",
+                                "--max-running-per-key=2", "--rate=0.5", "--burst=3")
+    assert (code, err) == (EXIT_OK, "")
+    (request,) = server.requests
+    assert request == {"type": "LIMIT_PUT", "limit": {"taskType": "EXPORT", "maxRunning": None, "maxRunningPerKey": 2,
+                                                      "ratePerSecond": 0.5, "burst": 3, "ratePerKeyPerSecond": None}}
+    assert out.startswith("limits of EXPORT set\ntype      EXPORT\n")
+
+
+def test_limit_subcommands_and_pause_send_their_requests(jm):
+    reply = {"type": "LIMIT", "limit": LIMIT}
+    for argv, sent in ((("limit", "show", "sleep"), {"type": "LIMIT_GET", "taskType": "SLEEP"}),
+                       (("limit", "rm", "EXPORT"), {"type": "LIMIT_DELETE", "taskType": "EXPORT"}),
+                       (("pause", "EXPORT"), {"type": "TYPE_PAUSE", "taskType": "EXPORT"}),
+                       (("resume", "EXPORT"), {"type": "TYPE_RESUME", "taskType": "EXPORT"})):
+        code, out, _err, server = jm([reply], *argv, "--json")
+        assert code == EXIT_OK and json.loads(out) == LIMIT
+        assert server.requests == [sent]
+    code, out, _err, server = jm([{"type": "LIMIT_LIST", "limits": [LIMIT]}], "limit", "list")
+    assert [r["type"] for r in server.requests] == ["LIMIT_LIST"]
+    assert out.splitlines()[1].split() == ["EXPORT", "active", "-", "2", "-", "-", "-", "2", "7"]
+
+
+def test_submit_with_keys_and_a_duplicate(jm):
+    duplicate = {"type": "JOB_SUBMITTED", "jobId": "j-7", "duplicate": True}
+    code, out, err, server = jm([duplicate], "submit", "EXPORT", "--concurrency-key=acme", "--unique-key=r:1")
+    assert (code, out, err) == (EXIT_OK, "job j-7 is already active with unique key r:1; no new job\n", "")
+    (request,) = server.requests
+    assert (request["concurrencyKey"], request["uniqueKey"]) == ("acme", "r:1")
+    code, out, _err, _server = jm([duplicate], "submit", "EXPORT", "--unique-key=r:1", "--json")
+    assert json.loads(out) == {"jobId": "j-7", "duplicate": True}
+    code, out, _err, server = jm([SUBMITTED], "submit", "EXPORT", "--json")
+    assert json.loads(out) == {"jobId": "j-1"}
+    assert "concurrencyKey" not in server.requests[0] or server.requests[0]["concurrencyKey"] is None
+
+
+def test_status_of_a_job_held_by_a_key_limit_counts_the_keys_running_jobs(jm):
+    held = dict(SNAP, taskType="EXPORT", waitingReason="KEY_CONCURRENCY_LIMIT", concurrencyKey="acme")
+    running = [dict(SNAP, jobId="j-%d" % i, taskType="EXPORT", state="RUNNING", concurrencyKey=key)
+               for i, key in enumerate(("acme", "other", "acme"))]
+    code, out, _err, server = jm([{"type": "JOB_STATUS", "job": held}, {"type": "LIMIT", "limit": LIMIT},
+                                  {"type": "JOB_LIST", "jobs": running, "nextCursor": None}], "status", "j-1")
+    assert code == EXIT_OK
+    assert "waiting   2 of 2 EXPORT jobs for key acme are running\n" in out
+    assert [r["type"] for r in server.requests] == ["GET_JOB_STATUS", "LIMIT_GET", "LIST_JOBS"]
+    assert (server.requests[2]["state"], server.requests[2]["taskType"]) == ("RUNNING", "EXPORT")
+
+
+def test_status_of_a_held_job_whose_limit_cannot_be_read_still_says_why(jm):
+    held = dict(SNAP, taskType="EXPORT", waitingReason="CONCURRENCY_LIMIT")
+    code, out, _err, _server = jm([{"type": "JOB_STATUS", "job": held}, {"type": "ERROR", "message": "no"}],
+                                  "status", "j-1")
+    assert code == EXIT_OK
+    assert "waiting   as many EXPORT jobs are running as its limit allows\n" in out
 
 
 # ---- wait: a live line on a terminal only -----------------------------------------------

@@ -240,6 +240,72 @@ def test_times_past_the_year_9999_are_shown_as_epoch_millis_not_an_error():
     assert "9999-12-31 23:59:59 UTC" in detail and "after 9999-12-31" in detail
 
 
+# ---- limits -------------------------------------------------------------------------------
+
+LIMIT = {"taskType": "EXPORT", "maxRunning": 5, "maxRunningPerKey": 3, "ratePerSecond": 10.0, "burst": 10,
+         "ratePerKeyPerSecond": None, "paused": False, "running": 5, "queued": 12}
+
+
+def held_job(reason, **over):
+    return job(taskType="EXPORT", state="QUEUED", waitingReason=reason, concurrencyKey="acme", **over)
+
+
+@pytest.mark.parametrize("reason,held,words", [
+    ("TYPE_PAUSED", None, "EXPORT is paused (jobmesh resume EXPORT starts its jobs again)"),
+    ("CONCURRENCY_LIMIT", render.Held(LIMIT), "5 of 5 EXPORT jobs are running"),
+    ("KEY_CONCURRENCY_LIMIT", render.Held(LIMIT, 3), "3 of 3 EXPORT jobs for key acme are running"),
+    ("RATE_LIMIT", render.Held(LIMIT), "rate limit: 10 starts a second"),
+    ("RATE_LIMIT", render.Held(dict(LIMIT, ratePerSecond=None, ratePerKeyPerSecond=1)),
+     "rate limit: 1 start a second for key acme"),
+    ("RATE_LIMIT", render.Held(dict(LIMIT, ratePerSecond=0.5, ratePerKeyPerSecond=0.25)),
+     "rate limit: 0.5 starts a second, 0.25 starts a second for key acme"),
+])
+def test_a_job_held_by_a_limit_says_why_with_the_figures(reason, held, words):
+    assert render.waiting(held_job(reason), NOW, held=held) == words
+    detail = render.job_detail(held_job(reason), NOW, held=held)
+    assert "waiting   %s\n" % words in detail
+
+
+@pytest.mark.parametrize("reason,words", [
+    ("CONCURRENCY_LIMIT", "as many EXPORT jobs are running as its limit allows"),
+    ("KEY_CONCURRENCY_LIMIT", "as many EXPORT jobs for key acme are running as its limit allows"),
+    ("RATE_LIMIT", "rate limit: EXPORT starts as fast as its limit allows"),
+])
+def test_a_held_job_without_its_limit_at_hand_still_reads_as_words(reason, words):
+    assert render.waiting(held_job(reason), NOW) == words
+
+
+def test_job_detail_shows_the_keys_only_when_set():
+    detail = render.job_detail(job(concurrencyKey="acme", uniqueKey="report-7"), NOW)
+    assert "keys      concurrency acme, unique report-7\n" in detail
+    assert "keys" not in render.job_detail(job(concurrencyKey=None, uniqueKey=None), NOW)
+    assert "keys      unique r\n" in render.job_detail(job(uniqueKey="r"), NOW)
+
+
+def test_limit_table_shows_limits_counts_and_paused_state():
+    paused = dict(LIMIT, taskType="MAILER", maxRunning=None, maxRunningPerKey=None, ratePerSecond=None, burst=None,
+                  paused=True, running=1, queued=40)
+    header, first, second = render.limit_table([LIMIT, paused]).splitlines()
+    assert header.split() == ["TYPE", "STATE", "MAX", "RUNNING", "PER", "KEY", "RATE/S", "BURST", "RATE/S", "PER",
+                              "KEY", "RUNNING", "QUEUED"]
+    assert first.split() == ["EXPORT", "active", "5", "3", "10", "10", "-", "5", "12"]
+    assert second.split() == ["MAILER", "PAUSED", "-", "-", "-", "-", "-", "1", "40"]
+    assert render.limit_table([]).startswith("no limits")
+
+
+def test_limit_detail():
+    lines = render.limit_detail(LIMIT).splitlines()
+    assert lines == ["type      EXPORT", "state     active",
+                     "limits    at most 5 running; at most 3 running per key; 10 starts a second (burst 10)",
+                     "jobs      5 running, 12 queued"]
+    none = render.limit_detail({"taskType": "X", "paused": True, "running": 0, "queued": 2})
+    assert "state     PAUSED: no new job starts; running jobs go on" in none and "limits    no limit" in none
+
+
+def test_duplicate_submit_names_the_live_job_and_key():
+    assert render.duplicate("j-9", "report:7") == "job j-9 is already active with unique key report:7; no new job"
+
+
 def test_job_detail_shows_a_running_jobs_progress_as_a_percentage_and_its_message():
     report = {"fraction": 0.42, "message": "compressing\nchunk 7", "atMillis": NOW}
     out = render.job_detail(job(state="RUNNING", workerId="w-1", result=None, progress=report), NOW)

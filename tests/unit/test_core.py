@@ -167,7 +167,8 @@ def test_submit_creates_a_queued_job(h):
         "jobId": job_id, "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "maxAttempts": 5,
         "workerId": None, "result": None, "error": None, "createdAtMillis": 1234, "updatedAtMillis": 1234,
         "priority": "LOW", "runAtMillis": None, "retryAtMillis": None, "retryOf": None, "waitingReason": "NO_WORKER",
-        "protocol": "json", "name": None, "submittedBy": None, "progress": None,
+        "protocol": "json", "name": None, "submittedBy": None, "concurrencyKey": None, "uniqueKey": None,
+        "progress": None,
     }
     stored = h.store.get(job_id)
     assert stored.state is JobState.QUEUED and stored.payload == {"durationMillis": 7}

@@ -110,5 +110,5 @@ def test_snapshot_wire_fields_are_the_protocols():
         "workerId": "w-1", "result": None, "error": "boom", "createdAtMillis": 1_700_000_000_000,
         "updatedAtMillis": 1_700_000_000_500, "priority": "LOW", "runAtMillis": None,
         "retryAtMillis": None, "retryOf": None, "waitingReason": None, "protocol": "json", "name": None,
-        "submittedBy": None, "progress": None,
+        "submittedBy": None, "concurrencyKey": None, "uniqueKey": None, "progress": None,
     }

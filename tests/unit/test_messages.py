@@ -73,6 +73,15 @@ SAMPLES: dict[str, m.Message] = {
     "AUTH_OK": m.AuthOk(name="ci", role="client"),
     "GET_JOB_PAYLOAD": m.GetJobPayload(job_id="j-1"),
     "JOB_PAYLOAD": m.JobPayload(job_id="j-1", payload={"text": "héllo ✓", "n": [1, 2.5, None]}),
+    "LIMIT_PUT": m.LimitPut(limit={"taskType": "EXPORT", "maxRunning": 5, "maxRunningPerKey": 2}),
+    "LIMIT": m.Limit(limit={"taskType": "EXPORT", "maxRunning": 5, "maxRunningPerKey": 2, "ratePerSecond": None,
+                            "burst": None, "ratePerKeyPerSecond": None, "paused": False, "running": 1,
+                            "queued": 3}),
+    "LIMIT_GET": m.LimitGet(task_type="EXPORT"),
+    "LIMIT_LIST": m.LimitList(limits=[{"taskType": "EXPORT"}]),
+    "LIMIT_DELETE": m.LimitDelete(task_type="EXPORT"),
+    "TYPE_PAUSE": m.TypePause(task_type="EXPORT"),
+    "TYPE_RESUME": m.TypeResume(task_type="EXPORT"),
 }
 
 
@@ -145,6 +154,13 @@ def test_wire_uses_camel_case_names_from_the_protocol(type_name):
         "SCHEDULE_PREVIEW": {"cron", "everyMillis", "timezone", "fromMillis", "count", "fireTimes"},
         "AUTH": {"token"},
         "AUTH_OK": {"name", "role"},
+        "LIMIT_PUT": {"limit"},
+        "LIMIT": {"limit"},
+        "LIMIT_GET": {"taskType"},
+        "LIMIT_LIST": {"limits"},
+        "LIMIT_DELETE": {"taskType"},
+        "TYPE_PAUSE": {"taskType"},
+        "TYPE_RESUME": {"taskType"},
     }[type_name]
     assert set(SAMPLES[type_name].to_wire()) == expected | {"type"}
 
@@ -260,12 +276,13 @@ def test_port_tables_match_the_protocol():
                                       "GET_JOB_EVENTS", "RETRY_JOB", "PURGE_JOBS", "WAIT_JOB", "GET_STATS",
                                       "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",
                                       "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW",
-                                      "GET_JOB_PAYLOAD"}
+                                      "LIMIT_PUT", "LIMIT_GET", "LIMIT_LIST", "LIMIT_DELETE", "TYPE_PAUSE",
+                                      "TYPE_RESUME", "GET_JOB_PAYLOAD"}
     assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "HEARTBEAT_ACK", "RESULT_ACK", "ERROR",
                            "AUTH_OK"}
     assert m.TO_CLIENT == {"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST",
                            "JOB_CANCEL", "JOB_EVENTS", "JOBS_PURGED", "STATS", "SCHEDULE", "SCHEDULE_LIST",
-                           "SCHEDULE_PREVIEW", "ERROR", "AUTH_OK", "JOB_PAYLOAD"}
+                           "SCHEDULE_PREVIEW", "ERROR", "AUTH_OK", "LIMIT", "LIMIT_LIST", "JOB_PAYLOAD"}
 
 
 @pytest.mark.parametrize("type_name", sorted(SAMPLES))

@@ -358,3 +358,80 @@ def test_discarded_entries_do_not_pile_up_while_nothing_drains_the_queue():
     assert len(q) == 1
     assert sum(len(h) for h in q._heaps) < 2_100
     assert q.pop(0, STEP) == "keep"
+
+
+# ---- KeyedJobs: a limited type's queue, per concurrency key behind its gate ----------------------
+
+
+class CountingGate:
+    """A gate whose closed keys are ``closed``; counts how often a key is asked about."""
+
+    def __init__(self, closed: set) -> None:
+        self.closed = closed
+        self.asked = 0
+        self.shut = False
+
+    def open(self, now_millis: int) -> bool:
+        return not self.shut
+
+    def key_open(self, key: str, now_millis: int) -> bool:
+        self.asked += 1
+        return key not in self.closed
+
+
+def test_keyed_jobs_never_scan_blocked_keys_again():
+    from jobmesh.coordinator.scheduler import KeyedJobs
+
+    # Given 100,000 queued jobs over 10,000 keys, 9,990 of which are at their limit
+    keys = ["k%d" % i for i in range(10_000)]
+    gate = CountingGate(set(keys[10:]))
+    queue = KeyedJobs(gate)
+    seq = 0
+    for n in range(10):
+        for key in keys:
+            seq += 1
+            queue.add("j%d" % seq, 1, seq, seq, key)
+    # When jobs are picked: the first pass sets each blocked key aside once, as it comes up
+    picked = []
+    for _ in range(10):
+        best = queue.best(0, 60_000)
+        assert best is not None
+        queue.remove_head(best[1])
+        picked.append(best[1])
+    assert picked == ["j%d" % i for i in range(1, 11)]  # the ten open keys' first jobs, FIFO
+    best = queue.best(0, 60_000)  # the next pick meets every blocked key once, and sets it aside
+    assert best is not None and best[1] == "j10001"
+    queue.remove_head(best[1])
+    assert gate.asked == 10 + 9_990 + 1
+    first_pass = gate.asked
+    # Then once set aside they are not asked about again: each later pick asks of one key
+    for n in range(20):
+        best = queue.best(0, 60_000)
+        assert best is not None
+        queue.remove_head(best[1])
+    assert gate.asked - first_pass == 20
+    # ... a key that opens again competes again, in FIFO order, at the cost of its heads
+    gate.closed.discard("k5000")
+    queue.unblock("k5000")
+    asked = gate.asked
+    assert queue.best(0, 60_000)[1] == "j5001"
+    assert gate.asked - asked == 1
+    # ... and a closed gate holds the whole type without looking at any key
+    gate.shut = True
+    asked = gate.asked
+    assert queue.best(0, 60_000) is None and gate.asked == asked
+
+
+def test_keyed_jobs_order_by_priority_and_aging_across_keys_and_forget_cancelled_jobs():
+    from jobmesh.coordinator.scheduler import KeyedJobs
+
+    queue = KeyedJobs(CountingGate(set()))
+    queue.add("low-a", 0, 0, 1, "a")
+    queue.add("normal-b", 1, 10, 2, "b")
+    queue.add("high-none", 2, 20, 3, None)
+    queue.add("normal-a", 1, 30, 4, "a")
+    queue.discard("high-none")
+    assert len(queue) == 3 and "high-none" not in queue
+    assert queue.best(40, 60_000)[1] == "normal-b"
+    # the LOW job aged into HIGH after two aging steps: it goes first
+    assert queue.best(120_000, 60_000)[1] == "low-a"

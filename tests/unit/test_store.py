@@ -22,7 +22,7 @@ from jobmesh.store.sqlite import (ADDED_COLUMNS, BASE_COLUMNS, INDEXES, OBSOLETE
 ALL_COLUMNS = {
     "job_id", "task_type", "payload", "state", "attempts", "max_attempts", "worker_id", "attempt_id",
     "result", "error", "created_at", "updated_at", "retry_at", "idempotency_key",
-    "execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "name", "periodic", "submitted_by",
+    "execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "name", "periodic", "submitted_by", "concurrency_key", "unique_key",
     "events", "schedule_name", "scheduled_for", "result_ttl", "retry_base", "retry_cap",
 }
 LEGACY_COLUMNS = ("job_id, task_type, payload, state, attempts, max_attempts, worker_id, attempt_id, result,"
@@ -78,6 +78,7 @@ ON_DISK_TYPES = {
     "priority": "TEXT NOT NULL DEFAULT 'NORMAL'", "seq": "INTEGER NOT NULL DEFAULT 0", "run_at": "INTEGER",
     "retry_of": "TEXT", "name": "TEXT", "periodic": "TEXT", "submitted_by": "TEXT", "events": "TEXT", "schedule_name": "TEXT", "scheduled_for": "INTEGER",
     "result_ttl": "INTEGER", "retry_base": "INTEGER", "retry_cap": "INTEGER",
+    "concurrency_key": "TEXT", "unique_key": "TEXT",
 }
 
 
@@ -167,7 +168,7 @@ def test_pre_deadline_pre_priority_database_is_migrated_in_place(tmp_path):
     path = tmp_path / "legacy.db"
     legacy_db(path, {}, LEGACY_ROWS)
     s = SQLiteStore(str(path))
-    assert s.migrated == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "events"]
+    assert s.migrated == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "events"]
     assert set(columns(s.conn)) == ALL_COLUMNS
     jobs = {j.job_id: j for j in s.load_active()}
     assert set(jobs) == {"old-q", "old-r", "old-w"}
@@ -202,7 +203,7 @@ def test_database_missing_only_the_deadline_columns_is_migrated(tmp_path):
     legacy_db(path, {"priority": "TEXT NOT NULL DEFAULT 'NORMAL'", "seq": "INTEGER NOT NULL DEFAULT 0"},
               [LEGACY_ROWS[0]], extra_values=("LOW", 7))
     s = SQLiteStore(str(path))
-    assert s.migrated == ["execution_timeout", "deadline", "run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "events"]
+    assert s.migrated == ["execution_timeout", "deadline", "run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "events"]
     assert set(columns(s.conn)) == ALL_COLUMNS
     job = s.get("old-q")
     assert job.priority is Priority.LOW and job.seq == 7
@@ -215,7 +216,7 @@ def test_database_missing_only_priority_and_seq_is_migrated(tmp_path):
     legacy_db(path, {"execution_timeout": "INTEGER", "deadline": "INTEGER"}, [LEGACY_ROWS[1]],
               extra_values=(600_000, 600_100))
     s = SQLiteStore(str(path))
-    assert s.migrated == ["priority", "seq", "run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "events"]
+    assert s.migrated == ["priority", "seq", "run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "events"]
     job = s.get("old-r")
     assert job.priority is Priority.NORMAL and job.seq == 1
     assert job.execution_timeout == 600_000 and job.deadline == 600_100
@@ -229,7 +230,7 @@ def test_previous_schema_gains_run_at_and_the_task_types_table(tmp_path):
                      "priority": "TEXT NOT NULL DEFAULT 'NORMAL'", "seq": "INTEGER NOT NULL DEFAULT 0"},
               [LEGACY_ROWS[0]], extra_values=(600_000, None, "HIGH", 3))
     s = SQLiteStore(str(path))
-    assert s.migrated == ["run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "events"]
+    assert s.migrated == ["run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "events"]
     job = s.get("old-q")
     assert job.retry_of is None and job.events == ""
     assert job.run_at is None and job.priority is Priority.HIGH and job.seq == 3
@@ -289,7 +290,7 @@ def test_rows_sharing_a_sequence_are_renumbered_in_order_before_the_unique_index
 
 
 def test_added_columns_cover_the_schema_history():
-    assert list(ADDED_COLUMNS) == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "events"]
+    assert list(ADDED_COLUMNS) == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "events"]
 
 
 def test_a_batch_larger_than_one_statement_writes_every_row(store):

@@ -415,6 +415,31 @@ def test_merged_batches_keep_the_newest_row_of_each_schedule():
     assert sorted(merge_batches(older, newer).schedules, key=lambda r: r[0]) == [("a", None), ("b", "1"), ("c", "2")]
 
 
+def test_limits_are_written_replaced_and_deleted_with_their_batch_and_kept_on_reopening(backend, store):
+    # A new store has none; a batch writes limits and jobs with both keys together.
+    assert store.load_limits() == []
+    job = make_job("k1", 1, concurrency_key="acme", unique_key="report-ü")
+    store.write(Batch([insert_row(job)], [], limits=[("SLEEP", '{"maxRunning": 2}'), ("EXPORT", '{"paused": true}')]))
+    assert store.load_limits() == [("EXPORT", '{"paused": true}'), ("SLEEP", '{"maxRunning": 2}')]
+    got = store.get("k1")
+    assert got is not None and (got.concurrency_key, got.unique_key) == ("acme", "report-ü")
+    # A later row replaces a type's limit; None deletes it.
+    store.write(Batch([], [], limits=[("SLEEP", '{"maxRunning": 3}'), ("EXPORT", None)]))
+    assert store.load_limits() == [("SLEEP", '{"maxRunning": 3}')]
+    # A batch that fails writes neither its jobs nor its limits.
+    with pytest.raises(Exception):
+        store.write(Batch([insert_row(make_job("k1", 2))], [], limits=[("SLEEP", None)]))
+    assert store.load_limits() == [("SLEEP", '{"maxRunning": 3}')]
+    store.close()
+    again = backend.open()
+    try:
+        assert again.load_limits() == [("SLEEP", '{"maxRunning": 3}')]
+        assert [(j.job_id, j.concurrency_key, j.unique_key) for j in again.load_active()] == [
+            ("k1", "acme", "report-ü")]
+    finally:
+        again.close()
+
+
 def test_task_defaults_are_kept_per_type_the_latest_winning_and_survive_a_reopen(backend, store):
     assert store.load_task_defaults() == []
     store.write(Batch([], [], [("GREET", 1)], task_defaults=[("GREET", '{"maxAttempts": 1}'), ("ALPHA", "{}")]))
@@ -431,6 +456,12 @@ def test_task_defaults_are_kept_per_type_the_latest_winning_and_survive_a_reopen
         assert again.load_task_defaults() == [("ALPHA", "{}"), ("GREET", '{"maxAttempts": 2, "timeoutMillis": 5}')]
     finally:
         again.close()
+
+
+def test_merged_batches_keep_the_newest_row_of_each_limit():
+    older = Batch([], [], limits=[("A", "1"), ("B", "1")])
+    newer = Batch([], [], limits=[("A", None), ("C", "2")])
+    assert sorted(merge_batches(older, newer).limits, key=lambda r: r[0]) == [("A", None), ("B", "1"), ("C", "2")]
 
 
 def test_merged_batches_keep_the_newest_defaults_of_each_type():

@@ -394,6 +394,26 @@ def test_opening_twice_creates_the_schema_once_and_migrates_nothing(stores):
     assert first.migrated == [] and second.migrated == []
 
 
+def test_a_schema_from_before_limits_gets_their_table_and_columns_on_opening(stores, admin):
+    # Given a schema as a coordinator before limits left it (a job in it)
+    first = stores()
+    first.lead(lambda: None)
+    first.write(batch(make_job("old", 1)))
+    first.close()
+    admin.execute("DROP TABLE jobmesh_limits")
+    admin.execute("ALTER TABLE jobmesh_jobs DROP COLUMN concurrency_key, DROP COLUMN unique_key")
+    # When a coordinator opens it
+    store = stores()
+    store.lead(lambda: None)
+    # Then the columns and the table are added, and the old row reads with no keys
+    assert store.migrated == ["concurrency_key", "unique_key"]
+    assert store.load_limits() == []
+    store.write(Batch([], [], limits=[("SLEEP", '{"maxRunning": 1}')]))
+    assert store.load_limits() == [("SLEEP", '{"maxRunning": 1}')]
+    old = store.get("old")
+    assert old is not None and (old.concurrency_key, old.unique_key) == (None, None)
+
+
 def test_a_table_from_before_time_to_live_gains_its_columns_index_and_defaults_table(stores, admin):
     # Given a schema as the coordinator made it before jobs asked for a time to live or a backoff
     first = stores()
@@ -455,6 +475,8 @@ def test_an_unreachable_server_is_a_one_line_error_without_the_password():
 
 @pytest.mark.parametrize("url", ["postgresql://u:secret@[::1/db", "POSTGRESQL://u:secret@127.0.0.1:1/db",
                                  "postgresql:///db?host=[::1&password=secret"])
+
+
 def test_a_url_libpq_cannot_parse_is_a_one_line_error_without_the_password(url):
     # libpq quotes the URL it could not parse in its message.
     with pytest.raises(CannotOpen) as caught:
