@@ -4,6 +4,7 @@ servers on 127.0.0.1: which requests go again on the next address, and which do 
 from __future__ import annotations
 
 import io
+import socket
 import threading
 from contextlib import ExitStack, closing
 
@@ -138,7 +139,10 @@ def test_the_cli_submit_lost_before_its_reply_is_sent_again_and_prints_the_job(s
 
 
 def test_the_cli_with_every_address_dead_says_so_in_one_line_and_exits_3():
-    dead = [closed_port(), closed_port()]
+    # Two listeners open at once, so the two ports differ (one closed before the next is
+    # bound can be handed out again, and a list naming one address twice names it once)
+    with socket.create_server(("127.0.0.1", 0)) as one, socket.create_server(("127.0.0.1", 0)) as two:
+        dead = [one.getsockname()[1], two.getsockname()[1]]
     code, out, err = cli(dead, "list")
     assert code == EXIT_UNREACHABLE and out == ""
     assert err == ("jobmesh list: coordinator unreachable: cannot connect to 127.0.0.1:%d: Connection refused; "
