@@ -13,10 +13,10 @@ anything (``Servers.guard`` is None), so the plain path costs what it always did
   one closes the oldest of them. Each has ``auth_timeout`` seconds from its accept to
   authenticate (``Ticket.done``), or it is closed.
 * ``authenticate(token, host)`` looks the token up in the file in force
-  (``jobmesh.auth.AuthFile``) and counts a failure against ``host`` at once, however the
-  peer goes on. ``hold_back(host)`` then waits before the answer, AUTH_OK or ERROR
-  alike, so a peer cannot tell a refusal by its timing and closing early gains nothing:
-  after ``FREE_FAILURES`` failures from one address, its attempts are answered one at a
+  (``jobmesh.auth.AuthFile``) and counts a failure against ``host``'s address (as
+  ``admit`` counts it: an IPv6 /64 is one) at once, however the peer goes on.
+  ``hold_back(host)`` then waits before the answer, AUTH_OK or ERROR alike, so a peer
+  cannot tell a refusal by its timing and closing early gains nothing: after ``FREE_FAILURES`` failures from one address, its attempts are answered one at a
   time, each ``failure_delay(host)`` after the one before (doubling from
   ``FIRST_DELAY`` up to ``MAX_DELAY`` seconds). A success forgives only the failures
   made with its own token (say, before a reload added it); the others stay. At most
@@ -128,7 +128,7 @@ class Guard:
         self.auth_timeout = auth_timeout  # seconds from accept to AUTH (or Periodic registration) done
         self.pending_limit = pending_bound(32)  # set by the runtime from its ports' handler slots
         self.failures = 0  # failed attempts since the process started (jobmesh_auth_failures_total)
-        self._peers: dict[str, _Record] = {}  # host -> its failures, in order of the last failure
+        self._peers: dict[str, _Record] = {}  # address key -> its failures, in order of the last failure
         # address key -> its connections not yet authenticated, oldest first (dicts as ordered sets)
         self._pending: dict[str, dict[Ticket, None]] = {}
         self._crowded: set[str] = set()  # address keys told about since they last had none waiting
@@ -197,20 +197,22 @@ class Guard:
         if identity is None:
             self.failed(host, token)
             return identity
-        record = self._peers.get(host)
+        key = address_key(host)
+        record = self._peers.get(key)
         if record is not None:
             forgiven = record.by_token.pop(identity.digest, 0)
             if forgiven:
                 record.count -= forgiven
                 if record.count <= 0:
-                    del self._peers[host]
+                    del self._peers[key]
         return identity
 
     def failed(self, host: str, token: Any = None) -> None:
         """Count a failed attempt (a wrong ``token``, or no AUTH at all) from ``host``."""
         self.failures += 1
         now = time.monotonic()
-        record = self._peers.pop(host, None)
+        key = address_key(host)
+        record = self._peers.pop(key, None)
         if record is None or now - record.last > FORGET_SECONDS:
             record = _Record(now)
         record.count += 1
@@ -219,13 +221,13 @@ class Guard:
             digest = token_digest(token[:MAX_TOKEN_CHARS])
             if digest in record.by_token or len(record.by_token) < MAX_TOKENS_PER_PEER:
                 record.by_token[digest] = record.by_token.get(digest, 0) + 1
-        self._peers[host] = record  # re-inserted: the dict stays in order of last failure
+        self._peers[key] = record  # re-inserted: the dict stays in order of last failure
         if len(self._peers) > MAX_PEERS:
             del self._peers[next(iter(self._peers))]
 
     def failure_delay(self, host: str) -> float:
         """Seconds between two answers to ``host`` (0 for the first few failures)."""
-        record = self._peers.get(host)
+        record = self._peers.get(address_key(host))
         if record is None or record.count <= FREE_FAILURES or time.monotonic() - record.last > FORGET_SECONDS:
             return 0.0
         return min(MAX_DELAY, FIRST_DELAY * 2 ** min(record.count - FREE_FAILURES - 1, 16))
@@ -238,7 +240,7 @@ class Guard:
         delay = self.failure_delay(host)
         if not delay:
             return 0.0
-        record = self._peers[host]
+        record = self._peers[address_key(host)]
         now = time.monotonic()
         record.next_answer = max(now, record.next_answer) + delay
         wait = record.next_answer - now

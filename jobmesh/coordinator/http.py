@@ -194,6 +194,10 @@ def decode_reply(data: bytes) -> dict[str, Any]:
     return obj
 
 
+def _now(wait: Callable[[], float]) -> float:
+    return wait()
+
+
 def _error_status(message: str, not_found: bool) -> str:
     if message.startswith("unknown job"):
         return "404 Not Found" if not_found else "400 Bad Request"
@@ -207,9 +211,14 @@ def _error_status(message: str, not_found: bool) -> str:
 # ---- the port -----------------------------------------------------------------------------
 
 
+HOLD_BACK = "jobmesh.hold_back"  # environ key: ``wait(seconds_fn)``, waiting with the slot free
+
+
 class _Handler(WSGIHandler):
     """gevent's handler, telling the server while it answers a request (from its complete
-    head until the response is written): only then is the connection's slot not free."""
+    head until the response is written): only then is the connection's slot not free,
+    but for the wait before answering an address that keeps failing to authenticate
+    (``HOLD_BACK``), which a newer connection may cut short as it may a half-sent request."""
 
     def handle_one_response(self) -> Any:
         server = self.server
@@ -220,6 +229,20 @@ class _Handler(WSGIHandler):
         finally:
             server.idle(fd)
 
+    def get_environ(self) -> dict[str, Any]:
+        environ: dict[str, Any] = super().get_environ()
+        environ[HOLD_BACK] = self._free_while
+        return environ
+
+    def _free_while(self, wait: Callable[[], float]) -> float:
+        server = self.server
+        fd = self.socket.fileno()
+        server.idle(fd)
+        try:
+            return wait()
+        finally:
+            server.busy(fd)
+
 
 class _Server(WSGIServer):
     """gevent's WSGI server, counting its open connections for ``jobmesh_connections``.
@@ -229,7 +252,9 @@ class _Server(WSGIServer):
     complete (a half-sent one), or idle between requests, it is free, and a new connection
     that finds every slot taken closes the oldest free one. So stalled requests cost each
     other their connections, never a scrape's or a health check's: a complete request is
-    answered at once. Only when every connection is busy answering is a new one closed.
+    answered at once (a connection waiting out the slow-down of an address that keeps
+    failing to authenticate is free too). Only when every connection is busy answering is
+    a new one closed.
     A connection that sends no complete request within ``READ_TIMEOUT_SECONDS`` (or
     idles that long between requests) is closed too."""
 
@@ -548,7 +573,8 @@ class HttpPort:
             return False
         host = str(environ.get("REMOTE_ADDR", ""))
         identity = guard.authenticate(token, host)
-        guard.hold_back(host)  # a success waits as a refusal does, for an address that keeps failing
+        # A success waits as a refusal does, for an address that keeps failing; its slot free meanwhile.
+        environ.get(HOLD_BACK, _now)(lambda: guard.hold_back(host))
         if identity is None:
             return False
         return identity.may("METRICS")

@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 RETRY_MILLIS = 1000  # WORK_FAIL, a lost worker or an expired deadline: again after 1 s (periodicd)
 MAX_TOKENS = 4096  # grab tokens one Periodic worker may hold
 MAX_FUNCS = 10_000  # funcs one Periodic connection may declare (CAN_DO, BROADCAST)
+# Funcs one connection's declarations may bring into the listing over its life: one it
+# withdraws (CANT_DO) stays listed for the forget time, so churning new names is bounded too.
+MAX_NEW_FUNCS = 10 * MAX_FUNCS
 FORGET_PER_SWEEP = 10_000  # idle funcs forgotten by one sweep at most (the rest by the next)
 MAX_DELAY_SECONDS = 10 * 366 * 86400  # SCHED_LATER delays are capped at ten years
 REJECTED = b"rejected: the coordinator is at its active-job limit"  # SUBMIT_JOB / RUN_JOB at admission
@@ -427,7 +430,14 @@ class PeriodicJobs:
                         type(msg).__name__, func, session.worker_id, MAX_FUNCS)
             self.outbox.send(conn, pc.encode_no_worker(msg.msgid))
             return
+        elif func not in self.funcs and session.new_funcs >= MAX_NEW_FUNCS:
+            log.warning("refused periodic %s of func %r worker=%s: a connection may bring %d new funcs at most",
+                        type(msg).__name__, func, session.worker_id, MAX_NEW_FUNCS)
+            self.outbox.send(conn, pc.encode_no_worker(msg.msgid))
+            return
         else:
+            if func not in self.funcs:
+                session.new_funcs += 1
             pf = self._func(func)
             pf.broadcast = pf.broadcast or type(msg) is pc.Broadcast
             if func not in session.funcs:

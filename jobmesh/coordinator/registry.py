@@ -86,12 +86,13 @@ class PeriodicSession(Session):
     namespace of their own: ``task_types`` mirrors them only for WORKER_LIST, which shows
     them as ``taskTypes`` with ``protocol: "periodic"``; no JSON job ever goes to it."""
 
-    __slots__ = ("tokens", "funcs", "assigned")
+    __slots__ = ("tokens", "funcs", "new_funcs", "assigned")
 
     def __init__(self, worker_id: str, conn: OutboundConnection, now_millis: int) -> None:
         super().__init__(worker_id, 0, conn, now_millis)
         self.tokens: list[int] = []  # held grab tokens, oldest first (the newest is used first)
         self.funcs: set[str] = set()  # what it declared with CAN_DO / BROADCAST
+        self.new_funcs = 0  # funcs its declarations brought into the listing, over its life
         self.assigned: dict[int, str] = {}  # token -> the job last assigned on it (JOB_UNASSIGNED)
 
     def snapshot(self, drift: int = 0) -> dict[str, Any]:

@@ -356,8 +356,8 @@ class ClientRequests:
     def list_workers(self, now_millis: int) -> m.Message:
         """Every live worker session: JSON workers, then Periodic ones (``protocol`` tells)."""
         drift = self.table.drift
-        return m.WorkerList([s.snapshot(drift) for s in self.json.workers]
-                            + [s.snapshot(drift) for s in self.periodic.workers.values()])
+        return m.WorkerList(fit_workers([s.snapshot(drift) for s in self.json.workers]
+                                        + [s.snapshot(drift) for s in self.periodic.workers.values()]))
 
     def list_jobs(self, now_millis: int, req: m.ListJobs) -> m.Message:
         limit = LIST_DEFAULT if req.limit is None else req.limit
@@ -406,3 +406,33 @@ class ClientRequests:
         self.table.transition(job, JobState.CANCELLED, now_millis)
         log.info("cancelled job=%s", job.job_id)
         return m.JobCancel(True, self.snapshot(job))
+
+
+def fit_workers(items: list[dict[str, Any]], budget: int = LIST_MAX_BYTES) -> list[dict[str, Any]]:
+    """WORKER_LIST's items within ``budget`` bytes, so the reply fits a frame whatever the
+    workers declared: when their task types would pass it, each item keeps as many of its
+    (sorted) ``taskTypes`` as its share of the budget holds and says how many it left out
+    (``taskTypesOmitted``); workers past the budget even without their types are left out."""
+    if sum(len(ujson.dumps(item)) + 1 for item in items) <= budget:
+        return items
+    fitted: list[dict[str, Any]] = []
+    used = 0
+    for item in items:
+        bare = dict(item, taskTypes=[], taskTypesOmitted=len(item["taskTypes"]))
+        size = len(ujson.dumps(bare)) + 1
+        if used + size > budget:
+            break
+        fitted.append(bare)
+        used += size
+    share = (budget - used) // max(1, len(fitted))
+    for bare, item in zip(fitted, items):
+        kept, size = bare["taskTypes"], 0
+        for name in item["taskTypes"]:
+            size += len(ujson.dumps(name)) + 1
+            if size > share:
+                break
+            kept.append(name)
+        bare["taskTypesOmitted"] -= len(kept)
+        if not bare["taskTypesOmitted"]:
+            del bare["taskTypesOmitted"]
+    return fitted

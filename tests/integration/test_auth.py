@@ -549,6 +549,41 @@ def test_guesses_that_close_early_are_slowed_and_a_success_clears_only_its_own_t
     assert auth_answer_seconds(authed.client_addr, authed.tokens["reader"], stranger())[1] == "AUTH_OK"
 
 
+
+def test_guesses_held_back_on_the_metrics_port_take_no_health_check_slot(authed):
+    import socket
+
+    from jobmesh.coordinator import guard, http
+
+    # Given an address that has used up its free wrong guesses on the metrics port
+    source = stranger()
+    wrong = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n\r\n"
+    for _ in range(guard.FREE_FAILURES):
+        assert http_get_from(authed.metrics_addr, source, wrong).startswith(b"HTTP/1.1 401")
+    # When it opens more connections than the port serves, each with a guess it never waits for
+    guesses = []
+    try:
+        for _ in range(http.MAX_CONNECTIONS + 8):
+            sock = socket.create_connection(authed.metrics_addr, source_address=(source, 0))
+            guesses.append(sock)
+            sock.sendall(wrong)
+        wait_until(lambda: authed.open_fds() > http.MAX_CONNECTIONS, message="the guesses held back")
+        # Then health checks and scrapes from elsewhere are still answered
+        assert http_get(authed.metrics_url + "/healthz")[0] == 200
+        assert http_get(authed.metrics_url + "/metrics", {"Authorization": "Bearer " + authed.tokens["reader"]})[0] == 200
+    finally:
+        for sock in guesses:
+            sock.close()
+
+
+def http_get_from(addr, source: str, request: bytes) -> bytes:
+    """The head of the response to raw ``request`` sent from local address ``source``."""
+    import socket
+
+    with socket.create_connection(addr, timeout=30, source_address=(source, 0)) as sock:
+        sock.sendall(request)
+        return sock.recv(4096)
+
 # ---- SIGHUP, removed tokens ----------------------------------------------------------------
 
 def test_sighup_closes_the_connections_of_a_removed_token(tmp_path, opened):

@@ -182,6 +182,29 @@ def test_a_connection_declares_at_most_ten_thousand_funcs(shared):
     worker.close()
 
 
+
+def test_worker_list_fits_a_frame_whatever_funcs_a_worker_declares(shared):
+    from tests.helpers import RawConn
+
+    # Given a Periodic worker whose funcs' names alone pass the 1 MiB frame limit
+    worker = RawPeriodic(shared.periodic_addr, pc.ConnType.WORKER)
+    names = [b"%05d" % i + b"w" * 240 for i in range(5000)]
+    worker.send_bytes(b"".join(pc.encode_request(pc.CanDo(i + 1, name)) for i, name in enumerate(names)))
+    assert {type(worker.reply()) for _ in names} == {pc.Success}
+    # When a client lists the workers
+    client = RawConn(shared.client_addr)
+    try:
+        reply = client.request({"type": "LIST_WORKERS"})
+        # Then the list comes, with as many of its funcs as fit and the count of those left out
+        assert reply["type"] == "WORKER_LIST", reply
+        [item] = [w for w in reply["workers"] if w["taskTypes"] and w["taskTypes"][0].endswith("w" * 240)]
+        shown = item["taskTypes"]
+        assert shown == sorted(n.decode() for n in names)[:len(shown)] and shown
+        assert item["taskTypesOmitted"] == len(names) - len(shown)
+    finally:
+        client.close()
+        worker.close()
+
 def test_funcs_idle_for_the_forget_time_are_forgotten(coordinator_factory, periodic_peers):
     coord = coordinator_factory(periodic_port=0, periodic_forget_idle_millis=300)
     # Given STATUS as it is, and a client's job of a func no worker declares

@@ -462,3 +462,23 @@ def test_a_connection_declares_at_most_max_funcs():
     h.send(T0, w, pc.CantDo(4, b"f-7"))
     assert [msg for _, msg in h.send(T0, w, pc.CanDo(5, b"one-more"))] == [pc.Success(5)]
     assert [msg for _, msg in h.send(T0, Conn("w2"), pc.CanDo(6, b"other"))] == [pc.Success(6)]
+
+
+def test_funcs_a_connection_brings_in_over_its_life_are_bounded(monkeypatch):
+    """CANT_DO frees a place among the funcs a connection declares at once, but a func it
+    withdrew stays listed for the forget time: declaring and withdrawing ever new names
+    must not grow the listing without bound."""
+    from jobmesh.coordinator import periodic_jobs
+
+    monkeypatch.setattr(periodic_jobs, "MAX_NEW_FUNCS", 20)
+    h = H()
+    w = Conn("w")
+    for i in range(20):
+        h.apply(T0, ev.PeriodicPacket(w, pc.CanDo(2 * i, b"churn-%d" % i)))
+        h.apply(T0, ev.PeriodicPacket(w, pc.CantDo(2 * i + 1, b"churn-%d" % i)))
+    assert {type(msg) for _, msg in h.finish(T0)} == {pc.Success}
+    # One more new func is refused; a func the listing has already is fine, as for another connection
+    assert [msg for _, msg in h.send(T0, w, pc.CanDo(50, b"churn-more"))] == [pc.NoWorker(50)]
+    assert [msg for _, msg in h.send(T0, w, pc.CanDo(51, b"churn-3"))] == [pc.Success(51)]
+    assert [msg for _, msg in h.send(T0, Conn("w2"), pc.CanDo(52, b"other"))] == [pc.Success(52)]
+    assert len(h.status(T0)) == 21

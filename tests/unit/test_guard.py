@@ -88,6 +88,19 @@ def test_addresses_remembered_are_bounded(tokens, monkeypatch):
     assert guard.failure_delay("a") == 0.0 and guard.failure_delay("d") > 0
 
 
+def test_failures_are_counted_per_address_as_pending_connections_are(tokens):
+    """A guesser that changes its address within an IPv6 /64 (or speaks IPv4 as an
+    IPv4-mapped IPv6 address) is still one peer: its failures add up and slow it."""
+    guard = Guard.load(tokens[0])
+    for n in range(g.FREE_FAILURES + 1):
+        assert guard.authenticate("guess", "2001:db8::%x" % (n + 1)) is None
+    assert guard.failure_delay("2001:db8::ffff") > 0
+    assert guard.failure_delay("2001:db8:0:1::1") == 0.0  # another /64 is another peer
+    for _ in range(g.FREE_FAILURES + 1):
+        guard.failed("::ffff:10.0.0.9")
+    assert guard.failure_delay("10.0.0.9") > 0
+
+
 def test_reload_closes_the_connections_of_removed_tokens_only(tokens):
     path, made = tokens
     guard = Guard.load(path)
