@@ -13,7 +13,7 @@ import pytest
 
 from jobmesh.client import CoordinatorClient
 from tests.pg_support import on_both_stores
-from tests.helpers import run_cli, wait_registered, wait_until
+from tests.helpers import run_cli, wait_no_worker, wait_registered, wait_until
 from tests.integration.test_cli import jm
 
 
@@ -38,19 +38,13 @@ def finished_job(coord, *submit_args) -> str:
 WORKER_NUMBERS = itertools.count(1)
 
 
-def no_worker_live(coord) -> None:
-    """Wait until the workers of earlier tests on the shared ``coord`` are gone."""
-    with CoordinatorClient(*coord.client_addr) as client:
-        wait_until(lambda: not client.workers(), timeout=10, message="the workers of earlier tests gone")
-
-
 @pytest.fixture
 def shared_live(shared_on_store, worker_procs):
     """``(coordinator, worker_id)``: the module's shared coordinator with one real worker of
     the test's own, the only live one while the test runs."""
-    no_worker_live(shared_on_store)
-    worker = worker_procs.start(shared_on_store, "w-cli-%d" % next(WORKER_NUMBERS), capacity=2)
     with CoordinatorClient(*shared_on_store.client_addr) as client:
+        wait_no_worker(client)
+        worker = worker_procs.start(shared_on_store, "w-cli-%d" % next(WORKER_NUMBERS), capacity=2)
         wait_registered(client, [worker.worker_id])
     return shared_on_store, worker.worker_id
 
@@ -111,7 +105,8 @@ def test_retry_a_finished_job(shared_live):
 
 def test_retry_of_an_unfinished_or_unknown_job_exits_1(shared_coordinator):
     # (no worker is live on the shared coordinator: the job stays queued)
-    no_worker_live(shared_coordinator)
+    with CoordinatorClient(*shared_coordinator.client_addr) as client:
+        wait_no_worker(client)
     queued = json.loads(jm(shared_coordinator, "submit", "SLEEP", '{"durationMillis": 1}', "--json").stdout)["jobId"]
     for job_id in (queued, "no-such-job"):
         r = jm(shared_coordinator, "retry", job_id)

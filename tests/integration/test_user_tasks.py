@@ -19,7 +19,7 @@ import pytest
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.protocol.payloads import TASK_TYPES
-from tests.helpers import LISTENING, alive, wait_registered, wait_until
+from tests.helpers import LISTENING, alive, wait_no_worker, wait_registered, wait_until
 from tests.integration.test_cli_visibility import json_lines
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
@@ -45,7 +45,7 @@ def client(coordinator):
 def start_user_worker(coordinator, client, worker_procs, tmp_path, worker_id="w-user", extra=()):
     """A registered real worker (capacity 1) running ``jm_user_tasks``, with ``extra`` flags,
     once no other worker is live; its id is ``worker_id`` and a number of its own."""
-    wait_until(lambda: not client.workers(), timeout=10, message="the workers of earlier tests gone")
+    wait_no_worker(client)
     worker_id = "%s-%d" % (worker_id, next(WORKER_NUMBERS))
     shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
     worker = worker_procs.start(coordinator, worker_id, capacity=1, tasks="jm_user_tasks", cwd=tmp_path,
