@@ -795,6 +795,12 @@ def wait_registered(client, worker_ids, timeout: float = 10.0) -> list[dict]:
     return wait_until(check, timeout=timeout, message="workers %s registered" % sorted(wanted))
 
 
+def wait_no_worker(client, timeout: float = 10.0) -> None:
+    """Wait until no worker is live: on a coordinator tests share, the workers of the tests
+    before are gone."""
+    wait_until(lambda: not client.workers(), timeout=timeout, message="the workers of earlier tests gone")
+
+
 def run_cli(*args: str, coordinator: str | None = None, stdin: str | None = None,
             timeout: float = 20.0, env: dict[str, str] | None = None,
             cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -4,13 +4,16 @@ on the coordinator, a worker and ``up`` (every stderr line is one JSON object)."
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import time
 
+import pytest
+
 from jobmesh.client import CoordinatorClient
 from tests.pg_support import on_both_stores
-from tests.helpers import run_cli, wait_registered, wait_until
+from tests.helpers import run_cli, wait_no_worker, wait_registered, wait_until
 from tests.integration.test_cli import jm
 
 
@@ -32,10 +35,25 @@ def finished_job(coord, *submit_args) -> str:
     return json.loads(r.stdout)["jobId"]
 
 
+WORKER_NUMBERS = itertools.count(1)
+
+
+@pytest.fixture
+def shared_live(shared_on_store, worker_procs):
+    """``(coordinator, worker_id)``: the module's shared coordinator with one real worker of
+    the test's own, the only live one while the test runs."""
+    with CoordinatorClient(*shared_on_store.client_addr) as client:
+        wait_no_worker(client)
+        worker = worker_procs.start(shared_on_store, "w-cli-%d" % next(WORKER_NUMBERS), capacity=2)
+        wait_registered(client, [worker.worker_id])
+    return shared_on_store, worker.worker_id
+
+
 # ---- need the coordinator side (GET_JOB_EVENTS, RETRY_JOB, PURGE_JOBS, waitingReason) ----------
 
 
-def test_events_of_a_job_that_failed_once(live):
+def test_events_of_a_job_that_failed_once(shared_live):
+    live, worker_id = shared_live
     # Given a job whose first attempt fails and second completes
     job_id = finished_job(live, "FAIL", '{"failUntilAttempt": 2}')
 
@@ -49,7 +67,7 @@ def test_events_of_a_job_that_failed_once(live):
     assert names == ["SUBMITTED", "ASSIGNED", "ATTEMPT_FAILED", "RETRY_WAIT", "QUEUED", "ASSIGNED", "COMPLETED"]
     assert [e["atMillis"] for e in events] == sorted(e["atMillis"] for e in events)
     assigned = [e for e in events if e["event"] == "ASSIGNED"]
-    assert [(e["attempt"], e["workerId"]) for e in assigned] == [(1, "w-cli"), (2, "w-cli")]
+    assert [(e["attempt"], e["workerId"]) for e in assigned] == [(1, worker_id), (2, worker_id)]
     assert isinstance(next(e for e in events if e["event"] == "RETRY_WAIT")["retryAtMillis"], int)
 
     # And the table reads the same, starting at +0.000s
@@ -58,7 +76,7 @@ def test_events_of_a_job_that_failed_once(live):
     header, *rows = r.stdout.splitlines()
     assert header.split()[:3] == ["AT", "TIME", "EVENT"]
     assert rows[0].startswith("+0.000s ") and "SUBMITTED" in rows[0]
-    assert len(rows) == len(events) and "w-cli" in rows[-1] and "COMPLETED" in rows[-1]
+    assert len(rows) == len(events) and worker_id in rows[-1] and "COMPLETED" in rows[-1]
 
 
 def test_events_of_an_unknown_job_exits_1(shared_coordinator):
@@ -68,7 +86,8 @@ def test_events_of_an_unknown_job_exits_1(shared_coordinator):
 
 
 @on_both_stores
-def test_retry_a_finished_job(live):
+def test_retry_a_finished_job(shared_live):
+    live, _ = shared_live
     old = finished_job(live, "SHA256", '{"text": "again"}', "--priority=HIGH", "--max-attempts=2")
     r = jm(live, "retry", old, "--json")
     assert r.returncode == 0, r.stderr
@@ -85,7 +104,9 @@ def test_retry_a_finished_job(live):
 
 
 def test_retry_of_an_unfinished_or_unknown_job_exits_1(shared_coordinator):
-    # (no worker ever joins the shared coordinator: the job stays queued)
+    # (no worker is live on the shared coordinator: the job stays queued)
+    with CoordinatorClient(*shared_coordinator.client_addr) as client:
+        wait_no_worker(client)
     queued = json.loads(jm(shared_coordinator, "submit", "SLEEP", '{"durationMillis": 1}', "--json").stdout)["jobId"]
     for job_id in (queued, "no-such-job"):
         r = jm(shared_coordinator, "retry", job_id)

@@ -12,7 +12,25 @@ from jobmesh.protocol import messages
 from jobmesh.protocol.jobs import JobState, Priority
 
 
-def test_submit_status_wait_cancel(coordinator, worker_procs):
+@pytest.fixture
+def coordinator(shared_coordinator):
+    """The coordinator the module's tests share: no worker ever joins it, and a test checks
+    only the jobs it added (``added_since``). A test that starts a worker, lists every job or
+    restarts the coordinator has one of its own."""
+    return shared_coordinator
+
+
+def job_ids(client) -> set[str]:
+    return {j["jobId"] for j in client.iter_jobs()}
+
+
+def added_since(client, before: set[str]) -> list[str]:
+    """The ids of the jobs not in ``before``, newest first."""
+    return [j["jobId"] for j in client.iter_jobs() if j["jobId"] not in before]
+
+
+def test_submit_status_wait_cancel(coordinator_factory, worker_procs):
+    coordinator = coordinator_factory()  # of its own: a real worker joins, and the worker list is checked
     with CoordinatorClient(*coordinator.client_addr) as client:
         # Given a queued job (no worker yet)
         job_id = client.submit("SLEEP", {"durationMillis": 10}, max_attempts=2, priority=Priority.HIGH)
@@ -36,7 +54,8 @@ def test_submit_status_wait_cancel(coordinator, worker_procs):
         assert client.wait(long_id, timeout=1)["state"] == "CANCELLED"
 
 
-def test_list_pages_and_filters(coordinator):
+def test_list_pages_and_filters(coordinator_factory):
+    coordinator = coordinator_factory()  # of its own: the pages are of every job
     with CoordinatorClient(*coordinator.client_addr) as client:
         ids = [client.submit("SHA256", {"text": str(i)}) for i in range(7)]
         client.cancel(ids[0])
@@ -85,7 +104,8 @@ def test_submit_retries_wait_out_an_overload(coordinator_factory, worker_procs):
         assert client.status(job_id)["createdAtMillis"] >= first["updatedAtMillis"]
 
 
-def test_unavailable_then_reconnects(coordinator):
+def test_unavailable_then_reconnects(coordinator_factory):
+    coordinator = coordinator_factory()  # of its own: it is killed and started again
     client = CoordinatorClient(*coordinator.client_addr, connect_timeout=1, timeout=2)
     worker_port, client_port = coordinator.worker_addr[1], coordinator.client_addr[1]
     try:
@@ -106,6 +126,8 @@ def test_one_client_shared_by_threads(coordinator):
     ids: list[str] = []
     errors: list[BaseException] = []
     with CoordinatorClient(*coordinator.client_addr) as client:
+        before = job_ids(client)
+
         def submit_many():
             try:
                 for i in range(25):
@@ -120,7 +142,7 @@ def test_one_client_shared_by_threads(coordinator):
             t.join(20)
         assert not errors
         assert len(set(ids)) == 100
-        assert len(list(client.iter_jobs())) == 100
+        assert sorted(added_since(client, before)) == sorted(ids)
 
 
 def test_the_client_takes_host_colon_port_as_the_cli_does(coordinator):
@@ -141,12 +163,13 @@ def test_the_client_takes_host_colon_port_as_the_cli_does(coordinator):
 ])
 def test_a_wrongly_typed_argument_is_named_and_the_next_call_works(coordinator, bad, named):
     with CoordinatorClient(*coordinator.client_addr) as client:
+        before = job_ids(client)
         args = {"task_type": "SHA256", "payload": {"text": "a"}, **bad}
         with pytest.raises(TypeError, match=named):
             client.submit(**args)
         job_id = client.submit("SHA256", {"text": "b"})
         assert client.status(job_id)["state"] == "QUEUED"
-        assert len(list(client.iter_jobs())) == 1  # the refused submit created nothing
+        assert added_since(client, before) == [job_id]  # the refused submit created nothing
 
 
 def test_the_call_after_a_refusal_that_closed_the_connection_goes_on_a_fresh_one(coordinator, monkeypatch):
@@ -154,6 +177,7 @@ def test_the_call_after_a_refusal_that_closed_the_connection_goes_on_a_fresh_one
     # coordinator refuses as a protocol violation and then closes the connection
     monkeypatch.setattr(messages.SubmitJob, "check_types", lambda self: None)
     with CoordinatorClient(*coordinator.client_addr) as client:
+        before = job_ids(client)
         first = client.submit("SHA256", {"text": "a"})
         with pytest.raises(RequestFailed, match="payload"):
             client.submit("SHA256", [1])
@@ -161,4 +185,4 @@ def test_the_call_after_a_refusal_that_closed_the_connection_goes_on_a_fresh_one
         second = client.submit("SHA256", {"text": "b"})
         with pytest.raises(RequestFailed, match="idempotencyKey"):
             client.submit("SHA256", {"text": "c"}, idempotency_key=123)
-        assert [j["jobId"] for j in client.iter_jobs()] == [second, first]
+        assert added_since(client, before) == [second, first]

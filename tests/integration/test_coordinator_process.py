@@ -3,6 +3,8 @@
 import socket
 import sqlite3
 
+import pytest
+
 from tests.helpers import RawConn, run_cli, wait_until
 
 
@@ -85,6 +87,13 @@ def test_graceful_stop_keeps_running_jobs_running_in_the_database(coordinator_fa
     worker.close()
 
 
+@pytest.fixture
+def coordinator(shared_coordinator):
+    """The coordinator the module's tests share: each test's workers have ids of their own
+    and run only a task type of their own."""
+    return shared_coordinator
+
+
 def test_logs_say_what_happened(coordinator):
     client = RawConn(coordinator.client_addr)
     worker = RawConn(coordinator.worker_addr)
@@ -120,9 +129,9 @@ def test_lone_surrogates_cannot_reach_the_database(coordinator):
     # Then the coordinator is still alive and durable work goes on
     client = RawConn(coordinator.client_addr)
     worker = RawConn(coordinator.worker_addr)
-    worker.send({"type": "WORKER_REGISTER", "workerId": "w-ok", "capacity": 1})
+    worker.send({"type": "WORKER_REGISTER", "workerId": "w-ok", "capacity": 1, "taskTypes": ["SURROGATES"]})
     assert worker.recv()["type"] == "WORKER_REGISTERED"
-    job_id = client.request({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": {"durationMillis": 1},
+    job_id = client.request({"type": "SUBMIT_JOB", "taskType": "SURROGATES", "payload": {"durationMillis": 1},
                              "idempotencyKey": "emoji-\U0001F600"})["jobId"]
     assign = worker.recv()
     worker.send({"type": "TASK_RESULT", "workerId": "w-ok", "jobId": job_id, "attemptId": assign["attemptId"],

@@ -50,7 +50,13 @@ def shared(tmp_path_factory):
     proc.cleanup()
 
 
-def test_from_preview_to_a_nightly_schedule_with_the_cli(coordinator):
+def schedule_names(coord) -> list[str]:
+    return [s["name"] for s in one_json(jm(coord, "schedule", "list", "--json"))]
+
+
+def test_from_preview_to_a_nightly_schedule_with_the_cli(shared_on_store):
+    coordinator = shared_on_store  # the schedules of other tests are there too: lists are compared with before
+    before = schedule_names(coordinator)
     # preview: the next fire times of an expression, in its zone, before saving anything
     r = jm(coordinator, "schedule", "preview", "--cron=30 2 * * *", "--tz=Europe/Paris",
            "--from=2026-10-24T12:00:00Z", "--count=2")
@@ -65,7 +71,7 @@ def test_from_preview_to_a_nightly_schedule_with_the_cli(coordinator):
     r = jm(coordinator, "schedule", "add", "nightly", "--cron=0 3 * * *", "--tz=Europe/Paris", "sleep",
            '{"durationMillis": 1}')
     assert r.returncode == 0 and "schedule nightly saved; next fire" in r.stdout, r.stderr
-    listed = one_json(jm(coordinator, "schedule", "list", "--json"))
+    listed = [s for s in one_json(jm(coordinator, "schedule", "list", "--json")) if s["name"] not in before]
     assert [s["name"] for s in listed] == ["nightly"]
     assert listed[0]["cron"] == "0 3 * * *" and listed[0]["timezone"] == "Europe/Paris"
     assert listed[0]["taskType"] == "SLEEP" and listed[0]["nextFireMillis"] is not None
@@ -90,11 +96,13 @@ def test_from_preview_to_a_nightly_schedule_with_the_cli(coordinator):
     r = jm(coordinator, "schedule", "resume", "nightly")
     assert r.returncode == 0 and "resumed" in r.stdout
     assert one_json(jm(coordinator, "schedule", "rm", "nightly", "--json"))["name"] == "nightly"
-    assert one_json(jm(coordinator, "schedule", "list", "--json")) == []
+    assert schedule_names(coordinator) == before
     assert one_json(jm(coordinator, "status", job_id, "--json"))["jobId"] == job_id  # its jobs stay
 
 
-def test_schedule_errors_are_one_line_with_the_contracts_exit_codes(coordinator):
+def test_schedule_errors_are_one_line_with_the_contracts_exit_codes(shared_on_store):
+    coordinator = shared_on_store
+    before = schedule_names(coordinator)
     cases = [
         (("schedule", "add", "x", "--cron=61 * * * *", "SLEEP"), 1, "bad cron"),
         (("schedule", "add", "x", "--cron=@daily", "--tz=Mars/Olympus", "SLEEP"), 1, "unknown time zone"),
@@ -111,15 +119,16 @@ def test_schedule_errors_are_one_line_with_the_contracts_exit_codes(coordinator)
         r = jm(coordinator, *argv)
         assert r.returncode == code, (argv, r.returncode, r.stderr)
         assert words in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)
-    assert one_json(jm(coordinator, "schedule", "list", "--json")) == []
+    assert schedule_names(coordinator) == before
 
 
 @on_both_stores
-def test_the_library_puts_lists_triggers_and_previews(coordinator):
-    with CoordinatorClient(coordinator.client_target) as client:
+def test_the_library_puts_lists_triggers_and_previews(shared_on_store):
+    with CoordinatorClient(shared_on_store.client_target) as client:
+        before = [s["name"] for s in client.schedules.list()]
         made = client.schedules.put("health", "SLEEP", {"durationMillis": 1}, every=30, jitter=2, missed="skip")
         assert made["everyMillis"] == 30_000 and made["jitterMillis"] == 2000 and made["missed"] == "skip"
-        assert [s["name"] for s in client.schedules.list()] == ["health"]
+        assert [s["name"] for s in client.schedules.list() if s["name"] not in before] == ["health"]
         job_id = client.schedules.trigger("health")
         assert client.status(job_id)["scheduleName"] == "health"
         times = client.schedules.preview(cron="30 2 * * *", timezone="Europe/Paris",

@@ -5,46 +5,69 @@ recovery when they fell due while the coordinator was down."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
 
-from tests.helpers import assert_stays
+from tests.helpers import assert_stays, wait_no_worker
+
+_serial = itertools.count(1)
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def own_type() -> str:
+    """A task type no other test of this module declares."""
+    return "GREET-%d" % next(_serial)
+
+
+@pytest.fixture
+def coordinator(shared_coordinator, peers):
+    """The coordinator the module's tests share: each test's workers are the only live ones
+    while it runs, its own types are its own, and it cancels the built-in jobs it leaves
+    unfinished so that no later test's worker is given them. A test that restarts the
+    coordinator has one of its own."""
+    wait_no_worker(peers.client(shared_coordinator))
+    return shared_coordinator
+
+
 def test_jobs_are_routed_only_to_workers_that_declared_their_type(coordinator, peers):
     client = peers.client(coordinator)
+    greet_type = own_type()
     # An undeclared type is refused and creates no job
-    reply = client.submit("GREET", {"name": "Ada"})
-    assert reply["type"] == "ERROR" and "GREET" in reply["message"]
-    assert client.list_jobs()["jobs"] == []
+    before = client.list_jobs(limit=1000)["jobs"]
+    reply = client.submit(greet_type, {"name": "Ada"})
+    assert reply["type"] == "ERROR" and greet_type in reply["message"]
+    assert client.list_jobs(limit=1000)["jobs"] == before
     # Once a worker declares it, it is accepted and goes to that worker only
     plain = peers.worker(coordinator, "plain", capacity=2)
-    greeter = peers.worker(coordinator, "greeter", capacity=2, task_types=["GREET"])
-    greet = client.submit_ok("GREET", {"name": "Ada"})
+    greeter = peers.worker(coordinator, "greeter", capacity=2, task_types=[greet_type])
+    greet = client.submit_ok(greet_type, {"name": "Ada"})
     sleep = client.submit_ok("SLEEP", {"durationMillis": 1})
     assert greeter.await_assign()["jobId"] == greet
     assert plain.await_assign()["jobId"] == sleep
     assert_stays(lambda: not greeter.poll_assign(0) and not plain.poll_assign(0), 0.3)
     items = {w["workerId"]: w for w in client.workers()}
-    assert items["greeter"]["taskTypes"] == ["GREET"]
+    assert items["greeter"]["taskTypes"] == [greet_type]
     assert items["plain"]["taskTypes"] == ["FAIL", "PRIME_COUNT", "SHA256", "SLEEP", "WORD_COUNT"]
+    assert client.cancel(sleep)["cancelled"] is True
 
 
 def test_a_queued_job_without_a_free_worker_does_not_block_others(coordinator, peers):
     client = peers.client(coordinator)
-    greeter = peers.worker(coordinator, "greeter", capacity=1, task_types=["GREET"])
+    greet_type = own_type()
+    greeter = peers.worker(coordinator, "greeter", capacity=1, task_types=[greet_type])
     plain = peers.worker(coordinator, "plain", capacity=1)
-    first = client.submit_ok("GREET", {})
+    first = client.submit_ok(greet_type, {})
     greeter.await_assign()
-    blocked = client.submit_ok("GREET", {}, priority="HIGH")
+    blocked = client.submit_ok(greet_type, {}, priority="HIGH")
     runnable = client.submit_ok("SLEEP", {"durationMillis": 1}, priority="LOW")
     assert plain.await_assign()["jobId"] == runnable
     assert client.state(blocked) == "QUEUED" and client.state(first) == "RUNNING"
+    assert client.cancel(runnable)["cancelled"] is True
 
 
 def test_declared_types_survive_a_restart_with_no_worker_attached(coordinator_factory, peers):
@@ -70,7 +93,8 @@ def test_a_delayed_job_waits_scheduled_then_runs(coordinator, peers):
     assert before + 400 - 2 <= snap["runAtMillis"] <= now_ms() + 400 + 2  # instants are core time + drift: ±1 ms
     assigned = worker.await_assign(timeout=5)
     assert assigned["jobId"] == job_id and now_ms() >= snap["runAtMillis"]
-    assert [j["jobId"] for j in client.list_jobs(state="SCHEDULED")["jobs"]] == []
+    assert job_id not in [j["jobId"] for j in client.list_jobs(state="SCHEDULED", limit=1000)["jobs"]]
+    assert client.cancel(job_id)["cancelled"] is True
 
 
 def test_a_scheduled_job_can_be_cancelled_and_never_runs(coordinator, peers):

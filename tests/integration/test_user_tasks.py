@@ -8,6 +8,7 @@ of declared types and assigning them only to workers that declared them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -18,10 +19,21 @@ import pytest
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.protocol.payloads import TASK_TYPES
-from tests.helpers import LISTENING, alive, wait_registered, wait_until
+from tests.helpers import LISTENING, alive, wait_no_worker, wait_registered, wait_until
 from tests.integration.test_cli_visibility import json_lines
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
+
+
+WORKER_NUMBERS = itertools.count(1)
+
+
+@pytest.fixture
+def coordinator(shared_coordinator):
+    """The module's tests share one coordinator: each test's workers are the only live ones
+    while it runs (``start_user_worker`` waits for the previous test's to be gone), and each
+    has an id of its own."""
+    return shared_coordinator
 
 
 @pytest.fixture
@@ -31,7 +43,10 @@ def client(coordinator):
 
 
 def start_user_worker(coordinator, client, worker_procs, tmp_path, worker_id="w-user", extra=()):
-    """A registered real worker (capacity 1) running ``jm_user_tasks``, with ``extra`` flags."""
+    """A registered real worker (capacity 1) running ``jm_user_tasks``, with ``extra`` flags,
+    once no other worker is live; its id is ``worker_id`` and a number of its own."""
+    wait_no_worker(client)
+    worker_id = "%s-%d" % (worker_id, next(WORKER_NUMBERS))
     shutil.copy(MODULE_SOURCE, tmp_path / "jm_user_tasks.py")
     worker = worker_procs.start(coordinator, worker_id, capacity=1, tasks="jm_user_tasks", cwd=tmp_path,
                                 extra=extra)
@@ -46,7 +61,7 @@ def user_worker(coordinator, client, worker_procs, tmp_path):
 
 def test_a_declared_custom_type_completes_with_the_functions_result(client, user_worker):
     # Given a worker that declared GREET (WORKER_LIST shows it beside the built-ins)
-    listed = next(w for w in client.workers() if w["workerId"] == "w-user")
+    listed = next(w for w in client.workers() if w["workerId"] == user_worker.worker_id)
     assert set(TASK_TYPES) | {"GREET", "COOP", "FLAKY"} <= set(listed["taskTypes"]), listed
     # When a GREET job is submitted
     job = client.wait(client.submit("GREET", {"name": "ada"}), timeout=15)

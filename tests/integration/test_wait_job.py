@@ -6,6 +6,7 @@ Spec: CONTRACT.md "Waiting without polling"; docs/PROTOCOL.md "WAIT_JOB".
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -19,6 +20,21 @@ from jobmesh.client.api import WaitTimeout
 from tests.helpers import assert_prompt, baseline, child_env, run_cli, timed, wait_until
 
 SLEEP = {"durationMillis": 10}
+_serial = itertools.count(1)
+
+
+@pytest.fixture
+def coordinator(shared_coordinator):
+    """The coordinator the module's tests share: no worker here declares the built-ins, so a
+    SLEEP job stays queued; a test with a worker gives it a task type of its own
+    (``own_worker``)."""
+    return shared_coordinator
+
+
+def own_worker(peers, coordinator):
+    """A scripted worker that alone declares a task type no other test uses: ``(worker, type)``."""
+    task_type = "WAIT-%d" % next(_serial)
+    return peers.worker(coordinator, "w-" + task_type, task_types=[task_type]), task_type
 
 
 def wait_job(job_id: str, timeout: int) -> dict:
@@ -31,8 +47,8 @@ def status(job_id: str) -> dict:
 
 def test_wait_is_answered_when_the_job_completes(coordinator, peers):
     client = peers.client(coordinator)
-    worker = peers.worker(coordinator)
-    job_id = client.submit_ok("SLEEP", SLEEP)
+    worker, task_type = own_worker(peers, coordinator)
+    job_id = client.submit_ok(task_type, SLEEP)
     assign = worker.await_assign()
     raw = peers.raw(coordinator.client_addr)
     raw.send(wait_job(job_id, 60_000))
@@ -50,13 +66,15 @@ def test_a_request_after_a_wait_is_answered_after_it(coordinator, peers):
     # Given a queued job (no worker) and, pipelined on one connection, a WAIT_JOB for it
     # followed by a GET_JOB_STATUS and a SUBMIT_JOB
     client = peers.client(coordinator)
+    before = {j["jobId"] for j in client.list_jobs(limit=1000)["jobs"]}
     job_id = client.submit_ok("SLEEP", SLEEP)
     raw = peers.raw(coordinator.client_addr)
     raw.send(wait_job(job_id, 60_000))
     raw.send(status(job_id))
     raw.send({"type": "SUBMIT_JOB", "taskType": "SLEEP", "payload": SLEEP})
     # The requests after the wait are applied (the submit creates its job) ...
-    wait_until(lambda: len(client.list_jobs()["jobs"]) == 2, message="the pipelined submit applied")
+    wait_until(lambda: len({j["jobId"] for j in client.list_jobs(limit=1000)["jobs"]} - before) == 2,
+               message="the pipelined submit applied")
     # ... but their replies wait for the wait's reply, which comes when the job ends.
     raw.sock.settimeout(0.3)
     with pytest.raises(OSError):
@@ -150,7 +168,8 @@ def test_a_finished_job_is_answered_at_once(coordinator, peers):
     assert_prompt(took, base, "a wait for a finished job")
 
 
-def test_a_client_that_leaves_while_waiting_costs_nothing(coordinator, peers):
+def test_a_client_that_leaves_while_waiting_costs_nothing(coordinator_factory, peers):
+    coordinator = coordinator_factory()  # of its own: GET_STATS counts the whole coordinator's waits
     client = peers.client(coordinator)
     job_id = client.submit_ok("SLEEP", SLEEP)
 
@@ -172,23 +191,23 @@ def test_a_client_that_leaves_while_waiting_costs_nothing(coordinator, peers):
 
 
 def test_the_library_wait_returns_when_the_job_ends(coordinator, peers):
-    worker = peers.worker(coordinator)
+    worker, task_type = own_worker(peers, coordinator)
     with CoordinatorClient(*coordinator.client_addr, timeout=1.0) as client:
-        job_id = client.submit("SLEEP", SLEEP)
+        job_id = client.submit(task_type, SLEEP)
         assign = worker.await_assign()
         threading.Timer(1.5, worker.complete, args=(assign, {"sleptMillis": 10})).start()
         started = time.monotonic()
         job = client.wait(job_id, timeout=10)  # longer than the client's 1 s reply timeout
         assert job["state"] == "COMPLETED" and time.monotonic() - started > 1.4
         with pytest.raises(WaitTimeout) as info:
-            client.wait(client.submit("SLEEP", SLEEP), timeout=0.2)
+            client.wait(client.submit(task_type, SLEEP), timeout=0.2)
         assert info.value.job["state"] in ("QUEUED", "RUNNING")
 
 
 def test_jobmesh_wait_exit_codes(coordinator, peers):
-    worker = peers.worker(coordinator)
+    worker, task_type = own_worker(peers, coordinator)
     client = peers.client(coordinator)
-    job_id = client.submit_ok("SLEEP", SLEEP)
+    job_id = client.submit_ok(task_type, SLEEP)
     assign = worker.await_assign()
     # Times out: exit 4 with the snapshot as it stood.
     result = run_cli("wait", job_id, "--timeout-millis=300", "--json", coordinator=coordinator.client_target)

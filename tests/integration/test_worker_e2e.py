@@ -15,7 +15,17 @@ from datetime import datetime
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import wait_registered, wait_until
+from tests.helpers import wait_no_worker, wait_registered, wait_until
+
+
+@pytest.fixture
+def coordinator(shared_coordinator):
+    """The coordinator the module's tests share: each test's workers are the only live ones
+    while it runs, and no test leaves a job for the next one's workers. A test that needs
+    other flags or a restart has one of its own."""
+    with CoordinatorClient(*shared_coordinator.client_addr) as client:
+        wait_no_worker(client)
+    return shared_coordinator
 
 
 @pytest.fixture
@@ -139,7 +149,8 @@ def test_cancel_stops_the_running_task_and_frees_its_slot(coordinator, client, w
     assert client.status(job_id)["state"] == "CANCELLED"
 
 
-def test_worker_reconnects_after_coordinator_restart(coordinator, worker_procs):
+def test_worker_reconnects_after_coordinator_restart(coordinator_factory, worker_procs):
+    coordinator = coordinator_factory()  # of its own: it is stopped and started again
     # Given a worker attached to a coordinator that has run a job
     worker = worker_procs.start(coordinator, "w-back", capacity=2)
     worker_port, client_port = coordinator.worker_addr[1], coordinator.client_addr[1]
@@ -178,6 +189,7 @@ def test_worker_stops_cleanly_on_sigterm_and_its_job_is_retried(coordinator, cli
     job = wait_state(client, job_id, ("QUEUED", "RETRY_WAIT"))
     assert job["attempts"] == 1
     assert "worker stopped worker=w-term" in worker.log()
+    assert client.cancel(job_id)[0] is True  # (not left for the next test's workers)
 
 
 def test_duplicate_worker_id_is_refused_then_takes_over(coordinator, client, worker_procs):
