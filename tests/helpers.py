@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import re
 import signal
 import socket
@@ -83,11 +84,38 @@ def assert_prompt(seconds: float, base: float, what: str = "the request") -> Non
     assert seconds < limit, "%s took %.3f s: over %.3f s (baseline %.2f ms)" % (what, seconds, limit, base * 1000)
 
 
+_handed_out: set[int] = set()
+
+
+def unused_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now, for a process to open later.
+
+    It is drawn from below the kernel's ephemeral range, so an outgoing connection (a
+    coordinator's own link to PostgreSQL, say) can never be given it in the meantime, and
+    never twice in one run."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    while True:
+        port = rng.randrange(10000, max(low, 10001))
+        if port in _handed_out:
+            continue
+        _handed_out.add(port)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+
+
 def closed_address() -> str:
     """``127.0.0.1:PORT`` where nothing listens: connecting is refused, as at a standby
     coordinator (it opens no job ports)."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        return "127.0.0.1:%d" % listener.getsockname()[1]
+    return "127.0.0.1:%d" % unused_port()
 
 
 def alive(pid: int) -> bool:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import socket
 import time
 
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import run_cli, wait_until
+from tests.helpers import closed_address, run_cli, wait_until
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
@@ -248,7 +247,7 @@ def test_usage_errors_exit_2(args):
 ])
 def test_schedule_flag_errors_exit_2_with_one_line_before_connecting(flags):
     # Nothing listens there: had the command connected, it would have exited 3.
-    r = run_cli("submit", "SLEEP", '{"durationMillis": 1}', *flags, coordinator="127.0.0.1:%d" % _free_port())
+    r = run_cli("submit", "SLEEP", '{"durationMillis": 1}', *flags, coordinator=closed_address())
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("jobmesh submit: "), r.stderr
@@ -316,10 +315,6 @@ def test_workers_show_their_task_types(live):
     assert sorted(row.split()[-1].split(",")) == BUILT_INS
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("args", [
@@ -327,7 +322,7 @@ def _free_port():
     ("wait", "j"),
 ])
 def test_unreachable_coordinator_exits_3(args):
-    r = run_cli(*args, "--json", coordinator="127.0.0.1:%d" % _free_port())
+    r = run_cli(*args, "--json", coordinator=closed_address())
     assert r.returncode == 3
     assert "unreachable" in r.stderr
     assert r.stdout == ""

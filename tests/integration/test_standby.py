@@ -26,7 +26,7 @@ import pytest
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import ClientError
 from jobmesh.protocol import messages as m
-from tests.helpers import CoordinatorProc, RawConn, WorkerProc, child_env, wait_registered, wait_until
+from tests.helpers import CoordinatorProc, unused_port, RawConn, WorkerProc, child_env, wait_registered, wait_until
 from tests.integration.test_limits_exact import MAX_RUNNING, TYPE, check_timelines, set_limit, submit_load
 
 STANDING_BY = "jobmesh coordinator standing by"
@@ -34,10 +34,6 @@ EXIT_LEADERSHIP_LOST = 75
 TAKEOVER = 60.0  # generous: a freeze is noticed after the session timeout, then recovery runs
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Node(CoordinatorProc):
@@ -49,8 +45,8 @@ class Node(CoordinatorProc):
         flags.setdefault("db_session_timeout_millis", 1000)
         super().__init__(tmp_path, db=url, name=name, **flags)
         self.url = url
-        self.ports = (free_port(), free_port())
-        self.metrics_port = free_port() if metrics else None
+        self.ports = (unused_port(), unused_port())
+        self.metrics_port = unused_port() if metrics else None
 
     def launch(self) -> "Node":
         self._n += 1
@@ -348,11 +344,11 @@ def test_up_stands_by_then_starts_its_workers_and_comes_back_after_losing_the_le
                                                                                   tmp_path):
     # Given a coordinator leading the database, and `jobmesh up` on the same database
     leader = nodes("leader").launch().await_listening()
-    client_target = "127.0.0.1:%d" % free_port()
+    client_target = "127.0.0.1:%d" % unused_port()
     out_path, err_path = tmp_path / "up.out", tmp_path / "up.err"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         up = subprocess.Popen([sys.executable, "-m", "jobmesh", "up", "--db=%s" % postgres_url, "--workers=1",
-                               "--worker-port=%d" % free_port(), "--client-port=%s" % client_target.split(":")[1],
+                               "--worker-port=%d" % unused_port(), "--client-port=%s" % client_target.split(":")[1],
                                "--heartbeat-timeout-millis=3000", "--sweep-interval-millis=20",
                                "--db-session-timeout-millis=1000"],
                               stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env())
@@ -404,7 +400,7 @@ def test_up_stopped_while_its_coordinator_stands_by_exits_0(nodes, postgres_url,
     out_path, err_path = tmp_path / "up.out", tmp_path / "up.err"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         up = subprocess.Popen([sys.executable, "-m", "jobmesh", "up", "--db=%s" % postgres_url, "--workers=1",
-                               "--worker-port=%d" % free_port(), "--client-port=%d" % free_port()],
+                               "--worker-port=%d" % unused_port(), "--client-port=%d" % unused_port()],
                               stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env())
     try:
         wait_until(lambda: STANDING_BY in out_path.read_text(), timeout=30, message="up's standing-by line")
