@@ -21,7 +21,7 @@ import gevent
 import gevent.ssl
 from gevent import socket
 
-from jobmesh.coordinator.housekeeping import raise_fd_limit  # noqa: F401  (re-exported for bench/)
+from jobmesh.coordinator.shell.housekeeping import raise_fd_limit  # noqa: F401  (re-exported for bench/)
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.tls import ClientTls, client_context

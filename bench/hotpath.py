@@ -33,8 +33,8 @@ import timeit
 from typing import Any, Callable
 
 from jobmesh.config import CoreConfig
-from jobmesh.coordinator import events as ev
-from jobmesh.coordinator.core import CoordinatorCore
+from jobmesh.coordinator.core import events as ev
+from jobmesh.coordinator.core.face import CoordinatorCore
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
 from jobmesh.protocol.jobs import JobState, Priority

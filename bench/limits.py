@@ -65,8 +65,8 @@ from docopt import docopt  # noqa: E402
 from bench.listeners import CLIENT, T0_MILLIS, Conn  # noqa: E402
 
 from jobmesh.config import CoreConfig  # noqa: E402
-from jobmesh.coordinator import events as ev  # noqa: E402
-from jobmesh.coordinator.core import CoordinatorCore  # noqa: E402
+from jobmesh.coordinator.core import events as ev  # noqa: E402
+from jobmesh.coordinator.core.face import CoordinatorCore  # noqa: E402
 from jobmesh.protocol import messages as m  # noqa: E402
 from jobmesh.store.sqlite import SQLiteStore  # noqa: E402
 

@@ -98,7 +98,7 @@ from bench.conns import Conn, open_many, raise_fd_limit  # noqa: E402
 from bench.drive import Phase, run_clients, submit_client, wait_phase  # noqa: E402
 from bench.loadgen import _loadavg, _revision  # noqa: E402
 from bench.workload import Workload  # noqa: E402
-from jobmesh.coordinator.core import CoordinatorCore, CoreConfig  # noqa: E402
+from jobmesh.coordinator.core.face import CoordinatorCore, CoreConfig  # noqa: E402
 from jobmesh.protocol import messages as m  # noqa: E402
 from jobmesh.protocol.jobs import JobState, Priority  # noqa: E402
 from jobmesh.store.columns import insert_row  # noqa: E402

@@ -735,7 +735,7 @@ def _run(command: str, argv: list[str], args: dict, json_logs: bool) -> int:
             return _print_config(command, args, sources)
         if command == "coordinator":
             from jobmesh.config import coordinator_config
-            from jobmesh.coordinator.runtime import run_coordinator
+            from jobmesh.coordinator.shell.runtime import run_coordinator
 
             cfg = coordinator_config(args)
             setup_logging(cfg.log_level, cfg.log_format)

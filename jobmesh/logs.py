@@ -3,7 +3,7 @@
 ``text`` is the classic ``2026-12-01 18:55:32,123 INFO jobmesh.x: message`` line. ``json``
 writes each record as one JSON object on one line::
 
-    {"ts": "2026-12-01T18:55:32.123Z", "level": "INFO", "logger": "jobmesh.coordinator.core",
+    {"ts": "2026-12-01T18:55:32.123Z", "level": "INFO", "logger": "jobmesh.coordinator.core.face",
      "message": "retry job=j-1 attempt=1/3 in=20ms error=...", "jobId": "j-1", "attempt": "1/3"}
 
 ``jobId``, ``attemptId`` and ``workerId`` come from ``extra={"job_id": ...}`` (also

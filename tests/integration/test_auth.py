@@ -521,7 +521,7 @@ def auth_answer_seconds(addr, token: str, source: str) -> tuple[float, str]:
 
 
 def test_guesses_that_close_early_are_slowed_and_a_success_clears_only_its_own_token(authed):
-    from jobmesh.coordinator import guard
+    from jobmesh.coordinator.ports import guard
 
     def failures() -> float:
         body = http_get(authed.metrics_url + "/metrics", {"Authorization": "Bearer " + authed.tokens["reader"]})[2]
@@ -553,7 +553,7 @@ def test_guesses_that_close_early_are_slowed_and_a_success_clears_only_its_own_t
 def test_guesses_held_back_on_the_metrics_port_take_no_health_check_slot(authed):
     import socket
 
-    from jobmesh.coordinator import guard, http
+    from jobmesh.coordinator.ports import guard, http
 
     # Given an address that has used up its free wrong guesses on the metrics port
     source = stranger()

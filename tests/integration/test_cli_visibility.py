@@ -222,4 +222,4 @@ def test_up_passes_log_format_json_on(start_up):  # noqa: F811
     assert up.proc.wait(12) == 0
     objs = json_lines(up.log())  # up's own lines, its coordinator's and its worker's
     loggers = {o["logger"] for o in objs}
-    assert {"jobmesh.up", "jobmesh.coordinator.runtime", "jobmesh.worker.agent"} <= loggers
+    assert {"jobmesh.up", "jobmesh.coordinator.shell.runtime", "jobmesh.worker.agent"} <= loggers

@@ -272,7 +272,7 @@ def test_every_state_is_in_the_metrics_the_summary_get_stats_and_top(coord):
 def test_half_sent_requests_cost_no_scrape_and_no_health_check(shared_coord):
     import socket
 
-    from jobmesh.coordinator.http import MAX_CONNECTIONS
+    from jobmesh.coordinator.ports.http import MAX_CONNECTIONS
 
     coord = shared_coord
     host, port = coord.metrics_addr

@@ -420,7 +420,7 @@ def test_a_leader_whose_core_is_behind_on_a_worker_still_answers_its_heartbeats(
     # connection that has MAX_BACKLOG events waiting; its heartbeats must still be answered.
     import psycopg
 
-    from jobmesh.coordinator.connection import MAX_BACKLOG
+    from jobmesh.coordinator.ports.connection import MAX_BACKLOG
 
     leader = nodes("leader", heartbeat_timeout_millis=60_000).launch().await_listening()
     worker = RawConn(("127.0.0.1", leader.ports[0]), timeout=30)

@@ -118,7 +118,7 @@ def assert_degraded_then_resumes(coord, client, acked, refusal, reason, make_hea
     assert again == refusal
     assert coord.proc.poll() is None
     log = coord.stderr()
-    assert log.count("ERROR jobmesh.coordinator.runtime: storage unavailable") == 1, log[-3000:]
+    assert log.count("ERROR jobmesh.coordinator.shell.runtime: storage unavailable") == 1, log[-3000:]
     assert "Traceback" not in log
 
     # When the fault is removed, writes resume by themselves

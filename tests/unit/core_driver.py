@@ -15,9 +15,9 @@ import itertools
 from typing import Any, Iterator
 
 from jobmesh.config import CoreConfig
-from jobmesh.coordinator import events as ev
-from jobmesh.coordinator.core import CoordinatorCore
-from jobmesh.coordinator.waiters import Waiter
+from jobmesh.coordinator.core import events as ev
+from jobmesh.coordinator.core.face import CoordinatorCore
+from jobmesh.coordinator.core.waiters import Waiter
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import TERMINAL, JobState
 from jobmesh.store.columns import insert_row

@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from jobmesh.coordinator.housekeeping import YOUNG_THRESHOLD, CollectorPolicy
+from jobmesh.coordinator.shell.housekeeping import YOUNG_THRESHOLD, CollectorPolicy
 
 
 class Node:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from jobmesh.coordinator import table as table_mod
-from jobmesh.coordinator import events as ev
+from jobmesh.coordinator.core import table as table_mod
+from jobmesh.coordinator.core import events as ev
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME, encode_frame
 from jobmesh.protocol.jobs import JobState
@@ -1310,7 +1310,7 @@ def test_random_event_sequences_keep_the_invariants(seed):
 
 def test_deadline_index_stays_bounded_by_running_leases():
     # Given one worker completing thousands of jobs, each with a long deadline
-    from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+    from jobmesh.coordinator.core.face import CoordinatorCore, CoreConfig
     from jobmesh.protocol import messages as mm
     from jobmesh.store.sqlite import SQLiteStore
 
@@ -1334,7 +1334,7 @@ def test_deadline_index_stays_bounded_by_running_leases():
 
 
 def test_cursor_out_of_rowid_range_is_an_error_not_a_crash():
-    from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+    from jobmesh.coordinator.core.face import CoordinatorCore, CoreConfig
     from jobmesh.protocol import messages as mm
     from jobmesh.store.sqlite import SQLiteStore
 
@@ -1346,8 +1346,8 @@ def test_cursor_out_of_rowid_range_is_an_error_not_a_crash():
 
 
 def test_worker_ids_must_be_short_and_non_empty():
-    from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
-    from jobmesh.coordinator.json_jobs import MAX_WORKER_ID_CHARS
+    from jobmesh.coordinator.core.face import CoordinatorCore, CoreConfig
+    from jobmesh.coordinator.core.json_jobs import MAX_WORKER_ID_CHARS
     from jobmesh.protocol import messages as mm
     from jobmesh.store.sqlite import SQLiteStore
 

@@ -12,9 +12,9 @@ from typing import Callable
 
 import pytest
 
-from jobmesh.coordinator import events as ev
-from jobmesh.coordinator import table as table_mod
-from jobmesh.coordinator.waiters import Slot
+from jobmesh.coordinator.core import events as ev
+from jobmesh.coordinator.core import table as table_mod
+from jobmesh.coordinator.core.waiters import Slot
 from jobmesh.protocol import messages as m
 from jobmesh.store.base import Read
 from jobmesh.store.job import Job

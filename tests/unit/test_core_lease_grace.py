@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobmesh.coordinator import events as ev
+from jobmesh.coordinator.core import events as ev
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from jobmesh.store.sqlite import SQLiteStore

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from jobmesh.coordinator import events as ev
+from jobmesh.coordinator.core import events as ev
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from jobmesh.store.sqlite import SQLiteStore
@@ -218,8 +218,8 @@ def test_the_first_reason_that_holds_is_shown(h):
     put_ok(h, 2, maxRunning=5, maxRunningPerKey=0, ratePerSecond=1)
     assert reason(h, job) == "KEY_CONCURRENCY_LIMIT"
     assert h.core.metrics().jobs_held == {(T, "KEY_CONCURRENCY_LIMIT"): 1}
-    from jobmesh.coordinator.figures import METRICS, RuntimeFigures
-    from jobmesh.coordinator.http import family
+    from jobmesh.coordinator.core.figures import METRICS, RuntimeFigures
+    from jobmesh.coordinator.ports.http import family
 
     [held] = [metric for metric in METRICS if metric.name == "jobmesh_jobs_held"]
     [sample] = family(held, h.core.metrics(), cast(RuntimeFigures, None)).samples

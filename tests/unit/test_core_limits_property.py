@@ -23,7 +23,7 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from jobmesh.coordinator import events as ev
+from jobmesh.coordinator.core import events as ev
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from tests.unit.test_core import Harness

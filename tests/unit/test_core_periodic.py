@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Iterator
 
-from jobmesh.coordinator import events as ev
+from jobmesh.coordinator.core import events as ev
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol.jobs import JobState
 from jobmesh.store.job import Job
@@ -446,7 +446,7 @@ def test_drop_func_forgets_a_func_at_once():
 
 
 def test_a_connection_declares_at_most_max_funcs():
-    from jobmesh.coordinator.periodic_jobs import MAX_FUNCS
+    from jobmesh.coordinator.core.periodic.jobs import MAX_FUNCS
 
     h = H()
     w = Conn("w")
@@ -468,7 +468,7 @@ def test_funcs_a_connection_brings_in_over_its_life_are_bounded(monkeypatch):
     """CANT_DO frees a place among the funcs a connection declares at once, but a func it
     withdrew stays listed for the forget time: declaring and withdrawing ever new names
     must not grow the listing without bound."""
-    from jobmesh.coordinator import periodic_jobs
+    from jobmesh.coordinator.core.periodic import jobs as periodic_jobs
 
     monkeypatch.setattr(periodic_jobs, "MAX_NEW_FUNCS", 20)
     h = H()

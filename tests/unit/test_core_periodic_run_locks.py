@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from jobmesh.coordinator import events as ev
-from jobmesh.coordinator.locks import LockTable
+from jobmesh.coordinator.core import events as ev
+from jobmesh.coordinator.core.periodic.locks import LockTable
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
@@ -299,7 +299,7 @@ def test_a_broadcast_job_goes_to_every_worker_holding_a_token_and_the_first_done
 
 
 def test_a_connection_piling_up_waits_is_closed_and_counts_are_returned(monkeypatch):
-    from jobmesh.coordinator import periodic_waits
+    from jobmesh.coordinator.core.periodic import waits as periodic_waits
 
     monkeypatch.setattr(periodic_waits, "MAX_WAITS_PER_CONN", 3)
     h = H()
@@ -513,7 +513,7 @@ def test_a_recv_data_after_the_result_still_gets_the_chunks_of_that_job():
 
 def test_chunks_kept_for_a_recv_data_to_come_are_bounded(monkeypatch):
     # A plain RUN_JOB (no RECV_DATA ever) whose worker streams: kept up to KEPT_BYTES
-    from jobmesh.coordinator import periodic_waits
+    from jobmesh.coordinator.core.periodic import waits as periodic_waits
     monkeypatch.setattr(periodic_waits, "KEPT_BYTES", 10)
     h, c, w = run_on_a_worker()
     waits = h.core.periodic.waits

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+from jobmesh.coordinator.core.face import CoordinatorCore, CoreConfig
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from jobmesh.protocol.payloads import TASK_TYPES

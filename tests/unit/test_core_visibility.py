@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobmesh.coordinator.table import EVENTS_KEPT
+from jobmesh.coordinator.core.table import EVENTS_KEPT
 from jobmesh.protocol import messages as m
 from jobmesh.store.columns import load_events
 from jobmesh.store.sqlite import SQLiteStore

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Slot, Waiter
+from jobmesh.coordinator.core.waiters import MAX_WAIT_MILLIS, Slot, Waiter
 from jobmesh.protocol import messages as m
 from tests.unit.test_core import Conn, Harness
 
@@ -107,7 +107,7 @@ def test_the_sweep_expires_waits(h):
 
 
 def test_an_error_in_one_sweep_step_does_not_skip_the_others(monkeypatch):
-    from jobmesh.coordinator.json_jobs import JsonJobs
+    from jobmesh.coordinator.core.json_jobs import JsonJobs
 
     def broken(self: JsonJobs, now: int) -> None:
         raise RuntimeError("a bug in one step")

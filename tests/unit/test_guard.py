@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from jobmesh import auth
-from jobmesh.coordinator import guard as g
-from jobmesh.coordinator.guard import Guard
+from jobmesh.coordinator.ports import guard as g
+from jobmesh.coordinator.ports.guard import Guard
 
 
 class Conn:

@@ -231,14 +231,14 @@ def test_no_import_cycles(graph):
 def test_every_module_is_found(modules):
     for name in ("jobmesh", "jobmesh.__main__", "jobmesh.cli", "jobmesh.errors", "jobmesh.exitcodes",
                  "jobmesh.protocol", "jobmesh.protocol.messages", "jobmesh.client.commands",
-                 "jobmesh.coordinator.core", "jobmesh.worker.agent"):
+                 "jobmesh.coordinator.core.face", "jobmesh.worker.agent"):
         assert name in modules
 
 
 def test_imports_inside_functions_count(graph):
     # cli imports the coordinator, worker and client only inside main()
     targets = {target for _line, target in graph["jobmesh.cli"]}
-    assert {"jobmesh.coordinator.runtime", "jobmesh.worker.agent", "jobmesh.client.commands"} <= targets
+    assert {"jobmesh.coordinator.shell.runtime", "jobmesh.worker.agent", "jobmesh.client.commands"} <= targets
     assert "jobmesh.cli" in {target for _line, target in graph["jobmesh.__main__"]}
 
 
@@ -270,13 +270,13 @@ def test_the_map_is_read_in_order():
 
 def test_an_import_of_an_entry_listed_above_is_reported():
     order = {"jobmesh": ["jobmesh.coordinator", "jobmesh.errors"],
-             "jobmesh.coordinator": ["jobmesh.coordinator.server", "jobmesh.coordinator.periodic_port"]}
-    graph = {"jobmesh.coordinator.periodic_port": [(3, "jobmesh.errors"), (4, "jobmesh.coordinator.server"),
+             "jobmesh.coordinator": ["jobmesh.coordinator.ports.server", "jobmesh.coordinator.ports.periodic"]}
+    graph = {"jobmesh.coordinator.ports.periodic": [(3, "jobmesh.errors"), (4, "jobmesh.coordinator.ports.server"),
                                                    (5, "jobmesh.coordinator")],
-             "jobmesh.errors": [(9, "jobmesh.coordinator.server")]}
-    modules = {"jobmesh.coordinator.periodic_port": PACKAGE_DIR / "coordinator" / "periodic_port.py",
+             "jobmesh.errors": [(9, "jobmesh.coordinator.ports.server")]}
+    modules = {"jobmesh.coordinator.ports.periodic": PACKAGE_DIR / "coordinator" / "periodic_port.py",
                "jobmesh.errors": PACKAGE_DIR / "errors.py"}
     assert order_violations(order, graph, modules) == [
-        "jobmesh/coordinator/periodic_port.py:4 imports jobmesh.coordinator.server, listed above "
-        "jobmesh.coordinator.periodic_port",
-        "jobmesh/errors.py:9 imports jobmesh.coordinator.server, listed above jobmesh.errors"]
+        "jobmesh/coordinator/periodic_port.py:4 imports jobmesh.coordinator.ports.server, listed above "
+        "jobmesh.coordinator.ports.periodic",
+        "jobmesh/errors.py:9 imports jobmesh.coordinator.ports.server, listed above jobmesh.errors"]

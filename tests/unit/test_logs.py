@@ -20,7 +20,7 @@ from jobmesh.up import coordinator_argv
 TS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\Z")
 
 
-def record(msg, *args, level=logging.INFO, name="jobmesh.coordinator.core", exc_info=None, **extra):
+def record(msg, *args, level=logging.INFO, name="jobmesh.coordinator.core.face", exc_info=None, **extra):
     rec = logging.LogRecord(name, level, __file__, 1, msg, args, exc_info)
     for key, value in extra.items():
         setattr(rec, key, value)
@@ -37,7 +37,7 @@ def test_a_line_has_ts_level_logger_message_and_the_ids_of_its_pairs():
     obj = formatted(record("deadline expired job=%s attempt=%s worker=%s", "j-1", "j-1.2", "w-7",
                            level=logging.WARNING))
     assert TS.match(obj["ts"])
-    assert (obj["level"], obj["logger"]) == ("WARNING", "jobmesh.coordinator.core")
+    assert (obj["level"], obj["logger"]) == ("WARNING", "jobmesh.coordinator.core.face")
     assert obj["message"] == "deadline expired job=j-1 attempt=j-1.2 worker=w-7"
     assert (obj["jobId"], obj["attemptId"], obj["workerId"]) == ("j-1", "j-1.2", "w-7")
 

@@ -5,7 +5,7 @@ connection's events in order."""
 
 from collections import deque
 
-from jobmesh.coordinator.mailbox import PER_CONN, Mailbox
+from jobmesh.coordinator.shell.mailbox import PER_CONN, Mailbox
 
 
 class Conn:
@@ -97,9 +97,9 @@ def test_take_all_empties_everything():
 
 
 def test_a_client_pipelining_large_dumps_leaves_room_for_the_others():
-    from jobmesh.coordinator import events as ev
-    from jobmesh.coordinator.periodic_port import PeriodicPort
-    from jobmesh.coordinator.runtime import MAX_BATCH
+    from jobmesh.coordinator.core import events as ev
+    from jobmesh.coordinator.ports.periodic import PeriodicPort
+    from jobmesh.coordinator.shell.runtime import MAX_BATCH
     from jobmesh.periodic import codec as pc
 
     box = Mailbox()

@@ -15,10 +15,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobmesh.client import top
-from jobmesh.coordinator import figures as f
-from jobmesh.coordinator.figures import METRICS, Counters, Figures, Kind, Metric, RuntimeFigures
-from jobmesh.coordinator.http import HttpPort, JobmeshCollector, LocalConn, decode_reply
-from jobmesh.coordinator.housekeeping import COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
+from jobmesh.coordinator.core import figures as f
+from jobmesh.coordinator.core.figures import METRICS, Counters, Figures, Kind, Metric, RuntimeFigures
+from jobmesh.coordinator.ports.http import HttpPort, JobmeshCollector, LocalConn, decode_reply
+from jobmesh.coordinator.shell.housekeeping import COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, Histogram
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
 from jobmesh.protocol.jobs import TERMINAL, JobState

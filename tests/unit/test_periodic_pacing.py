@@ -7,9 +7,9 @@ from __future__ import annotations
 import gevent
 import gevent.socket
 
-from jobmesh.coordinator.clock import monotonic
-from jobmesh.coordinator import periodic_port
-from jobmesh.coordinator.periodic_port import PACE_SECONDS, PeriodicConn, local_answer
+from jobmesh.coordinator.shell.clock import monotonic
+from jobmesh.coordinator.ports import periodic as periodic_port
+from jobmesh.coordinator.ports.periodic import PACE_SECONDS, PeriodicConn, local_answer
 from jobmesh.periodic import codec as pc
 from tests.helpers import wait_until
 

@@ -111,13 +111,13 @@ def test_a_private_method_called_from_outside_its_module_is_found():
 
 
 def test_importing_a_private_name_is_found():
-    source = "from jobmesh.coordinator.server import Output, _nodelay\nfrom .server import _encode as enc\n"
-    assert findings(source, "m.py") == ["m.py:1 imports _nodelay from jobmesh.coordinator.server",
+    source = "from jobmesh.coordinator.ports.server import Output, _nodelay\nfrom .server import _encode as enc\n"
+    assert findings(source, "m.py") == ["m.py:1 imports _nodelay from jobmesh.coordinator.ports.server",
                                         "m.py:2 imports _encode from server"]
 
 
 def test_a_private_name_of_a_jobmesh_module_is_found():
-    source = ("from jobmesh.coordinator import clock\nimport jobmesh.coordinator.server as server\nimport os\n"
+    source = ("from jobmesh.coordinator.shell import clock\nimport jobmesh.coordinator.ports.server as server\nimport os\n"
               "x = clock._ANCHOR\ny = server._encode\nz = os._exit\n")
     assert findings(source, "m.py") == ["m.py:4 reads clock._ANCHOR of another module",
                                         "m.py:5 reads server._encode of another module"]

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from jobmesh.coordinator import scheduler
-from jobmesh.coordinator.scheduler import (
+from jobmesh.coordinator.core import scheduler
+from jobmesh.coordinator.core.scheduler import (
     QueuedJobs, effective_level, least_loaded, queued_sort_key, retry_delay_millis,
 )
 
@@ -280,7 +280,7 @@ def test_pop_sequence_matches_sort_for_random_static_queue(seed):
 def test_queue_order_stays_fifo_when_the_wall_clock_steps_back():
     # The queues are keyed by core time (monotonic), so a wall-clock step back cannot put
     # a later submission ahead of an earlier one.
-    from jobmesh.coordinator.core import CoordinatorCore, CoreConfig
+    from jobmesh.coordinator.core.face import CoordinatorCore, CoreConfig
     from jobmesh.protocol import messages as m
     from jobmesh.store.sqlite import SQLiteStore
 
@@ -380,7 +380,7 @@ class CountingGate:
 
 
 def test_keyed_jobs_never_scan_blocked_keys_again():
-    from jobmesh.coordinator.scheduler import KeyedJobs
+    from jobmesh.coordinator.core.scheduler import KeyedJobs
 
     # Given 100,000 queued jobs over 10,000 keys, 9,990 of which are at their limit
     keys = ["k%d" % i for i in range(10_000)]
@@ -423,7 +423,7 @@ def test_keyed_jobs_never_scan_blocked_keys_again():
 
 
 def test_keyed_jobs_order_by_priority_and_aging_across_keys_and_forget_cancelled_jobs():
-    from jobmesh.coordinator.scheduler import KeyedJobs
+    from jobmesh.coordinator.core.scheduler import KeyedJobs
 
     queue = KeyedJobs(CountingGate(set()))
     queue.add("low-a", 0, 0, 1, "a")

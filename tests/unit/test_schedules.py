@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from jobmesh.coordinator import events as ev
+from jobmesh.coordinator.core import events as ev
 from jobmesh.protocol import messages as m
 from jobmesh.store.sqlite import SQLiteStore
 from tests.unit.core_driver import CoreDriver
@@ -399,7 +399,7 @@ def test_next_due_is_the_earliest_fire_time_of_an_active_schedule():
 
 
 def test_the_schedules_file_reads_snake_case_and_wire_keys_and_names_its_errors(tmp_path):
-    from jobmesh.coordinator import schedule_file
+    from jobmesh.coordinator.shell import schedule_file
     from jobmesh.errors import ConfigError
 
     path = tmp_path / "s.toml"

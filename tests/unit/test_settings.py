@@ -266,7 +266,7 @@ def test_ssl_is_patched_before_anything_imports_it():
     # does not warn that ssl was imported before patching.
     code = ("import warnings; warnings.simplefilter('error')\n"
             "import jobmesh.__main__, ssl, gevent.ssl, gevent.monkey\n"
-            "import jobmesh.cli, jobmesh.coordinator.runtime, jobmesh.worker.agent, jobmesh.client.api\n"
+            "import jobmesh.cli, jobmesh.coordinator.shell.runtime, jobmesh.worker.agent, jobmesh.client.api\n"
             "assert gevent.monkey.is_module_patched('ssl')\n"
             "assert ssl.SSLContext is gevent.ssl.SSLContext\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

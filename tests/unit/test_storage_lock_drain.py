@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from jobmesh.coordinator import events as ev
-from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock, lock_path
+from jobmesh.coordinator.core import events as ev
+from jobmesh.coordinator.shell.dblock import DatabaseInUse, DatabaseLock, lock_path
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState

@@ -19,7 +19,7 @@ import gevent.event
 import pytest
 
 from jobmesh.cli import COORDINATOR_OPTIONS
-from jobmesh.coordinator.dblock import lock_path
+from jobmesh.coordinator.shell.dblock import lock_path
 from jobmesh.protocol.jobs import JobState, Priority
 from jobmesh.store.base import Batch, Done
 from jobmesh.store.columns import insert_row
@@ -268,8 +268,8 @@ def test_a_recovery_longer_than_the_session_timeout_keeps_the_leadership(stores,
     # within that timeout: each row's decoding, or each job the core's table adopts, holds
     # the hub (as recovery's CPU does: a million jobs in the core outlast 5 s)
     from jobmesh.config import CoreConfig
-    from jobmesh.coordinator.core import CoordinatorCore
-    from jobmesh.coordinator.table import JobTable
+    from jobmesh.coordinator.core.face import CoordinatorCore
+    from jobmesh.coordinator.core.table import JobTable
 
     monkeypatch.setattr(postgres_module, "RECOVERY_SLICE", 100)  # a slice of rows: a tenth of a second below
     count = 2000

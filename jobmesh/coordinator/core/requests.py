@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import ujson
 
-from jobmesh.coordinator.figures import Counters
+from jobmesh.coordinator.core.figures import Counters
 from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
-from jobmesh.coordinator.json_jobs import JsonJobs
-from jobmesh.coordinator.limits import Limits, check_key
-from jobmesh.coordinator.periodic_jobs import PeriodicJobs
+from jobmesh.coordinator.core.json_jobs import JsonJobs
+from jobmesh.coordinator.core.limits import Limits, check_key
+from jobmesh.coordinator.core.periodic.jobs import PeriodicJobs
 from jobmesh.store.columns import load_events
-from jobmesh.coordinator.table import JobTable
-from jobmesh.coordinator.waiters import MAX_WAIT_MILLIS, Slot, Waiter, Waiters
+from jobmesh.coordinator.core.table import JobTable
+from jobmesh.coordinator.core.waiters import MAX_WAIT_MILLIS, Slot, Waiter, Waiters
 from jobmesh.errors import PayloadError
 from jobmesh.auth import type_refusal
 from jobmesh.protocol import messages as m
@@ -34,7 +34,7 @@ from jobmesh.protocol.payloads import (MAX_ATTEMPTS_LIMIT, MAX_NESTING, MAX_TIME
                                        is_finite_json, too_deep, validate_payload)
 
 if TYPE_CHECKING:
-    from jobmesh.coordinator.connection import ReplyConnection
+    from jobmesh.coordinator.core.peers import ReplyConnection
 
 log = logging.getLogger(__name__)
 

@@ -1,22 +1,7 @@
-"""Connections as the mailbox, the core and the runtime see them, and the ordered output
-every socket connection writes through.
+"""The ordered output every socket connection writes through, and the TLS accept.
 
-Three protocols say what the rest of the coordinator may use of a connection, and
-nothing more:
-
-* ``Connection``: what the mailbox needs of anything that posts events: its own queue
-  of events not yet taken (``inbox``) and ``drained()``, called when the core took some;
-* ``ReplyConnection``: a connection whose requests the core answers in order with
-  ``reply(data, count, close)`` after the batch's commit: a client-port connection
-  (``server.ClientConn``) or the metrics port's in-process one (``http.LocalConn``);
-* ``OutboundConnection``: a connection the core sends messages or frames to through
-  ``core.outbound`` (the runtime calls ``send_many`` after the commit): a worker-port
-  connection (``server.WorkerConn``) or a Periodic one (``periodic_port.PeriodicConn``).
-  Its handler stamps ``last_arrival`` for every frame it reads and sets ``paused`` while
-  it stops reading because the core is behind on it: the sweep's liveness by arrival.
-
-The core treats a connection as an opaque key (sessions, waiters, ``outbound`` pairs);
-only the runtime and the mailbox call these methods.
+What the core, the mailbox and the shell may use of a connection is said by the
+protocols of ``core/peers.py``; each port's connection class satisfies them.
 
 ``Output`` is the ordered, non-blocking output of one socket, shared by the worker,
 client and Periodic ports (each port's connection class builds on it), and ``nodelay``
@@ -41,14 +26,14 @@ import ssl
 import time
 from collections import deque
 from functools import partial
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import gevent
 import gevent.ssl
 from gevent.event import Event
 from gevent.socket import wait_read, wait_write
 
-from jobmesh.coordinator.clock import monotonic
+from time import monotonic
 from jobmesh.protocol.framing import encode_frame
 from jobmesh.protocol.messages import TLS_PORT_REFUSAL, Error
 
@@ -57,39 +42,6 @@ log = logging.getLogger(__name__)
 MAX_UNSENT_BYTES = 8 * 1024 * 1024  # a peer holding more unsent output than this is closed
 MAX_BACKLOG = 64  # a connection's events not yet applied before its handler stops reading
 WRITER_JOIN_SECONDS = 2.0  # how long a leaving handler lets queued bytes go out
-
-
-class Connection(Protocol):
-    """Anything whose events go through the mailbox (``mailbox.py``)."""
-
-    inbox: deque  # its events not yet taken by the core, in order
-
-    def drained(self) -> None:
-        """The core took events from ``inbox``."""
-
-
-class ReplyConnection(Connection, Protocol):
-    """A connection answered in request order (the client port, the metrics port's reads)."""
-
-    def reply(self, data: bytes, count: int, close: bool = False) -> None:
-        """Write the encoded replies to ``count`` requests; with ``close``, close after them."""
-
-    def held_back(self, count: int) -> None:
-        """``count`` of its unanswered requests wait for a pending WAIT_JOB (their replies
-        are held in order behind it); the rest are on their way."""
-
-
-class OutboundConnection(Connection, Protocol):
-    """A connection the core sends to through ``core.outbound`` (worker and Periodic ports)."""
-
-    last_arrival: float  # when its last frame was read (clock.monotonic)
-    paused: bool  # its handler is not reading because the core is behind on it
-
-    def send_many(self, msgs: list[Any]) -> None:
-        """Messages (or frames) in order, with one write; a None among them closes after what precedes it."""
-
-    def abort(self) -> None:
-        """Shut the connection down now; its handler then exits."""
 
 
 def nodelay(sock: socket.socket) -> None:

@@ -21,21 +21,21 @@ import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
-from jobmesh.coordinator.figures import Counters
-from jobmesh.coordinator.limits import Limits
+from jobmesh.coordinator.core.figures import Counters
+from jobmesh.coordinator.core.limits import Limits
 from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
-from jobmesh.coordinator.locks import LockTable
-from jobmesh.coordinator.outbox import Outbox
-from jobmesh.coordinator.periodic_waits import EXPIRED_ERROR, PeriodicWaits, wait_deadline
-from jobmesh.coordinator.registry import PeriodicSession
-from jobmesh.coordinator.table import JobTable
-from jobmesh.coordinator.timers import Timers
+from jobmesh.coordinator.core.periodic.locks import LockTable
+from jobmesh.coordinator.core.outbox import Outbox
+from jobmesh.coordinator.core.periodic.waits import EXPIRED_ERROR, PeriodicWaits, wait_deadline
+from jobmesh.coordinator.core.registry import PeriodicSession
+from jobmesh.coordinator.core.table import JobTable
+from jobmesh.coordinator.core.timers import Timers
 from jobmesh.errors import PeriodicError
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 
 if TYPE_CHECKING:
-    from jobmesh.coordinator.connection import OutboundConnection
+    from jobmesh.coordinator.core.peers import OutboundConnection
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobmesh.coordinator.connection import Connection, OutboundConnection, ReplyConnection
+from jobmesh.coordinator.core.peers import Connection, OutboundConnection, ReplyConnection
 from jobmesh.protocol import messages as m
 
 LIST_ROWS_PER_COST = 4  # a LIST_JOBS page of 1000 rows costs about as much to build as 250 submits

@@ -48,11 +48,11 @@ from typing import Any, Callable
 import gevent
 import gevent.monkey
 
-from jobmesh.coordinator import events as ev
-from jobmesh.coordinator.clock import monotonic
+from jobmesh.coordinator.core import events as ev
+from time import monotonic
 from jobmesh.auth import WORKER, Identity
-from jobmesh.coordinator.connection import Output, nodelay, receiver, tls_accept
-from jobmesh.coordinator.guard import Guard, Ticket
+from jobmesh.coordinator.ports.connection import Output, nodelay, receiver, tls_accept
+from jobmesh.coordinator.ports.guard import Guard, Ticket
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import FrameReader, encode_frame

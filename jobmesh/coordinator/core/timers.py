@@ -17,7 +17,7 @@ import itertools
 from typing import Iterator
 
 from jobmesh.store.job import Job
-from jobmesh.coordinator.table import JobTable, due_time
+from jobmesh.coordinator.core.table import JobTable, due_time
 from jobmesh.protocol.jobs import JobState
 
 

@@ -36,24 +36,24 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from jobmesh.config import CoreConfig
-from jobmesh.coordinator import events as ev
-from jobmesh.coordinator.figures import Counters, Figures, stats_message
-from jobmesh.coordinator.json_jobs import JsonJobs
-from jobmesh.coordinator.limits import Limits
-from jobmesh.coordinator.outbox import Frame, Outbox
-from jobmesh.coordinator.periodic_jobs import PeriodicJobs
-from jobmesh.coordinator.requests import ClientRequests
-from jobmesh.coordinator.schedules import SCHEDULES_NOT_APPLIED, Schedules
+from jobmesh.coordinator.core import events as ev
+from jobmesh.coordinator.core.figures import Counters, Figures, stats_message
+from jobmesh.coordinator.core.json_jobs import JsonJobs
+from jobmesh.coordinator.core.limits import Limits
+from jobmesh.coordinator.core.outbox import Frame, Outbox
+from jobmesh.coordinator.core.periodic.jobs import PeriodicJobs
+from jobmesh.coordinator.core.requests import ClientRequests
+from jobmesh.coordinator.core.schedules import SCHEDULES_NOT_APPLIED, Schedules
 from jobmesh.store.base import Batch, Read, Store
 from jobmesh.store.job import Job
-from jobmesh.coordinator.table import JobTable, ReadPending, due_time
-from jobmesh.coordinator.timers import Timers
-from jobmesh.coordinator.waiters import Slot, Waiter
+from jobmesh.coordinator.core.table import JobTable, ReadPending, due_time
+from jobmesh.coordinator.core.timers import Timers
+from jobmesh.coordinator.core.waiters import Slot, Waiter
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 
 if TYPE_CHECKING:
-    from jobmesh.coordinator.connection import OutboundConnection
+    from jobmesh.coordinator.core.peers import OutboundConnection
 
 log = logging.getLogger(__name__)
 

@@ -38,14 +38,14 @@ from collections import Counter
 
 import ujson
 
-from jobmesh.coordinator import scheduler
-from jobmesh.coordinator.figures import Counters
-from jobmesh.coordinator.limits import Limits, TypeLimit
+from jobmesh.coordinator.core import scheduler
+from jobmesh.coordinator.core.figures import Counters
+from jobmesh.coordinator.core.limits import Limits, TypeLimit
 from jobmesh.store.job import Job
-from jobmesh.coordinator.outbox import Outbox
-from jobmesh.coordinator.registry import Session, WorkerRegistry
-from jobmesh.coordinator.table import BUILTIN_TYPES, JobTable
-from jobmesh.coordinator.timers import Timers
+from jobmesh.coordinator.core.outbox import Outbox
+from jobmesh.coordinator.core.registry import Session, WorkerRegistry
+from jobmesh.coordinator.core.table import BUILTIN_TYPES, JobTable
+from jobmesh.coordinator.core.timers import Timers
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from jobmesh.protocol.messages import quote
@@ -53,7 +53,7 @@ from jobmesh.protocol.payloads import (MAX_NESTING, is_finite_json, progress_pro
                                        task_defaults_problem, too_deep)
 
 if TYPE_CHECKING:
-    from jobmesh.coordinator.connection import OutboundConnection
+    from jobmesh.coordinator.core.peers import OutboundConnection
 
 log = logging.getLogger(__name__)
 

@@ -49,16 +49,16 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
 
-from jobmesh.coordinator import events as ev
-from jobmesh.coordinator.clock import monotonic
-from jobmesh.coordinator.connection import MAX_UNSENT_BYTES, WRITER_JOIN_SECONDS, Output, nodelay
+from jobmesh.coordinator.core import events as ev
+from time import monotonic
+from jobmesh.coordinator.ports.connection import MAX_UNSENT_BYTES, WRITER_JOIN_SECONDS, Output, nodelay
 from jobmesh.auth import READER, WORKER
 from jobmesh.errors import ConfigError, ProtocolError
 from jobmesh.periodic import codec as pc
 
 if TYPE_CHECKING:
     from jobmesh.auth import Identity
-    from jobmesh.coordinator.guard import Guard, Ticket
+    from jobmesh.coordinator.ports.guard import Guard, Ticket
     from jobmesh.periodic.rsa import OpenedDecoder, ServerKeys
 
     Decoder = pc.PacketDecoder | OpenedDecoder

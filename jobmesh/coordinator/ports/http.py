@@ -82,10 +82,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
-from jobmesh.coordinator import events as ev
-from jobmesh.coordinator.guard import Guard
-from jobmesh.coordinator.connection import tls_accept
-from jobmesh.coordinator.figures import (ACTIVE, FINISHED, METRICS, NO_FIGURES, SUMMARY_KEYS, BucketCounts, Figures, Kind,
+from jobmesh.coordinator.core import events as ev
+from jobmesh.coordinator.ports.guard import Guard
+from jobmesh.coordinator.ports.connection import tls_accept
+from jobmesh.coordinator.core.figures import (ACTIVE, FINISHED, METRICS, NO_FIGURES, SUMMARY_KEYS, BucketCounts, Figures, Kind,
                                          Metric, RuntimeFigures)
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
@@ -430,7 +430,7 @@ class HttpPort:
                                          buckets=LAG_BUCKETS, registry=self.registry)
         self._lag_max = 0.0  # the largest lag since the last chart sample
         self._timer: gevent.Greenlet | None = None
-        self._page = resources.files("jobmesh.coordinator").joinpath("dashboard.html").read_bytes()
+        self._page = resources.files("jobmesh.coordinator.ports").joinpath("dashboard.html").read_bytes()
 
     @property
     def port(self) -> int:

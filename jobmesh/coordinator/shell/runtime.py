@@ -62,24 +62,24 @@ import gevent.ssl
 
 from jobmesh.addresses import Address
 from jobmesh.config import CoordinatorConfig, is_loopback
-from jobmesh.coordinator import events as ev
-from jobmesh.coordinator.clock import core_millis, now_millis, wall_millis
-from jobmesh.coordinator.connection import ReplyConnection
-from jobmesh.coordinator.mailbox import Mailbox
-from jobmesh.coordinator.outage import CommitFailed, StorageOutage, storage_error
-from jobmesh.coordinator.core import INTERNAL_ERROR, SCHEDULES_NOT_APPLIED, CoordinatorCore
-from jobmesh.coordinator.dblock import DatabaseInUse, DatabaseLock
-from jobmesh.coordinator.figures import RuntimeFigures
+from jobmesh.coordinator.core import events as ev
+from jobmesh.coordinator.shell.clock import core_millis, now_millis, wall_millis
+from jobmesh.coordinator.core.peers import ReplyConnection
+from jobmesh.coordinator.shell.mailbox import Mailbox
+from jobmesh.coordinator.shell.outage import CommitFailed, StorageOutage, storage_error
+from jobmesh.coordinator.core.face import INTERNAL_ERROR, SCHEDULES_NOT_APPLIED, CoordinatorCore
+from jobmesh.coordinator.shell.dblock import DatabaseInUse, DatabaseLock
+from jobmesh.coordinator.core.figures import RuntimeFigures
 from jobmesh.auth import warn_if_exposed
-from jobmesh.coordinator.guard import Guard, pending_bound
-from jobmesh.coordinator.housekeeping import (COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, CollectorPolicy, Histogram,
+from jobmesh.coordinator.ports.guard import Guard, pending_bound
+from jobmesh.coordinator.shell.housekeeping import (COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, CollectorPolicy, Histogram,
                                               raise_fd_limit)
-from jobmesh.coordinator import leadership
-from jobmesh.coordinator.leadership import KeepLeading, LeadershipLost
-from jobmesh.coordinator.periodic_port import PeriodicPort
-from jobmesh.coordinator.server import SHUTTING_DOWN, Servers
-from jobmesh.coordinator.waiters import Slot, Waiter
-from jobmesh.coordinator import schedule_file
+from jobmesh.coordinator.shell import leadership
+from jobmesh.coordinator.shell.leadership import KeepLeading, LeadershipLost
+from jobmesh.coordinator.ports.periodic import PeriodicPort
+from jobmesh.coordinator.ports.server import SHUTTING_DOWN, Servers
+from jobmesh.coordinator.core.waiters import Slot, Waiter
+from jobmesh.coordinator.shell import schedule_file
 from jobmesh.errors import ConfigError, ProtocolError
 from jobmesh.exitcodes import EXIT_COMMIT_FAILED, EXIT_CORE_DIED, EXIT_LEADERSHIP_LOST, EXIT_USAGE
 from jobmesh.protocol import messages as m
@@ -90,7 +90,7 @@ from jobmesh.store.sqlite import FAULT_FILE_ENV
 from jobmesh.tls import server_context
 
 if TYPE_CHECKING:
-    from jobmesh.coordinator.http import HttpPort
+    from jobmesh.coordinator.ports.http import HttpPort
     from jobmesh.periodic.rsa import ServerKeys
 
 log = logging.getLogger(__name__)
@@ -274,7 +274,7 @@ class Coordinator:
                               % (cfg.db, self.lock.path, exc.strerror or exc)) from None
         self.store = self._open_store()
         if cfg.metrics_port is not None:  # /healthz and /readyz answer while standing by and recovering
-            from jobmesh.coordinator.http import HttpPort  # imports prometheus_client: only when asked
+            from jobmesh.coordinator.ports.http import HttpPort  # imports prometheus_client: only when asked
 
             self.http = HttpPort(self, cfg.bind, cfg.metrics_port, self.guard, self.tls, cfg.tls_handshake_timeout_millis / 1000.0)
             self.servers.append(self.http.start())

@@ -8,7 +8,7 @@ from jobmesh.periodic import codec as pc
 from jobmesh.protocol import messages as m
 
 if TYPE_CHECKING:
-    from jobmesh.coordinator.connection import OutboundConnection
+    from jobmesh.coordinator.core.peers import OutboundConnection
 
 # A JSON message, a Periodic frame (bytes, or Paced: written on its own), or None: close
 # the connection once what is queued for it is out.

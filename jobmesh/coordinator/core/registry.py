@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:  # a protocol only: the registry stays free of gevent
-    from jobmesh.coordinator.connection import OutboundConnection
+    from jobmesh.coordinator.core.peers import OutboundConnection
 
 
 class Session:

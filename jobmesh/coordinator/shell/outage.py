@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 import time
 
-from jobmesh.coordinator import leadership
+from jobmesh.coordinator.shell import leadership
 from jobmesh.protocol import messages as m
 from jobmesh.store.base import Batch, Outcome, Store, merge_batches
 
-log = logging.getLogger("jobmesh.coordinator.runtime")  # one logger for the runtime's lines
+log = logging.getLogger("jobmesh.coordinator.shell.runtime")  # one logger for the runtime's lines
 
 STORAGE_PROBE_SECONDS = 1.0  # while storage fails, how often a probe write checks it again
 

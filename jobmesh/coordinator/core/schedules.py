@@ -32,9 +32,9 @@ from typing import Any, Callable
 import ujson
 
 from jobmesh.config import CoreConfig
-from jobmesh.coordinator.firetimes import NAME, Rule, RuleError, jitter_delay
-from jobmesh.coordinator.requests import MAX_PAYLOAD_BYTES, SCHEDULE_KEYS as KEY_PREFIX
-from jobmesh.coordinator.table import JobTable
+from jobmesh.coordinator.core.firetimes import NAME, Rule, RuleError, jitter_delay
+from jobmesh.coordinator.core.requests import MAX_PAYLOAD_BYTES, SCHEDULE_KEYS as KEY_PREFIX
+from jobmesh.coordinator.core.table import JobTable
 from jobmesh.auth import type_refusal
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState, Priority

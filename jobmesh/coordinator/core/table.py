@@ -25,9 +25,9 @@ from typing import Any, Callable, Iterable, NamedTuple, Protocol
 import ujson
 
 from jobmesh.config import CoreConfig
-from jobmesh.coordinator.figures import Counters
+from jobmesh.coordinator.core.figures import Counters
 from jobmesh.store.job import Job
-from jobmesh.coordinator.registry import Session
+from jobmesh.coordinator.core.registry import Session
 from jobmesh.store.base import Batch, Read, Store
 from jobmesh.store.columns import dump_events, event_fragment, insert_row, load_events, update_row
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority

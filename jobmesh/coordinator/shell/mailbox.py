@@ -24,8 +24,8 @@ from collections import deque
 
 import gevent.event
 
-from jobmesh.coordinator.connection import Connection
-from jobmesh.coordinator.events import Event
+from jobmesh.coordinator.core.peers import Connection
+from jobmesh.coordinator.core.events import Event
 
 PER_CONN = 16  # events of one connection per turn of the round robin
 

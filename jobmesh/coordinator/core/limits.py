@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import ujson
 
-from jobmesh.coordinator.table import JobTable
+from jobmesh.coordinator.core.table import JobTable
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.messages import quote

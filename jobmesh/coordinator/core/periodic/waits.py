@@ -27,12 +27,12 @@ from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Iterator
 
 from jobmesh.store.job import Job
-from jobmesh.coordinator.outbox import Outbox
+from jobmesh.coordinator.core.outbox import Outbox
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol.jobs import JobState
 
 if TYPE_CHECKING:
-    from jobmesh.coordinator.connection import OutboundConnection
+    from jobmesh.coordinator.core.peers import OutboundConnection
 
 log = logging.getLogger(__name__)
 

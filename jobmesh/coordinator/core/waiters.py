@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from jobmesh.protocol.messages import Message
 
 if TYPE_CHECKING:  # a protocol only: this module stays pure
-    from jobmesh.coordinator.connection import ReplyConnection
+    from jobmesh.coordinator.core.peers import ReplyConnection
 
 MAX_WAIT_MILLIS = 3_600_000  # the longest WAIT_JOB timeout
 

@@ -1,0 +1,1 @@
+"""The Periodic protocol's parts of the core: named jobs, func workers, locks, waits."""
