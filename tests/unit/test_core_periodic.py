@@ -482,3 +482,32 @@ def test_funcs_a_connection_brings_in_over_its_life_are_bounded(monkeypatch):
     assert [msg for _, msg in h.send(T0, w, pc.CanDo(51, b"churn-3"))] == [pc.Success(51)]
     assert [msg for _, msg in h.send(T0, Conn("w2"), pc.CanDo(52, b"other"))] == [pc.Success(52)]
     assert len(h.status(T0)) == 21
+
+
+def test_the_periodic_parts_change_jobs_only_through_the_table_behind_a_short_facade():
+    """The table is the one place a job changes, so its listeners see every change: no
+    Periodic part sets a Job field itself (``record``, ``set_periodic`` and ``transition``
+    do). And ``jobs.py`` is the face of the parts, not a part of its own."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    from jobmesh.coordinator.core import periodic
+
+    fields = {field.name for field in dataclasses.fields(Job)}
+    folder = Path(periodic.__file__).parent
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                targets = [t for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple)
+                                                                  else [target])]
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            else:
+                continue
+            found += ["%s:%d %s" % (path.name, node.lineno, t.attr) for t in targets
+                      if isinstance(t, ast.Attribute) and t.attr in fields
+                      and not (isinstance(t.value, ast.Name) and t.value.id == "self")]
+    assert found == []
+    assert len((folder / "jobs.py").read_text().splitlines()) < 300

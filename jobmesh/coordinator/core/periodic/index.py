@@ -194,10 +194,21 @@ class FuncIndex:
             pf = self.funcs[func] = PeriodicFunc()
         return pf
 
+    def knows(self, func: str) -> bool:
+        """Whether the func is listed (STATUS)."""
+        return func in self.funcs
+
     def has_workers(self, func: str) -> bool:
         """Whether a connected worker declared the func."""
         pf = self.funcs.get(func)
         return pf is not None and bool(pf.workers)
+
+    def worker_wait(self, func: str) -> str:
+        """Why a due job of the func waits for a worker (its waitingReason)."""
+        pf = self.funcs.get(func)
+        if pf is None or not pf.workers:
+            return "NO_WORKER_FOR_TYPE"
+        return "BEHIND_OTHER_JOBS" if any(s.tokens for s in pf.workers) else "WORKERS_BUSY"
 
     def add_worker(self, func: str, session: PeriodicSession, broadcast: bool, declared: bool) -> None:
         """CAN_DO / BROADCAST: the func is known, broadcast once declared so; a session
@@ -244,6 +255,15 @@ class FuncIndex:
                 return session
         return None
 
+    @staticmethod
+    def has_queued(pf: PeriodicFunc) -> bool:
+        return bool(pf.queue)
+
+    @staticmethod
+    def others(pf: PeriodicFunc, session: PeriodicSession) -> list[PeriodicSession]:
+        """A broadcast func's other workers that hold a token (none for another func)."""
+        return [s for s in pf.workers if s is not session and s.tokens] if pf.broadcast else []
+
     def pop_queued(self, pf: PeriodicFunc) -> Job | None:
         """The func's first due job, popped; None for a stale entry (the caller goes on)."""
         sched, _, job_id = heapq.heappop(pf.queue)
@@ -280,6 +300,17 @@ class FuncIndex:
         del self.funcs[func]
         self.idle.pop(func, None)
         self._ready.discard(func)
+
+    def droppable(self, func: str) -> list[str]:
+        """DROP_FUNC: the live jobs of a func no connected worker declares (none if one does)."""
+        pf = self.funcs.get(func)
+        return sorted(pf.ids) if pf is not None and not pf.workers else []
+
+    def drop(self, func: str) -> None:
+        """DROP_FUNC, its jobs ended: a func with no worker and no live job goes at once."""
+        pf = self.funcs.get(func)
+        if pf is not None and not pf.workers and not pf.ids:
+            self.forget(func)
 
     # ---- lookups --------------------------------------------------------------------------
 

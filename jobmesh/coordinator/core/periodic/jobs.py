@@ -140,10 +140,7 @@ class PeriodicJobs:
             return held
         if self.locking.waits(job.job_id):
             return "LOCK_WAIT"
-        pf = self.index.funcs.get(job.task_type)
-        if pf is None or not pf.workers:
-            return "NO_WORKER_FOR_TYPE"
-        return "BEHIND_OTHER_JOBS" if any(s.tokens for s in pf.workers) else "WORKERS_BUSY"
+        return self.index.worker_wait(job.task_type)
 
     def sizes(self) -> tuple[int, int]:
         """(live Periodic jobs, funcs)."""

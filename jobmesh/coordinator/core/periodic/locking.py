@@ -83,7 +83,7 @@ class JobLocks:
                 self.index.lock_wait(job)
                 self.table.transition(job, JobState.QUEUED, now, event=None)
                 self.table.event(job, now, "QUEUED", "waiting for lock %s (%d holders at most)"
-                                 % (lock, self.locks.locks[lock].max_holders), attempt=job.attempts)
+                                 % (lock, self.locks.max_holders(lock)), attempt=job.attempts)
         self.outbox.send(conn, pc.encode_acquired(msg.msgid, granted))
 
     def on_release(self, now: int, conn: OutboundConnection, msg: pc.Release) -> None:

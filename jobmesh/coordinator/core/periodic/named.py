@@ -153,15 +153,12 @@ class NamedJobs:
         if func is None:
             close_not_text(self.outbox, conn)
             return
-        pf = self.index.funcs.get(func)
-        if pf is not None and not pf.workers:
-            for job_id in sorted(pf.ids):
-                job = self.table.jobs.get(job_id)
-                if job is not None:
-                    self.table.record(job, error="removed by a Periodic client (DROP_FUNC)")
-                    self.table.transition(job, JobState.CANCELLED, now)
-            if not pf.ids:
-                self.index.forget(func)
+        for job_id in self.index.droppable(func):
+            job = self.table.jobs.get(job_id)
+            if job is not None:
+                self.table.record(job, error="removed by a Periodic client (DROP_FUNC)")
+                self.table.transition(job, JobState.CANCELLED, now)
+        self.index.drop(func)
         self.outbox.send(conn, pc.encode_success(msg.msgid))
 
     # ---- a worker's outcome -----------------------------------------------------------------

@@ -104,13 +104,13 @@ class WorkerSessions:
                         type(msg).__name__, func, session.worker_id, MAX_FUNCS)
             self.outbox.send(conn, pc.encode_no_worker(msg.msgid))
             return
-        elif func not in self.index.funcs and session.new_funcs >= MAX_NEW_FUNCS:
+        elif not self.index.knows(func) and session.new_funcs >= MAX_NEW_FUNCS:
             log.warning("refused periodic %s of func %r worker=%s: a connection may bring %d new funcs at most",
                         type(msg).__name__, func, session.worker_id, MAX_NEW_FUNCS)
             self.outbox.send(conn, pc.encode_no_worker(msg.msgid))
             return
         else:
-            if func not in self.index.funcs:
+            if not self.index.knows(func):
                 session.new_funcs += 1
             declared = func in session.funcs
             self.index.add_worker(func, session, type(msg) is pc.Broadcast, declared)
@@ -171,7 +171,7 @@ class WorkerSessions:
             if pf is None:
                 continue
             gate = self.limits.gate(func)
-            while pf.queue:
+            while index.has_queued(pf):
                 if gate is not None and not gate.open(now):
                     break  # held by its limit: the limit says when it may start again (``FuncIndex.opened``)
                 session = index.token_holder(pf)
@@ -190,13 +190,12 @@ class WorkerSessions:
                     continue
                 self.table.transition(job, JobState.RUNNING, now, session=session)
                 self._assign(session, job, frame)
-                if pf.broadcast:  # and to every other worker of the func that holds a token
-                    others = [s for s in pf.workers if s is not session and s.tokens]
-                    if others:
-                        self.fanout[job.job_id] = {s.worker_id for s in others}
-                        for other in others:
-                            other.running.add(job.job_id)
-                            self._assign(other, job, pc.encode_job_assign(other.tokens[-1], wire))
+                others = index.others(pf, session)  # a broadcast job: every other worker with a token too
+                if others:
+                    self.fanout[job.job_id] = {s.worker_id for s in others}
+                    for other in others:
+                        other.running.add(job.job_id)
+                        self._assign(other, job, pc.encode_job_assign(other.tokens[-1], wire))
                 assigned += 1
         return assigned
 
