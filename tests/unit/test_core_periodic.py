@@ -55,11 +55,11 @@ class H(CoreDriver):
         return out
 
     def job(self, func: str = "f", name: str = "a") -> Job | None:
-        job_id = self.core.periodic.named.get((func, name))
+        job_id = self.core.periodic.index.named.get((func, name))
         return None if job_id is None else self.core.table.lookup(job_id)
 
     def status(self, now: int) -> list[pc.FuncStatus]:
-        data = pc.decode_reply(_body(self.core.periodic.status(now, 1)))
+        data = pc.decode_reply(_body(self.core.periodic.index.status(now, 1)))
         assert isinstance(data, pc.Data)
         return pc.parse_status(data.data)
 
@@ -151,7 +151,7 @@ def test_resubmitting_a_pending_name_replaces_it_and_running_drops_it():
     assert job.state is JobState.RUNNING and job.periodic["workload"] == "now" and len(h.core.table.jobs) == 1
     h.send(T0 + 5, w, pc.WorkDone(9, pc.Handle(b"f", b"a"), b"ok"))
     assert job.state is JobState.COMPLETED and job.result == {"data": "ok"}
-    assert ("f", "a") not in h.core.periodic.named  # released: the name is free again
+    assert ("f", "a") not in h.core.periodic.index.named  # released: the name is free again
     h.submit(T0 + 6)
     assert h.job().job_id != job.job_id
 
@@ -385,7 +385,7 @@ def test_a_func_without_worker_or_live_job_stays_listed_until_it_has_been_idle_l
     forget = 60_000
     h = H(periodic_forget_idle_millis=forget)
     # Given many workers that each declared funcs of their own and then left
-    baseline = h.core.periodic.status(T0, 1)
+    baseline = h.core.periodic.index.status(T0, 1)
     for i in range(50):
         w = Conn("w%d" % i)
         for j in range(20):
@@ -402,7 +402,7 @@ def test_a_func_without_worker_or_live_job_stays_listed_until_it_has_been_idle_l
     h.core.sweep(T0 + forget - 1)
     assert len(h.status(T0 + forget - 1)) == 50 * 20 + 1
     h.core.sweep(T0 + forget)
-    assert h.core.periodic.status(T0, 1) == baseline and h.core.periodic.sizes() == (0, 0)
+    assert h.core.periodic.index.status(T0, 1) == baseline and h.core.periodic.sizes() == (0, 0)
 
     # A func with a live job stays while the job lives, with or without a worker
     t = T0 + forget
@@ -442,11 +442,11 @@ def test_drop_func_forgets_a_func_at_once():
     # DROP_FUNC forgets each at once, without waiting for the idle time
     for func in (b"gone", b"done"):
         assert [type(msg) for _, msg in h.send(T0, Conn("c"), pc.DropFunc(3, func))] == [pc.Success]
-    assert h.status(T0) == [] and h.core.periodic.sizes() == (0, 0) and not h.core.periodic.idle
+    assert h.status(T0) == [] and h.core.periodic.sizes() == (0, 0) and not h.core.periodic.index.idle
 
 
 def test_a_connection_declares_at_most_max_funcs():
-    from jobmesh.coordinator.core.periodic.jobs import MAX_FUNCS
+    from jobmesh.coordinator.core.periodic.workers import MAX_FUNCS
 
     h = H()
     w = Conn("w")
@@ -468,9 +468,9 @@ def test_funcs_a_connection_brings_in_over_its_life_are_bounded(monkeypatch):
     """CANT_DO frees a place among the funcs a connection declares at once, but a func it
     withdrew stays listed for the forget time: declaring and withdrawing ever new names
     must not grow the listing without bound."""
-    from jobmesh.coordinator.core.periodic import jobs as periodic_jobs
+    from jobmesh.coordinator.core.periodic import workers as periodic_workers
 
-    monkeypatch.setattr(periodic_jobs, "MAX_NEW_FUNCS", 20)
+    monkeypatch.setattr(periodic_workers, "MAX_NEW_FUNCS", 20)
     h = H()
     w = Conn("w")
     for i in range(20):
@@ -482,3 +482,32 @@ def test_funcs_a_connection_brings_in_over_its_life_are_bounded(monkeypatch):
     assert [msg for _, msg in h.send(T0, w, pc.CanDo(51, b"churn-3"))] == [pc.Success(51)]
     assert [msg for _, msg in h.send(T0, Conn("w2"), pc.CanDo(52, b"other"))] == [pc.Success(52)]
     assert len(h.status(T0)) == 21
+
+
+def test_the_periodic_parts_change_jobs_only_through_the_table_behind_a_short_facade():
+    """The table is the one place a job changes, so its listeners see every change: no
+    Periodic part sets a Job field itself (``record``, ``set_periodic`` and ``transition``
+    do). And ``jobs.py`` is the face of the parts, not a part of its own."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    from jobmesh.coordinator.core import periodic
+
+    fields = {field.name for field in dataclasses.fields(Job)}
+    folder = Path(periodic.__file__).parent
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                targets = [t for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple)
+                                                                  else [target])]
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            else:
+                continue
+            found += ["%s:%d %s" % (path.name, node.lineno, t.attr) for t in targets
+                      if isinstance(t, ast.Attribute) and t.attr in fields
+                      and not (isinstance(t.value, ast.Name) and t.value.id == "self")]
+    assert found == []
+    assert len((folder / "jobs.py").read_text().splitlines()) < 300

@@ -44,7 +44,7 @@ def check(h: H, now: int) -> None:
         run = sum(1 for jid in mine if live[jid].state is JobState.RUNNING)
         if pf.processing != run:
             raise Inv("pf.processing(%s)=%d scan=%d" % (func, pf.processing, run))
-        locked = sum(1 for jid in mine if jid in c.periodic.locks.waiting)
+        locked = sum(1 for jid in mine if jid in c.periodic.locking.locks.waiting)
         if pf.locked != locked:
             raise Inv("pf.locked(%s)=%d scan=%d" % (func, pf.locked, locked))
         decl = [s for s in c.periodic.workers.values() if func in s.funcs]
@@ -53,20 +53,20 @@ def check(h: H, now: int) -> None:
     for jid, j in live.items():
         if j.task_type not in c.periodic.funcs:
             raise Inv("live job %s of func %s not in pfuncs" % (jid, j.task_type))
-        if c.periodic.named.get((j.task_type, j.name or "")) != jid:
+        if c.periodic.index.named.get((j.task_type, j.name or "")) != jid:
             raise Inv("named lacks live job %s" % jid)
-    for key, jid in c.periodic.named.items():
+    for key, jid in c.periodic.index.named.items():
         if jid not in live:
             raise Inv("named %s -> dead job %s" % (key, jid))
     # every pending job findable
     for jid, j in live.items():
         pf = c.periodic.funcs[j.task_type]
         sched = j.periodic["sched"]
-        if j.state is JobState.QUEUED and jid not in c.periodic.locks.waiting:
-            if not any(e[2] == jid and c.periodic.entry_current(jid, e[0], JobState.QUEUED) for e in pf.queue):
+        if j.state is JobState.QUEUED and jid not in c.periodic.locking.locks.waiting:
+            if not any(e[2] == jid and c.periodic.index.entry_current(jid, e[0], JobState.QUEUED) for e in pf.queue):
                 raise Inv("QUEUED job %s (%s/%s) not in its func's dispatch queue and not LOCK_WAIT: stuck"
                           % (jid, j.task_type, j.name))
-        if j.state in PENDING and jid not in c.periodic.locks.waiting:
+        if j.state in PENDING and jid not in c.periodic.locking.locks.waiting:
             if not any(i == jid and t == sched for t, i in pf.pending):
                 raise Inv("pending job %s has no pending entry" % jid)
         if j.state in (JobState.SCHEDULED, JobState.RETRY_WAIT):
@@ -82,7 +82,7 @@ def check(h: H, now: int) -> None:
     if +cnt != +got:
         raise Inv("counts %s vs scan %s" % (dict(got), dict(cnt)))
     # locks
-    pl = c.periodic.locks
+    pl = c.periodic.locking.locks
     for jid in list(pl.held) + list(pl.waiting):
         if jid not in live:
             raise Inv("lock table holds dead job %s" % jid)
@@ -111,7 +111,7 @@ def check(h: H, now: int) -> None:
         if jid in pl.waiting:
             raise Inv("waiting job %s holds %s: a refused job gives up its locks" % (jid, sorted(names)))
     # fanout
-    for jid, ws in c.periodic.fanout.items():
+    for jid, ws in c.periodic.sessions.fanout.items():
         if jid not in live or live[jid].state is not JobState.RUNNING:
             raise Inv("pfanout for non-running job %s" % jid)
         for w in ws:
@@ -121,7 +121,7 @@ def check(h: H, now: int) -> None:
     for s in c.periodic.workers.values():
         for jid in s.running:
             j = live.get(jid)
-            if j is None or j.state is not JobState.RUNNING or (j.worker_id != s.worker_id and s.worker_id not in c.periodic.fanout.get(jid, ())):
+            if j is None or j.state is not JobState.RUNNING or (j.worker_id != s.worker_id and s.worker_id not in c.periodic.sessions.fanout.get(jid, ())):
                 raise Inv("session %s running stale job %s" % (s.worker_id, jid))
     # waiters
     n = 0
@@ -134,7 +134,7 @@ def check(h: H, now: int) -> None:
                 raise Inv("done waiter listed")
             n += 1
             conns[w.conn] += 1
-            if not w.stream and key not in c.periodic.named:
+            if not w.stream and key not in c.periodic.index.named:
                 raise Inv("RUN_JOB waiter %s with no live job" % (key,))
     if n != c.periodic.waits.live:
         raise Inv("_pwait_live=%d scan=%d" % (c.periodic.waits.live, n))
@@ -205,7 +205,7 @@ class Driver:
             if w is None:
                 return "noop"
             # prefer the handle of a job running on w
-            s = h.core.periodic.conns.get(w)
+            s = h.core.periodic.sessions.conns.get(w)
             if s is not None and s.running and r.random() < 0.8:
                 jid = r.choice(sorted(s.running))
                 j = h.core.table.jobs[jid]
@@ -255,7 +255,7 @@ class Driver:
             h.core.sweep(self.now)
             h.finish(self.now)
         elif op == "cancel":
-            jid = h.core.periodic.named.get((f, n))
+            jid = h.core.periodic.index.named.get((f, n))
             if jid is None:
                 return "noop"
             desc = "json cancel %s/%s" % (f, n)
@@ -288,7 +288,7 @@ class RestartingDriver(Driver):
     def step(self) -> str:
         r, h = self.rng, self.h
         x = r.random()
-        waiting = h.core.periodic.locks.waiting
+        waiting = h.core.periodic.locking.locks.waiting
         if waiting and self.workers and r.random() < 0.2:  # a job waiting for a lock lets go of it
             job_id = r.choice(sorted(waiting))
             j = h.core.table.jobs[job_id]

@@ -214,11 +214,11 @@ def test_locks_are_released_on_fail_sched_later_worker_loss_and_removal():
         h.submit(T0, name="a")
         h.submit(T0, name="b")
         ha, hb = pc.Handle(b"f", b"a"), pc.Handle(b"f", b"b")
-        holder = w1 if h.job(name="a").worker_id == h.core.periodic.conns[w1].worker_id else w2
+        holder = w1 if h.job(name="a").worker_id == h.core.periodic.sessions.conns[w1].worker_id else w2
         other = w2 if holder is w1 else w1
         h.send(T0, holder, pc.Acquire(30, b"L", 1, ha))
         h.send(T0, other, pc.Acquire(31, b"L", 1, hb))
-        assert h.core.periodic.locks.waiting == {h.job(name="b").job_id: "L"}
+        assert h.core.periodic.locking.locks.waiting == {h.job(name="b").job_id: "L"}
         h.send(T0, other, pc.GrabJob(1))  # its token is back (aio-periodic re-grabs)
         if end == "fail":
             out = h.send(T0 + 1, holder, pc.WorkFail(40, ha))
@@ -232,7 +232,7 @@ def test_locks_are_released_on_fail_sched_later_worker_loss_and_removal():
         else:
             out = h.send(T0 + 1, holder, pc.Release(40, b"L", ha))
         assert [a.job.name for a in assigns(out)] == [b"b"], end
-        assert not h.core.periodic.locks.waiting and h.status(T0 + 1)[0].locked == 0
+        assert not h.core.periodic.locking.locks.waiting and h.status(T0 + 1)[0].locked == 0
 
 
 def test_a_waiting_job_removed_or_replaced_leaves_the_lock_queue():
@@ -240,7 +240,7 @@ def test_a_waiting_job_removed_or_replaced_leaves_the_lock_queue():
     w = Conn("w")
     contended(h, w)
     h.submit(T0 + 1, name="b", workload=b"new")  # replaced: pending again, no longer locked
-    assert not h.core.periodic.locks.waiting and h.status(T0 + 1)[0].locked == 0
+    assert not h.core.periodic.locking.locks.waiting and h.status(T0 + 1)[0].locked == 0
     [assign] = assigns(h.send(T0 + 1, w, pc.GrabJob(2)))
     assert assign.job.workload == b"new"
 
@@ -289,11 +289,11 @@ def test_a_broadcast_job_goes_to_every_worker_holding_a_token_and_the_first_done
     out = h.submit(T0)
     assert sorted(c.name for c, msg in out if isinstance(msg, pc.JobAssign)) == ["w1", "w2"]
     assert h.status(T0)[0].processing == 1 and h.status(T0)[0].workers == 3
-    other = w2 if h.job().worker_id == h.core.periodic.conns[w1].worker_id else w1
+    other = w2 if h.job().worker_id == h.core.periodic.sessions.conns[w1].worker_id else w1
     h.core.periodic.on_closed(T0 + 1, w3)
     out = h.send(T0 + 2, other, pc.WorkDone(9, HANDLE, b"x"))  # the other one finishes first
     assert [type(msg) for _, msg in out] == [pc.Success] and h.job() is None
-    assert not h.core.periodic.fanout and not any(s.running for s in h.core.periodic.workers.values())
+    assert not h.core.periodic.sessions.fanout and not any(s.running for s in h.core.periodic.workers.values())
     [job] = h.core.table.finished.values()
     assert job.state is JobState.COMPLETED and job.result == {"data": "x"}
 
@@ -337,7 +337,7 @@ def test_release_by_a_waiting_job_makes_it_pending_again():
     contended(h, w)  # b waits for L
     h.send(T0, w, pc.GrabJob(2))
     [assign] = assigns(h.send(T0 + 1, w, pc.Release(40, b"L", pc.Handle(b"f", b"b"))))
-    assert assign.job.name == b"b" and h.status(T0 + 1)[0].locked == 0 and not h.core.periodic.locks.waiting
+    assert assign.job.name == b"b" and h.status(T0 + 1)[0].locked == 0 and not h.core.periodic.locking.locks.waiting
 
 
 def test_a_larger_max_dispatches_the_waiting_job():
@@ -360,10 +360,10 @@ def test_acquire_from_an_attempt_that_has_ended_changes_nothing():
     h.core.sweep(T0 + 1000)  # the attempt on w1 timed out
     h.core.sweep(T0 + 2000)
     h.worker(T0 + 2000, w2)  # the retry runs on w2
-    assert h.job(name="a").worker_id == h.core.periodic.conns[w2].worker_id
+    assert h.job(name="a").worker_id == h.core.periodic.sessions.conns[w2].worker_id
     out = h.send(T0 + 2001, w1, pc.Acquire(50, b"L", 1, pc.Handle(b"f", b"a")))  # late, from w1
     assert to(out, w1) == [pc.Acquired(50, False)]
-    assert h.job(name="a").state is JobState.RUNNING and not h.core.periodic.locks.locks
+    assert h.job(name="a").state is JobState.RUNNING and not h.core.periodic.locking.locks.locks
 
 
 def test_retry_of_a_finished_periodic_job_is_refused():
@@ -413,7 +413,7 @@ def test_release_and_work_data_from_a_worker_the_job_does_not_run_on_are_ignored
     h.submit(T0, name="a")
     h.submit(T0, name="b")
     ha, hb = pc.Handle(b"f", b"a"), pc.Handle(b"f", b"b")
-    runs_a = h.core.periodic.conns[w1].worker_id == h.job(name="a").worker_id
+    runs_a = h.core.periodic.sessions.conns[w1].worker_id == h.job(name="a").worker_id
     wa, wb = (w1, w2) if runs_a else (w2, w1)  # the worker a runs on, and the one b runs on
     assert to(h.send(T0, wa, pc.Acquire(30, b"L", 1, ha)), wa) == [pc.Acquired(30, True)]
     # a worker that does not run a releases a's lock: nothing happens, b is still kept out

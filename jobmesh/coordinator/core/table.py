@@ -284,6 +284,29 @@ class JobTable:
         job.error = error
         self.event(job, now, cause, error, attempt=job.attempts, worker_id=job.worker_id)
 
+    # ---- a job's fields besides its state (written with its next event or move) ---------
+
+    def record(self, job: Job, *, error: str | None = None, result: dict[str, Any] | None = None,
+               submitted_by: str | None = None) -> None:
+        """What a part keeps on a job: why its next move ends it (``error``), its result,
+        who submitted it (a new job, before ``admit``)."""
+        if error is not None:
+            job.error = error
+        if result is not None:
+            job.result = result
+        if submitted_by is not None:
+            job.submitted_by = submitted_by
+
+    def set_periodic(self, job: Job, fields: dict[str, Any], timeout: int | None = None,
+                     run_at: int | None = None) -> None:
+        """A Periodic job's own fields (workload, count, timeout, sched; docs/PERIODIC.md),
+        with its per-attempt timeout (ms) and run-at time (wall clock) when they change too."""
+        job.periodic = fields
+        if timeout is not None:
+            job.execution_timeout = timeout
+        if run_at is not None:
+            job.run_at = run_at
+
     # ---- timelines and rows ---------------------------------------------------------
 
     def event(self, job: Job, now: int, event: str, detail: str | None = None, retry_at: int | None = None,

@@ -1,1 +1,2 @@
-"""The Periodic protocol's parts of the core: named jobs, func workers, locks, waits."""
+"""The Periodic protocol's parts of the core: func index, worker sessions, locks, named
+jobs, streams and the command table, behind PeriodicJobs (jobs.py)."""

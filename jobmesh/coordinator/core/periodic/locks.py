@@ -56,6 +56,10 @@ class LockTable:
         self.waiting[job_id] = name
         return False, promoted
 
+    def max_holders(self, name: str) -> int:
+        """The most holders the lock may have (the largest ever asked for it)."""
+        return self.locks[name].max_holders
+
     def _fill(self, name: str, lock: _Lock) -> list[str]:
         """Free places go to the first jobs of the FIFO; the jobs promoted."""
         promoted: list[str] = []
