@@ -37,6 +37,14 @@ FAST_FLAGS = {
 }
 
 
+def listening_addresses(m: re.Match) -> tuple:
+    """``(worker, client, periodic, metrics)`` addresses of a LISTENING match, each a
+    ``(host, port)`` or None for a port that is not open."""
+    periodic = (m["p"], int(m["pp"])) if m["p"] else None
+    metrics = (m["m"], int(m["mp"])) if m["m"] else None
+    return (m["w"], int(m["wp"])), (m["c"], int(m["cp"])), periodic, metrics
+
+
 def wait_until(predicate, timeout=10.0, interval=0.01, message="condition", sleep=time.sleep):
     """Poll ``predicate`` until it returns a truthy value (returned) or fail after timeout.
 
@@ -166,17 +174,16 @@ class CoordinatorProc:
             self.proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env(),
                                          preexec_fn=self._limits if self.open_files_limit else None)
         m = wait_until(self._listening, timeout=timeout, message="coordinator listening line")
-        self.worker_addr = (m["w"], int(m["wp"]))
-        self.client_addr = (m["c"], int(m["cp"]))
-        if m["p"]:
-            self.periodic_addr = (m["p"], int(m["pp"]))
-        if m["m"]:
-            self.metrics_addr = (m["m"], int(m["mp"]))
+        self.worker_addr, self.client_addr, self.periodic_addr, self.metrics_addr = listening_addresses(m)
         return self
 
     def _limits(self) -> None:
         import resource
         resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files_limit, self.open_files_limit))
+
+    def running(self) -> bool:
+        """True while the process runs."""
+        return self.proc is not None and self.proc.poll() is None
 
     def open_fds(self) -> int:
         """How many descriptors the coordinator process holds now."""
