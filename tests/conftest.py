@@ -5,8 +5,9 @@ import os
 import pytest
 
 from tests import pg_support
-from tests.helpers import CoordinatorProc, Peers, WorkerProcs
 from tests.support.inprocess import InProcessCoordinator
+from tests.support.peers import Peers
+from tests.support.processes import CoordinatorProc, WorkerProcs
 
 
 @pytest.fixture(scope="session")

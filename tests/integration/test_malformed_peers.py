@@ -29,8 +29,9 @@ import time
 import pytest
 
 from jobmesh.protocol.framing import HEADER, MAX_FRAME, encode_frame
-from tests.helpers import (RawConn, RegistrationRefused, ScriptedWorker, assert_prompt, baseline,
-                           read_until_closed, timed, wait_until)
+from tests.support.connections import RawConn, read_until_closed
+from tests.support.peers import RegistrationRefused, ScriptedWorker
+from tests.support.waiting import assert_prompt, baseline, timed, wait_until
 from tests.support.malformed import (CLIENT_CASES, FRAMING_CASES, WORKER_CASES, case, client_port_violation, frame_of,
                                      job_ids, make_bystanders, unique, worker_ids, worker_port_violation)
 

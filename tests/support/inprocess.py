@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jobmesh.config import CoordinatorConfig
-from tests.helpers import FAST_FLAGS, LISTENING, listening_addresses
+from tests.support.processes import FAST_FLAGS, LISTENING, listening_addresses
 
 START_SECONDS = 15.0
 STOP_SECONDS = 15.0

@@ -16,7 +16,8 @@ import itertools
 import socket
 
 from jobmesh.protocol.framing import HEADER, MAX_FRAME
-from tests.helpers import RawConn, read_until_closed, wait_until
+from tests.support.connections import RawConn, read_until_closed
+from tests.support.waiting import wait_until
 
 _serial = itertools.count(1)
 

@@ -9,7 +9,7 @@ import socket
 import gevent.monkey
 import pytest
 
-from tests.helpers import Client
+from tests.support.peers import Client
 from tests.support.inprocess import InProcessCoordinator
 
 
