@@ -14,8 +14,10 @@ client waits.)
 Only the hub's thread touches the coordinator: ``call(fn)`` runs ``fn(coordinator)``
 there and returns its value. ``log()`` is what this coordinator logged (INFO and up),
 from its thread only, so several may run side by side. What a process would add is not
-here: signals, the CLI's arguments and logging set-up, exit codes on stderr, and a crash
-of its own; tests of those start a ``CoordinatorProc``.
+here: monkey-patching (the coordinator names gevent's sockets, timers and thread pool
+itself, so its code runs the same unpatched), signals, the CLI's arguments and logging
+set-up, exit codes, a crash of its own, and the release of whatever a failed start had
+opened; tests of those start a ``CoordinatorProc``.
 """
 
 from __future__ import annotations
