@@ -5,7 +5,9 @@ import os
 import pytest
 
 from tests import pg_support
-from tests.helpers import CoordinatorProc, Peers, WorkerProcs
+from tests.support.inprocess import InProcessCoordinator
+from tests.support.peers import Peers
+from tests.support.processes import CoordinatorProc, WorkerProcs
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +31,31 @@ def module_coordinator(tmp_path_factory):
     proc.start()
     yield proc
     proc.cleanup()
+
+
+@pytest.fixture(scope="module")
+def inprocess_coordinator(tmp_path_factory):
+    """One coordinator in the test process (FAST_FLAGS, port 0, a temp SQLite file) shared
+    by a module's tests (tests/support/inprocess.py)."""
+    host = InProcessCoordinator(tmp_path_factory.mktemp("inproc")).start()
+    yield host
+    host.stop()
+
+
+@pytest.fixture
+def inprocess_factory(tmp_path):
+    """Start coordinators in the test process with ``inprocess_factory(**flags)``
+    (``InProcessCoordinator``: no process start); all are stopped at teardown."""
+    started = []
+
+    def make(**flags):
+        host = InProcessCoordinator(tmp_path, name="inproc%d" % len(started), **flags)
+        started.append(host)
+        return host.start()
+
+    yield make
+    for host in reversed(started):
+        host.stop()
 
 
 @pytest.fixture

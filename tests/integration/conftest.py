@@ -3,7 +3,9 @@
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import UpProc, wait_registered, wait_until
+from tests.support.cli import UpProc
+from tests.support.peers import wait_registered
+from tests.support.waiting import wait_until
 from tests.integration.periodic_support import PeerSet
 
 
@@ -65,7 +67,7 @@ class ModuleCoordinators:
     def __call__(self, store=None, **flags):
         """A new coordinator with ``flags`` on ``store`` ("sqlite" or "postgres")."""
         from tests import pg_support
-        from tests.helpers import CoordinatorProc
+        from tests.support.processes import CoordinatorProc
 
         if self.store(store) == "postgres" and "db" not in flags:
             flags["db"] = pg_support.server().schema()

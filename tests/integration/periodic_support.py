@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 from jobmesh.periodic import codec as pc
-from tests.helpers import Client
+from tests.support.peers import Client
 
 PEER = Path(__file__).resolve().parent.parent / "periodic_aio_peer.py"
 

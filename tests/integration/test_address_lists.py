@@ -13,7 +13,11 @@ from types import SimpleNamespace
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.protocol.framing import FrameReader
-from tests.helpers import RawConn, closed_address, run_cli, wait_registered, wait_until
+from tests.support.cli import run_cli
+from tests.support.connections import RawConn
+from tests.support.peers import wait_registered
+from tests.support.processes import closed_address
+from tests.support.waiting import wait_until
 
 
 def listed(*targets: str) -> SimpleNamespace:

@@ -19,7 +19,7 @@ import itertools
 import pytest
 
 from tests.pg_support import on_both_stores
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 
 
 _serial = itertools.count(1)

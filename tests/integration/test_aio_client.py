@@ -24,7 +24,9 @@ from jobmesh.client.api import submit_request
 from jobmesh.errors import ConfigError, CoordinatorUnavailable, InvalidRequest, RequestFailed, RequestTooLarge
 from jobmesh.protocol import messages
 from jobmesh.protocol.jobs import JobState, Priority
-from tests.helpers import CoordinatorProc, WorkerProc, closed_address, wait_registered, wait_until
+from tests.support.peers import wait_registered
+from tests.support.processes import CoordinatorProc, WorkerProc, closed_address
+from tests.support.waiting import wait_until
 from tests.tls_support import make_certs
 
 LONG = {"durationMillis": 600_000}  # a SLEEP that runs until it is cancelled

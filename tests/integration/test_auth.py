@@ -28,8 +28,11 @@ from jobmesh.client import CoordinatorClient
 from jobmesh.errors import RequestFailed
 from jobmesh.protocol import messages as m
 from tests.integration import test_dashboard_browser as dashboard_browser
-from tests.helpers import (CoordinatorProc, RawConn, ScriptedWorker, closed_address, read_until_closed, run_cli,
-                           stranger, wait_until)
+from tests.support.cli import run_cli
+from tests.support.connections import RawConn, read_until_closed, stranger
+from tests.support.peers import ScriptedWorker
+from tests.support.processes import CoordinatorProc, closed_address
+from tests.support.waiting import wait_until
 
 ROLES = ("worker", "reader", "client", "admin")
 LIMITED = ("GREET", "etl.*")  # the taskTypes of the "etl" client, "etl-admin" and "etl-worker" tokens
@@ -348,7 +351,7 @@ def run_cli_env(env: dict, *args, coordinator: str):
     import subprocess
     import sys
 
-    from tests.helpers import child_env
+    from tests.support.processes import child_env
 
     full = child_env()
     full.pop("GEVENT_MONITOR_THREAD_ENABLE", None)
@@ -730,7 +733,7 @@ def run_cli_in(cwd, *args):
     import subprocess
     import sys
 
-    from tests.helpers import child_env
+    from tests.support.processes import child_env
 
     return subprocess.run([sys.executable, "-m", "jobmesh", *args], cwd=cwd, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=20, env=child_env())

@@ -14,7 +14,9 @@ import time
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import closed_address, run_cli, wait_until
+from tests.support.cli import run_cli
+from tests.support.processes import closed_address
+from tests.support.waiting import wait_until
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",

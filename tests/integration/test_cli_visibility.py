@@ -13,7 +13,9 @@ import pytest
 
 from jobmesh.client import CoordinatorClient
 from tests.pg_support import on_both_stores
-from tests.helpers import run_cli, wait_no_worker, wait_registered, wait_until
+from tests.support.cli import run_cli
+from tests.support.peers import wait_no_worker, wait_registered
+from tests.support.waiting import wait_until
 from tests.integration.test_cli import jm
 
 

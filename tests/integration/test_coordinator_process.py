@@ -5,7 +5,9 @@ import sqlite3
 
 import pytest
 
-from tests.helpers import RawConn, run_cli, wait_until
+from tests.support.cli import run_cli
+from tests.support.connections import RawConn
+from tests.support.waiting import wait_until
 
 
 def test_unopenable_database_is_a_one_line_error(tmp_path):

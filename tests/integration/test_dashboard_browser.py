@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 SCREENSHOT_DIR = os.environ.get("JOBMESH_SCREENSHOT_DIR")

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tests.helpers import assert_stays, wait_until
+from tests.support.waiting import assert_stays, wait_until
 
 TIMEOUT_MS = 300
 TIMEOUT_WORDS = re.compile(r"time|deadline", re.IGNORECASE)

@@ -31,7 +31,9 @@ except ImportError:  # the dev extra brings it: a missing Django is a broken ins
                 "Python 3.12); the Django backend is untested", allow_module_level=True)
 
 from jobmesh.client.api import CoordinatorClient
-from tests.helpers import WorkerProc, run_cli, wait_until
+from tests.support.cli import run_cli
+from tests.support.processes import WorkerProc
+from tests.support.waiting import wait_until
 
 TASKS_MODULE = '''
 import os

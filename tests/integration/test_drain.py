@@ -10,7 +10,9 @@ import sqlite3
 import time
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import assert_all_gone, wait_registered, wait_until
+from tests.support.cli import assert_all_gone
+from tests.support.peers import wait_registered
+from tests.support.waiting import wait_until
 
 
 def db_job(db, job_id: str) -> tuple[str, int]:

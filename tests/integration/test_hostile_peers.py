@@ -16,7 +16,8 @@ from jobmesh.client import CoordinatorClient
 from jobmesh.errors import RequestFailed
 from jobmesh.protocol.framing import HEADER
 from jobmesh.protocol.payloads import MAX_NESTING
-from tests.helpers import RawConn, read_until_closed, run_cli
+from tests.support.cli import run_cli
+from tests.support.connections import RawConn, read_until_closed
 
 HUGE = {
     "del": "\x7f" * 300_000,

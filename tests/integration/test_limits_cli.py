@@ -17,7 +17,7 @@ import pytest
 from jobmesh.client import CoordinatorClient
 from jobmesh.client.api import submit_request
 from jobmesh.errors import RequestFailed
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 from tests.integration.test_schedules import jm, one_json
 
 LIMIT_FIELDS = {"taskType", "maxRunning", "maxRunningPerKey", "ratePerSecond", "burst", "ratePerKeyPerSecond",

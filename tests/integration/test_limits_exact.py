@@ -16,7 +16,8 @@ from typing import Any
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.protocol import messages as m
-from tests.helpers import wait_registered, wait_until
+from tests.support.peers import wait_registered
+from tests.support.waiting import wait_until
 
 TYPE = "SLEEP"
 KEYS = ("acme", "bolt", "corp", "dyne")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import Client
+from tests.support.peers import Client
 from tests.pg_support import on_both_stores
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",

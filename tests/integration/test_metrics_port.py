@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 
 CONTRACT_NAMES = (
     "jobmesh_jobs", "jobmesh_jobs_submitted_total", "jobmesh_jobs_finished_total", "jobmesh_submits_rejected_total",

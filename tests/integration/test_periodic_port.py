@@ -10,7 +10,8 @@ from unittest.mock import ANY
 import pytest
 
 from jobmesh.periodic import codec as pc
-from tests.helpers import Client, wait_until
+from tests.support.peers import Client
+from tests.support.waiting import wait_until
 from tests.integration.periodic_support import RawPeriodic, client_ops, closed, job_named, periodic_jobs
 
 pytest.importorskip("aio_periodic")
@@ -137,7 +138,7 @@ def test_hostile_bytes_close_only_that_connection(coord, hostile):
 def shared(tmp_path_factory):
     """One coordinator with its Periodic port, for the tests below that each use funcs of
     their own (so they share it)."""
-    from tests.helpers import CoordinatorProc
+    from tests.support.processes import CoordinatorProc
 
     proc = CoordinatorProc(tmp_path_factory.mktemp("periodic"), periodic_port=0)
     proc.start()
@@ -184,7 +185,7 @@ def test_a_connection_declares_at_most_ten_thousand_funcs(shared):
 
 
 def test_worker_list_fits_a_frame_whatever_funcs_a_worker_declares(shared):
-    from tests.helpers import RawConn
+    from tests.support.connections import RawConn
 
     # Given a Periodic worker whose funcs' names alone pass the 1 MiB frame limit
     worker = RawPeriodic(shared.periodic_addr, pc.ConnType.WORKER)
@@ -234,7 +235,7 @@ def test_funcs_idle_for_the_forget_time_are_forgotten(coordinator_factory, perio
 
 
 def test_worker_ids_are_one_namespace_across_the_ports(shared, periodic_peers):
-    from tests.helpers import RegistrationRefused, ScriptedWorker
+    from tests.support.peers import RegistrationRefused, ScriptedWorker
 
     # Given an aio-periodic worker running a job, on WORKER_LIST as a Periodic session
     periodic_peers(shared.periodic_addr, "ids", "hang")

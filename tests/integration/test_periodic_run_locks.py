@@ -16,7 +16,8 @@ import time
 import pytest
 
 from jobmesh.periodic import codec as pc
-from tests.helpers import Client, ScriptedWorker, wait_until
+from tests.support.peers import Client, ScriptedWorker
+from tests.support.waiting import wait_until
 from tests.integration.periodic_support import RawPeriodic, client_ops, job_named, periodic_jobs
 
 pytest.importorskip("aio_periodic")

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.periodic import codec as pc
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 from tests.integration.periodic_support import EchoPeer, RawPeriodic, RsaPeer, client_ops, make_key_pair
 
 pytest.importorskip("aio_periodic")
@@ -203,7 +203,7 @@ def test_bad_key_flags_are_one_line_errors(pki, tmp_path, argv, message):
 def fuzzed(tmp_path_factory, pki):
     """One keyed coordinator for every fuzzing example (started once: hypothesis runs the
     test body many times within one function-scoped fixture's life)."""
-    from tests.helpers import CoordinatorProc
+    from tests.support.processes import CoordinatorProc
 
     proc = CoordinatorProc(tmp_path_factory.mktemp("fuzz"), periodic_port=0, periodic_key=pki.server_private,
                            periodic_authorized_keys=pki.authorized, idle_timeout_millis=2000)
@@ -357,7 +357,7 @@ def guarded(tmp_path_factory, pki):
     """One coordinator with tokens and the RSA handshake both on (``coord``), and a worker
     and a client token of its auth file (``worker``, ``client``, as bytes)."""
     from jobmesh.auth import new_token
-    from tests.helpers import CoordinatorProc
+    from tests.support.processes import CoordinatorProc
 
     d = tmp_path_factory.mktemp("guarded")
     path = d / "auth.toml"

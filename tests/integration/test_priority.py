@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 
 _serial = itertools.count(1)
 

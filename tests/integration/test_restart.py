@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from tests.pg_support import on_both_stores
-from tests.helpers import assert_stays, wait_until
+from tests.support.waiting import assert_stays, wait_until
 
 STOPS = ["kill", "terminate"]
 
@@ -296,7 +296,7 @@ def build_legacy_db(path, version: str, now_ms: int) -> dict:
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_legacy_database_migrates_and_runs(coordinator_factory, peers, tmp_path, version):
     # Given a database written before the deadline/priority milestones
-    from tests.helpers import CoordinatorProc
+    from tests.support.processes import CoordinatorProc
     db_path = tmp_path / ("legacy-%s.db" % version)
     now_ms = int(time.time() * 1000)
     ids = build_legacy_db(db_path, version, now_ms)
@@ -418,7 +418,7 @@ def test_a_graceful_stop_under_load_answers_or_closes_and_keeps_every_acknowledg
     import threading
 
     from jobmesh.protocol.framing import encode_frame
-    from tests.helpers import RawConn
+    from tests.support.connections import RawConn
 
     coord = coordinator_factory()
     acknowledged: list[str] = []

@@ -24,7 +24,10 @@ import pytest
 
 from jobmesh import auth
 from jobmesh.client import CoordinatorClient
-from tests.helpers import RawConn, WorkerProc, closed_address, wait_registered, wait_until
+from tests.support.connections import RawConn
+from tests.support.peers import wait_registered
+from tests.support.processes import WorkerProc, closed_address
+from tests.support.waiting import wait_until
 from tests.pg_support import on_both_stores
 
 TASK_MILLIS = 2500

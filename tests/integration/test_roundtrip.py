@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.pg_support import on_both_stores
-from tests.helpers import assert_stays, wait_until
+from tests.support.waiting import assert_stays, wait_until
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",

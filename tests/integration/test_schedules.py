@@ -24,7 +24,10 @@ from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import ClientError, RequestFailed
 from jobmesh.store.sqlite import FAULT_FILE_ENV
 from tests.pg_support import on_both_stores
-from tests.helpers import Client, CoordinatorProc, child_env, run_cli, wait_until
+from tests.support.cli import run_cli
+from tests.support.peers import Client
+from tests.support.processes import CoordinatorProc, child_env
+from tests.support.waiting import wait_until
 
 
 USER_TASKS = Path(__file__).resolve().parent.parent / "user_tasks_module.py"

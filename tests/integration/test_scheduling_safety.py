@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import threading
 
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 
 CAPACITIES = {"w-s1": 1, "w-s2": 2, "w-s3": 3, "w-s4": 2, "w-s5": 1}
 THREADS = 4

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import run_cli, wait_until
+from tests.support.cli import run_cli
+from tests.support.waiting import wait_until
 
 
 def test_up_reads_its_config_file_and_its_children_do_not(start_up, tmp_path, monkeypatch):

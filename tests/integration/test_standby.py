@@ -26,7 +26,10 @@ import pytest
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import ClientError
 from jobmesh.protocol import messages as m
-from tests.helpers import CoordinatorProc, unused_port, RawConn, WorkerProc, child_env, wait_registered, wait_until
+from tests.support.connections import RawConn
+from tests.support.peers import wait_registered
+from tests.support.processes import CoordinatorProc, WorkerProc, child_env, unused_port
+from tests.support.waiting import wait_until
 from tests.integration.test_limits_exact import MAX_RUNNING, TYPE, check_timelines, set_limit, submit_load
 
 STANDING_BY = "jobmesh coordinator standing by"

@@ -17,7 +17,8 @@ import pytest
 
 from jobmesh import auth
 from jobmesh.store.sqlite import FAULT_FILE_ENV
-from tests.helpers import run_cli, wait_until
+from tests.support.cli import run_cli
+from tests.support.waiting import wait_until
 from tests.integration.test_metrics_port import get_json, scrape, value
 
 BIG_TEXT = "x " * 3000  # a few pages a job: a database that cannot grow fails at once

@@ -17,7 +17,9 @@ import pytest
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.errors import RequestFailed
-from tests.helpers import RegistrationRefused, WorkerProcs, wait_registered, wait_until
+from tests.support.peers import RegistrationRefused, wait_registered
+from tests.support.processes import WorkerProcs
+from tests.support.waiting import wait_until
 from tests.integration.test_user_tasks import MODULE_SOURCE
 
 OPTIONS_SOURCE = MODULE_SOURCE.parent / "task_options_module.py"

@@ -22,7 +22,10 @@ from pathlib import Path
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import CoordinatorProc, WorkerProc, child_env, run_cli, wait_registered, wait_until
+from tests.support.cli import run_cli
+from tests.support.peers import wait_registered
+from tests.support.processes import CoordinatorProc, WorkerProc, child_env
+from tests.support.waiting import wait_until
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
 

@@ -17,7 +17,10 @@ import pytest
 from jobmesh.client import CoordinatorClient
 from jobmesh.errors import ConfigError, CoordinatorUnavailable, RequestFailed
 from jobmesh.protocol.framing import FrameReader, encode_frame
-from tests.helpers import closed_address, run_cli, wait_registered, wait_until
+from tests.support.cli import run_cli
+from tests.support.peers import wait_registered
+from tests.support.processes import closed_address
+from tests.support.waiting import wait_until
 from tests.tls_support import make_certs
 
 HANDSHAKE_MILLIS = 500

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tests.helpers import assert_stays, wait_no_worker
+from tests.support.peers import wait_no_worker
+from tests.support.waiting import assert_stays
 
 _serial = itertools.count(1)
 

@@ -13,7 +13,10 @@ import signal
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import UpProc, alive, assert_all_gone, wait_registered, wait_until
+from tests.support.cli import UpProc, assert_all_gone
+from tests.support.peers import wait_registered
+from tests.support.processes import alive
+from tests.support.waiting import wait_until
 
 
 @pytest.mark.parametrize("how", ["SIGTERM to up", "SIGINT to the process group (Ctrl-C)"])

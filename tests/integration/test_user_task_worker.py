@@ -27,7 +27,9 @@ import pytest
 
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.payloads import TASK_TYPES
-from tests.helpers import CoordinatorProc, alive, child_env, run_cli, wait_until
+from tests.support.cli import run_cli
+from tests.support.processes import CoordinatorProc, alive, child_env
+from tests.support.waiting import wait_until
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
 USER_TYPES = sorted(["BIG", "BOOM", "CHATTY", "COOP", "CPU", "DEAF", "EXIT3", "FLAKY", "GREET", "LISTY", "LOGS",

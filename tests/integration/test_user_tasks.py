@@ -19,7 +19,9 @@ import pytest
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.protocol.payloads import TASK_TYPES
-from tests.helpers import LISTENING, alive, wait_no_worker, wait_registered, wait_until
+from tests.support.peers import wait_no_worker, wait_registered
+from tests.support.processes import LISTENING, alive
+from tests.support.waiting import wait_until
 from tests.integration.test_cli_visibility import json_lines
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"

@@ -17,7 +17,9 @@ import pytest
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.client.api import WaitTimeout
-from tests.helpers import assert_prompt, baseline, child_env, run_cli, timed, wait_until
+from tests.support.cli import run_cli
+from tests.support.processes import child_env
+from tests.support.waiting import assert_prompt, baseline, timed, wait_until
 
 SLEEP = {"durationMillis": 10}
 _serial = itertools.count(1)

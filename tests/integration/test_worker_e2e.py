@@ -15,7 +15,8 @@ from datetime import datetime
 import pytest
 
 from jobmesh.client import CoordinatorClient
-from tests.helpers import wait_no_worker, wait_registered, wait_until
+from tests.support.peers import wait_no_worker, wait_registered
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture

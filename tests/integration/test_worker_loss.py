@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from tests.helpers import FAST_FLAGS, assert_stays, wait_until
+from tests.support.processes import FAST_FLAGS
+from tests.support.waiting import assert_stays, wait_until
 
 HEARTBEAT_TIMEOUT = FAST_FLAGS["heartbeat-timeout-millis"] / 1000.0
 _serial = itertools.count(1)

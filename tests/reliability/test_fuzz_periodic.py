@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from jobmesh.errors import PeriodicError
 from jobmesh.periodic import codec as pc
-from tests.helpers import Client, CoordinatorProc
+from tests.support.peers import Client
+from tests.support.processes import CoordinatorProc
 from tests.integration.periodic_support import RawPeriodic
 from tests.reliability.test_fuzz_ports import PROFILE
 

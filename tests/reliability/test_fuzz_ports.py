@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import HEADER, MAX_FRAME, FrameReader
-from tests.helpers import Client
+from tests.support.peers import Client
 
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, database=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -14,7 +14,8 @@ import time
 import pytest
 
 from jobmesh.protocol.framing import HEADER, encode_frame
-from tests.helpers import RawConn, latency_limit, wait_until
+from tests.support.connections import RawConn
+from tests.support.waiting import latency_limit, wait_until
 
 BASELINE_REQUESTS = 50
 
@@ -243,7 +244,7 @@ def test_idle_and_half_sent_connections_are_closed_and_their_descriptors_come_ba
 
 
 def test_workers_can_register_when_clients_hold_every_client_descriptor(tmp_path, peers):
-    from tests.helpers import CoordinatorProc
+    from tests.support.processes import CoordinatorProc
     coord = CoordinatorProc(tmp_path, name="few-fds")
     coord.open_files_limit = 1024  # clients get at most 1024 - 256 - 512 = 256 descriptors
     coord.start()
@@ -295,7 +296,7 @@ def test_a_storage_stall_declares_no_worker_dead(coordinator_factory, peers):
 def test_strangers_that_never_authenticate_cannot_take_the_slots_of_workers_and_clients(tmp_path):
     # Given a coordinator with tokens whose descriptor limit leaves 64 worker and 32 client slots
     from jobmesh import auth
-    from tests.helpers import CoordinatorProc
+    from tests.support.processes import CoordinatorProc
     path = str(tmp_path / "auth.toml")
     tokens = {role: auth.new_token(path, role, role) for role in ("worker", "client")}
     coord = CoordinatorProc(tmp_path, name="strangers", auth_file=path, auth_timeout_millis=4000, periodic_port=0)

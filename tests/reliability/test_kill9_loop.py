@@ -19,7 +19,7 @@ import pytest
 
 from jobmesh.client import CoordinatorClient
 from jobmesh.errors import ClientError
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 
 ROUNDS = 5
 LOAD_SECONDS = 0.8

@@ -7,7 +7,7 @@ import pytest
 from jobmesh.cli import parse
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.client.commands import Console, run_client_command
-from tests.helpers import ScriptedServer
+from tests.support.scripted_server import ScriptedServer
 
 
 @pytest.fixture

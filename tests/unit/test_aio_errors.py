@@ -1,4 +1,4 @@
-"""AsyncClient against a misbehaving peer (``tests.helpers.ScriptedServer``, stdlib threads):
+"""AsyncClient against a misbehaving peer (``tests.support.scripted_server.ScriptedServer``, stdlib threads):
 replies that never come, make no sense or come unasked, connections closed mid-request,
 each costing only that connection, with the blocking client's errors."""
 
@@ -15,7 +15,7 @@ from jobmesh.aio import AsyncClient
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import CoordinatorUnavailable, SubmitRejected
 from jobmesh.protocol.framing import encode_frame
-from tests.helpers import CLOSE, HANG, Delayed, ScriptedServer
+from tests.support.scripted_server import CLOSE, Delayed, HANG, ScriptedServer
 
 SNAP = {"jobId": "j-1", "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "maxAttempts": 3,
         "workerId": None, "result": None, "error": None, "createdAtMillis": 1, "updatedAtMillis": 1,

@@ -12,7 +12,8 @@ from jobmesh import cli
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import ClientError, InvalidRequest, RequestTooLarge
 from jobmesh.exitcodes import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_USAGE
-from tests.helpers import ScriptedServer, child_env
+from tests.support.processes import child_env
+from tests.support.scripted_server import ScriptedServer
 
 SNAP = {"jobId": "j-1", "taskType": "SLEEP", "state": "COMPLETED", "attempts": 1, "maxAttempts": 3,
         "workerId": None, "result": {"pad": "x" * 5000}, "error": None, "createdAtMillis": 1,

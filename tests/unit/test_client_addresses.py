@@ -15,7 +15,8 @@ from jobmesh.client.api import CoordinatorClient
 from jobmesh.client.commands import Console, run_client_command
 from jobmesh.errors import CoordinatorUnavailable
 from jobmesh.exitcodes import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
-from tests.helpers import CLOSE, ScriptedServer, closed_address
+from tests.support.processes import closed_address
+from tests.support.scripted_server import CLOSE, ScriptedServer
 
 SNAP = {"jobId": "j-1", "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "maxAttempts": 3,
         "workerId": None, "result": None, "error": None, "createdAtMillis": 1, "updatedAtMillis": 1,

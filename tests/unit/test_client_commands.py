@@ -1,6 +1,6 @@
 """The client commands in-process: docopt argv -> requests on the wire -> text on a Console.
 
-A ``ScriptedServer`` (tests/helpers.py) plays the coordinator and records every request;
+A ``ScriptedServer`` (tests/support/scripted_server.py) plays the coordinator and records every request;
 output goes to StringIO streams, so nothing here touches the test process's own streams.
 """
 
@@ -20,7 +20,7 @@ from jobmesh.cli import parse
 from jobmesh.client.commands import Console, parse_run_at, run_client_command, task_type_name
 from jobmesh.errors import ConfigError
 from jobmesh.exitcodes import EXIT_OK
-from tests.helpers import ScriptedServer
+from tests.support.scripted_server import ScriptedServer
 
 NOW_ISH = 1_700_000_000_000
 SNAP = {"jobId": "j-1", "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "maxAttempts": 3,

@@ -1,6 +1,6 @@
 """CoordinatorClient's error mapping, against a tiny scripted server on 127.0.0.1 (stdlib threads).
 
-The ``serve`` fixture (tests/unit/conftest.py) plays ``tests.helpers.ScriptedServer`` steps.
+The ``serve`` fixture (tests/unit/conftest.py) plays ``tests.support.scripted_server.ScriptedServer`` steps.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from jobmesh.client.api import WAIT_CHUNK_MILLIS, CoordinatorClient, WaitTimeout, submit_backoff
 from jobmesh.errors import CoordinatorUnavailable, RequestFailed, SubmitRejected
-from tests.helpers import CLOSE, HANG, Delayed
+from tests.support.scripted_server import CLOSE, Delayed, HANG
 
 SNAP = {"jobId": "j-1", "taskType": "SLEEP", "state": "QUEUED", "attempts": 0, "maxAttempts": 3,
         "workerId": None, "result": None, "error": None, "createdAtMillis": 1, "updatedAtMillis": 1,

@@ -15,7 +15,7 @@ from jobmesh.client import render, top
 from jobmesh.client.commands import Console, parse_duration_millis, run_client_command
 from jobmesh.errors import ConfigError, RequestFailed, SubmitRejected
 from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-from tests.helpers import ScriptedServer
+from tests.support.scripted_server import ScriptedServer
 
 NOW = 1_700_000_000_000
 SNAP = {"jobId": "j-1", "taskType": "SHA256", "state": "QUEUED", "attempts": 0, "maxAttempts": 3,

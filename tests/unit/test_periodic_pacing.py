@@ -11,7 +11,7 @@ from jobmesh.coordinator.shell.clock import monotonic
 from jobmesh.coordinator.ports import periodic as periodic_port
 from jobmesh.coordinator.ports.periodic import PACE_SECONDS, PeriodicConn, local_answer
 from jobmesh.periodic import codec as pc
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 
 
 class Recording(PeriodicConn):

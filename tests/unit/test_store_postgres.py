@@ -25,7 +25,7 @@ from jobmesh.store.base import Batch, Done
 from jobmesh.store.columns import insert_row
 from jobmesh.store.job import Job
 from jobmesh.store.opening import CannotOpen, open_store, shown
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 
 psycopg = pytest.importorskip("psycopg")
 REPO_ROOT = Path(__file__).resolve().parents[2]

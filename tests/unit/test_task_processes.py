@@ -18,7 +18,8 @@ import gevent
 import pytest
 
 from jobmesh.worker.processes import ProcessPool
-from tests.helpers import alive, wait_until
+from tests.support.processes import alive
+from tests.support.waiting import wait_until
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
 

@@ -19,7 +19,8 @@ from jobmesh.addresses import Address, parse_address
 from jobmesh.config import WorkerConfig
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.worker.agent import WorkerAgent
-from tests.helpers import closed_address, wait_until
+from tests.support.processes import closed_address
+from tests.support.waiting import wait_until
 
 
 class ScriptedCoordinator:
