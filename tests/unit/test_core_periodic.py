@@ -381,6 +381,19 @@ def test_sizes_count_the_live_jobs_and_funcs_a_dump_or_status_walks():
     assert h.core.periodic.sizes() == (2, 2)
 
 
+def test_the_core_prices_a_dump_by_its_live_jobs_and_a_status_by_its_funcs():
+    # Given 9 live jobs of 2 funcs (a LIST_JOBS page costs 1 + rows // LIST_ROWS_PER_COST)
+    h = H()
+    assert (h.core.periodic_cost(pc.Dump), h.core.periodic_cost(pc.Status)) == (1, 1)
+    for i in range(8):
+        h.submit(T0, name="n%d" % i)
+    h.submit(T0, func="g")
+    # Then a DUMP costs by the jobs it lists, a STATUS by the funcs, anything else 1
+    assert h.core.periodic_cost(pc.Dump) == 1 + 9 // ev.LIST_ROWS_PER_COST == 3
+    assert h.core.periodic_cost(pc.Status) == 1 + 2 // ev.LIST_ROWS_PER_COST
+    assert h.core.periodic_cost(pc.SubmitJob) == 1
+
+
 def test_a_func_without_worker_or_live_job_stays_listed_until_it_has_been_idle_long_enough():
     forget = 60_000
     h = H(periodic_forget_idle_millis=forget)

@@ -49,6 +49,7 @@ from jobmesh.store.job import Job
 from jobmesh.coordinator.core.table import JobTable, ReadPending, due_time
 from jobmesh.coordinator.core.timers import Timers
 from jobmesh.coordinator.core.waiters import Slot, Waiter
+from jobmesh.periodic import codec as pc
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 
@@ -521,3 +522,14 @@ class CoordinatorCore:
     def get_stats(self, now: int) -> m.Message:
         """GET_STATS: the figures the metrics port shows, from counters (O(series))."""
         return stats_message(self.metrics(), now + self.table.drift)
+
+    # ---- what the ports ask of the core ------------------------------------------------
+
+    def periodic_cost(self, kind: type) -> int:
+        """The share of a core batch a Periodic request of ``kind`` costs (mailbox.py): a
+        DUMP by the live Periodic jobs it lists, a STATUS by the funcs, as a LIST_JOBS page
+        costs by its rows; 1 for any other kind (O(funcs))."""
+        if kind is pc.Dump or kind is pc.Status:
+            jobs, funcs = self.periodic.sizes()
+            return 1 + (jobs if kind is pc.Dump else funcs) // ev.LIST_ROWS_PER_COST
+        return 1
