@@ -76,6 +76,17 @@ def assigns(out: list[Any]) -> list[pc.JobAssign]:
     return [msg for _, msg in out if isinstance(msg, pc.JobAssign)]
 
 
+class TimesHeard:
+    """A time listener of the job table (``listen_times``): the jobs it was told of, with
+    their state and deadline then."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[str, JobState, int | None]] = []
+
+    def retimed(self, job: Job) -> None:
+        self.jobs.append((job.job_id, job.state, job.deadline))
+
+
 def test_submit_creates_a_named_queued_job_and_answers_success():
     h = H()
     out = h.submit(T0)
@@ -154,6 +165,22 @@ def test_resubmitting_a_pending_name_replaces_it_and_running_drops_it():
     assert ("f", "a") not in h.core.periodic.named  # released: the name is free again
     h.submit(T0 + 6)
     assert h.job().job_id != job.job_id
+
+
+def test_a_scheduled_job_replaced_with_another_time_falls_due_then_as_the_table_tells_the_timers():
+    h = H()
+    heard = TimesHeard()
+    h.core.table.listen_times(heard)
+    h.submit(T0, sched_at=(T0 + 60_000) // 1000)
+    # When it is replaced with an earlier time, staying SCHEDULED
+    h.submit(T0 + 1, sched_at=(T0 + 10_000) // 1000)
+    job = h.job()
+    assert job.state is JobState.SCHEDULED and heard.jobs == [(job.job_id, JobState.SCHEDULED, None)]
+    # Then it falls due at the new time
+    h.core.sweep(T0 + 9_999)
+    assert job.state is JobState.SCHEDULED
+    h.core.sweep(T0 + 10_000)
+    assert job.state is JobState.QUEUED and h.store.get(job.job_id).run_at == T0 + 10_000
 
 
 def test_work_fail_retries_after_one_second_without_a_budget():

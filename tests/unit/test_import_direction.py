@@ -63,6 +63,9 @@ RULES = [
     Rule("jobmesh.store",       only=("jobmesh.errors", "jobmesh.protocol", "jobmesh.store")),
     Rule("jobmesh.coordinator", never=("jobmesh.worker", "jobmesh.client", "jobmesh.cli", "jobmesh.up")),
     Rule(CORE,                  never=("gevent", PORTS, SHELL)),
+    # The timers index jobs by time only as the table tells them (its listener protocol):
+    # no part but the core's face, which composes them, holds them.
+    Rule(CORE,                  never=(CORE + ".timers",), except_=(CORE + ".face", CORE + ".timers")),
     Rule(PORTS,                 only=FACE, of=CORE),
     Rule("jobmesh",             never=PARTS, except_=(CORE,), known=KNOWN_REACHES),
     Rule("jobmesh.worker",      never=("jobmesh.coordinator", "jobmesh.client", "jobmesh.cli")),
@@ -333,6 +336,12 @@ def test_a_port_or_the_shell_imported_by_the_core_is_reported(modules):
     assert violations(rule_for(CORE, never="gevent"), graph, modules) == [
         "jobmesh/coordinator/core/face.py:3 imports jobmesh.coordinator.ports.server",
         "jobmesh/coordinator/core/face.py:4 imports jobmesh.coordinator.shell.clock"]
+
+
+def test_a_part_holding_the_timers_is_reported(modules):
+    graph = {CORE + ".json_jobs": [(48, CORE + ".timers")], CORE + ".face": [(9, CORE + ".timers")]}
+    assert violations(rule_for(CORE, never=CORE + ".timers"), graph, modules) == [
+        "jobmesh/coordinator/core/json_jobs.py:48 imports jobmesh.coordinator.core.timers"]
 
 
 def test_a_port_importing_more_of_the_core_than_its_face_is_reported(modules):

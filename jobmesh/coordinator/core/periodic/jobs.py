@@ -29,7 +29,6 @@ from jobmesh.coordinator.core.outbox import Outbox
 from jobmesh.coordinator.core.periodic.waits import EXPIRED_ERROR, PeriodicWaits, wait_deadline
 from jobmesh.coordinator.core.registry import PeriodicSession
 from jobmesh.coordinator.core.table import JobTable
-from jobmesh.coordinator.core.timers import Timers
 from jobmesh.errors import PeriodicError
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
@@ -107,12 +106,11 @@ def _as_text(raw: bytes) -> tuple[str, bool]:
 class PeriodicJobs:
     """The core's Periodic requests and events; see the module docstring."""
 
-    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters, limits: Limits,
+    def __init__(self, table: JobTable, outbox: Outbox, counters: Counters, limits: Limits,
                  held_elsewhere: Callable[[str], bool] = lambda worker_id: False) -> None:
         self.table = table
         self.limits = limits  # a func's jobs obey the limit of the task type of its name
         self.held_elsewhere = held_elsewhere  # whether a live JSON worker session has that worker id
-        self.timers = timers
         self.outbox = outbox
         self.counters = counters
         # Funcs, the live job of each (func, name), worker sessions by id and by
@@ -169,11 +167,8 @@ class PeriodicJobs:
         waits_lock = job.job_id in self.locks.waiting
         if source is JobState.RUNNING:
             pf.processing -= 1
-            if self.fanout:
-                for worker_id in self.fanout.pop(job.job_id, ()):
-                    other = self.workers.get(worker_id)
-                    if other is not None:
-                        other.running.discard(job.job_id)
+            if self.fanout:  # (the table ends the copies its other workers ran)
+                self.fanout.pop(job.job_id, None)
             if job.job_id in self.locks.held:  # its run ended (a refused job gives them up too)
                 self._promote(self.locks.release_held(job.job_id))
         if target is JobState.RUNNING:
@@ -229,7 +224,8 @@ class PeriodicJobs:
 
     @property
     def running_attempts(self) -> int:
-        return sum(len(s.running) for s in self.workers.values())
+        running = self.table.running
+        return sum(len(running(s)) for s in self.workers.values())
 
     def _func(self, func: str) -> PeriodicFunc:
         pf = self.funcs.get(func)
@@ -592,7 +588,7 @@ class PeriodicJobs:
         if job.state is target:  # same state: re-index if the time moved (or a lock let it go)
             if sched != old_sched or lock is not None:
                 if later:
-                    self.timers.wake(job, sched - self.table.drift)
+                    self.table.retime(job)
                 self._enter(job, self._func(job.task_type))
         else:
             self.table.transition(job, target, now_millis, due_at=sched - self.table.drift if later else None, event=None)
@@ -761,7 +757,7 @@ class PeriodicJobs:
                     if others:
                         self.fanout[job_id] = {s.worker_id for s in others}
                         for other in others:
-                            other.running.add(job_id)
+                            self.table.run_copy(job, other)
                             self._assign(other, job, pc.encode_job_assign(other.tokens[-1], wire))
                 assigned += 1
         return assigned
@@ -801,14 +797,15 @@ class PeriodicJobs:
                 pf.workers.remove(session)
                 self._note_idle(func, now_millis)
         session.tokens.clear()
-        if session.running:
+        running = self.table.running(session)
+        if running:
             self.counters.workers_lost += 1
-            log.warning("periodic worker disconnected worker=%s running=%d", session.worker_id, len(session.running))
-        for job_id in sorted(session.running):
+            log.warning("periodic worker disconnected worker=%s running=%d", session.worker_id, len(running))
+        for job_id in sorted(running):
             job = self.table.jobs.get(job_id)
             if job is not None and job.state is JobState.RUNNING and job.worker_id == session.worker_id:
                 self.attempt_failed(job, now_millis, "attempt %d lost: Periodic worker %s disconnected"
                                     % (job.attempts, session.worker_id), "WORKER_LOST")
             elif job_id in self.fanout:  # one of a broadcast job's other workers: the rest go on
                 self.fanout[job_id].discard(session.worker_id)
-        session.running.clear()
+        self.table.session_ended(session)
