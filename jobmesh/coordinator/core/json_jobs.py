@@ -160,6 +160,7 @@ class JsonJobs:
                 log.info("task type defaults declared type=%s worker=%s defaults=%s", name, worker_id,
                          ujson.dumps(self.table.defaults[name].to_wire()))
         session = Session(worker_id, capacity, conn, now, types, msg.result_acks)
+        self.table.session_started(session)
         self.workers.add(session)
         for name in types:
             self.workers_by_type.setdefault(name, set()).add(session)
@@ -419,10 +420,11 @@ class JsonJobs:
         queued = self.queued
         if not len(queued) or self.hold:
             return 0
-        running = self.table.running
-        free = [s for s in self.workers if len(running(s)) < s.capacity]
-        if not free:
+        # each free session's running set, looked up once a pass (the table keeps it current)
+        load = {s: held for s in self.workers if len(held := self.table.running(s)) < s.capacity}
+        if not load:
             return 0
+        free = list(load)
         runnable: Counter[str] = Counter()  # type -> free workers that run it
         for session in free:
             runnable.update(session.task_types)
@@ -436,7 +438,7 @@ class JsonJobs:
                 break
             job_id, task_type = picked
             worker = scheduler.least_loaded(
-                (s for s in free if task_type in s.task_types), lambda s: len(running(s)), lambda s: s.capacity
+                (s for s in free if task_type in s.task_types), lambda s: len(load[s]), lambda s: s.capacity
             )
             assert worker is not None, "runnable counts a free worker for this type"
             job = jobs[job_id]
@@ -445,7 +447,7 @@ class JsonJobs:
                                                        job.payload))
             log.debug("assigned job=%s attempt=%s worker=%s", job.job_id, job.attempt_id, worker.worker_id)
             assigned += 1
-            if len(running(worker)) >= worker.capacity:
+            if len(load[worker]) >= worker.capacity:
                 free.remove(worker)
                 for name in worker.task_types:
                     runnable[name] -= 1

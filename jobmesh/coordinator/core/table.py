@@ -264,10 +264,7 @@ class JobTable:
             job.worker_id = holder_id = session.worker_id
             job.deadline = now + (job.execution_timeout or self.config.task_timeout_millis)
             self.leases[job.job_id] = session
-            running = self._running.get(session)
-            if running is None:
-                running = self._running[session] = set()
-            running.add(job.job_id)
+            self._running[session].add(job.job_id)
         elif target is JobState.RETRY_WAIT:
             assert due_at is not None, "a waiting job needs its due time"
             job.retry_at = due_at + self.drift
@@ -295,7 +292,8 @@ class JobTable:
 
     def running(self, session: Session) -> Set[str]:
         """The job ids ``session`` runs: those whose lease it holds, and the broadcast jobs
-        it runs a copy of (read only: the table keeps it)."""
+        it runs a copy of (read only: the table keeps it, the same set while the session
+        lives; empty once it ended)."""
         return self._running.get(session, _NOTHING)
 
     def keep_unclaimed(self, job: Job, until: int) -> None:
@@ -312,7 +310,7 @@ class JobTable:
         now (the same attempt, no new one), with a fresh deadline."""
         self.unclaimed.discard(job.job_id)
         self.leases[job.job_id] = session
-        self._running_set(session).add(job.job_id)
+        self._running[session].add(job.job_id)
         job.worker_id = session.worker_id
         job.deadline = now + (job.execution_timeout or self.config.task_timeout_millis)
         self._dirty[job.job_id] = job
@@ -324,7 +322,7 @@ class JobTable:
         it until the job leaves RUNNING; its lease stays with its holder."""
         assert job.state is JobState.RUNNING and job.periodic is not None
         self._copies.setdefault(job.job_id, []).append(session)
-        self._running_set(session).add(job.job_id)
+        self._running[session].add(job.job_id)
 
     def _end_copies(self, job_id: str) -> None:
         for session in self._copies.pop(job_id, ()):
@@ -332,15 +330,14 @@ class JobTable:
             if running is not None:
                 running.discard(job_id)
 
+    def session_started(self, session: Session) -> None:
+        """A worker session (JSON or Periodic) opened: it runs nothing yet. Only a started
+        session is given a lease or a copy."""
+        self._running[session] = set()
+
     def session_ended(self, session: Session) -> None:
         """A session ended, and its part has moved on the jobs it ran: its running set goes."""
         self._running.pop(session, None)
-
-    def _running_set(self, session: Session) -> set[str]:
-        running = self._running.get(session)
-        if running is None:
-            running = self._running[session] = set()
-        return running
 
     def retime(self, job: Job) -> None:
         """A waiting job's due time changed in its state (its ``run_at`` or ``retry_at`` was

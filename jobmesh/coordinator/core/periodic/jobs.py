@@ -298,6 +298,7 @@ class PeriodicJobs:
                 self._session_seq += 1
                 worker_id = "periodic-%d" % self._session_seq
             session = PeriodicSession(worker_id, conn, now_millis)
+            self.table.session_started(session)
             self.conns[conn] = session
             self.workers[session.worker_id] = session
         session.last_heartbeat = now_millis
