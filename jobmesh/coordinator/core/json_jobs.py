@@ -32,7 +32,7 @@ stale); the frame leaves after the batch's commit, so an acknowledged result is 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 import logging
 from collections import Counter
 
@@ -170,7 +170,7 @@ class JsonJobs:
             self._claim(now, session, msg.running)
 
     @staticmethod
-    def _defaults_problem(declared: dict, types: frozenset[str]) -> str | None:
+    def _defaults_problem(declared: dict[str, Any], types: frozenset[str]) -> str | None:
         """Why a registration's ``taskDefaults`` cannot be kept: a worker speaks only for
         the types it declares (which its token allows), within the bounds."""
         for name, body in declared.items():
@@ -181,7 +181,7 @@ class JsonJobs:
                 return problem
         return None
 
-    def _claim(self, now: int, session: Session, running: list[dict]) -> None:
+    def _claim(self, now: int, session: Session, running: list[dict[str, Any]]) -> None:
         """Keep the named leases that recovery kept for this worker; cancel the others.
 
         A lease is kept only for the workerId that held it and a type the session runs:

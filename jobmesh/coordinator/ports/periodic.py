@@ -119,7 +119,7 @@ class PeriodicConn(Output):
         self.addr = addr
         self.kind = 0  # 1 client, 2 worker, after the handshake
         self.identity: Identity | None = None  # the token it registered with (types 3 and 4)
-        self._paced: deque | None = None  # frames waiting for the pacer, in order (None: close)
+        self._paced: deque[Any] | None = None  # frames waiting for the pacer, in order (None: close)
         self._paced_bytes = 0
         self._pacer: gevent.Greenlet | None = None
         self._last_paced: dict[int, float] = {}  # msgid -> when its last Paced frame went out
@@ -273,7 +273,7 @@ class PeriodicPort:
         log.info("reloaded periodic authorized keys %s: keys=%d closed_connections=%d", keys.authorized_path,
                  len(keys.authorized), len(gone))
 
-    def _admit(self, reg: pc.Registration, conn: PeriodicConn) -> frozenset | None:
+    def _admit(self, reg: pc.Registration, conn: PeriodicConn) -> frozenset[type] | None:
         """What the registered connection may not send, or None: close it without a reply
         (after the guard's delay, for an address that keeps failing)."""
         worker = reg.kind == pc.ConnType.WORKER
