@@ -91,9 +91,9 @@ class CoreDriver:
             assert stored[name] == schedule.body(), name
         assert dict(self.store.load_limits()) == {name: limit.body() for name, limit in core.limits.by_type.items()}
         for session in core.json.workers:
-            assert len(session.running) <= session.capacity, session.worker_id
+            assert len(table.running(session)) <= session.capacity, session.worker_id
         for job_id, session in table.leases.items():
-            assert job_id in session.running, job_id
+            assert job_id in table.running(session), job_id
         for job_id in table.unclaimed:
             assert table.jobs[job_id].state is JobState.RUNNING, job_id
         for job in table.jobs.values():

@@ -145,7 +145,7 @@ class Harness(CoreDriver):
         return self.step(now)
 
     def running(self, worker_id: str) -> int:
-        return len(self.core.json.workers.get(worker_id).running)
+        return len(self.core.table.running(self.core.json.workers.get(worker_id)))
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from tests.unit.core_driver import Conn
 from tests.unit.test_core import TIMEOUT, Harness
 from tests.unit.test_core_periodic import T0
 from tests.unit.test_core_periodic import H as PeriodicHarness
+from tests.unit.test_core_periodic import TimesHeard
 from tests.unit.test_core_periodic import assigns as periodic_assigns
 
 GRACE = 5000
@@ -83,6 +84,24 @@ def test_a_claimed_lease_is_the_same_attempt_with_a_fresh_deadline_and_its_resul
     assert (snap["state"], snap["attempts"], snap["result"]) == ("COMPLETED", 1, {"sleptMillis": 10})
     assert [e["event"] for e in events(h, job_id)] == ["SUBMITTED", "ASSIGNED", "COMPLETED"]
     assert h.state(queued) == "RUNNING"  # the slot it freed
+
+
+def test_a_kept_lease_and_its_claim_go_through_the_table_which_tells_its_time_listeners():
+    # Given a listener of the table's times on a core that recovers a job RUNNING at the crash
+    old = Harness()
+    old.register(0, "w1", capacity=4)
+    job_id = old.submit_ok(1)
+    h = Harness(store=old.store, prefix="new", lease_grace_millis=GRACE)
+    heard = TimesHeard()
+    h.core.table.listen_times(heard)
+    h.core.recover(RESTART)
+    h.commit()
+    # Then keeping it on its lease for the grace is heard, with the grace's end as its deadline
+    assert heard.jobs == [(job_id, JobState.RUNNING, RESTART + GRACE)]
+    # And so is its claim, with the fresh deadline; the claimer's running set holds it
+    h.register(RESTART + 200, "w1", capacity=2, running=[lease(h.status(job_id))])
+    assert heard.jobs[1:] == [(job_id, JobState.RUNNING, RESTART + 200 + TIMEOUT)]
+    assert h.core.table.running(h.core.json.workers.get("w1")) == {job_id}
 
 
 def test_a_claimed_lease_expires_at_its_fresh_deadline():

@@ -234,7 +234,7 @@ def check(h: Harness, model: Model, now: int) -> None:
                 n, n_older = running.get((task_type, key), 0), older.get((task_type, key), 0)
                 assert n <= max(limit["maxRunningPerKey"], n_older), (task_type, key, limit)
     model.check_buckets()
-    free = {t for s in h.core.json.workers if len(s.running) < s.capacity for t in s.task_types}
+    free = {t for s in h.core.json.workers if len(h.core.table.running(s)) < s.capacity for t in s.task_types}
     for job in h.core.table.jobs.values():
         if job.state is JobState.QUEUED and job.task_type in free:
             assert model.holds(job.task_type, job.concurrency_key, running, now), \

@@ -76,6 +76,17 @@ def assigns(out: list[Any]) -> list[pc.JobAssign]:
     return [msg for _, msg in out if isinstance(msg, pc.JobAssign)]
 
 
+class TimesHeard:
+    """A time listener of the job table (``listen_times``): the jobs it was told of, with
+    their state and deadline then."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[str, JobState, int | None]] = []
+
+    def retimed(self, job: Job) -> None:
+        self.jobs.append((job.job_id, job.state, job.deadline))
+
+
 def test_submit_creates_a_named_queued_job_and_answers_success():
     h = H()
     out = h.submit(T0)
@@ -154,6 +165,22 @@ def test_resubmitting_a_pending_name_replaces_it_and_running_drops_it():
     assert ("f", "a") not in h.core.periodic.index.named  # released: the name is free again
     h.submit(T0 + 6)
     assert h.job().job_id != job.job_id
+
+
+def test_a_scheduled_job_replaced_with_another_time_falls_due_then_as_the_table_tells_the_timers():
+    h = H()
+    heard = TimesHeard()
+    h.core.table.listen_times(heard)
+    h.submit(T0, sched_at=(T0 + 60_000) // 1000)
+    # When it is replaced with an earlier time, staying SCHEDULED
+    h.submit(T0 + 1, sched_at=(T0 + 10_000) // 1000)
+    job = h.job()
+    assert job.state is JobState.SCHEDULED and heard.jobs == [(job.job_id, JobState.SCHEDULED, None)]
+    # Then it falls due at the new time
+    h.core.sweep(T0 + 9_999)
+    assert job.state is JobState.SCHEDULED
+    h.core.sweep(T0 + 10_000)
+    assert job.state is JobState.QUEUED and h.store.get(job.job_id).run_at == T0 + 10_000
 
 
 def test_work_fail_retries_after_one_second_without_a_budget():
@@ -379,6 +406,19 @@ def test_sizes_count_the_live_jobs_and_funcs_a_dump_or_status_walks():
     assert h.core.periodic.sizes() == (3, 2)
     h.send(T0, Conn("c"), pc.RemoveJob(9, pc.Handle(b"f", b"a")))
     assert h.core.periodic.sizes() == (2, 2)
+
+
+def test_the_core_prices_a_dump_by_its_live_jobs_and_a_status_by_its_funcs():
+    # Given 9 live jobs of 2 funcs (a LIST_JOBS page costs 1 + rows // LIST_ROWS_PER_COST)
+    h = H()
+    assert (h.core.periodic_cost(pc.Dump), h.core.periodic_cost(pc.Status)) == (1, 1)
+    for i in range(8):
+        h.submit(T0, name="n%d" % i)
+    h.submit(T0, func="g")
+    # Then a DUMP costs by the jobs it lists, a STATUS by the funcs, anything else 1
+    assert h.core.periodic_cost(pc.Dump) == 1 + 9 // ev.LIST_ROWS_PER_COST == 3
+    assert h.core.periodic_cost(pc.Status) == 1 + 2 // ev.LIST_ROWS_PER_COST
+    assert h.core.periodic_cost(pc.SubmitJob) == 1
 
 
 def test_a_func_without_worker_or_live_job_stays_listed_until_it_has_been_idle_long_enough():

@@ -74,7 +74,7 @@ def check(h: H, now: int) -> None:
                 raise Inv("waiting job %s not on due heap" % jid)
         if j.state is JobState.RUNNING:
             s = c.periodic.workers.get(j.worker_id)
-            if s is None or jid not in s.running:
+            if s is None or jid not in c.table.running(s):
                 raise Inv("RUNNING job %s holder %s not live/not running it" % (jid, j.worker_id))
     # counts
     cnt = Counter((j.state, j.task_type) for j in live.values())
@@ -116,10 +116,10 @@ def check(h: H, now: int) -> None:
             raise Inv("pfanout for non-running job %s" % jid)
         for w in ws:
             s = c.periodic.workers.get(w)
-            if s is None or jid not in s.running:
+            if s is None or jid not in c.table.running(s):
                 raise Inv("fanout worker %s of %s gone/not running" % (w, jid))
     for s in c.periodic.workers.values():
-        for jid in s.running:
+        for jid in c.table.running(s):
             j = live.get(jid)
             if j is None or j.state is not JobState.RUNNING or (j.worker_id != s.worker_id and s.worker_id not in c.periodic.sessions.fanout.get(jid, ())):
                 raise Inv("session %s running stale job %s" % (s.worker_id, jid))
@@ -206,8 +206,8 @@ class Driver:
                 return "noop"
             # prefer the handle of a job running on w
             s = h.core.periodic.sessions.conns.get(w)
-            if s is not None and s.running and r.random() < 0.8:
-                jid = r.choice(sorted(s.running))
+            if s is not None and h.core.table.running(s) and r.random() < 0.8:
+                jid = r.choice(sorted(h.core.table.running(s)))
                 j = h.core.table.jobs[jid]
                 hd = pc.Handle(j.task_type.encode(), (j.name or "").encode())
             desc = "%s %s %s/%s" % (op, w, hd.func.decode(), hd.name.decode())

@@ -289,11 +289,15 @@ def test_a_broadcast_job_goes_to_every_worker_holding_a_token_and_the_first_done
     out = h.submit(T0)
     assert sorted(c.name for c, msg in out if isinstance(msg, pc.JobAssign)) == ["w1", "w2"]
     assert h.status(T0)[0].processing == 1 and h.status(T0)[0].workers == 3
+    # it runs on both (one holds its lease), as the table's running sets say
+    running = {w.name: set(h.core.table.running(h.core.periodic.sessions.conns[w])) for w in (w1, w2, w3)}
+    assert running == {"w1": {h.job().job_id}, "w2": {h.job().job_id}, "w3": set()}
+    assert h.core.running_attempts == 2
     other = w2 if h.job().worker_id == h.core.periodic.sessions.conns[w1].worker_id else w1
     h.core.periodic.on_closed(T0 + 1, w3)
     out = h.send(T0 + 2, other, pc.WorkDone(9, HANDLE, b"x"))  # the other one finishes first
     assert [type(msg) for _, msg in out] == [pc.Success] and h.job() is None
-    assert not h.core.periodic.sessions.fanout and not any(s.running for s in h.core.periodic.workers.values())
+    assert not h.core.periodic.sessions.fanout and not any(h.core.table.running(s) for s in h.core.periodic.workers.values())
     [job] = h.core.table.finished.values()
     assert job.state is JobState.COMPLETED and job.result == {"data": "x"}
 

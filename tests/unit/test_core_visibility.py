@@ -302,8 +302,8 @@ def test_the_state_counts_always_match_the_jobs():
         op = rng.random()
         if op < 0.4:
             h.submit_ok(now, delay=rng.choice([None, 0, 50]), priority=rng.choice(["LOW", "NORMAL", "HIGH"]))
-        elif op < 0.6 and h.core.json.workers.get("w1").running:
-            job_id = rng.choice(sorted(h.core.json.workers.get("w1").running))
+        elif op < 0.6 and h.core.table.running(h.core.json.workers.get("w1")):
+            job_id = rng.choice(sorted(h.core.table.running(h.core.json.workers.get("w1"))))
             h.report(now, job_id, success=rng.random() < 0.6, error="e")
         elif op < 0.7 and h.core.table.jobs:
             h.cancel(now, rng.choice(sorted(h.core.table.jobs)))

@@ -103,7 +103,9 @@ def test_a_client_pipelining_large_dumps_leaves_room_for_the_others():
     from jobmesh.periodic import codec as pc
 
     box = Mailbox()
-    port = PeriodicPort(box.put, box.put_urgent, {}, 1.0, sizes=lambda: (50_000, 3))
+    # the core's price of a DUMP of 50k live jobs, and of a STATUS of 3 funcs (CoordinatorCore.periodic_cost)
+    port = PeriodicPort(box.put, box.put_urgent, {}, 1.0,
+                        cost=lambda kind: 1 + (50_000 if kind is pc.Dump else 3) // ev.LIST_ROWS_PER_COST)
     dumper, other = Conn("dumper"), Conn("other")
     for i in range(32):  # one client pipelining DUMPs of 50k live jobs
         box.put(ev.PeriodicPacket(dumper, pc.Dump(i), port.cost_of(pc.Dump(i))))

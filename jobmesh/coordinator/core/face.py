@@ -49,6 +49,7 @@ from jobmesh.store.job import Job
 from jobmesh.coordinator.core.table import JobTable, ReadPending, due_time
 from jobmesh.coordinator.core.timers import Timers
 from jobmesh.coordinator.core.waiters import Slot, Waiter
+from jobmesh.periodic import codec as pc
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 
@@ -80,9 +81,9 @@ class CoordinatorCore:
         self.timers = Timers(self.table)
         self.limits = Limits(self.table, lambda name: name in self.table.known_types or name in self.periodic.funcs)
         # Worker ids are one namespace: each port's part refuses or skips the other's.
-        self.json = JsonJobs(self.table, self.timers, self.outbox, self.counters, self.limits,
+        self.json = JsonJobs(self.table, self.outbox, self.counters, self.limits,
                              lambda worker_id: worker_id in self.periodic.workers)
-        self.periodic = PeriodicJobs(self.table, self.timers, self.outbox, self.counters, self.limits,
+        self.periodic = PeriodicJobs(self.table, self.outbox, self.counters, self.limits,
                                      lambda worker_id: self.json.workers.get(worker_id) is not None)
         self.requests = ClientRequests(self.table, self.json, self.periodic, self.counters, self.limits)
         self.schedules = Schedules(self.table, self.requests.check_payload)
@@ -292,7 +293,6 @@ class CoordinatorCore:
                 job = self.table.jobs.get(job_id)
                 if job is not None and (job.deadline is None or job.deadline < until):
                     self.table.keep_unclaimed(job, until)
-                    self.timers.track_lease(job)
         for job in self.timers.expired(now):
             if job.job_id in unclaimed:  # kept by recovery, and no worker claimed it in time
                 self._recover_running(job, now, self.config.lease_grace_millis)
@@ -452,7 +452,6 @@ class CoordinatorCore:
             elif state is JobState.RUNNING:
                 if grace > 0 and job.periodic is None and job.attempt_id is not None:
                     table.keep_unclaimed(job, now + grace)
-                    self.timers.track_lease(job)
                     stats["kept"] += 1
                 elif self._recover_running(job, now):
                     stats["requeued"] += 1
@@ -507,9 +506,10 @@ class CoordinatorCore:
         jobs = {(state.value, task_type, priority.value, "periodic" if periodic else "json"): n
                 for (state, task_type, priority, periodic), n in self.table.counts.items()}
         capacity = busy = 0
+        running = self.table.running
         for session in self.json.workers:
             capacity += session.capacity
-            busy += len(session.running)
+            busy += len(running(session))
         return Figures(counters=replace(self.counters), jobs=jobs,
                        finished={state.value: n for state, n in self.table.finished_counts.items()},
                        workers=len(self.json.workers), capacity=capacity, busy_slots=busy,
@@ -521,3 +521,14 @@ class CoordinatorCore:
     def get_stats(self, now: int) -> m.Message:
         """GET_STATS: the figures the metrics port shows, from counters (O(series))."""
         return stats_message(self.metrics(), now + self.table.drift)
+
+    # ---- what the ports ask of the core ------------------------------------------------
+
+    def periodic_cost(self, kind: type) -> int:
+        """The share of a core batch a Periodic request of ``kind`` costs (mailbox.py): a
+        DUMP by the live Periodic jobs it lists, a STATUS by the funcs, as a LIST_JOBS page
+        costs by its rows; 1 for any other kind (O(funcs))."""
+        if kind is pc.Dump or kind is pc.Status:
+            jobs, funcs = self.periodic.sizes()
+            return 1 + (jobs if kind is pc.Dump else funcs) // ev.LIST_ROWS_PER_COST
+        return 1

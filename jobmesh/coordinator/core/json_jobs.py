@@ -32,7 +32,7 @@ stale); the frame leaves after the batch's commit, so an acknowledged result is 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 import logging
 from collections import Counter
 
@@ -45,7 +45,6 @@ from jobmesh.store.job import Job
 from jobmesh.coordinator.core.outbox import Outbox
 from jobmesh.coordinator.core.registry import Session, WorkerRegistry
 from jobmesh.coordinator.core.table import BUILTIN_TYPES, JobTable
-from jobmesh.coordinator.core.timers import Timers
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 from jobmesh.protocol.messages import quote
@@ -69,12 +68,11 @@ def _attempt_number(job_id: str, attempt_id: str) -> int | None:
 
 
 class JsonJobs:
-    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters, limits: Limits,
+    def __init__(self, table: JobTable, outbox: Outbox, counters: Counters, limits: Limits,
                  held_elsewhere: Callable[[str], bool] = lambda worker_id: False) -> None:
         self.table = table
         self.limits = limits
         self.held_elsewhere = held_elsewhere  # whether a live Periodic session has that worker id
-        self.timers = timers
         self.config = table.config
         self.outbox = outbox
         self.counters = counters
@@ -121,8 +119,9 @@ class JsonJobs:
         able = self.workers_by_type.get(job.task_type)
         if not able:
             return "NO_WORKER_FOR_TYPE"
+        running = self.table.running
         for session in able:
-            if len(session.running) < session.capacity:
+            if len(running(session)) < session.capacity:
                 return "BEHIND_OTHER_JOBS"  # a worker has room: the next pass takes it, or better jobs
         return "WORKERS_BUSY"
 
@@ -161,6 +160,7 @@ class JsonJobs:
                 log.info("task type defaults declared type=%s worker=%s defaults=%s", name, worker_id,
                          ujson.dumps(self.table.defaults[name].to_wire()))
         session = Session(worker_id, capacity, conn, now, types, msg.result_acks)
+        self.table.session_started(session)
         self.workers.add(session)
         for name in types:
             self.workers_by_type.setdefault(name, set()).add(session)
@@ -170,7 +170,7 @@ class JsonJobs:
             self._claim(now, session, msg.running)
 
     @staticmethod
-    def _defaults_problem(declared: dict, types: frozenset[str]) -> str | None:
+    def _defaults_problem(declared: dict[str, Any], types: frozenset[str]) -> str | None:
         """Why a registration's ``taskDefaults`` cannot be kept: a worker speaks only for
         the types it declares (which its token allows), within the bounds."""
         for name, body in declared.items():
@@ -181,7 +181,7 @@ class JsonJobs:
                 return problem
         return None
 
-    def _claim(self, now: int, session: Session, running: list[dict]) -> None:
+    def _claim(self, now: int, session: Session, running: list[dict[str, Any]]) -> None:
         """Keep the named leases that recovery kept for this worker; cancel the others.
 
         A lease is kept only for the workerId that held it and a type the session runs:
@@ -197,9 +197,8 @@ class JsonJobs:
                     why = "held by worker %s" % job.worker_id
                 elif job.task_type not in session.task_types:
                     why = "the worker does not run task type %s" % job.task_type
-                elif len(session.running) < session.capacity:
+                elif len(table.running(session)) < session.capacity:
                     table.claim(job, session, now)
-                    self.timers.track_lease(job)
                     log.info("lease kept job=%s attempt=%s worker=%s", job_id, attempt_id, session.worker_id)
                     continue
                 why = "the worker is at capacity"
@@ -346,7 +345,7 @@ class JsonJobs:
         session = self.workers.by_conn(conn)
         if session is None:
             return
-        log.warning("worker disconnected worker=%s running=%d", session.worker_id, len(session.running))
+        log.warning("worker disconnected worker=%s running=%d", session.worker_id, len(self.table.running(session)))
         self._drop_session(session, now, "worker %s disconnected" % session.worker_id)
 
     def _drop_session(self, session: Session, now: int, reason: str) -> None:
@@ -359,11 +358,11 @@ class JsonJobs:
                 if not able:
                     del self.workers_by_type[name]
         jobs = self.table.jobs
-        for job_id in sorted(session.running):
+        for job_id in sorted(self.table.running(session)):
             job = jobs.get(job_id)
             if job is not None and job.state is JobState.RUNNING and job.worker_id == session.worker_id:
                 self.attempt_failed(job, now, "attempt %d lost: %s" % (job.attempts, reason), "WORKER_LOST")
-        session.running.clear()
+        self.table.session_ended(session)
 
     def stamp_arrivals(self, now: int, arrival_millis: dict[OutboundConnection, int]) -> None:
         """Liveness by arrival: each worker is alive as of the last frame its handler read
@@ -379,7 +378,7 @@ class JsonJobs:
             silent = now - session.last_heartbeat
             if silent > limit:
                 log.warning("worker presumed dead worker=%s silent=%dms running=%d",
-                            session.worker_id, silent, len(session.running))
+                            session.worker_id, silent, len(self.table.running(session)))
                 self.outbox.send(session.conn, None)
                 self._drop_session(
                     session, now, "worker %s presumed dead (no heartbeat for %d ms)" % (session.worker_id, silent)
@@ -421,9 +420,11 @@ class JsonJobs:
         queued = self.queued
         if not len(queued) or self.hold:
             return 0
-        free = [s for s in self.workers if len(s.running) < s.capacity]
-        if not free:
+        # each free session's running set, looked up once a pass (the table keeps it current)
+        load = {s: held for s in self.workers if len(held := self.table.running(s)) < s.capacity}
+        if not load:
             return 0
+        free = list(load)
         runnable: Counter[str] = Counter()  # type -> free workers that run it
         for session in free:
             runnable.update(session.task_types)
@@ -437,7 +438,7 @@ class JsonJobs:
                 break
             job_id, task_type = picked
             worker = scheduler.least_loaded(
-                (s for s in free if task_type in s.task_types), lambda s: len(s.running), lambda s: s.capacity
+                (s for s in free if task_type in s.task_types), lambda s: len(load[s]), lambda s: s.capacity
             )
             assert worker is not None, "runnable counts a free worker for this type"
             job = jobs[job_id]
@@ -446,7 +447,7 @@ class JsonJobs:
                                                        job.payload))
             log.debug("assigned job=%s attempt=%s worker=%s", job.job_id, job.attempt_id, worker.worker_id)
             assigned += 1
-            if len(worker.running) >= worker.capacity:
+            if len(load[worker]) >= worker.capacity:
                 free.remove(worker)
                 for name in worker.task_types:
                     runnable[name] -= 1
@@ -456,4 +457,5 @@ class JsonJobs:
 
     @property
     def running_attempts(self) -> int:
-        return sum(len(s.running) for s in self.workers)
+        running = self.table.running
+        return sum(len(running(s)) for s in self.workers)

@@ -1,8 +1,9 @@
-"""Worker sessions: identity, advertised capacity and task types, running attempts, last heartbeat.
+"""Worker sessions: identity, advertised capacity and task types, last heartbeat.
 
 Owned by the core (plain dicts, safe by confinement to the core greenlet). ``conn`` is
 the session's connection (``connection.OutboundConnection``); the core only uses it as a
-key and as the address of outbound frames.
+key and as the address of outbound frames. Which jobs a session runs is the job table's
+(``JobTable.running``): it gives and ends every lease.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ if TYPE_CHECKING:  # a protocol only: the registry stays free of gevent
 
 
 class Session:
-    __slots__ = ("worker_id", "capacity", "conn", "last_heartbeat", "connected_at", "running", "task_types",
+    __slots__ = ("worker_id", "capacity", "conn", "last_heartbeat", "connected_at", "task_types",
                  "stale_since", "stale_count", "acks")
 
     def __init__(self, worker_id: str, capacity: int, conn: OutboundConnection, now_millis: int,
@@ -25,23 +26,19 @@ class Session:
         self.task_types = task_types  # what this worker declared it runs
         self.last_heartbeat = now_millis
         self.connected_at = now_millis
-        self.running: set[str] = set()  # job ids whose current lease this worker holds
         self.stale_since = now_millis  # the window in which stale results are counted
         self.stale_count = 0
         # The attempt ids of this batch's results to acknowledge (RESULT_ACK), for a
         # worker that asked; None for one that did not.
         self.acks: list[str] | None = [] if result_acks else None
 
-    @property
-    def free(self) -> int:
-        return self.capacity - len(self.running)
-
-    def snapshot(self, drift: int = 0) -> dict[str, Any]:
-        """The worker item; ``drift`` turns the core-time stamps into wall-clock instants."""
+    def snapshot(self, running: int, drift: int = 0) -> dict[str, Any]:
+        """The worker item, running ``running`` jobs; ``drift`` turns the core-time stamps
+        into wall-clock instants."""
         return {
             "workerId": self.worker_id,
             "capacity": self.capacity,
-            "activeJobs": len(self.running),
+            "activeJobs": running,
             "lastHeartbeatMillis": self.last_heartbeat + drift,
             "connectedAtMillis": self.connected_at + drift,
             "taskTypes": sorted(self.task_types),
@@ -95,10 +92,10 @@ class PeriodicSession(Session):
         self.new_funcs = 0  # funcs its declarations brought into the listing, over its life
         self.assigned: dict[int, str] = {}  # token -> the job last assigned on it (JOB_UNASSIGNED)
 
-    def snapshot(self, drift: int = 0) -> dict[str, Any]:
+    def snapshot(self, running: int, drift: int = 0) -> dict[str, Any]:
         """Its capacity is what it can take now and what it runs (tokens + running);
         ``lastHeartbeatMillis`` is its last worker request (Periodic has no heartbeat)."""
-        item = super().snapshot(drift)
-        item["capacity"] = len(self.tokens) + len(self.running)
+        item = super().snapshot(running, drift)
+        item["capacity"] = len(self.tokens) + running
         item["protocol"] = "periodic"
         return item

@@ -355,9 +355,9 @@ class ClientRequests:
 
     def list_workers(self, now_millis: int) -> m.Message:
         """Every live worker session: JSON workers, then Periodic ones (``protocol`` tells)."""
-        drift = self.table.drift
-        return m.WorkerList(fit_workers([s.snapshot(drift) for s in self.json.workers]
-                                        + [s.snapshot(drift) for s in self.periodic.workers.values()]))
+        drift, running = self.table.drift, self.table.running
+        return m.WorkerList(fit_workers([s.snapshot(len(running(s)), drift) for s in self.json.workers]
+                                        + [s.snapshot(len(running(s)), drift) for s in self.periodic.workers.values()]))
 
     def list_jobs(self, now_millis: int, req: m.ListJobs) -> m.Message:
         limit = LIST_DEFAULT if req.limit is None else req.limit

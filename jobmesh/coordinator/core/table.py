@@ -2,15 +2,19 @@
 
 ``JobTable`` owns the jobs in memory (the active ones, a bounded cache of finished ones),
 the idempotency-key index, the rows to commit (dirty, new, purged), the per-state counts,
-the leases (which session holds each running job), the known task types and their
-declared defaults, each job's timeline, and the submission sequence. Jobs enter it
-through ``admit`` (a new job) or ``adopt`` (recovery), and change state only through
-``transition``; both tell the registered listeners, which keep their own indexes
-(queues, due times, Periodic funcs, waiters) in step. A listener is any object with
-``entered(job, now)`` (the job is in the table, in its current state) and
+the leases (which session holds each running job) and each session's running set (the
+jobs it runs: its leases, and the broadcast jobs it runs a copy of; ``running``), the
+known task types and their declared defaults, each job's timeline, and the submission
+sequence. Jobs enter it through ``admit`` (a new job) or ``adopt`` (recovery), and change
+state only through ``transition``; both tell the registered listeners, which keep their
+own indexes (queues, due times, Periodic funcs, waiters) in step. A listener is any
+object with ``entered(job, now)`` (the job is in the table, in its current state) and
 ``moved(job, source, target, now)`` (after the move); it says whether it wants JSON
-jobs, Periodic jobs or both. A new index is a listener; a new state is a row of the
-table in ``protocol/jobs.py`` and, if it needs one, a branch in ``transition``.
+jobs, Periodic jobs or both. A job's times can change without a move too (a lease kept
+by recovery, or claimed; a waiting job given another due time): ``keep_unclaimed``,
+``claim`` and ``retime`` tell the time listeners (``retimed(job)``), so the timers follow.
+A new index is a listener; a new state is a row of the table in ``protocol/jobs.py``
+and, if it needs one, a branch in ``transition``.
 
 Pure: no gevent, no clock; ``now`` is core time from the caller, and ``drift`` (kept by
 the core) turns it into the wall-clock instants a job's record holds.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter, OrderedDict
+from collections.abc import Set
 from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 import ujson
@@ -44,6 +49,7 @@ TRANSITION_EVENTS = {
     JobState.CANCELLED: "CANCELLED",
 }
 _random = random.Random()
+_NOTHING: frozenset[str] = frozenset()  # the running set of a session that runs nothing
 
 
 class MoveListener(Protocol):
@@ -58,6 +64,14 @@ class Listener(MoveListener, Protocol):
 
     def entered(self, job: Job, now: int) -> None:
         """The job is in the table now (admitted or recovered), in ``job.state``."""
+
+
+class TimeListener(Protocol):
+    """A part told when a job's time changes without a move."""
+
+    def retimed(self, job: Job) -> None:
+        """A RUNNING job's lease has another deadline (``job.deadline``), or a waiting job
+        another due time (``job.run_at`` / ``job.retry_at``), in the same state."""
 
 
 class TaskDefaults(NamedTuple):
@@ -109,6 +123,10 @@ class JobTable:
         self.finished: OrderedDict[str, Job] = OrderedDict()  # LRU of terminal jobs
         self.keys: dict[str, str] = {}  # idempotency key -> job id, for jobs held in memory
         self.leases: dict[str, Session] = {}  # running job id -> the session holding its lease
+        # Session -> the job ids it runs: its leases, and (Periodic broadcast) the jobs it
+        # runs a copy of, whose lease another session holds (``_copies``: job id -> those).
+        self._running: dict[Session, set[str]] = {}
+        self._copies: dict[str, list[Session]] = {}
         # Running JSON jobs recovery kept on their old lease for their worker to claim
         # (--lease-grace-millis): no session holds them; their deadline ends the grace.
         self.unclaimed: set[str] = set()
@@ -124,6 +142,7 @@ class JobTable:
         self._periodic: list[MoveListener] = []
         self._json_enter: list[Listener] = []  # told of jobs entering (a subset: some index no new job)
         self._periodic_enter: list[Listener] = []
+        self._timed: list[TimeListener] = []  # told of times that change without a move
         self._dirty: dict[str, Job] = {}
         self._new: set[str] = set()
         self._new_types: list[tuple[str, int]] = []
@@ -152,6 +171,10 @@ class JobTable:
             self._json.append(listener)
         if periodic:
             self._periodic.append(listener)
+
+    def listen_times(self, listener: TimeListener) -> None:
+        """Tell ``listener`` of every job whose lease deadline or due time changes without a move."""
+        self._timed.append(listener)
 
     # ---- jobs in and out ------------------------------------------------------------
 
@@ -217,9 +240,13 @@ class JobTable:
         if source is JobState.RUNNING:
             holder = self.leases.pop(job.job_id, None)
             if holder is not None:
-                holder.running.discard(job.job_id)
+                running = self._running.get(holder)
+                if running is not None:
+                    running.discard(job.job_id)
             else:
                 self.unclaimed.discard(job.job_id)
+            if periodic and self._copies:
+                self._end_copies(job.job_id)
         job.move_to(target, now + self.drift)
         counts = self.counts
         key = (source, job.task_type, job.priority, periodic)
@@ -237,7 +264,7 @@ class JobTable:
             job.worker_id = holder_id = session.worker_id
             job.deadline = now + (job.execution_timeout or self.config.task_timeout_millis)
             self.leases[job.job_id] = session
-            session.running.add(job.job_id)
+            self._running[session].add(job.job_id)
         elif target is JobState.RETRY_WAIT:
             assert due_at is not None, "a waiting job needs its due time"
             job.retry_at = due_at + self.drift
@@ -261,22 +288,63 @@ class JobTable:
             detail = job.error if target is JobState.FAILED else None
             self.event(job, now, event or TRANSITION_EVENTS[target], detail, due_at)
 
+    # ---- leases and running sets ---------------------------------------------------------
+
+    def running(self, session: Session) -> Set[str]:
+        """The job ids ``session`` runs: those whose lease it holds, and the broadcast jobs
+        it runs a copy of (read only: the table keeps it, the same set while the session
+        lives; empty once it ended)."""
+        return self._running.get(session, _NOTHING)
+
     def keep_unclaimed(self, job: Job, until: int) -> None:
         """Recovery: a RUNNING job stays on its lease, held by no session, until ``until``
         (core time, its deadline now) for a worker to claim it (``claim``)."""
         job.deadline = until
         self.unclaimed.add(job.job_id)
         self._dirty[job.job_id] = job
+        for listener in self._timed:
+            listener.retimed(job)
 
     def claim(self, job: Job, session: Session, now: int) -> None:
         """A worker that registered again names a lease recovery kept: it holds that lease
         now (the same attempt, no new one), with a fresh deadline."""
         self.unclaimed.discard(job.job_id)
         self.leases[job.job_id] = session
-        session.running.add(job.job_id)
+        self._running[session].add(job.job_id)
         job.worker_id = session.worker_id
         job.deadline = now + (job.execution_timeout or self.config.task_timeout_millis)
         self._dirty[job.job_id] = job
+        for listener in self._timed:
+            listener.retimed(job)
+
+    def run_copy(self, job: Job, session: Session) -> None:
+        """A RUNNING Periodic broadcast job runs on ``session`` too, whose running set holds
+        it until the job leaves RUNNING; its lease stays with its holder."""
+        assert job.state is JobState.RUNNING and job.periodic is not None
+        self._copies.setdefault(job.job_id, []).append(session)
+        self._running[session].add(job.job_id)
+
+    def _end_copies(self, job_id: str) -> None:
+        for session in self._copies.pop(job_id, ()):
+            running = self._running.get(session)
+            if running is not None:
+                running.discard(job_id)
+
+    def session_started(self, session: Session) -> None:
+        """A worker session (JSON or Periodic) opened: it runs nothing yet. Only a started
+        session is given a lease or a copy."""
+        self._running[session] = set()
+
+    def session_ended(self, session: Session) -> None:
+        """A session ended, and its part has moved on the jobs it ran: its running set goes."""
+        self._running.pop(session, None)
+
+    def retime(self, job: Job) -> None:
+        """A waiting job's due time changed in its state (its ``run_at`` or ``retry_at`` was
+        set): written with this batch, and the time listeners told."""
+        self._dirty[job.job_id] = job
+        for listener in self._timed:
+            listener.retimed(job)
 
     def attempt_ended(self, job: Job, now: int, error: str, cause: str) -> None:
         """An attempt ended without a result (``cause``: ATTEMPT_FAILED, LEASE_EXPIRED or

@@ -2,9 +2,9 @@
 
 ``Timers`` listens to the job table (JSON and Periodic jobs alike): a job entering
 RETRY_WAIT or SCHEDULED joins the due heap at its due time, a job entering RUNNING joins
-the deadline heap at its lease's deadline (as does a lease whose deadline changes without
-a move: one recovery kept for its worker, and the same lease once claimed,
-``track_lease``). Entries are never removed in place: a popped
+the deadline heap at its lease's deadline. The table also tells it of times that change
+without a move (``retimed``): a lease recovery kept for its worker, the same lease once
+claimed, a waiting job given another due time. Entries are never removed in place: a popped
 entry that no longer describes its job (cancelled, re-timed, a lease that ended) is
 skipped, and a heap is rebuilt from live work once dead entries outnumber live ones, so
 its size follows running work rather than history. Pure: times are core time.
@@ -27,13 +27,14 @@ class Timers:
         self.due_heap: list[tuple[int, str]] = []  # (due time, job id): SCHEDULED and RETRY_WAIT jobs
         self.deadline_heap: list[tuple[int, str, str]] = []  # (deadline, job id, attempt id)
         table.listen(self)
+        table.listen_times(self)
 
     # ---- the table's listener ----------------------------------------------------------
 
     def entered(self, job: Job, now: int) -> None:
         due = due_time(job)
         if due is not None:
-            self.wake(job, due - self.table.drift)
+            self._wake(job, due - self.table.drift)
 
     def moved(self, job: Job, source: JobState, target: JobState, now: int) -> None:
         if target is JobState.RUNNING:
@@ -42,11 +43,22 @@ class Timers:
         elif target is JobState.RETRY_WAIT or target is JobState.SCHEDULED:
             due = due_time(job)
             assert due is not None
-            self.wake(job, due - self.table.drift)
+            self._wake(job, due - self.table.drift)
+
+    def retimed(self, job: Job) -> None:
+        """A lease's new deadline, or a waiting job's new due time: the entry of the old
+        one is skipped when it comes up."""
+        if job.state is JobState.RUNNING:
+            assert job.deadline is not None and job.attempt_id is not None
+            heapq.heappush(self.deadline_heap, (job.deadline, job.job_id, job.attempt_id))
+            return
+        due = due_time(job)
+        if due is not None:
+            self._wake(job, due - self.table.drift)
 
     # ---- due times --------------------------------------------------------------------
 
-    def wake(self, job: Job, wake_at: int) -> None:
+    def _wake(self, job: Job, wake_at: int) -> None:
         """Put a SCHEDULED or RETRY_WAIT job on the due heap for ``wake_at`` (core time)."""
         job.wake_at = wake_at
         heapq.heappush(self.due_heap, (wake_at, job.job_id))
@@ -56,7 +68,7 @@ class Timers:
         drift = self.table.drift
         for job in self.table.jobs.values():
             if job.state is JobState.SCHEDULED and job.run_at is not None:
-                self.wake(job, job.run_at - drift)
+                self._wake(job, job.run_at - drift)
 
     def due(self, now: int) -> Iterator[Job]:
         """The waiting jobs whose time has come, earliest first (each moves on as it is
@@ -84,12 +96,6 @@ class Timers:
         self.due_heap = live
 
     # ---- lease deadlines --------------------------------------------------------------
-
-    def track_lease(self, job: Job) -> None:
-        """A RUNNING job's deadline was set without a move (a lease kept by recovery, or
-        claimed): wait for the new one; the entry of the old one is skipped."""
-        assert job.deadline is not None and job.attempt_id is not None
-        heapq.heappush(self.deadline_heap, (job.deadline, job.job_id, job.attempt_id))
 
     def expired(self, now: int) -> Iterator[Job]:
         """RUNNING jobs whose current lease's deadline has passed, earliest first."""

@@ -119,7 +119,7 @@ class PeriodicConn(Output):
         self.addr = addr
         self.kind = 0  # 1 client, 2 worker, after the handshake
         self.identity: Identity | None = None  # the token it registered with (types 3 and 4)
-        self._paced: deque | None = None  # frames waiting for the pacer, in order (None: close)
+        self._paced: deque[Any] | None = None  # frames waiting for the pacer, in order (None: close)
         self._paced_bytes = 0
         self._pacer: gevent.Greenlet | None = None
         self._last_paced: dict[int, float] = {}  # msgid -> when its last Paced frame went out
@@ -212,11 +212,11 @@ class PeriodicPort:
 
     def __init__(self, post: Callable[[Any], None], post_urgent: Callable[[Any], None], connections: dict[str, int],
                  idle_timeout: float, task_timeout: float = 0.0, keepalive: float = 120.0,
-                 sizes: Callable[[], tuple[int, int]] = lambda: (0, 0), keys: ServerKeys | None = None) -> None:
+                 cost: Callable[[type], int] = lambda kind: 1, keys: ServerKeys | None = None) -> None:
         self.keys = keys
         self.guard: Guard | None = None
         self.post = post
-        self.sizes = sizes  # (live Periodic jobs, funcs): what a DUMP or a STATUS walks
+        self.cost = cost  # the core's price of a request by its kind (a DUMP or a STATUS by what it walks)
         self.post_urgent = post_urgent
         self.connections = connections  # open connections per port, shared with the JSON ports (metrics)
         self.idle_timeout = idle_timeout  # for the handshake
@@ -234,10 +234,8 @@ class PeriodicPort:
         kind = type(msg)
         if kind is pc.Load:
             return 1 + len(msg.jobs) // ev.LIST_ROWS_PER_COST
-        if kind is pc.Dump:
-            return 1 + self.sizes()[0] // ev.LIST_ROWS_PER_COST
-        if kind is pc.Status:
-            return 1 + self.sizes()[1] // ev.LIST_ROWS_PER_COST
+        if kind is pc.Dump or kind is pc.Status:
+            return self.cost(kind)
         return 1
 
     def _reap(self) -> None:
@@ -275,7 +273,7 @@ class PeriodicPort:
         log.info("reloaded periodic authorized keys %s: keys=%d closed_connections=%d", keys.authorized_path,
                  len(keys.authorized), len(gone))
 
-    def _admit(self, reg: pc.Registration, conn: PeriodicConn) -> frozenset | None:
+    def _admit(self, reg: pc.Registration, conn: PeriodicConn) -> frozenset[type] | None:
         """What the registered connection may not send, or None: close it without a reply
         (after the guard's delay, for an address that keeps failing)."""
         worker = reg.kind == pc.ConnType.WORKER

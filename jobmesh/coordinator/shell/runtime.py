@@ -209,7 +209,7 @@ class Coordinator:
         self.handlers.guard = self.guard
         self.periodic = PeriodicPort(self.mailbox.put, self.mailbox.put_urgent, self.handlers.connections,
                                      config.idle_timeout_millis / 1000.0, config.task_timeout_millis / 1000.0,
-                                     config.periodic_keepalive_millis / 1000.0, self._periodic_sizes,
+                                     config.periodic_keepalive_millis / 1000.0, self._periodic_cost,
                                      keys=periodic_keys(config))
         self.periodic.guard = self.guard  # types 3 and 4 carry a token
         self._core_greenlet: gevent.Greenlet | None = None
@@ -521,10 +521,10 @@ class Coordinator:
 
     # ---- what the runtime does before the core applies an event ------------------------
 
-    def _periodic_sizes(self) -> tuple[int, int]:
-        """(live Periodic jobs, funcs): what a DUMP or a STATUS costs the core (O(funcs))."""
+    def _periodic_cost(self, kind: type) -> int:
+        """What a Periodic request of ``kind`` costs the core's batch (``periodic_cost``)."""
         core = self.core
-        return core.periodic.sizes() if core is not None else (0, 0)
+        return core.periodic_cost(kind) if core is not None else 1
 
     def _before_sweep(self, _event: ev.Sweep) -> None:
         """Liveness by arrival: each worker's handler stamps when its last frame arrived,

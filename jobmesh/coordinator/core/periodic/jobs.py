@@ -39,7 +39,6 @@ from jobmesh.coordinator.core.periodic.waits import PeriodicWaits
 from jobmesh.coordinator.core.periodic.workers import WorkerSessions
 from jobmesh.coordinator.core.registry import PeriodicSession
 from jobmesh.coordinator.core.table import JobTable
-from jobmesh.coordinator.core.timers import Timers
 from jobmesh.protocol.jobs import TERMINAL, JobState
 from jobmesh.store.job import Job
 
@@ -50,7 +49,7 @@ if TYPE_CHECKING:
 class PeriodicJobs:
     """The core's Periodic requests and events; see the module docstring."""
 
-    def __init__(self, table: JobTable, timers: Timers, outbox: Outbox, counters: Counters, limits: Limits,
+    def __init__(self, table: JobTable, outbox: Outbox, counters: Counters, limits: Limits,
                  held_elsewhere: Callable[[str], bool] = lambda worker_id: False) -> None:
         self.table = table
         self.limits = limits  # a func's jobs obey the limit of the task type of its name
@@ -60,7 +59,7 @@ class PeriodicJobs:
         self.sessions = WorkerSessions(table, self.index, outbox, counters, limits, held_elsewhere)
         self.locking = JobLocks(table, self.index, self.sessions, locks, outbox, counters)
         self.waits = PeriodicWaits(outbox)
-        self.named_jobs = NamedJobs(table, timers, self.index, self.sessions, self.locking, self.waits, outbox,
+        self.named_jobs = NamedJobs(table, self.index, self.sessions, self.locking, self.waits, outbox,
                                     counters)
         self.streams = Streams(table, self.index, self.sessions, self.named_jobs, self.waits, outbox, counters)
         self.commands = PeriodicCommands(outbox, self.index, self.sessions, self.locking, self.named_jobs,

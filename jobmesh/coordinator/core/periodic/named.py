@@ -21,7 +21,6 @@ from jobmesh.coordinator.core.periodic.locking import JobLocks
 from jobmesh.coordinator.core.periodic.waits import PeriodicWaits
 from jobmesh.coordinator.core.periodic.workers import WorkerSessions
 from jobmesh.coordinator.core.table import JobTable
-from jobmesh.coordinator.core.timers import Timers
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol.jobs import JobState, Priority
 from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
@@ -38,10 +37,9 @@ TOO_LATE = b"rejected: sched_at must be before the year 10000"
 
 
 class NamedJobs:
-    def __init__(self, table: JobTable, timers: Timers, index: FuncIndex, sessions: WorkerSessions,
+    def __init__(self, table: JobTable, index: FuncIndex, sessions: WorkerSessions,
                  locking: JobLocks, waits: PeriodicWaits, outbox: Outbox, counters: Counters) -> None:
         self.table = table
-        self.timers = timers
         self.index = index
         self.sessions = sessions
         self.locking = locking
@@ -102,7 +100,7 @@ class NamedJobs:
         if job.state is target:  # same state: re-index if the time moved (or a lock let it go)
             if sched != old_sched or unlocked:
                 if later:
-                    self.timers.wake(job, sched - self.table.drift)
+                    self.table.retime(job)
                 self.index.enter(job)
         else:
             self.table.transition(job, target, now, due_at=sched - self.table.drift if later else None, event=None)

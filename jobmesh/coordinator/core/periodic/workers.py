@@ -61,6 +61,7 @@ class WorkerSessions:
                 self._seq += 1
                 worker_id = "periodic-%d" % self._seq
             session = PeriodicSession(worker_id, conn, now)
+            self.table.session_started(session)
             self.conns[conn] = session
             self.by_id[session.worker_id] = session
         session.last_heartbeat = now
@@ -76,15 +77,14 @@ class WorkerSessions:
             job.worker_id == session.worker_id or session.worker_id in self.fanout.get(job.job_id, ()))
 
     def stopped(self, job: Job) -> None:
-        """The job's run ended: a broadcast job leaves its other workers too."""
-        for worker_id in self.fanout.pop(job.job_id, ()):
-            other = self.by_id.get(worker_id)
-            if other is not None:
-                other.running.discard(job.job_id)
+        """The job's run ended (the table ends the copies a broadcast job's other workers ran)."""
+        if self.fanout:
+            self.fanout.pop(job.job_id, None)
 
     @property
     def running_attempts(self) -> int:
-        return sum(len(s.running) for s in self.by_id.values())
+        running = self.table.running
+        return sum(len(running(s)) for s in self.by_id.values())
 
     # ---- worker requests --------------------------------------------------------------------
 
@@ -144,17 +144,18 @@ class WorkerSessions:
         for func in session.funcs:
             self.index.remove_worker(func, session, now)
         session.tokens.clear()
-        if session.running:
+        running = self.table.running(session)
+        if running:
             self.counters.workers_lost += 1
-            log.warning("periodic worker disconnected worker=%s running=%d", session.worker_id, len(session.running))
+            log.warning("periodic worker disconnected worker=%s running=%d", session.worker_id, len(running))
         lost = []
-        for job_id in sorted(session.running):
+        for job_id in sorted(running):
             job = self.table.jobs.get(job_id)
             if job is not None and job.state is JobState.RUNNING and job.worker_id == session.worker_id:
                 lost.append(job)
             elif job_id in self.fanout:  # one of a broadcast job's other workers: the rest go on
                 self.fanout[job_id].discard(session.worker_id)
-        session.running.clear()
+        self.table.session_ended(session)
         return lost
 
     # ---- dispatch ---------------------------------------------------------------------------
@@ -194,7 +195,7 @@ class WorkerSessions:
                 if others:
                     self.fanout[job.job_id] = {s.worker_id for s in others}
                     for other in others:
-                        other.running.add(job.job_id)
+                        self.table.run_copy(job, other)
                         self._assign(other, job, pc.encode_job_assign(other.tokens[-1], wire))
                 assigned += 1
         return assigned
