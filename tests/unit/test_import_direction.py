@@ -210,6 +210,33 @@ def test_layering(rule, graph, modules):
     assert violations(rule, graph, modules) == []
 
 
+# What the shell may import of the core: its face (CoordinatorCore, and the words it speaks).
+CORE = "jobmesh.coordinator.core"
+SHELL_SEES = tuple(CORE + "." + name for name in ("face", "events", "peers", "figures"))
+
+
+def reach_ins(graph: dict[str, list[tuple[int, str]]], modules: dict[str, Path]) -> list[str]:
+    """Imports of a core module other than the face by a module of the shell."""
+    return ["%s:%d imports %s" % (modules[name].relative_to(PACKAGE_DIR.parent), line, target)
+            for name, imported in sorted(graph.items()) if within(name, "jobmesh.coordinator.shell")
+            for line, target in imported
+            if within(target, CORE) and target != CORE and not any(within(target, ok) for ok in SHELL_SEES)]
+
+
+def test_the_shell_sees_only_the_core_s_face(graph, modules):
+    assert reach_ins(graph, modules) == []
+
+
+def test_a_reach_into_a_core_part_is_reported(modules):
+    graph = {"jobmesh.coordinator.shell.loop": [(3, "jobmesh.coordinator.core.face"),
+                                                (4, "jobmesh.coordinator.core.waiters"),
+                                                (5, "jobmesh.coordinator.core.periodic.jobs")]}
+    modules = {"jobmesh.coordinator.shell.loop": PACKAGE_DIR / "coordinator" / "shell" / "loop.py"}
+    assert reach_ins(graph, modules) == [
+        "jobmesh/coordinator/shell/loop.py:4 imports jobmesh.coordinator.core.waiters",
+        "jobmesh/coordinator/shell/loop.py:5 imports jobmesh.coordinator.core.periodic.jobs"]
+
+
 def test_the_map_lists_every_module(order, modules):
     listed = {entry for entries in order.values() for entry in entries} | set(order)
     assert sorted(set(modules) - listed) == []  # modules (and packages) the map does not list

@@ -7,7 +7,7 @@ a class here and a row in that table.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from jobmesh.coordinator.core.peers import Connection, OutboundConnection, ReplyConnection
 from jobmesh.protocol import messages as m
@@ -114,7 +114,19 @@ class ClientClosed(Event):
 
 
 class Sweep(Event):
-    """Time for the sweep (at most one pending)."""
+    """Time for the sweep (at most one pending).
+
+    What the sweep needs of the world travels on it, read when the core applies it:
+    ``arrival(conn)``, the core time of the last frame a worker connection's handler read
+    (liveness by arrival), and ``wall()``, the wall clock in milliseconds. The shell posts
+    one that reads both; a bare ``Sweep()`` (``SWEEP``) observes neither."""
+
+    __slots__ = ("arrival", "wall")
+
+    def __init__(self, arrival: Callable[[OutboundConnection], int] | None = None,
+                 wall: Callable[[], int] | None = None) -> None:
+        self.arrival = arrival
+        self.wall = wall
 
 
 class Expire(Event):
