@@ -93,10 +93,15 @@ class CoreLoop:
         self.replies = Replies()
         self.outage = StorageOutage()
         self.collector = CollectorPolicy()
-        self.sweep_marker = ev.Sweep(arrival, wall_millis)  # what the sweep timer posts
+        self._sweep = ev.Sweep(arrival, wall_millis)  # what the sweep timer posts
         self.figures = figures
         self._greenlet: gevent.Greenlet | None = None
         self._ended: Callable[[int], None] = lambda code: None
+
+    @property
+    def storage_available(self) -> bool:
+        """False during a storage outage (writes fail)."""
+        return not self.outage.active
 
     def write_recovery(self) -> None:
         """Commit recovery's rows (and the schedules file's) before any job port opens. A
@@ -112,19 +117,20 @@ class CoreLoop:
             if not self.store.is_storage_fault(exc):
                 raise
             reason = self.store.fault_reason(exc)
-            self.outage.pending = rows  # recovery's decisions: committed with the first write that works
+            self.outage.keep(rows)  # recovery's decisions: committed with the first write that works
             self.outage.failed(reason, "at start")
             self.core.refusal = storage_error(reason)
 
-    def start(self, ended: Callable[[int], None]) -> None:
+    def start(self, ended: Callable[[int], None], sweep_seconds: float) -> None:
         """Start the core greenlet: take a batch, apply it, commit it, release it, until a
-        STOP (``stop``). ``ended(code)`` is told if it ends on its own, and nothing more is
+        STOP (``stop``); and the sweep's timer, every ``sweep_seconds``. ``ended(code)`` is told if it ends on its own, and nothing more is
         committed or released then: 75, the leadership of a shared store was lost; 71, a
         commit failed in a way storage errors do not explain, or state could not be
         reloaded after one (the next start's recovery repairs it); 70, a bug."""
         self._ended = ended
         self._greenlet = gevent.spawn(self._run)
         self._greenlet.link_exception(self._died)
+        self.marker.every(self._sweep, sweep_seconds)
 
     def _run(self) -> None:
         try:
@@ -292,7 +298,7 @@ class CoreLoop:
                 raise
             raise CommitFailed("could not reload state from the database after a failed commit: %s" % exc) from exc
         rows = core.take_dirty()
-        self.outage.pending = rows if any(rows) else None
+        self.outage.keep(rows)
         core.take_outbound()
         self.core = core
 
@@ -322,8 +328,7 @@ class CoreLoop:
     def close(self) -> None:
         """After the core stopped and the ports closed: wait for the probe and the
         keepalive in flight, then close the store."""
-        if self.outage.probe is not None:
-            self.outage.probe.wait(10)  # the DB thread must be done with the connections it closes
+        self.outage.wait(10)  # the DB thread must be done with the connections it closes
         if self.keep_leading is not None:
             self.keep_leading.wait(10)
         self.store.close()

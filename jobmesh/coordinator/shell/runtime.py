@@ -138,8 +138,7 @@ class Coordinator:
         self.loop.write_recovery()
         gc.collect()
         gc.freeze()  # the recovered working set and everything imported: never scanned again
-        self.loop.start(self._ended)
-        self.marker.every(self.loop.sweep_marker, cfg.sweep_interval_millis / 1000.0)
+        self.loop.start(self._ended, cfg.sweep_interval_millis / 1000.0)
         ports = startup.open_ports(cfg, fd_limit, self.handlers, self.periodic, self.guard, self.servers)
         line = startup.listening_line(cfg, ports, self.http.port if self.http is not None else None, fd_limit,
                                       self.tls is not None)
@@ -197,7 +196,7 @@ class Coordinator:
                               connections=dict(self.handlers.connections), commit_seconds=batches.commit_seconds,
                               commit_rows=batches.commit_rows, batch_events=batches.batch_events,
                               auth_failures=self.guard.failures if self.guard is not None else 0,
-                              storage_available=0 if self.loop is not None and self.loop.outage.active else 1,
+                              storage_available=int(self.loop is None or self.loop.storage_available),
                               leading=int(self.leading))
 
     # ---- the schedules file --------------------------------------------------------------
