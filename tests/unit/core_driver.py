@@ -4,8 +4,9 @@ A batch here is what the runtime does with one (``CoordinatorCore.apply_batch``,
 ``loop.CoreLoop._commit_and_release``): each event goes through ``core.take_in``, the
 batch ends with ``core.finish_batch`` (the very steps ``apply_batch`` takes), then the
 rows are committed, then the outbound frames are released; the store reads held requests
-began wake the driver as they would wake the runtime (``woken``; the runtime's READS_DONE).
-An error the core logged and got past is raised here. After every commit the driver checks the invariants that must hold between batches: the store holds exactly
+began wake the driver as they would wake the runtime (``woken``; the runtime's
+READS_DONE). An error the core logged and got past is raised here. After every commit
+the driver checks the invariants that must hold between batches: the store holds exactly
 what the core holds, no JSON worker runs more than its capacity, every running job has
 exactly one lease and its holder knows it (or
 recovery kept it for a worker to claim), and every index agrees with each job's state.

@@ -1,8 +1,8 @@
 """The typed items of the core's mailbox.
 
-Connection handlers (``server.py``) and the sweep timer post these; the core greenlet
-(``runtime.py``) dispatches each by its class through one table. A new kind of event is
-a class here and a row in that table.
+Connection handlers (``server.py``) and the shell's timers post these; the core greenlet
+(``shell/loop.py``) hands them to the core, which dispatches each by its class through
+one table. A new kind of event is a class here and a row in that table.
 """
 
 from __future__ import annotations

@@ -123,10 +123,11 @@ class CoreLoop:
 
     def start(self, ended: Callable[[int], None], sweep_seconds: float) -> None:
         """Start the core greenlet: take a batch, apply it, commit it, release it, until a
-        STOP (``stop``); and the sweep's timer, every ``sweep_seconds``. ``ended(code)`` is told if it ends on its own, and nothing more is
-        committed or released then: 75, the leadership of a shared store was lost; 71, a
-        commit failed in a way storage errors do not explain, or state could not be
-        reloaded after one (the next start's recovery repairs it); 70, a bug."""
+        STOP (``stop``); and the sweep's timer, every ``sweep_seconds``. ``ended(code)`` is
+        told if the greenlet ends on its own, and nothing more is committed or released
+        then: 75, the leadership of a shared store was lost; 71, a commit failed in a way
+        storage errors do not explain, or state could not be reloaded after one (the next
+        start's recovery repairs it); 70, a bug."""
         self._ended = ended
         self._greenlet = gevent.spawn(self._run)
         self._greenlet.link_exception(self._died)

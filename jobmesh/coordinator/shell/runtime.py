@@ -199,8 +199,6 @@ class Coordinator:
                               storage_available=int(self.loop is None or self.loop.storage_available),
                               leading=int(self.leading))
 
-    # ---- the schedules file --------------------------------------------------------------
-
     # ---- stop -----------------------------------------------------------------------
 
     def on_stop_signal(self) -> None:
