@@ -1,9 +1,12 @@
 """The one driver of ``CoordinatorCore`` in unit tests: plain numbers for time, a real store.
 
-A batch here is what the runtime does with one (``runtime._apply_batch`` and
-``_commit_and_release``): events go through ``core.apply``, then ``core.end_batch``, then
-the rows are committed, then the outbound frames are released. After every commit the
-driver checks the invariants that must hold between batches: the store holds exactly
+A batch here is what the runtime does with one (``CoordinatorCore.apply_batch``, then
+``loop.CoreLoop._commit_and_release``): each event goes through ``core.take_in``, the
+batch ends with ``core.finish_batch`` (the very steps ``apply_batch`` takes), then the
+rows are committed, then the outbound frames are released; the store reads held requests
+began wake the driver as they would wake the runtime (``woken``; the runtime's
+READS_DONE). An error the core logged and got past is raised here. After every commit
+the driver checks the invariants that must hold between batches: the store holds exactly
 what the core holds, no JSON worker runs more than its capacity, every running job has
 exactly one lease and its holder knows it (or
 recovery kept it for a worker to claim), and every index agrees with each job's state.
@@ -16,7 +19,7 @@ from typing import Any, Iterator
 
 from jobmesh.config import CoreConfig
 from jobmesh.coordinator.core import events as ev
-from jobmesh.coordinator.core.face import CoordinatorCore
+from jobmesh.coordinator.core.face import Applied, CoordinatorCore
 from jobmesh.coordinator.core.waiters import Waiter
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import TERMINAL, JobState
@@ -50,12 +53,21 @@ class CoreDriver:
         self.core = CoordinatorCore(self.store, CoreConfig(**config), new_id=lambda: "%s-%d" % (prefix, next(counter)))
         self.sent: list[tuple[Any, Any]] = []  # every frame released, in order
         self.answers: list[tuple[Waiter, m.Message]] = []  # waits answered, not yet taken
+        self.batch = Applied()  # the batch under way
+        self.woken = False  # a store read a held request waits for is done: READS_DONE is due
 
     # -- one batch ------------------------------------------------------------------------
 
     def apply(self, now: int, event: ev.Event) -> Any:
-        """One event into the core (its reply, for a request); the batch goes on."""
-        return self.core.apply(event, now)
+        """One event into the core as the runtime applies it (its reply, for a request);
+        the batch goes on."""
+        batch = self.batch
+        replies = len(batch.replies)
+        if type(event) is ev.ReadsDone:
+            self.woken = False
+        self.core.take_in(event, now, batch)
+        self._raise(batch)
+        return batch.replies[-1][1][0] if len(batch.replies) > replies else None
 
     def request(self, now: int, msg: Any, conn: Any = CLIENT) -> Any:
         return self.apply(now, ev.Request(conn, msg))
@@ -63,12 +75,26 @@ class CoreDriver:
     def end_batch(self, now: int) -> list[tuple[Any, Any]]:
         """The end of the batch: the core's after-batch work, the commit, the checks, the
         release; the frames released."""
-        self.answers.extend(self.core.end_batch(now))
+        batch, self.batch = self.batch, Applied()
+        self.core.finish_batch(batch, now)
+        self._raise(batch)
+        self.answers.extend(batch.waits)
         self.store.write(self.core.take_dirty())
         self.check()
         out = self.core.take_outbound()
         self.sent.extend(out)
+        for read in self.core.take_new_reads():  # none on SQLite: its reads answer at once
+            read.then(self._read_done)
         return out
+
+    def _read_done(self) -> None:
+        self.woken = True
+
+    @staticmethod
+    def _raise(batch: Applied) -> None:
+        """What the core logged and got past fails the test."""
+        if batch.errors:
+            raise batch.errors.pop()
 
     def take_answers(self) -> list[tuple[Waiter, m.Message]]:
         answers, self.answers = self.answers + self.core.requests.take_answers(), []

@@ -19,6 +19,7 @@ import pytest
 
 from jobmesh.coordinator.core import table as table_mod
 from jobmesh.coordinator.core import events as ev
+from jobmesh.coordinator.core.figures import Recovery
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import MAX_FRAME, encode_frame
 from jobmesh.protocol.jobs import JobState
@@ -1051,8 +1052,8 @@ def test_recovery_requeues_running_jobs_with_budget_and_fails_final_attempts():
     h = Harness(store=old.store, prefix="new")  # the old core and its sessions are gone
     stats = h.core.recover(1000)
     h.commit()
-    assert stats == {"queued": 5, "retry_wait": 1, "requeued": 2, "failed": 1, "scheduled": 0, "due": 0, "damaged": 0,
-                     "kept": 0}
+    assert stats == Recovery(queued=5, retry_wait=1, requeued=2, failed=1, active=6, task_types=5,
+                             next_seq=11)
     for name in ("running", "filler"):
         snap = h.status(ids[name])
         assert (snap["state"], snap["attempts"], snap["workerId"]) == ("QUEUED", 1, None)
@@ -1138,8 +1139,7 @@ def test_recovering_twice_is_stable():
     h2 = Harness(store=old.store, prefix="newer")
     stats = h2.core.recover(2000)
     h2.commit()
-    assert stats == {"queued": 5, "retry_wait": 1, "requeued": 0, "failed": 0, "scheduled": 0, "due": 0, "damaged": 0,
-                     "kept": 0}
+    assert stats == Recovery(queued=5, retry_wait=1, active=6, task_types=5, next_seq=11)
     assert {i: row(h2, i) for i in ids.values()} == rows
 
 

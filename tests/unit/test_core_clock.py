@@ -5,6 +5,7 @@ gets, the wall clock is what ``observe_wall`` reports."""
 
 from __future__ import annotations
 
+from jobmesh.coordinator.core import events as ev
 from tests.unit.test_core import BASE, HB, Harness
 
 HOUR = 3_600_000
@@ -68,3 +69,24 @@ def test_event_times_are_wall_clock_instants():
     step_wall(h, 0, +HOUR)
     job_id = h.submit_ok(5)
     assert h.core.requests.get_job_events(5, job_id).events[0]["atMillis"] == 5 + HOUR
+
+
+def test_the_sweep_reads_each_worker_s_last_arrival_and_the_wall_clock_as_it_is_applied():
+    # The runtime's sweep marker carries these readers: a worker whose frames arrived
+    # (still waiting in the mailbox) is alive; a silent one is not; the wall clock's
+    # offset is taken before the sweep's steps.
+    h = Harness()
+    h.register(0, "w1")
+    h.register(0, "w2")
+    now = 2 * HB + 10
+    read: list[str] = []
+
+    def arrival(conn) -> int:
+        read.append(conn.name)
+        return now - 5 if conn is h.conns["w1"] else 0
+
+    h.apply(now, ev.Sweep(arrival, lambda: now + HOUR))
+    h.step(now)
+    assert sorted(read) == ["w1", "w2"]
+    assert h.core.json.workers.get("w1") is not None and h.core.json.workers.get("w2") is None
+    assert h.status(h.submit_ok(now))["createdAtMillis"] == now + HOUR

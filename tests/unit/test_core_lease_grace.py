@@ -58,7 +58,7 @@ def result(h: Harness, now: int, conn: Conn, job_id: str, attempt_id: str, worke
 def test_a_claimed_lease_is_the_same_attempt_with_a_fresh_deadline_and_its_result_applied():
     # Given a job RUNNING at the crash, kept on its lease by a restart with a grace
     h, [job_id] = running_at_restart()
-    assert h.stats["kept"] == 1 and h.stats["requeued"] == 0
+    assert h.stats.kept == 1 and h.stats.requeued == 0
     snap = h.status(job_id)
     assert (snap["state"], snap["attempts"], snap["workerId"]) == ("RUNNING", 1, "w1")
     assert h.core.running_attempts == 0  # no live worker holds it yet
@@ -202,7 +202,7 @@ def test_claims_are_kept_while_draining():
 
 def test_without_a_grace_recovery_requeues_and_claims_are_cancelled():
     h, [job_id] = running_at_restart(grace=0)
-    assert h.stats["requeued"] == 1 and h.stats["kept"] == 0
+    assert h.stats.requeued == 1 and h.stats.kept == 0
     assert h.status(job_id)["state"] == "QUEUED"
     assert events(h, job_id)[-1]["detail"] == "coordinator restarted: attempt 1 requeued"
     conn = h.register(RESTART + 10, "w1", running=[{"jobId": job_id, "attemptId": job_id + ".1"}])
@@ -215,7 +215,7 @@ def test_without_a_grace_recovery_requeues_and_claims_are_cancelled():
 def test_a_restart_during_the_grace_keeps_the_lease_again():
     h, [job_id] = running_at_restart()
     h2 = Harness(store=h.store, prefix="newer", lease_grace_millis=GRACE)
-    assert h2.core.recover(RESTART + 100)["kept"] == 1
+    assert h2.core.recover(RESTART + 100).kept == 1
     h2.commit()
     conn = h2.register(RESTART + 200, "w1", running=[lease(h2.status(job_id))])
     assert h2.cancels(conn) == []
@@ -233,7 +233,7 @@ def test_periodic_jobs_are_requeued_at_once_whatever_the_grace(tmp_path):
     h.store.close()
     h2 = PeriodicHarness(SQLiteStore(db), lease_grace_millis=GRACE)
     stats = h2.core.recover(T0 + 10)
-    assert stats["kept"] == 0 and stats["requeued"] == 1
+    assert stats.kept == 0 and stats.requeued == 1
     assert h2.job(name="running").state is JobState.QUEUED
     out = h2.worker(T0 + 10, Conn("w2"))
     assert [a.job.name for a in periodic_assigns(out)] == [b"running"]

@@ -221,7 +221,7 @@ def test_recovery_keeps_future_schedules_and_queues_those_that_fell_due(tmp_path
     h2 = Harness(store=store2)
     stats = h2.core.recover(2000)
     h2.commit()
-    assert stats["due"] == 1 and stats["scheduled"] == 1 and stats["queued"] == 1
+    assert stats.due == 1 and stats.scheduled == 1 and stats.queued == 1
     assert h2.state(soon) == "QUEUED" and h2.state(later) == "SCHEDULED"
     assert h2.status(later)["runAtMillis"] == 50_000
     h2.register(2001, "w1")

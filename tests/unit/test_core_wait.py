@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from jobmesh.coordinator.core.waiters import MAX_WAIT_MILLIS, Slot, Waiter
+from jobmesh.coordinator.core import events as ev
 from jobmesh.protocol import messages as m
 from tests.unit.test_core import Conn, Harness
 
@@ -214,31 +215,51 @@ def test_waits_carry_over_to_a_reloaded_core(h):
     h.register(0, "w1", capacity=4)
     live = h.submit_ok(0)
     wait(h, 10, live, 500, token="live")
-    old = h.core.requests.waiters.pending()
     fresh = Harness(store=h.store)
-    fresh.core.recover(20)
+    fresh.core.recover(20, h.core)
     # The wait keeps its deadline on the new core.
-    fresh.core.requests.adopt_waiters(20, old)
-    assert len(fresh.core.requests.waiters) == 1 and fresh.core.requests.next_wait_deadline() == 510
+    assert fresh.core.adopt_from(h.core, 20, []) == []
+    assert len(fresh.core.requests.waiters) == 1 and fresh.core.next_deadlines().waits == 510
     fresh.core.requests.expire_waits(510)
     [(waiter, reply)] = fresh.take_answers()
     assert token(waiter) == "live" and reply.job["state"] == "QUEUED"  # recovery requeued it
+
+
+def test_the_waits_a_failed_batch_answered_wait_again_on_the_reloaded_core(h):
+    # A batch completes a job and so answers its wait; its commit fails, so the core is
+    # thrown away: the completion was never durable, and the wait waits again.
+    job_id = running(h)
+    wait(h, 0, job_id, 500, token="w")
+    fresh = Harness(store=h.store, prefix="fresh")  # the store as committed: the job RUNNING
+    attempt, conn = h.assign_of(job_id), h.holder(job_id)
+    h.apply(10, ev.Result(conn, m.TaskResult("w1", job_id, attempt.attempt_id, True, {"sleptMillis": 1})))
+    batch = h.batch
+    h.core.finish_batch(batch, 10)
+    answered = [waiter for waiter, _ in batch.waits]
+    assert [token(w) for w in answered] == ["w"] and h.core.pending_waits() == []
+    fresh.core.recover(20, h.core)  # the job is queued again
+    assert fresh.core.adopt_from(h.core, 20, answered) == []
+    assert fresh.core.pending_waits() == answered and fresh.core.next_deadlines().waits == 500
+    # and it is answered when the job ends on the reloaded core
+    fresh.cancel(30, job_id)
+    [(waiter, reply)] = fresh.take_answers()
+    assert token(waiter) == "w" and reply.job["state"] == "CANCELLED"
 
 
 def test_adopted_waits_of_ended_or_unknown_jobs_are_answered_at_once(h):
     job_id = running(h)
     wait(h, 0, job_id, 500, token="ended")
     wait(h, 0, job_id, 500, token="ended2")
-    pending = h.core.requests.waiters.pending()
-    h.report(10, job_id)
-    h.take_answers()
+    pending = h.core.pending_waits()
     other = Harness(prefix="other")
-    other.core.requests.adopt_waiters(20, pending)  # the job is unknown to this store
-    got = other.take_answers()
+    got = other.core.adopt_from(h.core, 20, [])  # the job is unknown to this store
     assert [token(w) for w, _ in got] == ["ended", "ended2"]
     assert all(isinstance(r, m.Error) for _, r in got)
-    h.core.requests.adopt_waiters(20, pending)
-    got = h.take_answers()
+    h.report(10, job_id)
+    h.take_answers()
+    again = Harness(store=h.store, prefix="again")
+    again.core.recover(20)
+    got = again.core.adopt_from(Harness().core, 20, pending)  # ended before the reload
     assert [r.job["state"] for _, r in got] == ["COMPLETED", "COMPLETED"]
 
 

@@ -99,7 +99,7 @@ def test_take_all_empties_everything():
 def test_a_client_pipelining_large_dumps_leaves_room_for_the_others():
     from jobmesh.coordinator.core import events as ev
     from jobmesh.coordinator.ports.periodic import PeriodicPort
-    from jobmesh.coordinator.shell.runtime import MAX_BATCH
+    from jobmesh.coordinator.shell.loop import MAX_BATCH
     from jobmesh.periodic import codec as pc
 
     box = Mailbox()

@@ -291,7 +291,7 @@ def test_a_recovery_longer_than_the_session_timeout_keeps_the_leadership(stores,
         recover = lambda: len(list(store.load_active()))
     else:
         monkeypatch.setattr(JobTable, "adopt", slowly(JobTable.adopt))
-        recover = lambda: CoordinatorCore(store, CoreConfig()).recover(0)["queued"]
+        recover = lambda: CoordinatorCore(store, CoreConfig()).recover(0).queued
     # When it recovers (about twice the timeout)
     started = time.monotonic()
     assert recover() == count

@@ -1,13 +1,13 @@
 """The typed items of the core's mailbox.
 
-Connection handlers (``server.py``) and the sweep timer post these; the core greenlet
-(``runtime.py``) dispatches each by its class through one table. A new kind of event is
-a class here and a row in that table.
+Connection handlers (``server.py``) and the shell's timers post these; the core greenlet
+(``shell/loop.py``) hands them to the core, which dispatches each by its class through
+one table. A new kind of event is a class here and a row in that table.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from jobmesh.coordinator.core.peers import Connection, OutboundConnection, ReplyConnection
 from jobmesh.protocol import messages as m
@@ -114,7 +114,19 @@ class ClientClosed(Event):
 
 
 class Sweep(Event):
-    """Time for the sweep (at most one pending)."""
+    """Time for the sweep (at most one pending).
+
+    What the sweep needs of the world travels on it, read when the core applies it:
+    ``arrival(conn)``, the core time of the last frame a worker connection's handler read
+    (liveness by arrival), and ``wall()``, the wall clock in milliseconds. The shell posts
+    one that reads both; a bare ``Sweep()`` (``SWEEP``) observes neither."""
+
+    __slots__ = ("arrival", "wall")
+
+    def __init__(self, arrival: Callable[[OutboundConnection], int] | None = None,
+                 wall: Callable[[], int] | None = None) -> None:
+        self.arrival = arrival
+        self.wall = wall
 
 
 class Expire(Event):

@@ -3,8 +3,8 @@
 A plain class: no gevent, no sockets, no clock. Every event is applied with the time
 (``now``, core time: monotonic, ``clock.py``) read by its caller, so every duration
 (heartbeat timeouts, deadlines, backoff) is immune to wall-clock steps; instants people
-give or read are wall-clock, core time plus the table's ``drift``, which the runtime
-keeps current (``observe_wall``).
+give or read are wall-clock, core time plus the table's ``drift``, kept current from the
+wall clock each sweep carries (``observe_wall``).
 
 The parts, each owning its state (docs/ARCHITECTURE.md):
 
@@ -33,28 +33,28 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 from jobmesh.config import CoreConfig
 from jobmesh.coordinator.core import events as ev
-from jobmesh.coordinator.core.figures import Counters, Figures, stats_message
+from jobmesh.coordinator.core.figures import Counters, Figures, Recovery, stats_message
 from jobmesh.coordinator.core.json_jobs import JsonJobs
 from jobmesh.coordinator.core.limits import Limits
 from jobmesh.coordinator.core.outbox import Frame, Outbox
 from jobmesh.coordinator.core.periodic.jobs import PeriodicJobs
 from jobmesh.coordinator.core.requests import ClientRequests
-from jobmesh.coordinator.core.schedules import SCHEDULES_NOT_APPLIED, Schedules
+from jobmesh.coordinator.core.schedules import SCHEDULES_NOT_APPLIED as SCHEDULES_NOT_APPLIED, Schedules
 from jobmesh.store.base import Batch, Read, Store
 from jobmesh.store.job import Job
 from jobmesh.coordinator.core.table import JobTable, ReadPending, due_time
 from jobmesh.coordinator.core.timers import Timers
-from jobmesh.coordinator.core.waiters import Slot, Waiter
+from jobmesh.coordinator.core.waiters import Slot as Slot, Waiter as Waiter  # the face's own words too
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
 
 if TYPE_CHECKING:
-    from jobmesh.coordinator.core.peers import OutboundConnection
+    from jobmesh.coordinator.core.peers import OutboundConnection, ReplyConnection
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,32 @@ INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
 READ_REQUESTS = frozenset({m.GetJobStatus, m.ListJobs, m.ListWorkers, m.GetJobEvents, m.GetStats, m.WaitJob,
                            m.GetJobPayload, m.ScheduleGet, m.ScheduleList, m.SchedulePreview,
                            m.LimitGet, m.LimitList, ev.Refusal, ev.Forbidden})
+
+
+class Deadlines(NamedTuple):
+    """The earliest instants (core time) the shell must wake the core at, each None when
+    nothing waits for it: a WAIT_JOB's timeout, a recurring schedule's fire time (None
+    while fires are held back: the sweep catches up), a rate limit's next token."""
+
+    waits: int | None
+    fires: int | None
+    tokens: int | None
+
+
+class Applied:
+    """A batch as the core applied it (``apply_batch``): each request's reply with whether
+    the connection closes after it, in order; the waits answered, written after them; the
+    client connections that ended; and, once a STOP came, the events left unapplied."""
+
+    __slots__ = ("replies", "waits", "closed", "stop", "unapplied", "errors")
+
+    def __init__(self) -> None:
+        self.replies: list[tuple[ReplyConnection, tuple[Reply, bool]]] = []
+        self.waits: list[tuple[Waiter, m.Message]] = []
+        self.closed: list[ReplyConnection] = []
+        self.stop = False
+        self.unapplied: list[ev.Event] = []
+        self.errors: list[Exception] = []  # what an event (or the end of the batch) raised, logged
 
 
 class CoordinatorCore:
@@ -134,7 +160,7 @@ class CoordinatorCore:
             ev.Disconnected: lambda e, now: json.on_disconnected(now, e.conn),
             ev.PeriodicPacket: lambda e, now: periodic.on_packet(now, e.conn, e.msg, e.submitted_by),
             ev.PeriodicClosed: lambda e, now: periodic.on_closed(now, e.conn),
-            ev.Sweep: lambda e, now: self.sweep(now),
+            ev.Sweep: self._on_sweep,
             ev.Expire: lambda e, now: requests.expire_waits(now),
             ev.ClientClosed: lambda e, now: requests.on_client_closed(now, e.conn),
             ev.ReadsDone: lambda e, now: self.resume_held(now),
@@ -337,6 +363,16 @@ class CoordinatorCore:
         if problem is not None:
             log.error(SCHEDULES_NOT_APPLIED, problem)
 
+    def _on_sweep(self, event: ev.Sweep, now: int) -> None:
+        """The sweep, after what it carries is observed: each JSON worker's last arrival,
+        then the wall clock."""
+        arrival = event.arrival
+        if arrival is not None:
+            self.observe_arrivals(now, {s.conn: arrival(s.conn) for s in self.json.workers})
+        if event.wall is not None:
+            self.observe_wall(now, event.wall())
+        self.sweep(now)
+
     def observe_arrivals(self, now: int, arrivals: dict[OutboundConnection, int]) -> None:
         """Liveness by arrival, before a sweep: each worker connection's last frame arrived
         at ``arrivals[conn]`` (core time), as its handler stamped it."""
@@ -410,8 +446,10 @@ class CoordinatorCore:
 
     # ---- recovery ------------------------------------------------------------------
 
-    def recover(self, now: int) -> dict[str, int]:
-        """Load non-terminal jobs and known task types from the store (before any listener opens).
+    def recover(self, now: int, replacing: CoordinatorCore | None = None) -> Recovery:
+        """Load non-terminal jobs and known task types from the store (before any listener
+        opens); what it found and did. ``replacing``: the core a reload throws away, whose
+        known offset of the wall clock this one keeps.
 
         RUNNING jobs lost their worker and their attempt's outcome is unknown: requeue
         them if budget remains, else fail them. Their old deadline is discarded; the next
@@ -430,6 +468,8 @@ class CoordinatorCore:
         stats = {"queued": 0, "scheduled": 0, "retry_wait": 0, "requeued": 0, "due": 0, "failed": 0, "damaged": 0,
                  "kept": 0}
         table = self.table
+        if replacing is not None:
+            table.drift = replacing.table.drift
         grace = self.config.lease_grace_millis
         table.known_types.update(self.store.load_task_types())
         table.load_defaults(self.store.load_task_defaults())
@@ -473,7 +513,8 @@ class CoordinatorCore:
         self.schedules.load(self.store, now)  # and the fire times that passed while down follow ``missed``
         if stats["kept"]:
             log.info("kept %d running jobs on their leases for %d ms, for their workers to claim", stats["kept"], grace)
-        return stats
+        return Recovery(**stats, active=table.active_count, task_types=len(table.known_types),
+                        next_seq=table.next_seq, schedules=len(self.schedules.by_name))
 
     def _recover_running(self, job: Job, now: int, grace: int = 0) -> bool:
         """A RUNNING job whose worker is gone since a restart: requeued while attempts remain
@@ -490,14 +531,6 @@ class CoordinatorCore:
         self.table.event(job, now, "RECOVERED", job.error, attempt=job.attempts, worker_id=job.worker_id)
         self.table.transition(job, JobState.FAILED, now)
         return False
-
-    def carry_over(self, old: CoordinatorCore) -> None:
-        """A reload replaced ``old``: the process-lifetime totals go on counting, and the
-        requests held for store reads are applied to this state once their reads are done."""
-        self.counters.add(old.counters)
-        self.table.carry_totals(old.table)
-        self.schedules.carry_totals(old.schedules)
-        self._held = old._held + self._held
 
     # ---- figures ---------------------------------------------------------------------
 
@@ -532,3 +565,81 @@ class CoordinatorCore:
             jobs, funcs = self.periodic.sizes()
             return 1 + (jobs if kind is pc.Dump else funcs) // ev.LIST_ROWS_PER_COST
         return 1
+
+    # ---- the face the shell drives ------------------------------------------------------
+
+    def apply_batch(self, events: Iterable[ev.Event], clock: Callable[[], int]) -> Applied:
+        """A batch as the shell runs it: each event applied at its own ``clock()`` reading
+        (``take_in``), then the end of the batch (``finish_batch``). Events after a STOP
+        are not applied (``Applied.unapplied``)."""
+        applied = Applied()
+        now = clock()
+        for event in events:
+            if type(event) is ev.Stop:
+                applied.stop = True
+            elif applied.stop:
+                applied.unapplied.append(event)
+            else:
+                now = clock()
+                self.take_in(event, now, applied)
+        self.finish_batch(applied, now)
+        return applied
+
+    def take_in(self, event: ev.Event, now: int, applied: Applied) -> None:
+        """One event of a batch: applied, a request's reply added to ``applied`` (with
+        whether its connection closes after it: a protocol violation's Refusal). An error
+        costs only its event: logged, and a request is answered ``INTERNAL_ERROR``; an
+        error that says this process no longer leads its store is raised."""
+        try:
+            answer = self.apply(event, now)
+        except Exception as exc:
+            if self.store.leadership_lost(exc):
+                raise
+            log.exception("error while handling %s; continuing", type(event).__name__)
+            applied.errors.append(exc)
+            if type(event) is ev.Request:
+                applied.replies.append((event.conn, (INTERNAL_ERROR, False)))
+            return
+        if type(event) is ev.Request:
+            assert answer is not None
+            applied.replies.append((event.conn, (answer, type(event.msg) is ev.Refusal)))
+        elif type(event) is ev.ClientClosed:
+            applied.closed.append(event.conn)
+
+    def finish_batch(self, applied: Applied, now: int) -> None:
+        """The end of a batch (``end_batch``) at ``now``: the waits answered in it go into
+        ``applied``. An error is logged and the waits answered so far still go out."""
+        try:
+            applied.waits = self.end_batch(now)
+        except Exception as exc:
+            log.exception("error while scheduling; continuing")
+            applied.errors.append(exc)
+            applied.waits = self.requests.take_answers()
+
+    def next_deadlines(self) -> Deadlines:
+        """When the shell must wake the core next (one heap peek each; ``Deadlines``)."""
+        fires = None
+        if self._refusal is None and not self.schedules.behind:  # paused, or held back: the sweep catches up
+            due = self.schedules.next_due()
+            if due is not None:
+                fires = due - self.table.drift
+        waits = self.requests.next_wait_deadline()
+        return Deadlines(waits, fires, self.limits.next_wake())
+
+    def pending_waits(self) -> list[Waiter]:
+        """Every request not answered yet: the pending WAIT_JOBs, then the requests held for
+        a store read, as waiters of their Slots (a stop answers them all)."""
+        return self.requests.waiters.pending() + self.held_requests()
+
+    def adopt_from(self, old: CoordinatorCore, now: int, answered: list[Waiter]) -> list[tuple[Waiter, m.Message]]:
+        """A reload replaced ``old`` with this state: the process-lifetime totals go on
+        counting; the requests ``old`` held for store reads are applied here once their
+        reads are done; its pending waits, and ``answered`` (waits it answered by changes
+        that were never committed), wait again here, keeping their deadlines. Returns the
+        waits this state answers at once (their jobs ended, or it does not hold them)."""
+        self.counters.add(old.counters)
+        self.table.carry_totals(old.table)
+        self.schedules.carry_totals(old.schedules)
+        self._held = old._held + self._held
+        self.requests.adopt_waiters(now, old.requests.waiters.pending() + answered)
+        return self.requests.take_answers()

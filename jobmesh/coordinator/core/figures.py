@@ -279,3 +279,22 @@ SUMMARY_KEYS = tuple((metric.summary, metric) for metric in METRICS if metric.su
 def stats_message(figures: Figures, at_millis: int) -> m.Stats:
     """GET_STATS's reply: the registry's ``stats`` metrics, by keyword."""
     return m.Stats(at_millis=at_millis, **{name: metric.value(figures) for name, metric in STATS_FIELDS})
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """What ``CoordinatorCore.recover`` found and did, for the recovery log line: the jobs
+    by what became of them, and the state recovered beside them."""
+
+    queued: int = 0  # QUEUED after recovery: the requeued and those due while down included
+    scheduled: int = 0
+    retry_wait: int = 0
+    requeued: int = 0  # RUNNING when the coordinator stopped, queued again
+    due: int = 0  # SCHEDULED, and fell due while the coordinator was down
+    failed: int = 0  # RUNNING in their final attempt: failed
+    damaged: int = 0  # rows that do not decode
+    kept: int = 0  # RUNNING, kept on their leases for their workers to claim (lease grace)
+    active: int = 0  # jobs not finished
+    task_types: int = 0
+    next_seq: int = 0
+    schedules: int = 0

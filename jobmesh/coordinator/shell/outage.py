@@ -63,6 +63,16 @@ class StorageOutage:
         self._next_probe = time.monotonic() + STORAGE_PROBE_SECONDS
         self.probe = None
 
+    def keep(self, rows: Batch) -> None:
+        """Recovery's rows (at start or after a reload), to commit with the first write that
+        works; none if it changed nothing."""
+        self.pending = rows if any(rows) else None
+
+    def wait(self, timeout: float) -> None:
+        """Wait for the probe in flight, if any (the store's thread must be done with it)."""
+        if self.probe is not None:
+            self.probe.wait(timeout)
+
     def with_pending(self, rows: Batch) -> Batch:
         """The rows to commit now: recovery's pending rows go with a batch that writes, or
         with any batch once storage works."""

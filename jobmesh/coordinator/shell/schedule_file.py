@@ -22,10 +22,15 @@ deletes the ones the file no longer names, all or nothing.
 
 from __future__ import annotations
 
+import logging
 import tomllib
-from typing import Any
+from typing import Any, Callable
 
+from jobmesh.coordinator.core import events as ev
+from jobmesh.coordinator.core.face import SCHEDULES_NOT_APPLIED
 from jobmesh.errors import ConfigError
+
+log = logging.getLogger("jobmesh.coordinator.shell.runtime")  # one logger for the runtime's lines
 
 KEYS = {"cron": "cron", "every_millis": "everyMillis", "timezone": "timezone", "task_type": "taskType",
         "payload": "payload", "priority": "priority", "max_attempts": "maxAttempts", "missed": "missed",
@@ -57,3 +62,18 @@ def read(path: str) -> list[dict[str, Any]]:
             definition[wire] = value
         definitions.append(definition)
     return definitions
+
+
+def reload(path: str | None, post: Callable[[ev.Event], None]) -> None:
+    """SIGHUP: read the file at ``path`` again and ``post`` its definitions to the core; a
+    file that does not parse is logged and changes nothing (so does one the core refuses)."""
+    if path is None:
+        log.info("SIGHUP: no --schedules file to read")
+        return
+    try:
+        definitions = read(path)
+    except ConfigError as exc:
+        log.error(SCHEDULES_NOT_APPLIED, exc)
+        return
+    log.info("SIGHUP: applying the schedules file %s (%d schedules)", path, len(definitions))
+    post(ev.SchedulesFile(definitions))
