@@ -44,7 +44,7 @@ from jobmesh.coordinator.core.outbox import Frame, Outbox
 from jobmesh.coordinator.core.periodic.jobs import PeriodicJobs
 from jobmesh.coordinator.core.requests import ClientRequests
 from jobmesh.coordinator.core.schedules import SCHEDULES_NOT_APPLIED, Schedules
-from jobmesh.store.base import Batch, Read, Store
+from jobmesh.store.base import Batch, LeadershipLost, Read, Store
 from jobmesh.store.job import Job
 from jobmesh.coordinator.core.table import JobTable, ReadPending, due_time
 from jobmesh.coordinator.core.timers import Timers
@@ -228,9 +228,9 @@ class CoordinatorCore:
             except ReadPending as pending:  # another read: wait for that one too
                 self._hold_for(pending.read, event, slot)
                 continue
-            except Exception as exc:
-                if self.store.leadership_lost(exc):
-                    raise  # the read found this process no longer leads: the runtime stops (exit 75)
+            except LeadershipLost:
+                raise  # the read found this process no longer leads: the runtime stops (exit 75)
+            except Exception:
                 log.exception("error while applying a held %s; continuing", type(event.msg).__name__)
                 answer = INTERNAL_ERROR
             if not isinstance(answer, Slot):  # (a WAIT_JOB now waiting for its job fills the slot later)
@@ -267,9 +267,9 @@ class CoordinatorCore:
         for step in self._sweep_steps:
             try:
                 step(now)
-            except Exception as exc:  # one step's error must not skip the others
-                if self.store.leadership_lost(exc):
-                    raise  # a read found this process no longer leads: the runtime stops (exit 75)
+            except LeadershipLost:
+                raise  # a read found this process no longer leads: the runtime stops (exit 75)
+            except Exception:  # one step's error must not skip the others
                 log.exception("error in the sweep's %s; the sweep goes on", step.__name__)
 
     def _purge(self, now: int) -> None:

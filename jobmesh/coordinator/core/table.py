@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter, OrderedDict
-from typing import Any, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, Callable, Iterable, NamedTuple, Protocol, TypeVar
 
 import ujson
 
@@ -32,6 +32,8 @@ from jobmesh.store.base import Batch, Read, Store
 from jobmesh.store.columns import dump_events, event_fragment, insert_row, load_events, update_row
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.payloads import TASK_TYPES
+
+T = TypeVar("T")
 
 FINISHED_CACHE = 20_000
 EVENTS_KEPT = 100  # a job's timeline keeps its newest events
@@ -130,7 +132,7 @@ class JobTable:
         self._new_defaults: dict[str, str] = {}  # task type -> its defaults' body to store
         self._purges: list[str] = []
         self._purging: set[str] = set()  # the same, to look up: their rows are gone as of this batch
-        self._reads: dict[tuple[str, str], Read] = {}  # store reads a waiting request will use
+        self._reads: dict[tuple, Read[Any]] = {}  # store reads a waiting request will use
 
     def listen(self, listener: Listener, json: bool = True, periodic: bool = True) -> None:
         """Tell ``listener`` of every JSON and/or Periodic job that enters the table or moves."""
@@ -409,16 +411,22 @@ class JobTable:
             return self.lookup(job_id)
         return self._read("key", key)
 
-    def _read(self, kind: str, value: str) -> Job | None:
-        """A job from the store; raises ``ReadPending`` while the read is in flight. A
-        read that finished is used once, by the request applied again for it."""
-        read = self._reads.pop((kind, value), None)
+    def awaited(self, key: tuple, start: Callable[[], Read[T]]) -> T:
+        """What the store read ``start()`` began, under ``key`` (what the request asks,
+        the same when it is applied again); raises ``ReadPending`` while it is in
+        flight. A read that finished is used once, by the request applied again for it."""
+        read = self._reads.pop(key, None)
         if read is None:
-            read = self.store.read_later(job_id=value) if kind == "id" else self.store.read_later(key=value)
+            read = start()
         if not read.ready():
-            self._reads[(kind, value)] = read
+            self._reads[key] = read
             raise ReadPending(read)
-        job = read.result()
+        return read.result()
+
+    def _read(self, kind: str, value: str) -> Job | None:
+        """A job from the store (``awaited``)."""
+        job = self.awaited((kind, value), lambda: self.store.read_later(job_id=value) if kind == "id"
+                           else self.store.read_later(key=value))
         if job is not None and job.job_id in self._purging:
             return None  # read back from a row this batch deletes
         if job is not None and job.state in TERMINAL:

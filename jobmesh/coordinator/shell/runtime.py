@@ -1,17 +1,17 @@
 """Coordinator: the impure shell around ``CoordinatorCore``.
 
-Start order: the database lock (``dblock``: one coordinator per SQLite file, before
-anything touches the file; a shared store takes none) → open the store → the metrics
-port → lead (``Store.lead``: at once on SQLite; on a shared store this process stands by,
-serving only the metrics port, until it gets the leadership) → recover from the store
-(inline, before any job port) → core greenlet → sweep timer → job ports → the
-"listening" line. Stop order: core (commits its batch, answers what it took, fails what
-is still queued) → listeners → database → lock. With ``--drain-millis`` a stop signal
+Start order: open the store → the metrics port → lead (``Store.lead``: on SQLite the
+file lock, one coordinator per file, taken at once or refused; on a shared store this
+process stands by, serving only the metrics port, until it gets the leadership) →
+recover from the store (inline, before any job port) → core greenlet → sweep timer → job
+ports → the "listening" line. Stop order: core (commits its batch, answers what it took,
+fails what is still queued) → listeners → database (and its lock). With ``--drain-millis`` a stop signal
 first drains: no new assignment, running attempts get up to that long to finish (a
 second signal stops at once).
 
 On a shared store a store call that fails because this process no longer leads
-(``leadership.py``) ends it: nothing more is committed or released, exit 75.
+(``LeadershipLost``, ``leadership.py``) ends it: nothing more is committed or released,
+exit 75.
 
 The core greenlet takes a fair batch from the mailbox (``mailbox.py``: connections served
 round-robin within a cost budget of ``MAX_BATCH``), applies each event with one clock read, schedules, and commits every changed row in
@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import signal
 import time
 from collections import deque
@@ -68,14 +67,12 @@ from jobmesh.coordinator.core.peers import ReplyConnection
 from jobmesh.coordinator.shell.mailbox import Mailbox
 from jobmesh.coordinator.shell.outage import CommitFailed, StorageOutage, storage_error
 from jobmesh.coordinator.core.face import INTERNAL_ERROR, SCHEDULES_NOT_APPLIED, CoordinatorCore
-from jobmesh.coordinator.shell.dblock import DatabaseInUse, DatabaseLock
 from jobmesh.coordinator.core.figures import RuntimeFigures
 from jobmesh.auth import warn_if_exposed
 from jobmesh.coordinator.ports.guard import Guard, pending_bound
 from jobmesh.coordinator.shell.housekeeping import (COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, CollectorPolicy, Histogram,
                                               raise_fd_limit)
-from jobmesh.coordinator.shell import leadership
-from jobmesh.coordinator.shell.leadership import KeepLeading, LeadershipLost
+from jobmesh.coordinator.shell.leadership import KeepLeading
 from jobmesh.coordinator.ports.periodic import PeriodicPort
 from jobmesh.coordinator.ports.server import SHUTTING_DOWN, Servers
 from jobmesh.coordinator.core.waiters import Slot, Waiter
@@ -84,9 +81,8 @@ from jobmesh.errors import ConfigError, ProtocolError
 from jobmesh.exitcodes import EXIT_COMMIT_FAILED, EXIT_CORE_DIED, EXIT_LEADERSHIP_LOST, EXIT_USAGE
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.framing import encode_frame
-from jobmesh.store.base import Store, outcome_of
+from jobmesh.store.base import CannotLead, LeadershipLost, StorageFault, Store, first_line, outcome_of
 from jobmesh.store.opening import CannotOpen, open_store, shown
-from jobmesh.store.sqlite import FAULT_FILE_ENV
 from jobmesh.tls import server_context
 
 if TYPE_CHECKING:
@@ -229,7 +225,6 @@ class Coordinator:
         self.stopped = gevent.event.Event()
         self.exit_code = 0  # what run_coordinator returns once stopped
         self.collector = CollectorPolicy()
-        self.lock = DatabaseLock(config.db)
         self.leading = False  # this process leads its store (at once on SQLite; a standby until then)
         self.keep_leading: KeepLeading | None = None  # on a shared store, once leading
         self.outage = StorageOutage()
@@ -257,22 +252,19 @@ class Coordinator:
         (the CLI prints ``STANDING_BY``) and this waits, serving only the metrics port,
         until the store makes this process the leader.
 
-        Raises ``DatabaseInUse``, ``CannotStart`` or ``CannotOpen`` (the message says it
-        all), the store's error if recovery cannot read it, ``OSError`` if a port cannot,
-        ``LeadershipLost`` if the leadership was lost before recovery was written.
+        Raises ``CannotLead`` (``DatabaseInUse``), ``CannotStart`` or ``CannotOpen`` (the
+        message says it all), ``StorageFault`` if recovery cannot read the store,
+        ``OSError`` if a port cannot, ``LeadershipLost`` if the leadership was lost before
+        recovery was written.
         A database that opens but cannot be written (full, read-only, locked) starts
         degraded: reads are served, writes answer the storage ERROR until it works.
         """
         cfg = self.config
         fd_limit = raise_fd_limit()
-        try:
-            self.lock.acquire()  # before anything touches the database (recovery rewrites it); none on a URL
-        except DatabaseInUse:
-            raise
-        except OSError as exc:
-            raise CannotStart("cannot open the database %s: cannot create its lock file %s: %s"
-                              % (cfg.db, self.lock.path, exc.strerror or exc)) from None
         self.store = self._open_store()
+        if not self.store.shared:  # its file lock: a second coordinator stops before any port opens
+            self.store.lead(standing_by)
+            self.leading = True
         if cfg.metrics_port is not None:  # /healthz and /readyz answer while standing by and recovering
             from jobmesh.coordinator.ports.http import HttpPort  # imports prometheus_client: only when asked
 
@@ -283,11 +275,7 @@ class Coordinator:
             return None
         if self.store.migrated:
             log.info("migrated database %s: added columns %s", shown(cfg.db), ", ".join(self.store.migrated))
-        try:
-            self.core = self._recovered_core()
-        except Exception as exc:
-            leadership.check(self.store, exc)
-            raise
+        self.core = self._recovered_core()
         if cfg.schedules_file is not None:  # its schedules commit with recovery's rows
             problem = self.core.apply_schedules_file(now_millis(), schedule_file.read(cfg.schedules_file))
             if problem is not None:
@@ -296,12 +284,9 @@ class Coordinator:
         if any(rows):
             try:
                 self.store.write(rows)
-            except Exception as exc:
-                leadership.check(self.store, exc)
-                if not self.store.is_storage_fault(exc):
-                    raise
+            except StorageFault as exc:
                 self.outage.pending = rows  # recovery's decisions: committed with the first write that works
-                self._storage_failed(self.store.fault_reason(exc), "at start", reload=False)
+                self._storage_failed(exc.reason, "at start", reload=False)
         gc.collect()
         gc.freeze()  # the recovered working set and everything imported: never scanned again
         self._core_greenlet = gevent.spawn(self._run_core)
@@ -388,9 +373,7 @@ class Coordinator:
         the network) connects again and stands by again, however long that takes."""
         store = self.store
         assert store is not None
-        if not store.shared:
-            store.lead(standing_by)
-            self.leading = True
+        if not store.shared:  # led since start()
             return True
         told = False
 
@@ -418,10 +401,10 @@ class Coordinator:
                     if stop.is_set():  # the signal came as the leadership did: stop all the same
                         return False
                     break
-                if not (store.leadership_lost(exc) or store.is_storage_fault(exc)):
+                if not isinstance(exc, (LeadershipLost, StorageFault)):
                     raise exc
                 log.warning("lost the database session while standing by (%s); connecting again in %.1f s",
-                            store.fault_reason(exc), delay)
+                            exc.reason, delay)
                 store.close()
                 store = self._reconnect(stop, delay)
                 if store is None:
@@ -461,10 +444,8 @@ class Coordinator:
 
     def _open_store(self) -> Store:
         """The store --db names; raises ``CannotOpen``."""
-        # The fault file is a testing aid only (docs/FAILURE_MODEL.md, "Testing storage faults").
         cfg = self.config
-        return open_store(cfg.db, cfg.db_synchronous, os.environ.get(FAULT_FILE_ENV) or None,
-                          cfg.db_session_timeout_millis)
+        return open_store(cfg.db, cfg.db_synchronous, cfg.db_session_timeout_millis)
 
     def _recovered_core(self) -> CoordinatorCore:
         """A fresh core with the database's state, after recovery (its rows not yet written)."""
@@ -675,8 +656,9 @@ class Coordinator:
                     if type(answer) is Slot:
                         self._hold(item.conn)
                     replies.append((item.conn, (answer, type(item.msg) is ev.Refusal)))
-            except Exception as exc:
-                leadership.check(store, exc)  # a read that found the leadership gone
+            except LeadershipLost:
+                raise  # a read that found the leadership gone
+            except Exception:
                 log.exception("error while handling %s; continuing", kind.__name__)
                 if kind is ev.Request:
                     replies.append((item.conn, (INTERNAL_ERROR, False)))
@@ -708,10 +690,10 @@ class Coordinator:
             self._write_replies(unsent)
         if commit is not None:
             failure = commit.get()
-            if failure is not None:
-                leadership.check(store, failure)  # raises: nothing of this batch is released
-            if failure is not None and store.is_storage_fault(failure):
-                answers = self._refuse_batch(core, answers, store.fault_reason(failure), stop)
+            if isinstance(failure, LeadershipLost):
+                raise failure  # nothing of this batch is released
+            if isinstance(failure, StorageFault):
+                answers = self._refuse_batch(core, answers, failure.reason, stop)
                 outbound = []
             elif failure is not None:
                 raise CommitFailed("%s: %s" % (type(failure).__name__, failure)) from failure
@@ -781,21 +763,15 @@ class Coordinator:
             pconn.abort()
         old = self.core
         assert old is not None and self.store is not None
-        if not self.store.shared:  # a shared store's writer holds leadership: reload through it
-            try:
-                # Reopened: a connection opened on a read-only file stays read-only.
-                store = self._open_store()
-            except CannotOpen as exc:
-                log.warning("could not reopen the database, reloading through the open connections: %s", exc)
-            else:
-                self.store.close()
-                self.store = store
+        try:
+            # Reopened: a connection opened on a read-only file stays read-only.
+            self.store.reopen()
+        except StorageFault as exc:
+            log.warning("could not reopen the database, reloading through the open connections: cannot open the"
+                        " database %s: %s", shown(self.config.db), first_line(exc.__cause__ or exc))
         try:
             core = self._recovered_core()
-        except Exception as exc:
-            leadership.check(self.store, exc)
-            if not self.store.is_storage_fault(exc):
-                raise
+        except StorageFault as exc:
             raise CommitFailed("could not reload state from the database after a failed commit: %s" % exc) from exc
         core.carry_over(old)
         rows = core.take_dirty()
@@ -954,7 +930,6 @@ class Coordinator:
             self.keep_leading.wait(10)
         if self.store is not None:
             self.store.close()
-        self.lock.release()
         log.info("stopped")
         self.stopped.set()
 
@@ -984,21 +959,19 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
     except LeadershipLost as exc:
         log.error("leadership lost while recovering: exiting %d (%s)", EXIT_LEADERSHIP_LOST, exc)
         return EXIT_LEADERSHIP_LOST
-    except (DatabaseInUse, CannotStart, CannotOpen) as exc:
+    except (CannotLead, CannotStart, CannotOpen) as exc:
         log.error("%s", exc)
         return 1
     except ConfigError as exc:  # the --schedules file: a usage error, as a bad flag is
         log.error("%s", exc)
-        coordinator.lock.release()
+        if coordinator.store is not None:
+            coordinator.store.close()  # and its lock
         return EXIT_USAGE
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
-    except Exception as exc:  # recovery's reads failed: the database's fault, or a bug
-        store = coordinator.store
-        if store is None or not (store.is_storage_fault(exc) or store.leadership_lost(exc)):
-            raise
-        log.error("cannot open the database %s: %s", shown(config.db), str(exc).strip().split("\n")[0])
+    except StorageFault as exc:  # recovery's reads failed: the database's fault
+        log.error("cannot open the database %s: %s", shown(config.db), first_line(exc.__cause__ or exc))
         return 1
     if line is None:  # stopped while standing by
         return 0
