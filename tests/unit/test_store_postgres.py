@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 
 import gevent
@@ -349,6 +350,26 @@ def test_a_read_the_server_refuses_fails_alone_and_later_reads_work(leader, admi
         read = leader.read_later(job_id="a")
         wait_until(read.ready, message="a read after the refused one")
         assert read.result() is not None and read.result().job_id == "a"
+
+
+def test_a_later_read_returns_before_it_runs_and_its_failure_is_typed(leader, admin):
+    # Listings and the purge walks are read on a greenlet of their own: the caller (the
+    # core) goes on, and is woken once the read is done
+    leader.write(batch(make_job("a", 1)))
+    read = leader.later(partial(leader.list_page, 10, None, None))
+    woken: list[int] = []
+    read.then(lambda: woken.append(1))
+    assert not read.ready() and woken == []
+    wait_until(read.ready, message="the page", sleep=gevent.sleep)
+    assert [job.job_id for _, job in read.result()] == ["a"] and woken == [1]
+    admin.execute("ALTER TABLE jobmesh_jobs RENAME TO jobmesh_jobs_away")
+    try:
+        refused = leader.later(partial(leader.purgeable, 0, 10**15, 10))
+        wait_until(refused.ready, message="the refused walk", sleep=gevent.sleep)
+        with pytest.raises(StorageFault):
+            refused.result()
+    finally:
+        admin.execute("ALTER TABLE jobmesh_jobs_away RENAME TO jobmesh_jobs")
 
 
 # ---- the idempotency key filter ----------------------------------------------------------------
