@@ -469,7 +469,12 @@ class PostgresStore:
                         " IS NULL").fetchone()
         if row == (True,):
             return None
-        row = c.execute("SELECT COALESCE(MAX(version), 0) FROM jobmesh_migrations").fetchone()
+        try:
+            row = c.execute("SELECT COALESCE(MAX(version), 0) FROM jobmesh_migrations").fetchone()
+        except psycopg.errors.InsufficientPrivilege:
+            # A role that may not read the table could apply no migration either: the
+            # schema is taken as it is (such a role may stand by; leading, its reads fail).
+            return SCHEMA_VERSION
         return int(row[0]) if row else 0
 
     def _create_schema(self) -> None:
