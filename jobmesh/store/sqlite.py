@@ -124,6 +124,12 @@ _REASONS = {
 }
 
 
+def fault(exc: BaseException) -> StorageFault:
+    """A sqlite3 error or OSError as the storage fault it is, in short words."""
+    text = str(exc).strip() or type(exc).__name__
+    return StorageFault(_REASONS.get(text, text))
+
+
 @contextmanager
 def faults() -> Iterator[None]:
     """Every sqlite3 error and OSError is a storage fault (``StorageFault``): the
@@ -131,8 +137,7 @@ def faults() -> Iterator[None]:
     try:
         yield
     except (sqlite3.Error, OSError) as exc:
-        text = str(exc).strip() or type(exc).__name__
-        raise StorageFault(_REASONS.get(text, text)) from exc
+        raise fault(exc) from exc
 
 # A batch is written with multi-row statements, ROWS_PER_STATEMENT rows each: one
 # sqlite3_step per statement instead of one per row. The sqlite3 module releases the GIL
@@ -419,13 +424,22 @@ class SQLiteStore:
     def count(self) -> int:
         return int(self._all(self.conn, "SELECT COUNT(*) FROM jobs")[0][0])
 
+    _BY_ID = "SELECT %s FROM jobs WHERE job_id=?" % SELECT_COLUMNS
+    _BY_KEY = "SELECT %s FROM jobs WHERE idempotency_key=?" % SELECT_COLUMNS
+
     def get(self, job_id: str) -> Job | None:
-        rows = self._all(self.reader, "SELECT %s FROM jobs WHERE job_id=?" % SELECT_COLUMNS, (job_id,))
-        return read_row(rows[0]) if rows else None
+        return self._one(self._BY_ID, job_id)
 
     def find_by_key(self, key: str) -> Job | None:
-        rows = self._all(self.reader, "SELECT %s FROM jobs WHERE idempotency_key=?" % SELECT_COLUMNS, (key,))
-        return read_row(rows[0]) if rows else None
+        return self._one(self._BY_KEY, key)
+
+    def _one(self, sql: str, value: str) -> Job | None:
+        """One row by a unique column (a keyed submit's read: no context manager on its way)."""
+        try:
+            row = self.reader.execute(sql, (value,)).fetchone()
+        except (sqlite3.Error, OSError) as exc:
+            raise fault(exc) from exc
+        return None if row is None else read_row(row)
 
     def read_later(self, job_id: str | None = None, key: str | None = None) -> Read[Job | None]:
         """Answered at once: in WAL mode the reader never waits for the writer, and these

@@ -424,9 +424,14 @@ class JobTable:
         return read.result()
 
     def _read(self, kind: str, value: str) -> Job | None:
-        """A job from the store (``awaited``)."""
-        job = self.awaited((kind, value), lambda: self.store.read_later(job_id=value) if kind == "id"
-                           else self.store.read_later(key=value))
+        """A job from the store, as ``awaited`` reads (spelled out: a keyed submit's path)."""
+        read = self._reads.pop((kind, value), None)
+        if read is None:
+            read = self.store.read_later(job_id=value) if kind == "id" else self.store.read_later(key=value)
+        if not read.ready():
+            self._reads[(kind, value)] = read
+            raise ReadPending(read)
+        job = read.result()
         if job is not None and job.job_id in self._purging:
             return None  # read back from a row this batch deletes
         if job is not None and job.state in TERMINAL:
