@@ -1,13 +1,13 @@
 """Coordinator: the impure shell around ``CoordinatorCore``.
 
-Start order: open the store → the metrics port → lead (``Store.lead``: on SQLite the
-file lock, one coordinator per file, taken at once or refused; on a shared store this
-process stands by, serving only the metrics port, until it gets the leadership) →
+Start order: open the store → on SQLite lead at once (``Store.lead``: the file lock, one
+coordinator per file, taken or refused) → the metrics port → on a shared store lead
+(this process stands by, serving only the metrics port, until it gets the leadership) →
 recover from the store (inline, before any job port) → core greenlet → sweep timer → job
 ports → the "listening" line. Stop order: core (commits its batch, answers what it took,
-fails what is still queued) → listeners → database (and its lock). With ``--drain-millis`` a stop signal
-first drains: no new assignment, running attempts get up to that long to finish (a
-second signal stops at once).
+fails what is still queued) → listeners → database (and its lock). With
+``--drain-millis`` a stop signal first drains: no new assignment, running attempts get
+up to that long to finish (a second signal stops at once).
 
 On a shared store a store call that fails because this process no longer leads
 (``LeadershipLost``, ``leadership.py``) ends it: nothing more is committed or released,
