@@ -352,10 +352,10 @@ class SQLiteStore:
         except StorageFault as fault:
             if self.path == ":memory:" or fault.reason != READ_ONLY:
                 raise
-            self.reopen_writer()
+            self._reopen_writer()
             self._probe()
 
-    def reopen_writer(self) -> None:
+    def _reopen_writer(self) -> None:
         """Connect the writer again (on the thread that uses it)."""
         with faults():
             old, self.conn = self.conn, self._connect_writer()
@@ -562,10 +562,6 @@ class FileLock:
             except OSError:
                 pass
             os.close(fd)  # closing the descriptor drops the lock
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
 
 
 def _read_pid(fd: int) -> int | None:
