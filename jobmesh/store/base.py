@@ -113,8 +113,8 @@ def first_line(exc: BaseException) -> str:
 class Batch(NamedTuple):
     """Everything one core batch writes, in one transaction."""
 
-    inserts: list[tuple]  # columns.insert_row() of new jobs
-    updates: list[tuple]  # columns.update_row() of changed jobs
+    inserts: list[tuple[Any, ...]]  # columns.insert_row() of new jobs
+    updates: list[tuple[Any, ...]]  # columns.update_row() of changed jobs
     task_types: Sequence[tuple[str, int]] = ()  # newly declared (name, first seen millis)
     purges: Sequence[str] = ()  # finished jobs to delete, before the inserts (their keys are free)
     # Recurring schedules written or deleted: (name, stored body as JSON text, or None to delete).
@@ -194,7 +194,7 @@ def expired_query(table: str, mark: str) -> str:
         table, EXPIRY_WHERE, EXPIRY_KEY, mark, EXPIRY_KEY, mark)
 
 
-def purge_walk(rows: Sequence[tuple], after: int, cutoff_millis: int, limit: int,
+def purge_walk(rows: Sequence[tuple[Any, ...]], after: int, cutoff_millis: int, limit: int,
                own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
     """``Store.purgeable``'s answer from the rows its walk read: (seq, job id, key, state,
     updated at, result ttl), in sequence order from just past ``after``, at most ``limit``

@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import ujson
 
@@ -156,18 +156,18 @@ def _compile(name: str, source: str) -> Callable[..., Any]:
     namespace: dict[str, Any] = {"_dumps": _dumps, "_loads": _loads, "JobState": JobState,
                                  "Priority": Priority, "Job": Job}
     exec(source, namespace)  # noqa: S102 - source built from COLUMNS only
-    return namespace[name]
+    return cast(Callable[..., Any], namespace[name])
 
 
 def _decoder(index: int, column: Column) -> str:
     return "%s=%s" % (column.name, re.sub(r"\bv\b", "_c%d" % index, column.decode))
 
 
-insert_row: Callable[[Job], tuple] = _compile(
+insert_row: Callable[[Job], tuple[Any, ...]] = _compile(
     "insert_row", "def insert_row(job):\n    return (%s,)\n" % ", ".join(c.encode_expr for c in COLUMNS))
-update_row: Callable[[Job], tuple] = _compile(
+update_row: Callable[[Job], tuple[Any, ...]] = _compile(
     "update_row", "def update_row(job):\n    return (%s, job.job_id)\n" % ", ".join(c.encode_expr for c in MUTABLE_COLUMNS))
-job_from_row: Callable[[tuple], Job] = _compile(
+job_from_row: Callable[[tuple[Any, ...]], Job] = _compile(
     "job_from_row",
     "def job_from_row(row):\n    (%s,) = row\n    return Job(%s)\n" % (
         ", ".join("_c%d" % i for i in range(len(COLUMNS))),
@@ -181,7 +181,7 @@ _FALLBACK: dict[str, Any] = {"payload": {}, "state": JobState.QUEUED, "priority"
 _COLUMN_DECODERS = [(c.name, _compile("decode", "def decode(v):\n    return %s\n" % c.decode)) for c in COLUMNS]
 
 
-def read_row(row: tuple) -> Job:
+def read_row(row: tuple[Any, ...]) -> Job:
     """The Job of a stored row. A row that does not decode (edited by hand, or by another
     program: a payload that is not JSON, an unknown priority) is read column by column,
     each column that fails as its fallback, and the Job says why in ``damaged``."""
@@ -242,7 +242,7 @@ def event_fragment(since: int, at: int, name: str, attempt: int | None, worker: 
     return ujson.dumps(item, ensure_ascii=False, escape_forward_slashes=False)
 
 
-def dump_events(events: list) -> str:
+def dump_events(events: list[Any]) -> str:
     """The stored text of a timeline given as full tuples (without the outer brackets)."""
     out = []
     previous = 0
@@ -252,7 +252,7 @@ def dump_events(events: list) -> str:
     return ",".join(out)
 
 
-def load_events(text: str | None) -> list:
+def load_events(text: str | None) -> list[Any]:
     """A stored timeline (without the outer brackets) as full tuples, oldest first."""
     events = []
     at = 0

@@ -62,7 +62,7 @@ import logging
 from collections import deque
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar, cast
 
 import gevent
 import gevent.event
@@ -237,7 +237,7 @@ class Later:
         self._error: Exception | None = None
         self._done = False
         self._callbacks: list[Callable[[], None]] = []
-        self._rows: list[tuple] = []
+        self._rows: list[tuple[Any, ...]] = []
 
     def ready(self) -> bool:
         if not self._done:
@@ -273,14 +273,14 @@ class GreenRead(Generic[T]):
         self._greenlet = gevent.spawn(_captured, read)
 
     def ready(self) -> bool:
-        return self._greenlet.ready()
+        return bool(self._greenlet.ready())
 
     def result(self) -> T:
         assert self._greenlet.ready(), "result() of a read still in flight"
         value, error = self._greenlet.value
         if error is not None:
             raise error
-        return value
+        return cast(T, value)
 
     def then(self, callback: Callable[[], None]) -> None:
         if self._greenlet.ready():
@@ -704,7 +704,7 @@ class PostgresStore:
             done.set(outcome_of(self._not_leading))
         else:
             self._jobs.put((done, call, args))
-        return done
+        return cast(Outcome, done)
 
     def _not_leading(self) -> None:
         raise LeadershipLost("this store does not lead (lead() first)" if self._lost is None

@@ -165,7 +165,7 @@ def _update_sql(rows: int) -> str:
     return "UPDATE jobs SET %s FROM (VALUES %s) AS u WHERE jobs.job_id=u.column%d" % (sets, values, UPDATE_WIDTH)
 
 
-def _chunks(rows: list[tuple]) -> Iterator[tuple[int, list[Any]]]:
+def _chunks(rows: list[tuple[Any, ...]]) -> Iterator[tuple[int, list[Any]]]:
     """(sql row count, flat parameters) for each statement that writes ``rows``."""
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[start : start + ROWS_PER_STATEMENT]
@@ -312,10 +312,10 @@ class SQLiteStore:
 
     def commit(self, batch: Batch) -> Outcome:
         """``write`` on the store's one write thread, off the hub."""
-        return self._executor().spawn(outcome_of, self.write, batch)
+        return cast(Outcome, self._executor().spawn(outcome_of, self.write, batch))
 
     def commit_probe(self) -> Outcome:
-        return self._executor().spawn(outcome_of, self.probe)
+        return cast(Outcome, self._executor().spawn(outcome_of, self.probe))
 
     def _executor(self) -> ThreadPool:
         # One thread: writes apply in call order, and the writer connection is never shared.

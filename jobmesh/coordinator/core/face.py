@@ -92,8 +92,8 @@ class CoordinatorCore:
         # Requests held for a store read (``ReadPending``), in arrival order, with the
         # Slot their reply fills; reads the runtime has not been told of; replies of
         # held requests applied again in this batch.
-        self._held: list[tuple[Read, ev.Request, Slot]] = []
-        self._new_reads: list[Read] = []
+        self._held: list[tuple[Read[Any], ev.Request, Slot]] = []
+        self._new_reads: list[Read[Any]] = []
         self._resumed: list[tuple[Waiter, m.Message]] = []
         requests, schedules, limits = self.requests, self.schedules, self.limits
         self._answers: dict[type, Callable[[int, Any], m.Message]] = {
@@ -207,7 +207,7 @@ class CoordinatorCore:
             return self.requests.wait_job(now, event.conn, msg, slot)
         return self._answers[type(msg)](now, msg)
 
-    def _hold_for(self, read: Read, event: ev.Request, slot: Slot) -> None:
+    def _hold_for(self, read: Read[Any], event: ev.Request, slot: Slot) -> None:
         self._held.append((read, event, slot))
         self._new_reads.append(read)
 
@@ -236,7 +236,7 @@ class CoordinatorCore:
             if not isinstance(answer, Slot):  # (a WAIT_JOB now waiting for its job fills the slot later)
                 self._resumed.append((Waiter(event.conn, slot, "", 0), answer))
 
-    def take_new_reads(self) -> list[Read]:
+    def take_new_reads(self) -> list[Read[Any]]:
         """Store reads requests began to wait for since the last call (the runtime asks
         each to wake it when done); none on a store that answers reads at once."""
         reads, self._new_reads = self._new_reads, []

@@ -85,7 +85,7 @@ class ReadPending(Exception):
     """A lookup needs a row the store has not read yet (``Store.read_later``): the
     request that asked waits for ``read`` and is applied again once it is done."""
 
-    def __init__(self, read: Read) -> None:
+    def __init__(self, read: Read[Any]) -> None:
         super().__init__("a store read is in flight")
         self.read = read
 
@@ -132,7 +132,7 @@ class JobTable:
         self._new_defaults: dict[str, str] = {}  # task type -> its defaults' body to store
         self._purges: list[str] = []
         self._purging: set[str] = set()  # the same, to look up: their rows are gone as of this batch
-        self._reads: dict[tuple, Read[Any]] = {}  # store reads a waiting request will use
+        self._reads: dict[tuple[Any, ...], Read[Any]] = {}  # store reads a waiting request will use
 
     def listen(self, listener: Listener, json: bool = True, periodic: bool = True) -> None:
         """Tell ``listener`` of every JSON and/or Periodic job that enters the table or moves."""
@@ -411,7 +411,7 @@ class JobTable:
             return self.lookup(job_id)
         return self._read("key", key)
 
-    def awaited(self, key: tuple, start: Callable[[], Read[T]]) -> T:
+    def awaited(self, key: tuple[Any, ...], start: Callable[[], Read[T]]) -> T:
         """What the store read ``start()`` began, under ``key`` (what the request asks,
         the same when it is applied again); raises ``ReadPending`` while it is in
         flight. A read that finished is used once, by the request applied again for it."""
