@@ -2,8 +2,9 @@
 backend. Each test runs once per backend in ``BACKENDS``; a new store passes this module
 unchanged once it adds a backend entry (how to open it, how to make its writes fail).
 
-Backend specifics (schema, migrations, SQL plans, the fault file) live beside the
-backend's own tests (test_store.py for SQLite).
+Backend specifics (schema, migrations, SQL plans) live beside the backend's own tests
+(test_store.py for SQLite); each backend here breaks writes with the fault file of its
+test-only store (tests/faulty_store.py).
 """
 
 from __future__ import annotations
