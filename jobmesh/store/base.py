@@ -8,41 +8,113 @@ never see SQL, a rowid, a driver's exception type or the thread a write runs on:
   commit). ``write`` applies it on the calling thread (start-up, tests); ``commit``
   applies it where the store runs its writes (SQLite: one thread off the hub) and
   returns an ``Outcome`` the runtime waits on, or polls, without blocking the hub.
-* A failed write raises the driver's exception; ``is_storage_fault`` tells a storage
-  fault (disk full, read-only, locked, unreachable: serve reads, answer writes with
-  "storage unavailable", probe until it works) from a bug (stop), and ``fault_reason``
-  gives the short words clients see.
+* A call that fails for a storage reason (disk full, read-only, locked, unreachable)
+  raises ``StorageFault``, whose ``reason`` is the short words clients see: the runtime
+  serves reads, answers writes with "storage unavailable", and probes until it works.
+  Anything else a store raises is a bug (the runtime stops); a driver's exception never
+  crosses the seam as a fault.
 * Recurring schedules are rows of their own, a name and a JSON body the core encodes
   (``coordinator/schedules.py``); a batch writes them in the same transaction as the jobs
   their fires made, so a fire and its job are durable together or not at all. So are the
   task types' declared defaults (WORKER_REGISTER ``taskDefaults``), one body per type, and
   the limits per task type (``coordinator/limits.py``).
-* A shared store (PostgreSQL) may have several coordinators: ``lead`` returns once this
-  one leads, and every write is fenced, so one that lost leadership commits nothing more
-  (``leadership_lost`` tells those errors from storage faults and bugs).
+* Only one coordinator leads a store at a time: ``lead`` returns once this one does. A
+  store of one process (SQLite) takes its file lock there and raises ``DatabaseInUse``
+  while another process holds it; a shared store (PostgreSQL) may have several
+  coordinators, the others standing by in ``lead``, and every write is fenced, so one
+  that lost leadership commits nothing more: its calls raise ``LeadershipLost``.
 * Jobs are ordered by their sequence (``Job.seq``, unique per row): listings page
   newest first with a sequence as the cursor, and the retention walk goes oldest first.
-* The reads a request makes of a job not in memory (a finished job by id, the job of an
-  idempotency key) go through ``read_later``, which returns a ``Read``: SQLite's is ready
-  at once (its reader never waits for the writer); a networked store's may finish later,
+* The reads the core makes while it serves go through ``read_later`` (a job not in
+  memory: a finished job by id, the job of an idempotency key) and ``later`` (listing
+  pages, the purge walks, expired jobs), which return a ``Read``: SQLite's is ready at
+  once (its reader never waits for the writer); a networked store's may finish later,
   and the core then holds that request's reply in order and applies the request again
-  once the read is done (``Read.then`` wakes the runtime), so a slow read never stalls
-  the core.
+  once the read is done (``Read.then`` wakes the runtime), or applies retention's reads
+  at a later sweep, so a slow read never stalls the core. The synchronous reads are for
+  start-up (recovery), ``later`` and tests.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Generic, Iterable, NamedTuple, Protocol, Sequence, TypeVar
 
 from jobmesh.store.columns import COLUMN_NAMES, TERMINAL_STATES
 from jobmesh.store.job import Job
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class StorageFault(Exception):
+    """A store call failed for a storage reason, not a bug: ``reason`` in a few words
+    ("disk full", "database is read-only", "database is locked", ...); the driver's
+    exception is its ``__cause__``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class LeadershipLost(Exception):
+    """This process no longer leads its store (its session ended, its lock went to
+    another, a batch's fence failed): it must commit nothing more, release nothing of the
+    batch that found it, and stop (exit 75). ``reason`` in a few words; the message
+    names what was raised, and the driver's exception, if any, is its ``__cause__``."""
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = message if reason is None else reason
+
+
+def lost(cause: BaseException, reason: str) -> LeadershipLost:
+    """``LeadershipLost`` from the driver's exception ``cause``: the message says what it was."""
+    return LeadershipLost("%s: %s" % (type(cause).__name__, " ".join(str(cause).split())[:300]), reason)
+
+
+class CannotLead(Exception):
+    """``lead`` cannot make this process the leader, and waiting would not help; the
+    message says why in one line."""
+
+
+class DatabaseInUse(CannotLead):
+    """Another live process holds the database's lock; ``pid`` is its pid if it could be read."""
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        self.path = path
+        self.pid = pid
+        holder = "pid %d" % pid if pid is not None else "another process"
+        super().__init__("database in use by %s (lock file %s)" % (holder, path))
+
+
+# The schema's version. Each store keeps a table of the numbered migrations it applied
+# (1..SCHEMA_VERSION; the history is in sqlite.py's docstring, the columns each brought
+# are ``Column.added``): opening applies those missing, each once, and a database whose
+# table says it is current is only read. A database from before that table (whose
+# version its columns would have had to tell) runs every migration: each creates only
+# what is missing, so whatever such a database holds, it converges to the current schema.
+SCHEMA_VERSION = 11
+
+
+class NewerSchema(Exception):
+    """The database's schema is newer than this program knows: it is not opened."""
+
+    def __init__(self, where: str, version: int) -> None:
+        super().__init__("%s holds schema version %d, newer than this jobmesh knows (%d): run a newer jobmesh"
+                         % (where, version, SCHEMA_VERSION))
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 class Batch(NamedTuple):
     """Everything one core batch writes, in one transaction."""
 
-    inserts: list[tuple]  # columns.insert_row() of new jobs
-    updates: list[tuple]  # columns.update_row() of changed jobs
+    inserts: list[tuple[Any, ...]]  # columns.insert_row() of new jobs
+    updates: list[tuple[Any, ...]]  # columns.update_row() of changed jobs
     task_types: Sequence[tuple[str, int]] = ()  # newly declared (name, first seen millis)
     purges: Sequence[str] = ()  # finished jobs to delete, before the inserts (their keys are free)
     # Recurring schedules written or deleted: (name, stored body as JSON text, or None to delete).
@@ -82,7 +154,7 @@ def outcome_of(call: Callable[..., None], *args: Any) -> Exception | None:
     print a traceback for each, and a storage outage would fill the log)."""
     try:
         call(*args)
-    except Exception as exc:  # judged by the caller: storage fault or bug
+    except Exception as exc:  # judged by the caller: StorageFault, LeadershipLost or a bug
         return exc
     return None
 
@@ -122,7 +194,7 @@ def expired_query(table: str, mark: str) -> str:
         table, EXPIRY_WHERE, EXPIRY_KEY, mark, EXPIRY_KEY, mark)
 
 
-def purge_walk(rows: Sequence[tuple], after: int, cutoff_millis: int, limit: int,
+def purge_walk(rows: Sequence[tuple[Any, ...]], after: int, cutoff_millis: int, limit: int,
                own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
     """``Store.purgeable``'s answer from the rows its walk read: (seq, job id, key, state,
     updated at, result ttl), in sequence order from just past ``after``, at most ``limit``
@@ -150,39 +222,40 @@ class Outcome(Protocol):
         """Wait up to ``timeout`` seconds for it to finish; raises nothing."""
 
 
-class Read(Protocol):
-    """A read of one job in flight (``Store.read_later``)."""
+class Read(Protocol[T_co]):
+    """A read in flight (``Store.read_later``, ``Store.later``)."""
 
     def ready(self) -> bool:
         """Whether it has finished (never blocks)."""
 
-    def result(self) -> Job | None:
-        """The job read (None: no such job); raises what the read raised. Only once ready."""
+    def result(self) -> T_co:
+        """What was read (``read_later``: the job, or None: no such job); raises what the
+        read raised. Only once ready."""
 
     def then(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (on the hub) once the read has finished; at once if it has."""
 
 
-class Done:
+class Done(Generic[T]):
     """A read answered at once."""
 
-    __slots__ = ("_job", "_error")
+    __slots__ = ("_value", "_error")
 
-    def __init__(self, read: Callable[[], Job | None]) -> None:
-        self._job: Job | None = None
+    def __init__(self, read: Callable[[], T]) -> None:
+        self._value: T | None = None
         self._error: Exception | None = None
         try:
-            self._job = read()
+            self._value = read()
         except Exception as exc:  # raised to the reader by result()
             self._error = exc
 
     def ready(self) -> bool:
         return True
 
-    def result(self) -> Job | None:
+    def result(self) -> T:
         if self._error is not None:
             raise self._error
-        return self._job
+        return self._value  # type: ignore[return-value]  # set unless read() raised
 
     def then(self, callback: Callable[[], None]) -> None:
         callback()
@@ -190,24 +263,23 @@ class Done:
 
 class Store(Protocol):
     """A durable job table; see the module docstring. Reads return ``Job`` records that
-    belong to the caller (a new object per call)."""
+    belong to the caller (a new object per call). Every call raises ``StorageFault`` or
+    ``LeadershipLost`` for those reasons (an ``Outcome`` or a ``Read`` hands them back)."""
 
     migrated: list[str]  # columns this open added to an older table (for the log)
+    migrations: list[int]  # the numbered migrations this open applied (none: the schema was current)
     # True when several coordinators may share this store (one leads, the others stand
-    # by); False when it belongs to one process (SQLite: its file lock, dblock.py).
+    # by); False when it belongs to one process (SQLite: its file lock, taken by ``lead``).
     shared: bool
 
     # ---- leadership ------------------------------------------------------------------
 
     def lead(self, standing_by: Callable[[], None]) -> None:
-        """Return once this process leads the store (at once for a store that is not
-        shared). If another process leads, call ``standing_by()`` once, then wait, without
-        stalling the hub, until this one does. Recovery reads come after it."""
-
-    def leadership_lost(self, exc: BaseException) -> bool:
-        """Whether ``exc`` (raised by this store) means this process no longer leads (its
-        session ended, its lock was lost, the fence failed): it must commit nothing more
-        and stop. Never true of a storage fault (``is_storage_fault``)."""
+        """Return once this process leads the store. A store of one process takes its
+        lock at once or raises ``CannotLead`` (``DatabaseInUse``: another process holds
+        it). On a shared store, if another process leads, call ``standing_by()`` once,
+        then wait, without stalling the hub, until this one does. Recovery reads come
+        after it; ``close`` gives the leadership up."""
 
     # ---- writes ----------------------------------------------------------------------
 
@@ -224,11 +296,11 @@ class Store(Protocol):
     def commit_probe(self) -> Outcome:
         """``probe()`` where the store runs its writes, after the writes before it."""
 
-    def is_storage_fault(self, exc: BaseException) -> bool:
-        """Whether ``exc`` (raised by this store) is a storage fault rather than a bug."""
-
-    def fault_reason(self, exc: BaseException) -> str:
-        """A storage fault in a few words: "disk full", "database is read-only", ..."""
+    def reopen(self) -> None:
+        """Open this store's connections again, keeping its leadership (a connection
+        opened while the database was read-only stays read-only); raises
+        ``StorageFault`` and then keeps the old ones. A shared store's writer session
+        holds its leadership: it reopens nothing. Only with no write in flight."""
 
     # ---- reads -----------------------------------------------------------------------
 
@@ -257,9 +329,16 @@ class Store(Protocol):
     def find_by_key(self, key: str) -> Job | None:
         """The job holding this idempotency key as last committed, or None."""
 
-    def read_later(self, job_id: str | None = None, key: str | None = None) -> Read:
+    def read_later(self, job_id: str | None = None, key: str | None = None) -> Read[Job | None]:
         """``get(job_id)`` or ``find_by_key(key)`` (exactly one is given), where and when
         the store runs its reads: a ``Read`` that may be ready at once."""
+
+    def later(self, read: Callable[[], T]) -> Read[T]:
+        """``read()``, a function of this store's synchronous reads (``list_page``,
+        ``purgeable``, ``expired``...), where and when the store runs its reads: a
+        ``Read`` that may be ready at once (SQLite), or finish later without the caller
+        waiting (PostgreSQL). The core reads only through this and ``read_later``: a
+        synchronous read would hold it for a round trip in mid-batch."""
 
     def list_page(self, limit: int, state: str | None, before: int | None,
                   task_type: str | None = None) -> list[tuple[int, Job]]:

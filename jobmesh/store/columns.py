@@ -5,7 +5,8 @@ renders the kind to its own SQL type (``sqlite.py``: TEXT / INTEGER / TEXT); eve
 else about a column is said here: whether it may be NULL, its default for rows written
 before it existed, whether later writes change it, and how a ``Job`` attribute becomes
 a stored value and back. Adding a column is one line in ``COLUMNS`` (and the attribute
-on ``Job``); a backend that adds columns to older tables does so from ``added``.
+on ``Job``, and its migration's number as ``added``); a backend that adds columns to
+older tables does so from ``added``.
 
 A row is a tuple in ``COLUMNS`` order (``insert_row``), or the mutable columns followed
 by the job id (``update_row``). In a row a JSON column holds JSON text; a backend with a
@@ -24,7 +25,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import ujson
 
@@ -55,7 +56,8 @@ class Column:
     ``encode`` / ``decode`` are Python expressions over ``job`` (the record) and ``v``
     (the stored value). ``default`` is a literal (str or int) that rows written before
     the column existed hold; ``mutable`` columns are written again by each update;
-    ``added`` columns were not in the first schema (a backend adds them to older tables).
+    ``added`` is the schema version (the numbered migration) that brought the column: 1
+    for the first schema's; a backend adds the later ones to older tables.
     """
 
     name: str
@@ -64,7 +66,7 @@ class Column:
     encode: str = ""  # default: job.<name>
     decode: str = "v"
     mutable: bool = False
-    added: bool = False
+    added: int = 1
     default: str | int | None = None
     primary_key: bool = False
 
@@ -91,44 +93,49 @@ COLUMNS: tuple[Column, ...] = (
     Column("retry_at", I, mutable=True),
     Column("idempotency_key", T),
     # v2: the lease deadline
-    Column("execution_timeout", I, mutable=True, added=True),  # a Periodic resubmit changes it
-    Column("deadline", I, mutable=True, added=True),
+    Column("execution_timeout", I, mutable=True, added=2),  # a Periodic resubmit changes it
+    Column("deadline", I, mutable=True, added=2),
     # v3: priority (older rows: NORMAL) and the submission sequence, unique per job: the
     # order of listings, paging cursors and the retention walk.
     Column("priority", T, nullable=False, encode="job.priority.value", decode="Priority.parse(v or None)",
-           added=True, default="NORMAL"),
-    Column("seq", I, nullable=False, decode="v or 0", added=True, default=0),
+           added=3, default="NORMAL"),
+    Column("seq", I, nullable=False, decode="v or 0", added=3, default=0),
     # v4: scheduled jobs; v5: retries of finished jobs and the timeline (last, below)
-    Column("run_at", I, mutable=True, added=True),
-    Column("retry_of", T, added=True),
+    Column("run_at", I, mutable=True, added=4),
+    Column("retry_of", T, added=5),
     # v6: Periodic jobs (docs/PERIODIC.md): the name, and the Periodic fields (NULL for JSON jobs).
-    Column("name", T, added=True),
+    Column("name", T, added=6),
     Column("periodic", J, encode="job.periodic and _dumps(job.periodic)", decode="_loads(v)", mutable=True,
-           added=True),
+           added=6),
     # v8: the recurring schedule that made the job and its nominal fire time (NULL for other jobs).
-    Column("schedule_name", T, added=True),
-    Column("scheduled_for", I, added=True),
+    Column("schedule_name", T, added=8),
+    Column("scheduled_for", I, added=8),
     # v9: the name of the token that submitted the job (docs/SECURITY.md); NULL without --auth-file.
-    Column("submitted_by", T, added=True),
+    Column("submitted_by", T, added=9),
     # v10: what the job asked for at creation: its result's time to live (resultTtlMillis)
     # and its retry backoff (its task type's declared one); NULL: the coordinator's settings.
-    Column("result_ttl", I, added=True),
-    Column("retry_base", I, added=True),
-    Column("retry_cap", I, added=True),
+    Column("result_ttl", I, added=10),
+    Column("retry_base", I, added=10),
+    Column("retry_cap", I, added=10),
     # v11: limits (docs/PROTOCOL.md, "Limits"): the key maxRunningPerKey counts by, and the
     # key that keeps the job unique among its type's live jobs (NULL: none).
-    Column("concurrency_key", T, added=True),
-    Column("unique_key", T, added=True),
+    Column("concurrency_key", T, added=11),
+    Column("unique_key", T, added=11),
     # The job's timeline (its newest events, EVENT_CODES below), rewritten with the row it
     # belongs to, so it is exactly as durable as the state it explains. In memory the job
     # keeps it as text too (Job.events), appended one fragment per event.
-    Column("events", J, encode="'[' + job.events + ']'", decode="v[1:-1] if v else ''", mutable=True, added=True),
+    Column("events", J, encode="'[' + job.events + ']'", decode="v[1:-1] if v else ''", mutable=True, added=5),
 )
 
 MUTABLE_COLUMNS = tuple(c for c in COLUMNS if c.mutable)
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)
 ACTIVE_STATES = tuple(sorted(s.value for s in ACTIVE))
 TERMINAL_STATES = tuple(sorted(s.value for s in JobState if s.value not in ACTIVE_STATES))
+
+
+def added_in(version: int) -> tuple[Column, ...]:
+    """The columns schema version ``version`` added."""
+    return tuple(c for c in COLUMNS if c.added == version)
 
 
 def column_definition(column: Column, types: dict[Kind, str]) -> str:
@@ -149,18 +156,18 @@ def _compile(name: str, source: str) -> Callable[..., Any]:
     namespace: dict[str, Any] = {"_dumps": _dumps, "_loads": _loads, "JobState": JobState,
                                  "Priority": Priority, "Job": Job}
     exec(source, namespace)  # noqa: S102 - source built from COLUMNS only
-    return namespace[name]
+    return cast(Callable[..., Any], namespace[name])
 
 
 def _decoder(index: int, column: Column) -> str:
     return "%s=%s" % (column.name, re.sub(r"\bv\b", "_c%d" % index, column.decode))
 
 
-insert_row: Callable[[Job], tuple] = _compile(
+insert_row: Callable[[Job], tuple[Any, ...]] = _compile(
     "insert_row", "def insert_row(job):\n    return (%s,)\n" % ", ".join(c.encode_expr for c in COLUMNS))
-update_row: Callable[[Job], tuple] = _compile(
+update_row: Callable[[Job], tuple[Any, ...]] = _compile(
     "update_row", "def update_row(job):\n    return (%s, job.job_id)\n" % ", ".join(c.encode_expr for c in MUTABLE_COLUMNS))
-job_from_row: Callable[[tuple], Job] = _compile(
+job_from_row: Callable[[tuple[Any, ...]], Job] = _compile(
     "job_from_row",
     "def job_from_row(row):\n    (%s,) = row\n    return Job(%s)\n" % (
         ", ".join("_c%d" % i for i in range(len(COLUMNS))),
@@ -174,7 +181,7 @@ _FALLBACK: dict[str, Any] = {"payload": {}, "state": JobState.QUEUED, "priority"
 _COLUMN_DECODERS = [(c.name, _compile("decode", "def decode(v):\n    return %s\n" % c.decode)) for c in COLUMNS]
 
 
-def read_row(row: tuple) -> Job:
+def read_row(row: tuple[Any, ...]) -> Job:
     """The Job of a stored row. A row that does not decode (edited by hand, or by another
     program: a payload that is not JSON, an unknown priority) is read column by column,
     each column that fails as its fallback, and the Job says why in ``damaged``."""
@@ -235,7 +242,7 @@ def event_fragment(since: int, at: int, name: str, attempt: int | None, worker: 
     return ujson.dumps(item, ensure_ascii=False, escape_forward_slashes=False)
 
 
-def dump_events(events: list) -> str:
+def dump_events(events: list[Any]) -> str:
     """The stored text of a timeline given as full tuples (without the outer brackets)."""
     out = []
     previous = 0
@@ -245,7 +252,7 @@ def dump_events(events: list) -> str:
     return ",".join(out)
 
 
-def load_events(text: str | None) -> list:
+def load_events(text: str | None) -> list[Any]:
     """A stored timeline (without the outer brackets) as full tuples, oldest first."""
     events = []
     at = 0

@@ -12,7 +12,7 @@ import re
 import sqlite3
 import urllib.parse
 
-from jobmesh.store.base import Store
+from jobmesh.store.base import NewerSchema, StorageFault, Store, first_line
 from jobmesh.store.sqlite import SQLiteStore
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -53,8 +53,7 @@ def scrubbed(text: str, db: str) -> str:
     return text
 
 
-def open_store(db: str, synchronous: str = "FULL", fault_file: str | None = None,
-               session_timeout_millis: int | None = None) -> Store:
+def open_store(db: str, synchronous: str = "FULL", session_timeout_millis: int | None = None) -> Store:
     """The store ``db`` names; raises ``CannotOpen``. ``synchronous`` is SQLite's;
     ``session_timeout_millis`` PostgreSQL's (``PostgresStore``; None: its default)."""
     if is_postgres_url(db):
@@ -67,16 +66,17 @@ def open_store(db: str, synchronous: str = "FULL", fault_file: str | None = None
                              % (shown(db), exc)) from None
         try:
             if session_timeout_millis is None:
-                return PostgresStore(db, fault_file)
-            return PostgresStore(db, fault_file, session_timeout_millis)
-        except psycopg.Error as exc:
-            raise CannotOpen("cannot open the database %s: %s" % (shown(db), scrubbed(_first_line(exc), db))) from None
+                return PostgresStore(db)
+            return PostgresStore(db, session_timeout_millis)
+        except (psycopg.Error, StorageFault, NewerSchema) as exc:
+            raise CannotOpen("cannot open the database %s: %s"
+                             % (shown(db), scrubbed(first_line(_cause(exc)), db))) from None
     try:
-        return SQLiteStore(db, synchronous, fault_file)
-    except sqlite3.Error as exc:
-        raise CannotOpen("cannot open the database %s: %s" % (db, _first_line(exc))) from None
+        return SQLiteStore(db, synchronous)
+    except (sqlite3.Error, StorageFault, NewerSchema) as exc:
+        raise CannotOpen("cannot open the database %s: %s" % (db, first_line(_cause(exc)))) from None
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+def _cause(exc: BaseException) -> BaseException:
+    """A storage fault's driver exception (its words name the problem), else ``exc``."""
+    return exc.__cause__ if isinstance(exc, StorageFault) and exc.__cause__ is not None else exc

@@ -6,8 +6,12 @@ database can hold several independent jobmesh installations, one per schema. The
 come from ``columns.COLUMNS``: text as ``text``, 64-bit integers (milliseconds, counts,
 the sequence) as ``bigint``, JSON as ``text`` (the store never looks inside it, and text
 keeps the exact JSON the core wrote: no parse per write, no reformatting on the way back).
-Creating the schema is idempotent and serialized by a transaction-scoped advisory lock,
-so coordinators that start together create it once; a current schema is not written to.
+The schema comes from numbered migrations (``MIGRATIONS``, and the columns whose
+``added`` is the migration's number), each recorded in ``jobmesh_migrations``
+(base.SCHEMA_VERSION); applying them is serialized by a transaction-scoped advisory
+lock, so coordinators that start together apply them once, and a current schema is
+not written to. Every error a call meets is raised typed (``typed``): ``LeadershipLost``,
+``StorageFault``, or as it is (a bug).
 
 Three connections:
 
@@ -21,7 +25,7 @@ Three connections:
   multi-row VALUES would make one statement per size), then COMMIT. Commits run on a
   greenlet of the store, one at a time in call order: a connection made on the hub
   cannot be driven from another thread. The writer is never reconnected: a lost writer
-  session is lost leadership (``leadership_lost``), and a process that lost it stops.
+  session is lost leadership (``LeadershipLost``), and a process that lost it stops.
   A leader that stops answering loses the lock in bounded time: its session's timeouts
   (idle, idle in a transaction, TCP user timeout, keepalives: ``session_timeout_millis``)
   end a vanished leader's session. A frozen one's idle timeout is not always armed (the
@@ -30,7 +34,9 @@ Three connections:
   it has been idle longer than the timeout. A healthy leader's session is never idle
   that long: the commit greenlet runs a cheap statement when no batch ran for a quarter
   of it.
-* the reader (psycopg, synchronous): recovery, listings, the retention walk, ``get``.
+* the reader (psycopg, synchronous): recovery, and the reads ``later`` runs on greenlets
+  of their own (listings, the purge walks, expired jobs), so the core never waits for
+  its round trips; psycopg serializes the greenlets that share it.
 * the deferred reader: ``read_later``'s queries, one at a time on libpq's non-blocking
   interface. A read is sent at once; its ``Read`` finishes when the reply is in, noticed
   by an I/O watcher on the hub (the coordinator) or by ``ready()`` itself (which only
@@ -54,8 +60,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import deque
+from contextlib import contextmanager
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar, cast
 
 import gevent
 import gevent.event
@@ -64,13 +71,15 @@ import psycopg
 from psycopg import pq
 from psycopg.types.numeric import Int8Dumper
 
-from jobmesh.store.base import (Batch, Done, Outcome, Read, expired_query, expiry_index, outcome_of, page_query,
+from jobmesh.store.base import (SCHEMA_VERSION, Batch, Done, LeadershipLost, NewerSchema, Outcome, Read,
+                                StorageFault, expired_query, expiry_index, first_line, lost, outcome_of, page_query,
                                 purge_walk)
-from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, Column, Kind,
+from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, Column, Kind, added_in,
                                    column_definition, read_row)
 from jobmesh.store.job import Job
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _SQL_TYPES = {Kind.TEXT: "text", Kind.INT64: "bigint", Kind.JSON: "text"}
 
@@ -124,29 +133,32 @@ BEGIN
             USING ERRCODE = 'FENCE_SQLSTATE';
     END IF;
 END $$""".replace("FENCE_SQLSTATE", FENCE_SQLSTATE)
-# Every object by name (to_regclass / to_regproc names) -> the statement that creates it.
-SCHEMA: dict[str, str] = {
-    JOBS: "CREATE TABLE IF NOT EXISTS %s (%s)" % (JOBS, ", ".join("%s %s" % (c.name, column_sql(c)) for c in COLUMNS)),
-    "jobmesh_jobs_idempotency_key": "CREATE UNIQUE INDEX IF NOT EXISTS jobmesh_jobs_idempotency_key ON %s"
-                                    " (idempotency_key) WHERE idempotency_key IS NOT NULL" % JOBS,
-    "jobmesh_jobs_seq": "CREATE UNIQUE INDEX IF NOT EXISTS jobmesh_jobs_seq ON %s (seq)" % JOBS,
-    "jobmesh_jobs_state_seq": "CREATE INDEX IF NOT EXISTS jobmesh_jobs_state_seq ON %s (state, seq)" % JOBS,
-    "jobmesh_jobs_task_type_seq": "CREATE INDEX IF NOT EXISTS jobmesh_jobs_task_type_seq ON %s (task_type, seq)" % JOBS,
-    "jobmesh_jobs_expiry": expiry_index("jobmesh_jobs_expiry", JOBS),
-    "jobmesh_task_types": "CREATE TABLE IF NOT EXISTS jobmesh_task_types (name text PRIMARY KEY,"
-                          " first_seen bigint NOT NULL)",
-    "jobmesh_schedules": "CREATE TABLE IF NOT EXISTS jobmesh_schedules (name text PRIMARY KEY, body text NOT NULL)",
-    "jobmesh_limits": "CREATE TABLE IF NOT EXISTS jobmesh_limits (task_type text PRIMARY KEY, body text NOT NULL)",
-    "jobmesh_task_defaults": "CREATE TABLE IF NOT EXISTS jobmesh_task_defaults (name text PRIMARY KEY,"
-                             " body text NOT NULL)",
-    "jobmesh_probe": "CREATE TABLE IF NOT EXISTS jobmesh_probe (x text)",  # always empty: the storage probe's
-    "jobmesh_epoch": "CREATE SEQUENCE IF NOT EXISTS jobmesh_epoch",
-    # One row: the epoch of the current leader, and its session timeout (how long a
-    # standby lets its session sit idle). Recreated by the next leader if deleted; its
-    # epochs come from the sequence, so they only grow.
-    "jobmesh_leader": "CREATE TABLE IF NOT EXISTS jobmesh_leader (id int PRIMARY KEY CHECK (id = 1),"
-                      " epoch bigint NOT NULL, timeout_millis bigint NOT NULL)",
-    "jobmesh_fence(bigint)": FENCE_FUNCTION,
+# The numbered migrations applied (base.SCHEMA_VERSION): one row each, when it was applied.
+MIGRATIONS_TABLE = ("CREATE TABLE IF NOT EXISTS jobmesh_migrations (version bigint PRIMARY KEY,"
+                    " applied_at bigint NOT NULL)")
+# What each migration creates besides its columns (``Column.added``), each statement
+# harmless when its object exists: a schema from before the migrations table runs them
+# all. Migration 1 creates the jobs table as it is now on a new schema.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("CREATE TABLE IF NOT EXISTS %s (%s)" % (JOBS, ", ".join("%s %s" % (c.name, column_sql(c)) for c in COLUMNS)),
+        "CREATE UNIQUE INDEX IF NOT EXISTS jobmesh_jobs_idempotency_key ON %s (idempotency_key)"
+        " WHERE idempotency_key IS NOT NULL" % JOBS,
+        "CREATE TABLE IF NOT EXISTS jobmesh_probe (x text)",  # always empty: the storage probe's
+        "CREATE SEQUENCE IF NOT EXISTS jobmesh_epoch",
+        # One row: the epoch of the current leader, and its session timeout (how long a
+        # standby lets its session sit idle). Recreated by the next leader if deleted; its
+        # epochs come from the sequence, so they only grow.
+        "CREATE TABLE IF NOT EXISTS jobmesh_leader (id int PRIMARY KEY CHECK (id = 1), epoch bigint NOT NULL,"
+        " timeout_millis bigint NOT NULL)",
+        FENCE_FUNCTION),
+    4: ("CREATE TABLE IF NOT EXISTS jobmesh_task_types (name text PRIMARY KEY, first_seen bigint NOT NULL)",),
+    7: ("CREATE UNIQUE INDEX IF NOT EXISTS jobmesh_jobs_seq ON %s (seq)" % JOBS,
+        "CREATE INDEX IF NOT EXISTS jobmesh_jobs_state_seq ON %s (state, seq)" % JOBS,
+        "CREATE INDEX IF NOT EXISTS jobmesh_jobs_task_type_seq ON %s (task_type, seq)" % JOBS),
+    8: ("CREATE TABLE IF NOT EXISTS jobmesh_schedules (name text PRIMARY KEY, body text NOT NULL)",),
+    10: (expiry_index("jobmesh_jobs_expiry", JOBS),
+         "CREATE TABLE IF NOT EXISTS jobmesh_task_defaults (name text PRIMARY KEY, body text NOT NULL)"),
+    11: ("CREATE TABLE IF NOT EXISTS jobmesh_limits (task_type text PRIMARY KEY, body text NOT NULL)",),
 }
 # The session holding the leadership lock (the lock's key: LEAD_LOCK, the schema's oid).
 _HOLDER_FROM = " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
@@ -180,11 +192,6 @@ BUMP_SQL = ("INSERT INTO jobmesh_leader (id, epoch, timeout_millis) VALUES (1, n
 _SESSION_GONE = {"57P01", "57P02", "57P03", "57P05", "25P03"}
 _REASONS = {"53100": "disk full", "25006": "database is read-only", "53200": "out of memory",
             "53300": "too many connections", "53400": "configuration limit exceeded"}
-
-
-class LeadershipLost(Exception):
-    """This store's writer session has ended, lost its lock, or failed the fence; it
-    commits nothing more."""
 
 
 class KeyFilter:
@@ -230,7 +237,7 @@ class Later:
         self._error: Exception | None = None
         self._done = False
         self._callbacks: list[Callable[[], None]] = []
-        self._rows: list[tuple] = []
+        self._rows: list[tuple[Any, ...]] = []
 
     def ready(self) -> bool:
         if not self._done:
@@ -240,7 +247,7 @@ class Later:
     def result(self) -> Job | None:
         assert self._done, "result() of a read still in flight"
         if self._error is not None:
-            raise self._error
+            raise self.reader.typed(self._error)
         return self._job
 
     def then(self, callback: Callable[[], None]) -> None:
@@ -254,6 +261,40 @@ class Later:
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
+
+
+class GreenRead(Generic[T]):
+    """A read on a greenlet of its own (``PostgresStore.later``): the core goes on while
+    the synchronous reader waits for its round trip (green)."""
+
+    __slots__ = ("_greenlet",)
+
+    def __init__(self, read: Callable[[], T]) -> None:
+        self._greenlet = gevent.spawn(_captured, read)
+
+    def ready(self) -> bool:
+        return bool(self._greenlet.ready())
+
+    def result(self) -> T:
+        assert self._greenlet.ready(), "result() of a read still in flight"
+        value, error = self._greenlet.value
+        if error is not None:
+            raise error
+        return cast(T, value)
+
+    def then(self, callback: Callable[[], None]) -> None:
+        if self._greenlet.ready():
+            callback()
+        else:
+            self._greenlet.rawlink(lambda _greenlet: callback())
+
+
+def _captured(read: Callable[[], T]) -> tuple[Any, Exception | None]:
+    """``read()``'s value or exception (a greenlet that raised would print a traceback)."""
+    try:
+        return read(), None
+    except Exception as exc:  # raised to the reader by result()
+        return None, exc
 
 
 def _decoder(column: Column) -> Callable[[bytes | None], Any]:
@@ -270,7 +311,9 @@ class _DeferredReader:
     flight. ``pump`` consumes what has arrived and never waits; on the hub an I/O watcher
     calls it when the socket is readable."""
 
-    def __init__(self, conninfo: str, connect: Callable[..., psycopg.Connection]) -> None:
+    def __init__(self, conninfo: str, connect: Callable[..., psycopg.Connection],
+                 typed: Callable[[BaseException], BaseException]) -> None:
+        self.typed = typed  # a failed read's error as the seam raises it (``PostgresStore.typed``)
         self.conn = connect(conninfo)  # connected by psycopg (green); used through its libpq handle only
         self.pg = self.conn.pgconn
         self.pg.nonblocking = 1
@@ -372,27 +415,23 @@ class PostgresStore:
     """The ``Store`` on PostgreSQL. ``url`` is any libpq connection string or URL.
 
     ``session_timeout_millis`` bounds how long a leader that stopped answering keeps the
-    lock (its session's timeouts and keepalives). ``fault_file`` (tests only) names a
-    file read before each write: ``readonly`` makes the writer's transactions read-only,
-    anything else or no file clears it.
+    lock (its session's timeouts and keepalives).
 
     Raises ``psycopg.Error`` if the database cannot be reached or the schema not created.
     """
 
     shared = True
 
-    def __init__(self, url: str, fault_file: str | None = None,
-                 session_timeout_millis: int = DEFAULT_SESSION_TIMEOUT_MILLIS) -> None:
+    def __init__(self, url: str, session_timeout_millis: int = DEFAULT_SESSION_TIMEOUT_MILLIS) -> None:
         self.url = url
-        self.fault_file = fault_file
         self.timeout_millis = session_timeout_millis
         self.migrated: list[str] = []
+        self.migrations: list[int] = []
         self._epoch: int | None = None
         self._lost: BaseException | None = None
         self._writer: gevent.Greenlet | None = None
         self._jobs: gevent.queue.Queue = gevent.queue.Queue()
         self._keys: KeyFilter | None = None
-        self._fault = ""
         self._deferred: _DeferredReader | None = None
         seconds = max(1, session_timeout_millis // 3000)
         # Each connection's client side notices a vanished server as the writer's server
@@ -407,7 +446,7 @@ class PostgresStore:
             self._schema_oid = int(self.conn.execute(
                 "SELECT oid FROM pg_namespace WHERE nspname = current_schema()").fetchone()[0])  # type: ignore[index]
             self._keys_usable = self.conn.execute("SHOW server_encoding").fetchone() == ("UTF8",)
-            self._deferred = _DeferredReader(url, partial(self._connect, **network))
+            self._deferred = _DeferredReader(url, partial(self._connect, **network), self.typed)
         except BaseException:
             self.close()
             raise
@@ -420,47 +459,66 @@ class PostgresStore:
 
     # ---- schema -------------------------------------------------------------------
 
-    def _missing(self) -> list[str]:
+    def _version(self) -> int | None:
+        """The last migration applied; None for a schema from before the migrations table
+        (in the current schema, whatever later schemas of the search path hold)."""
         c = self.conn
         if c.execute("SELECT current_schema()").fetchone() == (None,):
             raise psycopg.ProgrammingError("no schema to create the tables in: the search path names none that exists")
-        missing = []
-        for name in SCHEMA:  # in the current schema, whatever later schemas of the search path hold
-            check = ("to_regprocedure(format('%%I.%%s', current_schema(), %s::text))" if "(" in name
-                     else "to_regclass(format('%%I.%%I', current_schema(), %s::text))")
-            if c.execute("SELECT %s IS NULL" % check, (name,)).fetchone() == (True,):
-                missing.append(name)
-        have = {row[0] for row in c.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
-            " AND table_name = %s", (JOBS,))}
-        if have:
-            missing += [c.name for c in COLUMNS if c.name not in have]
-        return missing
+        row = c.execute("SELECT to_regclass(format('%I.%I', current_schema(), 'jobmesh_migrations'))"
+                        " IS NULL").fetchone()
+        if row == (True,):
+            return None
+        try:
+            row = c.execute("SELECT COALESCE(MAX(version), 0) FROM jobmesh_migrations").fetchone()
+        except psycopg.errors.InsufficientPrivilege:
+            # A role that may not read the table could apply no migration either: the
+            # schema is taken as it is (such a role may stand by; leading, its reads fail).
+            return SCHEMA_VERSION
+        return int(row[0]) if row else 0
 
     def _create_schema(self) -> None:
-        """Create what is missing, idempotently, one coordinator at a time; writes nothing
-        when the schema is current (a read-only database still opens)."""
-        if not self._missing():
+        """Apply the migrations the schema lacks, in order, in one transaction, one
+        coordinator at a time; writes nothing when the schema is current (a read-only
+        database still opens)."""
+        version = self._version()
+        if version == SCHEMA_VERSION:
             return
         c = self.conn
         with c.transaction():
             c.execute("SELECT pg_advisory_xact_lock(%s::int, hashtext(current_schema()))", (SCHEMA_LOCK,))
-            missing = self._missing()
-            for column in COLUMNS:  # first: an index may be over a column an older table lacks
-                if column.name in missing:
-                    c.execute(("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s"
-                               % (JOBS, column.name, column_sql(column))).encode())
-                    self.migrated.append(column.name)
-            for name, sql in SCHEMA.items():
-                if name in missing:
+            version = self._version() or 0  # again, under the lock
+            if version > SCHEMA_VERSION:
+                raise NewerSchema("the database's schema %s" % (c.execute("SELECT current_schema()").fetchone() or ("",))[0],
+                                  version)
+            c.execute(MIGRATIONS_TABLE.encode())
+            have = {row[0] for row in c.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+                " AND table_name = %s", (JOBS,))}
+            for number in range(version + 1, SCHEMA_VERSION + 1):
+                for column in added_in(number) if have else ():  # first: an index may be over them
+                    if column.name not in have:
+                        c.execute(("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s"
+                                   % (JOBS, column.name, column_sql(column))).encode())
+                        self.migrated.append(column.name)
+                for sql in MIGRATIONS.get(number, ()):
                     c.execute(sql.encode())
+                have = have or set(COLUMN_NAMES)  # a new schema: created whole by migration 1
+                c.execute("INSERT INTO jobmesh_migrations (version, applied_at) VALUES (%s,"
+                          " (extract(epoch FROM now()) * 1000)::bigint)", (number,))
+                self.migrations.append(number)
 
     # ---- leadership -----------------------------------------------------------------
 
     def lead(self, standing_by: Callable[[], None]) -> None:
         """Return once this store leads: its writer session holds the schema's advisory
         lock and has bumped the epoch. If another session holds the lock, call
-        ``standing_by()`` once, then wait (green) for it."""
+        ``standing_by()`` once, then wait (green) for it. Raises ``LeadershipLost`` when
+        the session ends meanwhile, ``StorageFault`` for a refused statement."""
+        with self._faults():
+            self._lead(standing_by)
+
+    def _lead(self, standing_by: Callable[[], None]) -> None:
         c = self.conn
         key = (LEAD_LOCK, _int32(self._schema_oid))
         if c.execute("SELECT pg_try_advisory_lock(%s::int, %s::int)", key).fetchone() != (True,):
@@ -485,9 +543,9 @@ class PostgresStore:
         try:
             row = self.conn.execute(HOLDER_ROLE_SQL, (LEAD_LOCK, self._schema_oid)).fetchone()
         except psycopg.Error as exc:
-            if self.leadership_lost(exc):  # the session: the caller's to handle
+            if self._session_gone(exc):  # the session: the caller's to handle
                 raise
-            log.info("could not tell whether this role can end the leader's session: %s", self.fault_reason(exc))
+            log.info("could not tell whether this role can end the leader's session: %s", _reason(exc))
             return
         if row is None or row[3]:
             return
@@ -524,7 +582,7 @@ class PostgresStore:
         """The epoch this store leads in (None before ``lead``)."""
         return self._epoch
 
-    def leadership_lost(self, exc: BaseException) -> bool:
+    def _session_gone(self, exc: BaseException) -> bool:
         """Whether ``exc`` means the writer session is gone, the lock lost, or the fence
         failed: this store then commits nothing more."""
         if isinstance(exc, LeadershipLost):
@@ -537,6 +595,35 @@ class PostgresStore:
         if self.conn.closed or self.conn.broken:
             return True
         return isinstance(exc, psycopg.OperationalError) and state is None
+
+    def typed(self, exc: BaseException) -> BaseException:
+        """``exc`` as the seam raises it: ``LeadershipLost`` (the writer session is gone,
+        the lock lost, the fence failed), ``StorageFault`` (a database error with the
+        writer session intact: disk full, read-only, a statement refused), or ``exc``
+        itself (a misuse of the driver, a bug). A new exception's cause is ``exc``."""
+        if isinstance(exc, (LeadershipLost, StorageFault)):
+            return exc
+        new: BaseException
+        if self._session_gone(exc):
+            new = lost(exc, _reason(exc))
+        elif isinstance(exc, OSError) or (isinstance(exc, psycopg.Error) and not (
+                isinstance(exc, (psycopg.InterfaceError, psycopg.ProgrammingError)) and exc.sqlstate is None)):
+            new = StorageFault(_reason(exc))
+        else:
+            return exc
+        new.__cause__ = exc
+        return new
+
+    @contextmanager
+    def _faults(self) -> Iterator[None]:
+        """Raise the driver's errors as ``typed`` says."""
+        try:
+            yield
+        except (psycopg.Error, OSError) as exc:
+            new = self.typed(exc)
+            if new is exc:
+                raise
+            raise new from exc
 
     # ---- writes ------------------------------------------------------------------
 
@@ -573,20 +660,19 @@ class PostgresStore:
                     statements.append((put_sql, [list(column) for column in zip(*put)]))
         if task_defaults:
             statements.append((TASK_DEFAULTS_PUT_SQL, [list(column) for column in zip(*dict(task_defaults).items())]))
-        try:
-            self._transaction(statements)
-        except psycopg.DataError as exc:
-            if exc.sqlstate is not None:  # the server's: nothing to mend here
-                raise
-            # psycopg refused a value before sending it: text holding NUL, which
-            # PostgreSQL's text cannot (see storable). Written again without.
-            self._transaction([(sql, storable(params)) for sql, params in statements])
+        with self._faults():
+            try:
+                self._transaction(statements)
+            except psycopg.DataError as exc:
+                if exc.sqlstate is not None:  # the server's: nothing to mend here
+                    raise
+                # psycopg refused a value before sending it: text holding NUL, which
+                # PostgreSQL's text cannot (see storable). Written again without.
+                self._transaction([(sql, storable(params)) for sql, params in statements])
 
     def _transaction(self, statements: list[tuple[str, Any]]) -> None:
         """BEGIN, the fence, ``statements``, COMMIT: one pipeline, one round trip."""
         c = self.conn
-        if self.fault_file is not None:
-            self._inject_fault()
         try:
             with c.pipeline(), c.cursor() as cur:
                 cur.execute(b"BEGIN")
@@ -595,13 +681,13 @@ class PostgresStore:
                     cur.execute(sql, params)
                 cur.execute(b"COMMIT")
         except BaseException as exc:
-            if self.leadership_lost(exc):
+            if self._session_gone(exc):
                 self._lost = exc
             elif not c.closed and c.info.transaction_status != pq.TransactionStatus.IDLE:
                 try:
                     c.execute(b"ROLLBACK")
                 except psycopg.Error as again:
-                    if self.leadership_lost(again):
+                    if self._session_gone(again):
                         self._lost = again
             raise
 
@@ -618,7 +704,7 @@ class PostgresStore:
             done.set(outcome_of(self._not_leading))
         else:
             self._jobs.put((done, call, args))
-        return done
+        return cast(Outcome, done)
 
     def _not_leading(self) -> None:
         raise LeadershipLost("this store does not lead (lead() first)" if self._lost is None
@@ -646,7 +732,7 @@ class PostgresStore:
         try:
             row = self.conn.execute(b"SELECT epoch FROM jobmesh_leader WHERE id = 1").fetchone()
         except psycopg.Error as exc:
-            if self.leadership_lost(exc):
+            if self._session_gone(exc):
                 self._lost = exc
             return
         if row is None or row[0] != self._epoch:
@@ -657,36 +743,13 @@ class PostgresStore:
         written); raises what a commit would."""
         if self._lost is not None or self._epoch is None:
             self._not_leading()
-        self._transaction([("INSERT INTO jobmesh_probe (x) VALUES ('')", None), ("DELETE FROM jobmesh_probe", None)])
+        with self._faults():
+            self._transaction([("INSERT INTO jobmesh_probe (x) VALUES ('')", None),
+                               ("DELETE FROM jobmesh_probe", None)])
 
-    def is_storage_fault(self, exc: BaseException) -> bool:
-        """A database error with the writer session intact (disk full, read-only, a
-        statement refused) is a storage fault: the coordinator serves reads and probes.
-        Lost leadership is not (see ``leadership_lost``), nor is a misuse of the driver."""
-        if isinstance(exc, OSError):
-            return True
-        if not isinstance(exc, psycopg.Error) or self.leadership_lost(exc):
-            return False
-        return not (isinstance(exc, (psycopg.InterfaceError, psycopg.ProgrammingError)) and exc.sqlstate is None)
-
-    def fault_reason(self, exc: BaseException) -> str:
-        state = getattr(exc, "sqlstate", None)
-        if state in _REASONS:
-            return _REASONS[state]
-        text = str(exc).strip().splitlines()
-        return text[0] if text else type(exc).__name__
-
-    def _inject_fault(self) -> None:
-        """Tests only: make the writer's transactions read-only while the fault file says so."""
-        assert self.fault_file is not None
-        try:
-            with open(self.fault_file) as f:
-                fault = f.read().strip()
-        except OSError:
-            fault = ""
-        if fault != self._fault:
-            self.conn.execute("SET default_transaction_read_only = %s" % ("on" if fault == "readonly" else "off"))
-            self._fault = fault
+    def reopen(self) -> None:
+        """Nothing: the writer session holds the leadership, and the readers reconnect
+        with it (a new leader's recovery)."""
 
     # ---- reads -------------------------------------------------------------------
 
@@ -700,19 +763,20 @@ class PostgresStore:
         as the core building its table). The writer's keepalive must reach the server
         while a large recovery runs, or the new leader's own idle timeout (or a standby,
         judging it frozen) would end its session before it ever served."""
-        with self.reader.transaction():
-            with self.reader.cursor(name="jobmesh_active") as cur:
-                cur.execute("SELECT %s FROM %s WHERE state = ANY(%%s)" % (SELECT_COLUMNS, JOBS),
-                            (list(ACTIVE_STATES),))
-                while True:
-                    rows = cur.fetchmany(RECOVERY_SLICE)
-                    if not rows:
-                        break
-                    yield from map(read_row, rows)
-                    # A short sleep, not sleep(0): that would switch greenlets without
-                    # running the loop's timers, and the keepalive waits on one.
-                    gevent.sleep(YIELD_SECONDS)
-        self._keys = self._key_filter() if self._keys_usable else None
+        with self._faults():
+            with self.reader.transaction():
+                with self.reader.cursor(name="jobmesh_active") as cur:
+                    cur.execute("SELECT %s FROM %s WHERE state = ANY(%%s)" % (SELECT_COLUMNS, JOBS),
+                                (list(ACTIVE_STATES),))
+                    while True:
+                        rows = cur.fetchmany(RECOVERY_SLICE)
+                        if not rows:
+                            break
+                        yield from map(read_row, rows)
+                        # A short sleep, not sleep(0): that would switch greenlets without
+                        # running the loop's timers, and the keepalive waits on one.
+                        gevent.sleep(YIELD_SECONDS)
+            self._keys = self._key_filter() if self._keys_usable else None
 
     def _key_filter(self) -> KeyFilter:
         """A filter holding every stored key: their MD5s, computed by the server and
@@ -730,42 +794,41 @@ class PostgresStore:
                     add(digest)
         return keys
 
+    def _all(self, sql: str | bytes, params: Any = None) -> list[Any]:
+        """The rows of a query on the synchronous reader (start-up, recovery, tests)."""
+        with self._faults():
+            return self.reader.execute(sql, params).fetchall()
+
     def load_task_types(self) -> list[str]:
-        return [row[0] for row in self.reader.execute("SELECT name FROM jobmesh_task_types ORDER BY name")]
+        return [row[0] for row in self._all("SELECT name FROM jobmesh_task_types ORDER BY name")]
 
     def load_schedules(self) -> list[tuple[str, str]]:
-        return [(row[0], row[1]) for row in self.reader.execute("SELECT name, body FROM jobmesh_schedules ORDER BY name")]
+        return [(row[0], row[1]) for row in self._all("SELECT name, body FROM jobmesh_schedules ORDER BY name")]
 
     def load_limits(self) -> list[tuple[str, str]]:
-        return [(row[0], row[1]) for row in self.reader.execute(
-            "SELECT task_type, body FROM jobmesh_limits ORDER BY task_type")]
+        return [(row[0], row[1]) for row in self._all("SELECT task_type, body FROM jobmesh_limits ORDER BY task_type")]
 
     def load_task_defaults(self) -> list[tuple[str, str]]:
-        return [(row[0], row[1]) for row in self.reader.execute(
-            "SELECT name, body FROM jobmesh_task_defaults ORDER BY name")]
+        return [(row[0], row[1]) for row in self._all("SELECT name, body FROM jobmesh_task_defaults ORDER BY name")]
 
     def max_seq(self) -> int:
-        row = self.reader.execute("SELECT COALESCE(MAX(seq), 0) FROM %s" % JOBS).fetchone()
-        return int(row[0]) if row else 0
+        return int(self._all("SELECT COALESCE(MAX(seq), 0) FROM %s" % JOBS)[0][0])
 
     def count(self) -> int:
-        row = self.reader.execute("SELECT count(*) FROM %s" % JOBS).fetchone()
-        return int(row[0]) if row else 0
+        return int(self._all("SELECT count(*) FROM %s" % JOBS)[0][0])
 
     def get(self, job_id: str) -> Job | None:
-        row = self.reader.execute("SELECT %s FROM %s WHERE job_id = %%s" % (SELECT_COLUMNS, JOBS),
-                                  (storable(job_id),)).fetchone()
-        return None if row is None else read_row(row)
+        rows = self._all("SELECT %s FROM %s WHERE job_id = %%s" % (SELECT_COLUMNS, JOBS), (storable(job_id),))
+        return read_row(rows[0]) if rows else None
 
     def find_by_key(self, key: str) -> Job | None:
-        row = self.reader.execute("SELECT %s FROM %s WHERE idempotency_key = %%s" % (SELECT_COLUMNS, JOBS),
-                                  (storable(key),)).fetchone()
-        return None if row is None else read_row(row)
+        rows = self._all("SELECT %s FROM %s WHERE idempotency_key = %%s" % (SELECT_COLUMNS, JOBS), (storable(key),))
+        return read_row(rows[0]) if rows else None
 
     _BY_ID = ("SELECT %s FROM %s WHERE job_id = $1" % (SELECT_COLUMNS, JOBS)).encode()
     _BY_KEY = ("SELECT %s FROM %s WHERE idempotency_key = $1" % (SELECT_COLUMNS, JOBS)).encode()
 
-    def read_later(self, job_id: str | None = None, key: str | None = None) -> Read:
+    def read_later(self, job_id: str | None = None, key: str | None = None) -> Read[Job | None]:
         """On the deferred reader; a key the filter has never seen is answered at once."""
         if job_id is None:
             assert key is not None, "read_later needs a job id or a key"
@@ -778,10 +841,15 @@ class PostgresStore:
         assert key is not None
         return self._deferred.read(self._BY_KEY, key)
 
+    def later(self, read: Callable[[], T]) -> Read[T]:
+        """On a greenlet of its own: the synchronous reader's round trips never hold the
+        core (psycopg serializes the greenlets that share the reader)."""
+        return GreenRead(read)
+
     def list_page(self, limit: int, state: str | None, before: int | None,
                   task_type: str | None = None) -> list[tuple[int, Job]]:
         sql, params = page_query(JOBS, "%s", limit, state, before, task_type)
-        return [(job.seq, job) for job in map(read_row, self.reader.execute(sql.encode(), storable(params)))]
+        return [(job.seq, job) for job in map(read_row, self._all(sql.encode(), storable(params)))]
 
     PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at, result_ttl FROM %s WHERE seq > %%s"
                       " ORDER BY seq LIMIT %%s" % JOBS)
@@ -789,14 +857,13 @@ class PostgresStore:
     def purgeable(self, after: int, cutoff_millis: int, limit: int,
                   own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
         """As SQLite's: the walk in sequence order (see ``Store.purgeable``)."""
-        return purge_walk(self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall(), after, cutoff_millis,
-                          limit, own_ttl)
+        return purge_walk(self._all(self.PURGE_WALK_SQL, (after, limit)), after, cutoff_millis, limit, own_ttl)
 
     EXPIRED_SQL = expired_query(JOBS, "%s")
 
     def expired(self, now_millis: int, limit: int) -> list[tuple[str, str | None]]:
         """As SQLite's: from the expiry index (``Store.expired``)."""
-        return [(row[0], row[1]) for row in self.reader.execute(self.EXPIRED_SQL, (now_millis, limit))]
+        return [(row[0], row[1]) for row in self._all(self.EXPIRED_SQL, (now_millis, limit))]
 
     def close(self) -> None:
         """Stop the commit greenlet (after the writes queued) and close the connections;
@@ -815,6 +882,12 @@ class PostgresStore:
                     conn.close()
                 except psycopg.Error:
                     pass
+
+
+def _reason(exc: BaseException) -> str:
+    """A failure in a few words: "disk full", "database is read-only", ..."""
+    state = getattr(exc, "sqlstate", None)
+    return _REASONS[state] if state in _REASONS else first_line(exc)
 
 
 def storable(value: Any) -> Any:

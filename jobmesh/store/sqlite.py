@@ -10,8 +10,9 @@ The columns come from ``columns.COLUMNS``, rendered here to SQLite types (text a
 as TEXT, 64-bit integers as INTEGER); the CREATE TABLE, the migrations, the SELECT list
 and the multi-row INSERT and UPDATE statements are all derived from that list.
 
-Schema history, migrated in place on open (a column marked ``added`` is created by
-ALTER TABLE on an older database):
+Schema history: numbered migrations, applied in place on open (``MIGRATIONS``, and the
+columns whose ``added`` is the migration's number, created by ALTER TABLE), each recorded
+in the ``schema_migrations`` table (base.SCHEMA_VERSION):
 
 * v1 (legacy): the base columns only;
 * v2: ``execution_timeout``, ``deadline``;
@@ -32,6 +33,9 @@ ALTER TABLE on an older database):
 * v11: limits: the ``limits`` table (a task type and a JSON body), and the jobs'
   ``concurrency_key`` and ``unique_key`` columns.
 
+A database from before the ``schema_migrations`` table runs every migration, each
+creating only what it lacks; a new one gets the jobs table as it is now, then the rest.
+
 Two connections: ``conn`` is the writer (migrations, recovery, then batch writes on the
 store's one-thread pool, ``commit``); ``reader`` serves reads inline on the hub's thread.
 In WAL mode a reader never waits for a writer, so a read never stalls the hub behind an
@@ -42,21 +46,26 @@ single connection for both.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
+import os
 import sqlite3
+import time
 from contextlib import contextmanager
 from itertools import chain
-from typing import Any, Callable, Iterator, cast
+from typing import Any, Callable, Iterator, TypeVar, cast
 
 from gevent.threadpool import ThreadPool
 
-from jobmesh.store.base import (Batch, Done, Outcome, Read, expired_query, expiry_index, outcome_of, page_query,
-                                purge_walk)
-from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, Column, Kind,
+from jobmesh.store.base import (SCHEMA_VERSION, Batch, CannotLead, DatabaseInUse, Done, NewerSchema, Outcome, Read,
+                                StorageFault, expired_query, expiry_index, outcome_of, page_query, purge_walk)
+from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, Column, Kind, added_in,
                                    column_definition, read_row)
 from jobmesh.store.job import Job
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _SQL_TYPES = {Kind.TEXT: "TEXT", Kind.INT64: "INTEGER", Kind.JSON: "TEXT"}
 
@@ -68,48 +77,67 @@ def column_sql(column: Column) -> str:
 
 SELECT_COLUMNS = ", ".join(COLUMN_NAMES)
 # The v1 table, as CREATE TABLE text (tests build legacy databases from it).
-BASE_COLUMNS = ",\n".join("    %s %s" % (c.name, column_sql(c)) for c in COLUMNS if not c.added)
-# Columns added by later schema versions: name -> column definition for ALTER TABLE.
-ADDED_COLUMNS = {c.name: column_sql(c) for c in COLUMNS if c.added}
+BASE_COLUMNS = ",\n".join("    %s %s" % (c.name, column_sql(c)) for c in added_in(1))
+# Columns added by later schema versions: name -> column definition for ALTER TABLE, in migration order.
+ADDED_COLUMNS = {c.name: column_sql(c) for version in range(2, SCHEMA_VERSION + 1) for c in added_in(version)}
 INSERT_WIDTH = len(COLUMNS)
 UPDATE_WIDTH = len(MUTABLE_COLUMNS) + 1  # and the job id, last
-# Every index by name. Listings page by (state, seq) or (task_type, seq) or seq alone,
-# and the retention walk by seq: each reads O(page) rows at any table size.
-INDEXES = {
-    "jobs_idempotency_key": "CREATE UNIQUE INDEX jobs_idempotency_key ON jobs(idempotency_key)"
-                            " WHERE idempotency_key IS NOT NULL",
-    "jobs_seq": "CREATE UNIQUE INDEX jobs_seq ON jobs(seq)",
-    "jobs_state_seq": "CREATE INDEX jobs_state_seq ON jobs(state, seq)",
-    "jobs_task_type_seq": "CREATE INDEX jobs_task_type_seq ON jobs(task_type, seq)",
-    "jobs_expiry": expiry_index("jobs_expiry", "jobs"),
-}
 # Indexes of older schemas, ordered by rowid within state or task type: replaced above.
 OBSOLETE_INDEXES = ("jobs_state", "jobs_task_type")
-TASK_TYPES_TABLE = "CREATE TABLE IF NOT EXISTS task_types (name TEXT PRIMARY KEY, first_seen INTEGER NOT NULL)"
-# Recurring schedules (v8): one row per schedule, its body JSON text (coordinator/schedules.py).
-SCHEDULES_TABLE = "CREATE TABLE IF NOT EXISTS schedules (name TEXT PRIMARY KEY, body TEXT NOT NULL)"
-# Limits per task type (v11): one row per type, its body JSON text (coordinator/limits.py).
-LIMITS_TABLE = "CREATE TABLE IF NOT EXISTS limits (task_type TEXT PRIMARY KEY, body TEXT NOT NULL)"
-# Task types' declared defaults (v10): one row per type, its body JSON text (WORKER_REGISTER taskDefaults).
-TASK_DEFAULTS_TABLE = "CREATE TABLE IF NOT EXISTS task_defaults (name TEXT PRIMARY KEY, body TEXT NOT NULL)"
 # A scratch table for the storage probe (``SQLiteStore.probe``); it is always empty.
 PROBE_TABLE = "CREATE TABLE IF NOT EXISTS storage_probe (x BLOB)"
 PROBE_FREE_PAGES = 256  # beyond this many free pages, a probe no longer insists that the file grow
-# What a current database holds besides the jobs columns; when all of it is there (and no
-# obsolete index), opening writes nothing, so a read-only or full database still opens
-# (and serves reads).
-SCHEMA_OBJECTS = frozenset(INDEXES) | {"task_types", "storage_probe", "schedules", "limits", "task_defaults"}
+# The numbered migrations applied (base.SCHEMA_VERSION): one row each, when it was applied.
+MIGRATIONS_TABLE = ("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
+                    " applied_at INTEGER NOT NULL)")
+# What each migration creates besides its columns (``Column.added``), each statement
+# harmless when its object exists: a database from before the migrations table runs them all.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency_key ON jobs(idempotency_key)"
+        " WHERE idempotency_key IS NOT NULL", PROBE_TABLE),
+    4: ("CREATE TABLE IF NOT EXISTS task_types (name TEXT PRIMARY KEY, first_seen INTEGER NOT NULL)",),
+    # v7: listings page by (state, seq) or (task_type, seq) or seq alone, and the
+    # retention walk by seq: each reads O(page) rows at any table size (rows renumbered first).
+    7: tuple("DROP INDEX IF EXISTS %s" % name for name in OBSOLETE_INDEXES) + (
+        "CREATE UNIQUE INDEX IF NOT EXISTS jobs_seq ON jobs(seq)",
+        "CREATE INDEX IF NOT EXISTS jobs_state_seq ON jobs(state, seq)",
+        "CREATE INDEX IF NOT EXISTS jobs_task_type_seq ON jobs(task_type, seq)"),
+    # Recurring schedules: one row per schedule, its body JSON text (coordinator/schedules.py).
+    8: ("CREATE TABLE IF NOT EXISTS schedules (name TEXT PRIMARY KEY, body TEXT NOT NULL)",),
+    # Task types' declared defaults: one row per type, its body JSON text (WORKER_REGISTER taskDefaults).
+    10: (expiry_index("jobs_expiry", "jobs"),
+         "CREATE TABLE IF NOT EXISTS task_defaults (name TEXT PRIMARY KEY, body TEXT NOT NULL)"),
+    # Limits per task type: one row per type, its body JSON text (coordinator/limits.py).
+    11: ("CREATE TABLE IF NOT EXISTS limits (task_type TEXT PRIMARY KEY, body TEXT NOT NULL)",),
+}
+# Every index of a current database (tests compare).
+INDEXES = ("jobs_idempotency_key", "jobs_seq", "jobs_state_seq", "jobs_task_type_seq", "jobs_expiry")
 # Rows renumbered 1..n in submission order (v7), when their sequences are not unique.
 RENUMBER_SQL = ("UPDATE jobs SET seq = r.n FROM (SELECT rowid AS id, row_number() OVER (ORDER BY seq, created_at, rowid) AS n"
                 " FROM jobs) AS r WHERE jobs.rowid = r.id")
-# The test-only fault switch (docs/FAILURE_MODEL.md, "Testing storage faults"): the
-# environment variable names a file that the store reads before each write.
-FAULT_FILE_ENV = "JOBMESH_TEST_STORAGE_FAULT_FILE"
+LOCK_SUFFIX = ".lock"  # one coordinator per file: the lock file beside it (``lock_path``)
 # sqlite3 messages -> the words clients see after "storage unavailable: ".
+READ_ONLY = "database is read-only"
 _REASONS = {
     "database or disk is full": "disk full",
-    "attempt to write a readonly database": "database is read-only",
+    "attempt to write a readonly database": READ_ONLY,
 }
+
+
+def fault(exc: BaseException) -> StorageFault:
+    """A sqlite3 error or OSError as the storage fault it is, in short words."""
+    text = str(exc).strip() or type(exc).__name__
+    return StorageFault(_REASONS.get(text, text))
+
+
+@contextmanager
+def faults() -> Iterator[None]:
+    """Every sqlite3 error and OSError is a storage fault (``StorageFault``): the
+    coordinator then serves reads and retries writes rather than stopping."""
+    try:
+        yield
+    except (sqlite3.Error, OSError) as exc:
+        raise fault(exc) from exc
 
 # A batch is written with multi-row statements, ROWS_PER_STATEMENT rows each: one
 # sqlite3_step per statement instead of one per row. The sqlite3 module releases the GIL
@@ -137,7 +165,7 @@ def _update_sql(rows: int) -> str:
     return "UPDATE jobs SET %s FROM (VALUES %s) AS u WHERE jobs.job_id=u.column%d" % (sets, values, UPDATE_WIDTH)
 
 
-def _chunks(rows: list[tuple]) -> Iterator[tuple[int, list[Any]]]:
+def _chunks(rows: list[tuple[Any, ...]]) -> Iterator[tuple[int, list[Any]]]:
     """(sql row count, flat parameters) for each statement that writes ``rows``."""
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[start : start + ROWS_PER_STATEMENT]
@@ -157,31 +185,30 @@ _PURGE_SQL = {n: _in_list("DELETE FROM jobs WHERE job_id IN (%s)", n) for n in r
 class SQLiteStore:
     """The ``Store`` on SQLite. ``SQLiteStore(":memory:")`` serves the unit tests.
 
-    ``synchronous`` is SQLite's PRAGMA (FULL, NORMAL or OFF). ``fault_file`` (tests only)
-    names a file read before each write: ``full`` makes the database unable to grow
-    (``PRAGMA max_page_count``), ``readonly`` makes the writer refuse writes
-    (``PRAGMA query_only``), anything else or no file clears both.
+    ``synchronous`` is SQLite's PRAGMA (FULL, NORMAL or OFF).
 
     Raises ``sqlite3.Error`` if the file cannot be opened or migrated.
     """
 
-    shared = False  # one coordinator per file: the runtime's file lock (dblock.py)
+    shared = False  # one coordinator per file: the file lock ``lead`` takes
 
-    def __init__(self, path: str, synchronous: str = "FULL", fault_file: str | None = None) -> None:
+    def __init__(self, path: str, synchronous: str = "FULL") -> None:
         self.path = path
-        self.fault_file = fault_file
         self._synchronous = {"FULL": "FULL", "NORMAL": "NORMAL", "OFF": "OFF"}[synchronous]
+        self._lock = FileLock(path)
         self.conn = self._connect_writer()
-        self._max_pages = int(self.conn.execute("PRAGMA max_page_count").fetchone()[0])
         self._pool: ThreadPool | None = None  # the write thread, started by the first commit
         self.migrated: list[str] = []
-        self._inject_fault()
+        self.migrations: list[int] = []
         self._migrate()
-        if path == ":memory:":
-            self.reader = self.conn
-        else:
-            self.reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            self.reader.execute("PRAGMA cache_size=-16384")
+        self.reader = self._connect_reader()
+
+    def _connect_reader(self) -> sqlite3.Connection:
+        if self.path == ":memory:":
+            return self.conn
+        reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        reader.execute("PRAGMA cache_size=-16384")
+        return reader
 
     def _connect_writer(self) -> sqlite3.Connection:
         # Room in the statement cache for every multi-row statement size, both kinds.
@@ -197,47 +224,41 @@ class SQLiteStore:
     def _columns(self) -> set[str]:
         return {row[1] for row in self.conn.execute("PRAGMA table_info(jobs)")}
 
-    def _objects(self) -> set[str]:
-        return {row[0] for row in self.conn.execute("SELECT name FROM sqlite_master")}
-
-    def _current(self) -> bool:
-        """True if the schema needs nothing: opening then writes nothing."""
-        if not set(ADDED_COLUMNS) <= self._columns():
-            return False
-        names = self._objects()
-        return SCHEMA_OBJECTS <= names and not names & set(OBSOLETE_INDEXES)
+    def _version(self) -> int | None:
+        """The last migration applied; None for a database from before the migrations table."""
+        c = self.conn
+        if c.execute("SELECT 1 FROM sqlite_master WHERE name = 'schema_migrations'").fetchone() is None:
+            return None
+        return int(c.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0])
 
     def _migrate(self) -> None:
-        if self._current():
+        """Apply the migrations the database lacks, in order, in one transaction; a current
+        database is only read, so a read-only or full one still opens (and serves reads)."""
+        version = self._version()
+        if version == SCHEMA_VERSION:
             return
+        if version is not None and version > SCHEMA_VERSION:
+            raise NewerSchema(self.path, version)
         c = self.conn
-        c.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction("BEGIN IMMEDIATE"):
+            version = self._version() or 0  # again, under the write lock
+            c.execute(MIGRATIONS_TABLE)
             have = self._columns()
-            if not have:
+            if not have:  # a new database: the table as it is now, at once
                 c.execute("CREATE TABLE jobs (%s)" % ", ".join("%s %s" % (col.name, column_sql(col)) for col in COLUMNS))
                 have = self._columns()
-            for name, definition in ADDED_COLUMNS.items():
-                if name not in have:
-                    c.execute("ALTER TABLE jobs ADD COLUMN %s %s" % (name, definition))
-                    self.migrated.append(name)
-            names = self._objects()
-            if "jobs_seq" not in names:
-                self._number_rows()
-            for name in OBSOLETE_INDEXES:
-                c.execute("DROP INDEX IF EXISTS %s" % name)
-            for name, sql in INDEXES.items():
-                if name not in names:
+            applied = int(time.time() * 1000)
+            for number in range(version + 1, SCHEMA_VERSION + 1):
+                for column in added_in(number):
+                    if column.name not in have:
+                        c.execute("ALTER TABLE jobs ADD COLUMN %s %s" % (column.name, column_sql(column)))
+                        self.migrated.append(column.name)
+                if number == 7 and c.execute("SELECT 1 FROM sqlite_master WHERE name = 'jobs_seq'").fetchone() is None:
+                    self._number_rows()
+                for sql in MIGRATIONS.get(number, ()):
                     c.execute(sql)
-            c.execute(TASK_TYPES_TABLE)
-            c.execute(SCHEDULES_TABLE)
-            c.execute(LIMITS_TABLE)
-            c.execute(TASK_DEFAULTS_TABLE)
-            c.execute(PROBE_TABLE)
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
+                c.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", (number, applied))
+                self.migrations.append(number)
 
     def _number_rows(self) -> None:
         """Before the unique index on seq: renumber every row if any lacks a unique sequence."""
@@ -252,10 +273,15 @@ class SQLiteStore:
     # ---- leadership: the file lock makes this process the only one --------------
 
     def lead(self, standing_by: Callable[[], None]) -> None:
-        """Leads at once: the runtime's file lock already excludes every other coordinator."""
-
-    def leadership_lost(self, exc: BaseException) -> bool:
-        return False
+        """Take the file lock (``FileLock``): this process is then the only coordinator on
+        the file, before recovery rewrites anything. Raises ``DatabaseInUse`` if another
+        process holds it, ``CannotLead`` if the lock file cannot be created. Opening
+        before it only reads a current schema, so a second coordinator changes nothing."""
+        try:
+            self._lock.acquire()
+        except OSError as exc:
+            raise CannotLead("cannot open the database %s: cannot create its lock file %s: %s"
+                             % (self.path, self._lock.path, exc.strerror or exc)) from None
 
     # ---- writes ------------------------------------------------------------------
 
@@ -286,10 +312,10 @@ class SQLiteStore:
 
     def commit(self, batch: Batch) -> Outcome:
         """``write`` on the store's one write thread, off the hub."""
-        return self._executor().spawn(outcome_of, self.write, batch)
+        return cast(Outcome, self._executor().spawn(outcome_of, self.write, batch))
 
     def commit_probe(self) -> Outcome:
-        return self._executor().spawn(outcome_of, self.probe)
+        return cast(Outcome, self._executor().spawn(outcome_of, self.probe))
 
     def _executor(self) -> ThreadPool:
         # One thread: writes apply in call order, and the writer connection is never shared.
@@ -299,18 +325,18 @@ class SQLiteStore:
 
     @contextmanager
     def _transaction(self, begin: str) -> Iterator[None]:
-        """One write transaction on the writer: committed if the body returns, else rolled back."""
+        """One write transaction on the writer: committed if the body returns, else rolled
+        back; a failure raises ``StorageFault``."""
         c = self.conn
-        if self.fault_file is not None:
-            self._inject_fault()
-        c.execute(begin)
-        try:
-            yield
-            c.execute("COMMIT")
-        except BaseException:
-            if c.in_transaction:
-                c.execute("ROLLBACK")
-            raise
+        with faults():
+            c.execute(begin)
+            try:
+                yield
+                c.execute("COMMIT")
+            except BaseException:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise
 
     def probe(self) -> None:
         """A write that changes nothing, to learn whether writes work again; raises what a
@@ -323,89 +349,99 @@ class SQLiteStore:
         thread, where the writer is used) and tries with that."""
         try:
             self._probe()
-        except sqlite3.OperationalError as exc:
-            if self.path == ":memory:" or self.fault_reason(exc) != "database is read-only":
+        except StorageFault as fault:
+            if self.path == ":memory:" or fault.reason != READ_ONLY:
                 raise
-            old, self.conn = self.conn, self._connect_writer()
-            old.close()
+            self._reopen_writer()
             self._probe()
+
+    def _reopen_writer(self) -> None:
+        """Connect the writer again (on the thread that uses it)."""
+        with faults():
+            old, self.conn = self.conn, self._connect_writer()
+        old.close()
+
+    def reopen(self) -> None:
+        """Both connections again (the reader on the hub, the writer too: no write is in
+        flight); the file lock stays. Raises ``StorageFault`` and keeps the old ones."""
+        if self.path == ":memory:":
+            return
+        with faults():
+            writer = self._connect_writer()
+            try:
+                reader = self._connect_reader()
+            except BaseException:
+                writer.close()
+                raise
+        for old in (self.conn, self.reader):
+            old.close()
+        self.conn, self.reader = writer, reader
 
     def _probe(self) -> None:
         c = self.conn
-        page_size = int(c.execute("PRAGMA page_size").fetchone()[0])
-        free = int(c.execute("PRAGMA freelist_count").fetchone()[0])
+        with faults():
+            page_size = int(c.execute("PRAGMA page_size").fetchone()[0])
+            free = int(c.execute("PRAGMA freelist_count").fetchone()[0])
         with self._transaction("BEGIN IMMEDIATE"):
             c.execute("INSERT INTO storage_probe (x) VALUES (zeroblob(?))",
                       ((min(free, PROBE_FREE_PAGES) + 2) * page_size,))
             c.execute("DELETE FROM storage_probe")
 
-    def is_storage_fault(self, exc: BaseException) -> bool:
-        """Every sqlite3 error and OSError counts as a storage fault: the coordinator then
-        serves reads and retries writes rather than stopping."""
-        return isinstance(exc, (sqlite3.Error, OSError))
-
-    def fault_reason(self, exc: BaseException) -> str:
-        """A short reason for a failed write: "disk full", "database is locked", ..."""
-        text = str(exc).strip() or type(exc).__name__
-        return _REASONS.get(text, text)
-
-    def _inject_fault(self) -> None:
-        """Tests only: simulate a full or read-only database as ``fault_file`` says."""
-        if self.fault_file is None:
-            return
-        try:
-            with open(self.fault_file) as f:
-                fault = f.read().strip()
-        except OSError:
-            fault = ""
-        # 1 is below any database's size, and SQLite raises the limit to the current size:
-        # the file cannot grow, as on a full disk.
-        self.conn.execute("PRAGMA max_page_count=%d" % (1 if fault == "full" else self._max_pages))
-        self.conn.execute("PRAGMA query_only=%d" % (fault == "readonly"))
-
     # ---- reads -----------------------------------------------------------------
+
+    @staticmethod
+    def _all(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[Any]:
+        with faults():
+            return conn.execute(sql, params).fetchall()
 
     def load_active(self) -> list[Job]:
         """Every non-terminal job, for recovery."""
-        rows = self.conn.execute(
-            "SELECT %s FROM jobs WHERE state IN (%s)" % (SELECT_COLUMNS, ",".join("?" * len(ACTIVE_STATES))),
-            ACTIVE_STATES,
-        ).fetchall()
+        rows = self._all(self.conn, "SELECT %s FROM jobs WHERE state IN (%s)"
+                         % (SELECT_COLUMNS, ",".join("?" * len(ACTIVE_STATES))), ACTIVE_STATES)
         return [read_row(r) for r in rows]
 
     def load_task_types(self) -> list[str]:
         """Every task type a worker ever declared to this database."""
-        return [row[0] for row in self.conn.execute("SELECT name FROM task_types ORDER BY name")]
+        return [row[0] for row in self._all(self.conn, "SELECT name FROM task_types ORDER BY name")]
 
     def load_schedules(self) -> list[tuple[str, str]]:
         """Every recurring schedule as (name, body), sorted by name."""
-        return [(row[0], row[1]) for row in self.conn.execute("SELECT name, body FROM schedules ORDER BY name")]
+        return [(row[0], row[1]) for row in self._all(self.conn, "SELECT name, body FROM schedules ORDER BY name")]
 
     def load_limits(self) -> list[tuple[str, str]]:
         """Every task type's limit as (task type, body), sorted by type."""
-        return [(row[0], row[1]) for row in self.conn.execute("SELECT task_type, body FROM limits ORDER BY task_type")]
+        return [(row[0], row[1]) for row in self._all(self.conn,
+                                                      "SELECT task_type, body FROM limits ORDER BY task_type")]
 
     def load_task_defaults(self) -> list[tuple[str, str]]:
         """Every task type's declared defaults as (name, body), sorted by name."""
-        return [(row[0], row[1]) for row in self.conn.execute("SELECT name, body FROM task_defaults ORDER BY name")]
+        return [(row[0], row[1]) for row in self._all(self.conn,
+                                                      "SELECT name, body FROM task_defaults ORDER BY name")]
 
     def max_seq(self) -> int:
-        return int(self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()[0])
+        return int(self._all(self.conn, "SELECT COALESCE(MAX(seq), 0) FROM jobs")[0][0])
 
     def count(self) -> int:
-        return int(self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
+        return int(self._all(self.conn, "SELECT COUNT(*) FROM jobs")[0][0])
+
+    _BY_ID = "SELECT %s FROM jobs WHERE job_id=?" % SELECT_COLUMNS
+    _BY_KEY = "SELECT %s FROM jobs WHERE idempotency_key=?" % SELECT_COLUMNS
 
     def get(self, job_id: str) -> Job | None:
-        row = self.reader.execute("SELECT %s FROM jobs WHERE job_id=?" % SELECT_COLUMNS, (job_id,)).fetchone()
-        return None if row is None else read_row(row)
+        return self._one(self._BY_ID, job_id)
 
     def find_by_key(self, key: str) -> Job | None:
-        row = self.reader.execute(
-            "SELECT %s FROM jobs WHERE idempotency_key=?" % SELECT_COLUMNS, (key,)
-        ).fetchone()
+        return self._one(self._BY_KEY, key)
+
+    def _one(self, sql: str, value: str) -> Job | None:
+        """One row by a unique column (a keyed submit's read: no context manager on its way)."""
+        try:
+            row = self.reader.execute(sql, (value,)).fetchone()
+        except (sqlite3.Error, OSError) as exc:
+            raise fault(exc) from exc
         return None if row is None else read_row(row)
 
-    def read_later(self, job_id: str | None = None, key: str | None = None) -> Read:
+    def read_later(self, job_id: str | None = None, key: str | None = None) -> Read[Job | None]:
         """Answered at once: in WAL mode the reader never waits for the writer, and these
         are indexed reads of one row."""
         if job_id is not None:
@@ -413,11 +449,15 @@ class SQLiteStore:
         assert key is not None, "read_later needs a job id or a key"
         return Done(lambda: self.find_by_key(key))
 
+    def later(self, read: Callable[[], T]) -> Read[T]:
+        """Answered at once: the reader never waits for the writer (WAL)."""
+        return Done(read)
+
     def list_page(self, limit: int, state: str | None, before: int | None,
                   task_type: str | None = None) -> list[tuple[int, Job]]:
         """Up to ``limit`` (seq, job) pairs, newest first, with seq below ``before``."""
         sql, params = self.page_query(limit, state, before, task_type)
-        return [(job.seq, job) for job in map(read_row, self.reader.execute(sql, params))]
+        return [(job.seq, job) for job in map(read_row, self._all(self.reader, sql, params))]
 
     @staticmethod
     def page_query(limit: int, state: str | None, before: int | None,
@@ -440,18 +480,19 @@ class SQLiteStore:
         index cost every finished job one more B-tree update at commit, measured as a loss
         of throughput). Active jobs are stepped over, so a long queue of old jobs cannot
         stall it."""
-        return purge_walk(self.reader.execute(self.PURGE_WALK_SQL, (after, limit)).fetchall(), after, cutoff_millis,
-                          limit, own_ttl)
+        return purge_walk(self._all(self.reader, self.PURGE_WALK_SQL, (after, limit)), after, cutoff_millis, limit,
+                          own_ttl)
 
     # The index named: on a table without statistics the planner may prefer another one.
     EXPIRED_SQL = expired_query("jobs INDEXED BY jobs_expiry", "?")
 
     def expired(self, now_millis: int, limit: int) -> list[tuple[str, str | None]]:
         """Finished jobs whose time to live has passed, from the expiry index (``Store.expired``)."""
-        return [(row[0], row[1]) for row in self.reader.execute(self.EXPIRED_SQL, (now_millis, limit))]
+        return [(row[0], row[1]) for row in self._all(self.reader, self.EXPIRED_SQL, (now_millis, limit))]
 
     def close(self) -> None:
-        """Stop the write thread and close the connections; call with no write in flight."""
+        """Stop the write thread, close the connections and release the file lock; call
+        with no write in flight."""
         if self._pool is not None:
             self._pool.kill()
             self._pool = None
@@ -460,3 +501,72 @@ class SQLiteStore:
                 c.close()
             except sqlite3.Error:
                 pass
+        self._lock.release()
+
+
+def lock_path(db_path: str) -> str | None:
+    """The lock file beside the database file ``db_path`` names, with symlinks and relative
+    parts resolved (two names of one file must take one lock); None for an in-memory
+    database."""
+    if db_path == ":memory:" or db_path.startswith("file::memory:"):
+        return None
+    if not db_path.startswith("file:"):
+        db_path = os.path.realpath(db_path)
+    return db_path + LOCK_SUFFIX
+
+
+class FileLock:
+    """One coordinator per database file: an exclusive, non-blocking ``flock`` on
+    ``<db>.lock``, held until ``release`` or the process's death.
+
+    Taken before recovery, so a second coordinator on the same file stops before it
+    could touch anything (recovery rewrites RUNNING jobs, which would be the live
+    coordinator's running work). The kernel drops the lock when the process ends, however
+    it ends, so a restart right after ``kill -9`` finds it free: nothing here decides
+    anything from the file's content. The file holds the holder's pid as text, only so
+    that the refusal can name it, and is left in place when the lock is released
+    (deleting it could let two processes lock two different files). An in-memory
+    database belongs to one process anyway and takes no lock.
+
+    ``acquire`` raises ``DatabaseInUse`` if another process holds it, or ``OSError`` if
+    the lock file cannot be created (e.g. its directory does not exist).
+    """
+
+    def __init__(self, db_path: str) -> None:
+        self.path = lock_path(db_path)
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        if self.path is None or self._fd is not None:
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            try:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise DatabaseInUse(self.path, _read_pid(fd)) from None
+                raise
+            finally:
+                os.close(fd)
+        # Ours now: say who holds it (a reader racing this write may see it empty).
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.ftruncate(fd, 0)  # no stale pid for anyone to misread
+            except OSError:
+                pass
+            os.close(fd)  # closing the descriptor drops the lock
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        return int(text) if text.isdigit() else None
+    except (OSError, ValueError):
+        return None

@@ -22,7 +22,7 @@ import pytest
 
 from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import ClientError, RequestFailed
-from jobmesh.store.sqlite import FAULT_FILE_ENV
+from tests.support.faulty_store import ENTRY, FAULT_FILE_ENV
 from tests.pg_support import on_both_stores
 from tests.support.cli import run_cli
 from tests.support.peers import Client
@@ -327,6 +327,7 @@ def test_fires_during_a_storage_fault_are_made_once_when_storage_works_again(coo
     fault = tmp_path / "storage-fault"
     fault.write_text("")
     monkeypatch.setenv(FAULT_FILE_ENV, str(fault))
+    monkeypatch.setattr(CoordinatorProc, "ENTRY", (ENTRY,))  # tests/support/faulty_coordinator.py, which reads it
     coord = coordinator_factory()
     with CoordinatorClient(coord.client_target) as client:
         client.schedules.put("tick", "SLEEP", {"durationMillis": 1}, every=1, overlap="allow", missed="all")

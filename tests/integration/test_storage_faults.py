@@ -2,22 +2,26 @@
 (docs/FAILURE_MODEL.md, "One coordinator per database" and "Storage faults").
 
 Faults are simulated without mounts: a full disk and a read-only database through the
-test-only fault file (``JOBMESH_TEST_STORAGE_FAULT_FILE``: ``full`` stops the database
-from growing with SQLite's ``max_page_count``, ``readonly`` makes the writer refuse writes
-with ``query_only``), and a held write lock through a second connection that keeps
-``BEGIN EXCLUSIVE`` past SQLite's busy timeout.
+test-only fault file of tests/support/faulty_store.py (``full`` stops the database from growing
+with SQLite's ``max_page_count``, ``readonly`` makes the writer refuse writes with
+``query_only``), read by the stores of coordinators started through
+tests/support/faulty_coordinator.py (the fixture ``fault``), and a held write lock through a second
+connection that keeps ``BEGIN EXCLUSIVE`` past SQLite's busy timeout.
 """
 
 from __future__ import annotations
 
 import signal
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
 from jobmesh import auth
-from jobmesh.store.sqlite import FAULT_FILE_ENV
+from tests.support.faulty_store import ENTRY, FAULT_FILE_ENV
 from tests.support.cli import run_cli
+from tests.support.processes import CoordinatorProc, child_env
 from tests.support.waiting import wait_until
 from tests.integration.test_metrics_port import get_json, scrape, value
 
@@ -26,10 +30,12 @@ BIG_TEXT = "x " * 3000  # a few pages a job: a database that cannot grow fails a
 
 @pytest.fixture
 def fault(tmp_path, monkeypatch):
-    """Write "full", "readonly" or "" to set or clear the simulated fault."""
+    """Write "full", "readonly" or "" to set or clear the simulated fault, in every
+    coordinator the test starts (they run tests/support/faulty_coordinator.py)."""
     path = tmp_path / "storage-fault"
     path.write_text("")
     monkeypatch.setenv(FAULT_FILE_ENV, str(path))
+    monkeypatch.setattr(CoordinatorProc, "ENTRY", (ENTRY,))
     return path.write_text
 
 
@@ -314,7 +320,11 @@ def test_a_schedules_file_sighup_during_an_outage_is_not_applied_and_costs_no_re
 
 def test_start_on_a_full_disk_with_a_new_database_is_a_one_line_error(tmp_path, fault):
     fault("full")
-    proc = run_cli("coordinator", "--worker-port=0", "--client-port=0", "--db=%s" % (tmp_path / "new.db"))
+    env = child_env()
+    env.pop("GEVENT_MONITOR_THREAD_ENABLE", None)  # its warnings would muddy stderr checks
+    proc = subprocess.run([sys.executable, ENTRY, "coordinator", "--worker-port=0", "--client-port=0",
+                           "--db=%s" % (tmp_path / "new.db")], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=20, env=env)
     assert proc.returncode == 1
     assert "cannot open the database" in proc.stderr and "full" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -96,6 +96,8 @@ def child_env():
 class CoordinatorProc:
     """A real ``jobmesh coordinator`` subprocess on port 0 with a temp database."""
 
+    ENTRY: tuple[str, ...] = ("-m", "jobmesh")  # what the interpreter runs
+
     def __init__(self, tmp_path: Path, db: Path | str | None = None, name: str = "coord", **flags):
         self.tmp_path = Path(tmp_path)
         # An SQLite file, or a PostgreSQL URL (kept as given).
@@ -118,7 +120,7 @@ class CoordinatorProc:
         self._n += 1
         self.out_path = self.tmp_path / ("%s-%d.out" % (self.name, self._n))
         self.err_path = self.tmp_path / ("%s-%d.err" % (self.name, self._n))
-        args = [sys.executable, "-m", "jobmesh", "coordinator",
+        args = [sys.executable, *self.ENTRY, "coordinator",
                 "--worker-port=%d" % worker_port, "--client-port=%d" % client_port, "--db=%s" % self.db]
         args += ["--%s=%s" % (k, v) for k, v in self.flags.items() if v is not None]
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:

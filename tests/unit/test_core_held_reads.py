@@ -1,14 +1,15 @@
 """Requests that need a store read the store answers later: held in order, applied again.
 
-Spec: the storage seam (store/base.py, ``Store.read_later``): a networked store may finish
-a read after the core has moved on; the request waits with its reply's Slot, later
-requests are applied meanwhile, and it is applied again once the read is done. The store
-here is a real SQLite store whose ``read_later`` finishes only when the test says so.
+Spec: the storage seam (store/base.py, ``Store.read_later`` and ``Store.later``): a
+networked store may finish a read after the core has moved on; the request waits with
+its reply's Slot, later requests are applied meanwhile, and it is applied again once the
+read is done; retention applies its reads at a later sweep. The store here is a real
+SQLite store whose ``read_later`` and ``later`` finish only when the test says so.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
@@ -17,7 +18,6 @@ from jobmesh.coordinator.core import table as table_mod
 from jobmesh.coordinator.core.waiters import Slot
 from jobmesh.protocol import messages as m
 from jobmesh.store.base import Read
-from jobmesh.store.job import Job
 from jobmesh.store.sqlite import SQLiteStore
 from tests.unit.core_driver import Conn, CoreDriver
 
@@ -25,12 +25,12 @@ SLEEP = {"durationMillis": 1}
 
 
 class LateRead:
-    """A read that finishes when ``finish`` is called (then reads the row for real)."""
+    """A read that finishes when ``finish`` is called (then reads for real)."""
 
-    def __init__(self, read: Callable[[], Job | None]) -> None:
+    def __init__(self, read: Callable[[], Any]) -> None:
         self._read = read
         self._done = False
-        self._job: Job | None = None
+        self._job: Any = None
         self._callbacks: list[Callable[[], None]] = []
 
     def finish(self) -> None:
@@ -42,7 +42,7 @@ class LateRead:
     def ready(self) -> bool:
         return self._done
 
-    def result(self) -> Job | None:
+    def result(self) -> Any:
         assert self._done
         return self._job
 
@@ -62,6 +62,11 @@ class LateStore(SQLiteStore):
         read = LateRead((lambda: self.get(job_id)) if job_id is not None else (lambda: self.find_by_key(key or "")))
         self.reads.append(read)
         return read
+
+    def later(self, read: Callable[[], Any]) -> Read[Any]:
+        late = LateRead(read)
+        self.reads.append(late)
+        return late
 
 
 @pytest.fixture
@@ -153,6 +158,77 @@ def test_a_request_whose_read_is_not_done_stays_held(d):
     d.end_batch(30)
     assert d.take_answers() == []
     assert [w.token for w in d.core.held_requests()] == [held]
+
+
+def test_a_listing_is_held_for_its_page_and_answered_once_it_is_read(d):
+    job_id = submit(d, 10, None)
+    d.end_batch(10)
+    store = d.store
+    assert isinstance(store, LateStore)
+    client = Conn("c")
+    # The page is a store read: the listing waits for it, a later request is answered now
+    held = d.request(20, m.ListJobs(limit=10), client)
+    assert isinstance(held, Slot)
+    assert isinstance(d.request(20, m.GetStats(), client), m.Stats)
+    d.end_batch(20)
+    assert d.take_answers() == [] and not d.woken
+    # Once it is read (the core is woken), the listing is applied again and answered in its place
+    store.reads[-1].finish()
+    assert d.woken
+    d.apply(30, ev.READS_DONE)
+    d.end_batch(30)
+    [(waiter, reply)] = d.take_answers()
+    assert waiter.token is held and waiter.conn is client
+    assert isinstance(reply, m.JobList) and [j["jobId"] for j in reply.jobs] == [job_id]
+
+
+def test_a_purge_is_held_for_its_whole_walk_and_applied_in_one_batch(d):
+    # Given finished jobs on both sides of a running one, so the walk takes two steps
+    # (sequences 1-2 finished, 3 running, 4-7 finished: the first step examines 1-4)
+    done = [finished_job(d, 10)]
+    running = submit(d, 10, None)
+    d.end_batch(10)
+    done += [finished_job(d, 10), finished_job(d, 10)]
+    store = d.store
+    assert isinstance(store, LateStore)
+    before = store.count()
+    # When a purge of four arrives, it waits for the whole walk: nothing is forgotten meanwhile
+    held = d.request(20, m.PurgeJobs(0, limit=4))
+    assert isinstance(held, Slot)
+    d.end_batch(20)
+    assert d.core.counters.purged == 0 and store.count() == before and d.take_answers() == []
+    # Then, the walk read, it is applied once, whole, in one batch
+    store.reads[-1].finish()
+    d.apply(30, ev.READS_DONE)
+    [(waiter, reply)] = d.core.end_batch(30)
+    rows = d.core.take_dirty()
+    assert len(rows.purges) == 4 and d.core.counters.purged == 4
+    d.store.write(rows)
+    assert waiter.token is held and reply == m.JobsPurged(4, True)
+    assert store.count() == before - 4 and store.get(running) is not None
+    assert [store.get(job_id) is None for job_id in done] == [True, True, False]  # the oldest four went
+
+
+def test_retention_starts_its_reads_at_a_sweep_and_forgets_what_they_found_at_a_later_one(monkeypatch):
+    monkeypatch.setattr(table_mod, "FINISHED_CACHE", 1)
+    d = CoreDriver(LateStore(), retain_finished_millis=5)
+    d.apply(0, ev.Registered(Conn("w1"), m.WorkerRegister("w1", 4, None)))
+    d.end_batch(0)
+    finished_job(d, 10)
+    store = d.store
+    assert isinstance(store, LateStore)
+    # A sweep starts retention's reads and goes on: nothing is purged while they are out
+    d.apply(100, ev.SWEEP)
+    d.end_batch(100)
+    assert store.count() == 2 and not store.reads[-1].ready()
+    d.apply(200, ev.SWEEP)
+    d.end_batch(200)
+    assert store.count() == 2
+    # Once they are done, the next sweep forgets what they found
+    store.reads[-1].finish()
+    d.apply(300, ev.SWEEP)
+    d.end_batch(300)
+    assert store.count() == 0 and d.core.counters.purged == 2
 
 
 def test_a_keyed_submit_in_the_batch_that_purges_the_key_s_job_makes_a_new_job(monkeypatch):

@@ -13,7 +13,9 @@ import pytest
 
 from jobmesh.coordinator.core import events as ev
 from jobmesh.protocol import messages as m
+from jobmesh.store.base import StorageFault
 from jobmesh.store.sqlite import SQLiteStore
+from tests.support.faulty_store import FaultySQLiteStore
 from tests.unit.core_driver import CoreDriver
 
 T0 = 1_800_000_000_000  # the wall clock at core time 0
@@ -133,13 +135,13 @@ def test_only_fire_times_inside_the_catch_up_window_count(tmp_path):
 def test_a_commit_that_fails_at_the_fire_instant_makes_no_job_and_recovery_makes_exactly_one(tmp_path):
     # Given a schedule, committed
     path, fault = str(tmp_path / "db"), tmp_path / "fault"
-    d = driver(SQLiteStore(path, "FULL", str(fault)))
+    d = driver(FaultySQLiteStore(path, "FULL", str(fault)))
     put(d, 0)
     # When the batch holding its first fire cannot be committed
     fault.write_text("readonly")
     d.apply(MINUTE, ev.SWEEP)
     d.core.end_batch(MINUTE)
-    with pytest.raises(Exception):
+    with pytest.raises(StorageFault):
         d.store.write(d.core.take_dirty())
     # Then the database holds no job and the schedule has not advanced
     fault.write_text("")

@@ -1,4 +1,5 @@
-"""The database lock, the store's storage-fault helpers, and the core's drain/pause flags."""
+"""SQLite's database lock (``SQLiteStore.lead``), its typed storage faults, and the core's
+drain/pause flags."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import sqlite3
 import pytest
 
 from jobmesh.coordinator.core import events as ev
-from jobmesh.coordinator.shell.dblock import DatabaseInUse, DatabaseLock, lock_path
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
-from jobmesh.store.base import Batch, merge_batches
-from jobmesh.store.sqlite import SQLiteStore
+from jobmesh.store.base import Batch, CannotLead, DatabaseInUse, StorageFault, merge_batches
+from jobmesh.store.sqlite import FileLock, SQLiteStore, faults, lock_path
+from tests.support.faulty_store import FaultySQLiteStore
 from tests.unit.core_driver import Conn
 from tests.unit.test_core import Harness, row
 from tests.unit.test_core_periodic import _body
@@ -21,31 +22,30 @@ from tests.unit.test_core_periodic import _body
 REFUSAL = m.Error("storage unavailable: disk full")
 
 
-# ---- the lock -----------------------------------------------------------------------------
+# ---- the lock: SQLiteStore.lead -------------------------------------------------------------
 
 
-def test_a_second_lock_on_the_same_database_names_the_holder(tmp_path):
+def test_a_second_store_on_the_same_database_cannot_lead_and_names_the_holder(tmp_path):
     db = str(tmp_path / "jm.db")
-    first = DatabaseLock(db)
-    first.acquire()
+    first = SQLiteStore(db)
+    first.lead(lambda: pytest.fail("an SQLite store never stands by"))
+    second = SQLiteStore(db)  # opening a current schema writes nothing
     try:
         assert open(db + ".lock").read().strip() == str(os.getpid())
         with pytest.raises(DatabaseInUse) as caught:
-            DatabaseLock(db).acquire()  # flock: another open file description conflicts, even in one process
-        assert caught.value.pid == os.getpid()
+            second.lead(lambda: None)  # flock: another open file description conflicts, even in one process
+        assert isinstance(caught.value, CannotLead) and caught.value.pid == os.getpid()
         assert str(caught.value).startswith("database in use by pid %d" % os.getpid())
     finally:
-        first.release()
-    again = DatabaseLock(db)
-    again.acquire()  # released: free again
-    assert again.held
-    again.release()
+        first.close()  # closing gives the lock up
+    second.lead(lambda: None)  # released: free again
+    second.close()
 
 
 @pytest.mark.parametrize("alias", ["link", "relative"])
 def test_two_names_of_one_database_file_take_one_lock(tmp_path, monkeypatch, alias):
     db = tmp_path / "jm.db"
-    db.write_bytes(b"")
+    first = SQLiteStore(str(db))
     if alias == "link":  # a symlink to the database file
         other = tmp_path / "alias.db"
         other.symlink_to(db)
@@ -54,37 +54,46 @@ def test_two_names_of_one_database_file_take_one_lock(tmp_path, monkeypatch, ali
         (tmp_path / "sub").mkdir()
         monkeypatch.chdir(tmp_path / "sub")
         name = "../sub/../jm.db"
-    first = DatabaseLock(str(db))
-    first.acquire()
+    first.lead(lambda: None)
+    second = SQLiteStore(name)
     try:
         with pytest.raises(DatabaseInUse):
-            DatabaseLock(name).acquire()
+            second.lead(lambda: None)
     finally:
-        first.release()
+        first.close()
+        second.close()
 
 
 def test_an_in_memory_database_takes_no_lock(tmp_path):
     assert lock_path(":memory:") is None
-    lock = DatabaseLock(":memory:")
-    lock.acquire()
-    assert not lock.held
-
-
-def test_a_lock_file_that_cannot_be_created_is_an_os_error(tmp_path):
-    with pytest.raises(OSError):
-        DatabaseLock(str(tmp_path / "missing" / "jm.db")).acquire()
-
-
-# ---- store helpers ------------------------------------------------------------------------
-
-
-def test_storage_reasons_are_short_words():
     store = SQLiteStore(":memory:")
-    reason = store.fault_reason
-    assert reason(sqlite3.OperationalError("database or disk is full")) == "disk full"
-    assert reason(sqlite3.OperationalError("attempt to write a readonly database")) == "database is read-only"
-    assert reason(sqlite3.OperationalError("database is locked")) == "database is locked"
+    store.lead(lambda: None)
+    SQLiteStore(":memory:").lead(lambda: None)
     store.close()
+
+
+def test_a_lock_file_that_cannot_be_created_is_a_one_line_refusal(tmp_path):
+    with pytest.raises(OSError):
+        FileLock(str(tmp_path / "missing" / "jm.db")).acquire()
+    store = SQLiteStore(str(tmp_path / "jm.db"))
+    (tmp_path / "jm.db.lock").mkdir()  # where the lock file would be
+    with pytest.raises(CannotLead, match="cannot create its lock file"):
+        store.lead(lambda: None)
+    store.close()
+
+
+# ---- storage faults: typed --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("message, reason", [("database or disk is full", "disk full"),
+                                             ("attempt to write a readonly database", "database is read-only"),
+                                             ("database is locked", "database is locked")])
+def test_sqlite_errors_are_storage_faults_in_short_words(message, reason):
+    error = sqlite3.OperationalError(message)
+    with pytest.raises(StorageFault) as caught:
+        with faults():
+            raise error
+    assert caught.value.reason == reason and caught.value.__cause__ is error
 
 
 def test_merge_batches_keeps_the_newer_row_of_a_job():
@@ -103,10 +112,12 @@ def test_fault_file_makes_writes_fail_and_clearing_it_heals(tmp_path):
     SQLiteStore(db).close()  # a current schema: opening later writes nothing
     for text, reason in (("readonly", "database is read-only"), ("full", "disk full")):
         fault.write_text(text)
-        store = SQLiteStore(db, fault_file=str(fault))  # opens (reads only) despite the fault
-        with pytest.raises(sqlite3.OperationalError) as caught:
+        store = FaultySQLiteStore(db, fault_file=str(fault))  # opens (reads only) despite the fault
+        with pytest.raises(StorageFault) as caught:
             store.probe()
-        assert store.is_storage_fault(caught.value) and store.fault_reason(caught.value) == reason
+        assert caught.value.reason == reason and isinstance(caught.value.__cause__, sqlite3.OperationalError)
+        failure = store.commit_probe().get()  # on the write thread too
+        assert isinstance(failure, StorageFault) and failure.reason == reason
         fault.write_text("")
         store.probe()
         store.close()

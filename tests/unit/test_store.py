@@ -13,9 +13,10 @@ import sqlite3
 import pytest
 
 from jobmesh.protocol.jobs import JobState, Priority
-from jobmesh.store.base import Batch
+from jobmesh.store.base import SCHEMA_VERSION, Batch, StorageFault
 from jobmesh.store.columns import COLUMNS, Kind, insert_row, update_row
 from jobmesh.store.job import Job
+from jobmesh.store.opening import CannotOpen, open_store
 from jobmesh.store.sqlite import (ADDED_COLUMNS, BASE_COLUMNS, INDEXES, OBSOLETE_INDEXES, ROWS_PER_STATEMENT,
                                   SQLiteStore, column_sql)
 
@@ -98,12 +99,76 @@ def test_reopening_a_current_file_database_changes_nothing(tmp_path):
     s.close()
 
 
+# ---- numbered migrations ---------------------------------------------------------------
+
+
+def applied(conn: sqlite3.Connection) -> list[int]:
+    return [row[0] for row in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
+
+
+def test_a_new_database_records_every_migration_and_a_reopen_applies_none(tmp_path):
+    path = str(tmp_path / "jobs.db")
+    s = SQLiteStore(path)
+    assert s.migrations == list(range(1, SCHEMA_VERSION + 1)) == applied(s.conn)
+    s.close()
+    s = SQLiteStore(path)
+    assert s.migrations == [] and applied(s.conn) == list(range(1, SCHEMA_VERSION + 1))
+    s.close()
+
+
+def test_a_database_at_an_earlier_version_gets_only_the_migrations_after_it(tmp_path):
+    # Given a database whose table says migration 10 was the last: as a jobmesh before
+    # limits left it (no limits table, no key columns), a job in it
+    path = str(tmp_path / "v10.db")
+    s = SQLiteStore(path)
+    s.write(Batch([insert_row(make_job("old"))], []))
+    s.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE limits")
+    conn.execute("ALTER TABLE jobs DROP COLUMN concurrency_key")
+    conn.execute("ALTER TABLE jobs DROP COLUMN unique_key")
+    conn.execute("DELETE FROM schema_migrations WHERE version = 11")
+    conn.commit()
+    conn.close()
+    # When it is opened, migration 11 alone runs: its table and its columns
+    s = SQLiteStore(path)
+    assert s.migrations == [11] and s.migrated == ["concurrency_key", "unique_key"]
+    assert applied(s.conn) == list(range(1, SCHEMA_VERSION + 1))
+    assert s.load_limits() == [] and s.get("old").concurrency_key is None
+    s.close()
+
+
+def test_the_table_not_the_columns_says_what_is_applied(tmp_path):
+    # A database whose table says it is current is only read, whatever it lacks
+    path = str(tmp_path / "jobs.db")
+    SQLiteStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE task_defaults")
+    conn.commit()
+    conn.close()
+    s = SQLiteStore(path)
+    assert s.migrations == [] and "task_defaults" not in {row[0] for row in s.conn.execute(
+        "SELECT name FROM sqlite_master")}
+    s.close()
+
+
+def test_a_database_from_a_newer_jobmesh_is_not_opened(tmp_path):
+    path = str(tmp_path / "jobs.db")
+    SQLiteStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?, 0)", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(CannotOpen, match="holds schema version %d, newer than this jobmesh knows" % (SCHEMA_VERSION + 1)):
+        open_store(path)
+
+
 # ---- SQLite specifics of writes and reads ----------------------------------------------------
 
 
 def test_a_failing_batch_is_rolled_back_and_leaves_no_transaction_open(store):
     store.write(Batch([insert_row(make_job("a", seq=1))], []))
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(StorageFault, match="UNIQUE constraint"):
         store.write(Batch([insert_row(make_job("b", seq=2)), insert_row(make_job("b", seq=3))], []))
     assert not store.conn.in_transaction
     assert store.count() == 1
@@ -111,7 +176,7 @@ def test_a_failing_batch_is_rolled_back_and_leaves_no_transaction_open(store):
 
 def test_sequences_are_unique(store):
     store.write(Batch([insert_row(make_job("a", seq=5))], []))
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(StorageFault, match="UNIQUE constraint"):
         store.write(Batch([insert_row(make_job("b", seq=5))], []))
 
 
@@ -168,7 +233,8 @@ def test_pre_deadline_pre_priority_database_is_migrated_in_place(tmp_path):
     path = tmp_path / "legacy.db"
     legacy_db(path, {}, LEGACY_ROWS)
     s = SQLiteStore(str(path))
-    assert s.migrated == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "events"]
+    assert s.migrations == list(range(1, SCHEMA_VERSION + 1))  # from before the migrations table: all of them
+    assert s.migrated == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key"]
     assert set(columns(s.conn)) == ALL_COLUMNS
     jobs = {j.job_id: j for j in s.load_active()}
     assert set(jobs) == {"old-q", "old-r", "old-w"}
@@ -192,7 +258,7 @@ def test_pre_deadline_pre_priority_database_is_migrated_in_place(tmp_path):
     s.close()
     # The migration is durable and runs once.
     s = SQLiteStore(str(path))
-    assert s.migrated == []
+    assert s.migrated == [] and s.migrations == []
     assert s.count() == 5
     assert s.get("old-q").seq == 4
     s.close()
@@ -203,7 +269,7 @@ def test_database_missing_only_the_deadline_columns_is_migrated(tmp_path):
     legacy_db(path, {"priority": "TEXT NOT NULL DEFAULT 'NORMAL'", "seq": "INTEGER NOT NULL DEFAULT 0"},
               [LEGACY_ROWS[0]], extra_values=("LOW", 7))
     s = SQLiteStore(str(path))
-    assert s.migrated == ["execution_timeout", "deadline", "run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "events"]
+    assert s.migrated == ["execution_timeout", "deadline", "run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key"]
     assert set(columns(s.conn)) == ALL_COLUMNS
     job = s.get("old-q")
     assert job.priority is Priority.LOW and job.seq == 7
@@ -216,7 +282,7 @@ def test_database_missing_only_priority_and_seq_is_migrated(tmp_path):
     legacy_db(path, {"execution_timeout": "INTEGER", "deadline": "INTEGER"}, [LEGACY_ROWS[1]],
               extra_values=(600_000, 600_100))
     s = SQLiteStore(str(path))
-    assert s.migrated == ["priority", "seq", "run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "events"]
+    assert s.migrated == ["priority", "seq", "run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key"]
     job = s.get("old-r")
     assert job.priority is Priority.NORMAL and job.seq == 1
     assert job.execution_timeout == 600_000 and job.deadline == 600_100
@@ -230,7 +296,7 @@ def test_previous_schema_gains_run_at_and_the_task_types_table(tmp_path):
                      "priority": "TEXT NOT NULL DEFAULT 'NORMAL'", "seq": "INTEGER NOT NULL DEFAULT 0"},
               [LEGACY_ROWS[0]], extra_values=(600_000, None, "HIGH", 3))
     s = SQLiteStore(str(path))
-    assert s.migrated == ["run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "events"]
+    assert s.migrated == ["run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key"]
     job = s.get("old-q")
     assert job.retry_of is None and job.events == ""
     assert job.run_at is None and job.priority is Priority.HIGH and job.seq == 3
@@ -290,7 +356,7 @@ def test_rows_sharing_a_sequence_are_renumbered_in_order_before_the_unique_index
 
 
 def test_added_columns_cover_the_schema_history():
-    assert list(ADDED_COLUMNS) == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "events"]
+    assert list(ADDED_COLUMNS) == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key"]
 
 
 def test_a_batch_larger_than_one_statement_writes_every_row(store):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 
 import gevent
@@ -19,9 +20,8 @@ import gevent.event
 import pytest
 
 from jobmesh.cli import COORDINATOR_OPTIONS
-from jobmesh.coordinator.shell.dblock import lock_path
 from jobmesh.protocol.jobs import JobState, Priority
-from jobmesh.store.base import Batch, Done
+from jobmesh.store.base import SCHEMA_VERSION, Batch, Done, LeadershipLost, StorageFault
 from jobmesh.store.columns import insert_row
 from jobmesh.store.job import Job
 from jobmesh.store.opening import CannotOpen, open_store, shown
@@ -32,7 +32,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 from jobmesh.store import postgres as postgres_module  # noqa: E402
 from jobmesh.store.postgres import (BUMP_SQL, FENCE_SQLSTATE, INSERT_SQL, UPDATE_SQL, KeyFilter,  # noqa: E402
-                                    LeadershipLost, PostgresStore)
+                                    PostgresStore)
+from tests.support.faulty_store import faulty_postgres_store  # noqa: E402
 
 
 def make_job(job_id: str, seq: int, **kw) -> Job:
@@ -90,14 +91,13 @@ def ids(store: PostgresStore) -> list[str]:
 def test_a_batch_after_another_leader_bumped_the_epoch_raises_and_commits_nothing(leader, admin):
     leader.write(batch(make_job("before", 1)))
     admin.execute(BUMP_SQL, (10_000,))  # what a new leader does once it holds the lock
-    with pytest.raises(Exception) as caught:
+    with pytest.raises(LeadershipLost) as caught:
         leader.write(batch(make_job("after", 2)))
-    assert getattr(caught.value, "sqlstate", None) == FENCE_SQLSTATE
-    assert leader.leadership_lost(caught.value) and not leader.is_storage_fault(caught.value)
+    assert getattr(caught.value.__cause__, "sqlstate", None) == FENCE_SQLSTATE
     assert ids(leader) == ["before"]
     # From then on nothing is tried: the store says it lost leadership.
     failure = leader.commit(batch(make_job("later", 3))).get()
-    assert isinstance(failure, LeadershipLost) and leader.leadership_lost(failure)
+    assert isinstance(failure, LeadershipLost)
     assert isinstance(leader.commit_probe().get(), LeadershipLost)
     assert ids(leader) == ["before"]
 
@@ -105,8 +105,7 @@ def test_a_batch_after_another_leader_bumped_the_epoch_raises_and_commits_nothin
 def test_a_batch_after_the_epoch_row_was_deleted_raises_and_commits_nothing(leader, admin):
     admin.execute("DELETE FROM jobmesh_leader")
     failure = leader.commit(batch(make_job("a", 1))).get()
-    assert failure is not None and getattr(failure, "sqlstate", None) == FENCE_SQLSTATE
-    assert leader.leadership_lost(failure)
+    assert isinstance(failure, LeadershipLost) and getattr(failure.__cause__, "sqlstate", None) == FENCE_SQLSTATE
     assert ids(leader) == []
 
 
@@ -192,8 +191,7 @@ def test_a_killed_writer_session_is_leadership_lost(leader, admin):
     pid = leader.conn.info.backend_pid
     admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
     failure = leader.commit(batch(make_job("b", 2))).get()
-    assert failure is not None
-    assert leader.leadership_lost(failure) and not leader.is_storage_fault(failure)
+    assert isinstance(failure, LeadershipLost) and failure.__cause__ is not None
     # The lock went with the session: another session takes it.
     second = PostgresStore(leader.url)
     try:
@@ -203,23 +201,29 @@ def test_a_killed_writer_session_is_leadership_lost(leader, admin):
         second.close()
 
 
-def test_a_failed_statement_with_the_session_intact_is_a_storage_fault(tmp_path, stores):
+def test_a_failed_statement_with_the_session_intact_is_a_storage_fault(tmp_path, url):
     fault = tmp_path / "fault"
-    store = stores(fault_file=str(fault))
-    store.lead(lambda: None)
-    fault.write_text("readonly")
-    failure = store.commit(batch(make_job("a", 1))).get()
-    assert failure is not None and store.is_storage_fault(failure) and not store.leadership_lost(failure)
-    assert store.fault_reason(failure) == "database is read-only"
-    fault.write_text("")
-    assert store.commit_probe().get() is None
-    store.write(batch(make_job("a", 1)))
-    assert ids(store) == ["a"]
+    store = faulty_postgres_store()(url, fault_file=str(fault))
+    try:
+        store.lead(lambda: None)
+        fault.write_text("readonly")
+        failure = store.commit(batch(make_job("a", 1))).get()
+        assert isinstance(failure, StorageFault) and failure.reason == "database is read-only"
+        assert failure.__cause__ is not None and failure.__cause__.sqlstate == "25006"
+        fault.write_text("")
+        assert store.commit_probe().get() is None
+        store.write(batch(make_job("a", 1)))
+        assert ids(store) == ["a"]
+    finally:
+        store.close()
 
 
-@pytest.mark.parametrize("exc", [ValueError("x"), KeyError("k"), RuntimeError("bug"), AssertionError()], ids=type)
-def test_our_own_bugs_are_neither(leader, exc):
-    assert not leader.leadership_lost(exc) and not leader.is_storage_fault(exc)
+def test_a_misuse_of_the_driver_is_neither(leader):
+    misuse = psycopg.ProgrammingError("the query has 1 placeholder but 2 parameters were passed")
+    assert leader.typed(misuse) is misuse
+    assert leader.typed(ValueError("x")).__class__ is ValueError
+    refused = leader.typed(psycopg.errors.DiskFull("no space left on device"))
+    assert isinstance(refused, StorageFault) and refused.reason == "disk full"
 
 
 # ---- the writer session ------------------------------------------------------------------------
@@ -258,7 +262,7 @@ def test_a_healthy_leader_keeps_its_session_and_a_frozen_one_loses_it_to_a_stand
     standby.lead(lambda: calls.append(1))
     assert calls == [1]
     failure = store.commit(batch(make_job("b", 2))).get()
-    assert failure is not None and store.leadership_lost(failure)
+    assert isinstance(failure, LeadershipLost)
     assert ids(standby) == ["a"]
 
 
@@ -338,13 +342,34 @@ def test_a_read_the_server_refuses_fails_alone_and_later_reads_work(leader, admi
     admin.execute("ALTER TABLE jobmesh_jobs RENAME TO jobmesh_jobs_away")
     refused = leader.read_later(job_id="a")
     wait_until(refused.ready, message="the refused read")
-    with pytest.raises(psycopg.Error):
+    with pytest.raises(StorageFault) as caught:
         refused.result()
+    assert isinstance(caught.value.__cause__, psycopg.Error)
     admin.execute("ALTER TABLE jobmesh_jobs_away RENAME TO jobmesh_jobs")
     for _ in range(2):
         read = leader.read_later(job_id="a")
         wait_until(read.ready, message="a read after the refused one")
         assert read.result() is not None and read.result().job_id == "a"
+
+
+def test_a_later_read_returns_before_it_runs_and_its_failure_is_typed(leader, admin):
+    # Listings and the purge walks are read on a greenlet of their own: the caller (the
+    # core) goes on, and is woken once the read is done
+    leader.write(batch(make_job("a", 1)))
+    read = leader.later(partial(leader.list_page, 10, None, None))
+    woken: list[int] = []
+    read.then(lambda: woken.append(1))
+    assert not read.ready() and woken == []
+    wait_until(read.ready, message="the page", sleep=gevent.sleep)
+    assert [job.job_id for _, job in read.result()] == ["a"] and woken == [1]
+    admin.execute("ALTER TABLE jobmesh_jobs RENAME TO jobmesh_jobs_away")
+    try:
+        refused = leader.later(partial(leader.purgeable, 0, 10**15, 10))
+        wait_until(refused.ready, message="the refused walk", sleep=gevent.sleep)
+        with pytest.raises(StorageFault):
+            refused.result()
+    finally:
+        admin.execute("ALTER TABLE jobmesh_jobs_away RENAME TO jobmesh_jobs")
 
 
 # ---- the idempotency key filter ----------------------------------------------------------------
@@ -388,10 +413,20 @@ def test_milliseconds_are_bigint_and_batches_use_one_array_per_column(leader, ad
     assert leader.get("big").deadline == 2**62 + 5 and leader.max_seq() == 2**40
 
 
-def test_opening_twice_creates_the_schema_once_and_migrates_nothing(stores):
+def test_opening_twice_creates_the_schema_once_and_migrates_nothing(stores, admin):
     first = stores()
     second = stores()
     assert first.migrated == [] and second.migrated == []
+    assert first.migrations == list(range(1, SCHEMA_VERSION + 1)) and second.migrations == []
+    assert [row[0] for row in admin.execute("SELECT version FROM jobmesh_migrations ORDER BY version")] == list(
+        range(1, SCHEMA_VERSION + 1))
+
+
+def test_a_schema_from_a_newer_jobmesh_is_not_opened(stores, admin, url):
+    stores().close()
+    admin.execute("INSERT INTO jobmesh_migrations (version, applied_at) VALUES (%s, 0)", (SCHEMA_VERSION + 1,))
+    with pytest.raises(CannotOpen, match="newer than this jobmesh knows"):
+        open_store(url)
 
 
 def test_a_schema_from_before_limits_gets_their_table_and_columns_on_opening(stores, admin):
@@ -402,11 +437,12 @@ def test_a_schema_from_before_limits_gets_their_table_and_columns_on_opening(sto
     first.close()
     admin.execute("DROP TABLE jobmesh_limits")
     admin.execute("ALTER TABLE jobmesh_jobs DROP COLUMN concurrency_key, DROP COLUMN unique_key")
+    admin.execute("DELETE FROM jobmesh_migrations WHERE version = 11")  # its last migration was 10
     # When a coordinator opens it
     store = stores()
     store.lead(lambda: None)
-    # Then the columns and the table are added, and the old row reads with no keys
-    assert store.migrated == ["concurrency_key", "unique_key"]
+    # Then migration 11 alone runs: the columns and the table are added, and the old row reads with no keys
+    assert store.migrations == [11] and store.migrated == ["concurrency_key", "unique_key"]
     assert store.load_limits() == []
     store.write(Batch([], [], limits=[("SLEEP", '{"maxRunning": 1}')]))
     assert store.load_limits() == [("SLEEP", '{"maxRunning": 1}')]
@@ -416,15 +452,18 @@ def test_a_schema_from_before_limits_gets_their_table_and_columns_on_opening(sto
 
 def test_a_table_from_before_time_to_live_gains_its_columns_index_and_defaults_table(stores, admin):
     # Given a schema as the coordinator made it before jobs asked for a time to live or a backoff
+    # (and from before the migrations table: what it lacks is told by no column, each
+    # migration creates only what is missing)
     first = stores()
     first.close()
     admin.execute("DROP INDEX jobmesh_jobs_expiry")
-    admin.execute("DROP TABLE jobmesh_task_defaults")
-    for column in ("result_ttl", "retry_base", "retry_cap"):
+    admin.execute("DROP TABLE jobmesh_task_defaults, jobmesh_limits, jobmesh_migrations")
+    for column in ("result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key"):
         admin.execute("ALTER TABLE jobmesh_jobs DROP COLUMN %s" % column)
-    # When a store opens it, the columns come first and then the index over them
+    # When a store opens it, every migration runs; the columns come first and then the index over them
     store = stores()
-    assert store.migrated == ["result_ttl", "retry_base", "retry_cap"]
+    assert store.migrations == list(range(1, SCHEMA_VERSION + 1))
+    assert store.migrated == ["result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key"]
     store.lead(lambda: None)
     store.write(Batch([insert_row(make_job("done", 1, state=JobState.COMPLETED, updated_at=10, result_ttl=5))], [],
                       task_defaults=[("GREET", "{}")]))
@@ -451,9 +490,14 @@ def test_a_postgres_url_opens_a_postgres_store_and_anything_else_sqlite(url, tmp
         other.close()
 
 
-def test_a_postgres_url_takes_no_file_lock_and_the_usage_text_says_it_is_accepted(url):
-    assert lock_path(url) is None and lock_path("postgres://h/db") is None
-    assert lock_path("jobs.db") is not None
+def test_a_postgres_url_takes_no_file_lock_and_the_usage_text_says_it_is_accepted(url, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = open_store(url)
+    try:
+        store.lead(lambda: None)
+    finally:
+        store.close()
+    assert not list(tmp_path.iterdir())  # no lock file anywhere near
     assert "PostgreSQL URL" in " ".join(COORDINATOR_OPTIONS.split())
 
 

@@ -44,7 +44,7 @@ from jobmesh.coordinator.core.outbox import Frame, Outbox
 from jobmesh.coordinator.core.periodic.jobs import PeriodicJobs
 from jobmesh.coordinator.core.requests import ClientRequests
 from jobmesh.coordinator.core.schedules import SCHEDULES_NOT_APPLIED as SCHEDULES_NOT_APPLIED, Schedules
-from jobmesh.store.base import Batch, Read, Store
+from jobmesh.store.base import Batch, LeadershipLost, Read, Store
 from jobmesh.store.job import Job
 from jobmesh.coordinator.core.table import JobTable, ReadPending, due_time
 from jobmesh.coordinator.core.timers import Timers
@@ -119,8 +119,8 @@ class CoordinatorCore:
         # Requests held for a store read (``ReadPending``), in arrival order, with the
         # Slot their reply fills; reads the runtime has not been told of; replies of
         # held requests applied again in this batch.
-        self._held: list[tuple[Read, ev.Request, Slot]] = []
-        self._new_reads: list[Read] = []
+        self._held: list[tuple[Read[Any], ev.Request, Slot]] = []
+        self._new_reads: list[Read[Any]] = []
         self._resumed: list[tuple[Waiter, m.Message]] = []
         requests, schedules, limits = self.requests, self.schedules, self.limits
         self._answers: dict[type, Callable[[int, Any], m.Message]] = {
@@ -234,7 +234,7 @@ class CoordinatorCore:
             return self.requests.wait_job(now, event.conn, msg, slot)
         return self._answers[type(msg)](now, msg)
 
-    def _hold_for(self, read: Read, event: ev.Request, slot: Slot) -> None:
+    def _hold_for(self, read: Read[Any], event: ev.Request, slot: Slot) -> None:
         self._held.append((read, event, slot))
         self._new_reads.append(read)
 
@@ -255,15 +255,15 @@ class CoordinatorCore:
             except ReadPending as pending:  # another read: wait for that one too
                 self._hold_for(pending.read, event, slot)
                 continue
-            except Exception as exc:
-                if self.store.leadership_lost(exc):
-                    raise  # the read found this process no longer leads: the runtime stops (exit 75)
+            except LeadershipLost:
+                raise  # the read found this process no longer leads: the runtime stops (exit 75)
+            except Exception:
                 log.exception("error while applying a held %s; continuing", type(event.msg).__name__)
                 answer = INTERNAL_ERROR
             if not isinstance(answer, Slot):  # (a WAIT_JOB now waiting for its job fills the slot later)
                 self._resumed.append((Waiter(event.conn, slot, "", 0), answer))
 
-    def take_new_reads(self) -> list[Read]:
+    def take_new_reads(self) -> list[Read[Any]]:
         """Store reads requests began to wait for since the last call (the runtime asks
         each to wake it when done); none on a store that answers reads at once."""
         reads, self._new_reads = self._new_reads, []
@@ -294,9 +294,9 @@ class CoordinatorCore:
         for step in self._sweep_steps:
             try:
                 step(now)
-            except Exception as exc:  # one step's error must not skip the others
-                if self.store.leadership_lost(exc):
-                    raise  # a read found this process no longer leads: the runtime stops (exit 75)
+            except LeadershipLost:
+                raise  # a read found this process no longer leads: the runtime stops (exit 75)
+            except Exception:  # one step's error must not skip the others
                 log.exception("error in the sweep's %s; the sweep goes on", step.__name__)
 
     def _purge(self, now: int) -> None:
@@ -592,9 +592,9 @@ class CoordinatorCore:
         error that says this process no longer leads its store is raised."""
         try:
             answer = self.apply(event, now)
+        except LeadershipLost:
+            raise
         except Exception as exc:
-            if self.store.leadership_lost(exc):
-                raise
             log.exception("error while handling %s; continuing", type(event).__name__)
             applied.errors.append(exc)
             if type(event) is ev.Request:

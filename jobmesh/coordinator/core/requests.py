@@ -12,6 +12,7 @@ own; as the table's listener it answers them when their job ends.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import ujson
@@ -21,6 +22,7 @@ from jobmesh.store.job import MAX_RUN_AT_MILLIS, Job
 from jobmesh.coordinator.core.json_jobs import JsonJobs
 from jobmesh.coordinator.core.limits import Limits, check_key
 from jobmesh.coordinator.core.periodic.jobs import PeriodicJobs
+from jobmesh.store.base import Read, Store
 from jobmesh.store.columns import load_events
 from jobmesh.coordinator.core.table import JobTable
 from jobmesh.coordinator.core.waiters import MAX_WAIT_MILLIS, Slot, Waiter, Waiters
@@ -63,6 +65,7 @@ class ClientRequests:
         self.waiters = Waiters()  # pending WAIT_JOB requests
         self.purge_backlog = False  # the last retention walk stopped early: more may be due
         self._purge_cursor = 0  # where the next retention walk starts
+        self._retention: Read[Retention] | None = None  # retention's store reads, while in flight
         table.listen_moves(self)  # a job's end answers its waits
 
     # ---- the table's listener: a job that ends answers its waits ---------------------------
@@ -320,12 +323,12 @@ class ClientRequests:
         if not 1 <= limit <= PURGE_REQUEST_MAX:
             return m.Error("limit must be 1..%d, got %s" % (PURGE_REQUEST_MAX, quote(limit)))
         cutoff = now_millis + self.table.drift - req.older_than_millis
-        purged, cursor = 0, 0
-        while purged < limit:  # walk from the oldest row until enough are found or none are left
-            found, cursor = self.table.store.purgeable(cursor, cutoff, limit - purged)
-            purged += len(found) if req.dry_run else self.table.forget(found)
-            if not cursor:
-                break
+        store = self.table.store
+        # The whole walk is one store read (the cutoff of the request's first application),
+        # and what it found is forgotten at once: the purge commits in one batch.
+        found = self.table.awaited(("purge", req.older_than_millis, limit, req.dry_run),
+                                   lambda: store.later(partial(purge_scan, store, cutoff, limit)))
+        purged = len(found) if req.dry_run else self.table.forget(found)
         if not req.dry_run:
             log.info("purged finished jobs count=%d older_than_millis=%d", purged, req.older_than_millis)
         return m.JobsPurged(purged, purged == limit)
@@ -337,17 +340,27 @@ class ClientRequests:
         load without one large delete ever stalling the core.
 
         A job with a time to live is found by the store's expiry index, whatever its
-        place in the sequence, and only there; the others by the walk in sequence order."""
-        wall = now_millis + self.table.drift
-        expired = self.table.store.expired(wall, limit)
+        place in the sequence, and only there; the others by the walk in sequence order.
+
+        The reads are one ``Store.later``: on a store whose reads finish later, this call
+        starts them and a later one (the next sweep, or batch while more are due) forgets
+        what they found; a finished job stays finished meanwhile."""
+        read = self._retention
+        if read is None:
+            store, retain = self.table.store, self.config.retain_finished_millis
+            read = store.later(partial(retention_reads, store, now_millis + self.table.drift,
+                                       retain, self._purge_cursor, limit))
+        if not read.ready():
+            self._retention = read
+            return
+        self._retention = None
+        expired, walk = read.result()
         if expired:
             self.table.forget(expired)
-        retain = self.config.retain_finished_millis
-        if retain <= 0:
+        if walk is None:  # no retention: only the jobs' own times to live
             self.purge_backlog = len(expired) >= limit
             return
-        # A job with a time to live of its own is kept that long, however long retention keeps the others.
-        found, self._purge_cursor = self.table.store.purgeable(self._purge_cursor, wall - retain, limit, False)
+        found, self._purge_cursor = walk
         self.table.forget(found)
         # Keep purging every batch only while walks find plenty (a walk that steps over
         # active jobs finds little, and waits for the next sweep).
@@ -375,7 +388,9 @@ class ClientRequests:
                     raise ValueError
             except ValueError:
                 return m.Error("invalid cursor %s" % quote(req.cursor))
-        rows = self.table.store.list_page(limit + 1, state, before, req.task_type)
+        store = self.table.store
+        rows = self.table.awaited(("page", limit + 1, state, before, req.task_type),
+                                  lambda: store.later(partial(store.list_page, limit + 1, state, before, req.task_type)))
         jobs: list[dict[str, Any]] = []
         size = 0
         next_cursor = None
@@ -406,6 +421,31 @@ class ClientRequests:
         self.table.transition(job, JobState.CANCELLED, now_millis)
         log.info("cancelled job=%s", job.job_id)
         return m.JobCancel(True, self.snapshot(job))
+
+
+Found = list[tuple[str, str | None]]  # (job id, idempotency key) of finished jobs to purge
+Retention = tuple[Found, tuple[Found, int] | None]  # expired jobs, and the walk's (found, next cursor)
+
+
+def purge_scan(store: Store, cutoff_millis: int, limit: int) -> Found:
+    """PURGE_JOBS's walk, whole: from the oldest row until ``limit`` finished jobs last
+    updated before ``cutoff_millis`` are found or none are left (``Store.purgeable``)."""
+    found: Found = []
+    cursor = 0
+    while len(found) < limit:
+        page, cursor = store.purgeable(cursor, cutoff_millis, limit - len(found))
+        found += page
+        if not cursor:
+            break
+    return found
+
+
+def retention_reads(store: Store, wall: int, retain: int, cursor: int, limit: int) -> Retention:
+    """Retention's reads: the jobs whose own time to live has passed, and (with
+    ``retain`` > 0) a step of the walk from ``cursor`` over the jobs without one."""
+    expired = store.expired(wall, limit)
+    # A job with a time to live of its own is kept that long, however long retention keeps the others.
+    return expired, (store.purgeable(cursor, wall - retain, limit, False) if retain > 0 else None)
 
 
 def fit_workers(items: list[dict[str, Any]], budget: int = LIST_MAX_BYTES) -> list[dict[str, Any]]:

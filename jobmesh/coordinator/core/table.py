@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 from collections import Counter, OrderedDict
 from collections.abc import Set
-from typing import Any, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, Callable, Iterable, NamedTuple, Protocol, TypeVar
 
 import ujson
 
@@ -37,6 +37,8 @@ from jobmesh.store.base import Batch, Read, Store
 from jobmesh.store.columns import dump_events, event_fragment, insert_row, load_events, update_row
 from jobmesh.protocol.jobs import TERMINAL, JobState, Priority
 from jobmesh.protocol.payloads import TASK_TYPES
+
+T = TypeVar("T")
 
 FINISHED_CACHE = 20_000
 EVENTS_KEPT = 100  # a job's timeline keeps its newest events
@@ -97,7 +99,7 @@ class ReadPending(Exception):
     """A lookup needs a row the store has not read yet (``Store.read_later``): the
     request that asked waits for ``read`` and is applied again once it is done."""
 
-    def __init__(self, read: Read) -> None:
+    def __init__(self, read: Read[Any]) -> None:
         super().__init__("a store read is in flight")
         self.read = read
 
@@ -149,7 +151,7 @@ class JobTable:
         self._new_defaults: dict[str, str] = {}  # task type -> its defaults' body to store
         self._purges: list[str] = []
         self._purging: set[str] = set()  # the same, to look up: their rows are gone as of this batch
-        self._reads: dict[tuple[str, str], Read] = {}  # store reads a waiting request will use
+        self._reads: dict[tuple[Any, ...], Read[Any]] = {}  # store reads a waiting request will use
 
     def listen(self, listener: Listener, json: bool = True, periodic: bool = True) -> None:
         """Tell ``listener`` of every JSON and/or Periodic job that enters the table or moves."""
@@ -500,9 +502,20 @@ class JobTable:
             return self.lookup(job_id)
         return self._read("key", key)
 
+    def awaited(self, key: tuple[Any, ...], start: Callable[[], Read[T]]) -> T:
+        """What the store read ``start()`` began, under ``key`` (what the request asks,
+        the same when it is applied again); raises ``ReadPending`` while it is in
+        flight. A read that finished is used once, by the request applied again for it."""
+        read = self._reads.pop(key, None)
+        if read is None:
+            read = start()
+        if not read.ready():
+            self._reads[key] = read
+            raise ReadPending(read)
+        return read.result()
+
     def _read(self, kind: str, value: str) -> Job | None:
-        """A job from the store; raises ``ReadPending`` while the read is in flight. A
-        read that finished is used once, by the request applied again for it."""
+        """A job from the store, as ``awaited`` reads (spelled out: a keyed submit's path)."""
         read = self._reads.pop((kind, value), None)
         if read is None:
             read = self.store.read_later(job_id=value) if kind == "id" else self.store.read_later(key=value)

@@ -34,7 +34,6 @@ import gevent
 from jobmesh.coordinator.core import events as ev
 from jobmesh.coordinator.core.face import Applied, CoordinatorCore, Slot, Waiter
 from jobmesh.coordinator.ports.server import SHUTTING_DOWN
-from jobmesh.coordinator.shell import leadership
 from jobmesh.coordinator.shell.clock import core_millis, now_millis, wall_millis
 from jobmesh.coordinator.shell.housekeeping import COMMIT_SECONDS_BUCKETS, SIZE_BUCKETS, CollectorPolicy, Histogram
 from jobmesh.coordinator.shell.leadership import KeepLeading
@@ -45,8 +44,7 @@ from jobmesh.coordinator.shell.replies import Replies, refuse, send_outbound
 from jobmesh.coordinator.core.peers import OutboundConnection
 from jobmesh.protocol import messages as m
 from jobmesh.exitcodes import EXIT_COMMIT_FAILED, EXIT_CORE_DIED, EXIT_LEADERSHIP_LOST
-from jobmesh.store.base import Store
-from jobmesh.store.opening import CannotOpen
+from jobmesh.store.base import LeadershipLost, StorageFault, Store, first_line
 
 log = logging.getLogger("jobmesh.coordinator.shell.runtime")  # one logger for the runtime's lines
 
@@ -74,12 +72,12 @@ def arrival(conn: OutboundConnection) -> int:
 class CoreLoop:
     """The core and its store from recovery on: the core greenlet and what it releases.
 
-    ``reopen()`` opens the store again and ``recover(store, old)`` builds a recovered core
+    ``recover(store, old)`` builds a recovered core
     (a reload after a failed commit); ``drop_sessions()`` closes every worker and Periodic
     connection (their sessions die with the memory a reload throws away)."""
 
     def __init__(self, store: Store, core: CoordinatorCore, mailbox: Mailbox, marker: Marker,
-                 keep_leading: KeepLeading | None, figures: BatchFigures, reopen: Callable[[], Store],
+                 keep_leading: KeepLeading | None, figures: BatchFigures,
                  recover: Callable[[Store, CoordinatorCore | None], CoordinatorCore],
                  drop_sessions: Callable[[], None]) -> None:
         self.store = store
@@ -87,7 +85,6 @@ class CoreLoop:
         self.mailbox = mailbox
         self.marker = marker
         self.keep_leading = keep_leading
-        self._reopen = reopen
         self._recover = recover
         self._drop_sessions = drop_sessions
         self.replies = Replies()
@@ -112,11 +109,8 @@ class CoreLoop:
             return
         try:
             self.store.write(rows)
-        except Exception as exc:
-            leadership.check(self.store, exc)
-            if not self.store.is_storage_fault(exc):
-                raise
-            reason = self.store.fault_reason(exc)
+        except StorageFault as exc:
+            reason = exc.reason
             self.outage.keep(rows)  # recovery's decisions: committed with the first write that works
             self.outage.failed(reason, "at start")
             self.core.refusal = storage_error(reason)
@@ -136,7 +130,7 @@ class CoreLoop:
     def _run(self) -> None:
         try:
             self._loop()
-        except leadership.LeadershipLost as exc:  # nothing of the batch that found it was released
+        except LeadershipLost as exc:  # nothing of the batch that found it was released
             log.error("leadership lost: another coordinator may lead now; nothing more is committed or answered,"
                       " exiting %d (%s)", EXIT_LEADERSHIP_LOST, exc)
             self._ended(EXIT_LEADERSHIP_LOST)
@@ -193,11 +187,7 @@ class CoreLoop:
 
     def _apply(self, batch: list[ev.Event]) -> Applied:
         """The core applies the batch; events after a STOP are refused, not applied."""
-        try:
-            applied = self.core.apply_batch(batch, now_millis)
-        except Exception as exc:
-            leadership.check(self.store, exc)  # a read that found the leadership gone
-            raise
+        applied = self.core.apply_batch(batch, now_millis)  # raises LeadershipLost: a read found it gone
         for event in applied.unapplied:
             refuse(event)
         return applied
@@ -221,10 +211,10 @@ class CoreLoop:
             self.replies.write(unsent)
         if commit is not None:
             failure = commit.get()
-            if failure is not None:
-                leadership.check(store, failure)  # raises: nothing of this batch is released
-            if failure is not None and store.is_storage_fault(failure):
-                self._refuse_batch(applied, store.fault_reason(failure))
+            if isinstance(failure, LeadershipLost):
+                raise failure  # nothing of this batch is released
+            if isinstance(failure, StorageFault):
+                self._refuse_batch(applied, failure.reason)
                 outbound = []
             elif failure is not None:
                 raise CommitFailed("%s: %s" % (type(failure).__name__, failure)) from failure
@@ -282,21 +272,16 @@ class CoreLoop:
         leases; they register again. Recovery's own rows are kept to commit later."""
         self._drop_sessions()
         old = self.core
-        if not self.store.shared:  # a shared store's writer holds leadership: reload through it
-            try:
-                # Reopened: a connection opened on a read-only file stays read-only.
-                store = self._reopen()
-            except CannotOpen as exc:
-                log.warning("could not reopen the database, reloading through the open connections: %s", exc)
-            else:
-                self.store.close()
-                self.store = store
+        try:
+            # Reopened: a connection opened on a read-only file stays read-only (a shared
+            # store's writer holds the leadership: it reloads through it).
+            self.store.reopen()
+        except StorageFault as exc:
+            log.warning("could not reopen the database, reloading through the open connections: %s",
+                        first_line(exc.__cause__ or exc))
         try:
             core = self._recover(self.store, old)
-        except Exception as exc:
-            leadership.check(self.store, exc)
-            if not self.store.is_storage_fault(exc):
-                raise
+        except StorageFault as exc:
             raise CommitFailed("could not reload state from the database after a failed commit: %s" % exc) from exc
         rows = core.take_dirty()
         self.outage.keep(rows)

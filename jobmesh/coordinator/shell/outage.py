@@ -18,9 +18,8 @@ from __future__ import annotations
 import logging
 import time
 
-from jobmesh.coordinator.shell import leadership
 from jobmesh.protocol import messages as m
-from jobmesh.store.base import Batch, Outcome, Store, merge_batches
+from jobmesh.store.base import Batch, LeadershipLost, Outcome, StorageFault, Store, first_line, merge_batches
 
 log = logging.getLogger("jobmesh.coordinator.shell.runtime")  # one logger for the runtime's lines
 
@@ -91,8 +90,8 @@ class StorageOutage:
 
     def check_probe(self, store: Store) -> bool:
         """While storage fails and no batch writes: a probe write now and then, off the hub.
-        True once one succeeded (the outage is over). Raises ``leadership.LeadershipLost``
-        when a probe found that this process no longer leads (a shared store)."""
+        True once one succeeded (the outage is over). Raises ``LeadershipLost`` when a
+        probe found that this process no longer leads (a shared store)."""
         now = time.monotonic()
         probe = self.probe
         if probe is not None:
@@ -103,8 +102,9 @@ class StorageOutage:
             if failure is None:
                 self._resumed("a probe write")
                 return True
-            leadership.check(store, failure)
-            self.reason = store.fault_reason(failure)
+            if isinstance(failure, LeadershipLost):
+                raise failure
+            self.reason = failure.reason if isinstance(failure, StorageFault) else first_line(failure)
             self.failures += 1
             self._next_probe = now + STORAGE_PROBE_SECONDS
             return False

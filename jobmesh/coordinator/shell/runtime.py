@@ -1,6 +1,6 @@
 """Coordinator: the impure shell around ``CoordinatorCore``, a façade over its parts.
 
-* ``startup.py``: the database lock, the store, leading or standing by, recovery, the
+* ``startup.py``: the store (on SQLite its file lock), leading or standing by, recovery, the
   job ports and the "listening" line;
 * ``loop.py``: the core greenlet: batches, group commit, storage outages;
 * ``replies.py``: replies in request order after the commit, held behind pending waits;
@@ -8,7 +8,7 @@
   markers that wake the core, at most one of each pending.
 
 Stop order: core (commits its batch, answers what it took, fails what is still queued)
-→ listeners → database → lock. With ``--drain-millis`` a stop signal first drains: no
+→ listeners → database (and its lock). With ``--drain-millis`` a stop signal first drains: no
 new assignment, running attempts get up to that long to finish (a second signal stops
 at once).
 """
@@ -32,16 +32,15 @@ from jobmesh.coordinator.ports.guard import Guard
 from jobmesh.coordinator.ports.periodic import PeriodicPort
 from jobmesh.coordinator.ports.server import Servers
 from jobmesh.coordinator.shell import schedule_file, startup
-from jobmesh.coordinator.shell.dblock import DatabaseInUse, DatabaseLock
 from jobmesh.coordinator.shell.housekeeping import raise_fd_limit
-from jobmesh.coordinator.shell.leadership import KeepLeading, LeadershipLost
+from jobmesh.coordinator.shell.leadership import KeepLeading
 from jobmesh.coordinator.shell.loop import BatchFigures, CoreLoop
 from jobmesh.coordinator.shell.mailbox import Mailbox
 from jobmesh.coordinator.shell.marker import Marker
 from jobmesh.coordinator.shell.startup import CannotStart
 from jobmesh.errors import ConfigError
 from jobmesh.exitcodes import EXIT_LEADERSHIP_LOST, EXIT_USAGE
-from jobmesh.store.base import Store
+from jobmesh.store.base import CannotLead, LeadershipLost, StorageFault, Store, first_line
 from jobmesh.store.opening import CannotOpen, shown
 from jobmesh.tls import server_context
 
@@ -72,7 +71,6 @@ class Coordinator:
                                      keys=startup.periodic_keys(config))
         self.periodic.guard = self.guard  # types 3 and 4 carry a token
         self.marker = Marker(self.mailbox.put_urgent)
-        self.lock = DatabaseLock(config.db)
         self._store: Store | None = None  # until recovery; then the loop's
         self.loop: CoreLoop | None = None  # from recovery on
         self.servers: list[gevent.server.StreamServer] = []
@@ -105,16 +103,18 @@ class Coordinator:
         (the CLI prints ``STANDING_BY``) and this waits, serving only the metrics port,
         until the store makes this process the leader.
 
-        Raises ``DatabaseInUse``, ``CannotStart`` or ``CannotOpen`` (the message says it
-        all), the store's error if recovery cannot read it, ``OSError`` if a port cannot,
-        ``LeadershipLost`` if the leadership was lost before recovery was written.
+        Raises ``CannotLead`` (``DatabaseInUse``), ``CannotStart`` or ``CannotOpen`` (the
+        message says it all), ``StorageFault`` if recovery cannot read the store,
+        ``OSError`` if a port cannot, ``LeadershipLost`` if the leadership was lost before
+        recovery was written.
         A database that opens but cannot be written (full, read-only, locked) starts
         degraded: reads are served, writes answer the storage ERROR until it works.
         """
         cfg = self.config
         fd_limit = raise_fd_limit()
-        startup.lock_database(self.lock, cfg.db)
         self._store = startup.store_of(cfg)
+        if not self._store.shared:  # its file lock: a second coordinator stops before any port opens
+            self._store.lead(standing_by)
         if cfg.metrics_port is not None:  # /healthz and /readyz answer while standing by and recovering
             from jobmesh.coordinator.ports.http import HttpPort  # imports prometheus_client: only when asked
 
@@ -132,7 +132,6 @@ class Coordinator:
             log.info("migrated database %s: added columns %s", shown(cfg.db), ", ".join(store.migrated))
         core = startup.first_core(cfg, store)
         self.loop = CoreLoop(store, core, self.mailbox, self.marker, self.keep_leading, self.batch_figures,
-                             lambda: startup.store_of(cfg),
                              lambda store, old: startup.recovered_core(cfg, store, old, self._draining),
                              self._drop_sessions)
         self.loop.write_recovery()
@@ -249,7 +248,6 @@ class Coordinator:
             self.loop.close()  # the store, once the probe or keepalive in flight is done
         elif self._store is not None:
             self._store.close()
-        self.lock.release()
         log.info("stopped")
         self.stopped.set()
 
@@ -266,21 +264,19 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
     except LeadershipLost as exc:
         log.error("leadership lost while recovering: exiting %d (%s)", EXIT_LEADERSHIP_LOST, exc)
         return EXIT_LEADERSHIP_LOST
-    except (DatabaseInUse, CannotStart, CannotOpen) as exc:
+    except (CannotLead, CannotStart, CannotOpen) as exc:
         log.error("%s", exc)
         return 1
     except ConfigError as exc:  # the --schedules file: a usage error, as a bad flag is
         log.error("%s", exc)
-        coordinator.lock.release()
+        if coordinator.store is not None:
+            coordinator.store.close()  # and its lock
         return EXIT_USAGE
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
-    except Exception as exc:  # recovery's reads failed: the database's fault, or a bug
-        store = coordinator.store
-        if store is None or not (store.is_storage_fault(exc) or store.leadership_lost(exc)):
-            raise
-        log.error("cannot open the database %s: %s", shown(config.db), str(exc).strip().split("\n")[0])
+    except StorageFault as exc:  # recovery's reads failed: the database's fault
+        log.error("cannot open the database %s: %s", shown(config.db), first_line(exc.__cause__ or exc))
         return 1
     if line is None:  # stopped while standing by
         return 0

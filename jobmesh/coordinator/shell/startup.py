@@ -1,10 +1,9 @@
-"""Start-up: the database lock, the store, leading or standing by, recovery, the job ports.
+"""Start-up: the store, leading or standing by, recovery, the job ports.
 
-Start order (``runtime.Coordinator.start``): the database lock (``dblock``: one
-coordinator per SQLite file, before anything touches the file; a shared store takes
-none) → open the store → the metrics port → lead (``Store.lead``: at once on SQLite; on a
-shared store this process stands by, serving only the metrics port, until it gets the
-leadership, ``lead``) → recover from the store (inline, before any job port,
+Start order (``runtime.Coordinator.start``): open the store → on SQLite lead at once
+(``Store.lead``: the file lock, one coordinator per file, taken or refused before any port
+opens) → the metrics port → on a shared store lead (this process stands by, serving only
+the metrics port, until it gets the leadership, ``lead``) → recover from the store (inline, before any job port,
 ``recovered_core``) → core greenlet → sweep timer → job ports (``open_ports``) → the
 "listening" line.
 """
@@ -12,7 +11,6 @@ leadership, ``lead``) → recover from the store (inline, before any job port,
 from __future__ import annotations
 
 import logging
-import os
 import signal
 from typing import TYPE_CHECKING, Callable
 
@@ -29,12 +27,10 @@ from jobmesh.coordinator.ports.guard import Guard, pending_bound
 from jobmesh.coordinator.ports.periodic import PeriodicPort
 from jobmesh.coordinator.ports.server import Servers
 from jobmesh.coordinator.shell.clock import now_millis
-from jobmesh.coordinator.shell import leadership, schedule_file
-from jobmesh.coordinator.shell.dblock import DatabaseInUse, DatabaseLock
-from jobmesh.store.base import Store, outcome_of
+from jobmesh.coordinator.shell import schedule_file
+from jobmesh.store.base import LeadershipLost, StorageFault, Store, outcome_of
 from jobmesh.store.opening import CannotOpen, open_store, shown
 from jobmesh.errors import ConfigError
-from jobmesh.store.sqlite import FAULT_FILE_ENV
 
 if TYPE_CHECKING:
     from jobmesh.periodic.rsa import ServerKeys
@@ -52,23 +48,9 @@ class CannotStart(Exception):
     """A start-up failure whose message is the whole story (one line, exit 1)."""
 
 
-def lock_database(lock: DatabaseLock, db: str) -> None:
-    """Take the database lock before anything touches the database (recovery rewrites it);
-    none on a URL. Raises ``DatabaseInUse``, or ``CannotStart`` if the lock file cannot be made."""
-    try:
-        lock.acquire()
-    except DatabaseInUse:
-        raise
-    except OSError as exc:
-        raise CannotStart("cannot open the database %s: cannot create its lock file %s: %s"
-                          % (db, lock.path, exc.strerror or exc)) from None
-
-
 def store_of(config: CoordinatorConfig) -> Store:
     """The store --db names; raises ``CannotOpen``."""
-    # The fault file is a testing aid only (docs/FAILURE_MODEL.md, "Testing storage faults").
-    return open_store(config.db, config.db_synchronous, os.environ.get(FAULT_FILE_ENV) or None,
-                      config.db_session_timeout_millis)
+    return open_store(config.db, config.db_synchronous, config.db_session_timeout_millis)
 
 
 def lead(store: Store, config: CoordinatorConfig, standing_by: Callable[[], None]) -> tuple[Store, bool]:
@@ -76,8 +58,7 @@ def lead(store: Store, config: CoordinatorConfig, standing_by: Callable[[], None
     may have connected again) and True; False if a stop signal came first. A standby
     whose database session ends (the server restarted, the network) connects again and
     stands by again, however long that takes."""
-    if not store.shared:
-        store.lead(standing_by)
+    if not store.shared:  # led since it was opened (its file lock)
         return store, True
     told = False
 
@@ -105,10 +86,10 @@ def lead(store: Store, config: CoordinatorConfig, standing_by: Callable[[], None
                 if stop.is_set():  # the signal came as the leadership did: stop all the same
                     return store, False
                 break
-            if not (store.leadership_lost(exc) or store.is_storage_fault(exc)):
+            if not isinstance(exc, (LeadershipLost, StorageFault)):
                 raise exc
             log.warning("lost the database session while standing by (%s); connecting again in %.1f s",
-                        store.fault_reason(exc), delay)
+                        exc.reason, delay)
             store.close()
             again = _reconnect(config, stop, delay)
             if again is None:
@@ -153,11 +134,7 @@ def first_core(config: CoordinatorConfig, store: Store) -> CoordinatorCore:
     """The core recovered at start, with the --schedules file's schedules applied (they
     commit with recovery's rows). Raises ``LeadershipLost`` if a read found the leadership
     gone, ``ConfigError`` if the core refuses the file."""
-    try:
-        core = recovered_core(config, store, None, False)
-    except Exception as exc:
-        leadership.check(store, exc)
-        raise
+    core = recovered_core(config, store, None, False)
     if config.schedules_file is not None:
         problem = core.apply_schedules_file(now_millis(), schedule_file.read(config.schedules_file))
         if problem is not None:
