@@ -230,19 +230,20 @@ class HueyClient(Client):
 
 
 class System:
-    """``package``: what must be importable (None: nothing beyond jobmesh); ``workers``
-    the worker command lines for W worker processes on a Redis URL; ``ready``: a line each worker
-    command logs when it takes jobs, and how many times in all."""
+    """``package``: what must be importable (None: nothing beyond jobmesh); ``workers``:
+    the worker command lines for W worker processes on a Redis URL; ``ready(url,
+    children, W)``: whether those commands (``bench.procs.Child``) take jobs with all W
+    processes up. Every worker logs at WARNING, as the bench runs jobmesh's: a log line
+    per job would cost a system CPU per job that the bench does not mean to measure."""
 
     def __init__(self, name: str, package: str | None, client: Callable[[str], Client],
-                 workers: Callable[[int, str], list[list[str]]], ready: str, ready_count: Callable[[int], int],
+                 workers: Callable[[int, str], list[list[str]]], ready: Callable[[str, list[Any], int], bool],
                  forks_per_job: bool = False) -> None:
         self.name = name
         self.package = package
         self.client = client
         self.workers = workers
         self.ready = ready
-        self.ready_count = ready_count
         self.forks_per_job = forks_per_job
 
     def missing(self) -> str | None:
@@ -256,28 +257,57 @@ def _script(name: str) -> str:
     return str(BIN / name)
 
 
+def _forked(url: str, children: list[Any], w: int) -> bool:
+    """A prefork command (one parent) has forked its W worker processes."""
+    try:
+        with open("/proc/%d/task/%d/children" % (children[0].pid, children[0].pid)) as f:
+            return len(f.read().split()) >= w
+    except OSError:
+        return False
+
+
+def _jobmesh_registered(url: str, children: list[Any], w: int) -> bool:
+    from jobmesh.client.api import CoordinatorClient
+
+    with CoordinatorClient(url) as client:
+        return client.stats().workers >= w
+
+
+def _rq_registered(url: str, children: list[Any], w: int) -> bool:
+    from redis import Redis
+    from rq import Worker
+
+    with Redis.from_url(url) as conn:
+        return Worker.count(connection=conn) >= w
+
+
+def _dramatiq_ready(url: str, children: list[Any], w: int) -> bool:
+    """Each of its worker processes logs this line (at INFO, its default level, which logs
+    nothing per job)."""
+    return sum(Path(c.err_path).read_text(errors="replace").count("is ready for action") for c in children) >= w
+
+
 def _celery_workers(app: str) -> Callable[[int, str], list[list[str]]]:
     return lambda w, url: [[_script("celery"), "-A", "bench.peer_apps:%s" % app, "worker", "-P", "prefork", "-c", str(w),
-                       "-Q", QUEUE, "--loglevel=INFO"]]
+                            "-Q", QUEUE, "--loglevel=WARNING"]]
 
 
 def _rq_workers(worker_class: str | None) -> Callable[[int, str], list[list[str]]]:
     extra = ["-w", worker_class] if worker_class else []
-    return lambda w, url: [[_script("rq"), "worker", "--url", url, *extra, QUEUE] for _ in range(w)]
+    return lambda w, url: [[_script("rq"), "worker", "--url", url, "--logging_level", "WARNING", *extra, QUEUE]
+                           for _ in range(w)]
 
 
 SYSTEMS = {s.name: s for s in [
-    System("jobmesh", None, JobmeshClient, lambda w, url: [], "", lambda w: 0),
-    System("celery", "celery", lambda url: CeleryClient(url, False), _celery_workers("celery_app"),
-           " ready.", lambda w: 1),
-    System("celery-late", "celery", lambda url: CeleryClient(url, True), _celery_workers("celery_late_app"),
-           " ready.", lambda w: 1),
-    System("rq", "rq", RqClient, _rq_workers(None), "Listening on", lambda w: w, forks_per_job=True),
-    System("rq-simple", "rq", RqClient, _rq_workers("rq.worker.SimpleWorker"), "Listening on", lambda w: w),
+    System("jobmesh", None, JobmeshClient, lambda w, url: [], _jobmesh_registered),  # bench/peers.py starts them
+    System("celery", "celery", lambda url: CeleryClient(url, False), _celery_workers("celery_app"), _forked),
+    System("celery-late", "celery", lambda url: CeleryClient(url, True), _celery_workers("celery_late_app"), _forked),
+    System("rq", "rq", RqClient, _rq_workers(None), _rq_registered, forks_per_job=True),
+    System("rq-simple", "rq", RqClient, _rq_workers("rq.worker.SimpleWorker"), _rq_registered),
     System("dramatiq", "dramatiq", DramatiqClient,
            lambda w, url: [[_script("dramatiq"), "bench.peer_apps:dramatiq_broker", "--processes", str(w)]],
-           "is ready for action", lambda w: w),
+           _dramatiq_ready),
     System("huey", "huey", HueyClient,
-           lambda w, url: [[_script("huey_consumer"), "bench.peer_apps.huey_app", "-w", str(w), "-k", "process"]],
-           "Huey consumer started", lambda w: 1),
+           lambda w, url: [[_script("huey_consumer"), "bench.peer_apps.huey_app", "-w", str(w), "-k", "process", "-q"]],
+           _forked),
 ]}

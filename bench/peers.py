@@ -76,7 +76,6 @@ from bench import procs  # noqa: E402
 from bench.loadgen import _loadavg, _revision  # noqa: E402
 from bench.peer_apps import SYSTEMS, URL_ENV, System  # noqa: E402
 from bench.periodic import cell, last_json, wait_until  # noqa: E402
-from bench.profiles import median  # noqa: E402
 from bench.scaling import fmt, print_table  # noqa: E402
 
 MODES = ("e2e", "submit")
@@ -148,40 +147,27 @@ def start_redis(s: Settings, run_dir: Path) -> tuple[procs.Child, str]:
 
 
 def start_jobmesh(s: Settings, run_dir: Path, mode: str) -> tuple[procs.Child, str, list[procs.Child]]:
-    from jobmesh.client.api import CoordinatorClient
-
     coordinator, worker_addr, client_addr = procs.start_coordinator(run_dir, run_dir / "jobmesh.db", None, [])
     STARTED.append(coordinator)
-    url = "%s:%d" % client_addr
-    workers: list[procs.Child] = []
-    if mode == "e2e":
-        for i in range(s.workers):
-            workers.append(procs.start_worker(run_dir, i, worker_addr, s.jobmesh_capacity, []))
-            STARTED.append(workers[-1])
-        with CoordinatorClient(url) as client:
-            if not wait_until(lambda: client.stats().workers >= s.workers, workers, 60, "jobmesh workers"):
-                raise Failed("the jobmesh workers did not all register within 60 s")
-    return coordinator, url, workers
+    workers = [procs.start_worker(run_dir, i, worker_addr, s.jobmesh_capacity, [])
+               for i in range(s.workers if mode == "e2e" else 0)]
+    STARTED.extend(workers)
+    return coordinator, "%s:%d" % client_addr, workers
 
 
 def start_peer(system: System, s: Settings, run_dir: Path, mode: str) -> tuple[procs.Child, str, list[procs.Child]]:
     server, url = start_redis(s, run_dir)
     os.environ[URL_ENV] = url  # the workers build their apps from it (procs.child_env copies os.environ)
-    workers: list[procs.Child] = []
-    if mode == "e2e":
-        for i, args in enumerate(system.workers(s.workers, url)):
-            workers.append(child("%s-worker%d" % (system.name, i), args, run_dir))
-        want = system.ready_count(s.workers)
-        if not wait_until(lambda: logged(workers, system.ready) >= want, workers, 60, "%s workers" % system.name):
-            raise Failed("%s: %d of %d workers ready within 60 s:\n%s" % (
-                system.name, logged(workers, system.ready), want, procs.tail(workers[0].err_path)))
-    return server, url, workers
+    commands = system.workers(s.workers, url) if mode == "e2e" else []
+    return server, url, [child("%s-worker%d" % (system.name, i), args, run_dir) for i, args in enumerate(commands)]
 
 
 # ---- one measurement -----------------------------------------------------------------------------
 
 
 def measure_one(system: System, mode: str, s: Settings, run_dir: Path) -> dict[str, Any]:
+    """Start the system, its workers and the client processes at once (a client's warm-up
+    waits for the workers), wait until all are ready, start the submits, collect."""
     if system.name == "jobmesh":
         server, url, workers = start_jobmesh(s, run_dir, mode)
     else:
@@ -190,6 +176,10 @@ def measure_one(system: System, mode: str, s: Settings, run_dir: Path) -> dict[s
     try:
         jobs = s.submit_jobs if mode == "submit" else s.forking_jobs if system.forks_per_job else s.jobs
         clients = start_clients(system, mode, s, run_dir, url, jobs)
+        if workers and not wait_until(lambda: system.ready(url, workers, s.workers), workers, 60,
+                                      "%s workers" % system.name):
+            raise Failed("%s: the workers were not ready within 60 s:\n%s" % (
+                system.name, procs.tail(workers[0].err_path)))
         if not wait_until(lambda: all(last_json(c, "ready") for c in clients), clients + workers, 90,
                           "the client processes"):
             raise Failed("the client processes were not ready within 90 s:\n%s" % procs.tail(clients[0].err_path))
@@ -289,7 +279,7 @@ def print_medians(results: dict[str, dict[str, list[dict[str, Any]]]], runs: int
     base = medians.get("jobmesh", {})
     for name, med in medians.items():
         if name != "jobmesh" and base.get("jobs_per_s") and med.get("jobs_per_s"):
-            print("  jobmesh / %s: e2e %.2fx%s" % (name, base["jobs_per_s"] / med["jobs_per_s"],  # type: ignore[operator]
+            print("  jobmesh / %s: e2e %.2fx%s" % (name, base["jobs_per_s"] / med["jobs_per_s"],
                                                    ", submits %.2fx" % (base["submits_per_s"] / med["submits_per_s"])
                                                    if base.get("submits_per_s") and med.get("submits_per_s") else ""))
     for name, why in skipped.items():
