@@ -6,7 +6,7 @@ gevent-patched, so each system's own blocking client library runs unchanged in
 1. ``--warmup=K``: submit K jobs and wait for their results (the workers have imported
    the task and taken jobs); not counted.
 2. Print ``{"ready": true}`` and, with ``--wait-signal``, wait for SIGUSR1 (so that every
-   client process starts at about the same moment).
+   client process starts at about the same moment; at most 10 minutes).
 3. The greenlets submit ``--jobs`` jobs between them, each submit after the previous
    one's reply (closed loop), through the system's client (``bench/peer_apps.py``).
 4. ``--mode=e2e``: one greenlet reads the results of the accepted jobs in submit order,
@@ -54,6 +54,7 @@ from docopt import docopt  # noqa: E402
 from bench.peer_apps import SYSTEMS, Client  # noqa: E402
 
 POLL = 0.05
+SIGNAL_WAIT = 600  # a client left behind by a driver that died ends by itself
 
 
 class Submitters:
@@ -144,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
                              % (system, dict(warm.errors)))
         warm.close()
     print(json.dumps({"ready": True}), flush=True)
+    deadline = time.monotonic() + SIGNAL_WAIT
     while not go.wait(0.05):  # a signal handler alone keeps no loop running
-        pass
+        if time.monotonic() > deadline:
+            raise SystemExit("peer_client: no start signal within %d s" % SIGNAL_WAIT)
     cpu0 = time.process_time()
     subs.run(int(args["--jobs"]))
     report: dict[str, Any] = {"accepted": sum(len(a) for a in subs.accepted), "first_send": subs.first_send,

@@ -7,8 +7,9 @@ Each measurement starts its system from nothing, drives it, and stops it (by pid
   ``jobmesh worker`` processes of ``--jobmesh-capacity`` slots (the worker's default, 4).
 - a peer: its own ``redis-server`` on a free loopback port with a fresh directory,
   ``--redis=aof`` (``appendonly yes``, ``appendfsync everysec``: a write reaches the disk
-  within a second) or ``--redis=shipped`` (redis-server's own defaults: no append-only
-  file, RDB snapshots), and, for e2e, its workers as its documentation recommends for
+  within a second), ``--redis=shipped`` (redis-server's own defaults: no append-only
+  file, RDB snapshots) or ``--redis=always`` (``appendfsync always``: an fsync before each
+  reply, as durable as jobmesh's default), and, for e2e, its workers as its documentation recommends for
   production (``bench/peer_apps.py`` says which settings each system runs with).
 
 Two measurements per system:
@@ -45,7 +46,8 @@ Options:
   --client-procs=P     client processes the submitters are spread over [default: 2]
   --workers=W          worker processes [default: 8]
   --jobmesh-capacity=K  slots of each jobmesh worker process [default: 4]
-  --redis=CONFIG       aof (appendonly yes, appendfsync everysec) or shipped [default: aof]
+  --redis=CONFIG       aof (appendonly yes, appendfsync everysec), shipped (no flags)
+                       or always (appendonly yes, appendfsync always) [default: aof]
   --timeout=S          cap on each phase of a measurement, seconds [default: 120]
   --out=FILE           write every run and the medians as JSON
   --work-dir=DIR       keep the databases and logs here (default: a temp dir, removed)
@@ -82,6 +84,7 @@ MODES = ("e2e", "submit")
 REDIS_CONFIGS = {
     "aof": ["--appendonly", "yes", "--appendfsync", "everysec"],
     "shipped": [],
+    "always": ["--appendonly", "yes", "--appendfsync", "always"],
 }
 REDIS_READY = "Ready to accept connections"
 STARTED: list[procs.Child] = []  # every child of this run, so that an interrupted run stops them
@@ -142,6 +145,7 @@ def start_redis(s: Settings, run_dir: Path) -> tuple[procs.Child, str]:
     server = child("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
                              *REDIS_CONFIGS[s.redis]], run_dir)
     if not wait_until(lambda: logged([server], REDIS_READY) > 0, [server], 30, "redis-server"):
+        server.stop(5)
         raise Failed("redis-server did not start within 30 s:\n%s" % procs.tail(server.out_path))
     return server, "redis://127.0.0.1:%d/0" % port
 
@@ -299,7 +303,7 @@ def settings(args: dict[str, Any]) -> Settings:
     if min(s.jobs, s.forking_jobs, s.submit_jobs, s.clients, s.client_procs, s.workers, s.jobmesh_capacity) < 1:
         raise SystemExit("peers: counts must be at least 1")
     if s.redis not in REDIS_CONFIGS:
-        raise SystemExit("peers: --redis is %s" % " or ".join(REDIS_CONFIGS))
+        raise SystemExit("peers: --redis is %s" % ", ".join(REDIS_CONFIGS))
     if s.timeout <= 0:
         raise SystemExit("peers: --timeout must be above 0")
     return s
