@@ -17,9 +17,9 @@ stores that result where its users would read it:
   backend; ``dramatiq --processes W`` with its default 8 threads each.
 - ``huey``: ``RedisHuey`` (results stored by default); ``huey_consumer -w W -k process``.
 
-The peers' apps are built on first use (module ``__getattr__``), from the Redis URL in
-``$BENCH_PEER_URL``, so that importing this module needs none of the peers' packages and
-each worker command names its app as ``bench.peer_apps:NAME``.
+A client builds its system's app on the URL it is given. A worker command names its app
+as ``bench.peer_apps:NAME``, built on first use (module ``__getattr__``) from the Redis URL
+in ``$BENCH_PEER_URL``; so importing this module needs none of the peers' packages.
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ def _url() -> str:
     return url
 
 
-def _celery(acks_late: bool) -> Any:
+def _celery(url: str, acks_late: bool) -> Any:
     from celery import Celery
 
-    app = Celery("bench_peers", broker=_url(), backend=_url(), set_as_current=False)
+    app = Celery("bench_peers", broker=url, backend=url, set_as_current=False)
     app.conf.update(task_default_queue=QUEUE, broker_connection_retry_on_startup=True, worker_hijack_root_logger=True)
     if acks_late:
         app.conf.update(task_acks_late=True, worker_prefetch_multiplier=1)
@@ -62,48 +62,43 @@ def _celery(acks_late: bool) -> Any:
     return app
 
 
-def _dramatiq() -> Any:
+def _dramatiq(url: str) -> Any:
     import dramatiq
     from dramatiq.brokers.redis import RedisBroker
     from dramatiq.results import Results
     from dramatiq.results.backends import RedisBackend
 
-    broker = RedisBroker(url=_url())
-    backend = RedisBackend(url=_url())
+    broker = RedisBroker(url=url)
+    backend = RedisBackend(url=url)
     broker.add_middleware(Results(backend=backend))
     dramatiq.set_broker(broker)
     actor = dramatiq.actor(noop, actor_name="noop", queue_name=QUEUE, store_results=True, broker=broker)
     return broker, backend, actor
 
 
-def _huey() -> Any:
+def _huey(url: str) -> Any:
     from huey import RedisHuey
 
-    huey = RedisHuey("bench", url=_url())
+    huey = RedisHuey("bench", url=url)
     return huey, huey.task()(noop)
 
 
-_BUILDERS: dict[str, Callable[[], Any]] = {
-    "celery_app": lambda: _celery(False),
-    "celery_late_app": lambda: _celery(True),
-    "dramatiq_parts": _dramatiq,
-    "dramatiq_broker": lambda: _get("dramatiq_parts")[0],
-    "huey_parts": _huey,
-    "huey_app": lambda: _get("huey_parts")[0],
+# What the worker commands name: built once per worker process, on $BENCH_PEER_URL.
+_BUILDERS: dict[str, Callable[[str], Any]] = {
+    "celery_app": lambda url: _celery(url, False),
+    "celery_late_app": lambda url: _celery(url, True),
+    "dramatiq_broker": lambda url: _dramatiq(url)[0],
+    "huey_app": lambda url: _huey(url)[0],
 }
 _BUILT: dict[str, Any] = {}
 
 
-def _get(name: str) -> Any:
-    if name not in _BUILT:
-        _BUILT[name] = _BUILDERS[name]()
-    return _BUILT[name]
-
-
 def __getattr__(name: str) -> Any:
-    if name in _BUILDERS:
-        return _get(name)
-    raise AttributeError(name)
+    if name not in _BUILDERS:
+        raise AttributeError(name)
+    if name not in _BUILT:
+        _BUILT[name] = _BUILDERS[name](_url())
+    return _BUILT[name]
 
 
 # ---- the client side: submit, read a result, count what is queued ---------------------------
@@ -155,8 +150,7 @@ class JobmeshClient(Client):
 
 class CeleryClient(Client):
     def __init__(self, url: str, acks_late: bool) -> None:
-        os.environ[URL_ENV] = url
-        self.app = _get("celery_late_app" if acks_late else "celery_app")
+        self.app = _celery(url, acks_late)
         self.task = self.app.tasks["bench.noop"]
 
     def submit(self) -> Any:
@@ -193,8 +187,7 @@ class RqClient(Client):
 
 class DramatiqClient(Client):
     def __init__(self, url: str) -> None:
-        os.environ[URL_ENV] = url
-        self.broker, self.backend, self.actor = _get("dramatiq_parts")
+        self.broker, self.backend, self.actor = _dramatiq(url)
 
     def submit(self) -> Any:
         return self.actor.send()
@@ -213,8 +206,7 @@ class DramatiqClient(Client):
 
 class HueyClient(Client):
     def __init__(self, url: str) -> None:
-        os.environ[URL_ENV] = url
-        self.huey, self.task = _get("huey_parts")
+        self.huey, self.task = _huey(url)
 
     def submit(self) -> Any:
         return self.task()

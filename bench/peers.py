@@ -323,8 +323,8 @@ def measure(system: System, mode: str, s: Settings, run_dir: Path) -> dict[str, 
     t0 = time.monotonic()
     try:
         row = measure_one(system, mode, s, run_dir)
-    except (Failed, procs.ChildFailed, OSError) as exc:
-        return {"load": load, "error": str(exc).strip()[-1500:]}
+    except Exception as exc:  # noqa: BLE001 - any system's own errors too: the run failed, the bench goes on
+        return {"load": load, "error": ("%s: %s" % (type(exc).__name__, exc)).strip()[-1500:]}
     row.update(load=load, seconds=round(time.monotonic() - t0, 1))
     return row
 
