@@ -1,11 +1,13 @@
 """The exit codes of the ``jobmesh`` command line (CONTRACT.md, "Command line").
 
-A leaf module: ``cli``, ``client.commands`` and the coordinator's runtime use these, and
-none of them imports another at module level for it.
+A leaf module: ``cli``, the client commands, the coordinator's shell, the worker and
+``up`` use these, and none of them imports another at module level for it.
 """
 
 EXIT_OK = 0
-EXIT_FAILED = 1        # job ended FAILED/CANCELLED, submit rejected, coordinator answered ERROR
+# A job ended FAILED/CANCELLED, a submit was rejected, the coordinator answered ERROR; a
+# coordinator, worker or ``up`` that cannot start (or a worker that crashed).
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_TIMEOUT = 4

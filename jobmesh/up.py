@@ -63,7 +63,7 @@ from jobmesh.auth import (TOKEN_BYTES, TOKEN_ENV, TOKEN_FILE_ENV, WORKER, AuthFi
                           read_token, replace_file, token_digest)
 from jobmesh.config import CoordinatorConfig, coordinator_config, env_name, is_database_url, parse_task_modules
 from jobmesh.errors import BadAddress, ConfigError
-from jobmesh.exitcodes import EXIT_LEADERSHIP_LOST
+from jobmesh.exitcodes import EXIT_FAILED, EXIT_LEADERSHIP_LOST, EXIT_OK
 from jobmesh.store.opening import shown
 
 log = logging.getLogger(__name__)
@@ -261,7 +261,7 @@ class Supervisor:
         try:
             coordinator, target = self._start_coordinator()
             if target is None:  # a stop before it listened (standing by, say) is no failed start
-                return 0 if self.stop_requested.is_set() else 1
+                return EXIT_OK if self.stop_requested.is_set() else EXIT_FAILED
             heartbeat = worker_heartbeat_millis(self.cfg.heartbeat_timeout_millis)
             for n in range(1, self.workers + 1):
                 argv = [sys.executable, "-m", "jobmesh", "worker", "--coordinator=%s" % target,
@@ -408,7 +408,7 @@ class Supervisor:
             self._check_coordinator(now)
             for slot in self.slots:
                 self._check_worker(slot, now)
-        return 0
+        return EXIT_OK
 
     def _check_worker(self, slot: Child, now: float) -> None:
         if slot.restart_at is not None:

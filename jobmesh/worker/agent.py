@@ -65,6 +65,7 @@ from jobmesh.addresses import Address, AllFailed, first_reachable, joined
 from jobmesh.auth import read_token, warn_if_exposed
 from jobmesh.config import WorkerConfig
 from jobmesh.errors import ConfigError, PayloadError, ProtocolError
+from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from jobmesh.protocol.payloads import TASK_TYPES
 from jobmesh.protocol.messages import (
@@ -605,9 +606,9 @@ def run_worker(cfg: WorkerConfig) -> int:
             handler.cancel()
         agent.close()
     if agent.wrong_port is not None:
-        return 1  # logged with the right port to use
+        return EXIT_FAILED  # logged with the right port to use
     if not main.successful():
         log.error("worker crashed worker=%s", cfg.worker_id, exc_info=main.exc_info)
-        return 1
+        return EXIT_FAILED
     log.info("worker stopped worker=%s", cfg.worker_id)
-    return 0
+    return EXIT_OK

@@ -39,7 +39,7 @@ from jobmesh.coordinator.shell.mailbox import Mailbox
 from jobmesh.coordinator.shell.marker import Marker
 from jobmesh.coordinator.shell.startup import CannotStart
 from jobmesh.errors import ConfigError
-from jobmesh.exitcodes import EXIT_LEADERSHIP_LOST, EXIT_USAGE
+from jobmesh.exitcodes import EXIT_FAILED, EXIT_LEADERSHIP_LOST, EXIT_OK, EXIT_USAGE
 from jobmesh.store.base import CannotLead, LeadershipLost, StorageFault, Store, first_line
 from jobmesh.store.opening import CannotOpen, shown
 from jobmesh.tls import server_context
@@ -266,7 +266,7 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
         return EXIT_LEADERSHIP_LOST
     except (CannotLead, CannotStart, CannotOpen) as exc:
         log.error("%s", exc)
-        return 1
+        return EXIT_FAILED
     except ConfigError as exc:  # the --schedules file: a usage error, as a bad flag is
         log.error("%s", exc)
         if coordinator.store is not None:
@@ -274,12 +274,12 @@ def run_coordinator(config: CoordinatorConfig, announce: Callable[[str], None]) 
         return EXIT_USAGE
     except OSError as exc:
         log.error("cannot start: %s", exc)
-        return 1
+        return EXIT_FAILED
     except StorageFault as exc:  # recovery's reads failed: the database's fault
         log.error("cannot open the database %s: %s", shown(config.db), first_line(exc.__cause__ or exc))
-        return 1
+        return EXIT_FAILED
     if line is None:  # stopped while standing by
-        return 0
+        return EXIT_OK
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, coordinator.on_stop_signal)
     gevent.signal_handler(signal.SIGHUP, coordinator.on_hangup)
