@@ -582,7 +582,7 @@ class SchedulePut(Message):
 @dataclass(frozen=True)
 class Schedule(Message):
     """A schedule as the coordinator holds it: the reply to SCHEDULE_PUT, GET, PAUSE,
-    RESUME and DELETE, one shape for all (``Schedule.view`` in coordinator/schedules.py;
+    RESUME and DELETE, one shape for all (``Schedule.view`` in coordinator/core/schedules.py;
     SCHEDULE_LIST's items have it too)."""
 
     TYPE = "SCHEDULE"

@@ -66,7 +66,7 @@ class Job:
     result_ttl: int | None = None
     retry_base: int | None = None
     retry_cap: int | None = None
-    # Not stored; core time (monotonic, see coordinator/clock.py), set by the core:
+    # Not stored; core time (monotonic, see coordinator/shell/clock.py), set by the core:
     ready_at: int = 0  # when the job first became due: priority aging and queue order count from here
     wake_at: int | None = None  # SCHEDULED / RETRY_WAIT: when it becomes due
     damaged: str | None = None  # why its stored row did not decode (columns.read_row); None: it did

@@ -102,12 +102,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE UNIQUE INDEX IF NOT EXISTS jobs_seq ON jobs(seq)",
         "CREATE INDEX IF NOT EXISTS jobs_state_seq ON jobs(state, seq)",
         "CREATE INDEX IF NOT EXISTS jobs_task_type_seq ON jobs(task_type, seq)"),
-    # Recurring schedules: one row per schedule, its body JSON text (coordinator/schedules.py).
+    # Recurring schedules: one row per schedule, its body JSON text (coordinator/core/schedules.py).
     8: ("CREATE TABLE IF NOT EXISTS schedules (name TEXT PRIMARY KEY, body TEXT NOT NULL)",),
     # Task types' declared defaults: one row per type, its body JSON text (WORKER_REGISTER taskDefaults).
     10: (expiry_index("jobs_expiry", "jobs"),
          "CREATE TABLE IF NOT EXISTS task_defaults (name TEXT PRIMARY KEY, body TEXT NOT NULL)"),
-    # Limits per task type: one row per type, its body JSON text (coordinator/limits.py).
+    # Limits per task type: one row per type, its body JSON text (coordinator/core/limits.py).
     11: ("CREATE TABLE IF NOT EXISTS limits (task_type TEXT PRIMARY KEY, body TEXT NOT NULL)",),
 }
 # Every index of a current database (tests compare).

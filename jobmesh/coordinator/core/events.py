@@ -167,7 +167,7 @@ class PeriodicPacket(Event):
     def __init__(self, conn: OutboundConnection, msg: Any, cost: int = 1, submitted_by: str | None = None) -> None:
         self.conn = conn
         self.msg = msg
-        self.cost = cost  # DUMP, STATUS and LOAD cost by their size (periodic_port.PeriodicPort.cost_of)
+        self.cost = cost  # DUMP, STATUS and LOAD cost by their size (ports/periodic.PeriodicPort.cost_of)
         self.submitted_by = submitted_by  # the name of the token the connection registered with (types 3, 4)
 
 

@@ -12,7 +12,7 @@ The parts, each owning its state (docs/ARCHITECTURE.md):
   the rows to commit, counts, leases, timelines; it tells its listeners of every move;
 * ``timers`` (``timers.py``): the due heap (SCHEDULED, RETRY_WAIT) and lease deadlines;
 * ``json`` (``json_jobs.py``): typed queues, worker sessions, the scheduling pass;
-* ``periodic`` (``periodic_jobs.py``): the Periodic port's funcs, names, tokens, locks, waits;
+* ``periodic`` (``periodic/jobs.py`` and the parts it composes): the Periodic port's funcs, names, tokens, locks, waits;
 * ``requests`` (``requests.py``): the client requests, WAIT_JOB waiters and retention;
 * ``schedules`` (``schedules.py``): recurring schedules, their fire times and policies;
 * ``limits`` (``limits.py``): limits per task type, their counts and buckets, unique keys.
