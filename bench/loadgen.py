@@ -519,8 +519,9 @@ class LoadGen:
                 "machine": procs.machine_cpu_seconds() or 0.0}
         pid = self.coordinator.pid if self.coordinator is not None else self.o["coordinator_pid"]
         if pid:
-            snap["coordinator"] = procs.cpu_seconds(pid) or 0.0
-            snap["coordinator_hub"] = procs.cpu_seconds(pid, pid) or 0.0  # the main thread: the hub
+            # by schedstat: the hub (the main thread) is then a share of the process by construction
+            snap["coordinator"] = procs.run_seconds(pid) or 0.0
+            snap["coordinator_hub"] = procs.run_seconds(pid, pid) or 0.0
         workers = [c for c in self.children if c.name.startswith("worker")]
         if workers:
             snap["workers"] = sum(procs.cpu_seconds(c.pid) or 0.0 for c in workers)

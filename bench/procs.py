@@ -168,12 +168,14 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float | None:
         return None
 
 
-def run_seconds(pid: int) -> float | None:
-    """The time every thread of ``pid`` has run on a CPU so far, in seconds, to the
-    nanosecond (``/proc/<pid>/task/*/schedstat``), where ``cpu_seconds`` counts ticks."""
+def run_seconds(pid: int, thread: int | None = None) -> float | None:
+    """The time every live thread of ``pid`` (or its thread ``thread`` alone) has run on a
+    CPU so far, in seconds, to the nanosecond (``/proc/<pid>/task/*/schedstat``), where
+    ``cpu_seconds`` counts ticks and splits them between threads and the process apart, so
+    over a short window a thread's ticks can exceed its process's."""
     total = 0
     try:
-        tasks = os.listdir("/proc/%d/task" % pid)
+        tasks = os.listdir("/proc/%d/task" % pid) if thread is None else [str(thread)]
     except OSError:
         return None
     for task in tasks:
