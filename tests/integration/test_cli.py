@@ -15,7 +15,8 @@ import pytest
 
 from jobmesh.client import CoordinatorClient
 from tests.support.cli import run_cli
-from tests.support.processes import closed_address
+from tests.support.peers import wait_registered
+from tests.support.processes import WorkerProcs, closed_address
 from tests.support.waiting import wait_until
 
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
@@ -34,7 +35,38 @@ def json_out(result):
     return json.loads(result.stdout)
 
 
+@pytest.fixture
+def idle(shared_coordinator):
+    """The coordinator without workers the module's tests share: what a test checks of the
+    job list is of the jobs it added (``listed_since``)."""
+    return shared_coordinator
+
+
+@pytest.fixture(scope="module")
+def live(module_coordinators, tmp_path_factory):
+    """A coordinator with one real worker (w-cli, capacity 2) the module's tests share: what a
+    test checks of the job list is of the jobs it added (``listed_since``)."""
+    coord = module_coordinators()
+    workers = WorkerProcs(tmp_path_factory.mktemp("workers"))
+    workers.start(coord, "w-cli", capacity=2)
+    with CoordinatorClient(*coord.client_addr) as client:
+        wait_registered(client, ["w-cli"])
+    yield coord
+    workers.cleanup()
+
+
+def job_ids(coord) -> set[str]:
+    with CoordinatorClient(*coord.client_addr) as client:
+        return {j["jobId"] for j in client.list_jobs(limit=1000)[0]}
+
+
+def listed_since(coord, before: set[str], *args: str) -> list[dict]:
+    """``jobmesh list ARGS --json``, less the jobs in ``before``."""
+    return [j for j in json_out(jm(coord, "list", *args, "--json")) if j["jobId"] not in before]
+
+
 def test_submit_wait_status_list_workers_with_json(live):
+    before = job_ids(live)
     # submit prints {"jobId": ...}
     r = jm(live, "submit", "SHA256", '{"text": "hello"}', "--json")
     assert r.returncode == 0, r.stderr
@@ -65,10 +97,10 @@ def test_submit_wait_status_list_workers_with_json(live):
     r = jm(live, "list", "--json")
     assert r.returncode == 0
     listed = json_out(r)
-    assert [j["jobId"] for j in listed] == [done["jobId"], job_id]
+    assert [j["jobId"] for j in listed if j["jobId"] not in before] == [done["jobId"], job_id]
     assert all(set(j) == SNAPSHOT_FIELDS for j in listed)
     assert [j["jobId"] for j in json_out(jm(live, "list", "--json", "--limit=1"))] == [done["jobId"]]
-    assert json_out(jm(live, "list", "--json", "--state=failed")) == []
+    assert listed_since(live, before, "--state=failed") == []
 
     # workers prints an array of live workers
     r = jm(live, "workers", "--json")
@@ -93,7 +125,7 @@ def test_human_output(live):
     assert "attempts  1 of 3" in r.stdout
     assert re.search(r"^created   (just now|\d+s ago) \(\d{4}-\d\d-\d\d ", r.stdout, re.M)
 
-    r = jm(live, "list")
+    r = jm(live, "list", "--limit=1")  # (the newest job: this test's)
     header, row = r.stdout.splitlines()
     assert header.split() == ["JOB", "TYPE", "STATE", "PRIORITY", "ATTEMPTS", "WORKER", "UPDATED"]
     assert row.split()[:5] == [job_id, "SLEEP", "COMPLETED", "NORMAL", "1/3"]
@@ -120,7 +152,8 @@ def test_failed_job_exits_1(live):
     assert r.returncode == 1 and "state     FAILED" in r.stdout
 
 
-def test_cancel_wait_timeout_and_errors_without_workers(coordinator):
+def test_cancel_wait_timeout_and_errors_without_workers(idle):
+    coordinator = idle
     # Given no worker, a job stays QUEUED
     job_id = json_out(jm(coordinator, "submit", "SLEEP", '{"durationMillis": 5}', "--json"))["jobId"]
 
@@ -155,7 +188,9 @@ def test_cancel_wait_timeout_and_errors_without_workers(coordinator):
         assert r.stdout == "" and r.stderr.startswith("jobmesh %s: the coordinator refused: " % args[0]), args
 
 
-def test_idempotency_key_returns_the_same_job(coordinator):
+def test_idempotency_key_returns_the_same_job(idle):
+    coordinator, before = idle, job_ids(idle)
+
     def submit():
         r = jm(coordinator, "submit", "SHA256", '{"text": "once"}', "--idempotency-key=k-1", "--json")
         assert r.returncode == 0, r.stderr
@@ -163,7 +198,7 @@ def test_idempotency_key_returns_the_same_job(coordinator):
 
     first = submit()
     assert submit() == first
-    assert len(json_out(jm(coordinator, "list", "--json"))) == 1
+    assert [j["jobId"] for j in listed_since(coordinator, before)] == [first]
 
 
 def test_every_command_names_the_worker_that_ran_a_finished_job(live):
@@ -186,7 +221,8 @@ def test_every_command_names_the_worker_that_ran_a_finished_job(live):
     assert [row[5] for row in rows if row[0] in (job_id, other["jobId"])] == ["w-cli", "w-cli"], r.stdout
 
 
-def test_a_repeated_keyed_submit_says_the_job_was_already_there(coordinator):
+def test_a_repeated_keyed_submit_says_the_job_was_already_there(idle):
+    coordinator, before = idle, job_ids(idle)
     args = ("submit", "SHA256", '{"text": "once"}', "--idempotency-key=k-2")
     r = jm(coordinator, *args)
     assert r.returncode == 0, r.stderr
@@ -199,7 +235,7 @@ def test_a_repeated_keyed_submit_says_the_job_was_already_there(coordinator):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("job %s was already submitted with idempotency key 'k-2' at " % job_id), r.stdout
     assert r.stdout.endswith(" (QUEUED); no new job\n"), r.stdout
-    assert len(json_out(jm(coordinator, "list", "--json"))) == 1
+    assert [j["jobId"] for j in listed_since(coordinator, before)] == [job_id]
 
 
 def coordinator_millis(coord) -> int:
@@ -258,21 +294,24 @@ def test_schedule_flag_errors_exit_2_with_one_line_before_connecting(flags):
 # ---- these need the coordinator side of task types and scheduled jobs (CONTRACT.md) ----------
 
 
-def test_list_type_returns_only_jobs_of_that_type(coordinator):
+def test_list_type_returns_only_jobs_of_that_type(idle):
+    coordinator, before = idle, job_ids(idle)
     ids = {}
     for task, payload in (("SLEEP", '{"durationMillis": 5}'), ("SHA256", '{"text": "x"}'),
                           ("SLEEP", '{"durationMillis": 6}')):
         ids.setdefault(task, []).append(json_out(jm(coordinator, "submit", task, payload, "--json"))["jobId"])
     for flag in ("--type=SLEEP", "--type=sleep"):
         listed = json_out(jm(coordinator, "list", flag, "--json"))
-        assert [j["jobId"] for j in listed] == ids["SLEEP"][::-1], flag
-    assert [j["jobId"] for j in json_out(jm(coordinator, "list", "--type=SHA256", "--json"))] == ids["SHA256"]
-    assert json_out(jm(coordinator, "list", "--type=WORD_COUNT", "--json")) == []
+        assert {j["taskType"] for j in listed} == {"SLEEP"}, flag
+        assert [j["jobId"] for j in listed if j["jobId"] not in before] == ids["SLEEP"][::-1], flag
+    assert [j["jobId"] for j in listed_since(coordinator, before, "--type=SHA256")] == ids["SHA256"]
+    assert listed_since(coordinator, before, "--type=WORD_COUNT") == []
     r = jm(coordinator, "list", "--type=SLEEP", "--limit=1")
     assert r.returncode == 0 and r.stdout.splitlines()[1].split()[:2] == [ids["SLEEP"][-1], "SLEEP"]
 
 
-def test_delayed_submit_is_scheduled_listed_shown_and_cancellable(coordinator):
+def test_delayed_submit_is_scheduled_listed_shown_and_cancellable(idle):
+    coordinator, earlier = idle, job_ids(idle)
     before = int(time.time() * 1000)
     r = jm(coordinator, "submit", "SLEEP", '{"durationMillis": 1}', "--delay-millis=600000", "--json")
     after = int(time.time() * 1000)
@@ -281,8 +320,8 @@ def test_delayed_submit_is_scheduled_listed_shown_and_cancellable(coordinator):
     snap = json_out(jm(coordinator, "status", job_id, "--json"))
     assert snap["state"] == "SCHEDULED"
     assert before + 600000 <= snap["runAtMillis"] <= after + 600000
-    assert [j["jobId"] for j in json_out(jm(coordinator, "list", "--state=SCHEDULED", "--json"))] == [job_id]
-    assert json_out(jm(coordinator, "list", "--state=QUEUED", "--json")) == []
+    assert [j["jobId"] for j in listed_since(coordinator, earlier, "--state=SCHEDULED")] == [job_id]
+    assert listed_since(coordinator, earlier, "--state=QUEUED") == []
     r = jm(coordinator, "status", job_id)
     assert "state     SCHEDULED" in r.stdout
     assert re.search(r"^runs at   in (9|10)m \(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", r.stdout, re.M), r.stdout
@@ -290,7 +329,8 @@ def test_delayed_submit_is_scheduled_listed_shown_and_cancellable(coordinator):
     assert (doc["cancelled"], doc["state"]) == (True, "CANCELLED")
 
 
-def test_run_at_names_a_time_and_an_unscheduled_job_has_none(coordinator):
+def test_run_at_names_a_time_and_an_unscheduled_job_has_none(idle):
+    coordinator = idle
     r = jm(coordinator, "submit", "SLEEP", '{"durationMillis": 1}', "--run-at=2099-01-01T00:00:00Z", "--json")
     snap = json_out(jm(coordinator, "status", json_out(r)["jobId"], "--json"))
     assert (snap["state"], snap["runAtMillis"]) == ("SCHEDULED", 4070908800000)

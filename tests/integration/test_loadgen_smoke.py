@@ -41,20 +41,25 @@ def check_report(report, proc, jobs, clients):
     assert "jobs/s=" in proc.stdout
 
 
-def test_loadgen_builtin_workers_declared_types_own_certificate_and_tokens(tmp_path):
-    # Given 3 scripted workers declaring 2 of 4 types each, and --tls and --auth (the load
-    # generator makes a CA, a certificate, an auth file and a client and a worker token, and
-    # its coordinator asks for all of them; the scripted workers connect with TLS and the
-    # worker token), when 5 clients submit 60 jobs of the types T0..T3 in submit mode, then
-    # every job completes once, each type was assigned, and no worker got a type it did not
-    # declare.
+def test_loadgen_end_to_end_on_a_throwaway_postgresql_with_declared_types_own_certificate_and_tokens(tmp_path):
+    # Given a coordinator on a fresh database of a PostgreSQL server of the load generator's
+    # own (--postgres, stopped at the end), 3 scripted workers declaring 2 of 4 types each,
+    # and --tls and --auth (the load generator makes a CA, a certificate, an auth file and a
+    # client and a worker token, and its coordinator asks for all of them; the scripted
+    # workers connect with TLS and the worker token), when 5 clients submit 60 jobs of the
+    # types T0..T3 end to end and wait for them, then every job completes exactly once, each
+    # type was assigned, and no worker got a type it did not declare.
+    reason = pg_support.unavailable()
+    if reason is not None:
+        pytest.skip("PostgreSQL tests SKIPPED: " + reason)
     out, run_dir = tmp_path / "r.json", tmp_path / "run"
-    proc = run(["-m", "bench.loadgen", "--clients=5", "--jobs=60", "--mode=submit", "--workers=3",
+    proc = run(["-m", "bench.loadgen", "--postgres", "--clients=5", "--jobs=60", "--mode=e2e", "--workers=3",
                 "--worker-impl=builtin", "--types=4", "--types-per-worker=2", "--tls", "--auth", "--quiet",
                 "--timeout=30", "--drain-timeout=30", "--run-dir=%s" % run_dir, "--out=%s" % out], timeout=90)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     check_report(report, proc, jobs=60, clients=5)
+    assert report["store"] == "postgres"
     assert set(report["assigned_by_type"]) == {"T0", "T1", "T2", "T3"}
     assert sum(report["assigned_by_type"].values()) == 60
     assert report["errors"].get("misrouted", 0) == 0
@@ -63,37 +68,6 @@ def test_loadgen_builtin_workers_declared_types_own_certificate_and_tokens(tmp_p
     log = (run_dir / "coordinator.err").read_text()
     assert "tokens on: auth file" in log and " tls=on" in log
     assert (run_dir / "client.token").stat().st_mode & 0o077 == 0
-
-
-def test_loadgen_worker_processes_on_a_throwaway_postgresql_with_tls_and_tokens_by_hand(tmp_path):
-    # With --postgres the coordinator it starts keeps the jobs in a server of its own,
-    # stopped at the end. The options for measuring TLS and tokens given by hand: the
-    # coordinator gets the certificate flags and the auth file, the worker process the CA
-    # and the worker token, the clients --tls-ca and the client token. When 5 clients
-    # submit 50 jobs end to end and wait for them, every job completes exactly once.
-    reason = pg_support.unavailable()
-    if reason is not None:
-        pytest.skip("PostgreSQL tests SKIPPED: " + reason)
-    from jobmesh.auth import new_token
-    from tests.tls_support import make_certs
-
-    certs = make_certs(tmp_path / "certs")
-    auth_file = tmp_path / "auth.toml"
-    client_token, worker_token = tmp_path / "client.token", tmp_path / "worker.token"
-    client_token.write_text(new_token(str(auth_file), "bench-client", "client"))
-    worker_token.write_text(new_token(str(auth_file), "bench-worker", "worker"))
-    out = tmp_path / "r.json"
-    proc = run(["-m", "bench.loadgen", "--postgres", "--clients=5", "--jobs=50", "--mode=e2e", "--workers=1",
-                "--worker-impl=process", "--quiet", "--timeout=30", "--drain-timeout=30",
-                "--coordinator-arg=--tls-cert=%s" % certs.server, "--coordinator-arg=--tls-key=%s" % certs.server_key,
-                "--coordinator-arg=--auth-file=%s" % auth_file, "--worker-arg=--tls-ca=%s" % certs.ca,
-                "--tls-ca=%s" % certs.ca, "--token-file=%s" % client_token, "--worker-token-file=%s" % worker_token,
-                "--out=%s" % out], timeout=90)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(out.read_text())
-    check_report(report, proc, jobs=50, clients=5)
-    assert report["store"] == "postgres"
-    assert report["tls"] and report["tokens"]
 
 
 @pytest.mark.parametrize("args, message", [

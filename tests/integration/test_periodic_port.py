@@ -17,6 +17,13 @@ from tests.integration.periodic_support import RawPeriodic, client_ops, closed, 
 pytest.importorskip("aio_periodic")
 
 
+@pytest.fixture(scope="module")
+def coord(module_coordinators):
+    """The coordinator with its Periodic port the module's tests share: each test's jobs and
+    workers are of funcs of its own, and what a test checks of the job list is of its funcs."""
+    return module_coordinators(periodic_port=0)
+
+
 def test_submit_then_work_done(coord, periodic_peers):
     worker = periodic_peers(coord.periodic_addr, "echo")
     assert client_ops(coord.periodic_addr, ["submit", "echo", "j1", "hi", 0, 10]) == [True]
@@ -87,7 +94,8 @@ def test_remove_job_and_drop_func(coord):
                      ["remove", "rm", "a"], ["status"], ["drop", "rm"], ["status"])
     assert ops[2] is True and ops[3]["rm"]["job_count"] == 1
     assert ops[4] is True and "rm" not in ops[5]
-    assert {j["name"]: j["state"] for j in periodic_jobs(coord)} == {"a": "CANCELLED", "b": "CANCELLED"}
+    assert {j["name"]: j["state"] for j in periodic_jobs(coord) if j["taskType"] == "rm"} == {
+        "a": "CANCELLED", "b": "CANCELLED"}
 
 
 def test_a_worker_killed_mid_job_hands_it_to_another(coord, periodic_peers):
@@ -100,7 +108,8 @@ def test_a_worker_killed_mid_job_hands_it_to_another(coord, periodic_peers):
     wait_until(lambda: job_named(coord, "k", "x")["state"] == "COMPLETED", timeout=10)
 
 
-def test_restart_keeps_queued_and_scheduled_periodic_jobs(coord, periodic_peers):
+def test_restart_keeps_queued_and_scheduled_periodic_jobs(coordinator_factory, periodic_peers):
+    coord = coordinator_factory(periodic_port=0)  # of its own: it is stopped and started again
     at = int(time.time()) + 4
     client_ops(coord.periodic_addr, ["submit", "r", "now", "1", 0, 0], ["submit", "r", "soon", "2", at, 0])
     coord.terminate()
@@ -134,25 +143,13 @@ def test_hostile_bytes_close_only_that_connection(coord, hostile):
     assert client_ops(coord.periodic_addr, ["ping"]) == [True]
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    """One coordinator with its Periodic port, for the tests below that each use funcs of
-    their own (so they share it)."""
-    from tests.support.processes import CoordinatorProc
-
-    proc = CoordinatorProc(tmp_path_factory.mktemp("periodic"), periodic_port=0)
-    proc.start()
-    yield proc
-    proc.cleanup()
-
-
-def test_status_lists_a_func_with_zero_counts_until_drop_func(shared, periodic_peers):
-    addr = shared.periodic_addr
+def test_status_lists_a_func_with_zero_counts_until_drop_func(coord, periodic_peers):
+    addr = coord.periodic_addr
     # Given a worker of the func, and two jobs it ran
     worker = periodic_peers(addr, "zero")
     assert client_ops(addr, ["submit", "zero", "a", "x", 0, 0], ["run", "zero", "b", "y", 10])[1] == {
         "data": "done:y", "seconds": ANY}
-    wait_until(lambda: job_named(shared, "zero", "a")["state"] == "COMPLETED", timeout=10)
+    wait_until(lambda: job_named(coord, "zero", "a")["state"] == "COMPLETED", timeout=10)
     # When the worker leaves, its jobs done
     worker.kill()
     watcher = RawPeriodic(addr)
@@ -167,9 +164,9 @@ def test_status_lists_a_func_with_zero_counts_until_drop_func(shared, periodic_p
     watcher.close()
 
 
-def test_a_connection_declares_at_most_ten_thousand_funcs(shared):
+def test_a_connection_declares_at_most_ten_thousand_funcs(coord):
     # Given a worker that declared 10,000 funcs
-    worker = RawPeriodic(shared.periodic_addr, pc.ConnType.WORKER)
+    worker = RawPeriodic(coord.periodic_addr, pc.ConnType.WORKER)
     for i in range(10_000):
         worker.send(pc.CanDo(worker.next_msgid(), b"many-%d" % i))
     assert {type(worker.reply()) for _ in range(10_000)} == {pc.Success}
@@ -178,22 +175,22 @@ def test_a_connection_declares_at_most_ten_thousand_funcs(shared):
     assert worker.request(pc.Broadcast(worker.next_msgid(), b"many-more")) == pc.NoWorker(worker.msgid)
     # Then the connection goes on (one it declared already is fine), and says why in the log
     assert worker.request(pc.CanDo(worker.next_msgid(), b"many-1")) == pc.Success(worker.msgid)
-    assert worker.ping() and "many-more" not in RawPeriodic(shared.periodic_addr).status()
-    assert "a connection may declare 10000 funcs at most" in shared.stderr()
+    assert worker.ping() and "many-more" not in RawPeriodic(coord.periodic_addr).status()
+    assert "a connection may declare 10000 funcs at most" in coord.stderr()
     worker.close()
 
 
 
-def test_worker_list_fits_a_frame_whatever_funcs_a_worker_declares(shared):
+def test_worker_list_fits_a_frame_whatever_funcs_a_worker_declares(coord):
     from tests.support.connections import RawConn
 
     # Given a Periodic worker whose funcs' names alone pass the 1 MiB frame limit
-    worker = RawPeriodic(shared.periodic_addr, pc.ConnType.WORKER)
+    worker = RawPeriodic(coord.periodic_addr, pc.ConnType.WORKER)
     names = [b"%05d" % i + b"w" * 240 for i in range(5000)]
     worker.send_bytes(b"".join(pc.encode_request(pc.CanDo(i + 1, name)) for i, name in enumerate(names)))
     assert {type(worker.reply()) for _ in names} == {pc.Success}
     # When a client lists the workers
-    client = RawConn(shared.client_addr)
+    client = RawConn(coord.client_addr)
     try:
         reply = client.request({"type": "LIST_WORKERS"})
         # Then the list comes, with as many of its funcs as fit and the count of those left out
@@ -234,30 +231,30 @@ def test_funcs_idle_for_the_forget_time_are_forgotten(coordinator_factory, perio
     watcher.close()
 
 
-def test_worker_ids_are_one_namespace_across_the_ports(shared, periodic_peers):
+def test_worker_ids_are_one_namespace_across_the_ports(coord, periodic_peers):
     from tests.support.peers import RegistrationRefused, ScriptedWorker
 
     # Given an aio-periodic worker running a job, on WORKER_LIST as a Periodic session
-    periodic_peers(shared.periodic_addr, "ids", "hang")
-    assert client_ops(shared.periodic_addr, ["submit", "ids", "a", "x", 0, 0]) == [True]
-    wait_until(lambda: job_named(shared, "ids", "a")["state"] == "RUNNING", timeout=10)
-    held = job_named(shared, "ids", "a")["workerId"]
+    periodic_peers(coord.periodic_addr, "ids", "hang")
+    assert client_ops(coord.periodic_addr, ["submit", "ids", "a", "x", 0, 0]) == [True]
+    wait_until(lambda: job_named(coord, "ids", "a")["state"] == "RUNNING", timeout=10)
+    held = job_named(coord, "ids", "a")["workerId"]
     # When a JSON worker registers under that session's id
-    impostor = ScriptedWorker(shared.worker_addr, held)
+    impostor = ScriptedWorker(coord.worker_addr, held)
     with pytest.raises(RegistrationRefused) as refused:
         impostor.register()
     impostor.close()
     # Then it is refused with a clear ERROR, and WORKER_LIST still shows one worker of that id
     assert refused.value.reply == {"type": "ERROR", "message": "worker id '%s' belongs to a live Periodic worker "
                                    "session" % held}
-    assert [w["protocol"] for w in Client(shared.client_addr).workers() if w["workerId"] == held] == ["periodic"]
+    assert [w["protocol"] for w in Client(coord.client_addr).workers() if w["workerId"] == held] == ["periodic"]
     # And a Periodic session never takes the id of a live JSON worker
     taken = "periodic-%d" % (int(held.rsplit("-", 1)[1]) + 1)
-    json_worker = ScriptedWorker(shared.worker_addr, taken)
+    json_worker = ScriptedWorker(coord.worker_addr, taken)
     json_worker.register()
-    later = RawPeriodic(shared.periodic_addr, pc.ConnType.WORKER)
+    later = RawPeriodic(coord.periodic_addr, pc.ConnType.WORKER)
     assert later.request(pc.CanDo(later.next_msgid(), b"ids-later")) == pc.Success(later.msgid)
-    ids = [w["workerId"] for w in Client(shared.client_addr).workers()]
+    ids = [w["workerId"] for w in Client(coord.client_addr).workers()]
     assert ids.count(taken) == 1 and len(ids) == len(set(ids))
     later.close()
     json_worker.close()

@@ -23,6 +23,18 @@ from tests.integration.periodic_support import RawPeriodic, client_ops, job_name
 pytest.importorskip("aio_periodic")
 
 
+@pytest.fixture(scope="module")
+def coord(module_coordinators):
+    """The coordinator with its Periodic port the module's tests share: each test's jobs and
+    workers are of funcs of its own, and what a test checks of the job list is of its funcs."""
+    return module_coordinators(periodic_port=0)
+
+
+def states_of(coord, func: str) -> dict[str, str]:
+    """The state of each Periodic job of ``func``, by name."""
+    return {j["name"]: j["state"] for j in periodic_jobs(coord) if j["taskType"] == func}
+
+
 def events_of(coord, job: dict) -> list[str]:
     reply = Client(coord.client_addr).request({"type": "GET_JOB_EVENTS", "jobId": job["jobId"]})
     return [e["event"] for e in reply["events"]]
@@ -76,14 +88,15 @@ def test_run_job_returns_the_workers_bytes(coord, periodic_peers):
 def test_run_job_whose_worker_fails_is_failed_and_not_retried(coord, periodic_peers, mode):
     """WORK_FAIL and SCHED_LATER both give the caller b"failed"; the job ends there
     (the worker, which would succeed the second time, never sees it again)."""
-    worker = periodic_peers(coord.periodic_addr, "rf", mode)
-    [ran] = client_ops(coord.periodic_addr, ["run", "rf", "f", "w", 10])
+    func = "rf-" + mode
+    worker = periodic_peers(coord.periodic_addr, func, mode)
+    [ran] = client_ops(coord.periodic_addr, ["run", func, "f", "w", 10])
     assert ran.get("data") == "failed", ran
     assert worker.next(5)["name"] == "f"
-    wait_job_state(coord, "rf", "f", "FAILED")
+    wait_job_state(coord, func, "f", "FAILED")
     assert worker.none_within(1.5)  # a retry would come after 1 s (WORK_FAIL) or 1 s (SCHED_LATER)
-    assert job_named(coord, "rf", "f")["state"] == "FAILED"
-    assert client_ops(coord.periodic_addr, ["status"])[0]["rf"]["job_count"] == 0
+    assert job_named(coord, func, "f")["state"] == "FAILED"
+    assert client_ops(coord.periodic_addr, ["status"])[0][func]["job_count"] == 0
 
 
 def test_run_job_streams_work_data_to_the_caller(coord, periodic_peers):
@@ -159,7 +172,7 @@ def test_a_lock_of_one_runs_its_jobs_one_at_a_time(coord, periodic_peers):
     assert max_overlap(runs.values()) == 1, sorted(runs.values())
     assert most_locked > 0, "STATUS never showed a locked job"
     assert lock_wait, "no job of lk was ever QUEUED with waitingReason LOCK_WAIT"
-    wait_until(lambda: {j["state"] for j in periodic_jobs(coord)} == {"COMPLETED"}, timeout=10,
+    wait_until(lambda: set(states_of(coord, "lk").values()) == {"COMPLETED"}, timeout=10,
                message="every lk job COMPLETED")
     assert client_ops(coord.periodic_addr, ["status"])[0]["lk"]["locked"] == 0
 
@@ -168,7 +181,7 @@ def test_a_lock_of_two_lets_two_jobs_run_at_once(coord, periodic_peers):
     workers = periodic_peers.several(2, coord.periodic_addr, "lk2", "sleep=0.3", 2, lock="L2:2")
     runs, _, _ = run_contended(coord, workers, "lk2", 5)
     assert max_overlap(runs.values()) == 2, sorted(runs.values())
-    wait_until(lambda: {j["state"] for j in periodic_jobs(coord)} == {"COMPLETED"}, timeout=10,
+    wait_until(lambda: set(states_of(coord, "lk2").values()) == {"COMPLETED"}, timeout=10,
                message="every lk2 job COMPLETED")
 
 
@@ -199,11 +212,12 @@ def test_killing_the_lock_holder_releases_the_lock(coord, periodic_peers):
     holder.kill()
     ran = [other.next()["name"], other.next()["name"]]
     assert sorted(ran) == ["x", "y"] and ran[0] == "y", ran  # y was promoted at once; x retries after 1 s
-    wait_until(lambda: {j["name"]: j["state"] for j in periodic_jobs(coord)} == {"x": "COMPLETED", "y": "COMPLETED"},
+    wait_until(lambda: states_of(coord, "lkk") == {"x": "COMPLETED", "y": "COMPLETED"},
                timeout=10, message="x and y COMPLETED")
 
 
-def test_restart_keeps_a_running_and_a_locked_job(coord, periodic_peers):
+def test_restart_keeps_a_running_and_a_locked_job(coordinator_factory, periodic_peers):
+    coord = coordinator_factory(periodic_port=0)  # of its own: it is killed and started again
     holder, other = hold_and_refuse(coord, periodic_peers, "lkr")
     coord.kill()  # a crash: nothing runs between the stop and the start
     holder.kill()  # only now: with the coordinator up, this would release the lock
@@ -212,7 +226,7 @@ def test_restart_keeps_a_running_and_a_locked_job(coord, periodic_peers):
     assert client_ops(coord.periodic_addr, ["status"])[0]["lkr"]["job_count"] == 2
     fresh = periodic_peers(coord.periodic_addr, "lkr", "done", 1, lock="K:1")
     assert sorted([fresh.next()["name"], fresh.next()["name"]]) == ["x", "y"]
-    wait_until(lambda: {j["name"]: j["state"] for j in periodic_jobs(coord)} == {"x": "COMPLETED", "y": "COMPLETED"},
+    wait_until(lambda: states_of(coord, "lkr") == {"x": "COMPLETED", "y": "COMPLETED"},
                timeout=10, message="x and y COMPLETED")
 
 
@@ -268,6 +282,9 @@ def test_periodic_workers_are_listed_until_their_process_dies(coord, periodic_pe
     def periodic_workers():
         return [w for w in client.workers() if w.get("protocol") == "periodic"]
 
+    # (the Periodic workers of the tests before are gone)
+    wait_until(lambda: [w["taskTypes"] for w in periodic_workers()] in ([], [["lw"]]), timeout=5,
+               message="no Periodic worker but this test's")
     with ScriptedWorker(coord.worker_addr, worker_id="json-1") as json_worker:
         json_worker.register(task_types=["t"])
         [listed] = wait_until(periodic_workers, timeout=5, message="a periodic worker in LIST_WORKERS")

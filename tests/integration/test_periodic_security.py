@@ -45,10 +45,11 @@ def pki(tmp_path_factory):
                            worker=worker_private, stranger=stranger_private, authorized=authorized)
 
 
-@pytest.fixture
-def keyed(coordinator_factory, pki):
-    """A coordinator whose Periodic port starts every connection with the RSA handshake."""
-    return coordinator_factory(periodic_port=0, periodic_key=pki.server_private,
+@pytest.fixture(scope="module")
+def keyed(module_coordinators, pki):
+    """A coordinator whose Periodic port starts every connection with the RSA handshake; the
+    module's tests share it, each with funcs of its own."""
+    return module_coordinators(periodic_port=0, periodic_key=pki.server_private,
                                periodic_authorized_keys=pki.authorized)
 
 
@@ -121,10 +122,11 @@ def test_aio_periodic_ci_sequence_in_every_mode(coordinator_factory, pki, echo_p
 def test_large_frames_and_streams_in_every_mode(keyed, pki, periodic_peers, mode):
     # A 96 KB workload crosses many RSA blocks (or one AES message) each way, and a
     # stream's paced frames go through the mode too.
-    worker = periodic_peers(keyed.periodic_addr, "big", env=env_for(mode, pki, pki.worker))
-    streamer = periodic_peers(keyed.periodic_addr, "chunks", "stream", env=env_for(mode, pki, pki.worker))
+    big, chunks = "big-" + mode, "chunks-" + mode
+    worker = periodic_peers(keyed.periodic_addr, big, env=env_for(mode, pki, pki.worker))
+    streamer = periodic_peers(keyed.periodic_addr, chunks, "stream", env=env_for(mode, pki, pki.worker))
     workload = "0123456789abcdef" * 6_000  # under the 128 KiB of one command-line argument
-    out = client_ops(keyed.periodic_addr, ["run", "big", "b1", workload, 30], ["run_stream", "chunks", "s1", "x", 30],
+    out = client_ops(keyed.periodic_addr, ["run", big, "b1", workload, 30], ["run_stream", chunks, "s1", "x", 30],
                      env=env_for(mode, pki, pki.client))
     assert out[0]["data"] == "done:" + workload
     assert (out[1]["data"], out[1]["chunks"]) == ("end", ["c1", "c2", "c3"])
@@ -245,16 +247,28 @@ def test_fuzzing_the_handshakes_first_bytes(fuzzed, pki, data):
 # ---- periodicd 1.2.9's authenticated registration (types 3 and 4) with --auth-file -------------
 
 
-@pytest.fixture
-def tokens(tmp_path):
+def make_tokens(directory) -> SimpleNamespace:
     """An auth file with a token of each role (and a client limited to the funcs team.*)."""
     from jobmesh.auth import new_token
 
-    path = tmp_path / "auth.toml"
+    path = directory / "auth.toml"
     made = {role: new_token(str(path), "p-" + role, role) for role in ("worker", "reader", "client", "admin")}
     made["team"] = new_token(str(path), "p-team", "client", ("team.*",))
     made["team-worker"] = new_token(str(path), "p-team-worker", "worker", ("team.*",))
     return SimpleNamespace(path=path, **{k.replace("-", "_"): v.encode() for k, v in made.items()})
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    return make_tokens(tmp_path_factory.mktemp("tokens"))
+
+
+@pytest.fixture(scope="module")
+def tokened(module_coordinators, tokens):
+    """A coordinator with tokens on its Periodic port (``tokens``' auth file); the module's
+    tests share it, each with funcs of its own (its failed registrations, a few per test,
+    stay under the count that slows an address down)."""
+    return module_coordinators(periodic_port=0, auth_file=tokens.path)
 
 
 def refused(addr, frame: bytes, secure: RsaPeer | None = None) -> bool:
@@ -274,8 +288,8 @@ def auth(addr, kind, name: str, token: bytes, secure: RsaPeer | None = None) -> 
     return RawPeriodic(addr, kind, name=name.encode(), token=token, secure=secure)
 
 
-def test_authenticated_registration_with_raw_frames(coordinator_factory, tokens):
-    coord = coordinator_factory(periodic_port=0, auth_file=tokens.path)
+def test_authenticated_registration_with_raw_frames(tokened, tokens):
+    coord = tokened
     addr = coord.periodic_addr
     # Given a worker with a worker token (type 4) and a client with a client token (type 3)
     worker = auth(addr, pc.ConnType.WORKER, "p-worker", tokens.worker)
@@ -304,22 +318,22 @@ def test_authenticated_registration_with_raw_frames(coordinator_factory, tokens)
         conn.close()
 
 
-def test_a_reader_token_may_only_ping_and_status(coordinator_factory, tokens):
-    coord = coordinator_factory(periodic_port=0, auth_file=tokens.path)
-    reader = auth(coord.periodic_addr, pc.ConnType.CLIENT, "p-reader", tokens.reader)
+def test_a_reader_token_may_only_ping_and_status(tokened, tokens):
+    reader = auth(tokened.periodic_addr, pc.ConnType.CLIENT, "p-reader", tokens.reader)
     assert reader.ping()
-    assert reader.status() == {}
-    job = pc.Job(b"echo", b"j1", b"", 0, 0, 0)
+    before = reader.status()
+    assert "read" not in before
+    job = pc.Job(b"read", b"j1", b"", 0, 0, 0)
     for msg in (pc.SubmitJob(reader.next_msgid(), job), pc.RunJob(reader.next_msgid(), job),
-                pc.DropFunc(reader.next_msgid(), b"echo"), pc.RemoveJob(reader.next_msgid(), pc.Handle(b"echo", b"j1")),
+                pc.DropFunc(reader.next_msgid(), b"read"), pc.RemoveJob(reader.next_msgid(), pc.Handle(b"read", b"j1")),
                 pc.ConfigGet(reader.next_msgid(), b"timeout"), pc.Dump(reader.next_msgid())):
         assert reader.request(msg) == pc.NoWorker(msg.msgid), msg
-    assert reader.ping() and reader.status() == {}  # nothing reached the core; still open
+    assert reader.ping() and reader.status() == before  # nothing reached the core; still open
     reader.close()
 
 
-def test_wrong_tokens_and_roles_are_closed_without_a_reply(coordinator_factory, tokens):
-    coord = coordinator_factory(periodic_port=0, auth_file=tokens.path)
+def test_wrong_tokens_and_roles_are_closed_without_a_reply(tokened, tokens):
+    coord = tokened
     addr = coord.periodic_addr
     hs = pc.encode_handshake
     assert refused(addr, hs(pc.ConnType.CLIENT, b"p-client", b"not-the-token"))
@@ -336,9 +350,8 @@ def test_wrong_tokens_and_roles_are_closed_without_a_reply(coordinator_factory, 
     assert "wrong token name or token" in coord.stderr() and tokens.client.decode() not in coord.stderr()
 
 
-def test_task_types_limit_a_tokens_funcs(coordinator_factory, tokens):
-    coord = coordinator_factory(periodic_port=0, auth_file=tokens.path)
-    addr = coord.periodic_addr
+def test_task_types_limit_a_tokens_funcs(tokened, tokens):
+    addr = tokened.periodic_addr
     worker = auth(addr, pc.ConnType.WORKER, "p-team-worker", tokens.team_worker)
     assert worker.request(pc.CanDo(worker.next_msgid(), b"other")) == pc.NoWorker(worker.msgid)
     assert worker.request(pc.CanDo(worker.next_msgid(), b"team.echo")) == pc.Success(worker.msgid)
@@ -442,9 +455,10 @@ def test_tokens_after_the_rsa_handshake(guarded, pki, echo_peers):
     assert out[10:] == ["failed", {"error": "Exception: no worker"}, 100]
 
 
-def test_sighup_closes_the_connections_of_a_removed_token(coordinator_factory, tokens):
+def test_sighup_closes_the_connections_of_a_removed_token(coordinator_factory, tmp_path):
     from jobmesh.auth import remove_token
 
+    tokens = make_tokens(tmp_path)  # of its own, and a coordinator of its own: it removes a token
     coord = coordinator_factory(periodic_port=0, auth_file=tokens.path)
     addr = coord.periodic_addr
     kept = auth(addr, pc.ConnType.CLIENT, "p-client", tokens.client)

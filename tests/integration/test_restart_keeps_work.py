@@ -123,8 +123,8 @@ def test_a_coordinator_that_saw_the_worker_go_keeps_nothing(coordinator_factory,
     "not a list", [1], [{"jobId": "j"}], [{"jobId": "j", "attemptId": 7}], [["j", "j.1"]],
     [{"jobId": "j", "attemptId": "j.1"}] * 1025,
 ])
-def test_a_malformed_running_field_is_a_protocol_violation(coordinator, running):
-    conn = RawConn(coordinator.worker_addr)
+def test_a_malformed_running_field_is_a_protocol_violation(shared_coordinator, running):
+    conn = RawConn(shared_coordinator.worker_addr)
     try:
         conn.send({"type": "WORKER_REGISTER", "workerId": "w-bad", "capacity": 1, "running": running})
         reply = conn.recv()

@@ -18,7 +18,7 @@ from jobmesh.client import CoordinatorClient
 from jobmesh.errors import ConfigError, CoordinatorUnavailable, RequestFailed
 from jobmesh.protocol.framing import FrameReader, encode_frame
 from tests.support.cli import run_cli
-from tests.support.peers import wait_registered
+from tests.support.peers import wait_no_worker, wait_registered
 from tests.support.processes import closed_address
 from tests.support.waiting import wait_until
 from tests.tls_support import make_certs
@@ -31,16 +31,31 @@ def certs(tmp_path_factory):
     return make_certs(tmp_path_factory.mktemp("certs"))
 
 
-@pytest.fixture
-def tls_coordinator(coordinator_factory, certs):
-    return coordinator_factory(tls_cert=certs.server, tls_key=certs.server_key, metrics_port=0,
-                               tls_handshake_timeout_millis=HANDSHAKE_MILLIS)
+def tls_flags(certs) -> dict:
+    return dict(tls_cert=certs.server, tls_key=certs.server_key, metrics_port=0,
+                tls_handshake_timeout_millis=HANDSHAKE_MILLIS)
 
 
-@pytest.fixture
-def mtls_coordinator(coordinator_factory, certs):
+@pytest.fixture(scope="module")
+def tls_coordinator(module_coordinators, certs):
+    """The TLS coordinator the module's tests share: each test's worker has an id of its own,
+    a test that counts workers first waits until the earlier tests' workers are gone, and a
+    test that lists jobs looks for its own."""
+    return module_coordinators(**tls_flags(certs))
+
+
+@pytest.fixture(scope="module")
+def loaded_coordinator(module_coordinators, certs):
+    """A TLS coordinator of the tests that fill a socket with the replies about a thousand
+    queued jobs; they share it (the same idempotency keys name the same jobs), and no worker
+    ever joins it to run them."""
+    return module_coordinators(**tls_flags(certs))
+
+
+@pytest.fixture(scope="module")
+def mtls_coordinator(module_coordinators, certs):
     """Clients and workers must present a certificate the test CA signed."""
-    return coordinator_factory(tls_cert=certs.server, tls_key=certs.server_key, tls_client_ca=certs.ca)
+    return module_coordinators(tls_cert=certs.server, tls_key=certs.server_key, tls_client_ca=certs.ca)
 
 
 def tls_socket(addr, certs, cert=None, key=None, rcvbuf: int | None = None) -> ssl.SSLSocket:
@@ -129,7 +144,9 @@ def test_the_cli_over_tls(tls_coordinator, worker_procs, certs):
     # JOBMESH_TLS_CA instead of the flag
     listed = run_cli("list", "--json", coordinator=target, env={"JOBMESH_TLS_CA": str(certs.ca)})
     assert listed.returncode == 0, listed.stderr
-    assert [j["taskType"] for j in json.loads(listed.stdout)] == ["WORD_COUNT"]
+    # (the only WORD_COUNT job on the coordinator the module's tests share)
+    word_counts = [j["jobId"] for j in json.loads(listed.stdout) if j["taskType"] == "WORD_COUNT"]
+    assert word_counts == [json.loads(done.stdout)["jobId"]]
     top = run_cli("top", "--iterations=1", "--tls-ca=%s" % certs.ca, coordinator="%s,%s" % (closed_address(), target))
     assert top.returncode == 0, top.stderr
     assert "w-cli-tls" in top.stdout
@@ -179,6 +196,7 @@ def test_requests_after_an_error_reply_over_tls(tls_coordinator, certs):
     # After an ERROR the client looks whether the coordinator closed the connection; over
     # TLS it looks at the TCP stream under the TLS socket.
     with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.ca)) as client:
+        wait_no_worker(client)
         for _ in range(3):
             with pytest.raises(RequestFailed):
                 client.status("no-such-job")
@@ -188,6 +206,7 @@ def test_requests_after_an_error_reply_over_tls(tls_coordinator, certs):
 def test_the_library_takes_an_ssl_context(tls_coordinator, certs):
     context = ssl.create_default_context(cafile=str(certs.ca))
     with CoordinatorClient(*tls_coordinator.client_addr, tls=context) as client:
+        wait_no_worker(client)
         assert client.workers() == []
 
 
@@ -217,10 +236,11 @@ def test_client_certificates_when_the_coordinator_asks(mtls_coordinator, worker_
 
 
 def test_a_worker_without_a_client_certificate_never_registers(mtls_coordinator, worker_procs, certs):
-    worker = worker_procs.start(mtls_coordinator, "w-nocert", extra=("--tls-ca=%s" % certs.ca,))
-    wait_until(lambda: worker.count("cannot register") >= 2, timeout=30, message="the worker retrying")
     with CoordinatorClient(*mtls_coordinator.client_addr, tls_ca=str(certs.ca), tls_cert=str(certs.client),
                            tls_key=str(certs.client_key)) as client:
+        wait_no_worker(client)
+        worker = worker_procs.start(mtls_coordinator, "w-nocert", extra=("--tls-ca=%s" % certs.ca,))
+        wait_until(lambda: worker.count("cannot register") >= 2, timeout=30, message="the worker retrying")
         assert client.workers() == []
 
 
@@ -247,7 +267,10 @@ def test_a_silent_peer_is_closed_after_the_handshake_timeout_while_others_are_se
         # ... and each silent connection is closed once its handshake time is up.
         for sock in silent:
             assert closed_by_peer(sock)
-        assert "no TLS handshake within" in tls_coordinator.stderr()
+        # (each close is logged with the peer's port as its handler ends, which may be just
+        # after the peer saw it)
+        lines = ["peer=127.0.0.1:%d: no TLS handshake within" % sock.getsockname()[1] for sock in silent]
+        wait_until(lambda: all(line in tls_coordinator.stderr() for line in lines), message="each close logged")
     finally:
         for sock in silent:
             sock.close()
@@ -260,6 +283,7 @@ def test_random_first_bytes_on_tls_ports_are_closed_while_others_are_served(tls_
     rng = random.Random(17)
     ports = [tls_coordinator.worker_addr, tls_coordinator.client_addr, tls_coordinator.metrics_addr]
     with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.ca)) as client:
+        wait_no_worker(client)
         for i in range(24):
             junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400)))
             if i % 3 == 0:
@@ -283,10 +307,10 @@ def test_a_peer_that_stops_inside_the_handshake_is_closed(tls_coordinator):
 # ---- replies through the TLS socket ---------------------------------------------------
 
 
-def test_large_and_pipelined_replies_over_tls(tls_coordinator, certs):
+def test_large_and_pipelined_replies_over_tls(loaded_coordinator, certs):
     # A small receive buffer and a reader that is late: the coordinator's socket fills,
     # so replies wait in its output and go out through the flusher, in order.
-    sock = tls_socket(tls_coordinator.client_addr, certs, rcvbuf=32 * 1024)
+    sock = tls_socket(loaded_coordinator.client_addr, certs, rcvbuf=32 * 1024)
     reader = FrameReader(sock.recv)
     try:
         count = 1000
@@ -316,15 +340,15 @@ def test_large_and_pipelined_replies_over_tls(tls_coordinator, certs):
         sock.close()
 
 
-def test_a_tls_client_that_does_not_read_holds_up_nobody(tls_coordinator, certs):
+def test_a_tls_client_that_does_not_read_holds_up_nobody(loaded_coordinator, certs):
     # Given a TLS client whose replies fill the coordinator's socket and who reads nothing
-    greedy = tls_socket(tls_coordinator.client_addr, certs, rcvbuf=32 * 1024)
+    greedy = tls_socket(loaded_coordinator.client_addr, certs, rcvbuf=32 * 1024)
     try:
         greedy.sendall(submit_frames(1000))
         greedy.sendall(b"".join(encode_frame({"type": "LIST_JOBS", "limit": 1000}) for _ in range(16)))
         wait_until_full(greedy)
         # When another TLS client asks, then it is answered: the core never waits for a socket.
-        with CoordinatorClient(*tls_coordinator.client_addr, tls_ca=str(certs.ca), timeout=20) as client:
+        with CoordinatorClient(*loaded_coordinator.client_addr, tls_ca=str(certs.ca), timeout=20) as client:
             assert client.status(client.submit("SLEEP", {"durationMillis": 1}))["state"] in ("QUEUED", "RUNNING")
             assert client.stats() is not None
     finally:

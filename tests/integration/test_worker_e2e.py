@@ -84,8 +84,9 @@ def test_heartbeats_flow_while_cpu_tasks_fill_every_slot(coordinator_factory, tm
         worker = worker_procs.start(coord, "w-cpu", capacity=4)
         wait_registered(client, ["w-cpu"])
 
-        # When four times its capacity of the largest PRIME_COUNT run back to back
-        job_ids = [client.submit("PRIME_COUNT", {"limit": 50_000_000}) for _ in range(16)]
+        # When twice its capacity of the largest PRIME_COUNT run back to back (every slot
+        # busy, then busy again as each first job ends)
+        job_ids = [client.submit("PRIME_COUNT", {"limit": 50_000_000}) for _ in range(8)]
 
         # Then the worker stays listed the whole time, and every job completes on attempt 1
         seen_running = False
