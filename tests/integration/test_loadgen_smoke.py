@@ -70,6 +70,32 @@ def test_loadgen_end_to_end_on_a_throwaway_postgresql_with_declared_types_own_ce
     assert (run_dir / "client.token").stat().st_mode & 0o077 == 0
 
 
+def test_loadgen_worker_processes_with_tls_and_tokens_by_hand(tmp_path):
+    # The options for measuring TLS and tokens given by hand: the coordinator gets the
+    # certificate flags and the auth file, the worker process (a real `jobmesh worker`) the
+    # CA and the worker token, the clients --tls-ca and the client token. When 5 clients
+    # submit 50 jobs end to end and wait for them, every job completes exactly once.
+    from jobmesh.auth import new_token
+    from tests.tls_support import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    auth_file = tmp_path / "auth.toml"
+    client_token, worker_token = tmp_path / "client.token", tmp_path / "worker.token"
+    client_token.write_text(new_token(str(auth_file), "bench-client", "client"))
+    worker_token.write_text(new_token(str(auth_file), "bench-worker", "worker"))
+    out = tmp_path / "r.json"
+    proc = run(["-m", "bench.loadgen", "--clients=5", "--jobs=50", "--mode=e2e", "--workers=1",
+                "--worker-impl=process", "--quiet", "--timeout=30", "--drain-timeout=30",
+                "--coordinator-arg=--tls-cert=%s" % certs.server, "--coordinator-arg=--tls-key=%s" % certs.server_key,
+                "--coordinator-arg=--auth-file=%s" % auth_file, "--worker-arg=--tls-ca=%s" % certs.ca,
+                "--tls-ca=%s" % certs.ca, "--token-file=%s" % client_token, "--worker-token-file=%s" % worker_token,
+                "--out=%s" % out], timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    check_report(report, proc, jobs=50, clients=5)
+    assert report["tls"] and report["tokens"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--types=4", "--types-per-worker=2", "--workers=2", "--worker-impl=builtin"], "undeclared"),
     (["--types=2", "--workers=2"], "--worker-impl=builtin"),
