@@ -528,7 +528,7 @@ class UsageError(Exception):
     """The command line does not match the usage; the message says how."""
 
 
-def parse(argv: list[str]) -> tuple[str, dict]:
+def parse(argv: list[str]) -> tuple[str, dict[str, Any]]:
     """Parse argv into (command, docopt dict). Raises UsageError, DocoptExit or SystemExit (help)."""
     try:
         top = docopt(MAIN_DOC, argv=argv, version="jobmesh " + __version__, options_first=True)
@@ -679,7 +679,7 @@ CLIENT_ENV_FLAGS = ("--coordinator", "--connect-timeout-millis", "--tls", "--tls
 TOKEN_ENV_FLAGS = ("--auth-file",)
 
 
-def settings(command: str, argv: list[str], args: dict, environ: Any) -> tuple[dict, dict[str, Source]]:
+def settings(command: str, argv: list[str], args: dict[str, Any], environ: Any) -> tuple[dict[str, Any], dict[str, Source]]:
     """docopt's dict for ``command`` with each setting from the command line, the
     environment, the --config file or the default, in that order, and where each came from.
 
@@ -696,7 +696,7 @@ def given_flags(doc: str, args: list[str]) -> set[str]:
     return {flag for flag in (_resolve(name, known) for name in _long_args(args)) if flag is not None}
 
 
-def _print_config(command: str, args: dict, sources: dict[str, Source]) -> int:
+def _print_config(command: str, args: dict[str, Any], sources: dict[str, Source]) -> int:
     """``--print-config``: check the settings as a start would, then print them."""
     from jobmesh.config import coordinator_config, is_database_url, worker_config
     from jobmesh.store.opening import shown
@@ -726,7 +726,7 @@ def _print_config(command: str, args: dict, sources: dict[str, Source]) -> int:
     return EXIT_OK
 
 
-def _run(command: str, argv: list[str], args: dict, json_logs: bool) -> int:
+def _run(command: str, argv: list[str], args: dict[str, Any], json_logs: bool) -> int:
     sources: dict[str, Source] = {}
     try:
         args, sources = settings(command, argv, args, os.environ)
@@ -780,7 +780,7 @@ def _exposed_stdout() -> int | None:
     return st.st_mode & 0o7777 if stat.S_ISREG(st.st_mode) and st.st_mode & 0o044 else None
 
 
-def run_token_command(args: dict) -> int:
+def run_token_command(args: dict[str, Any]) -> int:
     """``jobmesh token new|list|rm``: edit an auth file. ``AuthFileError`` (a ConfigError) for
     a bad name, role or file: one line, exit 2."""
     from jobmesh import auth

@@ -536,7 +536,7 @@ class WorkerAgent:
             return
         outbox.put(frame)
 
-    def _result(self, msg: TaskAssign, result: dict | None = None, error: str | None = None) -> bytes:
+    def _result(self, msg: TaskAssign, result: dict[str, Any] | None = None, error: str | None = None) -> bytes:
         """The TASK_RESULT frame echoing ``msg``'s lease."""
         try:
             return encode_frame(TaskResult(self.worker_id, msg.job_id, msg.attempt_id, error is None,

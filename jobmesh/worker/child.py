@@ -98,7 +98,7 @@ class ProgressRelay:
 class Child:
     def __init__(self, sock: socket.socket):
         self.sock = sock
-        self.runs: queue.Queue = queue.Queue()
+        self.runs: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
         self._write = threading.Lock()  # progress frames (relay thread) and results (main thread)
         self._contexts: dict[str, TaskContext] = {}

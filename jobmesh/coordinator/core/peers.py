@@ -25,7 +25,7 @@ from typing import Any, Protocol
 class Connection(Protocol):
     """Anything whose events go through the mailbox (``mailbox.py``)."""
 
-    inbox: deque  # its events not yet taken by the core, in order
+    inbox: deque[Any]  # its events not yet taken by the core, in order
 
     def drained(self) -> None:
         """The core took events from ``inbox``."""

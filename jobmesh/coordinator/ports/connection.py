@@ -161,7 +161,7 @@ class Output:
         self._leftover: bytearray | None = None  # bytes the socket has not taken yet
         self._flusher: gevent.Greenlet | None = None
         self._progress = Event()  # set whenever bytes go out, events are taken, or the connection ends
-        self.inbox: deque = deque()  # this connection's events not yet taken by the core (mailbox.py)
+        self.inbox: deque[Any] = deque()  # this connection's events not yet taken by the core (mailbox.py)
         self.last_arrival = monotonic()  # when its last frame was read (clock.monotonic): liveness by arrival
         self.paused = False  # its handler is not reading because the core is behind on it
 

@@ -143,7 +143,7 @@ class JobmeshCollector:
     def __init__(self, read: Callable[[], tuple[Figures, RuntimeFigures]]) -> None:
         self._read = read
 
-    def describe(self) -> list:
+    def describe(self) -> list[Any]:
         return []  # unchecked collector: names are fixed by the contract, not probed at registration
 
     def collect(self) -> Iterator[Any]:
@@ -163,7 +163,7 @@ class LocalConn:
 
     def __init__(self) -> None:
         self.answer: AsyncResult = AsyncResult()
-        self.inbox: deque = deque()  # the mailbox queues this connection's request here
+        self.inbox: deque[Any] = deque()  # the mailbox queues this connection's request here
 
     def drained(self) -> None:
         """The mailbox took the request (nothing to wake: the handler waits on ``answer``)."""
@@ -419,7 +419,7 @@ class HttpPort:
         self.requested_port = port
         self.server: _Server | None = None
         self.started_at_millis = int(time.time() * 1000)
-        self.samples: deque[tuple] = deque(maxlen=SAMPLES)
+        self.samples: deque[tuple[Any, ...]] = deque(maxlen=SAMPLES)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(JobmeshCollector(self._read))
         ProcessCollector(registry=self.registry)  # CPU, memory, open fds of this process
@@ -511,7 +511,7 @@ class HttpPort:
     def series(self) -> dict[str, Any]:
         """The ring buffer as columns; rates are per second between consecutive samples."""
         rows = list(self.samples)
-        out: dict[str, list] = {k: [] for k in ("t", "submittedPerSec", "finishedPerSec", "failedPerSec", "queued",
+        out: dict[str, list[Any]] = {k: [] for k in ("t", "submittedPerSec", "finishedPerSec", "failedPerSec", "queued",
                                                  "running", "waiting", "busySlots", "capacity", "lagMillis")}
         for prev, row in zip(rows, rows[1:]):
             dt = max(0.001, (row[0] - prev[0]) / 1000.0)
@@ -544,7 +544,7 @@ class HttpPort:
 
     # ---- WSGI ---------------------------------------------------------------------------
 
-    def app(self, environ: dict[str, Any], start_response: Callable) -> list[bytes]:
+    def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
         # WSGI hands the path over as latin-1 text of the raw bytes.
         path = environ.get("PATH_INFO", "/").encode("latin-1").decode("utf-8", "replace")
@@ -579,7 +579,7 @@ class HttpPort:
             return False
         return identity.may("METRICS")
 
-    def _route(self, path: str, environ: dict[str, Any], start_response: Callable) -> list[bytes]:
+    def _route(self, path: str, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         if path == "/metrics":
             # Text format 0.0.4 unless the scraper asks for OpenMetrics or a newer text format.
             encode, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
@@ -642,14 +642,14 @@ class HttpPort:
         return {"jobs": reply.get("jobs", []), "nextCursor": reply.get("nextCursor")}
 
     @staticmethod
-    def _respond(start_response: Callable, status: str, body: bytes, content_type: str,
+    def _respond(start_response: Callable[..., Any], status: str, body: bytes, content_type: str,
                  extra: list[tuple[str, str]] | None = None) -> list[bytes]:
         headers = [("Content-Type", content_type), ("Content-Length", str(len(body))),
                    ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")]
         start_response(status, headers + (extra or []))
         return [body]
 
-    def _json(self, start_response: Callable, obj: dict[str, Any], status: str = "200 OK") -> list[bytes]:
+    def _json(self, start_response: Callable[..., Any], obj: dict[str, Any], status: str = "200 OK") -> list[bytes]:
         obj.setdefault("nowMillis", int(time.time() * 1000))
         body = ujson.dumps(obj, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8")
         return self._respond(start_response, status, body, "application/json; charset=utf-8")

@@ -255,7 +255,7 @@ class Servers:
             return handle
         return self.guard.gate(handle, port)
 
-    def _first_frame(self, reader: FrameReader, what: str, addr: Any) -> dict | None:
+    def _first_frame(self, reader: FrameReader, what: str, addr: Any) -> dict[str, Any] | None:
         """The first frame, which must complete within the idle timeout (so connections
         that send nothing, or part of a frame, cannot hold descriptors forever)."""
         timer = gevent.Timeout(self.idle_timeout)
@@ -271,7 +271,7 @@ class Servers:
         finally:
             timer.close()
 
-    def _authenticate(self, conn: Output, obj: dict, addr: Any, port: str, ticket: Ticket | None) -> Identity | None:
+    def _authenticate(self, conn: Output, obj: dict[str, Any], addr: Any, port: str, ticket: Ticket | None) -> Identity | None:
         """The first frame of a connection when tokens are on: AUTH with a known token is
         answered AUTH_OK and gives its identity; anything else is answered ERROR and the
         connection closes. Either answer waits the guard's delay, for an address that
@@ -383,7 +383,7 @@ class Servers:
             self.worker_conns.discard(conn)
             self.connections["worker"] -= 1
 
-    def _register_with_token(self, conn: WorkerConn, reader: FrameReader, obj: dict, addr: Any,
+    def _register_with_token(self, conn: WorkerConn, reader: FrameReader, obj: dict[str, Any], addr: Any,
                              ticket: Ticket | None) -> m.WorkerRegister | None:
         """AUTH, then the WORKER_REGISTER a worker token may make: what a request the token
         may not make gets (``forbidden``, the connection open) until then. None: the
