@@ -274,3 +274,32 @@ def test_a_damaged_row_ends_alone_and_recovery_serves_the_rest(tmp_path):
     again.apply(20, ev.Registered(Conn("w2"), m.WorkerRegister("w2", 1, None)))
     out = again.end_batch(20)
     assert [f.job_id for _c, f in out if isinstance(f, m.TaskAssign)] == [ids[3]]
+
+
+def test_a_row_read_before_its_purge_and_returned_after_it_is_not_kept(d):
+    # Given a finished job out of memory, and a status request whose store read saw its
+    # row (the read runs on its own connection, so it can see the row the purge deletes)
+    job_id = finished_job(d, 10)
+    store = d.store
+    assert isinstance(store, LateStore)
+    client = Conn("c")
+    held = d.request(20, m.GetJobStatus(job_id), client)
+    assert isinstance(held, Slot)
+    seen = store.get(job_id)
+    assert seen is not None
+    status_read = store.reads[-1]
+    d.end_batch(20)
+    # When retention forgets the job and its row is deleted, a batch later than the read began
+    d.core.table.forget([(job_id, None)])
+    d.end_batch(30)
+    assert store.get(job_id) is None
+    # And the read then returns the row it saw
+    status_read._read = lambda: seen
+    status_read.finish()
+    d.apply(40, ev.READS_DONE)
+    d.end_batch(40)
+    # Then the request is answered as for a job that is gone, and memory keeps no copy of it
+    [(waiter, reply)] = d.take_answers()
+    assert waiter.token is held
+    assert isinstance(reply, m.Error) and "unknown job" in reply.message, reply
+    assert job_id not in d.core.table.finished

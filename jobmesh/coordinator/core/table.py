@@ -152,6 +152,12 @@ class JobTable:
         self._purges: list[str] = []
         self._purging: set[str] = set()  # the same, to look up: their rows are gone as of this batch
         self._reads: dict[tuple[Any, ...], Read[Any]] = {}  # store reads a waiting request will use
+        # A job read back by id or key is kept in memory unless it was forgotten (purged)
+        # at or after the batch its read began in: a read on a connection of its own can
+        # return a row the purge's commit has deleted since. Batches are counted by commit.
+        self._batch = 0
+        self._job_reads_began: dict[tuple[str, str], int] = {}  # (kind, value) -> batch
+        self._forgotten: dict[str, int] = {}  # job id -> batch it was forgotten in, while a read may predate it
 
     def listen(self, listener: Listener, json: bool = True, periodic: bool = True) -> None:
         """Tell ``listener`` of every JSON and/or Periodic job that enters the table or moves."""
@@ -469,6 +475,14 @@ class JobTable:
         if self._new_defaults:
             self._new_defaults = {}
         self._purging = set()
+        self._batch += 1
+        if self._forgotten:
+            began = self._job_reads_began
+            if not began:
+                self._forgotten = {}
+            else:
+                oldest = min(began.values())
+                self._forgotten = {job_id: batch for job_id, batch in self._forgotten.items() if batch >= oldest}
         self._dirty = {}
         self._new = set()
         return batch
@@ -517,14 +531,16 @@ class JobTable:
     def _read(self, kind: str, value: str) -> Job | None:
         """A job from the store, as ``awaited`` reads (spelled out: a keyed submit's path)."""
         read = self._reads.pop((kind, value), None)
+        began = self._job_reads_began.pop((kind, value), self._batch)
         if read is None:
             read = self.store.read_later(job_id=value) if kind == "id" else self.store.read_later(key=value)
         if not read.ready():
             self._reads[(kind, value)] = read
+            self._job_reads_began[(kind, value)] = began
             raise ReadPending(read)
         job = read.result()
-        if job is not None and job.job_id in self._purging:
-            return None  # read back from a row this batch deletes
+        if job is not None and self._forgotten.get(job.job_id, -1) >= began:
+            return None  # read back from a row a purge since its read began deletes (or deleted)
         if job is not None and job.state in TERMINAL:
             self._remember_finished(job)
         return job
@@ -551,6 +567,7 @@ class JobTable:
             self._dirty.pop(job_id, None)
             self._purges.append(job_id)
             purging.add(job_id)
+            self._forgotten[job_id] = self._batch
             dropped += 1
         self.counters.purged += dropped
         return dropped
