@@ -90,10 +90,6 @@ REDIS_READY = "Ready to accept connections"
 STARTED: list[procs.Child] = []  # every child of this run, so that an interrupted run stops them
 
 
-class Failed(Exception):
-    """A measurement could not be made; the message says why."""
-
-
 @dataclass(frozen=True)
 class Settings:
     jobs: int
@@ -146,7 +142,7 @@ def start_redis(s: Settings, run_dir: Path) -> tuple[procs.Child, str]:
                              *REDIS_CONFIGS[s.redis]], run_dir)
     if not wait_until(lambda: logged([server], REDIS_READY) > 0, [server], 30, "redis-server"):
         server.stop(5)
-        raise Failed("redis-server did not start within 30 s:\n%s" % procs.tail(server.out_path))
+        raise procs.Failed("redis-server did not start within 30 s:\n%s" % procs.tail(server.out_path))
     return server, "redis://127.0.0.1:%d/0" % port
 
 
@@ -182,18 +178,18 @@ def measure_one(system: System, mode: str, s: Settings, run_dir: Path) -> dict[s
         clients = start_clients(system, mode, s, run_dir, url, jobs)
         if workers and not wait_until(lambda: system.ready(url, workers, s.workers), workers, 60,
                                       "%s workers" % system.name):
-            raise Failed("%s: the workers were not ready within 60 s:\n%s" % (
+            raise procs.Failed("%s: the workers were not ready within 60 s:\n%s" % (
                 system.name, procs.tail(workers[0].err_path)))
         if not wait_until(lambda: all(last_json(c, "ready") for c in clients), clients + workers, 90,
                           "the client processes"):
-            raise Failed("the client processes were not ready within 90 s:\n%s" % procs.tail(clients[0].err_path))
+            raise procs.Failed("the client processes were not ready within 90 s:\n%s" % procs.tail(clients[0].err_path))
         cpu0 = procs.cpu_seconds(server.pid) or 0.0
         machine0, t0 = procs.machine_cpu_seconds() or 0.0, time.monotonic()
         for c in clients:
             c.signal(signal.SIGUSR1)
         if not wait_until(lambda: all(last_json(c, "accepted") for c in clients), clients, 2 * s.timeout + 30,
                           "the client reports"):
-            raise Failed("the client processes did not report within %.0f s" % (2 * s.timeout + 30))
+            raise procs.Failed("the client processes did not report within %.0f s" % (2 * s.timeout + 30))
         elapsed = time.monotonic() - t0
         server_cpu = (procs.cpu_seconds(server.pid) or 0.0) - cpu0
         machine = ((procs.machine_cpu_seconds() or 0.0) - machine0) / elapsed
@@ -228,7 +224,7 @@ def figures(reports: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     first = min((r["first_send"] for r in reports if r.get("first_send")), default=None)
     last = max((r["last_reply"] for r in reports if r.get("last_reply")), default=None)
     if not accepted or first is None or last is None:
-        raise Failed("no submit was accepted: %s" % reports)
+        raise procs.Failed("no submit was accepted: %s" % reports)
     errors: dict[str, int] = {}
     for r in reports:
         for kind, n in r.get("errors", {}).items():

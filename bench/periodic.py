@@ -102,10 +102,6 @@ BUSY = 0.9  # a process above this share of a core, or the machine above it, is 
 STARTED: list[procs.Child] = []  # every child of this run, so that an interrupted run stops them
 
 
-class Failed(Exception):
-    """A measurement could not be made; the message says why."""
-
-
 @dataclass(frozen=True)
 class Settings:
     clients: int
@@ -149,12 +145,12 @@ def await_ready(children: list[procs.Child], timeout: float) -> list[dict[str, A
 
 def wait_until(done: Callable[[], bool], children: list[procs.Child], timeout: float, what: str) -> bool:
     """Poll ``done`` every 50 ms (the driver shares the cores it measures, so it polls
-    gently); False after ``timeout``; Failed if a child died first."""
+    gently); False after ``timeout``; procs.Failed if a child died first."""
     deadline = time.monotonic() + timeout
     while not done():
         for child in children:
             if not child.alive() and child.proc.returncode not in (0, None):
-                raise Failed("%s exited rc=%s while waiting for %s:\n%s"
+                raise procs.Failed("%s exited rc=%s while waiting for %s:\n%s"
                              % (child.name, child.proc.returncode, what, procs.tail(child.err_path)))
         if time.monotonic() > deadline:
             return False
@@ -165,7 +161,7 @@ def wait_until(done: Callable[[], bool], children: list[procs.Child], timeout: f
 def client_reports(clients: list[procs.Child], timeout: float) -> list[dict[str, Any]]:
     ok = wait_until(lambda: all(last_json(c, "accepted") for c in clients), clients, timeout, "client reports")
     if not ok:
-        raise Failed("aio-periodic clients did not report within %.0f s" % timeout)
+        raise procs.Failed("aio-periodic clients did not report within %.0f s" % timeout)
     return [last_json(c, "accepted") or {} for c in clients]
 
 
@@ -201,7 +197,7 @@ class Coordinator:
         periodic, metrics = PERIODIC_ADDR.search(line), METRICS_ADDR.search(line)
         if not periodic or not metrics:
             self.child.stop(5)
-            raise Failed("the coordinator's listening line has no periodic= or metrics=: %r" % line)
+            raise procs.Failed("the coordinator's listening line has no periodic= or metrics=: %r" % line)
         self.periodic = periodic.group(1)
         self.metrics = metrics.group(1)
 
@@ -270,7 +266,7 @@ def span_of(reports: list[dict[str, Any]]) -> tuple[float, float]:
     firsts = [r["first_send"] for r in reports if r.get("first_send")]
     lasts = [r["last_reply"] for r in reports if r.get("last_reply")]
     if not firsts or not lasts:
-        raise Failed("no submit was acknowledged: %s" % reports)
+        raise procs.Failed("no submit was acknowledged: %s" % reports)
     return min(firsts), max(lasts)
 
 
@@ -332,7 +328,7 @@ def periodic_e2e(s: Settings, run_dir: Path) -> dict[str, Any]:
         children += clients
         warmed = sum(r.get("warmup", 0) for r in await_ready(clients, 60))
         if not wait_until(lambda: worker_done(workers) >= warmed, workers, 60, "the warm-up jobs"):
-            raise Failed("%d of the warm-up's %d jobs completed within 60 s" % (worker_done(workers), warmed))
+            raise procs.Failed("%d of the warm-up's %d jobs completed within 60 s" % (worker_done(workers), warmed))
         done0 = worker_done(workers)
         before = coord.counters()
         window = Window([coord.child.pid] + [w.pid for w in workers])
@@ -406,7 +402,7 @@ def loadgen(s: Settings, run_dir: Path, mode: str, coord: Coordinator) -> tuple[
     finally:
         child.stop(15)
     if not out.exists():
-        raise Failed("loadgen --mode=%s exited rc=%s without a report:\n%s" % (mode, rc, procs.tail(child.err_path)))
+        raise procs.Failed("loadgen --mode=%s exited rc=%s without a report:\n%s" % (mode, rc, procs.tail(child.err_path)))
     return json.loads(out.read_text()), rc
 
 
@@ -542,7 +538,7 @@ def measure(name: str, s: Settings, run_dir: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     try:
         row = MEASURE[name](s, run_dir)
-    except (Failed, procs.ChildFailed, OSError) as exc:
+    except (procs.Failed, procs.ChildFailed, OSError) as exc:
         return {"load": load, "error": str(exc).strip()[-1500:]}
     row.update(load=load, seconds=round(time.monotonic() - t0, 1))
     row["busy"] = busy(row, os.cpu_count() or 1)

@@ -26,6 +26,10 @@ class ChildFailed(Exception):
     """A child exited or did not become ready in time; the message quotes its stderr."""
 
 
+class Failed(Exception):
+    """A measurement could not be made; the message says why."""
+
+
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
