@@ -325,15 +325,6 @@ def measure(system: System, mode: str, s: Settings, run_dir: Path) -> dict[str, 
     return row
 
 
-def on_signal(work_dir: Path, keep: bool) -> None:
-    """Ctrl-C or SIGTERM: stop every child still running, by pid, and leave without a table."""
-    sys.stderr.write("\npeers: interrupted, stopping the children\n")
-    procs.stop_all([c for c in STARTED if c.alive()], 10)
-    if not keep:
-        shutil.rmtree(work_dir, ignore_errors=True)
-    os._exit(130)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = docopt(__doc__, argv=argv)
     s = settings(args)
@@ -345,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = Path(args["--work-dir"] or tempfile.mkdtemp(prefix="jobmesh-peers-")).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     for sig in (signal.SIGINT, signal.SIGTERM):
-        gevent.signal_handler(sig, on_signal, work_dir, bool(args["--work-dir"]))
+        gevent.signal_handler(sig, procs.stop_on_interrupt, "peers", STARTED, work_dir, bool(args["--work-dir"]))
     revision = _revision()
     print("peers: revision %s, %s cpus, %d rounds of %s; %d submitters in %d processes, %d worker processes; "
           "e2e %d jobs (%d forking), submit %d jobs; redis %s; load %s" % (

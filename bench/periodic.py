@@ -545,16 +545,6 @@ def measure(name: str, s: Settings, run_dir: Path) -> dict[str, Any]:
     return row
 
 
-def on_signal(work_dir: Path, keep: bool) -> None:
-    """Ctrl-C or SIGTERM: stop every child still running, by pid (SIGTERM; a load
-    generator then stops its own children), and leave without a table."""
-    sys.stderr.write("\nperiodic: interrupted, stopping the children\n")
-    procs.stop_all([c for c in STARTED if c.alive()], 10)
-    if not keep:
-        shutil.rmtree(work_dir, ignore_errors=True)
-    os._exit(130)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = docopt(__doc__, argv=argv)
     s = settings(args)
@@ -566,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = Path(args["--work-dir"] or tempfile.mkdtemp(prefix="jobmesh-periodic-")).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     for sig in (signal.SIGINT, signal.SIGTERM):
-        gevent.signal_handler(sig, on_signal, work_dir, bool(args["--work-dir"]))
+        gevent.signal_handler(sig, procs.stop_on_interrupt, "periodic", STARTED, work_dir, bool(args["--work-dir"]))
     revision = _revision()
     print("periodic vs JSON: revision %s, %s cpus, %d rounds; Periodic: %d client processes x %d in flight, "
           "%d workers x %d; JSON: %d connections, %d %s workers x %d; submit runs %gs, e2e %d jobs; load %s" % (

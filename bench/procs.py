@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -234,3 +235,14 @@ class RssSampler:
         if self._g is not None:
             self.sample()
             self._g.kill(block=False)
+
+
+def stop_on_interrupt(program: str, started: list[Child], work_dir: Path, keep: bool) -> None:
+    """Ctrl-C or SIGTERM in a bench: stop every child of ``started`` still running, by pid
+    (SIGTERM; a load generator then stops its own children), remove ``work_dir`` unless
+    ``keep``, and leave at once without a table (exit 130)."""
+    sys.stderr.write("\n%s: interrupted, stopping the children\n" % program)
+    stop_all([c for c in started if c.alive()], 10)
+    if not keep:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    os._exit(130)
