@@ -319,6 +319,8 @@ class TaskAssign(Message):
     attempt_number: int = wire("attemptNumber", "int")
     task_type: str = wire("taskType", "str")
     payload: dict[str, Any] = wire("payload", "obj")
+    # A workflow job's direct dependencies' results, by their refs (absent for other jobs).
+    parents: dict[str, Any] | None = wire("parents", "obj?", None, omit=True)
 
 
 @dataclass(frozen=True)
@@ -701,6 +703,68 @@ class TypeResume(Message):
     task_type: str = wire("taskType", "str")
 
 
+# ---- workflows (docs/PROTOCOL.md, "Workflows") -------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubmitWorkflow(Message):
+    """Jobs with ``ref`` and ``dependsOn`` (each otherwise a SUBMIT_JOB's fields), created
+    in one commit or not at all; answered with WORKFLOW_SUBMITTED."""
+
+    TYPE = "SUBMIT_WORKFLOW"
+    jobs: list[dict[str, Any]] = wire("jobs", "list")
+    name: str | None = wire("name", "str?", None)
+    submitted_by: str | None = local()  # the submitting token's name (auth on), set by the handler
+
+
+@dataclass(frozen=True)
+class WorkflowSubmitted(Message):
+    TYPE = "WORKFLOW_SUBMITTED"
+    workflow_id: str = wire("workflowId", "str")
+    job_ids: dict[str, Any] = wire("jobIds", "obj")  # {ref: jobId}
+
+
+@dataclass(frozen=True)
+class WorkflowStatus(Message):
+    """Answered with WORKFLOW; ``cursor`` asks for the next page of its jobs."""
+
+    TYPE = "WORKFLOW_STATUS"
+    workflow_id: str = wire("workflowId", "str")
+    cursor: str | None = wire("cursor", "str?", None, omit=True)
+
+
+@dataclass(frozen=True)
+class Workflow(Message):
+    """A workflow and its jobs ``[{ref, jobId, state, dependsOn}]``: the reply to
+    WORKFLOW_STATUS, WORKFLOW_CANCEL and WAIT_WORKFLOW. ``state`` is RUNNING until every
+    job is terminal, then COMPLETED, FAILED or CANCELLED; ``nextCursor`` is set when
+    ``jobs`` is one page of more."""
+
+    TYPE = "WORKFLOW"
+    workflow_id: str = wire("workflowId", "str")
+    name: str | None = wire("name", "str?", None)
+    state: str = wire("state", "str", "RUNNING")
+    jobs: list[dict[str, Any]] = wire("jobs", "list", [])
+    next_cursor: str | None = wire("nextCursor", "str?", None, omit=True)
+
+
+@dataclass(frozen=True)
+class WorkflowCancel(Message):
+    TYPE = "WORKFLOW_CANCEL"
+    workflow_id: str = wire("workflowId", "str")
+
+
+@dataclass(frozen=True)
+class WaitWorkflow(Message):
+    """Answered with WORKFLOW once every job of the workflow is terminal, or as it stands
+    once ``timeoutMillis`` (0..3,600,000) has passed; like WAIT_JOB, replies to later
+    requests on the same connection follow its reply."""
+
+    TYPE = "WAIT_WORKFLOW"
+    workflow_id: str = wire("workflowId", "str")
+    timeout_millis: int = wire("timeoutMillis", "int")
+
+
 ALL_MESSAGES: tuple[type[Message], ...] = (
     WorkerRegister, WorkerRegistered, Heartbeat, HeartbeatAck, ResultAck, TaskAssign, TaskCancel, TaskResult, Error,
     SubmitJob, JobSubmitted, SubmitRejected, GetJobStatus, JobStatus, ListJobs, JobList,
@@ -709,6 +773,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     ScheduleResume, ScheduleDelete, ScheduleTrigger, SchedulePreview, Auth, AuthOk,
     LimitPut, Limit, LimitGet, LimitList, LimitDelete, TypePause, TypeResume,
     TaskProgress, GetJobPayload, JobPayload,
+    SubmitWorkflow, WorkflowSubmitted, WorkflowStatus, Workflow, WorkflowCancel, WaitWorkflow,
 )
 BY_TYPE: dict[str, type[Message]] = {cls.TYPE: cls for cls in ALL_MESSAGES}
 
@@ -719,12 +784,13 @@ CLIENT_PORT_REQUESTS = frozenset({"SUBMIT_JOB", "GET_JOB_STATUS", "LIST_JOBS", "
                                   "GET_STATS", "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",
                                   "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW",
                                   "LIMIT_PUT", "LIMIT_GET", "LIMIT_LIST", "LIMIT_DELETE", "TYPE_PAUSE",
-                                  "TYPE_RESUME", "GET_JOB_PAYLOAD"})
+                                  "TYPE_RESUME", "GET_JOB_PAYLOAD", "SUBMIT_WORKFLOW", "WORKFLOW_STATUS",
+                                  "WORKFLOW_CANCEL", "WAIT_WORKFLOW"})
 TO_WORKER = frozenset({"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "HEARTBEAT_ACK", "RESULT_ACK", "ERROR",
                        "AUTH_OK"})
 TO_CLIENT = frozenset({"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST", "JOB_CANCEL",
                        "JOB_EVENTS", "JOBS_PURGED", "STATS", "SCHEDULE", "SCHEDULE_LIST", "SCHEDULE_PREVIEW",
-                       "ERROR", "AUTH_OK", "LIMIT", "LIMIT_LIST", "JOB_PAYLOAD"})
+                       "ERROR", "AUTH_OK", "LIMIT", "LIMIT_LIST", "JOB_PAYLOAD", "WORKFLOW_SUBMITTED", "WORKFLOW"})
 
 
 def decode(obj: dict[str, Any], allowed: frozenset[str] | None = None) -> Message:

@@ -82,6 +82,15 @@ SAMPLES: dict[str, m.Message] = {
     "LIMIT_DELETE": m.LimitDelete(task_type="EXPORT"),
     "TYPE_PAUSE": m.TypePause(task_type="EXPORT"),
     "TYPE_RESUME": m.TypeResume(task_type="EXPORT"),
+    "SUBMIT_WORKFLOW": m.SubmitWorkflow(jobs=[{"ref": "a", "taskType": "ECHO", "payload": {}},
+                                              {"ref": "b", "taskType": "ECHO", "payload": {}, "dependsOn": ["a"]}],
+                                        name="etl"),
+    "WORKFLOW_SUBMITTED": m.WorkflowSubmitted(workflow_id="w-1", job_ids={"a": "j-1", "b": "j-2"}),
+    "WORKFLOW_STATUS": m.WorkflowStatus(workflow_id="w-1"),
+    "WORKFLOW": m.Workflow(workflow_id="w-1", name="etl", state="RUNNING",
+                           jobs=[{"ref": "a", "jobId": "j-1", "state": "COMPLETED", "dependsOn": []}]),
+    "WORKFLOW_CANCEL": m.WorkflowCancel(workflow_id="w-1"),
+    "WAIT_WORKFLOW": m.WaitWorkflow(workflow_id="w-1", timeout_millis=1000),
 }
 
 
@@ -159,6 +168,12 @@ def test_wire_uses_camel_case_names_from_the_protocol(type_name):
         "LIMIT_GET": {"taskType"},
         "LIMIT_LIST": {"limits"},
         "LIMIT_DELETE": {"taskType"},
+        "SUBMIT_WORKFLOW": {"jobs", "name"},
+        "WORKFLOW_SUBMITTED": {"workflowId", "jobIds"},
+        "WORKFLOW_STATUS": {"workflowId"},
+        "WORKFLOW": {"workflowId", "name", "state", "jobs"},
+        "WORKFLOW_CANCEL": {"workflowId"},
+        "WAIT_WORKFLOW": {"workflowId", "timeoutMillis"},
         "TYPE_PAUSE": {"taskType"},
         "TYPE_RESUME": {"taskType"},
     }[type_name]
@@ -277,12 +292,14 @@ def test_port_tables_match_the_protocol():
                                       "SCHEDULE_PUT", "SCHEDULE_GET", "SCHEDULE_LIST", "SCHEDULE_PAUSE",
                                       "SCHEDULE_RESUME", "SCHEDULE_DELETE", "SCHEDULE_TRIGGER", "SCHEDULE_PREVIEW",
                                       "LIMIT_PUT", "LIMIT_GET", "LIMIT_LIST", "LIMIT_DELETE", "TYPE_PAUSE",
-                                      "TYPE_RESUME", "GET_JOB_PAYLOAD"}
+                                      "TYPE_RESUME", "GET_JOB_PAYLOAD", "SUBMIT_WORKFLOW", "WORKFLOW_STATUS",
+                                      "WORKFLOW_CANCEL", "WAIT_WORKFLOW"}
     assert m.TO_WORKER == {"WORKER_REGISTERED", "TASK_ASSIGN", "TASK_CANCEL", "HEARTBEAT_ACK", "RESULT_ACK", "ERROR",
                            "AUTH_OK"}
     assert m.TO_CLIENT == {"JOB_SUBMITTED", "SUBMIT_REJECTED", "JOB_STATUS", "JOB_LIST", "WORKER_LIST",
                            "JOB_CANCEL", "JOB_EVENTS", "JOBS_PURGED", "STATS", "SCHEDULE", "SCHEDULE_LIST",
-                           "SCHEDULE_PREVIEW", "ERROR", "AUTH_OK", "LIMIT", "LIMIT_LIST", "JOB_PAYLOAD"}
+                           "SCHEDULE_PREVIEW", "ERROR", "AUTH_OK", "LIMIT", "LIMIT_LIST", "JOB_PAYLOAD",
+                           "WORKFLOW_SUBMITTED", "WORKFLOW"}
 
 
 @pytest.mark.parametrize("type_name", sorted(SAMPLES))
