@@ -20,9 +20,11 @@ Three connections:
   Each batch is one round trip in pipeline mode: BEGIN, the fence
   (``jobmesh_fence(epoch)``, a function that RAISES unless the epoch row still holds
   this epoch, and holds the row FOR SHARE so that no bump can commit in between), then
-  one statement per kind of row, each column one array parameter expanded by ``unnest``
-  (the statement text is the same for every batch size, so psycopg prepares it once;
-  multi-row VALUES would make one statement per size), then COMMIT. Commits run on a
+  one statement per kind of row: the jobs' inserts and updates each one JSON parameter
+  (the rows, encoded by ujson in C) that the server takes apart, the smaller tables'
+  rows one array parameter per column expanded by ``unnest`` (either way the statement
+  text is the same for every batch size, so psycopg prepares it once; multi-row VALUES
+  would make one statement per size), then COMMIT. Commits run on a
   greenlet of the store, one at a time in call order: a connection made on the hub
   cannot be driven from another thread. The writer is never reconnected: a lost writer
   session is lost leadership (``LeadershipLost``), and a process that lost it stops.
@@ -62,12 +64,13 @@ import logging
 from collections import deque
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar, cast
+from typing import Any, Callable, Generic, Iterator, TypeVar, cast
 
 import gevent
 import gevent.event
 import gevent.queue
 import psycopg
+import ujson
 from psycopg import pq
 from psycopg.types.numeric import Int8Dumper
 
@@ -102,15 +105,22 @@ def column_sql(column: Column) -> str:
     return column_definition(column, _SQL_TYPES)
 
 
-def _unnest(columns: Iterable[Column]) -> str:
-    return "unnest(%s)" % ", ".join("%%s::%s[]" % _SQL_TYPES[c.kind] for c in columns)
+def _rows(columns: tuple[Column, ...]) -> str:
+    """The rows of one JSON parameter (an array of rows, each an array in ``columns``
+    order) as a relation whose columns are ``columns``: the server takes the rows apart,
+    so the hub encodes a batch with one ``ujson.dumps`` instead of adapting an array
+    per column element by element in Python (psycopg's array dumper is pure Python)."""
+    return "(SELECT %s FROM jsonb_array_elements(%%s::text::jsonb) AS r)" % ", ".join(
+        "(r->>%d)::%s AS %s" % (i, _SQL_TYPES[c.kind], c.name) for i, c in enumerate(columns))
 
 
-INSERT_SQL = "INSERT INTO %s (%s) SELECT * FROM %s" % (JOBS, SELECT_COLUMNS, _unnest(COLUMNS))
+INSERT_SQL = "INSERT INTO %s (%s) SELECT * FROM %s AS u" % (JOBS, SELECT_COLUMNS, _rows(COLUMNS))
 _UPDATE_SOURCE = MUTABLE_COLUMNS + (COLUMNS[0],)  # the mutable columns, then the job id
-UPDATE_SQL = "UPDATE %s AS j SET %s FROM %s AS u(%s) WHERE j.job_id = u.job_id" % (
-    JOBS, ", ".join("%s = u.%s" % (c.name, c.name) for c in MUTABLE_COLUMNS), _unnest(_UPDATE_SOURCE),
-    ", ".join(c.name for c in _UPDATE_SOURCE))
+UPDATE_SQL = "UPDATE %s AS j SET %s FROM %s AS u WHERE j.job_id = u.job_id" % (
+    JOBS, ", ".join("%s = u.%s" % (c.name, c.name) for c in MUTABLE_COLUMNS), _rows(_UPDATE_SOURCE))
+# PostgreSQL's jsonb refuses \u0000 in a string (and text cannot hold NUL): the batch is
+# written again through ``storable``.
+_UNTRANSLATABLE = "22P05"
 PURGE_SQL = "DELETE FROM %s WHERE job_id = ANY(%%s::text[])" % JOBS
 TASK_TYPES_SQL = ("INSERT INTO jobmesh_task_types (name, first_seen) SELECT * FROM unnest(%s::text[], %s::bigint[])"
                   " ON CONFLICT (name) DO NOTHING")
@@ -643,9 +653,9 @@ class PostgresStore:
         if purges:  # first: a new job may take a purged key
             statements.append((PURGE_SQL, (list(purges),)))
         if inserts:
-            statements.append((INSERT_SQL, [list(column) for column in zip(*inserts)]))
+            statements.append((INSERT_SQL, (_json_rows(inserts),)))
         if updates:
-            statements.append((UPDATE_SQL, [list(column) for column in zip(*updates)]))
+            statements.append((UPDATE_SQL, (_json_rows(updates),)))
         if task_types:
             statements.append((TASK_TYPES_SQL, [list(column) for column in zip(*task_types)]))
         for rows, delete_sql, put_sql in ((schedules, SCHEDULES_DELETE_SQL, SCHEDULES_PUT_SQL),
@@ -664,11 +674,12 @@ class PostgresStore:
             try:
                 self._transaction(statements)
             except psycopg.DataError as exc:
-                if exc.sqlstate is not None:  # the server's: nothing to mend here
+                if exc.sqlstate not in (None, _UNTRANSLATABLE):  # the server's: nothing to mend here
                     raise
-                # psycopg refused a value before sending it: text holding NUL, which
-                # PostgreSQL's text cannot (see storable). Written again without.
-                self._transaction([(sql, storable(params)) for sql, params in statements])
+                # psycopg refused a value before sending it, or the server a row's JSON:
+                # text holding NUL, which PostgreSQL's text cannot (see storable). Written
+                # again without.
+                self._transaction([(sql, _mended(params)) for sql, params in statements])
 
     def _transaction(self, statements: list[tuple[str, Any]]) -> None:
         """BEGIN, the fence, ``statements``, COMMIT: one pipeline, one round trip."""
@@ -899,6 +910,20 @@ def storable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [storable(v) for v in value]
     return value
+
+
+def _json_rows(rows: list[tuple[Any, ...]]) -> str:
+    """Rows as the JSON parameter ``_rows`` takes apart; anything but tuples is the
+    program's bug (``TypeError``), never a row the database refuses."""
+    if not all(type(row) is tuple for row in rows):
+        raise TypeError("a batch's rows must be tuples")
+    return ujson.dumps(rows, ensure_ascii=False, escape_forward_slashes=False)
+
+
+def _mended(params: Any) -> Any:
+    """A statement's parameters with NUL replaced (``storable``), inside JSON rows too."""
+    return [ujson.dumps(storable(ujson.loads(p)), ensure_ascii=False, escape_forward_slashes=False)
+            if isinstance(p, str) and p[:1] == "[" else storable(p) for p in params]
 
 
 def _int32(n: int) -> int:

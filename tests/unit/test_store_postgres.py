@@ -402,12 +402,13 @@ def test_the_filter_holds_every_key_added_and_few_others():
 # ---- schema and statements -----------------------------------------------------------------------
 
 
-def test_milliseconds_are_bigint_and_batches_use_one_array_per_column(leader, admin):
+def test_milliseconds_are_bigint_and_batches_of_jobs_are_one_json_parameter(leader, admin):
     types = dict(admin.execute("SELECT column_name, data_type FROM information_schema.columns"
                                " WHERE table_schema = current_schema() AND table_name = 'jobmesh_jobs'").fetchall())
     assert types["created_at"] == types["updated_at"] == types["seq"] == types["deadline"] == "bigint"
     assert types["payload"] == types["job_id"] == "text"
-    assert "unnest(" in INSERT_SQL and "unnest(" in UPDATE_SQL and "VALUES" not in INSERT_SQL
+    assert "jsonb_array_elements(" in INSERT_SQL and "jsonb_array_elements(" in UPDATE_SQL
+    assert "VALUES" not in INSERT_SQL
     big = make_job("big", 2**40, created_at=2**62, deadline=2**62 + 5, state=JobState.RUNNING)
     leader.write(batch(big))
     assert leader.get("big").deadline == 2**62 + 5 and leader.max_seq() == 2**40
