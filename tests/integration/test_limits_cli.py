@@ -145,6 +145,7 @@ def test_a_unique_key_makes_one_job_while_it_is_active(coord, peers):
     (["limit", "set", "EXPORT_E", "--rate=0"], "--rate must be a number of starts a second above 0"),
     (["limit", "set", "EXPORT_E", "--rate-per-key=fast"], "--rate-per-key must be a number of starts a second"),
     (["limit", "set", "EXPORT_E", "--burst=5"], "--burst is the bucket of --rate: give --rate too"),
+    (["limit", "set", "EXPORT_E", "--rate=2", "--burst=0"], "--burst must be >= 1, got 0"),
     (["limit", "set", "EXPORT_E"], "give at least one of --max-running=..."),
     (["submit", "SLEEP", "--unique-key="], "--unique-key must be 1-256 characters"),
     (["submit", "SLEEP", "--concurrency-key=" + "k" * 257], "--concurrency-key must be 1-256 characters"),
@@ -164,6 +165,10 @@ def test_what_the_coordinator_refuses_is_one_line_and_exit_1(coord):
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     out = jm(coord, "pause", "NO_SUCH_TYPE_X")
     assert out.returncode == 1 and out.stderr.startswith("jobmesh pause: the coordinator refused: "), out.stderr
+    # a count past what a limit holds is refused in words that say which counts it takes
+    out = jm(coord, "limit", "set", "SLEEP", "--max-running-per-key=99999999999")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "maxRunningPerKey must be an integer from 0 to 2147483647 or null, got 99999999999" in out.stderr
 
 
 def test_the_library_puts_gets_lists_pauses_and_deletes(coord, peers):

@@ -501,7 +501,7 @@ def check_fields(body: dict[str, Any]) -> str | None:
     for name in COUNTS:
         value = body.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < MAX_COUNT):
-            return "%s must be a non-negative integer or null, got %s" % (name, quote(value))
+            return "%s must be an integer from 0 to %d or null, got %s" % (name, MAX_COUNT - 1, quote(value))
     if body.get("burst") == 0:
         return "burst must be at least 1, got 0"
     for name in RATES:
