@@ -17,6 +17,7 @@ import pytest
 from jobmesh.client import CoordinatorClient
 from jobmesh.client.api import submit_request
 from jobmesh.errors import RequestFailed
+from jobmesh.protocol import messages as m
 from tests.support.waiting import wait_until
 from tests.integration.test_schedules import jm, one_json
 
@@ -195,6 +196,11 @@ def test_the_library_puts_gets_lists_pauses_and_deletes(coord, peers):
         with pytest.raises(ValueError, match="finite"):
             client.limits.put("LIB_T", rate_per_second=float("inf"))
         assert client.limits.get("LIB_T")["maxRunning"] is None  # nothing was changed
+        # a limit object as read (with its running and queued counts) may be put back changed
+        read = client.limits.put("LIB_T", max_running=2, max_running_per_key=1)
+        back = client.request(m.LimitPut(dict(read, maxRunning=5)), m.Limit).limit
+        assert (back["maxRunning"], back["maxRunningPerKey"], back["running"], back["queued"]) == (5, 1, 0, 0)
+        assert client.limits.delete("LIB_T")["maxRunning"] == 5
 
 
 
