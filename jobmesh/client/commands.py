@@ -554,7 +554,8 @@ def limit_set(client: CoordinatorClient, args: dict[str, Any], console: Console)
     values: dict[str, Any] = {}
     for flag, field, kind in LIMIT_FLAGS:
         if args[flag] is not None:
-            values[field] = _int_flag(args, flag, 0) if kind is int else _rate_flag(args, flag)
+            low = 1 if field == "burst" else 0  # a bucket holds at least one start
+            values[field] = _int_flag(args, flag, low) if kind is int else _rate_flag(args, flag)
     if not values:
         raise ConfigError("give at least one of %s (to remove the type's limits: jobmesh limit rm %s)"
                           % (", ".join(flag + "=..." for flag, _, _ in LIMIT_FLAGS), args["TASK_TYPE"]))

@@ -17,6 +17,7 @@ import pytest
 from jobmesh.client import CoordinatorClient
 from jobmesh.client.api import submit_request
 from jobmesh.errors import RequestFailed
+from jobmesh.protocol import messages as m
 from tests.support.waiting import wait_until
 from tests.integration.test_schedules import jm, one_json
 
@@ -145,6 +146,7 @@ def test_a_unique_key_makes_one_job_while_it_is_active(coord, peers):
     (["limit", "set", "EXPORT_E", "--rate=0"], "--rate must be a number of starts a second above 0"),
     (["limit", "set", "EXPORT_E", "--rate-per-key=fast"], "--rate-per-key must be a number of starts a second"),
     (["limit", "set", "EXPORT_E", "--burst=5"], "--burst is the bucket of --rate: give --rate too"),
+    (["limit", "set", "EXPORT_E", "--rate=2", "--burst=0"], "--burst must be >= 1, got 0"),
     (["limit", "set", "EXPORT_E"], "give at least one of --max-running=..."),
     (["submit", "SLEEP", "--unique-key="], "--unique-key must be 1-256 characters"),
     (["submit", "SLEEP", "--concurrency-key=" + "k" * 257], "--concurrency-key must be 1-256 characters"),
@@ -164,6 +166,10 @@ def test_what_the_coordinator_refuses_is_one_line_and_exit_1(coord):
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     out = jm(coord, "pause", "NO_SUCH_TYPE_X")
     assert out.returncode == 1 and out.stderr.startswith("jobmesh pause: the coordinator refused: "), out.stderr
+    # a count past what a limit holds is refused in words that say which counts it takes
+    out = jm(coord, "limit", "set", "SLEEP", "--max-running-per-key=99999999999")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "maxRunningPerKey must be an integer from 0 to 2147483647 or null, got 99999999999" in out.stderr
 
 
 def test_the_library_puts_gets_lists_pauses_and_deletes(coord, peers):
@@ -190,6 +196,11 @@ def test_the_library_puts_gets_lists_pauses_and_deletes(coord, peers):
         with pytest.raises(ValueError, match="finite"):
             client.limits.put("LIB_T", rate_per_second=float("inf"))
         assert client.limits.get("LIB_T")["maxRunning"] is None  # nothing was changed
+        # a limit object as read (with its running and queued counts) may be put back changed
+        read = client.limits.put("LIB_T", max_running=2, max_running_per_key=1)
+        back = client.request(m.LimitPut(dict(read, maxRunning=5)), m.Limit).limit
+        assert (back["maxRunning"], back["maxRunningPerKey"], back["running"], back["queued"]) == (5, 1, 0, 0)
+        assert client.limits.delete("LIB_T")["maxRunning"] == 5
 
 
 

@@ -234,6 +234,33 @@ def test_json_endpoints_read_through_the_core(coord, peers):
     assert series["running"][-1] == 1 and series["queued"][-1] == 2
 
 
+def test_jobs_held_by_a_limit_are_in_the_gauge_and_the_limits_endpoint(shared_coord, peers):
+    # Given a type of this test's own, paused with a limit of one running per key
+    client = peers.client(shared_coord)
+    worker = peers.worker(shared_coord, "w-held", capacity=3, task_types=["HELD_G"])
+    put = client.request({"type": "LIMIT_PUT", "limit": {"taskType": "HELD_G", "maxRunningPerKey": 1, "paused": True}})
+    assert put["type"] == "LIMIT", put
+
+    def held() -> dict[str, float]:
+        return {labels[0][1]: n for (name, labels), n in scrape(shared_coord).items()
+                if name == "jobmesh_jobs_held" and ("taskType", "HELD_G") in labels and n}
+
+    # When three jobs are submitted, two of them with the same concurrency key
+    for key in ("k", "k", "other"):
+        client.submit_ok("HELD_G", {}, concurrencyKey=key)
+    # Then the gauge counts the three as held by the pause, and /api/limits shows the pause
+    assert held() == {"TYPE_PAUSED": 3}
+    [row] = [lim for lim in get_json(shared_coord.metrics_url + "/api/limits")[1]["limits"]
+             if lim["taskType"] == "HELD_G"]
+    assert (row["paused"], row["maxRunningPerKey"], row["queued"]) == (True, 1, 3)
+    # And once resumed, two start and the second job of key k is held by the limit per key
+    assert client.request({"type": "TYPE_RESUME", "taskType": "HELD_G"})["limit"]["paused"] is False
+    worker.await_assign()
+    worker.await_assign()
+    wait_until(lambda: held() == {"KEY_CONCURRENCY_LIMIT": 1}, message="one HELD_G job held by its key's limit")
+    assert client.request({"type": "LIMIT_DELETE", "taskType": "HELD_G"})["type"] == "LIMIT"
+
+
 def test_the_dashboard_page_is_served(shared_coord):
     status, headers, body = get(shared_coord.metrics_url + "/")
     assert status == 200

@@ -258,3 +258,31 @@ def test_worker_ids_are_one_namespace_across_the_ports(coord, periodic_peers):
     assert ids.count(taken) == 1 and len(ids) == len(set(ids))
     later.close()
     json_worker.close()
+
+
+def test_a_funcs_jobs_obey_the_limit_and_the_pause_of_its_name(coord, periodic_peers):
+    # Given an aio-periodic worker with room for three jobs of func plim, limited to one running
+    worker = periodic_peers(coord.periodic_addr, "plim", "hang", 3)
+    client = Client(coord.client_addr)
+    put = client.request({"type": "LIMIT_PUT", "limit": {"taskType": "plim", "maxRunning": 1}})
+    assert (put["type"], put["limit"]["maxRunning"]) == ("LIMIT", 1), put
+    # When two jobs of it are submitted on the Periodic port
+    assert client_ops(coord.periodic_addr, ["submit", "plim", "a", "x", 0, 0], ["submit", "plim", "b", "x", 0, 0]) \
+        == [True, True]
+    # Then one runs and the other waits on the limit, as the limit's counts say
+    first = worker.next()["name"]
+    held = "b" if first == "a" else "a"
+    wait_until(lambda: job_named(coord, "plim", held).get("waitingReason") == "CONCURRENCY_LIMIT",
+               message="the second plim job held by the limit")
+    assert job_named(coord, "plim", first)["state"] == "RUNNING"
+    got = client.request({"type": "LIMIT_GET", "taskType": "plim"})["limit"]
+    assert (got["running"], got["queued"]) == (1, 1), got
+    # And while the func is paused, raising its limit starts nothing; resuming starts the held job
+    assert client.request({"type": "TYPE_PAUSE", "taskType": "plim"})["limit"]["paused"] is True
+    raised = client.request({"type": "LIMIT_PUT", "limit": {"taskType": "plim", "maxRunning": 2}})["limit"]
+    assert (raised["maxRunning"], raised["paused"]) == (2, True)
+    assert job_named(coord, "plim", held)["waitingReason"] == "TYPE_PAUSED"
+    assert client.request({"type": "TYPE_RESUME", "taskType": "plim"})["limit"]["paused"] is False
+    assert worker.next()["name"] == held
+    wait_until(lambda: job_named(coord, "plim", held)["state"] == "RUNNING", message="the held plim job running")
+    assert client.request({"type": "LIMIT_DELETE", "taskType": "plim"})["limit"]["running"] == 2

@@ -53,6 +53,7 @@ TYPE_PAUSED, CONCURRENCY_LIMIT, KEY_CONCURRENCY_LIMIT, RATE_LIMIT = REASONS = (
 COUNTS = ("maxRunning", "maxRunningPerKey", "burst")
 RATES = ("ratePerSecond", "ratePerKeyPerSecond")
 FIELDS = ("taskType",) + COUNTS + RATES + ("paused",)
+COUNTED = ("running", "queued")  # a limit object as read carries these; a put ignores them
 _PRIORITIES = tuple(Priority)
 
 
@@ -367,7 +368,7 @@ class Limits:
         for field, state in (("running", JobState.RUNNING), ("queued", JobState.QUEUED)):
             view[field] = sum(counts.get((state, task_type, p, periodic), 0)
                               for p in _PRIORITIES for periodic in (False, True))
-        return {name: view[name] for name in FIELDS + ("running", "queued")}
+        return {name: view[name] for name in FIELDS + COUNTED}
 
     def get(self, now: int, req: m.LimitGet) -> m.Message:
         return m.Limit(self.view(req.task_type))
@@ -495,13 +496,13 @@ class Limits:
 
 def check_fields(body: dict[str, Any]) -> str | None:
     """Why a limit's fields are refused; None if they are fine."""
-    unknown = sorted(set(body) - set(FIELDS))
+    unknown = sorted(set(body).difference(FIELDS, COUNTED))
     if unknown:
         return "limit has unknown field %s (fields: %s)" % (quote(unknown[0]), ", ".join(FIELDS))
     for name in COUNTS:
         value = body.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < MAX_COUNT):
-            return "%s must be a non-negative integer or null, got %s" % (name, quote(value))
+            return "%s must be an integer from 0 to %d or null, got %s" % (name, MAX_COUNT - 1, quote(value))
     if body.get("burst") == 0:
         return "burst must be at least 1, got 0"
     for name in RATES:
