@@ -109,6 +109,7 @@ LEAST_ROLE = {
     "SCHEDULE_RESUME": "admin", "SCHEDULE_DELETE": "admin", "SCHEDULE_TRIGGER": "admin",
     "LIMIT_GET": "reader", "LIMIT_LIST": "reader", "LIMIT_PUT": "admin", "LIMIT_DELETE": "admin",
     "TYPE_PAUSE": "admin", "TYPE_RESUME": "admin",
+    "WORKFLOW_STATUS": "reader", "WAIT_WORKFLOW": "reader", "SUBMIT_WORKFLOW": "client", "WORKFLOW_CANCEL": "client",
 }
 RANK = {"reader": 1, "client": 2, "admin": 3}
 
@@ -146,6 +147,10 @@ def request_of(kind: str, job_id: str, finished_id: str) -> dict:
         "LIMIT_DELETE": {"taskType": "NO_SUCH_TYPE"},
         "TYPE_PAUSE": {"taskType": "NO_SUCH_TYPE"},
         "TYPE_RESUME": {"taskType": "NO_SUCH_TYPE"},
+        "SUBMIT_WORKFLOW": {"jobs": [{"ref": "only", "taskType": "SLEEP", "payload": {"durationMillis": 1}}]},
+        "WORKFLOW_STATUS": {"workflowId": "no-such-workflow"},  # ERROR: unknown workflow
+        "WAIT_WORKFLOW": {"workflowId": "no-such-workflow", "timeoutMillis": 0},
+        "WORKFLOW_CANCEL": {"workflowId": "no-such-workflow"},
     }[kind]
 
 
