@@ -219,6 +219,11 @@ def test_defaults_survive_a_restart_and_apply_while_no_worker_is_connected(coord
         greeter.complete(greeter.await_assign(timeout=15), {"greeting": "hi"})
         wait_until(lambda: purged(client, brief), timeout=15, message="the queued job with no time to live purged")
         # When a later registration declares ONCE differently, the latest declaration wins
+        earlier = client.submit("ONCE", {}, delay=3600)
+        client.schedules.put("once-later", "ONCE", {}, every=3600, paused=True)
         newer = peers.worker(coord, "w-newer", register=False)
         newer.register(task_types=["ONCE"], extra={"taskDefaults": {"ONCE": {"maxAttempts": 4}}})
         assert client.status(client.submit("ONCE", {}))["maxAttempts"] == 4
+        # for new jobs, a schedule's too; a job made before keeps the budget it was given
+        assert client.status(client.schedules.trigger("once-later"))["maxAttempts"] == 4
+        assert client.status(earlier)["maxAttempts"] == 1
