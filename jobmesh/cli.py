@@ -297,7 +297,8 @@ Usage:
   jobmesh submit TASK_TYPE [PAYLOAD_JSON] [options]
 
 Options:
-  --max-attempts=N          attempt budget; 0 uses the coordinator's default [default: 0]
+  --max-attempts=N          attempt budget; 0: its task type's (@task max_attempts), else
+                            the coordinator's default [default: 0]
   --priority=LEVEL          HIGH, NORMAL or LOW [default: NORMAL]
   --idempotency-key=KEY     submit at most once per key (default: a random one, so
                             that a submit sent again to the next address after a
@@ -454,7 +455,8 @@ Options:
   --jitter-millis=N            delay each job by an amount in [0, N) fixed per fire time
                                [default: 0]
   --priority=LEVEL             HIGH, NORMAL or LOW [default: NORMAL]
-  --max-attempts=N             attempt budget; 0 uses the coordinator's default [default: 0]
+  --max-attempts=N             attempt budget of each job; 0: its task type's (@task
+                               max_attempts), else the coordinator's default [default: 0]
   --paused                     add it paused
   --from=TIME                  preview: fire times after this (default: now)
   --count=N                    preview: how many fire times, 1..1000 [default: 10]

@@ -5,8 +5,9 @@ The project (``jmdj_site`` settings, an app ``jmdj_app`` with a ``tasks`` module
 database) is written to a temporary directory. The test process plays the web side: it
 sets Django up itself (unpatched, as ``manage.py shell`` or a web server would) and
 enqueues through ``django.tasks`` (Django 6) or the ``django_tasks`` backport. One
-coordinator and one worker (capacity 1, so one task process runs every attempt) serve
-the whole module; every test uses tasks of its own.
+coordinator with tokens on and one worker (capacity 1, so one task process runs every
+attempt) serve the whole module; the backend presents its ``token`` OPTION, the worker its
+token file. Every test uses tasks of its own.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ except ImportError:  # the dev extra brings it: a missing Django is a broken ins
     pytest.skip("Django is not installed: pip install -e '.[dev]' brings it (and django-tasks before "
                 "Python 3.12); the Django backend is untested", allow_module_level=True)
 
+from jobmesh import auth
 from jobmesh.client.api import CoordinatorClient
+from jobmesh.errors import RequestFailed
 from tests.support.cli import run_cli
-from tests.support.processes import WorkerProc
+from tests.support.processes import CoordinatorProc, WorkerProc
 from tests.support.waiting import wait_until
 
 TASKS_MODULE = '''
@@ -97,7 +100,7 @@ USE_TZ = True
 INSTALLED_APPS = {apps!r}
 DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": {db!r}}}}}
 TASKS = {{"default": {{"BACKEND": "jobmesh.contrib.django.JobmeshBackend",
-                      "OPTIONS": {{"coordinator": {coordinator!r}}}}}}}
+                      "OPTIONS": {{"coordinator": {coordinator!r}, "token": {token!r}}}}}}}
 '''
 
 
@@ -110,30 +113,47 @@ def framework() -> str:
         return "django_tasks"
 
 
-def write_project(root: Path, coordinator: str) -> None:
+def write_project(root: Path, coordinator: str, token: str) -> None:
     (root / "jmdj_site").mkdir()
     (root / "jmdj_site" / "__init__.py").write_text("")
     apps = ["jmdj_app"] + (["django_tasks"] if framework() == "django_tasks" else [])
     (root / "jmdj_site" / "settings.py").write_text(SETTINGS_MODULE.format(
-        apps=apps, db=str(root / "db.sqlite3"), coordinator=coordinator))
+        apps=apps, db=str(root / "db.sqlite3"), coordinator=coordinator, token=token))
     (root / "jmdj_app").mkdir()
     (root / "jmdj_app" / "__init__.py").write_text("")
     (root / "jmdj_app" / "tasks.py").write_text(textwrap.dedent(TASKS_MODULE.format(framework=framework())))
 
 
 @pytest.fixture(scope="module")
-def project(module_coordinator, tmp_path_factory):
+def coordinator(tmp_path_factory):
+    """The module's coordinator with an auth file; ``.tokens`` by name: ``django-web``
+    (client, the backend's), ``django-worker`` (worker) and ``tests`` (admin)."""
+    directory = tmp_path_factory.mktemp("django-coord")
+    auth_file = directory / "auth.toml"
+    tokens = {name: auth.new_token(str(auth_file), name, role)
+              for name, role in (("django-web", "client"), ("django-worker", "worker"), ("tests", "admin"))}
+    proc = CoordinatorProc(directory, auth_file=auth_file).start()
+    proc.tokens = tokens
+    yield proc
+    proc.cleanup()
+
+
+@pytest.fixture(scope="module")
+def project(coordinator, tmp_path_factory):
     """The project, its worker, and the Django side set up in this process: the app's tasks module."""
     root = tmp_path_factory.mktemp("django-project")
-    write_project(root, module_coordinator.client_target)
-    worker = WorkerProc(root, module_coordinator.worker_target, worker_id="django-w", capacity=1, cwd=root,
-                        extra=("--django=jmdj_site.settings",)).start()
+    write_project(root, coordinator.client_target, coordinator.tokens["django-web"])
+    token_file = root / "worker.token"
+    token_file.write_text(coordinator.tokens["django-worker"])
+    token_file.chmod(0o600)
+    worker = WorkerProc(root, coordinator.worker_target, worker_id="django-w", capacity=1, cwd=root,
+                        extra=("--django=jmdj_site.settings", "--token-file=%s" % token_file)).start()
     sys.path.insert(0, str(root))
     os.environ["DJANGO_SETTINGS_MODULE"] = "jmdj_site.settings"
     try:
         django.setup()
         tasks = importlib.import_module("jmdj_app.tasks")
-        with CoordinatorClient(module_coordinator.client_target) as client:
+        with CoordinatorClient(coordinator.client_target, token=coordinator.tokens["tests"]) as client:
             wait_until(lambda: any("jmdj_app.tasks.add" in w["taskTypes"] for w in client.workers()), timeout=30,
                        message="the --django worker declaring the project's tasks (log: %s)" % worker.err_path)
         yield tasks
@@ -144,8 +164,8 @@ def project(module_coordinator, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client(module_coordinator):
-    with CoordinatorClient(module_coordinator.client_target) as c:
+def client(coordinator):
+    with CoordinatorClient(coordinator.client_target, token=coordinator.tokens["tests"]) as c:
         yield c
 
 
@@ -164,6 +184,7 @@ def test_enqueue_runs_the_function_in_the_worker_and_get_result_reads_the_job(pr
     assert result.status == "READY" and result.args == [2, 40] and result.kwargs == {}
     job = client.status(result.id)  # the result id is the jobId, the type the task's module path
     assert job["taskType"] == "jmdj_app.tasks.add" and job["priority"] == "NORMAL"
+    assert job["submittedBy"] == "django-web"  # the backend presented its OPTIONS token
     done = finished(client, project.add, result)  # read by id: the job's payload gives the arguments
     assert done.status == "SUCCESSFUL" and done.is_finished
     assert done.args == [2, 40] and done.kwargs == {}
@@ -283,8 +304,8 @@ def test_get_result_of_no_django_job_does_not_exist(project, client):
         client.cancel(odd)
 
 
-def test_worker_with_a_settings_module_that_cannot_load_exits_2_in_one_line(project, module_coordinator, tmp_path):
-    proc = run_cli("worker", "--coordinator=%s" % module_coordinator.worker_target, "--django=jmdj_nosuch.settings",
+def test_worker_with_a_settings_module_that_cannot_load_exits_2_in_one_line(project, coordinator, tmp_path):
+    proc = run_cli("worker", "--coordinator=%s" % coordinator.worker_target, "--django=jmdj_nosuch.settings",
                    cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
@@ -308,3 +329,17 @@ def test_the_backend_refuses_options_it_does_not_take(project):
 
     with pytest.raises(ImproperlyConfigured, match="unknown OPTIONS cordinator"):
         JobmeshBackend("other", {"OPTIONS": {"cordinator": "127.0.0.1:7071"}})
+
+
+def test_the_backend_presents_the_token_its_options_name(project, coordinator):
+    from jobmesh.contrib.django import JobmeshBackend
+
+    target = coordinator.client_target
+    wrong = JobmeshBackend("wrong", {"OPTIONS": {"coordinator": target, "token": "not-a-token"}})
+    with pytest.raises(RequestFailed, match="authentication failed"):
+        wrong.enqueue(project.add, [1, 1], {})
+    wrong.close()
+    none = JobmeshBackend("none", {"OPTIONS": {"coordinator": target}})
+    with pytest.raises(RequestFailed, match="authentication required"):
+        none.enqueue(project.add, [1, 1], {})
+    none.close()

@@ -77,6 +77,18 @@ def test_a_types_max_attempts_applies_to_a_submit_that_names_none(client):
     assert (own["state"], own["attempts"], own["maxAttempts"]) == ("FAILED", 2, 2), own
 
 
+def test_a_schedule_that_names_no_max_attempts_makes_jobs_with_their_types(client):
+    # Given schedules of ONCE (max_attempts=1): one naming no maxAttempts, one naming 2
+    plain = client.schedules.put("once-plain", "ONCE", {}, every=3600, paused=True)
+    own = client.schedules.put("once-own", "ONCE", {}, every=3600, paused=True, max_attempts=2)
+    # Then each shows the budget its jobs get
+    assert (plain["maxAttempts"], own["maxAttempts"]) == (1, 2), (plain, own)
+    # And a job each makes has that budget: the type's single attempt, or the schedule's two
+    jobs = [client.wait(client.schedules.trigger(name), timeout=15) for name in ("once-plain", "once-own")]
+    assert [(job["state"], job["attempts"], job["maxAttempts"]) for job in jobs] == [("FAILED", 1, 1),
+                                                                                    ("FAILED", 2, 2)], jobs
+
+
 def test_a_types_timeout_ends_its_attempts_and_a_jobs_own_timeout_beats_it(client):
     # Given HASTY declared with timeout=0.3 s (the coordinator's --task-timeout-millis is 60 s)
     # When a HASTY job runs far longer than that
@@ -207,6 +219,11 @@ def test_defaults_survive_a_restart_and_apply_while_no_worker_is_connected(coord
         greeter.complete(greeter.await_assign(timeout=15), {"greeting": "hi"})
         wait_until(lambda: purged(client, brief), timeout=15, message="the queued job with no time to live purged")
         # When a later registration declares ONCE differently, the latest declaration wins
+        earlier = client.submit("ONCE", {}, delay=3600)
+        client.schedules.put("once-later", "ONCE", {}, every=3600, paused=True)
         newer = peers.worker(coord, "w-newer", register=False)
         newer.register(task_types=["ONCE"], extra={"taskDefaults": {"ONCE": {"maxAttempts": 4}}})
         assert client.status(client.submit("ONCE", {}))["maxAttempts"] == 4
+        # for new jobs, a schedule's too; a job made before keeps the budget it was given
+        assert client.status(client.schedules.trigger("once-later"))["maxAttempts"] == 4
+        assert client.status(earlier)["maxAttempts"] == 1

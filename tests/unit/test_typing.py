@@ -1,9 +1,11 @@
 """The whole package is typed: ``python -m mypy jobmesh`` with the configuration in
 setup.cfg (every function annotated; gevent, which has no type information, is the one
-library whose imports are unchecked) reports nothing."""
+library whose imports are unchecked) reports nothing; and a user's code on the asyncio
+client is checked against its types."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,3 +23,43 @@ def test_the_package_is_mypy_clean() -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.startswith("Success:") and not proc.stderr, \
         proc.stdout + proc.stderr
+
+
+USER_CODE = '''
+import asyncio
+
+from jobmesh.aio import AsyncClient
+
+
+async def main() -> None:
+    async with AsyncClient("127.0.0.1:7071", token="t", tls_ca="ca.pem") as client:
+        job_id: str = await client.submit("SHA256", {"text": "a"}, priority="HIGH", delay=3, timeout_millis=5)
+        job: dict[str, object] = await client.wait(job_id, timeout=3)
+        cancelled, snapshot = await client.cancel(job_id)
+        jobs, cursor = await client.list_jobs(limit=10)
+        async for item in client.iter_jobs(state="FAILED"):
+            print(item["jobId"], job, cancelled, snapshot, jobs, cursor)
+        await client.submit("SHA256", [1])  # wrong: a payload is a dict
+        count: int = await client.status(job_id)  # wrong: a snapshot is a dict
+        client.status(job_id).upper()  # wrong: not awaited
+'''
+
+
+def test_a_users_asyncio_code_is_checked_against_the_clients_types(tmp_path) -> None:
+    """``jobmesh.aio`` as a user's mypy --strict sees it (the package found on MYPYPATH, as
+    an installed copy with its py.typed marker would be): the README's example and correct
+    calls pass, wrong ones are reported where they are."""
+    pytest.importorskip("mypy", reason="mypy is in the dev extra: pip install -e '.[dev]'")
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## From asyncio"):]
+    (tmp_path / "readme_example.py").write_text(section.split("```python\n")[1].split("```")[0])
+    (tmp_path / "user_code.py").write_text(USER_CODE)
+    env = dict(os.environ, MYPYPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--no-error-summary",
+                           "--cache-dir", str(tmp_path / ".mypy_cache"), "readme_example.py", "user_code.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    wrong = [n for n, line in enumerate(USER_CODE.splitlines(), 1) if "# wrong" in line]
+    reported = sorted({int(line.split(":")[1]) for line in proc.stdout.splitlines() if ": error:" in line
+                       and line.startswith("user_code.py:")})
+    assert reported == wrong and "readme_example.py" not in proc.stdout and not proc.stderr, proc.stdout + proc.stderr
+    assert (ROOT / "jobmesh" / "py.typed").exists()

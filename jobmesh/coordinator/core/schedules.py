@@ -31,7 +31,6 @@ from typing import Any, Callable
 
 import ujson
 
-from jobmesh.config import CoreConfig
 from jobmesh.coordinator.core.firetimes import NAME, Rule, RuleError, jitter_delay
 from jobmesh.coordinator.core.requests import MAX_PAYLOAD_BYTES, SCHEDULE_KEYS as KEY_PREFIX
 from jobmesh.coordinator.core.table import JobTable
@@ -77,7 +76,7 @@ class Schedule:
     task_type: str
     payload: dict[str, Any]
     priority: Priority
-    max_attempts: int
+    max_attempts: int  # 0: none named; each job takes its type's declared budget, else the coordinator's
     missed: str
     catchup_window_millis: int
     overlap: str
@@ -120,12 +119,15 @@ class Schedule:
                     filePaused=self.file_paused)
         return ujson.dumps(body, ensure_ascii=False, escape_forward_slashes=False)
 
-    def view(self, state_of: Callable[[str], str | None]) -> dict[str, Any]:
+    def view(self, state_of: Callable[[str], str | None], attempts_of: Callable[[str], int]) -> dict[str, Any]:
         """The wire form, one shape for every SCHEDULE and each SCHEDULE_LIST item: every
         field of the contract, ``origin``, and the last jobs with the states ``state_of``
-        finds for them (None: not found, e.g. purged): ``lastJobState`` and ``recentJobs``."""
+        finds for them (None: not found, e.g. purged): ``lastJobState`` and ``recentJobs``.
+        ``maxAttempts`` is the budget its next job gets (``attempts_of`` its task type's
+        when the schedule names none)."""
         out = self.definition()
-        out.update(origin=self.origin, createdAtMillis=self.created_at, nextFireMillis=self.next_fire,
+        out.update(maxAttempts=self.max_attempts or attempts_of(self.task_type), origin=self.origin,
+                   createdAtMillis=self.created_at, nextFireMillis=self.next_fire,
                    lastFireMillis=self.last_fire, lastJobId=self.last_job_id,
                    lastJobState=None if self.last_job_id is None else state_of(self.last_job_id),
                    recentJobs=[{"jobId": job_id, "scheduledFor": fire, "state": state_of(job_id)}
@@ -153,8 +155,7 @@ def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], defaul
     return value
 
 
-def parse_definition(obj: dict[str, Any], config: CoreConfig, check: CheckPayload, origin: str,
-                     now_wall: int) -> Schedule:
+def parse_definition(obj: dict[str, Any], check: CheckPayload, origin: str, now_wall: int) -> Schedule:
     """A new schedule from a SCHEDULE_PUT's ``schedule`` (or a schedules-file table), created
     at ``now_wall``; ``RuleError`` saying what is wrong."""
     name = _field(obj, "name", str, None)
@@ -178,8 +179,8 @@ def parse_definition(obj: dict[str, Any], config: CoreConfig, check: CheckPayloa
         priority = Priority.parse(_field(obj, "priority", str, "NORMAL"))
     except ValueError as exc:
         raise RuleError(str(exc)) from None
-    max_attempts = _field(obj, "maxAttempts", int, 0) or config.default_max_attempts
-    if not 1 <= max_attempts <= 1_000_000:
+    max_attempts = _field(obj, "maxAttempts", int, 0)  # 0: the type's, or the coordinator's, per job
+    if max_attempts and not 1 <= max_attempts <= 1_000_000:
         raise RuleError("maxAttempts must be 1..1000000, got %d" % max_attempts)
     missed = _field(obj, "missed", str, "latest")
     if missed not in MISSED:
@@ -346,7 +347,8 @@ class Schedules:
         delay = jitter_delay(s.name, fire, s.jitter_millis)
         run_at = fire + delay if delay else None
         later = run_at is not None and run_at > now + table.drift
-        job = table.new_job(now, s.task_type, s.payload, s.max_attempts, s.priority,
+        attempts = s.max_attempts or table.max_attempts_of(s.task_type)  # as a submit naming none
+        job = table.new_job(now, s.task_type, s.payload, attempts, s.priority,
                             JobState.SCHEDULED if later else JobState.QUEUED, KEY_PREFIX + "%s:%d" % (s.name, fire),
                             None, s.payload_json, run_at)
         table.give_defaults(job, None)
@@ -378,7 +380,7 @@ class Schedules:
         handled are not made again); pausing or resuming follows ``paused`` (default: the
         definition's). Raises ``RuleError``, changing nothing, also when its next fire time
         would be at or after the year 10000."""
-        new = parse_definition(obj, self.config, check or self.check_payload, origin, wall)
+        new = parse_definition(obj, check or self.check_payload, origin, wall)
         if paused is not None:
             new.paused = paused
         old = self.by_name.get(new.name)
@@ -417,14 +419,14 @@ class Schedules:
     def _reply(self, schedule: Schedule) -> m.Message:
         """SCHEDULE after a change: states as memory holds them, so nothing is read (and
         the change is never applied twice)."""
-        return m.Schedule(schedule.view(self._held_state))
+        return m.Schedule(schedule.view(self._held_state, self.table.max_attempts_of))
 
     def get(self, now: int, name: str) -> m.Message:
         """SCHEDULE with its recent jobs and their states (a finished job may be read back)."""
         schedule = self.by_name.get(name)
         if schedule is None:
             return unknown(name)
-        return m.Schedule(schedule.view(self._read_state))
+        return m.Schedule(schedule.view(self._read_state, self.table.max_attempts_of))
 
     def list_schedules(self, now: int, req: m.ScheduleList) -> m.Message:
         """SCHEDULE_LIST: by name, a page of ``limit`` after ``after`` (shorter when the
@@ -440,7 +442,7 @@ class Schedules:
         out: list[dict[str, Any]] = []
         size = 0
         for name in page:
-            view = self.by_name[name].view(self._held_state)
+            view = self.by_name[name].view(self._held_state, self.table.max_attempts_of)
             size += len(ujson.dumps(view, ensure_ascii=False).encode("utf-8")) + 1
             if size > LIST_MAX_BYTES and out:
                 return m.ScheduleList(schedules=out, next_after=out[-1]["name"])
