@@ -651,6 +651,7 @@ def run_client_command(command: str, args: dict[str, Any], console: Console) -> 
     handler = HANDLERS[command]
     token = read_token(args.get("--token-file"))
     warn_if_exposed(token_file_of(args.get("--token-file")), "the token file")
+    warn_if_exposed(args.get("--tls-key"), "the --tls-key file")
     try:
         with CoordinatorClient(addresses, connect_timeout=connect_timeout, tls=bool(args.get("--tls")),
                                tls_ca=args.get("--tls-ca"), tls_cert=args.get("--tls-cert"),

@@ -599,6 +599,7 @@ def run_worker(cfg: WorkerConfig) -> int:
     handlers = [gevent.signal_handler(s, stop, s) for s in (signal.SIGTERM, signal.SIGINT)]
     handlers.append(gevent.signal_handler(signal.SIGHUP, agent.reload_token))
     warn_if_exposed(cfg.token_file, "the token file")
+    warn_if_exposed(cfg.tls.key if cfg.tls is not None else None, "the --tls-key file")
     try:
         main.join()
     finally:

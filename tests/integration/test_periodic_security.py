@@ -361,8 +361,18 @@ def test_task_types_limit_a_tokens_funcs(tokened, tokens):
     ours, theirs = pc.Job(b"team.echo", b"a", b"", 0, 0, 0), pc.Job(b"other", b"a", b"", 0, 0, 0)
     assert client.request(pc.SubmitJob(client.next_msgid(), ours)) == pc.Success(client.msgid)
     for msg in (pc.SubmitJob(client.next_msgid(), theirs), pc.RunJob(client.next_msgid(), theirs),
-                pc.DropFunc(client.next_msgid(), b"other"), pc.RemoveJob(client.next_msgid(), pc.Handle(b"other", b"a"))):
+                pc.DropFunc(client.next_msgid(), b"other"), pc.RemoveJob(client.next_msgid(), pc.Handle(b"other", b"a")),
+                pc.Load(client.next_msgid(), (theirs,)),
+                pc.Load(client.next_msgid(), (pc.Job(b"team.echo", b"b", b"", 0, 0, 0), theirs))):
         assert client.request(msg) == pc.NoWorker(msg.msgid), msg
+    # a LOAD of its own funcs' jobs is taken; one naming another func loaded nothing
+    ours_too = pc.Job(b"team.echo", b"c", b"", 0, 0, 0)
+    assert client.request(pc.Load(client.next_msgid(), (ours_too,))) == pc.Success(client.msgid)
+    admin = auth(addr, pc.ConnType.CLIENT, "p-admin", tokens.admin)
+    dump = admin.request(pc.Dump(admin.next_msgid()))
+    names = {(job.func, job.name) for job in pc.decode_jobs(dump.data)}
+    assert {(b"team.echo", b"a"), (b"team.echo", b"c")} <= names and (b"team.echo", b"b") not in names, names
+    assert not any(func == b"other" for func, _ in names), names
 
 
 @pytest.fixture(scope="module")

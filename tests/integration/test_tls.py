@@ -213,8 +213,11 @@ def test_the_library_takes_an_ssl_context(tls_coordinator, certs):
 # ---- client certificates --------------------------------------------------------------
 
 
-def test_client_certificates_when_the_coordinator_asks(mtls_coordinator, worker_procs, certs):
+def test_client_certificates_when_the_coordinator_asks(mtls_coordinator, worker_procs, certs, tmp_path):
     addr = mtls_coordinator.client_addr
+    exposed = tmp_path / "client-key.pem"  # the client's key as a copy may leave it: others may read it
+    exposed.write_bytes(certs.client_key.read_bytes())
+    exposed.chmod(0o644)
     # Without a certificate, or with one from a CA the coordinator does not trust: refused.
     for cert, key in ((None, None), (certs.stranger, certs.stranger_key)):
         with pytest.raises(CoordinatorUnavailable):
@@ -222,17 +225,22 @@ def test_client_certificates_when_the_coordinator_asks(mtls_coordinator, worker_
                                    tls_key=key and str(key)) as client:
                 client.workers()
     # With the test CA's client certificate, a worker and a client run a job.
-    worker_procs.start(mtls_coordinator, "w-mtls",
-                       extra=("--tls-ca=%s" % certs.ca, "--tls-cert=%s" % certs.client,
-                              "--tls-key=%s" % certs.client_key))
+    worker = worker_procs.start(mtls_coordinator, "w-mtls",
+                                extra=("--tls-ca=%s" % certs.ca, "--tls-cert=%s" % certs.client,
+                                       "--tls-key=%s" % exposed))
     with CoordinatorClient(*addr, tls_ca=str(certs.ca), tls_cert=str(certs.client),
                            tls_key=str(certs.client_key)) as client:
         wait_registered(client, ["w-mtls"], timeout=20)
         assert client.wait(client.submit("SHA256", {"text": "x"}), timeout=30)["state"] == "COMPLETED"
-    out = run_cli("workers", "--json", "--tls-ca=%s" % certs.ca, "--tls-cert=%s" % certs.client,
-                  "--tls-key=%s" % certs.client_key, coordinator=mtls_coordinator.client_target)
-    assert out.returncode == 0, out.stderr
-    assert [w["workerId"] for w in json.loads(out.stdout)] == ["w-mtls"]
+    for key in (exposed, certs.client_key):
+        out = run_cli("workers", "--json", "--tls-ca=%s" % certs.ca, "--tls-cert=%s" % certs.client,
+                      "--tls-key=%s" % key, coordinator=mtls_coordinator.client_target)
+        assert out.returncode == 0, out.stderr
+        assert [w["workerId"] for w in json.loads(out.stdout)] == ["w-mtls"]
+        # a private key others may read is named, with the fix (as a token file is)
+        assert ("the --tls-key file %s is readable by other users (mode 0644)" % exposed in out.stderr) \
+            is (key == exposed), out.stderr
+    assert "the --tls-key file %s is readable by other users (mode 0644)" % exposed in worker.log()
 
 
 def test_a_worker_without_a_client_certificate_never_registers(mtls_coordinator, worker_procs, certs):

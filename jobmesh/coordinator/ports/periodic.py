@@ -35,9 +35,9 @@ one, or a plain 1 or 2, is closed without a reply, whether or not the RSA handsh
 first: as aio-periodic speaks it, the handshake shows the coordinator to the peer but
 proves nothing about the peer (anyone who holds the two public keys completes it). The
 handshakes and the registration must be done within ``--auth-timeout-millis``
-(``guard.gate``). A token's ``taskTypes`` limit the funcs its client submits, runs,
-removes or drops, and its worker declares. A refused command gets NO_WORKER, as
-periodicd answers it.
+(``guard.gate``). A token's ``taskTypes`` limit the funcs its client submits (each job
+of a LOAD), runs, removes or drops, and its worker declares. A refused command gets
+NO_WORKER, as periodicd answers it.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import gevent
 
@@ -81,13 +81,14 @@ WORKER_COMMANDS = (pc.GrabJob, pc.SchedLater, pc.WorkDone, pc.WorkFail, pc.CanDo
 REFUSED_TO_CLIENT = frozenset(WORKER_COMMANDS)
 REFUSED_TO_READER = frozenset(pc.REQUESTS.values()) - {pc.Ping, pc.Status}
 REFUSED_TO_WORKER: frozenset[type] = frozenset()
-# The func a command names, where a token's taskTypes limit it (periodicd's per-func
-# lists): a client's jobs and funcs, a worker's declarations.
-CLIENT_FUNCS: dict[type, Callable[[Any], bytes]] = {
-    pc.SubmitJob: lambda msg: msg.job.func, pc.RunJob: lambda msg: msg.job.func,
-    pc.RecvData: lambda msg: msg.job.func, pc.RemoveJob: lambda msg: msg.handle.func,
-    pc.DropFunc: lambda msg: msg.func}
-WORKER_FUNCS: dict[type, Callable[[Any], bytes]] = {pc.CanDo: lambda msg: msg.func, pc.Broadcast: lambda msg: msg.func}
+# The funcs a command names, where a token's taskTypes limit it (periodicd's per-func
+# lists): a client's jobs (a LOAD's every job) and funcs, a worker's declarations.
+CLIENT_FUNCS: dict[type, Callable[[Any], Iterable[bytes]]] = {
+    pc.SubmitJob: lambda msg: (msg.job.func,), pc.RunJob: lambda msg: (msg.job.func,),
+    pc.RecvData: lambda msg: (msg.job.func,), pc.RemoveJob: lambda msg: (msg.handle.func,),
+    pc.DropFunc: lambda msg: (msg.func,), pc.Load: lambda msg: [job.func for job in msg.jobs]}
+WORKER_FUNCS: dict[type, Callable[[Any], Iterable[bytes]]] = {
+    pc.CanDo: lambda msg: (msg.func,), pc.Broadcast: lambda msg: (msg.func,)}
 
 
 def local_answer(msg: Any, config: dict[bytes, int]) -> bytes | None:
@@ -391,8 +392,9 @@ class PeriodicPort:
                     continue
                 if limited is not None and type(msg) in limited:
                     assert identity is not None
-                    func = limited[type(msg)](msg)
-                    if not identity.may_use_type(func.decode("utf-8", "replace")):
+                    func = next((func for func in limited[type(msg)](msg)
+                                 if not identity.may_use_type(func.decode("utf-8", "replace"))), None)
+                    if func is not None:
                         log.info("refused periodic %s of func %r: token %s does not list it",
                                  type(msg).__name__, func, identity.name)
                         conn.write(pc.encode_no_worker(msg.msgid))
