@@ -294,7 +294,9 @@ class Recovery:
     failed: int = 0  # RUNNING in their final attempt: failed
     damaged: int = 0  # rows that do not decode
     kept: int = 0  # RUNNING, kept on their leases for their workers to claim (lease grace)
+    waiting: int = 0  # WAITING for their dependencies (workflows)
     active: int = 0  # jobs not finished
     task_types: int = 0
     next_seq: int = 0
     schedules: int = 0
+    workflows: int = 0  # workflows with jobs not finished

@@ -207,8 +207,13 @@ class JobTable:
                    execution_timeout=execution_timeout, payload_json=payload_json, run_at=run_at, retry_of=retry_of,
                    name=name, periodic=periodic, ready_at=now, event_count=0)
 
+    def new_id(self) -> str:
+        """A fresh id for something other than a job (a workflow), unique as job ids are."""
+        return self._new_id() if self._new_id is not None else "%08x%024x" % (self.next_seq, _random.getrandbits(96))
+
     def admit(self, job: Job, now: int, detail: str | None = None) -> None:
-        """A new job (QUEUED or SCHEDULED), with its SUBMITTED event; inserted at the commit."""
+        """A new job (QUEUED, SCHEDULED, or WAITING for its dependencies), with its SUBMITTED
+        event; inserted at the commit."""
         job_id = job.job_id
         self.jobs[job_id] = job
         if job.idempotency_key is not None:
@@ -264,6 +269,8 @@ class JobTable:
         if target is JobState.QUEUED:
             if source is JobState.SCHEDULED and job.wake_at is not None:
                 job.ready_at = job.wake_at  # it became due at its run-at time, not when the sweep saw it
+            elif source is JobState.WAITING:
+                job.ready_at = now  # due once its dependencies completed: aging counts from then
         elif target is JobState.RUNNING:
             assert session is not None, "an assignment needs a worker"
             job.attempts += 1
