@@ -324,3 +324,47 @@ def test_recovery_cancels_the_dependents_of_a_final_attempt_lost_in_the_restart(
     assert h2.status(ids["b"])["state"] == "CANCELLED"
     assert flow(h2, wf).state == "FAILED"
     h2.store.close()
+
+
+def test_purges_take_a_workflow_whole_and_only_once_it_has_ended(h):
+    wf, ids = submit_ok(h, 0, job("a"), job("b", "a"))
+    h.register(1, "w1")
+    h.report(2, ids["a"])
+    lone = h.submit_ok(3)
+    h.cancel(3, lone)
+    purge = m.PurgeJobs(0)
+    assert h.request(10, purge) == m.JobsPurged(1, False)  # the lone job; a's workflow runs on
+    h.step(10)
+    assert h.state(ids["a"]) == "COMPLETED"
+    h.report(11, ids["b"])
+    assert flow(h, wf, 11).state == "COMPLETED"
+    assert h.request(20, purge) == m.JobsPurged(2, False)
+    h.step(20)
+    assert h.store.load_workflow(wf) is None and h.store.get(ids["b"]) is None
+    reply = h.request(21, m.WorkflowStatus(wf))
+    assert isinstance(reply, m.Error) and "unknown workflow" in reply.message
+
+
+def test_retention_purges_a_finished_workflow_with_its_jobs():
+    h = Harness(retain_finished_millis=100)
+    wf, ids = submit_ok(h, 0, job("a"), job("b", "a", maxAttempts=1))
+    h.register(1, "w1")
+    h.report(2, ids["a"])
+    h.sweep(1000)
+    assert h.store.get(ids["a"]) is not None  # its workflow has not ended
+    h.report(1001, ids["b"], success=False, error="boom")
+    h.sweep(1050)
+    assert h.store.get(ids["a"]) is not None and flow(h, wf, 1050).state == "FAILED"  # ended too recently
+    h.sweep(2000)
+    assert h.store.get(ids["a"]) is None and h.store.get(ids["b"]) is None and h.store.load_workflow(wf) is None
+
+
+def test_the_workflows_gauge_counts_them_by_state(h):
+    wf, ids = submit_ok(h, 0, job("a", maxAttempts=1), job("b", "a"))
+    other, _ = submit_ok(h, 0, job("x"))
+    assert h.core.metrics().workflows_by_state == {"RUNNING": 2, "COMPLETED": 0, "FAILED": 0, "CANCELLED": 0}
+    h.register(1, "w1")
+    h.report(2, ids["a"], success=False, error="boom")
+    h.request(3, m.WorkflowCancel(other))
+    h.step(3)
+    assert h.core.metrics().workflows_by_state == {"RUNNING": 0, "COMPLETED": 0, "FAILED": 1, "CANCELLED": 1}

@@ -567,7 +567,8 @@ class CoordinatorCore:
                        periodic_workers=len(self.periodic.workers),
                        waits=len(self.requests.waiters) + self.periodic.waits.live,
                        schedule_fires=dict(self.schedules.fires), schedule_skips=dict(self.schedules.skips),
-                       schedule_misses=dict(self.schedules.misses), jobs_held=self.limits.held())
+                       schedule_misses=dict(self.schedules.misses), jobs_held=self.limits.held(),
+                       workflows=self.workflows.figures())
 
     def get_stats(self, now: int) -> m.Message:
         """GET_STATS: the figures the metrics port shows, from counters (O(series))."""

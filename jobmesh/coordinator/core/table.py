@@ -145,6 +145,7 @@ class JobTable:
         self._json_enter: list[Listener] = []  # told of jobs entering (a subset: some index no new job)
         self._periodic_enter: list[Listener] = []
         self._timed: list[TimeListener] = []  # told of times that change without a move
+        self._forgets: list[Callable[[list[str]], None]] = []  # told of the finished jobs purged
         self._dirty: dict[str, Job] = {}
         self._new: set[str] = set()
         self._new_types: list[tuple[str, int]] = []
@@ -179,6 +180,10 @@ class JobTable:
             self._json.append(listener)
         if periodic:
             self._periodic.append(listener)
+
+    def listen_forgets(self, forgotten: Callable[[list[str]], None]) -> None:
+        """Call ``forgotten(job ids)`` with the finished jobs each purge drops."""
+        self._forgets.append(forgotten)
 
     def listen_times(self, listener: TimeListener) -> None:
         """Tell ``listener`` of every job whose lease deadline or due time changes without a move."""
@@ -565,6 +570,9 @@ class JobTable:
         walk met it too) counts once."""
         purging = self._purging
         dropped = 0
+        if self._forgets and found:
+            for forgotten in self._forgets:
+                forgotten([job_id for job_id, _key in found])
         for job_id, key in found:
             if job_id in purging:
                 continue

@@ -146,11 +146,13 @@ class Workflows:
         self.live: dict[str, Flow] = {}
         self.finished: OrderedDict[str, Flow] = OrderedDict()
         self._finished_jobs = 0
+        self._first_jobs: dict[str, str] = {}  # the first job of each finished workflow in memory -> its id
         self.ended = {"COMPLETED": 0, "FAILED": 0, "CANCELLED": 0}  # workflows that ended since the process started
         self.waiters = Waiters()  # pending WAIT_WORKFLOWs
         self._ends: list[tuple[Flow, int]] = []  # jobs that ended with children, for ``release``
         self._new: list[tuple[str, str]] = []  # workflow rows to insert with the batch
         self._listening = False
+        table.listen_forgets(self._purged)
 
     # ---- the table's listener (while some workflow is live) ------------------------------
 
@@ -198,9 +200,22 @@ class Workflows:
             return
         self.finished[flow.workflow_id] = flow
         self._finished_jobs += len(flow.refs)
+        self._first_jobs[flow.job_ids[0]] = flow.workflow_id
         while self._finished_jobs > FINISHED_JOBS_KEPT and len(self.finished) > 1:
             _, old = self.finished.popitem(last=False)
-            self._finished_jobs -= len(old.refs)
+            self._drop(old)
+
+    def _drop(self, flow: Flow) -> None:
+        self._finished_jobs -= len(flow.refs)
+        self._first_jobs.pop(flow.job_ids[0], None)
+
+    def _purged(self, job_ids: list[str]) -> None:
+        """Finished jobs purged: a workflow goes with its jobs (its first one tells)."""
+        if self._first_jobs:
+            for job_id in job_ids:
+                workflow_id = self._first_jobs.get(job_id)
+                if workflow_id is not None:
+                    self._drop(self.finished.pop(workflow_id))
 
     def _listen(self) -> None:
         if not self._listening:
