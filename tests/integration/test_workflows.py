@@ -162,6 +162,7 @@ def test_a_bad_workflow_is_an_error_that_makes_nothing_and_keeps_the_connection(
     assert unknown["type"] == "ERROR" and "unknown workflow" in unknown["message"]
 
 
+@on_both_stores
 def test_a_restart_keeps_waiting_jobs_and_the_join_still_gets_every_parent(coordinator_factory, peers):
     # Given a diamond whose first job completed and one branch runs when the coordinator is killed
     coord = coordinator_factory()
