@@ -368,3 +368,9 @@ def test_the_workflows_gauge_counts_them_by_state(h):
     h.request(3, m.WorkflowCancel(other))
     h.step(3)
     assert h.core.metrics().workflows_by_state == {"RUNNING": 0, "COMPLETED": 0, "FAILED": 1, "CANCELLED": 1}
+
+
+def test_a_resend_whose_jobs_hold_unique_keys_answers_its_workflow(h):
+    jobs = (job("a", idempotencyKey="ku-a", uniqueKey="u-a"), job("b", "a", idempotencyKey="ku-b"))
+    first = submit_ok(h, 0, *jobs)
+    assert submit(h, 1, *jobs) == m.WorkflowSubmitted(*first)

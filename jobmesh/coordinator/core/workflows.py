@@ -25,6 +25,7 @@ the table's deferred reads).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections import OrderedDict
@@ -352,9 +353,7 @@ class Workflows:
             return m.Error("job %s: %s" % (quote(ref), exc))
         assert isinstance(req, m.SubmitJob)
         if submitted_by is not None:
-            req = m.SubmitJob(req.task_type, req.payload, req.max_attempts, req.idempotency_key, req.priority,
-                              req.run_at_millis, req.delay_millis, req.concurrency_key, req.unique_key,
-                              req.timeout_millis, req.result_ttl_millis, submitted_by)
+            req = dataclasses.replace(req, submitted_by=submitted_by)
         new = self.requests.prepare(now, req)
         if isinstance(new, m.Error):
             return m.Error("job %s: %s" % (quote(ref), new.message))
@@ -378,26 +377,25 @@ class Workflows:
                     return m.Error("jobs %s and %s of type %s carry the same uniqueKey %s" % (
                         quote(unique[(new.task_type, unique_key)]), quote(ref), new.task_type, quote(unique_key)))
                 unique[(new.task_type, unique_key)] = ref
-                live = self.limits.unique.get((new.task_type, unique_key))
-                if live is not None:
-                    return m.Error("job %s: uniqueKey %s is held by live job %s of type %s"
-                                   % (quote(ref), quote(unique_key), live, new.task_type))
-        if not keyed:
-            return None
-        bound = self._bound(list(keyed))
-        if not bound:
-            return None
-        flows = {job.workflow_id for job in bound.values()}
-        if len(bound) == len(keyed) and len(flows) == 1 and None not in flows:
-            (workflow_id,) = flows
-            assert workflow_id is not None
-            flow = self._flow(workflow_id)
-            if flow is not None:
-                return m.WorkflowSubmitted(workflow_id, dict(zip(flow.refs, flow.job_ids)))
-        key, job = next(iter(bound.items()))
-        return m.Error("job %s: idempotencyKey %s is already bound to job %s%s" % (
-            quote(keyed[key]), quote(key), job.job_id,
-            "" if job.workflow_id is None else " of workflow %s" % job.workflow_id))
+        bound = self._bound(list(keyed)) if keyed else {}
+        if bound:  # after the checks of the request itself: a resend is answered, anything else refused
+            flows = {job.workflow_id for job in bound.values()}
+            if len(bound) == len(keyed) and len(flows) == 1 and None not in flows:
+                (workflow_id,) = flows
+                assert workflow_id is not None
+                flow = self._flow(workflow_id)
+                if flow is not None:
+                    return m.WorkflowSubmitted(workflow_id, dict(zip(flow.refs, flow.job_ids)))
+            key, job = next(iter(bound.items()))
+            return m.Error("job %s: idempotencyKey %s is already bound to job %s%s" % (
+                quote(keyed[key]), quote(key), job.job_id,
+                "" if job.workflow_id is None else " of workflow %s" % job.workflow_id))
+        for (task_type, unique_key), ref in unique.items():
+            live = self.limits.unique.get((task_type, unique_key))
+            if live is not None:
+                return m.Error("job %s: uniqueKey %s is held by live job %s of type %s"
+                               % (quote(ref), quote(unique_key), live, task_type))
+        return None
 
     def _bound(self, keys: list[str]) -> dict[str, Job]:
         """The jobs bound to these idempotency keys: memory's, then one store read for the rest."""
