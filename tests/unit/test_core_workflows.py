@@ -374,3 +374,63 @@ def test_a_resend_whose_jobs_hold_unique_keys_answers_its_workflow(h):
     jobs = (job("a", idempotencyKey="ku-a", uniqueKey="u-a"), job("b", "a", idempotencyKey="ku-b"))
     first = submit_ok(h, 0, *jobs)
     assert submit(h, 1, *jobs) == m.WorkflowSubmitted(*first)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_workflows_with_failures_cancels_and_restarts_release_each_job_rightly(tmp_path, seed):
+    """A random graph run to its end through random completions, failures, cancels and
+    restarts: a job runs only once all its parents completed, with exactly their results;
+    a job with a failed or cancelled parent ends CANCELLED; the store always holds what
+    memory holds (the Harness checks after each batch)."""
+    import random
+
+    from jobmesh.store.sqlite import SQLiteStore
+
+    rng = random.Random(seed)
+    n = rng.randint(2, 14)
+    parents = {i: sorted(rng.sample(range(i), rng.randint(0, min(i, 3)))) for i in range(n)}
+    refs = ["j%d" % i for i in range(n)]
+    path = str(tmp_path / "wf.db")
+    h = Harness(store=SQLiteStore(path))
+    wf, ids = submit_ok(h, 0, *[job(refs[i], *[refs[p] for p in parents[i]], maxAttempts=1) for i in range(n)])
+    by_id = {job_id: ref for ref, job_id in ids.items()}
+    h.register(0, "w", capacity=64)
+    cancelled: set[str] = set()  # cancelled by the test itself
+    now, generation = 1, 0
+    while flow(h, wf, now).state == "RUNNING":
+        now += 1
+        running = [j for j in h.core.table.jobs.values() if j.workflow_id == wf and j.state.value == "RUNNING"]
+        live = [j for j in h.core.table.jobs.values() if j.workflow_id == wf]
+        action = rng.random()
+        if action < 0.08:  # a restart: a new core over the same file
+            h.store.close()
+            generation += 1
+            h = Harness(store=SQLiteStore(path), prefix="g%d" % generation)
+            h.core.recover(now)
+            h.commit()
+            h.register(now, "w", capacity=64)
+        elif action < 0.18 and live:
+            target = rng.choice(live)
+            cancelled.add(by_id[target.job_id])
+            h.cancel(now, target.job_id)
+        elif running:
+            target = rng.choice(running)
+            assign = h.assign_of(target.job_id)
+            ref = by_id[target.job_id]
+            expected = {refs[p]: {"r": refs[p]} for p in parents[int(ref[1:])]}
+            assert assign.parents == (expected or None), (ref, assign.parents)
+            if rng.random() < 0.15:
+                h.report(now, target.job_id, success=False, error="boom")
+            else:
+                h.report(now, target.job_id, result={"r": ref})
+        else:
+            h.sweep(now)
+        assert now < 10_000, "the workflow never ended"
+    states = {ref: h.status(ids[ref])["state"] for ref in refs}
+    for i, ref in enumerate(refs):
+        parent_states = {states[refs[p]] for p in parents[i]}
+        if parent_states - {"COMPLETED"}:
+            assert states[ref] == "CANCELLED", (ref, states)
+        elif ref not in cancelled:
+            assert states[ref] in ("COMPLETED", "FAILED"), (ref, states)
+    h.store.close()
