@@ -178,6 +178,12 @@ def test_parents_results_past_a_frame_fail_the_job_and_cancel_its_dependents(h):
     ([job("a"), job("b", resultTtlMillis=10)], "resultTtlMillis"),
     ([job("a b")], "ref must be"),
     ([job("a", dependsOn="b")], "dependsOn must be a list"),
+    ([job("a"), job("b", dependsOn=[{"ref": "a"}])], "unknown ref"),
+    ([job("a"), 7], "jobs[1] must be an object"),
+    ([{"ref": 5, "taskType": "SLEEP", "payload": {}}], "ref must be"),
+    ([{"ref": "x" * 129, "taskType": "SLEEP", "payload": {}}], "ref must be"),
+    ([job("a", taskType=None)], "job 'a'"),
+    ([job("a", idempotencyKey="schedule:x:1")], "belong to recurring schedules"),
     ([], "1..10000 jobs"),
     ([job("j%d" % i) for i in range(10_001)], "1..10000 jobs"),
 ])
@@ -434,3 +440,10 @@ def test_random_workflows_with_failures_cancels_and_restarts_release_each_job_ri
         elif ref not in cancelled:
             assert states[ref] in ("COMPLETED", "FAILED"), (ref, states)
     h.store.close()
+
+
+@pytest.mark.parametrize("name", ["", "n" * 257])
+def test_a_workflow_name_out_of_bounds_is_an_error(h, name):
+    reply = submit(h, 0, job("a"), name=name)
+    assert isinstance(reply, m.Error) and "name is 1..256 characters" in reply.message
+    assert h.store.count() == 0
