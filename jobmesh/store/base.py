@@ -17,7 +17,8 @@ never see SQL, a rowid, a driver's exception type or the thread a write runs on:
   (``coordinator/core/schedules.py``); a batch writes them in the same transaction as the jobs
   their fires made, so a fire and its job are durable together or not at all. So are the
   task types' declared defaults (WORKER_REGISTER ``taskDefaults``), one body per type, and
-  the limits per task type (``coordinator/core/limits.py``).
+  the limits per task type (``coordinator/core/limits.py``), and a new workflow's row
+  (``coordinator/core/workflows.py``), which goes when its jobs are purged.
 * Only one coordinator leads a store at a time: ``lead`` returns once this one does. A
   store of one process (SQLite) takes its file lock there and raises ``DatabaseInUse``
   while another process holds it; a shared store (PostgreSQL) may have several

@@ -68,7 +68,8 @@ class Job:
     retry_cap: int | None = None
     # A workflow's job (docs/PROTOCOL.md, "Workflows"): the workflow, the job's ref in it,
     # the refs it depends on (None: none), and its direct dependencies' results by ref,
-    # given to it when the last one completed (None until then, and for other jobs).
+    # given to it when the last one completed (None until then, once it has ended, and for
+    # other jobs).
     workflow_id: str | None = None
     ref: str | None = None
     depends_on: list[str] | None = None

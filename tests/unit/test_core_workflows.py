@@ -74,6 +74,7 @@ def test_a_chain_runs_step_by_step_each_with_its_parents_results(h):
     assert [e["event"] for e in events(h, ids["transform"])] == ["SUBMITTED", "QUEUED", "ASSIGNED"]
     assert h.state(ids["load"]) == "WAITING"
     h.report(3, ids["transform"], result={"rows": 2})
+    assert h.store.get(ids["transform"]).parents is None  # a finished job keeps no parents
     assert h.assign_of(ids["load"]).parents == {"transform": {"rows": 2}}
     assert flow(h, wf).state == "RUNNING"
     h.report(4, ids["load"])

@@ -177,6 +177,7 @@ class Workflows:
                     flow.results.pop(parent, None)
         if target not in TERMINAL:
             return
+        job.parents = None  # handed over with its attempts; a finished job need not keep up to 1 MiB of them
         if flow.children[i]:
             if target is JobState.COMPLETED and i in flow.waiting_children:
                 flow.results[i] = job.result
