@@ -13,7 +13,12 @@
 A pending Periodic job resubmitted under its name with a later sched_at moves from
 QUEUED or RETRY_WAIT to SCHEDULED (REPLACED).
 
-QUEUED, SCHEDULED, RUNNING and RETRY_WAIT are the non-terminal states.
+A workflow's job whose dependencies have not all completed is WAITING; it moves to QUEUED
+(or SCHEDULED, if its run-at time is later) when the last one completes, to CANCELLED when
+one fails or is cancelled (or it is cancelled itself), and to FAILED when its parents'
+results are too large to hand it.
+
+QUEUED, SCHEDULED, RUNNING, RETRY_WAIT and WAITING are the non-terminal states.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class JobState(str, Enum):
     SCHEDULED = "SCHEDULED"
     RUNNING = "RUNNING"
     RETRY_WAIT = "RETRY_WAIT"
+    WAITING = "WAITING"  # a workflow's job whose dependencies have not all completed
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -49,6 +55,7 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
          JobState.SCHEDULED}
     ),
     JobState.RETRY_WAIT: frozenset({JobState.QUEUED, JobState.CANCELLED, JobState.SCHEDULED}),
+    JobState.WAITING: frozenset({JobState.QUEUED, JobState.SCHEDULED, JobState.CANCELLED, JobState.FAILED}),
     JobState.COMPLETED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.CANCELLED: frozenset(),

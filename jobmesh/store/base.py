@@ -17,7 +17,8 @@ never see SQL, a rowid, a driver's exception type or the thread a write runs on:
   (``coordinator/core/schedules.py``); a batch writes them in the same transaction as the jobs
   their fires made, so a fire and its job are durable together or not at all. So are the
   task types' declared defaults (WORKER_REGISTER ``taskDefaults``), one body per type, and
-  the limits per task type (``coordinator/core/limits.py``).
+  the limits per task type (``coordinator/core/limits.py``), and a new workflow's row
+  (``coordinator/core/workflows.py``), which goes when its jobs are purged.
 * Only one coordinator leads a store at a time: ``lead`` returns once this one does. A
   store of one process (SQLite) takes its file lock there and raises ``DatabaseInUse``
   while another process holds it; a shared store (PostgreSQL) may have several
@@ -93,7 +94,7 @@ class DatabaseInUse(CannotLead):
 # table says it is current is only read. A database from before that table (whose
 # version its columns would have had to tell) runs every migration: each creates only
 # what is missing, so whatever such a database holds, it converges to the current schema.
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 
 class NewerSchema(Exception):
@@ -123,6 +124,9 @@ class Batch(NamedTuple):
     limits: Sequence[tuple[str, str | None]] = ()
     # Task types' declared defaults written: (name, stored body as JSON text), the latest per name.
     task_defaults: Sequence[tuple[str, str]] = ()
+    # Workflows created: (workflow id, stored body as JSON text). A workflow's row goes when
+    # its jobs are purged (``purges``), in the same transaction.
+    workflows: Sequence[tuple[str, str]] = ()
 
 
 def merge_batches(older: Batch, newer: Batch) -> Batch:
@@ -146,7 +150,7 @@ def merge_batches(older: Batch, newer: Batch) -> Batch:
     defaults = dict(older.task_defaults)
     defaults.update(newer.task_defaults)
     return Batch(list(inserted.values()), list(updated.values()), types, purges, list(schedules.items()),
-                 list(limits.items()), list(defaults.items()))
+                 list(limits.items()), list(defaults.items()), list(older.workflows) + list(newer.workflows))
 
 
 def outcome_of(call: Callable[..., None], *args: Any) -> Exception | None:
@@ -195,18 +199,32 @@ def expired_query(table: str, mark: str) -> str:
 
 
 def purge_walk(rows: Sequence[tuple[Any, ...]], after: int, cutoff_millis: int, limit: int,
-               own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
+               own_ttl: bool = True, flow_jobs: Callable[[str], Sequence[tuple[Any, ...]]] | None = None
+               ) -> tuple[list[tuple[str, str | None]], int]:
     """``Store.purgeable``'s answer from the rows its walk read: (seq, job id, key, state,
-    updated at, result ttl), in sequence order from just past ``after``, at most ``limit``
-    of them."""
+    updated at, result ttl, workflow id), in sequence order from just past ``after``, at
+    most ``limit`` of them.
+
+    A workflow's jobs go together: a finished job of a workflow that the walk meets
+    brings the whole workflow, read by ``flow_jobs`` (its rows: job id, key, state,
+    updated at), once every job of it is finished and was last updated before the
+    cutoff; until then the walk steps over it, as over an active job."""
     found: list[tuple[str, str | None]] = []
+    seen: set[str] = set()
     seq = after
-    for seq, job_id, key, state, updated_at, ttl in rows:
+    for seq, job_id, key, state, updated_at, ttl, flow in rows:
         if state in TERMINAL_STATES and (own_ttl or ttl is None):
             if updated_at >= cutoff_millis:
                 return found, 0
-            found.append((job_id, key))
+            if flow is None:
+                found.append((job_id, key))
+            elif flow not in seen and flow_jobs is not None:
+                seen.add(flow)
+                members = flow_jobs(flow)
+                if all(s in TERMINAL_STATES and at < cutoff_millis for _, _, s, at in members):
+                    found += [(member, member_key) for member, member_key, _, _ in members]
     return found, (seq if len(rows) == limit else 0)
+
 
 
 class Outcome(Protocol):
@@ -354,6 +372,10 @@ class Store(Protocol):
         starts: past the examined jobs, or 0 once the walk met a finished job not old
         enough yet (the rest are newer), or the end. Active jobs are stepped over, and so
         are jobs with a time to live of their own unless ``own_ttl``."""
+
+    def load_workflow(self, workflow_id: str) -> tuple[str, list[Job]] | None:
+        """A workflow as last committed: its stored body (JSON text) and its jobs in
+        sequence order; None if there is no such workflow."""
 
     def expired(self, now_millis: int, limit: int) -> list[tuple[str, str | None]]:
         """Finished jobs whose time to live (``result_ttl``) has passed: ended (last updated)

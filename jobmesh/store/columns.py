@@ -121,6 +121,12 @@ COLUMNS: tuple[Column, ...] = (
     # key that keeps the job unique among its type's live jobs (NULL: none).
     Column("concurrency_key", T, added=11),
     Column("unique_key", T, added=11),
+    # v12: workflows (docs/PROTOCOL.md, "Workflows"): the workflow, the job's ref in it, the
+    # refs it depends on, and its parents' results, written in the commit that releases it.
+    Column("workflow_id", T, added=12),
+    Column("ref", T, added=12),
+    Column("depends_on", J, encode="job.depends_on and _dumps(job.depends_on)", decode="_loads(v)", added=12),
+    Column("parents", J, encode="job.parents and _dumps(job.parents)", decode="_loads(v)", mutable=True, added=12),
     # The job's timeline (its newest events, EVENT_CODES below), rewritten with the row it
     # belongs to, so it is exactly as durable as the state it explains. In memory the job
     # keeps it as text too (Job.events), appended one fragment per event.
@@ -207,7 +213,7 @@ def read_row(row: tuple[Any, ...]) -> Job:
 EVENT_CODES = {
     "SUBMITTED": "S", "ASSIGNED": "A", "COMPLETED": "C", "ATTEMPT_FAILED": "F", "LEASE_EXPIRED": "E",
     "WORKER_LOST": "L", "RETRY_WAIT": "R", "FAILED": "X", "QUEUED": "Q", "RESCHEDULED": "D", "REPLACED": "P",
-    "CANCELLED": "K", "STALE_RESULT": "T", "RECOVERED": "V",
+    "CANCELLED": "K", "STALE_RESULT": "T", "RECOVERED": "V", "RELEASED": "W",
 }
 EVENT_NAMES = {code: name for name, code in EVENT_CODES.items()}
 # Worker ids as JSON text: every assignment and every result names its worker in the

@@ -66,6 +66,14 @@ class Job:
     result_ttl: int | None = None
     retry_base: int | None = None
     retry_cap: int | None = None
+    # A workflow's job (docs/PROTOCOL.md, "Workflows"): the workflow, the job's ref in it,
+    # the refs it depends on (None: none), and its direct dependencies' results by ref,
+    # given to it when the last one completed (None until then, once it has ended, and for
+    # other jobs).
+    workflow_id: str | None = None
+    ref: str | None = None
+    depends_on: list[str] | None = None
+    parents: dict[str, Any] | None = None
     # Not stored; core time (monotonic, see coordinator/shell/clock.py), set by the core:
     ready_at: int = 0  # when the job first became due: priority aging and queue order count from here
     wake_at: int | None = None  # SCHEDULED / RETRY_WAIT: when it becomes due
@@ -117,6 +125,8 @@ class Job:
             waiting = "SCHEDULED"
         elif state is JobState.RETRY_WAIT:
             waiting = "RETRY_BACKOFF"
+        elif state is JobState.WAITING:
+            waiting = "DEPENDENCIES"
         elif state is not JobState.QUEUED:
             waiting = None
         snapshot = {
@@ -141,6 +151,8 @@ class Job:
             "concurrencyKey": self.concurrency_key,
             "uniqueKey": self.unique_key,
             "progress": self.progress,
+            "workflowId": self.workflow_id,
+            "ref": self.ref,
         }
         if self.schedule_name is not None:  # only fired jobs carry these: other snapshots keep their fields
             snapshot["scheduleName"] = self.schedule_name

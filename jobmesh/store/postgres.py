@@ -122,6 +122,10 @@ UPDATE_SQL = "UPDATE %s AS j SET %s FROM %s AS u WHERE j.job_id = u.job_id" % (
 # written again through ``storable``.
 _UNTRANSLATABLE = "22P05"
 PURGE_SQL = "DELETE FROM %s WHERE job_id = ANY(%%s::text[])" % JOBS
+# A workflow's row goes with its jobs (before them: found through them).
+PURGE_FLOWS_SQL = ("DELETE FROM jobmesh_workflows WHERE workflow_id IN (SELECT workflow_id FROM %s"
+                   " WHERE job_id = ANY(%%s::text[]) AND workflow_id IS NOT NULL)" % JOBS)
+WORKFLOWS_SQL = "INSERT INTO jobmesh_workflows (workflow_id, body) SELECT * FROM unnest(%s::text[], %s::text[])"
 TASK_TYPES_SQL = ("INSERT INTO jobmesh_task_types (name, first_seen) SELECT * FROM unnest(%s::text[], %s::bigint[])"
                   " ON CONFLICT (name) DO NOTHING")
 SCHEDULES_DELETE_SQL = "DELETE FROM jobmesh_schedules WHERE name = ANY(%s::text[])"
@@ -169,6 +173,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     10: (expiry_index("jobmesh_jobs_expiry", JOBS),
          "CREATE TABLE IF NOT EXISTS jobmesh_task_defaults (name text PRIMARY KEY, body text NOT NULL)"),
     11: ("CREATE TABLE IF NOT EXISTS jobmesh_limits (task_type text PRIMARY KEY, body text NOT NULL)",),
+    12: ("CREATE TABLE IF NOT EXISTS jobmesh_workflows (workflow_id text PRIMARY KEY, body text NOT NULL)",
+         "CREATE INDEX IF NOT EXISTS jobmesh_jobs_workflow ON %s (workflow_id, seq) WHERE workflow_id IS NOT NULL"
+         % JOBS),
 }
 # The session holding the leadership lock (the lock's key: LEAD_LOCK, the schema's oid).
 _HOLDER_FROM = " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
@@ -643,7 +650,7 @@ class PostgresStore:
             raise LeadershipLost("this coordinator lost leadership: %s" % self._lost)
         if self._epoch is None:
             raise LeadershipLost("this store does not lead (lead() first)")
-        inserts, updates, task_types, purges, schedules, limits, task_defaults = batch
+        inserts, updates, task_types, purges, schedules, limits, task_defaults, workflows = batch
         keys = self._keys
         if keys is not None:
             for row in inserts:
@@ -651,7 +658,10 @@ class PostgresStore:
                     keys.add(storable(row[KEY_INDEX]))
         statements: list[tuple[str, Any]] = []
         if purges:  # first: a new job may take a purged key
+            statements.append((PURGE_FLOWS_SQL, (list(purges),)))
             statements.append((PURGE_SQL, (list(purges),)))
+        if workflows:
+            statements.append((WORKFLOWS_SQL, [list(column) for column in zip(*workflows)]))
         if inserts:
             statements.append((INSERT_SQL, (_json_rows(inserts),)))
         if updates:
@@ -862,13 +872,25 @@ class PostgresStore:
         sql, params = page_query(JOBS, "%s", limit, state, before, task_type)
         return [(job.seq, job) for job in map(read_row, self._all(sql.encode(), storable(params)))]
 
-    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at, result_ttl FROM %s WHERE seq > %%s"
-                      " ORDER BY seq LIMIT %%s" % JOBS)
+    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at, result_ttl, workflow_id FROM %s"
+                      " WHERE seq > %%s ORDER BY seq LIMIT %%s" % JOBS)
+    FLOW_JOBS_SQL = ("SELECT job_id, idempotency_key, state, updated_at FROM %s WHERE workflow_id = %%s ORDER BY seq"
+                     % JOBS)
+    FLOW_SQL = "SELECT body FROM jobmesh_workflows WHERE workflow_id = %s"
+    FLOW_ROWS_SQL = "SELECT %s FROM %s WHERE workflow_id = %%s ORDER BY seq" % (SELECT_COLUMNS, JOBS)
 
     def purgeable(self, after: int, cutoff_millis: int, limit: int,
                   own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
         """As SQLite's: the walk in sequence order (see ``Store.purgeable``)."""
-        return purge_walk(self._all(self.PURGE_WALK_SQL, (after, limit)), after, cutoff_millis, limit, own_ttl)
+        return purge_walk(self._all(self.PURGE_WALK_SQL, (after, limit)), after, cutoff_millis, limit, own_ttl,
+                          lambda flow: self._all(self.FLOW_JOBS_SQL, (flow,)))
+
+    def load_workflow(self, workflow_id: str) -> tuple[str, list[Job]] | None:
+        """As SQLite's (``Store.load_workflow``)."""
+        body = self._all(self.FLOW_SQL, (storable(workflow_id),))
+        if not body:
+            return None
+        return body[0][0], [read_row(row) for row in self._all(self.FLOW_ROWS_SQL, (storable(workflow_id),))]
 
     EXPIRED_SQL = expired_query(JOBS, "%s")
 

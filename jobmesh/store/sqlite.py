@@ -32,6 +32,9 @@ in the ``schema_migrations`` table (base.SCHEMA_VERSION):
   ``task_defaults`` table (each task type's declared defaults, a JSON body).
 * v11: limits: the ``limits`` table (a task type and a JSON body), and the jobs'
   ``concurrency_key`` and ``unique_key`` columns.
+* v12: workflows: the ``workflows`` table (an id and a JSON body), the jobs'
+  ``workflow_id``, ``ref``, ``depends_on`` and ``parents`` columns, and the
+  ``jobs_workflow`` index of a workflow's jobs.
 
 A database from before the ``schema_migrations`` table runs every migration, each
 creating only what it lacks; a new one gets the jobs table as it is now, then the rest.
@@ -109,9 +112,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
          "CREATE TABLE IF NOT EXISTS task_defaults (name TEXT PRIMARY KEY, body TEXT NOT NULL)"),
     # Limits per task type: one row per type, its body JSON text (coordinator/core/limits.py).
     11: ("CREATE TABLE IF NOT EXISTS limits (task_type TEXT PRIMARY KEY, body TEXT NOT NULL)",),
+    # Workflows: one row per workflow, its body JSON text; its jobs by workflow (coordinator/core/workflows.py).
+    12: ("CREATE TABLE IF NOT EXISTS workflows (workflow_id TEXT PRIMARY KEY, body TEXT NOT NULL)",
+         "CREATE INDEX IF NOT EXISTS jobs_workflow ON jobs(workflow_id, seq) WHERE workflow_id IS NOT NULL"),
 }
 # Every index of a current database (tests compare).
-INDEXES = ("jobs_idempotency_key", "jobs_seq", "jobs_state_seq", "jobs_task_type_seq", "jobs_expiry")
+INDEXES = ("jobs_idempotency_key", "jobs_seq", "jobs_state_seq", "jobs_task_type_seq", "jobs_expiry", "jobs_workflow")
 # Rows renumbered 1..n in submission order (v7), when their sequences are not unique.
 RENUMBER_SQL = ("UPDATE jobs SET seq = r.n FROM (SELECT rowid AS id, row_number() OVER (ORDER BY seq, created_at, rowid) AS n"
                 " FROM jobs) AS r WHERE jobs.rowid = r.id")
@@ -180,6 +186,9 @@ INSERT_SQL = _insert_sql(1)  # one row, for executemany (bench/scaling.py builds
 _INSERT_SQL = {n: _insert_sql(n) for n in range(1, ROWS_PER_STATEMENT + 1)}
 _UPDATE_SQL = {n: _update_sql(n) for n in range(1, ROWS_PER_STATEMENT + 1)}
 _PURGE_SQL = {n: _in_list("DELETE FROM jobs WHERE job_id IN (%s)", n) for n in range(1, ROWS_PER_STATEMENT + 1)}
+_PURGE_FLOWS_SQL = {n: _in_list("DELETE FROM workflows WHERE workflow_id IN (SELECT workflow_id FROM jobs"
+                                " WHERE job_id IN (%s) AND workflow_id IS NOT NULL)", n)
+                    for n in range(1, ROWS_PER_STATEMENT + 1)}
 
 
 class SQLiteStore:
@@ -287,12 +296,15 @@ class SQLiteStore:
 
     def write(self, batch: Batch) -> None:
         """Apply one batch in a single transaction (group commit)."""
-        inserts, updates, task_types, purges, schedules, limits, task_defaults = batch
+        inserts, updates, task_types, purges, schedules, limits, task_defaults, workflows = batch
         c = self.conn
         with self._transaction("BEGIN"):
             for start in range(0, len(purges), ROWS_PER_STATEMENT):  # first: a new job may take a purged key
                 ids = list(purges[start : start + ROWS_PER_STATEMENT])
+                c.execute(_PURGE_FLOWS_SQL[len(ids)], ids)  # a workflow goes with its jobs
                 c.execute(_PURGE_SQL[len(ids)], ids)
+            if workflows:
+                c.executemany("INSERT INTO workflows (workflow_id, body) VALUES (?, ?)", workflows)
             for n, params in _chunks(inserts):
                 c.execute(_INSERT_SQL[n], params)
             for n, params in _chunks(updates):
@@ -466,8 +478,18 @@ class SQLiteStore:
         return page_query("jobs", "?", limit, state, before, task_type)
 
     # The walk's SELECT: the seq index gives the rows in order, O(rows examined).
-    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at, result_ttl FROM jobs WHERE seq > ?"
-                      " ORDER BY seq LIMIT ?")
+    PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at, result_ttl, workflow_id FROM jobs"
+                      " WHERE seq > ? ORDER BY seq LIMIT ?")
+    FLOW_JOBS_SQL = "SELECT job_id, idempotency_key, state, updated_at FROM jobs WHERE workflow_id = ? ORDER BY seq"
+    FLOW_SQL = "SELECT body FROM workflows WHERE workflow_id = ?"
+    FLOW_ROWS_SQL = "SELECT %s FROM jobs WHERE workflow_id = ? ORDER BY seq" % SELECT_COLUMNS
+
+    def load_workflow(self, workflow_id: str) -> tuple[str, list[Job]] | None:
+        """A workflow's body and its jobs, in sequence order (``Store.load_workflow``)."""
+        body = self._all(self.reader, self.FLOW_SQL, (workflow_id,))
+        if not body:
+            return None
+        return body[0][0], [read_row(row) for row in self._all(self.reader, self.FLOW_ROWS_SQL, (workflow_id,))]
 
     def purgeable(self, after: int, cutoff_millis: int, limit: int,
                   own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:
@@ -481,7 +503,7 @@ class SQLiteStore:
         of throughput). Active jobs are stepped over, so a long queue of old jobs cannot
         stall it."""
         return purge_walk(self._all(self.reader, self.PURGE_WALK_SQL, (after, limit)), after, cutoff_millis, limit,
-                          own_ttl)
+                          own_ttl, lambda flow: self._all(self.reader, self.FLOW_JOBS_SQL, (flow,)))
 
     # The index named: on a table without statistics the planner may prefer another one.
     EXPIRED_SQL = expired_query("jobs INDEXED BY jobs_expiry", "?")

@@ -109,7 +109,7 @@ LEAST_ROLE = {
     "SCHEDULE_RESUME": "admin", "SCHEDULE_DELETE": "admin", "SCHEDULE_TRIGGER": "admin",
     "LIMIT_GET": "reader", "LIMIT_LIST": "reader", "LIMIT_PUT": "admin", "LIMIT_DELETE": "admin",
     "TYPE_PAUSE": "admin", "TYPE_RESUME": "admin",
-    "WORKFLOW_STATUS": "reader", "WAIT_WORKFLOW": "reader", "SUBMIT_WORKFLOW": "client", "WORKFLOW_CANCEL": "client",
+    "SUBMIT_WORKFLOW": "client", "WORKFLOW_CANCEL": "client", "WORKFLOW_STATUS": "reader", "WAIT_WORKFLOW": "reader",
 }
 RANK = {"reader": 1, "client": 2, "admin": 3}
 
@@ -147,10 +147,10 @@ def request_of(kind: str, job_id: str, finished_id: str) -> dict:
         "LIMIT_DELETE": {"taskType": "NO_SUCH_TYPE"},
         "TYPE_PAUSE": {"taskType": "NO_SUCH_TYPE"},
         "TYPE_RESUME": {"taskType": "NO_SUCH_TYPE"},
-        "SUBMIT_WORKFLOW": {"jobs": [{"ref": "only", "taskType": "SLEEP", "payload": {"durationMillis": 1}}]},
+        "SUBMIT_WORKFLOW": {"jobs": [{"ref": "a", "taskType": "SLEEP", "payload": {"durationMillis": 1}}]},
         "WORKFLOW_STATUS": {"workflowId": "no-such-workflow"},  # ERROR: unknown workflow
-        "WAIT_WORKFLOW": {"workflowId": "no-such-workflow", "timeoutMillis": 0},
         "WORKFLOW_CANCEL": {"workflowId": "no-such-workflow"},
+        "WAIT_WORKFLOW": {"workflowId": "no-such-workflow", "timeoutMillis": 0},
     }[kind]
 
 
@@ -412,6 +412,25 @@ def test_task_type_limits_of_client_and_worker_tokens(authed, opened):
     status = etl.request({"type": "GET_JOB_STATUS", "jobId": submitted["jobId"]})["job"]
     assert status["submittedBy"] == "etl"
     worker.close()
+
+
+def test_a_limited_client_token_submits_a_workflow_only_if_it_may_submit_every_job(authed, opened):
+    # Given a client token limited to GREET and etl.*
+    etl = connect(authed.client_addr, authed.tokens["etl"], opened)
+    before = etl.request({"type": "LIST_JOBS", "limit": 1000})["jobs"]
+    # A workflow with one job of another type is forbidden whole, and makes nothing
+    reply = etl.request({"type": "SUBMIT_WORKFLOW", "jobs": [
+        {"ref": "a", "taskType": "etl.load", "payload": {}},
+        {"ref": "b", "taskType": "SLEEP", "payload": {"durationMillis": 1}, "dependsOn": ["a"]}]})
+    assert reply["type"] == "ERROR" and reply["message"].startswith("forbidden: "), reply
+    assert "may not submit task type 'SLEEP'" in reply["message"], reply
+    assert etl.request({"type": "LIST_JOBS", "limit": 1000})["jobs"] == before
+    # Within its types it may, and its jobs name it
+    reply = etl.request({"type": "SUBMIT_WORKFLOW", "jobs": [{"ref": "a", "taskType": "etl.load", "payload": {}}]})
+    assert reply["type"] == "WORKFLOW_SUBMITTED", reply
+    job = etl.request({"type": "GET_JOB_STATUS", "jobId": reply["jobIds"]["a"]})["job"]
+    assert (job["submittedBy"], job["workflowId"]) == ("etl", reply["workflowId"])
+    assert etl.request({"type": "WORKFLOW_CANCEL", "workflowId": reply["workflowId"]})["state"] == "CANCELLED"
 
 
 def test_a_limited_admin_token_limits_only_its_task_types(authed, opened):

@@ -22,7 +22,7 @@ from tests.support.waiting import wait_until
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
                    "retryAtMillis", "retryOf", "waitingReason", "protocol", "name",
-                   "submittedBy", "concurrencyKey", "uniqueKey", "progress"}
+                   "submittedBy", "concurrencyKey", "uniqueKey", "progress", "workflowId", "ref"}
 BUILT_INS = ["FAIL", "PRIME_COUNT", "SHA256", "SLEEP", "WORD_COUNT"]
 
 

@@ -15,7 +15,7 @@ from tests.pg_support import on_both_stores
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
                    "retryAtMillis", "retryOf", "waitingReason", "protocol", "name",
-                   "submittedBy", "concurrencyKey", "uniqueKey", "progress"}
+                   "submittedBy", "concurrencyKey", "uniqueKey", "progress", "workflowId", "ref"}
 
 
 def submit_many(client, n: int, task: str = "SLEEP") -> list[str]:

@@ -191,7 +191,7 @@ def test_json_endpoints_read_through_the_core(coord, peers):
 
     status, summary = get_json(base + "/api/summary")
     assert status == 200 and summary["ready"] is True
-    assert summary["jobs"] == {"QUEUED": 2, "SCHEDULED": 0, "RUNNING": 1, "RETRY_WAIT": 0}
+    assert summary["jobs"] == {"QUEUED": 2, "SCHEDULED": 0, "RUNNING": 1, "RETRY_WAIT": 0, "WAITING": 0}
     assert summary["finished"]["COMPLETED"] == 1 and summary["submitted"] == 4
     assert (summary["workers"], summary["capacity"], summary["busySlots"]) == (1, 1, 1)
     assert {"state": "QUEUED", "taskType": "GREET", "protocol": "json", "count": 1} in summary["byType"]

@@ -19,7 +19,7 @@ from tests.support.waiting import assert_stays, wait_until
 SNAPSHOT_FIELDS = {"jobId", "taskType", "state", "attempts", "maxAttempts", "workerId", "result", "error",
                    "createdAtMillis", "updatedAtMillis", "priority", "runAtMillis",
                    "retryAtMillis", "retryOf", "waitingReason", "protocol", "name",
-                   "submittedBy", "concurrencyKey", "uniqueKey", "progress"}
+                   "submittedBy", "concurrencyKey", "uniqueKey", "progress", "workflowId", "ref"}
 WORKER_ITEM_FIELDS = {"workerId", "capacity", "activeJobs", "lastHeartbeatMillis"}
 
 
@@ -71,6 +71,7 @@ def test_submit_assign_complete(coordinator, peers):
         "updatedAtMillis": queued["updatedAtMillis"], "priority": "NORMAL", "runAtMillis": None,
         "retryAtMillis": None, "retryOf": None, "waitingReason": "NO_WORKER", "protocol": "json", "name": None,
         "submittedBy": None, "concurrencyKey": None, "uniqueKey": None, "progress": None,
+        "workflowId": None, "ref": None,
     }
     # createdAtMillis is Unix epoch milliseconds, stamped during the request
     assert before - 5 <= queued["createdAtMillis"] <= after + 5
@@ -107,7 +108,7 @@ def test_submit_assign_complete(coordinator, peers):
         "createdAtMillis": queued["createdAtMillis"], "updatedAtMillis": done["updatedAtMillis"],
         "priority": "NORMAL", "runAtMillis": None, "retryAtMillis": None, "retryOf": None,
         "waitingReason": None, "protocol": "json", "name": None, "submittedBy": None, "concurrencyKey": None, "uniqueKey": None,
-        "progress": None,
+        "progress": None, "workflowId": None, "ref": None,
     }
     assert done_before - 5 <= done["updatedAtMillis"] <= now_ms() + 5
     assert worker.bad_frames == [] and worker.errors == []

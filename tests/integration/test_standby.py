@@ -27,7 +27,7 @@ from jobmesh.client.api import CoordinatorClient
 from jobmesh.errors import ClientError
 from jobmesh.protocol import messages as m
 from tests.support.connections import RawConn
-from tests.support.peers import wait_registered
+from tests.support.peers import ScriptedWorker, wait_registered
 from tests.support.processes import CoordinatorProc, WorkerProc, child_env, unused_port
 from tests.support.waiting import wait_until
 from tests.integration.test_limits_exact import MAX_RUNNING, TYPE, check_timelines, set_limit, submit_load
@@ -502,3 +502,44 @@ def test_a_standby_taking_over_from_a_killed_leader_keeps_limits_exact(nodes, wo
         job_ids += submit_load(client, 12, offset=36)
         # Then no instant of any timeline passed a limit, and no unique key had two live jobs
         check_timelines(client, job_ids)
+
+
+def test_a_standby_taking_over_a_workflow_releases_each_waiting_job_once_with_every_parent(nodes):
+    # Given a leader running a diamond whose first job completed, and a standby
+    leader = nodes("leader", lease_grace_millis=0).launch().await_listening()
+    standby = nodes("standby", lease_grace_millis=0).launch().await_standing_by()
+    worker = ScriptedWorker(tuple_of(leader.worker_target), "w-before", capacity=1)
+    worker.register(task_types=["WF-TAKEOVER"])
+    client = RawConn(tuple_of(leader.client_target))
+    jobs = [{"ref": ref, "taskType": "WF-TAKEOVER", "payload": {"ref": ref}, "dependsOn": deps}
+            for ref, deps in (("a", []), ("b", ["a"]), ("c", ["a"]), ("d", ["b", "c"]))]
+    submitted = client.request({"type": "SUBMIT_WORKFLOW", "jobs": jobs})
+    assert submitted["type"] == "WORKFLOW_SUBMITTED", submitted
+    ids = submitted["jobIds"]
+    worker.complete(worker.await_assign(), {"v": "a"})
+    worker.await_assign()  # a branch runs when the leader dies
+    client.close()
+    # When the leader is killed and the standby takes over
+    leader.kill()
+    worker.close()
+    standby.await_listening()
+    # Then the branches run with their parent's result, and the join once, with both of theirs
+    after = ScriptedWorker(tuple_of(standby.worker_target), "w-after", capacity=4)
+    after.register(task_types=["WF-TAKEOVER"])
+    try:
+        branches = [after.await_assign(TAKEOVER), after.await_assign(TAKEOVER)]
+        assert {a["jobId"] for a in branches} == {ids["b"], ids["c"]}
+        assert all(a["parents"] == {"a": {"v": "a"}} for a in branches)
+        for a in branches:
+            after.complete(a, {"v": a["payload"]["ref"]})
+        join = after.await_assign()
+        assert join["jobId"] == ids["d"] and join["parents"] == {"b": {"v": "b"}, "c": {"v": "c"}}
+        after.complete(join, {})
+        assert after.poll_assign(0.3) is None
+    finally:
+        after.close()
+
+
+def tuple_of(target: str) -> tuple[str, int]:
+    host, port = target.rsplit(":", 1)
+    return host, int(port)

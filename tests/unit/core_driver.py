@@ -9,7 +9,8 @@ READS_DONE). An error the core logged and got past is raised here. After every c
 the driver checks the invariants that must hold between batches: the store holds exactly
 what the core holds, no JSON worker runs more than its capacity, every running job has
 exactly one lease and its holder knows it (or
-recovery kept it for a worker to claim), and every index agrees with each job's state.
+recovery kept it for a worker to claim), every index agrees with each job's state, and
+every live workflow is stored and knows its jobs' states.
 """
 
 from __future__ import annotations
@@ -116,6 +117,13 @@ class CoreDriver:
         for name, schedule in core.schedules.by_name.items():
             assert stored[name] == schedule.body(), name
         assert dict(self.store.load_limits()) == {name: limit.body() for name, limit in core.limits.by_type.items()}
+        for workflow_id, flow in core.workflows.live.items():  # each live workflow stored, its states the jobs'
+            assert self.store.load_workflow(workflow_id) is not None, workflow_id
+            for job_id, state in zip(flow.job_ids, flow.states):
+                job = table.jobs.get(job_id) or table.finished.get(job_id) or self.store.get(job_id)
+                assert job is not None and job.state is state, job_id
+                if state is JobState.WAITING:
+                    assert flow.pending[flow.at[job.ref or ""]] > 0, job_id
         for session in core.json.workers:
             assert len(table.running(session)) <= session.capacity, session.worker_id
         for job_id, session in table.leases.items():

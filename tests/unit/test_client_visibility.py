@@ -339,7 +339,7 @@ def test_top_two_refreshes(jm):
     assert [(r["type"], r.get("state")) for r in server.requests[:4]] == [
         ("GET_STATS", None), ("LIST_JOBS", "QUEUED"), ("LIST_JOBS", "RETRY_WAIT"), ("LIST_WORKERS", None)]
     for text in frames[1:]:
-        assert "jobs      queued 1  scheduled 0  running 1  retry_wait 0  (active 2)" in text
+        assert "jobs      queued 1  scheduled 0  running 1  retry_wait 0  waiting 0  (active 2)" in text
         assert "workers   1 live, 1/1 slots busy" in text
         assert "q-1" in text and "the one worker that runs SHA256 is busy (1/1 slots)" in text
     assert "rates     submitted -  finished -" in frames[1]

@@ -169,7 +169,7 @@ def test_submit_creates_a_queued_job(h):
         "workerId": None, "result": None, "error": None, "createdAtMillis": 1234, "updatedAtMillis": 1234,
         "priority": "LOW", "runAtMillis": None, "retryAtMillis": None, "retryOf": None, "waitingReason": "NO_WORKER",
         "protocol": "json", "name": None, "submittedBy": None, "concurrencyKey": None, "uniqueKey": None,
-        "progress": None,
+        "progress": None, "workflowId": None, "ref": None,
     }
     stored = h.store.get(job_id)
     assert stored.state is JobState.QUEUED and stored.payload == {"durationMillis": 7}

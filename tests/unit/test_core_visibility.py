@@ -282,7 +282,7 @@ def test_metrics_count_what_happened(h):
     assert figures.jobs == {("RETRY_WAIT", "SLEEP", "HIGH", "json"): 1, ("SCHEDULED", "SLEEP", "NORMAL", "json"): 1}
     assert (figures.workers, figures.capacity, figures.busy_slots) == (1, 1, 0)
     stats = h.core.get_stats(5)  # GET_STATS: the same figures for `jobmesh top`
-    assert stats.jobs == {"QUEUED": 0, "SCHEDULED": 1, "RUNNING": 0, "RETRY_WAIT": 1}
+    assert stats.jobs == {"QUEUED": 0, "SCHEDULED": 1, "RUNNING": 0, "RETRY_WAIT": 1, "WAITING": 0}
     assert (stats.submitted, stats.finished["COMPLETED"], stats.retries, stats.workers) == (3, 1, 1, 1)
     assert m.decode(stats.to_wire(), m.TO_CLIENT) == stats
     h.disconnect(5, "w1")

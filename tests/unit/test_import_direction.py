@@ -49,7 +49,7 @@ FACE = tuple(CORE + "." + name for name in ("face", "events", "peers", "figures"
 # Everything else in the core: its parts, which only the core composes and uses.
 PARTS = tuple(CORE + "." + name for name in (
     "table", "timers", "json_jobs", "limits", "requests", "schedules", "periodic", "registry", "outbox",
-    "waiters", "scheduler", "firetimes"))
+    "waiters", "scheduler", "firetimes", "workflows"))
 
 RULES = [
     #    modules                 may import only                             must never import

@@ -31,12 +31,16 @@ EXPECTED_MOVES = {
     (S.QUEUED, S.SCHEDULED),      # a pending Periodic job replaced with a later sched_at
     (S.RETRY_WAIT, S.SCHEDULED),  # the same while it waits for its retry
     (S.RUNNING, S.SCHEDULED),     # put back for later without an attempt counted (Periodic SCHED_LATER)
+    (S.WAITING, S.QUEUED),        # a workflow's job whose last dependency completed
+    (S.WAITING, S.SCHEDULED),     # the same, before its run-at time
+    (S.WAITING, S.CANCELLED),     # cancelled, or a dependency failed or was cancelled
+    (S.WAITING, S.FAILED),        # its dependencies' results do not fit a task assignment
 }
 
 
 def test_state_names_are_the_wire_spellings():
-    assert [s.value for s in JobState] == ["QUEUED", "SCHEDULED", "RUNNING", "RETRY_WAIT", "COMPLETED",
-                                       "FAILED", "CANCELLED"]
+    assert [s.value for s in JobState] == ["QUEUED", "SCHEDULED", "RUNNING", "RETRY_WAIT", "WAITING",
+                                       "COMPLETED", "FAILED", "CANCELLED"]
     for s in JobState:
         assert s == s.value and JobState(s.value) is s
 
@@ -111,4 +115,5 @@ def test_snapshot_wire_fields_are_the_protocols():
         "updatedAtMillis": 1_700_000_000_500, "priority": "LOW", "runAtMillis": None,
         "retryAtMillis": None, "retryOf": None, "waitingReason": None, "protocol": "json", "name": None,
         "submittedBy": None, "concurrencyKey": None, "uniqueKey": None, "progress": None,
+        "workflowId": None, "ref": None,
     }

@@ -337,7 +337,7 @@ def test_core_errors_map_to_statuses():
 def test_summary_and_series(source, port):
     status, body = get_json(port, "/api/summary")
     assert status == "200 OK"
-    assert body["jobs"] == {"QUEUED": 3, "SCHEDULED": 0, "RUNNING": 4, "RETRY_WAIT": 0}
+    assert body["jobs"] == {"QUEUED": 3, "SCHEDULED": 0, "RUNNING": 4, "RETRY_WAIT": 0, "WAITING": 0}
     assert body["finished"] == {"COMPLETED": 10, "FAILED": 2, "CANCELLED": 1}
     assert body["byType"] == [{"state": "QUEUED", "taskType": "SLEEP", "protocol": "json", "count": 3},
                               {"state": "RUNNING", "taskType": "SHA256", "protocol": "json", "count": 4}]
@@ -444,7 +444,7 @@ def test_get_stats_is_built_from_the_registry_with_the_wire_names_unchanged():
                                      "workers", "periodicWorkers", "capacity", "busySlots", "waits"]
     assert (stats.at_millis, stats.submitted, stats.rejected, stats.retries, stats.workers, stats.periodic_workers,
             stats.capacity, stats.busy_slots, stats.waits) == (123, 20, 3, 5, 2, 3, 8, 4, 6)
-    assert stats.jobs == {"QUEUED": 3, "SCHEDULED": 0, "RUNNING": 4, "RETRY_WAIT": 0}
+    assert stats.jobs == {"QUEUED": 3, "SCHEDULED": 0, "RUNNING": 4, "RETRY_WAIT": 0, "WAITING": 0}
 
 
 def test_an_unknown_state_in_the_figures_is_an_error_not_a_silent_zero():

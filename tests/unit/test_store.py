@@ -24,6 +24,7 @@ ALL_COLUMNS = {
     "job_id", "task_type", "payload", "state", "attempts", "max_attempts", "worker_id", "attempt_id",
     "result", "error", "created_at", "updated_at", "retry_at", "idempotency_key",
     "execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "name", "periodic", "submitted_by", "concurrency_key", "unique_key",
+    "workflow_id", "ref", "depends_on", "parents",
     "events", "schedule_name", "scheduled_for", "result_ttl", "retry_base", "retry_cap",
 }
 LEGACY_COLUMNS = ("job_id, task_type, payload, state, attempts, max_attempts, worker_id, attempt_id, result,"
@@ -80,12 +81,14 @@ ON_DISK_TYPES = {
     "retry_of": "TEXT", "name": "TEXT", "periodic": "TEXT", "submitted_by": "TEXT", "events": "TEXT", "schedule_name": "TEXT", "scheduled_for": "INTEGER",
     "result_ttl": "INTEGER", "retry_base": "INTEGER", "retry_cap": "INTEGER",
     "concurrency_key": "TEXT", "unique_key": "TEXT",
+    "workflow_id": "TEXT", "ref": "TEXT", "depends_on": "TEXT", "parents": "TEXT",
 }
 
 
 def test_logical_kinds_render_to_the_sqlite_types_of_every_earlier_schema():
     assert {c.name: column_sql(c) for c in COLUMNS} == ON_DISK_TYPES
-    assert {c.name for c in COLUMNS if c.kind is Kind.JSON} == {"payload", "result", "periodic", "events"}
+    assert {c.name for c in COLUMNS if c.kind is Kind.JSON} == {"payload", "result", "periodic", "events", "depends_on",
+                                                                           "parents"}
 
 
 def test_reopening_a_current_file_database_changes_nothing(tmp_path):
@@ -127,14 +130,39 @@ def test_a_database_at_an_earlier_version_gets_only_the_migrations_after_it(tmp_
     conn.execute("DROP TABLE limits")
     conn.execute("ALTER TABLE jobs DROP COLUMN concurrency_key")
     conn.execute("ALTER TABLE jobs DROP COLUMN unique_key")
-    conn.execute("DELETE FROM schema_migrations WHERE version = 11")
+    conn.execute("DELETE FROM schema_migrations WHERE version >= 11")
     conn.commit()
     conn.close()
-    # When it is opened, migration 11 alone runs: its table and its columns
+    # When it is opened, the migrations after 10 alone run: 11's table and columns (12's are there)
     s = SQLiteStore(path)
-    assert s.migrations == [11] and s.migrated == ["concurrency_key", "unique_key"]
+    assert s.migrations == [11, 12] and s.migrated == ["concurrency_key", "unique_key"]
     assert applied(s.conn) == list(range(1, SCHEMA_VERSION + 1))
     assert s.load_limits() == [] and s.get("old").concurrency_key is None
+    s.close()
+
+
+def test_a_database_from_before_workflows_gains_their_table_columns_and_index(tmp_path):
+    # Given a database as a jobmesh before workflows left it (migration 11 the last), a job in it
+    path = str(tmp_path / "v11.db")
+    s = SQLiteStore(path)
+    s.write(Batch([insert_row(make_job("old"))], []))
+    s.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE workflows")
+    conn.execute("DROP INDEX jobs_workflow")
+    for column in ("workflow_id", "ref", "depends_on", "parents"):
+        conn.execute("ALTER TABLE jobs DROP COLUMN %s" % column)
+    conn.execute("DELETE FROM schema_migrations WHERE version = 12")
+    conn.commit()
+    conn.close()
+    # When it is opened, migration 12 alone runs, and the old job reads as outside any workflow
+    s = SQLiteStore(path)
+    assert s.migrations == [12] and s.migrated == ["workflow_id", "ref", "depends_on", "parents"]
+    assert indexes(s.conn) == set(INDEXES)
+    old = s.get("old")
+    assert (old.workflow_id, old.ref, old.depends_on, old.parents) == (None, None, None, None)
+    s.write(Batch([], [], workflows=[("wf", "{}")]))
+    assert s.load_workflow("wf") == ("{}", [])
     s.close()
 
 
@@ -234,7 +262,7 @@ def test_pre_deadline_pre_priority_database_is_migrated_in_place(tmp_path):
     legacy_db(path, {}, LEGACY_ROWS)
     s = SQLiteStore(str(path))
     assert s.migrations == list(range(1, SCHEMA_VERSION + 1))  # from before the migrations table: all of them
-    assert s.migrated == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key"]
+    assert s.migrated == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "workflow_id", "ref", "depends_on", "parents"]
     assert set(columns(s.conn)) == ALL_COLUMNS
     jobs = {j.job_id: j for j in s.load_active()}
     assert set(jobs) == {"old-q", "old-r", "old-w"}
@@ -269,7 +297,7 @@ def test_database_missing_only_the_deadline_columns_is_migrated(tmp_path):
     legacy_db(path, {"priority": "TEXT NOT NULL DEFAULT 'NORMAL'", "seq": "INTEGER NOT NULL DEFAULT 0"},
               [LEGACY_ROWS[0]], extra_values=("LOW", 7))
     s = SQLiteStore(str(path))
-    assert s.migrated == ["execution_timeout", "deadline", "run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key"]
+    assert s.migrated == ["execution_timeout", "deadline", "run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "workflow_id", "ref", "depends_on", "parents"]
     assert set(columns(s.conn)) == ALL_COLUMNS
     job = s.get("old-q")
     assert job.priority is Priority.LOW and job.seq == 7
@@ -282,7 +310,7 @@ def test_database_missing_only_priority_and_seq_is_migrated(tmp_path):
     legacy_db(path, {"execution_timeout": "INTEGER", "deadline": "INTEGER"}, [LEGACY_ROWS[1]],
               extra_values=(600_000, 600_100))
     s = SQLiteStore(str(path))
-    assert s.migrated == ["priority", "seq", "run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key"]
+    assert s.migrated == ["priority", "seq", "run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "workflow_id", "ref", "depends_on", "parents"]
     job = s.get("old-r")
     assert job.priority is Priority.NORMAL and job.seq == 1
     assert job.execution_timeout == 600_000 and job.deadline == 600_100
@@ -296,7 +324,7 @@ def test_previous_schema_gains_run_at_and_the_task_types_table(tmp_path):
                      "priority": "TEXT NOT NULL DEFAULT 'NORMAL'", "seq": "INTEGER NOT NULL DEFAULT 0"},
               [LEGACY_ROWS[0]], extra_values=(600_000, None, "HIGH", 3))
     s = SQLiteStore(str(path))
-    assert s.migrated == ["run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key"]
+    assert s.migrated == ["run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "workflow_id", "ref", "depends_on", "parents"]
     job = s.get("old-q")
     assert job.retry_of is None and job.events == ""
     assert job.run_at is None and job.priority is Priority.HIGH and job.seq == 3
@@ -356,7 +384,7 @@ def test_rows_sharing_a_sequence_are_renumbered_in_order_before_the_unique_index
 
 
 def test_added_columns_cover_the_schema_history():
-    assert list(ADDED_COLUMNS) == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key"]
+    assert list(ADDED_COLUMNS) == ["execution_timeout", "deadline", "priority", "seq", "run_at", "retry_of", "events", "name", "periodic", "schedule_name", "scheduled_for", "submitted_by", "result_ttl", "retry_base", "retry_cap", "concurrency_key", "unique_key", "workflow_id", "ref", "depends_on", "parents"]
 
 
 def test_a_batch_larger_than_one_statement_writes_every_row(store):

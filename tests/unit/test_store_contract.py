@@ -486,3 +486,48 @@ def test_expired_finds_finished_jobs_past_their_time_to_live_earliest_first(stor
     job = make_job("running", 4, state=JobState.COMPLETED, updated_at=5000, result_ttl=0)
     store.write(Batch([], [update_row(job)], purges=["soon", "mid"]))
     assert store.expired(10_000, 10) == [("late", None), ("running", None)]
+
+
+# ---- workflows -----------------------------------------------------------------------------
+
+
+def flow_job(job_id: str, seq: int, flow: str, ref: str, *depends: str, **kw) -> Job:
+    return make_job(job_id, seq, workflow_id=flow, ref=ref, depends_on=list(depends) or None, **kw)
+
+
+def test_a_workflow_is_stored_with_its_jobs_and_read_back_in_order(backend, store):
+    jobs = [flow_job("w-a", 1, "wf", "a", state=JobState.COMPLETED, result={"n": 1}),
+            flow_job("w-b", 2, "wf", "b", "a", parents={"a": {"n": 1}}),
+            flow_job("w-c", 3, "wf", "c", "a", "b", state=JobState.WAITING)]
+    store.write(Batch([insert_row(j) for j in jobs], [], workflows=[("wf", '{"name": "etl"}')]))
+    assert store.load_workflow("nope") is None
+    body, read = store.load_workflow("wf")
+    assert body == '{"name": "etl"}'
+    assert [fields_of(j) for j in read] == [fields_of(j) for j in jobs]
+    assert read[2].state is JobState.WAITING and read[2].snapshot()["waitingReason"] == "DEPENDENCIES"
+    assert {j.job_id for j in store.load_active()} == {"w-b", "w-c"}
+    jobs[2].parents = {"a": {"n": 1}, "b": {}}
+    jobs[2].state = JobState.QUEUED
+    store.write(Batch([], [update_row(jobs[2])]))
+    store.close()
+    reopened = backend.open()
+    try:
+        assert fields_of(reopened.load_workflow("wf")[1][2]) == fields_of(jobs[2])
+    finally:
+        reopened.close()
+
+
+def test_a_workflow_is_purged_whole_once_every_job_of_it_is_old_enough(store):
+    jobs = [flow_job("w-a", 1, "wf", "a", state=JobState.COMPLETED, updated_at=100, idempotency_key="ka"),
+            finished("lone", 2, 100),
+            flow_job("w-b", 3, "wf", "b", "a", state=JobState.WAITING)]
+    store.write(Batch([insert_row(j) for j in jobs], [], workflows=[("wf", "{}")]))
+    # a finished job of a workflow not finished is stepped over, like an active job
+    assert store.purgeable(0, 500, 10) == ([("lone", None)], 0)
+    jobs[2].state, jobs[2].updated_at = JobState.CANCELLED, 900
+    store.write(Batch([], [update_row(jobs[2])]))
+    assert store.purgeable(0, 500, 10) == ([("lone", None)], 0)  # its last job not old enough
+    found, _ = store.purgeable(0, 1000, 10)
+    assert found == [("w-a", "ka"), ("w-b", None), ("lone", None)]  # the workflow whole, where the walk met it
+    store.write(Batch([], [], [], [job_id for job_id, _ in found]))
+    assert store.load_workflow("wf") is None and store.get("w-b") is None and store.find_by_key("ka") is None

@@ -438,17 +438,38 @@ def test_a_schema_from_before_limits_gets_their_table_and_columns_on_opening(sto
     first.close()
     admin.execute("DROP TABLE jobmesh_limits")
     admin.execute("ALTER TABLE jobmesh_jobs DROP COLUMN concurrency_key, DROP COLUMN unique_key")
-    admin.execute("DELETE FROM jobmesh_migrations WHERE version = 11")  # its last migration was 10
+    admin.execute("DELETE FROM jobmesh_migrations WHERE version >= 11")  # its last migration was 10
     # When a coordinator opens it
     store = stores()
     store.lead(lambda: None)
-    # Then migration 11 alone runs: the columns and the table are added, and the old row reads with no keys
-    assert store.migrations == [11] and store.migrated == ["concurrency_key", "unique_key"]
+    # Then the migrations after 10 alone run: 11's columns and table are added (12's are there),
+    # and the old row reads with no keys
+    assert store.migrations == [11, 12] and store.migrated == ["concurrency_key", "unique_key"]
     assert store.load_limits() == []
     store.write(Batch([], [], limits=[("SLEEP", '{"maxRunning": 1}')]))
     assert store.load_limits() == [("SLEEP", '{"maxRunning": 1}')]
     old = store.get("old")
     assert old is not None and (old.concurrency_key, old.unique_key) == (None, None)
+
+
+def test_a_schema_from_before_workflows_gains_their_table_and_columns_on_opening(stores, admin):
+    # Given a schema as a coordinator before workflows left it (a job in it)
+    first = stores()
+    first.lead(lambda: None)
+    first.write(batch(make_job("old", 1)))
+    first.close()
+    admin.execute("DROP TABLE jobmesh_workflows")
+    admin.execute("ALTER TABLE jobmesh_jobs DROP COLUMN workflow_id, DROP COLUMN ref, DROP COLUMN depends_on,"
+                  " DROP COLUMN parents")
+    admin.execute("DELETE FROM jobmesh_migrations WHERE version = 12")
+    # When a coordinator opens it, migration 12 alone runs
+    store = stores()
+    store.lead(lambda: None)
+    assert store.migrations == [12] and store.migrated == ["workflow_id", "ref", "depends_on", "parents"]
+    old = store.get("old")
+    assert old is not None and (old.workflow_id, old.ref, old.depends_on, old.parents) == (None, None, None, None)
+    store.write(Batch([], [], workflows=[("wf", "{}")]))
+    assert store.load_workflow("wf") == ("{}", [])
 
 
 def test_a_table_from_before_time_to_live_gains_its_columns_index_and_defaults_table(stores, admin):

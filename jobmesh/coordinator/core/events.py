@@ -88,7 +88,7 @@ class Request(Event):
     """A client request (or a Refusal), answered on ``conn`` in order.
 
     ``cost`` is its share of a batch's budget (``mailbox.py``): 1, except a LIST_JOBS
-    page, which costs by the rows it may read."""
+    page, which costs by the rows it may read, and a SUBMIT_WORKFLOW, a submit's for each of its jobs."""
 
     __slots__ = ("conn", "msg", "cost")
     conn: ReplyConnection
@@ -100,6 +100,8 @@ class Request(Event):
         if type(msg) is m.ListJobs:
             rows = 100 if msg.limit is None else min(max(msg.limit, 0), 1000)
             self.cost += rows // LIST_ROWS_PER_COST
+        elif type(msg) is m.SubmitWorkflow:  # each of its jobs is about a submit's work
+            self.cost = max(1, len(msg.jobs))
 
 
 class ClientClosed(Event):

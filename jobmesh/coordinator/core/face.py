@@ -15,7 +15,8 @@ The parts, each owning its state (docs/ARCHITECTURE.md):
 * ``periodic`` (``periodic/jobs.py`` and the parts it composes): the Periodic port's funcs, names, tokens, locks, waits;
 * ``requests`` (``requests.py``): the client requests, WAIT_JOB waiters and retention;
 * ``schedules`` (``schedules.py``): recurring schedules, their fire times and policies;
-* ``limits`` (``limits.py``): limits per task type, their counts and buckets, unique keys.
+* ``limits`` (``limits.py``): limits per task type, their counts and buckets, unique keys;
+* ``workflows`` (``workflows.py``): workflows, their jobs' dependencies, releases, WAIT_WORKFLOW waiters.
 
 ``apply(event, now)`` dispatches a mailbox event (``events.py``) through one table and
 returns a client request's reply; ``end_batch(now)`` does the work after each batch
@@ -49,6 +50,7 @@ from jobmesh.store.job import Job
 from jobmesh.coordinator.core.table import JobTable, ReadPending, due_time
 from jobmesh.coordinator.core.timers import Timers
 from jobmesh.coordinator.core.waiters import Slot as Slot, Waiter as Waiter  # the face's own words too
+from jobmesh.coordinator.core.workflows import FlowWaiter, Workflows
 from jobmesh.periodic import codec as pc
 from jobmesh.protocol import messages as m
 from jobmesh.protocol.jobs import JobState
@@ -68,7 +70,7 @@ INTERNAL_ERROR = m.Error("internal coordinator error; see the coordinator log")
 # A handler's refusals (ev.Refusal, ev.Forbidden) keep their own answer.
 READ_REQUESTS = frozenset({m.GetJobStatus, m.ListJobs, m.ListWorkers, m.GetJobEvents, m.GetStats, m.WaitJob,
                            m.GetJobPayload, m.ScheduleGet, m.ScheduleList, m.SchedulePreview,
-                           m.LimitGet, m.LimitList, ev.Refusal, ev.Forbidden})
+                           m.LimitGet, m.LimitList, m.WorkflowStatus, m.WaitWorkflow, ev.Refusal, ev.Forbidden})
 
 
 class Deadlines(NamedTuple):
@@ -113,6 +115,7 @@ class CoordinatorCore:
                                      lambda worker_id: self.json.workers.get(worker_id) is not None)
         self.requests = ClientRequests(self.table, self.json, self.periodic, self.counters, self.limits)
         self.schedules = Schedules(self.table, self.requests.check_payload)
+        self.workflows = Workflows(self.table, self.requests, self.limits)
         self._draining = False
         self._refusal: m.Error | None = None  # storage fails: what a write is answered
         self._regrace = False  # storage works again: kept leases get their grace again (expire_deadlines)
@@ -122,7 +125,7 @@ class CoordinatorCore:
         self._held: list[tuple[Read[Any], ev.Request, Slot]] = []
         self._new_reads: list[Read[Any]] = []
         self._resumed: list[tuple[Waiter, m.Message]] = []
-        requests, schedules, limits = self.requests, self.schedules, self.limits
+        requests, schedules, limits, workflows = self.requests, self.schedules, self.limits, self.workflows
         self._answers: dict[type, Callable[[int, Any], m.Message]] = {
             m.SubmitJob: requests.submit_job,
             m.GetJobStatus: lambda now, r: requests.get_job_status(now, r.job_id),
@@ -148,6 +151,9 @@ class CoordinatorCore:
             m.LimitDelete: limits.delete,
             m.TypePause: lambda now, r: limits.set_paused(now, r.task_type, True),
             m.TypeResume: lambda now, r: limits.set_paused(now, r.task_type, False),
+            m.SubmitWorkflow: workflows.submit,
+            m.WorkflowStatus: workflows.status,
+            m.WorkflowCancel: workflows.cancel,
             ev.Refusal: lambda now, r: r.error,
             ev.Forbidden: lambda now, r: r.error,
         }
@@ -161,8 +167,8 @@ class CoordinatorCore:
             ev.PeriodicPacket: lambda e, now: periodic.on_packet(now, e.conn, e.msg, e.submitted_by),
             ev.PeriodicClosed: lambda e, now: periodic.on_closed(now, e.conn),
             ev.Sweep: self._on_sweep,
-            ev.Expire: lambda e, now: requests.expire_waits(now),
-            ev.ClientClosed: lambda e, now: requests.on_client_closed(now, e.conn),
+            ev.Expire: lambda e, now: self.expire_waits(now),
+            ev.ClientClosed: lambda e, now: self.on_client_closed(now, e.conn),
             ev.ReadsDone: lambda e, now: self.resume_held(now),
             ev.SchedulesFile: lambda e, now: self.on_schedules_file(now, e.definitions),
             ev.Fire: lambda e, now: self.fire_schedules(now),
@@ -171,7 +177,7 @@ class CoordinatorCore:
         self._sweep_steps: tuple[Callable[[int], Any], ...] = (
             json.detect_dead_workers, self.expire_deadlines, self.promote_due_jobs, self.fire_schedules, limits.wake,
             json.schedule,
-            periodic.dispatch, self._purge, requests.expire_waits, periodic.expire_waits, periodic.forget_idle)
+            periodic.dispatch, self._purge, self.expire_waits, periodic.expire_waits, periodic.forget_idle)
 
     # ---- applying events ----------------------------------------------------------------
 
@@ -220,8 +226,10 @@ class CoordinatorCore:
     def _request(self, event: ev.Request, now: int) -> Reply:
         msg = event.msg
         try:
-            if type(msg) is m.WaitJob:  # the one request that needs its connection
+            if type(msg) is m.WaitJob:  # the requests that need their connection
                 return self.requests.wait_job(now, event.conn, msg)
+            if type(msg) is m.WaitWorkflow:
+                return self.workflows.wait(now, event.conn, msg)
             return self._answers[type(msg)](now, msg)
         except ReadPending as pending:  # its reply waits, in order, for the read
             slot = Slot()
@@ -230,8 +238,10 @@ class CoordinatorCore:
 
     def _answer(self, event: ev.Request, now: int, slot: Slot | None = None) -> Reply:
         msg = event.msg
-        if type(msg) is m.WaitJob:  # the one request that needs its connection
+        if type(msg) is m.WaitJob:  # the requests that need their connection
             return self.requests.wait_job(now, event.conn, msg, slot)
+        if type(msg) is m.WaitWorkflow:
+            return self.workflows.wait(now, event.conn, msg, slot)
         return self._answers[type(msg)](now, msg)
 
     def _hold_for(self, read: Read[Any], event: ev.Request, slot: Slot) -> None:
@@ -276,13 +286,14 @@ class CoordinatorCore:
     def end_batch(self, now: int) -> list[tuple[Waiter, m.Message]]:
         """After each batch: schedule, keep purging while the last pass was full; the waits
         answered in the batch with their replies (as the jobs stand at its end)."""
+        self.workflows.release(now)  # before scheduling: a job released in this batch may run at once
         self.json.send_acks()
         self.json.schedule(now)
         self.periodic.end_batch(now)
         requests = self.requests
         if requests.purge_backlog and self._refusal is None:
             requests.purge_expired(now, PURGE_BATCH)
-        answers = requests.take_answers() if requests.has_answers() else []
+        answers = self.take_answers() if requests.has_answers() or self.workflows.waiters.answered else []
         if self._resumed:
             answers += self._resumed
             self._resumed = []
@@ -427,10 +438,11 @@ class CoordinatorCore:
         batch = self.table.take_dirty()
         schedules = self.schedules.take_dirty()
         limits = self.limits.take_dirty()
-        if not schedules and not limits:
+        workflows = self.workflows.take_dirty()
+        if not schedules and not limits and not workflows:
             return batch
         return Batch(batch.inserts, batch.updates, batch.task_types, batch.purges, schedules, limits,
-                     batch.task_defaults)
+                     batch.task_defaults, workflows)
 
     def take_outbound(self) -> list[tuple[OutboundConnection, Frame]]:
         return self.outbox.take()
@@ -466,7 +478,8 @@ class CoordinatorCore:
         # queued: QUEUED after recovery, including the requeued and those due while down;
         # kept: RUNNING on their old lease for the grace
         stats = {"queued": 0, "scheduled": 0, "retry_wait": 0, "requeued": 0, "due": 0, "failed": 0, "damaged": 0,
-                 "kept": 0}
+                 "kept": 0, "waiting": 0}
+        flows: set[str] = set()  # the workflows of the active jobs
         table = self.table
         if replacing is not None:
             table.drift = replacing.table.drift
@@ -477,6 +490,8 @@ class CoordinatorCore:
         wall = now + table.drift
         for job in self.store.load_active():
             state = job.state
+            if job.workflow_id is not None:
+                flows.add(job.workflow_id)
             repaired = state is JobState.RETRY_WAIT and job.retry_at is None
             if repaired:  # an older or hand-edited row: due now
                 job.retry_at = wall
@@ -500,6 +515,8 @@ class CoordinatorCore:
                     stats["failed"] += 1
             elif state is JobState.QUEUED:
                 stats["queued"] += 1
+            elif state is JobState.WAITING:
+                stats["waiting"] += 1
             elif state is JobState.SCHEDULED and (job.run_at is None or job.run_at <= wall):
                 table.event(job, now, "RECOVERED", "fell due while the coordinator was down")
                 table.transition(job, JobState.QUEUED, now)
@@ -510,11 +527,12 @@ class CoordinatorCore:
                 stats["retry_wait" if state is JobState.RETRY_WAIT else "scheduled"] += 1
         table.next_seq = self.store.max_seq() + 1
         self.limits.settle()
+        workflows = self.workflows.recover(now, flows)  # after the jobs: releases what a cut-short batch would have
         self.schedules.load(self.store, now)  # and the fire times that passed while down follow ``missed``
         if stats["kept"]:
             log.info("kept %d running jobs on their leases for %d ms, for their workers to claim", stats["kept"], grace)
         return Recovery(**stats, active=table.active_count, task_types=len(table.known_types),
-                        next_seq=table.next_seq, schedules=len(self.schedules.by_name))
+                        next_seq=table.next_seq, schedules=len(self.schedules.by_name), workflows=workflows)
 
     def _recover_running(self, job: Job, now: int, grace: int = 0) -> bool:
         """A RUNNING job whose worker is gone since a restart: requeued while attempts remain
@@ -549,7 +567,8 @@ class CoordinatorCore:
                        periodic_workers=len(self.periodic.workers),
                        waits=len(self.requests.waiters) + self.periodic.waits.live,
                        schedule_fires=dict(self.schedules.fires), schedule_skips=dict(self.schedules.skips),
-                       schedule_misses=dict(self.schedules.misses), jobs_held=self.limits.held())
+                       schedule_misses=dict(self.schedules.misses), jobs_held=self.limits.held(),
+                       workflows=self.workflows.figures())
 
     def get_stats(self, now: int) -> m.Message:
         """GET_STATS: the figures the metrics port shows, from counters (O(series))."""
@@ -614,7 +633,22 @@ class CoordinatorCore:
         except Exception as exc:
             log.exception("error while scheduling; continuing")
             applied.errors.append(exc)
-            applied.waits = self.requests.take_answers()
+            applied.waits = self.take_answers()
+
+    def take_answers(self) -> list[tuple[Waiter, m.Message]]:
+        """The WAIT_JOBs and WAIT_WORKFLOWs answered since the last call, with their replies."""
+        return self.requests.take_answers() + self.workflows.take_answers()
+
+    def expire_waits(self, now: int) -> None:
+        """Answer the WAIT_JOBs and WAIT_WORKFLOWs whose time is up."""
+        self.requests.expire_waits(now)
+        if self.workflows.waiters:
+            self.workflows.waiters.expire(now)
+
+    def on_client_closed(self, now: int, conn: ReplyConnection) -> None:
+        """A client connection ended with requests unanswered: its waits are forgotten."""
+        self.requests.on_client_closed(now, conn)
+        self.workflows.waiters.drop_conn(conn)
 
     def next_deadlines(self) -> Deadlines:
         """When the shell must wake the core next (one heap peek each; ``Deadlines``)."""
@@ -624,12 +658,16 @@ class CoordinatorCore:
             if due is not None:
                 fires = due - self.table.drift
         waits = self.requests.next_wait_deadline()
+        if self.workflows.waiters:
+            flows = self.workflows.waiters.next_deadline()
+            if flows is not None and (waits is None or flows < waits):
+                waits = flows
         return Deadlines(waits, fires, self.limits.next_wake())
 
     def pending_waits(self) -> list[Waiter]:
         """Every request not answered yet: the pending WAIT_JOBs, then the requests held for
         a store read, as waiters of their Slots (a stop answers them all)."""
-        return self.requests.waiters.pending() + self.held_requests()
+        return self.requests.waiters.pending() + self.workflows.waiters.pending() + self.held_requests()
 
     def adopt_from(self, old: CoordinatorCore, now: int, answered: list[Waiter]) -> list[tuple[Waiter, m.Message]]:
         """A reload replaced ``old`` with this state: the process-lifetime totals go on
@@ -640,6 +678,9 @@ class CoordinatorCore:
         self.counters.add(old.counters)
         self.table.carry_totals(old.table)
         self.schedules.carry_totals(old.schedules)
+        self.workflows.carry_totals(old.workflows)
         self._held = old._held + self._held
-        self.requests.adopt_waiters(now, old.requests.waiters.pending() + answered)
-        return self.requests.take_answers()
+        waits = old.requests.waiters.pending() + old.workflows.waiters.pending() + answered
+        self.requests.adopt_waiters(now, [w for w in waits if not isinstance(w, FlowWaiter)])
+        self.workflows.adopt_waiters(w for w in waits if isinstance(w, FlowWaiter))
+        return self.take_answers()

@@ -38,6 +38,7 @@ PORTS = ("worker", "client", "metrics", "periodic")  # label values of jobmesh_c
 PRIORITIES = tuple(p.value for p in sorted(Priority, key=lambda p: -p.level))  # HIGH, NORMAL, LOW
 ACTIVE = tuple(s.value for s in ACTIVE_STATES)
 FINISHED = tuple(s.value for s in TERMINAL_STATES)
+WORKFLOW_STATES = ("RUNNING",) + FINISHED  # label values of jobmesh_workflows
 
 
 @dataclass(slots=True)
@@ -83,6 +84,13 @@ class Figures:
     schedule_misses: Mapping[str, int] = field(default_factory=dict)
     # QUEUED jobs a limit holds back, by (task type, reason) (coordinator/limits.py).
     jobs_held: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # Workflows by state: RUNNING the live ones, the others those that ended since the process started.
+    workflows: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def workflows_by_state(self) -> dict[str, int]:
+        """Workflows by state, every state listed (RUNNING, COMPLETED, FAILED, CANCELLED)."""
+        return {state: self.workflows.get(state, 0) for state in WORKFLOW_STATES}
 
     @property
     def jobs_by_state(self) -> dict[str, int]:
@@ -251,6 +259,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("jobmesh_jobs_held", "QUEUED jobs held back by their type's limit, by the reason shown "
            "(TYPE_PAUSED, CONCURRENCY_LIMIT, KEY_CONCURRENCY_LIMIT, RATE_LIMIT).", G, "jobs_held",
            ("taskType", "reason")),
+    Metric("jobmesh_workflows", "Workflows by state: RUNNING those not ended; COMPLETED, FAILED and CANCELLED "
+           "those that ended since the process started.", G, "workflows_by_state", ("state",)),
     Metric("jobmesh_connections", "Open connections by port.", G, "connections_by_port", ("port",), runtime=True,
            summary="connections"),
     Metric("jobmesh_active_jobs_limit", "The admission limit on non-terminal jobs (--max-active-jobs).", G,
@@ -294,7 +304,9 @@ class Recovery:
     failed: int = 0  # RUNNING in their final attempt: failed
     damaged: int = 0  # rows that do not decode
     kept: int = 0  # RUNNING, kept on their leases for their workers to claim (lease grace)
+    waiting: int = 0  # WAITING for their dependencies (workflows)
     active: int = 0  # jobs not finished
     task_types: int = 0
     next_seq: int = 0
     schedules: int = 0
+    workflows: int = 0  # workflows with jobs not finished

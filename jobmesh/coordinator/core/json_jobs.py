@@ -444,7 +444,7 @@ class JsonJobs:
             job = jobs[job_id]
             transition(job, JobState.RUNNING, now, session=worker)
             self.outbox.send(worker.conn, m.TaskAssign(job.job_id, job.attempt_id or "", job.attempts, job.task_type,
-                                                       job.payload))
+                                                       job.payload, job.parents))
             log.debug("assigned job=%s attempt=%s worker=%s", job.job_id, job.attempt_id, worker.worker_id)
             assigned += 1
             if len(load[worker]) >= worker.capacity:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import ujson
 
@@ -49,6 +49,25 @@ PURGE_SWEEP = 1000  # finished jobs purged per sweep at most (retention)
 PURGE_REQUEST_MAX = 10_000  # per PURGE_JOBS request
 SCHEDULE_KEYS = "schedule:"  # the idempotency keys of jobs that schedules make (schedules.py)
 EVENT_FIELDS = ("atMillis", "event", "attempt", "workerId", "detail", "retryAtMillis")  # one stored event
+
+
+class Prepared(NamedTuple):
+    """A SUBMIT_JOB (or a workflow's job) checked, as ``ClientRequests.create`` makes it."""
+
+    task_type: str
+    payload: dict[str, Any]
+    payload_json: str
+    max_attempts: int
+    priority: Priority
+    key: str | None  # idempotencyKey
+    run_at: int | None
+    submitted_by: str | None
+    timeout: int | None
+    result_ttl: int | None
+    keys: tuple[str | None, str | None]  # concurrencyKey, uniqueKey
+
+
+Membership = tuple[str, str, list[str]]  # a workflow's job: the workflow id, its ref, the refs it depends on
 
 
 class ClientRequests:
@@ -107,7 +126,9 @@ class ClientRequests:
             return None, "the run-at time must be before the year 10000"
         return run_at, None
 
-    def submit_job(self, now_millis: int, req: m.SubmitJob) -> m.Message:
+    def prepare(self, now_millis: int, req: m.SubmitJob) -> Prepared | m.Error:
+        """A submit checked: what ``create`` makes of it, or the ERROR that refuses it
+        (everything but its idempotency and unique keys' bindings, which depend on other jobs)."""
         try:
             priority = Priority.parse(req.priority)
         except ValueError as exc:
@@ -146,9 +167,18 @@ class ClientRequests:
             if key.startswith(SCHEDULE_KEYS):  # a fire's key taken by a submit would stop that fire's commit
                 return m.Error("idempotencyKey %s: keys beginning %r belong to recurring schedules"
                                % (quote(key), SCHEDULE_KEYS))
+        return Prepared(req.task_type, req.payload, payload_json, max_attempts, priority, key, run_at,
+                        req.submitted_by, timeout, ttl, (req.concurrency_key, req.unique_key))
+
+    def submit_job(self, now_millis: int, req: m.SubmitJob) -> m.Message:
+        new = self.prepare(now_millis, req)
+        if isinstance(new, m.Error):
+            return new
+        key = new.key
+        if key is not None:
             existing = self.table.lookup_key(key)
             if existing is not None:
-                if existing.same_request(req.task_type, req.payload, max_attempts, priority):
+                if existing.same_request(new.task_type, new.payload, new.max_attempts, new.priority):
                     return m.JobSubmitted(existing.job_id)
                 log.warning("idempotency conflict key=%s job=%s", quote(key), existing.job_id)
                 return m.Error(
@@ -160,15 +190,23 @@ class ClientRequests:
             if live is not None:
                 return m.JobSubmitted(live, duplicate=True)
             self.limits.listen()  # the job's end frees its key
-        return self._create(now_millis, req.task_type, req.payload, payload_json, max_attempts, priority, key,
-                            run_at, submitted_by=req.submitted_by, timeout=timeout, result_ttl=ttl,
-                            keys=(req.concurrency_key, req.unique_key))
+        return self.create(now_millis, new)
+
+    def create(self, now_millis: int, new: Prepared, flow: Membership | None = None) -> m.Message:
+        """Admit and create a checked submit's job; the reply to its submit. ``flow``: the
+        job belongs to a workflow (its id, its ref, the refs it depends on: WAITING
+        while there are some)."""
+        return self._create(now_millis, new.task_type, new.payload, new.payload_json, new.max_attempts,
+                            new.priority, new.key, new.run_at, submitted_by=new.submitted_by, timeout=new.timeout,
+                            result_ttl=new.result_ttl, keys=new.keys, flow=flow)
 
     def _create(self, now_millis: int, task_type: str, payload: dict[str, Any], payload_json: str | None,
                 max_attempts: int, priority: Priority, key: str | None, run_at: int | None,
                 retry_of: str | None = None, submitted_by: str | None = None, timeout: int | None = None,
-                result_ttl: int | None = None, keys: tuple[str | None, str | None] = (None, None)) -> m.Message:
-        """Admit and create a job (SUBMITTED, then QUEUED or SCHEDULED); the reply to its submit.
+                result_ttl: int | None = None, keys: tuple[str | None, str | None] = (None, None),
+                flow: Membership | None = None) -> m.Message:
+        """Admit and create a job (SUBMITTED, then QUEUED or SCHEDULED, or WAITING for its
+        dependencies); the reply to its submit.
         ``submitted_by`` is the name of the token that asked (auth on), which the SUBMITTED
         event names too; ``keys`` its concurrencyKey and uniqueKey. ``timeout`` and the retry
         backoff not given come from the task type's declared defaults (``JobTable.give_defaults``)."""
@@ -179,12 +217,17 @@ class ClientRequests:
                 self.table.active_count, self.config.max_active_jobs, True,
             )
         later = run_at is not None and run_at > now_millis + self.table.drift
-        job = self.table.new_job(now_millis, task_type, payload, max_attempts, priority,
-                                 JobState.SCHEDULED if later else JobState.QUEUED, key, None, payload_json, run_at,
-                                 retry_of)
+        state = JobState.SCHEDULED if later else JobState.QUEUED
+        if flow is not None and flow[2]:
+            state = JobState.WAITING
+        job = self.table.new_job(now_millis, task_type, payload, max_attempts, priority, state, key, None,
+                                 payload_json, run_at, retry_of)
         self.table.give_defaults(job, timeout)
         job.result_ttl = result_ttl
         job.concurrency_key, job.unique_key = keys
+        if flow is not None:
+            job.workflow_id, job.ref, depends_on = flow
+            job.depends_on = depends_on or None
         detail = None if retry_of is None else "retry of %s" % retry_of
         if submitted_by is not None:
             job.submitted_by = submitted_by
@@ -416,11 +459,19 @@ class ClientRequests:
             if done is None:
                 return m.Error("unknown job %s" % quote(job_id))
             return m.JobCancel(False, self.snapshot(done))
+        self.cancel(job, now_millis)
+        return m.JobCancel(True, self.snapshot(job))
+
+    def cancel(self, job: Job, now_millis: int, detail: str | None = None) -> None:
+        """Cancel an active job (its running attempt gets TASK_CANCEL); ``detail``: why, in its timeline."""
         if job.state is JobState.RUNNING:
             self._revoke(job)
-        self.table.transition(job, JobState.CANCELLED, now_millis)
+        if detail is None:
+            self.table.transition(job, JobState.CANCELLED, now_millis)
+        else:
+            self.table.transition(job, JobState.CANCELLED, now_millis, event=None)
+            self.table.event(job, now_millis, "CANCELLED", detail)
         log.info("cancelled job=%s", job.job_id)
-        return m.JobCancel(True, self.snapshot(job))
 
 
 Found = list[tuple[str, str | None]]  # (job id, idempotency key) of finished jobs to purge

@@ -145,6 +145,7 @@ class JobTable:
         self._json_enter: list[Listener] = []  # told of jobs entering (a subset: some index no new job)
         self._periodic_enter: list[Listener] = []
         self._timed: list[TimeListener] = []  # told of times that change without a move
+        self._forgets: list[Callable[[list[str]], None]] = []  # told of the finished jobs purged
         self._dirty: dict[str, Job] = {}
         self._new: set[str] = set()
         self._new_types: list[tuple[str, int]] = []
@@ -180,6 +181,10 @@ class JobTable:
         if periodic:
             self._periodic.append(listener)
 
+    def listen_forgets(self, forgotten: Callable[[list[str]], None]) -> None:
+        """Call ``forgotten(job ids)`` with the finished jobs each purge drops."""
+        self._forgets.append(forgotten)
+
     def listen_times(self, listener: TimeListener) -> None:
         """Tell ``listener`` of every job whose lease deadline or due time changes without a move."""
         self._timed.append(listener)
@@ -207,8 +212,13 @@ class JobTable:
                    execution_timeout=execution_timeout, payload_json=payload_json, run_at=run_at, retry_of=retry_of,
                    name=name, periodic=periodic, ready_at=now, event_count=0)
 
+    def new_id(self) -> str:
+        """A fresh id for something other than a job (a workflow), unique as job ids are."""
+        return self._new_id() if self._new_id is not None else "%08x%024x" % (self.next_seq, _random.getrandbits(96))
+
     def admit(self, job: Job, now: int, detail: str | None = None) -> None:
-        """A new job (QUEUED or SCHEDULED), with its SUBMITTED event; inserted at the commit."""
+        """A new job (QUEUED, SCHEDULED, or WAITING for its dependencies), with its SUBMITTED
+        event; inserted at the commit."""
         job_id = job.job_id
         self.jobs[job_id] = job
         if job.idempotency_key is not None:
@@ -264,6 +274,8 @@ class JobTable:
         if target is JobState.QUEUED:
             if source is JobState.SCHEDULED and job.wake_at is not None:
                 job.ready_at = job.wake_at  # it became due at its run-at time, not when the sweep saw it
+            elif source is JobState.WAITING:
+                job.ready_at = now  # due once its dependencies completed: aging counts from then
         elif target is JobState.RUNNING:
             assert session is not None, "an assignment needs a worker"
             job.attempts += 1
@@ -558,6 +570,9 @@ class JobTable:
         walk met it too) counts once."""
         purging = self._purging
         dropped = 0
+        if self._forgets and found:
+            for forgotten in self._forgets:
+                forgotten([job_id for job_id, _key in found])
         for job_id, key in found:
             if job_id in purging:
                 continue

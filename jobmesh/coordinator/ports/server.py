@@ -91,6 +91,9 @@ def forbidden(identity: Identity, msg: m.Message) -> str | None:
         return None
     if isinstance(msg, m.SubmitJob):
         names: list[Any] = [msg.task_type]
+    elif isinstance(msg, m.SubmitWorkflow):  # every job's type (a malformed job is the core's to refuse)
+        names = list(dict.fromkeys(job["taskType"] for job in msg.jobs
+                                   if isinstance(job, dict) and isinstance(job.get("taskType"), str)))
     elif isinstance(msg, m.WorkerRegister):
         names = list(TASK_TYPES) if msg.task_types is None else msg.task_types
     elif isinstance(msg, m.SchedulePut):  # its fires submit that type (a malformed body is the core's to refuse)
@@ -107,7 +110,7 @@ def forbidden(identity: Identity, msg: m.Message) -> str | None:
     if not refused:
         return None
     verb = ("declare" if isinstance(msg, m.WorkerRegister) else
-            "submit" if isinstance(msg, (m.SubmitJob, m.SchedulePut)) else "limit")
+            "submit" if isinstance(msg, (m.SubmitJob, m.SchedulePut, m.SubmitWorkflow)) else "limit")
     return "forbidden: token %s may not %s task type %s (its taskTypes: %s)" % (
         m.quote(identity.name), verb, m.quote(refused[0]), ", ".join(identity.task_types) or "none")
 
@@ -484,6 +487,6 @@ class Servers:
             return ev.Forbidden(reason)
         if isinstance(req, (m.RetryJob, m.ScheduleTrigger)):  # the core knows the type they make
             return dataclasses.replace(req, submitted_by=identity.name, task_types=identity.task_types)
-        if isinstance(req, m.SubmitJob):
+        if isinstance(req, (m.SubmitJob, m.SubmitWorkflow)):
             return dataclasses.replace(req, submitted_by=identity.name)
         return req

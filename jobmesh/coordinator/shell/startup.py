@@ -123,9 +123,10 @@ def recovered_core(config: CoordinatorConfig, store: Store, old: CoordinatorCore
     core.draining = draining
     log.info(
         "recovered db=%s active=%d queued=%d scheduled=%d retry_wait=%d requeued=%d due_while_down=%d"
-        " failed_on_restart=%d damaged=%d task_types=%d next_seq=%d schedules=%d",
+        " failed_on_restart=%d damaged=%d task_types=%d next_seq=%d schedules=%d waiting=%d workflows=%d",
         shown(config.db), found.active, found.queued, found.scheduled, found.retry_wait, found.requeued,
-        found.due, found.failed, found.damaged, found.task_types, found.next_seq, found.schedules,
+        found.due, found.failed, found.damaged, found.task_types, found.next_seq, found.schedules, found.waiting,
+        found.workflows,
     )
     return core
 
