@@ -48,7 +48,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, joined
 from jobmesh.client.api import (DEFAULT_PORT, FAILOVER_TIMEOUT, WAITS, Failover, SubmittedWorkflow, WaitChunks,
-                                WaitTimeout, Workflow, WorkflowPages, WorkflowWaitTimeout, coordinator_addresses,
+                                WaitTimeout, WorkflowJobs, WorkflowPages, WorkflowWaitTimeout, coordinator_addresses,
                                 fire_times, limit_put_request, may_resend, preview_request, purge_request,
                                 resends_workflow, schedule_put_request, submit_backoff, submit_request, tls_context,
                                 workflow_request)
@@ -396,7 +396,7 @@ class AsyncClient:
             if job is not None:
                 return job
 
-    async def submit_workflow(self, jobs: Workflow, name: str | None = None, *,
+    async def submit_workflow(self, jobs: WorkflowJobs, name: str | None = None, *,
                               idempotency_key: str | None = None) -> SubmittedWorkflow:
         """Submit a workflow (a ``jobmesh.canvas`` shape or a list of job objects); returns
         ``(workflow_id, {ref: job_id})``, as ``CoordinatorClient.submit_workflow``."""

@@ -364,10 +364,10 @@ class SubmittedWorkflow(NamedTuple):
     job_ids: dict[str, str]
 
 
-Workflow = Any  # a step or shape of jobmesh.canvas, or a list of job objects in the wire's shape
+WorkflowJobs = Any  # a step or shape of jobmesh.canvas, or a list of job objects in the wire's shape
 
 
-def workflow_request(jobs: Workflow, name: str | None = None, idempotency_key: str | None = None
+def workflow_request(jobs: WorkflowJobs, name: str | None = None, idempotency_key: str | None = None
                      ) -> m.SubmitWorkflow:
     """The SUBMIT_WORKFLOW that ``submit_workflow`` sends. ``jobs``: a shape of
     ``jobmesh.canvas`` (each step becomes a job as ``submit`` would make it, with its ref
@@ -669,7 +669,7 @@ class CoordinatorClient:
 
     # ---- workflows ---------------------------------------------------------------------
 
-    def submit_workflow(self, jobs: Workflow, name: str | None = None, *,
+    def submit_workflow(self, jobs: WorkflowJobs, name: str | None = None, *,
                         idempotency_key: str | None = None) -> SubmittedWorkflow:
         """Submit a workflow: a ``jobmesh.canvas`` shape (``chain``, ``group``, ``chord``, a
         ``step``) or a list of job objects in the wire's shape; every job is created in one

@@ -317,11 +317,12 @@ def _waiting_on(client: CoordinatorClient, job: dict[str, Any]) -> list[str] | N
         workflow = client.workflow_status(job["workflowId"])
     except RequestFailed:  # a courtesy, as _held's figures are
         return None
-    states = {j.get("ref"): j.get("state") for j in workflow.get("jobs") or ()}
-    mine = next((j for j in workflow.get("jobs") or () if j.get("jobId") == job.get("jobId")), None)
-    if mine is None:
+    jobs = render.workflow_jobs(workflow)
+    states = {j.get("ref"): j.get("state") for j in jobs}
+    mine = next((j for j in jobs if j.get("jobId") == job.get("jobId")), None)
+    if mine is None or not isinstance(mine.get("dependsOn"), list):
         return None
-    return [str(ref) for ref in mine.get("dependsOn") or () if states.get(ref) != JobState.COMPLETED.value]
+    return [str(ref) for ref in mine["dependsOn"] if states.get(ref) != JobState.COMPLETED.value]
 
 
 def _held(client: CoordinatorClient, job: dict[str, Any]) -> render.Held | None:

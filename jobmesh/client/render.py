@@ -541,6 +541,12 @@ DEPENDENCIES_SHOWN = 20  # refs ``status`` names of those a job waits for
 STATE_ORDER = ("RUNNING", "QUEUED", "SCHEDULED", "RETRY_WAIT", "WAITING", "COMPLETED", "FAILED", "CANCELLED")
 
 
+def workflow_jobs(workflow: dict[str, Any]) -> list[dict[str, Any]]:
+    """A WORKFLOW's jobs, each ``{ref, jobId, state, dependsOn}`` (anything else left out)."""
+    jobs = workflow.get("jobs")
+    return [job for job in jobs if isinstance(job, dict)] if isinstance(jobs, list) else []
+
+
 def refs(names: Sequence[Any], shown: int) -> str:
     """``a, b, c`` or ``a, b, c +7 more``; ``-`` for none."""
     if not names:
@@ -564,7 +570,7 @@ def workflow_detail(workflow: dict[str, Any], rows: int = WORKFLOW_ROWS) -> str:
     """A workflow as labelled lines, then a line per job (ref, state, jobId, what it depends
     on). A workflow of more than ``rows`` jobs lists only the jobs not COMPLETED, at most
     ``rows`` of them, and says how many it left out."""
-    jobs = workflow.get("jobs") or []
+    jobs = workflow_jobs(workflow)
     head = [("workflow", workflow.get("workflowId")), ("name", workflow.get("name")),
             ("state", workflow.get("state")), ("jobs", state_counts(jobs))]
     out = ["%-9s %s" % (label, MISSING if value is None else value) for label, value in head]
@@ -573,7 +579,7 @@ def workflow_detail(workflow: dict[str, Any], rows: int = WORKFLOW_ROWS) -> str:
     more = max(0, len(listed) - rows)
     if listed:
         out.append(table(("REF", "STATE", "JOB", "DEPENDS ON"),
-                         ((j.get("ref"), j.get("state"), j.get("jobId"), refs(j.get("dependsOn") or [], DEPENDS_SHOWN))
+                         ((j.get("ref"), j.get("state"), j.get("jobId"), refs(_listed(j.get("dependsOn")), DEPENDS_SHOWN))
                           for j in listed[:rows])))
     left = []
     if completed_left:
@@ -589,7 +595,7 @@ def workflow_failures(workflow: dict[str, Any]) -> str:
     """``: failed: a, b; cancelled: c +3 more`` for a workflow that did not complete."""
     parts = []
     for state in ("FAILED", "CANCELLED"):
-        found = [j.get("ref") for j in workflow.get("jobs") or () if j.get("state") == state]
+        found = [j.get("ref") for j in workflow_jobs(workflow) if j.get("state") == state]
         if found:
             parts.append("%s: %s" % (state.lower(), refs(found, DEPENDS_SHOWN)))
     return ": " + "; ".join(parts) if parts else ""
@@ -597,3 +603,7 @@ def workflow_failures(workflow: dict[str, Any]) -> str:
 
 def workflow_submitted(workflow_id: str, jobs: int) -> str:
     return "submitted workflow %s (%d job%s)" % (workflow_id, jobs, "" if jobs == 1 else "s")
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

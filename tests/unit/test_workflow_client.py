@@ -288,3 +288,10 @@ def test_status_of_a_waiting_job_names_its_workflow_and_the_dependencies_it_wait
     assert "workflow  w-1 (ref c)" in out
     assert "waiting   waiting for dependencies: b, z" in out
     assert server.requests[1] == {"type": "WORKFLOW_STATUS", "workflowId": "w-1"}
+
+
+def test_a_workflow_reply_with_odd_jobs_still_renders():
+    from jobmesh.client import render
+    text = render.workflow_detail({"workflowId": "w", "state": "RUNNING", "jobs": [1, {"ref": "a", "dependsOn": "x"}]})
+    assert "1 job: 1 None" in text and text.splitlines()[-1].split() == ["a", "-", "-", "-"]
+    assert render.workflow_detail({"workflowId": "w", "jobs": None}).splitlines()[-1] == "jobs      0 jobs"
