@@ -70,7 +70,7 @@ def test_a_diamond_runs_each_step_once_with_its_parents_results(client):
     assert sorted(job_ids) == ["bottom", "left", "right", "top"]
     done = client.wait_workflow(workflow_id, timeout=30)
     assert (done["state"], done["name"]) == ("COMPLETED", "diamond")
-    assert {j["ref"]: j["dependsOn"] for j in done["jobs"]} == {"top": [], "left": ["top"], "right": ["top"],
+    assert {j["ref"]: j["dependsOn"] or [] for j in done["jobs"]} == {"top": [], "left": ["top"], "right": ["top"],
                                                                  "bottom": ["left", "right"]}
     bottom = client.status(job_ids["bottom"])
     assert bottom["result"] == {"sum": 4 + (2 + 1) + (3 + 1), "parents": ["left", "right"]}
