@@ -289,7 +289,7 @@ def waiting(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] 
     if reason == "DEPENDENCIES":
         if waiting_on:
             return "waiting for dependencies: %s" % refs(waiting_on, DEPENDENCIES_SHOWN)
-        return "waiting for dependencies (jobs of its workflow) to complete"
+        return "waiting for its dependencies in workflow %s" % job.get("workflowId")
     if reason == "SCHEDULED":
         return "scheduled: runs %s" % when(job.get("runAtMillis"), now_millis)
     if reason == "RETRY_BACKOFF":

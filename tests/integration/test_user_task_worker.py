@@ -372,7 +372,7 @@ def test_up_passes_tasks_to_its_workers(tmp_path):
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=tmp_path, env=child_env())
     try:
         for n in (1, 2):
-            wait_until(lambda n=n: "user task types worker=local-%d modules=jm_user_tasks types=BIG,BOOM" % n
+            wait_until(lambda n=n: "user task types worker=local-%d modules=jm_user_tasks types=ADDUP,BIG,BOOM" % n
                        in err_path.read_text(errors="replace"), timeout=20, message="worker local-%d's task types" % n)
         wait_until(lambda: all("jobmesh.worker.agent: registered worker=local-%d " % n in err_path.read_text()
                                for n in (1, 2)), timeout=20, message="both workers registered")

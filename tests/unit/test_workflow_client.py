@@ -295,3 +295,12 @@ def test_a_workflow_reply_with_odd_jobs_still_renders():
     text = render.workflow_detail({"workflowId": "w", "state": "RUNNING", "jobs": [1, {"ref": "a", "dependsOn": "x"}]})
     assert "1 job: 1 None" in text and text.splitlines()[-1].split() == ["a", "-", "-", "-"]
     assert render.workflow_detail({"workflowId": "w", "jobs": None}).splitlines()[-1] == "jobs      0 jobs"
+
+
+def test_status_of_a_waiting_job_whose_workflow_is_gone_still_says_why_it_waits(jm):
+    snap = {"jobId": "j-3", "taskType": "C", "state": "WAITING", "waitingReason": "DEPENDENCIES", "attempts": 0,
+            "maxAttempts": 3, "priority": "NORMAL", "workflowId": "w-1", "ref": "c", "createdAtMillis": 1,
+            "updatedAtMillis": 1}
+    code, out, _err, _server = jm([{"type": "JOB_STATUS", "job": snap}, {"type": "ERROR", "message": "unknown"}],
+                                  "status", "j-3")
+    assert code == EXIT_OK and "waiting   waiting for its dependencies in workflow w-1" in out
