@@ -24,6 +24,11 @@ JOBS = [{"ref": "a", "jobId": "j-1", "state": "COMPLETED", "dependsOn": []},
         {"ref": "b", "jobId": "j-2", "state": "WAITING", "dependsOn": ["a"]}]
 
 
+WAITING_JOB = {"jobId": "j-3", "taskType": "C", "state": "WAITING", "waitingReason": "DEPENDENCIES", "attempts": 0,
+               "maxAttempts": 3, "priority": "NORMAL", "workflowId": "w-1", "ref": "c", "createdAtMillis": 1,
+               "updatedAtMillis": 1}
+
+
 def workflow(state="RUNNING", jobs=JOBS, **extra):
     return dict({"type": "WORKFLOW", "workflowId": "w-1", "name": "etl", "state": state, "jobs": jobs}, **extra)
 
@@ -278,12 +283,9 @@ def test_help_explains_the_file_and_the_exit_codes(capsys):
 
 
 def test_status_of_a_waiting_job_names_its_workflow_and_the_dependencies_it_waits_for(jm):
-    snap = {"jobId": "j-3", "taskType": "C", "state": "WAITING", "waitingReason": "DEPENDENCIES", "attempts": 0,
-            "maxAttempts": 3, "priority": "NORMAL", "workflowId": "w-1", "ref": "c", "createdAtMillis": 1,
-            "updatedAtMillis": 1}
     jobs = JOBS + [{"ref": "z", "jobId": "j-9", "state": "RUNNING", "dependsOn": []},
                    {"ref": "c", "jobId": "j-3", "state": "WAITING", "dependsOn": ["a", "b", "z"]}]
-    code, out, _err, server = jm([{"type": "JOB_STATUS", "job": snap}, workflow(jobs=jobs)], "status", "j-3")
+    code, out, _err, server = jm([{"type": "JOB_STATUS", "job": WAITING_JOB}, workflow(jobs=jobs)], "status", "j-3")
     assert code == EXIT_OK
     assert "workflow  w-1 (ref c)" in out
     assert "waiting   waiting for dependencies: b, z" in out
@@ -298,9 +300,6 @@ def test_a_workflow_reply_with_odd_jobs_still_renders():
 
 
 def test_status_of_a_waiting_job_whose_workflow_is_gone_still_says_why_it_waits(jm):
-    snap = {"jobId": "j-3", "taskType": "C", "state": "WAITING", "waitingReason": "DEPENDENCIES", "attempts": 0,
-            "maxAttempts": 3, "priority": "NORMAL", "workflowId": "w-1", "ref": "c", "createdAtMillis": 1,
-            "updatedAtMillis": 1}
-    code, out, _err, _server = jm([{"type": "JOB_STATUS", "job": snap}, {"type": "ERROR", "message": "unknown"}],
+    code, out, _err, _server = jm([{"type": "JOB_STATUS", "job": WAITING_JOB}, {"type": "ERROR", "message": "unknown"}],
                                   "status", "j-3")
     assert code == EXIT_OK and "waiting   waiting for its dependencies in workflow w-1" in out
