@@ -21,8 +21,8 @@ from typing import Any, Callable, TextIO
 
 from jobmesh.addresses import parse_addresses
 from jobmesh.auth import read_token, roles_for, token_file_of, warn_if_exposed
-from jobmesh.client import render, top
 from jobmesh.canvas import CanvasError
+from jobmesh.client import render, top
 from jobmesh.client.api import EPOCH, CoordinatorClient, WaitTimeout, submit_request
 from jobmesh.errors import ClientError, ConfigError, CoordinatorUnavailable, InvalidRequest, RequestFailed, SubmitRejected
 from jobmesh.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE
