@@ -22,7 +22,7 @@ the client port answers every connection's requests in the order they came
 (docs/PROTOCOL.md, "Client port"); so one connection serves any number of coroutines at
 once, and a reply timed out (``timeout``) or lost fails the requests behind it as well.
 The frames that coroutines make in one turn of the event loop go out in one write.
-A pending WAIT_JOB holds back the replies to everything sent after it on its connection,
+A pending WAIT_JOB (or WAIT_WORKFLOW) holds back the replies to everything sent after it on its connection,
 so each wait goes on a connection of its own, kept afterwards for the next wait (at most
 ``IDLE_WAIT_CONNECTIONS`` of them are kept). Every connection is opened in the running
 loop when first needed and sends AUTH first when there is a token.
@@ -47,9 +47,11 @@ from datetime import datetime, timedelta
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, joined
-from jobmesh.client.api import (DEFAULT_PORT, FAILOVER_TIMEOUT, Failover, WaitChunks, WaitTimeout, coordinator_addresses,
+from jobmesh.client.api import (DEFAULT_PORT, FAILOVER_TIMEOUT, WAITS, Failover, SubmittedWorkflow, WaitChunks,
+                                WaitTimeout, WorkflowJobs, WorkflowPages, WorkflowWaitTimeout, coordinator_addresses,
                                 fire_times, limit_put_request, may_resend, preview_request, purge_request,
-                                schedule_put_request, submit_backoff, submit_request, tls_context)
+                                resends_workflow, schedule_put_request, submit_backoff, submit_request, tls_context,
+                                workflow_request)
 from jobmesh.client.wire import (BadReply, ClosedUnanswered, NotConnected, TlsFailed, encode_request, read_reply,
                                  tls_reason)
 from jobmesh.errors import CoordinatorUnavailable, ProtocolError, SubmitRejected
@@ -58,7 +60,7 @@ from jobmesh.protocol.framing import FrameDecoder
 from jobmesh.protocol.jobs import JobState, Priority
 from jobmesh.tls import HANDSHAKE_SECONDS
 
-__all__ = ["AsyncClient", "WaitTimeout"]
+__all__ = ["AsyncClient", "WaitTimeout", "WorkflowWaitTimeout"]
 
 IDLE_WAIT_CONNECTIONS = 8  # wait connections kept open between waits
 
@@ -394,6 +396,38 @@ class AsyncClient:
             if job is not None:
                 return job
 
+    async def submit_workflow(self, jobs: WorkflowJobs, name: str | None = None, *,
+                              idempotency_key: str | None = None) -> SubmittedWorkflow:
+        """Submit a workflow (a ``jobmesh.canvas`` shape or a list of job objects); returns
+        ``(workflow_id, {ref: job_id})``, as ``CoordinatorClient.submit_workflow``."""
+        request = workflow_request(jobs, name, idempotency_key)
+        reply = await self._request(request, m.WorkflowSubmitted, idempotent=resends_workflow(request))
+        return SubmittedWorkflow(reply.workflow_id, dict(reply.job_ids))
+
+    async def workflow_status(self, workflow_id: str) -> dict[str, Any]:
+        """The workflow with every job, as ``CoordinatorClient.workflow_status``."""
+        return await self._whole(await self._request(m.WorkflowStatus(workflow_id), m.Workflow, idempotent=True))
+
+    async def cancel_workflow(self, workflow_id: str) -> dict[str, Any]:
+        """Cancel every job of the workflow that has not ended; returns the workflow after."""
+        return await self._whole(await self._request(m.WorkflowCancel(workflow_id), m.Workflow))
+
+    async def wait_workflow(self, workflow_id: str, timeout: float | None = None) -> dict[str, Any]:
+        """Wait until every job of the workflow has ended and return the workflow;
+        ``WorkflowWaitTimeout`` (a ``WaitTimeout``) once ``timeout`` seconds have passed.
+        WAIT_WORKFLOW on a connection of its own, as ``wait``."""
+        asks = WaitChunks(workflow_id, timeout, time.monotonic, workflow=True)
+        while True:
+            reply = await self._request(asks, m.Workflow, idempotent=True)
+            if asks.settled(reply):
+                return asks.ended(await self._whole(reply))
+
+    async def _whole(self, reply: m.Workflow) -> dict[str, Any]:
+        pages = WorkflowPages(reply)
+        while (ask := pages.next_request()) is not None:
+            pages.add(await self._request(ask, m.Workflow, idempotent=True))
+        return pages.whole()
+
     async def request(self, request: m.Message, expect: type, idempotent: bool = False) -> Any:
         """Send any client-port request and return its reply of type ``expect``
         (``idempotent``: safe to repeat, it may go again on a fresh connection)."""
@@ -426,7 +460,7 @@ class AsyncClient:
         frame = encode_request(request)
         reused = False  # the connection carried requests before this one
         try:
-            conn = await self._connection(isinstance(request, m.WaitJob))
+            conn = await self._connection(isinstance(request, WAITS))
             reused = conn.sent > 0
             return request, await self._exchange(conn, frame, request), conn
         except CoordinatorUnavailable as exc:
@@ -444,7 +478,7 @@ class AsyncClient:
             request = make()
             frame = encode_request(request)
             try:
-                conn = await self._connection(isinstance(request, m.WaitJob))
+                conn = await self._connection(isinstance(request, WAITS))
                 return request, await self._exchange(conn, frame, request), conn
             except (NotConnected, ClosedUnanswered) as exc:
                 if closes != self._closes:
@@ -454,9 +488,9 @@ class AsyncClient:
     async def _exchange(self, conn: _Connection, frame: bytes, request: m.Message) -> dict[str, Any]:
         """Send one frame on ``conn`` and return its reply. A WAIT_JOB's reply may take its
         wait plus ``timeout``; its connection is kept for the next wait once it is answered."""
-        wait = isinstance(request, m.WaitJob)
+        wait = isinstance(request, WAITS)
         timeout = self.timeout
-        if isinstance(request, m.WaitJob):
+        if isinstance(request, WAITS):
             timeout += request.timeout_millis / 1000.0
         conn.sent += 1
         reply = conn.send(frame, timeout)

@@ -54,6 +54,7 @@ Commands:
   top          a live view of jobs and workers, until Ctrl-C
   schedule     recurring schedules: add, list, show, pause, resume, rm, trigger, preview
   limit        limits per task type: set, list, show, rm
+  workflow     jobs that depend on each other: submit, status, cancel, wait
   pause        start no more jobs of a task type (running ones go on)
   resume       start jobs of a paused task type again
   token        make, list and remove the tokens of an auth file
@@ -327,7 +328,7 @@ Usage:
   jobmesh list [options]
 
 Options:
-  --state=STATE             only jobs in this state (QUEUED, SCHEDULED, RUNNING, ...)
+  --state=STATE             only jobs in this state (QUEUED, SCHEDULED, RUNNING, WAITING, ...)
   --type=TYPE               only jobs of this task type
   --limit=N                 at most this many jobs [default: 100]
 """ + CLIENT_OPTIONS
@@ -500,6 +501,41 @@ Usage:
 
 Options:""" + CLIENT_OPTIONS
 
+WORKFLOW_DOC = """Workflows: jobs that depend on each other, submitted together and created in one
+commit (docs/OPERATIONS.md, "Workflows"). A job starts once every job it depends on has
+COMPLETED, and gets their results (ctx.parents); until then it is WAITING. If one of
+them FAILED or was CANCELLED, its dependents are CANCELLED; other branches go on.
+
+FILE (or - for stdin) holds one JSON object, the workflow: a "name" (optional) and its
+"jobs", each a submit's fields (taskType, payload, priority, maxAttempts, delayMillis,
+...) with a "ref" of its own and the refs it depends on in "dependsOn":
+
+  {"name": "etl", "jobs": [
+    {"ref": "fetch", "taskType": "FETCH", "payload": {"url": "https://example.com/a.csv"}},
+    {"ref": "load", "taskType": "LOAD", "payload": {}, "dependsOn": ["fetch"]}]}
+
+'submit' prints the workflowId (with --json, {"workflowId", "jobIds": {ref: jobId}});
+each job gets the idempotency key KEY:REF, so a submit sent again after a lost
+connection makes no second workflow. 'status', 'cancel' and 'wait' print the
+workflow's state, its jobs counted by state, and a line per job (in a large workflow
+only the unfinished ones; with --json all of them). 'wait', and 'submit' with --wait,
+exit 0 when every job COMPLETED, 1 when the workflow ended FAILED or CANCELLED, and 4
+when the time of --timeout-millis ran out.
+
+Usage:
+  jobmesh workflow submit FILE [--wait] [--timeout-millis=N] [--idempotency-key=KEY] [options]
+  jobmesh workflow status ID [options]
+  jobmesh workflow cancel ID [options]
+  jobmesh workflow wait ID [--timeout-millis=N] [options]
+
+Options:
+  --wait                    wait for the workflow to end and print it
+  --timeout-millis=N        give up waiting after this long (0 = never) [default: 0]
+  --idempotency-key=KEY     the key the jobs' keys are made from (KEY:REF); submitting
+                            with the same key again answers the workflow it made
+                            (default: a random one)
+""" + CLIENT_OPTIONS
+
 DOCS = {
     "coordinator": COORDINATOR_DOC,
     "up": UP_DOC,
@@ -519,9 +555,10 @@ DOCS = {
     "pause": PAUSE_DOC,
     "resume": RESUME_DOC,
     "token": TOKEN_DOC,
+    "workflow": WORKFLOW_DOC,
 }
 CLIENT_COMMANDS = ("submit", "status", "list", "workers", "cancel", "wait", "events", "retry", "purge", "top",
-                   "schedule", "limit", "pause", "resume")
+                   "schedule", "limit", "pause", "resume", "workflow")
 SERVER_COMMANDS = ("coordinator", "up", "worker")
 OTHER_COMMANDS = ("token",)
 

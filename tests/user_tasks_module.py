@@ -146,6 +146,14 @@ def flaky(payload, ctx):
     return {"attempt": ctx.attempt}
 
 
+@task("ADDUP")
+def addup(payload, ctx):
+    """A workflow step: its payload's ``n`` plus the sums of its parents (``ctx.parents``),
+    and the refs of the parents it got."""
+    total = payload.get("n", 0) + sum(parent.get("sum", 0) for parent in ctx.parents.values())
+    return {"sum": total, "parents": sorted(ctx.parents)}
+
+
 @task("BOOM")
 def boom(payload):
     raise ValueError("bad name")

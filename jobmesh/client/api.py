@@ -35,7 +35,15 @@ What each failure means for the caller (the error tree is in jobmesh/errors.py):
   backs off and resubmits, for this and nothing else.
 - ``WaitTimeout`` (also a ``TimeoutError``): ``wait`` gave up; ``.job`` is the
   snapshot as it stood then (``wait`` uses WAIT_JOB: the coordinator answers when the
-  job ends, so nothing polls).
+  job ends, so nothing polls). ``wait_workflow`` raises its ``WorkflowWaitTimeout``.
+- ``CanvasError`` (a ``ValueError``): ``submit_workflow`` was given a shape that cannot
+  be a workflow (more than 10,000 jobs, a ref used twice); nothing was sent.
+
+Workflows (``submit_workflow``, ``workflow_status``, ``cancel_workflow``,
+``wait_workflow``): WORKFLOW_STATUS and WAIT_WORKFLOW are reads, sent again like the
+others; SUBMIT_WORKFLOW is sent again only when every job carries an idempotency key
+(``submit_workflow(..., idempotency_key=K)`` gives each job ``K:REF``): the coordinator
+answers a repeat with the workflow those keys made.
 
 Addresses: ``CoordinatorClient("10.0.0.1:7071,10.0.0.2:7071")`` (or a list of such
 strings) names a leader and its standbys (docs/SCALING.md). Connecting tries them in
@@ -57,9 +65,10 @@ import ssl
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 from zoneinfo import ZoneInfo
 
+from jobmesh import canvas
 from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, first_reachable, joined, parse_addresses
 from jobmesh.client.wire import BadReply, ClosedUnanswered, NotConnected, TlsFailed, encode_request, read_reply, tls_reason
 from jobmesh.errors import ClientError, CoordinatorUnavailable, ProtocolError, RequestFailed, SubmitRejected
@@ -88,10 +97,27 @@ _MILLISECOND = timedelta(milliseconds=1)
 class WaitTimeout(ClientError, TimeoutError):
     """``wait`` ran out of time; ``job`` is the snapshot as it last stood."""
 
+    what = "job"
+
     def __init__(self, job_id: str, timeout: float, job: dict[str, Any]):
-        super().__init__("job %s still %s after %.3gs" % (job_id, job.get("state"), timeout))
+        super().__init__("%s %s still %s after %.3gs" % (self.what, job_id, job.get("state"), timeout))
         self.job_id = job_id
         self.job = job
+
+
+class WorkflowWaitTimeout(WaitTimeout):
+    """``wait_workflow`` ran out of time; ``workflow`` is the workflow as it last stood
+    (``workflowId``, ``name``, ``state``, ``jobs``), as are ``job`` and ``job_id``."""
+
+    what = "workflow"
+
+    @property
+    def workflow_id(self) -> str:
+        return self.job_id
+
+    @property
+    def workflow(self) -> dict[str, Any]:
+        return self.job
 
 
 def schedule_millis(
@@ -278,14 +304,15 @@ class Failover:
 
 
 class WaitChunks:
-    """The WAIT_JOBs of one ``wait``: called, the next one, asking for at most
-    ``WAIT_CHUNK_MILLIS`` or the time left of ``timeout`` seconds (None: no limit). It is
-    made anew for each sending, so that one sent again after a lost connection asks for
-    the time left then. ``clock``: monotonic seconds. A ``watch``ed wait asks at once
-    first (0 ms), then for ``WATCH_MILLIS`` at a time, so its caller sees the job about
-    once a second."""
+    """The WAIT_JOBs of one ``wait`` (WAIT_WORKFLOWs with ``workflow``): called, the next
+    one, asking for at most ``WAIT_CHUNK_MILLIS`` or the time left of ``timeout`` seconds
+    (None: no limit). It is made anew for each sending, so that one sent again after a
+    lost connection asks for the time left then. ``clock``: monotonic seconds. A
+    ``watch``ed wait asks at once first (0 ms), then for ``WATCH_MILLIS`` at a time, so
+    its caller sees the job about once a second."""
 
-    def __init__(self, job_id: str, timeout: float | None, clock: Callable[[], float], watch: bool = False) -> None:
+    def __init__(self, job_id: str, timeout: float | None, clock: Callable[[], float], watch: bool = False,
+                 workflow: bool = False) -> None:
         self.job_id = job_id
         self.timeout = timeout
         self._clock = clock
@@ -293,24 +320,118 @@ class WaitChunks:
         self._last = False  # whether the request made last asks for all the time left
         self._watch = watch
         self._first = watch  # a watched wait shows the job at once
+        self._workflow = workflow
 
-    def __call__(self) -> m.WaitJob:
+    def __call__(self) -> m.WaitJob | m.WaitWorkflow:
         chunk = WAIT_CHUNK_MILLIS if not self._watch else 0 if self._first else WATCH_MILLIS
         if self._deadline is not None:
             left = max(0, math.ceil((self._deadline - self._clock()) * 1000))
             self._last = left <= chunk
             chunk = min(chunk, left)
-        return m.WaitJob(self.job_id, chunk)
+        return m.WaitWorkflow(self.job_id, chunk) if self._workflow else m.WaitJob(self.job_id, chunk)
+
+    def settled(self, reply: m.Workflow) -> bool:
+        """Whether a WORKFLOW a wait brought ends the wait: the workflow has ended, or the
+        time is up (its pages are fetched then, and ``ended`` says which)."""
+        return reply.state in _TERMINAL_NAMES or self._last
+
+    def ended(self, workflow: dict[str, Any]) -> dict[str, Any]:
+        """The whole workflow of a settled wait, once it ended; else ``WorkflowWaitTimeout``."""
+        found = self.outcome(workflow)
+        assert found is not None, "asked of a wait not settled"
+        return found
 
     def outcome(self, job: dict[str, Any]) -> dict[str, Any] | None:
-        """The snapshot a reply brought, once the job ended; None to ask again;
-        ``WaitTimeout`` when the time is up."""
+        """The snapshot (or workflow) a reply brought, once it ended; None to ask again;
+        ``WaitTimeout`` (``WorkflowWaitTimeout``) when the time is up."""
         if job.get("state") in _TERMINAL_NAMES:
             return job
         if self._last:
-            raise WaitTimeout(self.job_id, self.timeout if self.timeout is not None else 0.0, job)
+            timeout = self.timeout if self.timeout is not None else 0.0
+            raise (WorkflowWaitTimeout if self._workflow else WaitTimeout)(self.job_id, timeout, job)
         self._first = False
         return None
+
+
+# The requests whose reply may take their wait (``timeoutMillis``) plus the reply timeout.
+WAITS = (m.WaitJob, m.WaitWorkflow)
+
+
+class SubmittedWorkflow(NamedTuple):
+    """What ``submit_workflow`` returns: the workflow's id and each job's, by ref."""
+
+    workflow_id: str
+    job_ids: dict[str, str]
+
+
+WorkflowJobs = Any  # a step or shape of jobmesh.canvas, or a list of job objects in the wire's shape
+
+
+def workflow_request(jobs: WorkflowJobs, name: str | None = None, idempotency_key: str | None = None
+                     ) -> m.SubmitWorkflow:
+    """The SUBMIT_WORKFLOW that ``submit_workflow`` sends. ``jobs``: a shape of
+    ``jobmesh.canvas`` (each step becomes a job as ``submit`` would make it, with its ref
+    and ``dependsOn``), or job objects as the wire has them (``{ref, taskType, payload,
+    dependsOn?, ...}``, sent as they are). ``idempotency_key`` gives each job without a key
+    of its own the key ``KEY:REF``. ``CanvasError`` for a shape that cannot be a workflow
+    (or a list of more than 10,000 jobs), ``TypeError`` for an option of a wrong type."""
+    if isinstance(jobs, (canvas.Step, canvas.Chain, canvas.Group)):
+        wire_jobs = [_step_job(job) for job in canvas.compile_jobs(jobs)]
+    elif isinstance(jobs, (list, tuple)):
+        canvas.check_size(len(jobs))
+        for job in jobs:
+            if not isinstance(job, dict):
+                raise TypeError("a workflow's jobs are dicts (or give a jobmesh.canvas shape), got %s"
+                                % type(job).__name__)
+        wire_jobs = [dict(job) for job in jobs]
+    else:
+        raise TypeError("a workflow is a jobmesh.canvas shape or a list of job dicts, got %s" % type(jobs).__name__)
+    if idempotency_key is not None:
+        if not isinstance(idempotency_key, str):
+            raise TypeError("idempotency_key must be a str, got %r" % (idempotency_key,))
+        for job in wire_jobs:
+            if job.get("idempotencyKey") is None and isinstance(job.get("ref"), str):
+                job["idempotencyKey"] = "%s:%s" % (idempotency_key, job["ref"])
+    return m.SubmitWorkflow(wire_jobs, name)
+
+
+def _step_job(job: canvas.CompiledJob) -> dict[str, Any]:
+    """A compiled step as a job object: its SUBMIT_JOB's fields (those set), ref and dependsOn."""
+    request = submit_request(job.step.task_type, job.step.payload, **job.step.submit_options())
+    request.check_types()
+    fields = {name: value for name, value in request.to_wire().items()
+              if value is not None and name != "type" and not (name == "maxAttempts" and value == 0)}
+    fields["ref"] = job.ref
+    if job.depends_on:
+        fields["dependsOn"] = list(job.depends_on)
+    return fields
+
+
+def resends_workflow(request: m.SubmitWorkflow) -> bool:
+    """Whether the SUBMIT_WORKFLOW is safe to send again: every job carries a key."""
+    return all(isinstance(job, dict) and isinstance(job.get("idempotencyKey"), str) for job in request.jobs)
+
+
+class WorkflowPages:
+    """A WORKFLOW whose ``jobs`` come in pages: ``next_request`` asks for the next page
+    (None once every job is in), ``add`` takes it, ``whole`` is the workflow with every job
+    (state and name as the first reply said)."""
+
+    def __init__(self, first: m.Workflow) -> None:
+        self.first = first
+        self.jobs = list(first.jobs)
+        self.cursor = first.next_cursor
+
+    def next_request(self) -> m.WorkflowStatus | None:
+        return None if self.cursor is None else m.WorkflowStatus(self.first.workflow_id, self.cursor)
+
+    def add(self, page: m.Workflow) -> None:
+        self.jobs.extend(page.jobs)
+        self.cursor = page.next_cursor
+
+    def whole(self) -> dict[str, Any]:
+        return {"workflowId": self.first.workflow_id, "name": self.first.name, "state": self.first.state,
+                "jobs": self.jobs}
 
 
 class CoordinatorClient:
@@ -546,6 +667,51 @@ class CoordinatorClient:
             if on_snapshot is not None:
                 on_snapshot(snapshot)
 
+    # ---- workflows ---------------------------------------------------------------------
+
+    def submit_workflow(self, jobs: WorkflowJobs, name: str | None = None, *,
+                        idempotency_key: str | None = None) -> SubmittedWorkflow:
+        """Submit a workflow: a ``jobmesh.canvas`` shape (``chain``, ``group``, ``chord``, a
+        ``step``) or a list of job objects in the wire's shape; every job is created in one
+        commit, or none. Returns ``(workflow_id, {ref: job_id})``.
+
+        ``idempotency_key`` gives each job the key ``KEY:REF`` (unless it has one): the
+        submit is then safe to send again after a lost connection, and a repeat with the same
+        key answers the workflow it made. ``RequestFailed`` for a bad job, an unknown ref or a
+        cycle (nothing is created); ``SubmitRejected`` at the admission limit (never retried
+        here); ``CanvasError`` for a shape that cannot be sent."""
+        request = workflow_request(jobs, name, idempotency_key)
+        reply = self._request(request, m.WorkflowSubmitted, idempotent=resends_workflow(request))
+        return SubmittedWorkflow(reply.workflow_id, dict(reply.job_ids))
+
+    def workflow_status(self, workflow_id: str) -> dict[str, Any]:
+        """The workflow: ``workflowId``, ``name``, ``state`` (RUNNING until every job has
+        ended, then COMPLETED, FAILED or CANCELLED) and ``jobs``, each ``{ref, jobId, state,
+        dependsOn}``, all of them (fetched a page at a time). ``RequestFailed`` for an
+        unknown id."""
+        return self._whole(self._request(m.WorkflowStatus(workflow_id), m.Workflow, idempotent=True))
+
+    def cancel_workflow(self, workflow_id: str) -> dict[str, Any]:
+        """Cancel every job of the workflow that has not ended; returns the workflow after."""
+        return self._whole(self._request(m.WorkflowCancel(workflow_id), m.Workflow))
+
+    def wait_workflow(self, workflow_id: str, timeout: float | None = None) -> dict[str, Any]:
+        """Wait until every job of the workflow has ended and return the workflow (as
+        ``workflow_status``), as ``wait`` waits for a job: WAIT_WORKFLOW, asked again each
+        ``WAIT_CHUNK_MILLIS``; ``WorkflowWaitTimeout`` (a ``WaitTimeout``) with the workflow
+        as it stood once ``timeout`` seconds (None: no limit) have passed."""
+        asks = WaitChunks(workflow_id, timeout, time.monotonic, workflow=True)
+        while True:
+            reply = self._request(asks, m.Workflow, idempotent=True)
+            if asks.settled(reply):
+                return asks.ended(self._whole(reply))
+
+    def _whole(self, reply: m.Workflow) -> dict[str, Any]:
+        pages = WorkflowPages(reply)
+        while (ask := pages.next_request()) is not None:
+            pages.add(self._request(ask, m.Workflow, idempotent=True))
+        return pages.whole()
+
     def request(self, request: m.Message, expect: type, idempotent: bool = False) -> Any:
         """Send any client-port request and return its reply of type ``expect`` (errors as
         for the other methods; ``idempotent``: safe to repeat, it may go again on a fresh
@@ -612,7 +778,7 @@ class CoordinatorClient:
         where = self.address
         assert self._sock is not None and self._reader is not None
         timeout = self.timeout
-        if isinstance(request, m.WaitJob):
+        if isinstance(request, WAITS):
             timeout += request.timeout_millis / 1000.0
             self._sock.settimeout(timeout)
         sent_at = time.monotonic()

@@ -1,5 +1,5 @@
 """The client commands: submit, status, list, workers, cancel, wait, events, retry, purge,
-schedule, limit, pause and resume (``top`` is in top.py).
+schedule, limit, pause, resume and workflow (``top`` is in top.py).
 
 Each handler takes a connected-on-demand ``CoordinatorClient``, docopt's dict and a
 ``Console``, writes its output (text, or one JSON document with ``--json``) through the
@@ -21,6 +21,7 @@ from typing import Any, Callable, TextIO
 
 from jobmesh.addresses import parse_addresses
 from jobmesh.auth import read_token, roles_for, token_file_of, warn_if_exposed
+from jobmesh.canvas import CanvasError
 from jobmesh.client import render, top
 from jobmesh.client.api import EPOCH, CoordinatorClient, WaitTimeout, submit_request
 from jobmesh.errors import ClientError, ConfigError, CoordinatorUnavailable, InvalidRequest, RequestFailed, SubmitRejected
@@ -303,8 +304,25 @@ def status(client: CoordinatorClient, args: dict[str, Any], console: Console) ->
     # Busy workers are worth counting: say how many run the type and how full they are.
     found = client.workers() if job.get("waitingReason") == "WORKERS_BUSY" else None
     timeline = _timeline(client, job["jobId"]) if _stopped_running(job) else None
-    console.out(render.job_detail(job, _now_millis(), found, timeline, _held(client, job)))
+    console.out(render.job_detail(job, _now_millis(), found, timeline, _held(client, job), _waiting_on(client, job)))
     return EXIT_OK
+
+
+def _waiting_on(client: CoordinatorClient, job: dict[str, Any]) -> list[str] | None:
+    """For a workflow's job waiting for its dependencies, the refs of those not yet
+    COMPLETED (from its workflow: the snapshot names the workflow, not the dependencies)."""
+    if job.get("waitingReason") != "DEPENDENCIES" or not isinstance(job.get("workflowId"), str):
+        return None
+    try:
+        workflow = client.workflow_status(job["workflowId"])
+    except RequestFailed:  # a courtesy, as _held's figures are
+        return None
+    jobs = render.workflow_jobs(workflow)
+    states = {j.get("ref"): j.get("state") for j in jobs}
+    mine = next((j for j in jobs if j.get("jobId") == job.get("jobId")), None)
+    if mine is None or not isinstance(mine.get("dependsOn"), list):
+        return None
+    return [str(ref) for ref in mine["dependsOn"] if states.get(ref) != JobState.COMPLETED.value]
 
 
 def _held(client: CoordinatorClient, job: dict[str, Any]) -> render.Held | None:
@@ -604,6 +622,110 @@ def resume(client: CoordinatorClient, args: dict[str, Any], console: Console) ->
     return _show_limit(client.limits.resume(task_type), args, console, "%s resumed" % task_type)
 
 
+# ---- workflows --------------------------------------------------------------------------
+
+WORKFLOW_FIELDS = ("jobs", "name", "type")  # what a workflow file may hold
+
+
+def read_workflow_file(path: str, stdin: TextIO | None) -> tuple[list[Any], str | None]:
+    """``workflow submit FILE``: the SUBMIT_WORKFLOW object (without ``type``) in FILE, or on
+    stdin for ``-``, as its jobs and name. ``ConfigError``, one line, for a file that cannot
+    be read, is not JSON, or is not such an object."""
+    where = "the workflow on stdin" if path == "-" else "workflow file %s" % path
+    try:
+        if path == "-":
+            if stdin is None:
+                raise ConfigError("FILE is -, but there is no stdin to read the workflow from")
+            text = stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("cannot read %s: %s" % (where, getattr(exc, "strerror", None) or exc)) from None
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError("%s is not valid JSON: %s" % (where, exc)) from None
+    example = '{"name": "etl", "jobs": [{"ref": "a", "taskType": "...", "payload": {}, "dependsOn": []}, ...]}'
+    if not isinstance(document, dict) or not isinstance(document.get("jobs"), list):
+        raise ConfigError("%s must be a JSON object with a list of jobs: %s" % (where, example))
+    unknown = sorted(set(document) - set(WORKFLOW_FIELDS))
+    if unknown:
+        raise ConfigError("%s: unknown field%s %s; a workflow has jobs and name"
+                          % (where, "s" if len(unknown) > 1 else "", ", ".join(map(repr, unknown))))
+    if document.get("type", m.SubmitWorkflow.TYPE) != m.SubmitWorkflow.TYPE:
+        raise ConfigError("%s: type is %r; a workflow file holds a SUBMIT_WORKFLOW" % (where, document["type"]))
+    name = document.get("name")
+    if name is not None and not isinstance(name, str):
+        raise ConfigError("%s: name must be a string, got %s" % (where, json.dumps(name)[:100]))
+    for i, job in enumerate(document["jobs"]):
+        if not isinstance(job, dict):
+            raise ConfigError("%s: job %d is not an object: %s" % (where, i + 1, json.dumps(job)[:100]))
+    return document["jobs"], name
+
+
+def workflow_submit(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    timeout = _timeout_seconds(args)
+    jobs, name = read_workflow_file(str(args["FILE"]), console.stdin)
+    # A key of our own, as submit's: the submit may then go again after a lost connection.
+    key = args["--idempotency-key"] or AUTO_KEY_PREFIX + secrets.token_hex(16)
+    try:
+        submitted = client.submit_workflow(jobs, name, idempotency_key=key)
+    except CanvasError as exc:
+        raise ConfigError(str(exc)) from None
+    except SubmitRejected as exc:
+        console.error("workflow", "rejected, the coordinator is overloaded: %s" % exc)
+        return EXIT_FAILED
+    if not args["--wait"]:
+        console.out(render.to_json({"workflowId": submitted.workflow_id, "jobIds": submitted.job_ids})
+                    if args["--json"] else submitted.workflow_id)
+        return EXIT_OK
+    if not args["--json"]:
+        console.out(render.workflow_submitted(submitted.workflow_id, len(submitted.job_ids)))
+    try:
+        return _await_workflow(client, console, submitted.workflow_id, timeout, args["--json"])
+    except CoordinatorUnavailable as exc:
+        raise CoordinatorUnavailable("workflow %s was submitted, then: %s" % (submitted.workflow_id, exc)) from exc
+
+
+def _await_workflow(client: CoordinatorClient, console: Console, workflow_id: str, timeout: float | None,
+                    as_json: bool) -> int:
+    """Wait for the workflow, print it, and map how it ended to an exit code, as ``_await``."""
+    try:
+        workflow = client.wait_workflow(workflow_id, timeout)
+    except WaitTimeout as exc:
+        _show_workflow(console, exc.job, as_json)
+        console.error("workflow", "timed out: %s" % exc)
+        return EXIT_TIMEOUT
+    _show_workflow(console, workflow, as_json)
+    if workflow.get("state") == JobState.COMPLETED.value:
+        return EXIT_OK
+    console.error("workflow", "workflow %s ended %s%s" % (workflow_id, workflow.get("state"),
+                                                         render.workflow_failures(workflow)))
+    return EXIT_FAILED
+
+
+def _show_workflow(console: Console, workflow: dict[str, Any], as_json: bool) -> None:
+    console.out(render.to_json(workflow) if as_json else render.workflow_detail(workflow))
+
+
+def workflow(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
+    """``jobmesh workflow submit|status|cancel|wait``."""
+    if args["submit"]:
+        return workflow_submit(client, args, console)
+    workflow_id = str(args["ID"])
+    if args["wait"]:
+        return _await_workflow(client, console, workflow_id, _timeout_seconds(args), args["--json"])
+    if args["cancel"]:
+        found = client.cancel_workflow(workflow_id)
+        if not args["--json"]:
+            console.out("cancelled workflow %s: its unfinished jobs are CANCELLED" % workflow_id)
+    else:
+        found = client.workflow_status(workflow_id)
+    _show_workflow(console, found, args["--json"])
+    return EXIT_OK
+
+
 def top_view(client: CoordinatorClient, args: dict[str, Any], console: Console) -> int:
     return top.run(client, console, _int_flag(args, "--interval-millis", 1), _int_flag(args, "--iterations", 0))
 
@@ -623,6 +745,7 @@ HANDLERS: dict[str, Callable[[CoordinatorClient, dict[str, Any], Console], int]]
     "limit": limit_command,
     "pause": pause,
     "resume": resume,
+    "workflow": workflow,
 }
 
 
@@ -630,7 +753,7 @@ HANDLERS: dict[str, Callable[[CoordinatorClient, dict[str, Any], Console], int]]
 FORBIDDEN_KIND = re.compile(r"forbidden: token .* \(role (\w+)\) may not send ([A-Z_]+)\Z")
 # The commands that have subcommands, and those subcommands, as the role hint names them.
 SUBCOMMANDS = {"schedule": ("add", "list", "show", "pause", "resume", "rm", "trigger", "preview"),
-               "limit": ("set", "list", "show", "rm")}
+               "limit": ("set", "list", "show", "rm"), "workflow": ("submit", "status", "cancel", "wait")}
 
 
 def _role_hint(command: str, args: dict[str, Any], message: str) -> str:

@@ -159,10 +159,12 @@ def watch_line(job: dict[str, Any], now_millis: int) -> str:
 
 
 def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None,
-               events: list[dict[str, Any]] | None = None, held: Held | None = None) -> str:
-    """One job as labelled lines, for ``status``, ``cancel`` and ``wait``; ``workers`` and
-    ``held`` as for ``waiting``. The snapshot names a worker only while the job runs; with
-    ``events`` (its timeline) a job that is not running shows the worker of its last attempt."""
+               events: list[dict[str, Any]] | None = None, held: Held | None = None,
+               waiting_on: list[str] | None = None) -> str:
+    """One job as labelled lines, for ``status``, ``cancel`` and ``wait``; ``workers``,
+    ``held`` and ``waiting_on`` as for ``waiting``. The snapshot names a worker only while the
+    job runs; with ``events`` (its timeline) a job that is not running shows the worker of
+    its last attempt. A workflow's job names its workflow and its ref there."""
     created = job.get("createdAtMillis")
     updated = job.get("updatedAtMillis")
     rows = [
@@ -184,7 +186,7 @@ def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any
         rows.insert(rows.index(("type", job.get("taskType"))) + 1, ("name", "%s (Periodic)" % job.get("name")))
     if job.get("waitingReason") is not None:
         rows.insert(rows.index(("state", job.get("state"))) + 1,
-                    ("waiting", waiting(job, now_millis, workers, held)))
+                    ("waiting", waiting(job, now_millis, workers, held, waiting_on)))
     keys = job_keys(job)
     if keys is not None:
         rows.insert(rows.index(("priority", job.get("priority"))), ("keys", keys))
@@ -193,6 +195,8 @@ def job_detail(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any
         rows.insert(rows.index(("state", job.get("state"))) + 1, ("progress", shown))
     if job.get("submittedBy") is not None:  # the token's name, with --auth-file
         rows.insert(rows.index(("created", when(created, now_millis))), ("submitter", job["submittedBy"]))
+    if job.get("workflowId") is not None:
+        rows.insert(1, ("workflow", "%s (ref %s)" % (job["workflowId"], job.get("ref"))))
     if job.get("scheduleName") is not None:
         rows.insert(1, ("schedule", "%s, fire time %s" % (job["scheduleName"], timestamp(job.get("scheduledFor"),
                                                                                           zone=True))))
@@ -270,17 +274,22 @@ def held_back(job: dict[str, Any], held: Held | None) -> str:
 
 
 def waiting(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] | None = None,
-            held: Held | None = None) -> str:
+            held: Held | None = None, waiting_on: list[str] | None = None) -> str:
     """Why a job is not running, in words (its ``waitingReason``).
 
     ``workers`` (a WORKER_LIST, when the caller fetched one) gives WORKERS_BUSY its counts:
     the workers that declared the job's type, their slots in use and in all. ``held``
-    gives a limit's reason its figures (``held_back``).
+    gives a limit's reason its figures (``held_back``); ``waiting_on``, DEPENDENCIES the
+    refs of the workflow's jobs it waits for.
     """
     reason = job.get("waitingReason")
     task_type = job.get("taskType")
     if reason in LIMIT_REASONS:
         return held_back(job, held)
+    if reason == "DEPENDENCIES":
+        if waiting_on:
+            return "waiting for dependencies: %s" % refs(waiting_on, DEPENDENCIES_SHOWN)
+        return "waiting for its dependencies in workflow %s" % job.get("workflowId")
     if reason == "SCHEDULED":
         return "scheduled: runs %s" % when(job.get("runAtMillis"), now_millis)
     if reason == "RETRY_BACKOFF":
@@ -523,3 +532,80 @@ def limit_detail(limit: dict[str, Any]) -> str:
         ("jobs", "%s running, %s queued" % (number(limit.get("running")), number(limit.get("queued")))),
     ]
     return "\n".join("%-9s %s" % (label, MISSING if value is None else value) for label, value in rows)
+
+
+# ---- workflows --------------------------------------------------------------------------
+
+WORKFLOW_ROWS = 100  # jobs a workflow's text lists at most
+DEPENDS_SHOWN = 3  # refs a job's line names of those it depends on
+DEPENDENCIES_SHOWN = 20  # refs ``status`` names of those a job waits for
+# The order ``workflow status`` counts jobs by state in: what moves first.
+STATE_ORDER = ("RUNNING", "QUEUED", "SCHEDULED", "RETRY_WAIT", "WAITING", "COMPLETED", "FAILED", "CANCELLED")
+
+
+def workflow_jobs(workflow: dict[str, Any]) -> list[dict[str, Any]]:
+    """A WORKFLOW's jobs, each ``{ref, jobId, state, dependsOn}`` (anything else left out)."""
+    jobs = workflow.get("jobs")
+    return [job for job in jobs if isinstance(job, dict)] if isinstance(jobs, list) else []
+
+
+def refs(names: Sequence[Any], shown: int) -> str:
+    """``a, b, c`` or ``a, b, c +7 more``; ``-`` for none."""
+    if not names:
+        return MISSING
+    text = ", ".join(str(name) for name in names[:shown])
+    return text + (" +%d more" % (len(names) - shown) if len(names) > shown else "")
+
+
+def state_counts(jobs: list[dict[str, Any]]) -> str:
+    """``12 jobs: 1 RUNNING, 8 WAITING, 3 COMPLETED``."""
+    counts: dict[str, int] = {}
+    for job in jobs:
+        state = str(job.get("state"))
+        counts[state] = counts.get(state, 0) + 1
+    order = [s for s in STATE_ORDER if s in counts] + sorted(set(counts) - set(STATE_ORDER))
+    return "%d job%s%s" % (len(jobs), "" if len(jobs) == 1 else "s",
+                           ": " + ", ".join("%d %s" % (counts[s], s) for s in order) if jobs else "")
+
+
+def workflow_detail(workflow: dict[str, Any], rows: int = WORKFLOW_ROWS) -> str:
+    """A workflow as labelled lines, then a line per job (ref, state, jobId, what it depends
+    on). A workflow of more than ``rows`` jobs lists only the jobs not COMPLETED, at most
+    ``rows`` of them, and says how many it left out."""
+    jobs = workflow_jobs(workflow)
+    head = [("workflow", workflow.get("workflowId")), ("name", workflow.get("name")),
+            ("state", workflow.get("state")), ("jobs", state_counts(jobs))]
+    out = ["%-9s %s" % (label, MISSING if value is None else value) for label, value in head]
+    listed = jobs if len(jobs) <= rows else [j for j in jobs if j.get("state") != "COMPLETED"]
+    completed_left = len(jobs) - len(listed)
+    more = max(0, len(listed) - rows)
+    if listed:
+        out.append(table(("REF", "STATE", "JOB", "DEPENDS ON"),
+                         ((j.get("ref"), j.get("state"), j.get("jobId"), refs(_listed(j.get("dependsOn")), DEPENDS_SHOWN))
+                          for j in listed[:rows])))
+    left = []
+    if completed_left:
+        left.append("%d COMPLETED job%s" % (completed_left, "" if completed_left == 1 else "s"))
+    if more:
+        left.append("%d more" % more)
+    if left:
+        out.append("(not listed: %s; --json lists every job)" % " and ".join(left))
+    return "\n".join(out)
+
+
+def workflow_failures(workflow: dict[str, Any]) -> str:
+    """``: failed: a, b; cancelled: c +3 more`` for a workflow that did not complete."""
+    parts = []
+    for state in ("FAILED", "CANCELLED"):
+        found = [j.get("ref") for j in workflow_jobs(workflow) if j.get("state") == state]
+        if found:
+            parts.append("%s: %s" % (state.lower(), refs(found, DEPENDS_SHOWN)))
+    return ": " + "; ".join(parts) if parts else ""
+
+
+def workflow_submitted(workflow_id: str, jobs: int) -> str:
+    return "submitted workflow %s (%d job%s)" % (workflow_id, jobs, "" if jobs == 1 else "s")
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

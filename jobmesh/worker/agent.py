@@ -496,7 +496,8 @@ class WorkerAgent:
             # Runs in a child process; this greenlet only waits (killing it detaches the child).
             success, result, error = self.processes.run(msg.task_type, msg.job_id, msg.attempt_id,
                                                         msg.attempt_number, msg.payload,
-                                                        lambda fraction, text: self._progress(msg, fraction, text))
+                                                        lambda fraction, text: self._progress(msg, fraction, text),
+                                                        msg.parents)
             if not success:
                 result, error = None, error or "task failed"
             log.debug("user task finished job=%s attempt=%s success=%s millis=%d", msg.job_id, msg.attempt_id,

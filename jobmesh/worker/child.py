@@ -15,7 +15,7 @@ corrupt the protocol. It logs as the worker does (``--log-level``, ``--log-forma
 ``json``, a relay thread turns whatever reaches fd 1 or 2 (``print``, a C library, a
 subprocess) into one JSON object per line, and a task's traceback is one object too::
 
-    worker -> child   {"op": "run", "taskType", "jobId", "attemptId", "attempt", "payload"}
+    worker -> child   {"op": "run", "taskType", "jobId", "attemptId", "attempt", "payload", "parents"?}
                       {"op": "cancel", "attemptId"}        sets that attempt's ctx.cancelled
     child -> worker   {"op": "ready", "pid", "taskTypes"}  once, after the modules loaded
                       {"op": "failed", "error"}            instead, then exit 1
@@ -124,8 +124,9 @@ class Child:
                     break
                 op = frame.get("op")
                 if op == "run":
+                    parents = frame.get("parents")
                     ctx = TaskContext(str(frame["jobId"]), int(frame["attempt"]), str(frame["attemptId"]),
-                                      sink=self.progress.report)
+                                      sink=self.progress.report, parents=parents if isinstance(parents, dict) else {})
                     with self._lock:
                         self._contexts[ctx.attempt_id] = ctx
                     self.runs.put((frame, ctx))

@@ -245,17 +245,22 @@ class ProcessPool:
         return len(self._detached)
 
     def run(self, task_type: str, job_id: str, attempt_id: str, attempt: int, payload: dict[str, Any],
-            on_progress: OnProgress | None = None) -> tuple[bool, dict[str, Any] | None, str | None]:
+            on_progress: OnProgress | None = None, parents: dict[str, Any] | None = None
+            ) -> tuple[bool, dict[str, Any] | None, str | None]:
         """Run one attempt in a child: ``(success, result, error)``; its progress reports
-        go to ``on_progress`` as they arrive.
+        go to ``on_progress`` as they arrive. ``parents``: a workflow job's dependencies'
+        results by ref (TASK_ASSIGN's), the task's ``ctx.parents``.
 
         Blocks the calling greenlet until the result arrives. Killing that greenlet
         (cancel, session end) detaches the child, see the module docstring.
         """
         try:
-            request = encode_frame({"op": "run", "taskType": task_type, "jobId": job_id,
-                                    "attemptId": attempt_id, "attempt": attempt, "payload": payload})
-        except ProtocolError as exc:  # a payload at the very frame limit
+            run = {"op": "run", "taskType": task_type, "jobId": job_id, "attemptId": attempt_id,
+                   "attempt": attempt, "payload": payload}
+            if parents is not None:
+                run["parents"] = parents
+            request = encode_frame(run)
+        except ProtocolError as exc:  # a payload (and parents' results) at the very frame limit
             return False, None, "payload not sendable to the task process: %s" % exc
         try:
             child = self._acquire()

@@ -12,12 +12,14 @@
     @task("RESIZE", timeout=30, max_attempts=5, retry_backoff=(2, 60))
     def resize(payload): ...
 
+    resize.s(image="a.png")             # a step of a workflow (jobmesh.canvas)
+
 The options are the type's defaults for its jobs (``declared_defaults``): the worker
 sends them in WORKER_REGISTER ``taskDefaults`` and the coordinator keeps them, applying
 them to the jobs of the type whose submit did not say otherwise.
 
-This module is stdlib-only (plus ``jobmesh.errors`` and ``jobmesh.protocol.payloads``,
-which import nothing else): the task child process (``jobmesh.worker.child``) imports it
+This module is stdlib-only (plus ``jobmesh.errors``, ``jobmesh.protocol.payloads`` and
+``jobmesh.canvas``, which import nothing else): the task child process (``jobmesh.worker.child``) imports it
 in a clean, unpatched interpreter, and importing gevent there would defeat the point
 (docs/ARCHITECTURE.md, "User tasks: unpatched child processes").
 
@@ -30,6 +32,7 @@ neither ``(payload)`` nor ``(payload, ctx)``.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
@@ -41,6 +44,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from jobmesh.canvas import signature
 from jobmesh.errors import ConfigError, JobmeshError
 from jobmesh.protocol.payloads import (
     MAX_PROGRESS_MESSAGE_CHARS,
@@ -77,7 +81,8 @@ class TaskContext:
 
     ``cancelled`` is set when the attempt is cancelled or its lease revoked; a long
     function should poll ``ctx.cancelled.is_set()`` or wait on it and return early.
-    ``progress(fraction, message=None)`` says how far it is.
+    ``progress(fraction, message=None)`` says how far it is. ``parents``: for a workflow's
+    job, its direct dependencies' results by their refs (``{}`` for any other job).
     """
 
     job_id: str
@@ -85,6 +90,7 @@ class TaskContext:
     attempt_id: str
     cancelled: threading.Event = field(default_factory=threading.Event)
     sink: ProgressSink | None = field(default=None, repr=False, compare=False)
+    parents: dict[str, Any] = field(default_factory=dict)
     _dropped: bool = field(default=False, repr=False, compare=False)  # a report out of bounds was logged
 
     def progress(self, fraction: float, message: str | None = None) -> None:
@@ -124,7 +130,10 @@ def task(name: str, timeout: float | None = None, max_attempts: int | None = Non
     The options are the defaults of the type's jobs: ``timeout`` each attempt's deadline in
     seconds (a millisecond to 7 days), ``max_attempts`` the attempt budget, and
     ``retry_backoff`` ``(base, cap)`` in seconds: the wait before attempt n+1 is
-    base * 2^(n-1), at most cap. None leaves the coordinator's setting."""
+    base * 2^(n-1), at most cap. None leaves the coordinator's setting.
+
+    The function gains ``.s(payload=None, **fields)``, a workflow step of the type
+    (``jobmesh.canvas.signature``): ``chord(group(resize.s(image=i) for i in images), album.s())``."""
     if not is_task_type_name(name):
         raise TaskDefinitionError("task name %r is invalid: task-type names are %s" % (name, TASK_NAME_RULE))
     if name in TASK_TYPES:
@@ -140,6 +149,10 @@ def task(name: str, timeout: float | None = None, max_attempts: int | None = Non
         _registry[name] = fn
         _wants_context[name] = wants_context
         _defaults[name] = defaults
+        try:
+            setattr(fn, "s", functools.partial(signature, name))
+        except (AttributeError, TypeError):  # a callable that takes no attributes: no .s, still a task
+            pass
         return fn
 
     return register

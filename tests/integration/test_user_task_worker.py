@@ -32,7 +32,7 @@ from tests.support.processes import CoordinatorProc, alive, child_env
 from tests.support.waiting import wait_until
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
-USER_TYPES = sorted(["BIG", "BOOM", "CHATTY", "COOP", "CPU", "DEAF", "EXIT3", "FLAKY", "GREET", "LISTY", "LOGS",
+USER_TYPES = sorted(["ADDUP", "BIG", "BOOM", "CHATTY", "COOP", "CPU", "DEAF", "EXIT3", "FLAKY", "GREET", "LISTY", "LOGS",
                      "NAP", "ORPHAN", "REPORTER", "SPIN", "STUBBORN", "THREADS", "WHOAMI"])
 
 
@@ -65,10 +65,11 @@ class Session:
     def send(self, obj: dict) -> None:
         self.sock.sendall(encode_frame(obj))
 
-    def assign(self, job: str, task_type: str, payload: dict, number: int = 1, attempt: str | None = None) -> str:
+    def assign(self, job: str, task_type: str, payload: dict, number: int = 1, attempt: str | None = None,
+               **extra: object) -> str:
         attempt = attempt or "%s-a%d" % (job, number)
-        self.send({"type": "TASK_ASSIGN", "jobId": job, "attemptId": attempt, "attemptNumber": number,
-                   "taskType": task_type, "payload": payload})
+        self.send(dict({"type": "TASK_ASSIGN", "jobId": job, "attemptId": attempt, "attemptNumber": number,
+                        "taskType": task_type, "payload": payload}, **extra))
         return attempt
 
     def cancel(self, job: str, attempt: str) -> None:
@@ -160,6 +161,9 @@ def test_registration_declares_the_builtins_and_the_user_types(start_worker, via
     # The built-ins still run in the worker itself
     session.assign("j2", "WORD_COUNT", {"text": "two words"})
     assert session.result()["result"] == {"words": 2}
+    # A workflow job's TASK_ASSIGN parents reach its task as ctx.parents
+    session.assign("j3", "ADDUP", {"n": 1}, parents={"left": {"sum": 2}, "right": {"sum": 3}})
+    assert session.result()["result"] == {"sum": 6, "parents": ["left", "right"]}
     assert "user task types worker=w-user modules=jm_user_tasks" in worker.log()
 
 
@@ -368,7 +372,7 @@ def test_up_passes_tasks_to_its_workers(tmp_path):
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=tmp_path, env=child_env())
     try:
         for n in (1, 2):
-            wait_until(lambda n=n: "user task types worker=local-%d modules=jm_user_tasks types=BIG,BOOM" % n
+            wait_until(lambda n=n: "user task types worker=local-%d modules=jm_user_tasks types=ADDUP,BIG,BOOM" % n
                        in err_path.read_text(errors="replace"), timeout=20, message="worker local-%d's task types" % n)
         wait_until(lambda: all("jobmesh.worker.agent: registered worker=local-%d " % n in err_path.read_text()
                                for n in (1, 2)), timeout=20, message="both workers registered")

@@ -30,7 +30,7 @@ COORDINATOR_FLAGS = {
 
 def test_commands_are_the_contracts():
     client = {"submit", "status", "list", "workers", "cancel", "wait", "events", "retry", "purge", "top",
-              "schedule", "limit", "pause", "resume"}
+              "schedule", "limit", "pause", "resume", "workflow"}
     assert set(DOCS) == {"up", "coordinator", "worker", "token"} | client
     assert set(CLIENT_COMMANDS) == client
 
@@ -137,7 +137,7 @@ def test_listing_commands(command):
 def test_every_client_command_takes_coordinator(command):
     argv = [command] + {"submit": ["SLEEP"], "status": ["j"], "cancel": ["j"], "wait": ["j"], "events": ["j"],
                          "retry": ["j"], "purge": ["--older-than=7d"], "schedule": ["list"], "limit": ["list"],
-                         "pause": ["T"], "resume": ["T"]}.get(command, [])
+                         "pause": ["T"], "resume": ["T"], "workflow": ["status", "w"]}.get(command, [])
     _cmd, args = parse(argv + ["--coordinator=example:1234"])
     assert args["--coordinator"] == "example:1234"
 

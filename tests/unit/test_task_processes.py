@@ -70,6 +70,17 @@ def test_failures_name_what_happened_and_a_dead_child_is_replaced(make_pool, tmp
     assert (pool.started, len(pool)) == (2, 1)
 
 
+def test_a_workflow_job_s_parents_reach_its_task_as_ctx_parents(make_pool):
+    pool = make_pool()
+    parents = {"left": {"sum": 2}, "right": {"sum": 3}}
+    assert pool.run("ADDUP", "j-1", "a-1", 1, {"n": 1}, parents=parents) == (
+        True, {"sum": 6, "parents": ["left", "right"]}, None)
+    # a job without dependencies: ctx.parents is {}; a task without ctx runs as ever
+    assert run(pool, "ADDUP", {"n": 1}) == (True, {"sum": 1, "parents": []}, None)
+    assert pool.run("GREET", "j-2", "a-2", 1, {"name": "ada"}, parents=parents) == (
+        True, {"greeting": "hello ada"}, None)
+
+
 @pytest.mark.parametrize("size", [64 * 1024, 1024 * 1024, 2 * 1024 * 1024])
 def test_a_result_over_the_limit_fails_the_attempt_in_the_limit_s_words(make_pool, size):
     pool = make_pool()
