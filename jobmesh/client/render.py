@@ -294,8 +294,6 @@ def waiting(job: dict[str, Any], now_millis: int, workers: list[dict[str, Any]] 
         return "scheduled: runs %s" % when(job.get("runAtMillis"), now_millis)
     if reason == "RETRY_BACKOFF":
         return "retry backoff: next attempt %s" % when(job.get("retryAtMillis"), now_millis)
-    if reason == "DEPENDENCIES":
-        return "waiting for its dependencies in workflow %s" % job.get("workflowId")
     if reason == "NO_WORKER":
         return "no worker is connected"
     if reason == "NO_WORKER_FOR_TYPE":

@@ -344,7 +344,7 @@ def test_every_millisecond_flag_of_every_command_is_bounded_at_ten_years(capsys)
     from jobmesh.cli import DOCS
 
     samples = {"submit": ["SLEEP"], "purge": ["--older-than=1d"], "schedule": ["preview", "--cron=@daily"],
-               "limit": ["list"], "pause": ["SLEEP"], "resume": ["SLEEP"]}
+               "limit": ["list"], "pause": ["SLEEP"], "resume": ["SLEEP"], "workflow": ["wait", "W"]}
     checked = set()
     for command, doc in DOCS.items():
         for flag in sorted({o.longer for o in docopt.parse_options(doc) if (o.longer or "").endswith("-millis")}):
