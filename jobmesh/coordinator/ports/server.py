@@ -6,8 +6,9 @@ never touch core state. A framing or protocol violation gets an ERROR and closes
 one connection; nothing else is affected.
 
 Handlers only read, each read one syscall once the socket is readable, taking every
-whole frame it got (``connection.FrameSource``: pipelined frames cost one read). After a batch's commit the core writes what the batch released
-itself: one non-blocking write per connection (``connection.Output``), which the socket almost
+whole frame it got (``connection.FrameSource``: pipelined frames cost one read). After
+a batch's commit the core writes what the batch released itself: one non-blocking
+write per connection (``connection.Output``), which the socket almost
 always takes whole, so a request costs no reply handoff and no second wake-up of its
 handler, and a TASK_ASSIGN leaves as soon as its commit is done. Bytes a full socket did
 not take go to a flusher greenlet and later frames queue behind them, so the core never
