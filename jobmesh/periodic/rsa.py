@@ -169,7 +169,7 @@ class Session:
         self._buf = bytearray()  # received bytes not yet a whole block or message
         self._chunk = peer.key_size // 8 - OAEP_OVERHEAD  # plaintext per block we send
 
-    def open(self, data: bytes) -> bytes:
+    def open(self, data: bytes | memoryview) -> bytes | memoryview:
         """The plaintext of every whole block or message received so far; PeriodicError on
         a block that does not decrypt or an AES message over the size limit."""
         if self.mode is Mode.PLAIN:
@@ -222,7 +222,7 @@ class OpenedDecoder:
         self.session = session
         self.inner = inner
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         self.inner.feed(self.session.open(data))
 
     def next_packet(self) -> bytes | None:

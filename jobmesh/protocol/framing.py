@@ -13,7 +13,8 @@ not UTF-8, text that is not JSON, or JSON that is not an object raise ``Protocol
 
 ``FrameDecoder`` is the pure parser (feed bytes, take whole payloads); ``FrameReader``
 drives it from any ``recv``-like callable, so it works on stdlib sockets, gevent
-sockets and test doubles alike.
+sockets and test doubles alike. ``split_frames`` takes every whole frame out of a buffer
+at once: the coordinator's ports read with it (``ports/connection.py``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,35 @@ def decode_payload(body: bytes) -> dict[str, Any]:
     return obj
 
 
+def bad_length(data: bytes | bytearray | memoryview, pos: int, length: int, max_frame: int) -> ProtocolError:
+    """The error for a header at ``data[pos:]`` that announces ``length`` bytes, outside 1..``max_frame``."""
+    if data[pos:pos + 4] == b"HTTP":
+        return ProtocolError("the peer answered in HTTP, not in frames: an HTTP port (a metrics port?)")
+    return ProtocolError("invalid frame length %d (must be 1..%d)" % (length, max_frame))
+
+
+def split_frames(data: memoryview, end: int, out: list[bytes], max_frame: int = MAX_FRAME) -> int:
+    """Append the payload of every whole frame at the start of ``data[:end]`` to ``out``, in
+    order; the number of bytes they took (the rest starts a frame not complete yet).
+
+    A header that announces a bad length raises ``ProtocolError`` as soon as its four
+    bytes are in (the frames before it are in ``out``), so no more than ``max_frame`` bytes
+    of one frame are ever held.
+    """
+    pos = 0
+    unpack = HEADER.unpack_from
+    while end - pos >= 4:
+        (length,) = unpack(data, pos)
+        if length <= 0 or length > max_frame:
+            raise bad_length(data, pos, length, max_frame)
+        stop = pos + 4 + length
+        if stop > end:
+            break
+        out.append(bytes(data[pos + 4:stop]))
+        pos = stop
+    return pos
+
+
 class StreamBuffer:
     """Bytes fed in any chunking and taken from the front: the part every frame decoder shares
     (this one and ``jobmesh.periodic.codec.PacketDecoder``)."""
@@ -72,7 +102,7 @@ class StreamBuffer:
         self._buf = bytearray()
         self._pos = 0
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         if self._pos and self._pos > len(self._buf) // 2:
             del self._buf[: self._pos]
             self._pos = 0
@@ -107,9 +137,7 @@ class FrameDecoder(StreamBuffer):
             return None
         (length,) = HEADER.unpack_from(self._buf, self._pos)
         if length <= 0 or length > self._max:
-            if self._buf[self._pos:self._pos + 4] == b"HTTP":
-                raise ProtocolError("the peer answered in HTTP, not in frames: an HTTP port (a metrics port?)")
-            raise ProtocolError("invalid frame length %d (must be 1..%d)" % (length, self._max))
+            raise bad_length(self._buf, self._pos, length, self._max)
         if avail < 4 + length:
             return None
         start = self._pos + 4

@@ -295,9 +295,21 @@ class SQLiteStore:
     # ---- writes ------------------------------------------------------------------
 
     def write(self, batch: Batch) -> None:
-        """Apply one batch in a single transaction (group commit)."""
+        """Apply one batch in a single transaction (group commit).
+
+        A batch that is one statement (new jobs only, or updates only, at most
+        ``ROWS_PER_STATEMENT`` rows: the usual batch of submits) is that statement alone,
+        which SQLite makes a transaction by itself: no BEGIN and no COMMIT. Each statement
+        the write thread runs is one more time it takes the GIL back, and the hub then
+        waits for it (docs/PERFORMANCE.md)."""
         inserts, updates, task_types, purges, schedules, limits, task_defaults, workflows = batch
         c = self.conn
+        rows = inserts or updates
+        if (not (inserts and updates) and 0 < len(rows) <= ROWS_PER_STATEMENT
+                and not (purges or task_types or schedules or limits or task_defaults or workflows)):
+            with self._transaction(None):
+                c.execute((_INSERT_SQL if inserts else _UPDATE_SQL)[len(rows)], list(chain.from_iterable(rows)))
+            return
         with self._transaction("BEGIN"):
             for start in range(0, len(purges), ROWS_PER_STATEMENT):  # first: a new job may take a purged key
                 ids = list(purges[start : start + ROWS_PER_STATEMENT])
@@ -336,11 +348,15 @@ class SQLiteStore:
         return self._pool
 
     @contextmanager
-    def _transaction(self, begin: str) -> Iterator[None]:
+    def _transaction(self, begin: str | None) -> Iterator[None]:
         """One write transaction on the writer: committed if the body returns, else rolled
-        back; a failure raises ``StorageFault``."""
+        back; a failure raises ``StorageFault``. With ``begin`` None the body is a single
+        statement, which SQLite makes a transaction by itself."""
         c = self.conn
         with faults():
+            if begin is None:
+                yield
+                return
             c.execute(begin)
             try:
                 yield

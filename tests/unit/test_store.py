@@ -202,6 +202,27 @@ def test_a_failing_batch_is_rolled_back_and_leaves_no_transaction_open(store):
     assert store.count() == 1
 
 
+def test_a_batch_of_one_statement_is_a_transaction_by_itself(store):
+    # The write thread takes the GIL back after every statement: a batch that is one
+    # statement runs without BEGIN and COMMIT; anything more is one transaction.
+    statements: list[str] = []
+    store.conn.set_trace_callback(statements.append)
+    a, b, c = make_job("a", seq=1), make_job("b", seq=2), make_job("c", seq=3)
+    store.write(Batch([insert_row(a), insert_row(b)], []))
+    a.state, b.state = JobState.COMPLETED, JobState.CANCELLED
+    store.write(Batch([], [update_row(a), update_row(b)]))
+    store.write(Batch([insert_row(c)], [update_row(a)]))
+    d = make_job("d", seq=4)
+    d.workflow_id, d.ref = "w-1", "d"
+    store.write(Batch([insert_row(d)], [], workflows=[("w-1", '{"name": "etl"}')]))  # a workflow's row: two
+    store.conn.set_trace_callback(None)
+    assert [sql.split()[0] for sql in statements] == ["INSERT", "UPDATE", "BEGIN", "INSERT", "UPDATE", "COMMIT",
+                                                      "BEGIN", "INSERT", "INSERT", "COMMIT"]
+    assert [store.get(job.job_id).state for job in (a, b, c)] == [JobState.COMPLETED, JobState.CANCELLED,
+                                                                 JobState.QUEUED]
+    assert store.load_workflow("w-1") is not None
+
+
 def test_sequences_are_unique(store):
     store.write(Batch([insert_row(make_job("a", seq=5))], []))
     with pytest.raises(StorageFault, match="UNIQUE constraint"):

@@ -5,16 +5,17 @@ protocols of ``core/peers.py``; each port's connection class satisfies them.
 
 ``Output`` is the ordered, non-blocking output of one socket, shared by the worker,
 client and Periodic ports (each port's connection class builds on it), and ``nodelay``
-the socket option every port sets on accept.
+the socket option every port sets on accept. ``Receiver`` is how those ports read: one
+syscall per read, after the socket is readable; ``FrameSource`` reads the JSON ports'
+frames with it, every whole frame of a read at once.
 
 TLS (``--tls-cert``): ``tls_accept`` runs the server side of the handshake in the
 connection's own greenlet, bounded by a timeout, so a slow, silent or plaintext peer
 costs only its own connection. After it the socket's timeout is 0: ``Output`` writes
 through the TLS object without blocking (a full socket takes nothing, and the same bytes
-are offered again later, as OpenSSL requires), and ``receiver`` gives the handler a
-``recv`` that waits for the socket in its greenlet. Which write and which ``recv`` a
-connection uses is chosen once, when it is made: a plaintext connection writes with
-``os.write`` on its descriptor exactly as before.
+are offered again later, as OpenSSL requires), and ``Receiver`` waits for the socket in
+the handler's greenlet. Which write a connection uses is chosen once, when it is made:
+a plaintext connection writes with ``os.write`` on its descriptor exactly as before.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from typing import Any, Callable
 import gevent
 import gevent.ssl
 from gevent.event import Event
-from gevent.socket import wait_read, wait_write
+from gevent.socket import wait, wait_write
 
 from time import monotonic
-from jobmesh.protocol.framing import encode_frame
+from jobmesh.errors import ProtocolError
+from jobmesh.protocol.framing import RECV_SIZE, decode_payload, encode_frame, split_frames
 from jobmesh.protocol.messages import TLS_PORT_REFUSAL, Error
 
 log = logging.getLogger(__name__)
@@ -93,23 +95,107 @@ def _refuse_plaintext(sock: Any, addr: Any, what: str) -> None:
         pass
 
 
-def receiver(sock: Any) -> Callable[[int], bytes]:
-    """The ``recv(n)`` a handler reads with: the socket's own, or for a TLS socket (timeout
-    0, see ``Output``) one that waits in the calling greenlet until data can be read."""
-    if not isinstance(sock, gevent.ssl.SSLSocket):
-        return sock.recv
-    fileno = sock.fileno()
+def read_buffer() -> memoryview:
+    """The buffer a port's handlers read into, one for all of them: handlers run on one
+    hub thread, and each takes out everything a read put in before it can yield."""
+    return memoryview(bytearray(RECV_SIZE))
 
-    def recv(n: int) -> bytes:
+
+class Receiver:
+    """Reads of one connection's socket, in its handler's greenlet, one syscall each.
+
+    A read waits until the socket is readable and then reads once (gevent's own ``recv``
+    tries first and waits only after the syscall failed: two syscalls for every request
+    of a peer that waits for its answers). A read that filled the whole buffer reads
+    again at once, since more is likely waiting. A TLS socket (timeout 0, see ``Output``)
+    may hold decrypted bytes that the descriptor's readability does not show
+    (``pending``): they are read without waiting.
+    """
+
+    __slots__ = ("_sock", "_readable", "_tls", "_more")
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._readable = gevent.get_hub().loop.io(sock.fileno(), 1)  # its readability, watched only while it waits
+        self._tls = isinstance(sock, gevent.ssl.SSLSocket)
+        self._more = False  # the last read filled the buffer: read again before waiting
+
+    def read_into(self, buffer: memoryview) -> int:
+        """Read what the socket has into ``buffer``, waiting for it if need be: the number of
+        bytes, 0 at EOF. Socket errors (``OSError``) propagate."""
+        sock = self._sock
         while True:
+            if not (self._more or (self._tls and sock.pending())):
+                wait(self._readable)
             try:
-                return sock.recv(n)
-            except ssl.SSLWantReadError:
-                wait_read(fileno)
+                n: int = sock.recv_into(buffer)
+            except ssl.SSLWantReadError:  # readable, but not a whole TLS record yet
+                self._more = False
+                continue
             except ssl.SSLWantWriteError:
-                wait_write(fileno)
+                wait_write(sock.fileno())
+                self._more = True
+                continue
+            self._more = n == len(buffer)
+            return n
 
-    return recv
+
+class FrameSource:
+    """Whole frames of one connection: each read takes every frame complete in what it got
+    (a burst of pipelined frames costs one read), and keeps what starts the next one.
+
+    Reads go into the port's shared buffer (``read_buffer``); frames are copied out of it
+    at once, and the start of an incomplete frame into a buffer of the connection's own
+    (``_partial``, only while there is one). A header that announces a bad length is an
+    error as soon as its four bytes are in; the frames before it are returned first, so
+    their answers go out before the connection's ERROR.
+    """
+
+    __slots__ = ("_receiver", "_buffer", "_frames", "_partial", "_error")
+
+    def __init__(self, sock: Any, buffer: memoryview) -> None:
+        self._receiver = Receiver(sock)
+        self._buffer = buffer
+        self._frames: list[bytes] = []  # payloads read and not returned yet, the next one last
+        self._partial: bytearray | None = None  # the start of a frame not complete yet
+        self._error: ProtocolError | None = None  # found after the frames in ``_frames``
+
+    def read_frame(self) -> dict[str, Any] | None:
+        """The next frame's object; None on a clean EOF between frames.
+
+        Raises ``ProtocolError`` on a bad frame or an EOF inside a frame; socket errors
+        (``OSError``) propagate."""
+        frames = self._frames
+        while not frames:
+            if self._error is not None:
+                raise self._error
+            n = self._receiver.read_into(self._buffer)
+            if not n:
+                if self._partial:
+                    raise ProtocolError("connection closed inside a frame")
+                return None
+            self._split(n)
+        return decode_payload(frames.pop())
+
+    def _split(self, n: int) -> None:
+        buffer, frames, partial = self._buffer, self._frames, self._partial
+        try:
+            if partial is None:
+                used = split_frames(buffer, n, frames)
+                if used < n:
+                    self._partial = bytearray(buffer[used:n])
+            else:
+                partial += buffer[:n]
+                with memoryview(partial) as data:
+                    used = split_frames(data, len(partial), frames)
+                if used == len(partial):
+                    self._partial = None
+                elif used:
+                    del partial[:used]
+        except ProtocolError as exc:
+            self._error = exc
+            self._partial = None
+        frames.reverse()
 
 
 def _tls_send(sock: Any, data: bytes) -> int:
@@ -150,7 +236,7 @@ class Output:
         # How bytes go out, chosen once: a non-blocking ``send(target, data) -> taken`` for
         # the core's writes and a blocking ``drain(data)`` for the flusher.
         if isinstance(sock, gevent.ssl.SSLSocket):
-            sock.settimeout(0.0)  # sends never block; ``receiver`` waits for reads
+            sock.settimeout(0.0)  # sends never block; ``Receiver`` waits for reads
             self._send: Callable[[Any, bytes], int] = _tls_send
             self._target: Any = sock
             self._drain: Callable[[bytes], Any] = partial(_tls_sendall, sock)

@@ -51,7 +51,8 @@ import gevent
 
 from jobmesh.coordinator.core import events as ev
 from time import monotonic
-from jobmesh.coordinator.ports.connection import MAX_UNSENT_BYTES, WRITER_JOIN_SECONDS, Output, nodelay
+from jobmesh.coordinator.ports.connection import (MAX_UNSENT_BYTES, WRITER_JOIN_SECONDS, Output, Receiver, nodelay,
+                                                   read_buffer)
 from jobmesh.auth import READER, WORKER
 from jobmesh.errors import ConfigError, ProtocolError
 from jobmesh.periodic import codec as pc
@@ -224,6 +225,7 @@ class PeriodicPort:
         self.keepalive = keepalive  # after it (0: never)
         self.conns: set[PeriodicConn] = set()
         self._reaper: gevent.Greenlet | None = None
+        self._buffer = read_buffer()  # what every handler's reads go into (``_next``)
         # CONFIG_GET: the settings that mean the same here as in periodicd (seconds).
         self.config = {b"timeout": int(task_timeout), b"keepalive": int(keepalive)}
         connections.setdefault("periodic", 0)
@@ -343,6 +345,7 @@ class PeriodicPort:
             self._reaper = gevent.spawn(self._reap)
         self.connections["periodic"] += 1
         decoder: Decoder = pc.PacketDecoder()
+        receiver = Receiver(sock)
         posted = False
         try:
             timer = gevent.Timeout(self.idle_timeout)
@@ -353,7 +356,7 @@ class PeriodicPort:
                     if secured is None:
                         return
                     decoder = secured
-                body = self._next(sock, decoder)
+                body = self._next(receiver, decoder)
             except gevent.Timeout as exc:
                 if exc is not timer:
                     raise
@@ -382,7 +385,7 @@ class PeriodicPort:
                 limited = WORKER_FUNCS if worker else CLIENT_FUNCS
             while True:
                 conn.wait_for_core()  # stops reading while the core is behind on us
-                body = self._next(sock, decoder)
+                body = self._next(receiver, decoder)
                 if body is None:
                     return
                 conn.last_arrival = monotonic()
@@ -424,14 +427,15 @@ class PeriodicPort:
             self.conns.discard(conn)
             self.connections["periodic"] -= 1
 
-    @staticmethod
-    def _next(sock: Any, decoder: Decoder) -> bytes | None:
-        """The next checked frame body; None at EOF."""
+    def _next(self, receiver: Receiver, decoder: Decoder) -> bytes | None:
+        """The next checked frame body; None at EOF. One read takes what the socket holds,
+        in the port's shared buffer, and the decoder copies it out at once."""
+        buffer = self._buffer
         while True:
             body = decoder.next_packet()
             if body is not None:
                 return body
-            data = sock.recv(RECV_BYTES)
-            if not data:
+            n = receiver.read_into(buffer)
+            if not n:
                 return None
-            decoder.feed(data)
+            decoder.feed(buffer[:n])

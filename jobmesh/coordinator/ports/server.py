@@ -5,8 +5,10 @@ Connection handlers are blocking-style code running one greenlet per connection
 never touch core state. A framing or protocol violation gets an ERROR and closes that
 one connection; nothing else is affected.
 
-Handlers only read. After a batch's commit the core writes what the batch released
-itself: one non-blocking write per connection (``connection.Output``), which the socket almost
+Handlers only read, each read one syscall once the socket is readable, taking every
+whole frame it got (``connection.FrameSource``: pipelined frames cost one read). After
+a batch's commit the core writes what the batch released itself: one non-blocking
+write per connection (``connection.Output``), which the socket almost
 always takes whole, so a request costs no reply handoff and no second wake-up of its
 handler, and a TASK_ASSIGN leaves as soon as its commit is done. Bytes a full socket did
 not take go to a flusher greenlet and later frames queue behind them, so the core never
@@ -14,7 +16,7 @@ blocks on a slow peer and frames never interleave on a socket.
 
 With TLS (``Servers(tls=context)``), ``handler(port)`` puts the handshake in front of
 each connection's handler, in its greenlet; the rest is the same code on the TLS socket
-(``connection.receiver`` for reads, ``Output`` writing through it).
+(``connection.FrameSource`` reading, ``Output`` writing through it).
 
 Client connections are request/response, answered in request order: the handler posts
 each request with its ``ClientConn`` and goes back to reading. A pending WAIT_JOB counts
@@ -51,11 +53,11 @@ import gevent.monkey
 from jobmesh.coordinator.core import events as ev
 from time import monotonic
 from jobmesh.auth import WORKER, Identity
-from jobmesh.coordinator.ports.connection import Output, nodelay, receiver, tls_accept
+from jobmesh.coordinator.ports.connection import FrameSource, Output, nodelay, read_buffer, tls_accept
 from jobmesh.coordinator.ports.guard import Guard, Ticket
 from jobmesh.errors import ProtocolError
 from jobmesh.protocol import messages as m
-from jobmesh.protocol.framing import FrameReader, encode_frame
+from jobmesh.protocol.framing import encode_frame
 from jobmesh.protocol.payloads import TASK_NAME_RULE, TASK_TYPES, is_task_type_name
 from jobmesh.tls import HANDSHAKE_SECONDS
 
@@ -236,6 +238,7 @@ class Servers:
         self.worker_conns: set[WorkerConn] = set()
         self.connections = {"worker": 0, "client": 0}  # open connections per port (metrics)
         self.guard: Guard | None = None  # set with --auth-file: AUTH first, then every request checked
+        self._buffer = read_buffer()  # what every handler's reads go into (``FrameSource``)
 
     def handler(self, port: str) -> Callable[[Any, tuple[Any, ...]], None]:
         """The StreamServer handler of the ``worker`` or ``client`` port: with TLS, the
@@ -258,7 +261,7 @@ class Servers:
             return handle
         return self.guard.gate(handle, port)
 
-    def _first_frame(self, reader: FrameReader, what: str, addr: Any) -> dict[str, Any] | None:
+    def _first_frame(self, reader: FrameSource, what: str, addr: Any) -> dict[str, Any] | None:
         """The first frame, which must complete within the idle timeout (so connections
         that send nothing, or part of a frame, cannot hold descriptors forever)."""
         timer = gevent.Timeout(self.idle_timeout)
@@ -311,7 +314,7 @@ class Servers:
         conn = WorkerConn(sock, addr)
         self.worker_conns.add(conn)
         self.connections["worker"] += 1
-        reader = FrameReader(receiver(sock))
+        reader = FrameSource(sock, self._buffer)
         registered = False
         window_start, beats = time.monotonic(), 0
         try:
@@ -386,7 +389,7 @@ class Servers:
             self.worker_conns.discard(conn)
             self.connections["worker"] -= 1
 
-    def _register_with_token(self, conn: WorkerConn, reader: FrameReader, obj: dict[str, Any], addr: Any,
+    def _register_with_token(self, conn: WorkerConn, reader: FrameSource, obj: dict[str, Any], addr: Any,
                              ticket: Ticket | None) -> m.WorkerRegister | None:
         """AUTH, then the WORKER_REGISTER a worker token may make: what a request the token
         may not make gets (``forbidden``, the connection open) until then. None: the
@@ -417,7 +420,7 @@ class Servers:
         nodelay(sock)
         conn = ClientConn(sock)
         self.connections["client"] += 1
-        reader = FrameReader(receiver(sock))
+        reader = FrameSource(sock, self._buffer)
         first = True
         identity: Identity | None = None
         try:
