@@ -285,7 +285,8 @@ def _check_workflow_view(browser, coord, client, worker) -> None:
     # and an arrow runs from each job to each job that depends on it
     assert sorted(map(tuple, browser.execute_script(EDGES_JS))) == [
         ("a", "b"), ("a", "c"), ("b", "d"), ("b", "e"), ("c", "d")]
-    if SCREENSHOT_DIR:
+    if SCREENSHOT_DIR:  # once the cards (polled apart from the graph) count the waiting job too
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#card-waiting .value").text == "1")
         _save(browser, "dashboard-workflow.png")
 
     # Clicking a node opens that job's page, which links back to its workflow
