@@ -502,7 +502,8 @@ def basic(user: str, token: str) -> dict:
     return {"Authorization": "Basic " + base64.b64encode(("%s:%s" % (user, token)).encode()).decode()}
 
 
-@pytest.mark.parametrize("path", ["/metrics", "/", "/api/summary", "/api/jobs", "/api/workers", "/nope"])
+@pytest.mark.parametrize("path", ["/metrics", "/", "/api/summary", "/api/jobs", "/api/workers",
+                                  "/api/workflows/nope", "/nope"])
 def test_the_metrics_port_asks_for_a_token_but_for_health(authed, path):
     url = authed.metrics_url + path
     for headers in ({}, {"Authorization": "Bearer wrong"}, basic("x", "wrong"), basic(authed.tokens["reader"], ""),
@@ -514,7 +515,7 @@ def test_the_metrics_port_asks_for_a_token_but_for_health(authed, path):
         for headers in ({"Authorization": "Bearer " + authed.tokens[role]}, basic("anyone", authed.tokens[role]),
                         basic("", authed.tokens[role])):
             status, _got, _body = http_get(url, headers)
-            assert status == (404 if path == "/nope" else 200), (role, headers, status)
+            assert status == (404 if path.endswith("/nope") else 200), (role, headers, status)
     for open_path in ("/healthz", "/readyz"):
         assert http_get(authed.metrics_url + open_path)[0] == 200
 

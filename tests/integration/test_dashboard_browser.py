@@ -5,8 +5,8 @@ render the counts and the job list, and clicking a job must show its timeline an
 waiting reason. ``.ci/run`` installs the browser; this test skips (loudly) only when no
 chromium or chromedriver can be found.
 
-Set ``JOBMESH_SCREENSHOT_DIR=docs`` to save ``dashboard.png`` and ``dashboard-job.png``
-there (after a short load, so the chart has something to show).
+Set ``JOBMESH_SCREENSHOT_DIR=docs`` to save ``dashboard.png``, ``dashboard-job.png`` and
+``dashboard-workflow.png`` there (after a short load, so the chart has something to show).
 """
 
 from __future__ import annotations
@@ -211,6 +211,114 @@ def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_fa
     fields = browser.find_element(By.ID, "jv-fields").text.splitlines()
     assert fields[fields.index("Progress") - 2:fields.index("Progress") + 2] == [
         "Attempts", "1 of 3", "Progress", "42% compressing chunk 7"], fields
+
+    # (the same browser and coordinator: the workers above are full, so workflows get their own)
+    _check_workflow_view(browser, coord, client, peers.worker(coord, "w-flow", capacity=2,
+                                                              task_types=["FLOW_UI", "FLOW_HELD"]))
+
+
+# Read in one script run, so that a redraw of the graph between two reads cannot mix them.
+NODES_JS = """return [...document.querySelectorAll('#wf-graph g.node')].map((g) => ({
+  ref: g.dataset.ref || null, group: g.dataset.group || null, state: g.dataset.state,
+  count: g.dataset.count || null, fill: getComputedStyle(g.querySelector('rect.box')).fill}));"""
+EDGES_JS = """return [...document.querySelectorAll('#wf-graph path.edge')].map((p) => [p.dataset.from, p.dataset.to]);"""
+# The page's colour of every state it dresses, as the browser computes it (rgb(...)).
+COLORS_JS = """return Object.fromEntries(Object.entries(COLORS).map(([state, color]) => {
+  const probe = document.createElement('span'); probe.style.color = color; document.body.append(probe);
+  const value = getComputedStyle(probe).color; probe.remove(); return [state, value]; }));"""
+
+
+def _check_workflow_view(browser, coord, client, worker) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 15, ignored_exceptions=(StaleElementReferenceException,))
+
+    def submit(name, jobs):
+        reply = client.request({"type": "SUBMIT_WORKFLOW", "name": name, "jobs": jobs})
+        assert reply["type"] == "WORKFLOW_SUBMITTED", reply
+        return reply["workflowId"], reply["jobIds"]
+
+    def job(ref, *depends, task_type="FLOW_UI"):
+        return {"ref": ref, "taskType": task_type, "payload": {}, "dependsOn": list(depends), "maxAttempts": 1}
+
+    def nodes():
+        return {n["ref"] or "group:" + n["group"]: n for n in browser.execute_script(NODES_JS)}
+
+    def states():
+        return {ref: n["state"] for ref, n in nodes().items()}
+
+    def click(selector):
+        def clicked(d):
+            d.find_element(By.CSS_SELECTOR, selector).click()
+            return True
+        wait.until(clicked)
+
+    # Given a diamond (a; b and c after it; d after both) and e after b: a completes, c
+    # fails (so d is cancelled), b runs, and e waits for it
+    workflow_id, ids = submit("nightly etl", [job("a"), job("b", "a"), job("c", "a"), job("d", "b", "c"),
+                                              job("e", "b")])
+    worker.complete(worker.await_assign())
+    assigned = {a["jobId"]: a for a in (worker.await_assign(), worker.await_assign())}
+    worker.fail(assigned[ids["c"]], "c broke")
+    client.wait_state(ids["d"], "CANCELLED")
+    # When its view is opened
+    browser.get(coord.metrics_url + "/#/workflow/" + workflow_id)
+    expected = {"a": "COMPLETED", "b": "RUNNING", "c": "FAILED", "d": "CANCELLED", "e": "WAITING"}
+    wait.until(lambda d: states() == expected)
+    # Then the name, the state and the counts by state are on top
+    assert browser.find_element(By.ID, "wf-name").text == "nightly etl"
+    assert browser.find_element(By.CSS_SELECTOR, "#wf-state .state").text == "RUNNING"
+    counts = {c.get_attribute("data-count"): c.text for c in browser.find_elements(By.CSS_SELECTOR, "#wf-counts .count")}
+    assert counts == {"RUNNING": "RUNNING 1", "WAITING": "WAITING 1", "COMPLETED": "COMPLETED 1",
+                      "FAILED": "FAILED 1", "CANCELLED": "CANCELLED 1"}
+    # each job is a node in its state's colour, the colour of that state's badge, and the
+    # waiting one's colour is no other state's
+    colors = browser.execute_script(COLORS_JS)
+    badges = browser.execute_script("""return Object.fromEntries([...document.querySelectorAll('#wf-counts .count')]
+      .map((c) => [c.dataset.count, getComputedStyle(c.querySelector('.state')).backgroundColor]));""")
+    drawn = nodes()
+    for ref, state in expected.items():
+        assert drawn[ref]["fill"] == colors[state] == badges[state], (ref, drawn[ref], colors, badges)
+    assert colors["WAITING"] not in [c for s, c in colors.items() if s != "WAITING"], colors
+    # and an arrow runs from each job to each job that depends on it
+    assert sorted(map(tuple, browser.execute_script(EDGES_JS))) == [
+        ("a", "b"), ("a", "c"), ("b", "d"), ("b", "e"), ("c", "d")]
+    if SCREENSHOT_DIR:  # once the cards (polled apart from the graph) count the waiting job too
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#card-waiting .value").text == "1")
+        _save(browser, "dashboard-workflow.png")
+
+    # Clicking a node opens that job's page, which links back to its workflow
+    click("#wf-graph g.node[data-ref='c']")
+    wait.until(lambda d: d.find_element(By.ID, "jv-id").text == ids["c"])
+    link = wait.until(lambda d: d.find_element(By.ID, "jv-workflow"))
+    assert link.text == workflow_id
+    assert "ref c" in browser.find_element(By.ID, "jv-fields").text
+    link.click()
+    wait.until(lambda d: d.find_element(By.ID, "wfview").is_displayed() and states() == expected)
+
+    # While it runs the view follows it: b completes, e runs, then completes; the workflow FAILED
+    worker.complete(assigned[ids["b"]])
+    wait.until(lambda d: states()["e"] == "RUNNING")
+    worker.complete(worker.await_assign())
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#wf-state .state").text == "FAILED")
+    assert states() == dict(expected, b="COMPLETED", e="COMPLETED")
+
+    # A fan-out of 30 is one group node with its count, between its root and its join
+    assert client.request({"type": "TYPE_PAUSE", "taskType": "FLOW_HELD"})["type"] == "LIMIT"
+    fan_id, _ids = submit("fan", [job("root", task_type="FLOW_HELD")]
+                          + [job("part-%02d" % n, "root", task_type="FLOW_HELD") for n in range(30)]
+                          + [job("join", *("part-%02d" % n for n in range(30)), task_type="FLOW_HELD")])
+    browser.get(coord.metrics_url + "/#/workflow/" + fan_id)
+    wait.until(lambda d: states() == {"root": "QUEUED", "group:part-00": "WAITING", "join": "WAITING"})
+    assert nodes()["group:part-00"]["count"] == "30"
+    assert sorted(map(tuple, browser.execute_script(EDGES_JS))) == [("group:part-00", "join"),
+                                                                     ("root", "group:part-00")]
+    # and clicking it lists its jobs
+    click("#wf-graph g.node[data-group='part-00']")
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#wf-group tbody tr")) == 30)
+    assert client.request({"type": "WORKFLOW_CANCEL", "workflowId": fan_id})["type"] == "WORKFLOW"
 
 
 def _save(browser, name: str) -> None:

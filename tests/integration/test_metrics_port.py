@@ -328,3 +328,76 @@ def test_half_sent_requests_cost_no_scrape_and_no_health_check(shared_coord):
     assert statuses <= {b"400", b"408", b"closed"} and b"closed" in statuses
     wait_until(lambda: coord.open_fds() <= fds, timeout=30, message="the stalled connections' descriptors closed")
     assert get(base + "/metrics")[0] == 200  # and the port serves as before
+
+
+def test_a_workflow_and_its_jobs_counts_and_gauge_through_the_api(shared_coord, peers):
+    # Given a diamond of a type of this test's own: a, then b and c, then d after both
+    client = peers.client(shared_coord)
+    base = shared_coord.metrics_url
+    worker = peers.worker(shared_coord, "w-flow", capacity=2, task_types=["FLOW_API"])
+    jobs = [{"ref": "a", "taskType": "FLOW_API", "payload": {}, "maxAttempts": 1},
+            {"ref": "b", "taskType": "FLOW_API", "payload": {}, "dependsOn": ["a"]},
+            {"ref": "c", "taskType": "FLOW_API", "payload": {}, "dependsOn": ["a"], "maxAttempts": 1},
+            {"ref": "d", "taskType": "FLOW_API", "payload": {}, "dependsOn": ["b", "c"]}]
+    submitted = client.request({"type": "SUBMIT_WORKFLOW", "name": "diamond", "jobs": jobs})
+    workflow_id, ids = submitted["workflowId"], submitted["jobIds"]
+    first = worker.await_assign()
+    assert first["jobId"] == ids["a"]
+    # Then the API has it, its jobs' states with their dependencies, three of them WAITING
+    status, wf = get_json(base + "/api/workflows/" + workflow_id)
+    assert status == 200
+    assert (wf["workflowId"], wf["name"], wf["state"], wf["jobCount"]) == (workflow_id, "diamond", "RUNNING", 4)
+    assert [(j["ref"], j["jobId"], j["state"], j["dependsOn"]) for j in wf["jobs"]] == [
+        ("a", ids["a"], "RUNNING", []), ("b", ids["b"], "WAITING", ["a"]), ("c", ids["c"], "WAITING", ["a"]),
+        ("d", ids["d"], "WAITING", ["b", "c"])]
+    assert {s: n for s, n in wf["counts"].items() if n} == {"RUNNING": 1, "WAITING": 3}
+    assert list(wf["counts"]) == get_json(base + "/api/summary")[1]["states"]["active"] + ["COMPLETED", "FAILED",
+                                                                                          "CANCELLED"]
+    assert value(scrape(shared_coord), "jobmesh_workflows", state="RUNNING") == 1
+    # When a completes, c fails and b completes: d is cancelled and the workflow FAILED
+    worker.complete(first)
+    assigned = {a["jobId"]: a for a in (worker.await_assign(), worker.await_assign())}
+    worker.fail(assigned[ids["c"]])
+    worker.complete(assigned[ids["b"]])
+    client.wait_state(ids["d"], "CANCELLED")
+
+    def ended():
+        s = scrape(shared_coord)
+        return s if value(s, "jobmesh_workflows", state="FAILED") == 1 else None
+
+    samples = wait_until(ended, message="the workflow counted as FAILED")
+    assert value(samples, "jobmesh_workflows", state="RUNNING") == 0
+    assert value(samples, "jobmesh_workflows", state="COMPLETED") == 0
+    status, wf = get_json(base + "/api/workflows/" + workflow_id)
+    assert wf["state"] == "FAILED"
+    assert [j["state"] for j in wf["jobs"]] == ["COMPLETED", "COMPLETED", "FAILED", "CANCELLED"]
+    assert {s: n for s, n in wf["counts"].items() if n} == {"COMPLETED": 2, "FAILED": 1, "CANCELLED": 1}
+    # and an unknown workflow is a 404 that names it
+    status, missing = get_json(base + "/api/workflows/no-such-flow")
+    assert status == 404 and "no-such-flow" in missing["error"]
+
+
+def test_a_big_workflow_is_read_page_by_page_and_its_first_jobs_given(shared_coord, peers):
+    from jobmesh.coordinator.ports.http import WORKFLOW_JOBS_SHOWN
+
+    # Given 10,000 jobs whose WORKFLOW reply passes the frame limit (so it comes in pages),
+    # of a paused type of this test's own
+    client = peers.client(shared_coord)
+    peers.worker(shared_coord, "w-big", task_types=["FBIG"])
+    assert client.request({"type": "TYPE_PAUSE", "taskType": "FBIG"})["type"] == "LIMIT"
+    pad = "p" * 40
+    jobs = [{"ref": "%s%05d" % (pad, n), "taskType": "FBIG", "payload": {}} for n in range(10_000)]
+    submitted = client.request({"type": "SUBMIT_WORKFLOW", "jobs": jobs})
+    assert submitted["type"] == "WORKFLOW_SUBMITTED", submitted
+    workflow_id = submitted["workflowId"]
+    first_page = client.request({"type": "WORKFLOW_STATUS", "workflowId": workflow_id})
+    assert first_page.get("nextCursor"), "the workflow fits one page: the test does not page"
+    try:
+        # Then the API counts all of them, and gives the first ones in submission order
+        status, wf = get_json(shared_coord.metrics_url + "/api/workflows/" + workflow_id)
+        assert status == 200 and wf["jobCount"] == 10_000
+        assert {s: n for s, n in wf["counts"].items() if n} == {"QUEUED": 10_000}
+        assert [j["ref"] for j in wf["jobs"]] == ["%s%05d" % (pad, n) for n in range(WORKFLOW_JOBS_SHOWN)]
+    finally:
+        assert client.request({"type": "WORKFLOW_CANCEL", "workflowId": workflow_id})["type"] == "WORKFLOW"
+        assert client.request({"type": "LIMIT_DELETE", "taskType": "FBIG"})["type"] == "LIMIT"

@@ -18,6 +18,9 @@ the coordinator's hub (``--metrics-port``, on the ``--bind`` address) and answer
     /api/jobs?state=&type=&cursor=&limit=     a page of jobs, newest first
     /api/jobs/<id>           one job's snapshot, and its payload beside it
     /api/jobs/<id>/events    its timeline
+    /api/workflows/<id>      one workflow: name, state, its jobs' counts by state, and its
+                             first ``WORKFLOW_JOBS_SHOWN`` jobs (every page of WORKFLOW_STATUS
+                             is read: the counts cover all of them)
     /api/workers             the live workers
     /api/schedules?after=    a page of recurring schedules by name (next fire, last job and
                              its state, counts) and nextAfter
@@ -199,7 +202,7 @@ def _now(wait: Callable[[], float]) -> float:
 
 
 def _error_status(message: str, not_found: bool) -> str:
-    if message.startswith("unknown job"):
+    if message.startswith(("unknown job", "unknown workflow")):
         return "404 Not Found" if not_found else "400 Bad Request"
     if message.startswith("coordinator is shutting down"):
         return "503 Service Unavailable"
@@ -380,6 +383,11 @@ class _Replay(io.RawIOBase):
 
 SCHEDULES_PAGE = 200  # schedules the dashboard shows at once
 JOB_PATH = re.compile(r"/api/jobs/([^/]+)(/events)?\Z")
+WORKFLOW_PATH = re.compile(r"/api/workflows/([^/]+)\Z")
+# Jobs of one workflow the dashboard gets (in submission order): a workflow has at most
+# 10,000 (core/workflows.py, MAX_JOBS), and the page draws a graph, not a list; past this
+# it is told how many it does not get.
+WORKFLOW_JOBS_SHOWN = 2_000
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # answered without a token
 
 
@@ -609,6 +617,9 @@ class HttpPort:
             return self._json(start_response, {"limits": self.ask(m.LimitList()).get("limits", [])})
         if path == "/api/jobs":
             return self._json(start_response, self._list_jobs(parse_qs(environ.get("QUERY_STRING", ""))))
+        match = WORKFLOW_PATH.match(path)
+        if match:
+            return self._json(start_response, self._workflow(match.group(1)))
         match = JOB_PATH.match(path)
         if match:
             job_id = match.group(1)
@@ -625,6 +636,28 @@ class HttpPort:
         after = [v for v in query.get("after", []) if v]
         reply = self.ask(m.ScheduleList(limit=SCHEDULES_PAGE, after=after[-1] if after else None))
         return {"schedules": reply.get("schedules", []), "nextAfter": reply.get("nextAfter")}
+
+    def _workflow(self, workflow_id: str) -> dict[str, Any]:
+        """The workflow with its jobs' counts by state (every state listed, in the states'
+        order) over all its pages, and ``jobs`` its first ``WORKFLOW_JOBS_SHOWN``;
+        ``jobCount`` says how many it has. A page ends where the core's reply would pass
+        the frame limit, so a big workflow costs a few requests, each one batch of the core."""
+        reply = self.ask(m.WorkflowStatus(workflow_id), not_found=True)
+        counts = dict.fromkeys((state.value for state in JobState), 0)
+        jobs: list[dict[str, Any]] = []
+        total = 0
+        while True:
+            page = reply.get("jobs", [])
+            for job in page:
+                counts[job["state"]] = counts.get(job["state"], 0) + 1
+            total += len(page)
+            jobs.extend(page[:max(0, WORKFLOW_JOBS_SHOWN - len(jobs))])
+            cursor = reply.get("nextCursor")
+            if not cursor or not page:
+                break
+            reply = self.ask(m.WorkflowStatus(workflow_id, cursor=cursor), not_found=True)
+        return {"workflowId": reply["workflowId"], "name": reply.get("name"), "state": reply.get("state"),
+                "counts": counts, "jobCount": total, "jobs": jobs}
 
     def _list_jobs(self, query: dict[str, list[str]]) -> dict[str, Any]:
         def one(name: str) -> str | None:
