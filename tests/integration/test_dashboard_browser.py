@@ -115,7 +115,10 @@ def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_fa
                  "attemptId": reporting["attemptId"], "fraction": 0.42, "message": "compressing chunk 7"})
     wait_until(lambda: client.status(reporting["jobId"])["progress"], message="the progress report kept")
 
-    wait = WebDriverWait(browser, 15)
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    # Waits read rows the page's two-second refresh may have just replaced: such a read is tried again
+    wait = WebDriverWait(browser, 15, ignored_exceptions=(StaleElementReferenceException,))
     browser.get(coord.metrics_url + "/")
     # The counts render
     wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#card-running .value").text == "2")
@@ -123,22 +126,19 @@ def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_fa
     assert browser.find_element(By.CSS_SELECTOR, "#card-retry .value").text == "1"
     assert browser.find_element(By.ID, "ready").text == "ready"
     # The limits panel shows each limit, and the paused type with a PAUSED badge (read
-    # through waits that ignore a row the panel's refresh has just replaced)
-    from selenium.common.exceptions import StaleElementReferenceException
-
-    panel = WebDriverWait(browser, 15, ignored_exceptions=(StaleElementReferenceException,))
+    # through the waits that ignore a replaced row)
 
     def cells(task_type):
         return lambda d: [td.text for td in d.find_elements(By.CSS_SELECTOR, "#limits tr[data-limit='%s'] td"
                                                             % task_type)]
 
-    panel.until(lambda d: d.find_element(By.CSS_SELECTOR, "#limits tr[data-limit='PRIME_COUNT'] .badge.paused")
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#limits tr[data-limit='PRIME_COUNT'] .badge.paused")
                 .text == "PAUSED")
-    panel.until(lambda d: cells("FAIL")(d) == ["FAIL", "active", "3", "-", "2/s (burst 2)", "-", "0", "0"])
+    wait.until(lambda d: cells("FAIL")(d) == ["FAIL", "active", "3", "-", "2/s (burst 2)", "-", "0", "0"])
     assert "1 paused" in browser.find_element(By.ID, "limits-hint").text
     # a job of the paused type waits, and the panel counts it
     held = client.submit_ok("PRIME_COUNT", {"limit": 10})
-    panel.until(lambda d: cells("PRIME_COUNT")(d)[1:] == ["PAUSED", "-", "-", "-", "-", "0", "1"])
+    wait.until(lambda d: cells("PRIME_COUNT")(d)[1:] == ["PAUSED", "-", "-", "-", "-", "0", "1"])
     assert client.status(held)["waitingReason"] == "TYPE_PAUSED"
     # the workers and the job list render
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#workers tr[data-worker='w-1']")))
