@@ -197,7 +197,8 @@ def test_dashboard_shows_counts_jobs_and_a_jobs_timeline(browser, coordinator_fa
                         browser.find_element(By.ID, "updated").text)
     # The finished job's page names the worker of its last attempt and shows its payload
     browser.find_element(By.CSS_SELECTOR, "#jobs tr[data-job='%s'] a" % done).click()
-    wait.until(lambda d: d.find_elements(By.ID, "jv-payload"))
+    wait.until(lambda d: d.find_element(By.ID, "jv-id").text == done and d.find_elements(By.ID, "jv-payload")
+               and "Worker" in d.find_element(By.ID, "jv-fields").text.splitlines())
     fields = browser.find_element(By.ID, "jv-fields").text.splitlines()
     assert fields[fields.index("Worker") + 1] == "w-1 (attempt 1)", fields
     assert json.loads(browser.find_element(By.ID, "jv-payload").text) == {"text": "a b c"}
