@@ -364,7 +364,8 @@ class SubmittedWorkflow(NamedTuple):
     job_ids: dict[str, str]
 
 
-WorkflowJobs = Any  # a step or shape of jobmesh.canvas, or a list of job objects in the wire's shape
+# A step or shape of jobmesh.canvas, or a list of job objects in the wire's shape.
+WorkflowJobs = canvas.Node | list[dict[str, Any]] | tuple[dict[str, Any], ...]
 
 
 def workflow_request(jobs: WorkflowJobs, name: str | None = None, idempotency_key: str | None = None
