@@ -286,6 +286,21 @@ def test_a_large_workflow_pages_its_jobs():
     assert isinstance(h.request(0, m.WorkflowStatus(wf, "bad")), m.Error)
 
 
+def test_a_page_is_built_once_while_its_workflow_does_not_change_and_anew_once_it_does(h):
+    wf, ids = submit_ok(h, 0, job("a"), job("b", "a"))
+    first = flow(h, wf)
+    assert flow(h, wf, 1) is first and h.request(1, m.WaitWorkflow(wf, 0)) is first  # readers share one page
+    assert flow(h, wf, 1, cursor="1") is not first and flow(h, wf, 1) is not first  # another page is another
+    h.register(2, "w1")
+    h.report(3, ids["a"])
+    moved = flow(h, wf, 4)
+    assert [j["state"] for j in moved.jobs] == ["COMPLETED", "RUNNING"] and moved is flow(h, wf, 4)
+    cancelled = h.request(5, m.WorkflowCancel(wf))
+    h.step(5)
+    assert isinstance(cancelled, m.Workflow) and cancelled.state == "CANCELLED"
+    assert [j["state"] for j in cancelled.jobs] == ["COMPLETED", "CANCELLED"] and flow(h, wf, 6) is cancelled
+
+
 def test_recovery_rebuilds_the_index_and_the_join_gets_every_parent(tmp_path):
     from jobmesh.store.sqlite import SQLiteStore
     path = str(tmp_path / "wf.db")

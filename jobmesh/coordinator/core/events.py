@@ -13,6 +13,9 @@ from jobmesh.coordinator.core.peers import Connection, OutboundConnection, Reply
 from jobmesh.protocol import messages as m
 
 LIST_ROWS_PER_COST = 4  # a LIST_JOBS page of 1000 rows costs about as much to build as 250 submits
+# A WORKFLOW reply may hold a frame's worth of jobs (10,000 short ones): it costs at least a
+# LIST_JOBS page of 1000 rows, so a batch holds few of them, whatever a workflow's size.
+WORKFLOW_PAGE_COST = 1 + 1000 // LIST_ROWS_PER_COST
 
 
 class Event:
@@ -88,7 +91,8 @@ class Request(Event):
     """A client request (or a Refusal), answered on ``conn`` in order.
 
     ``cost`` is its share of a batch's budget (``mailbox.py``): 1, except a LIST_JOBS
-    page, which costs by the rows it may read, and a SUBMIT_WORKFLOW, a submit's for each of its jobs."""
+    page, which costs by the rows it may read, a SUBMIT_WORKFLOW, a submit's for each of its
+    jobs, and a request answered with a WORKFLOW, which may be a page of a frame's size."""
 
     __slots__ = ("conn", "msg", "cost")
     conn: ReplyConnection
@@ -102,6 +106,11 @@ class Request(Event):
             self.cost += rows // LIST_ROWS_PER_COST
         elif type(msg) is m.SubmitWorkflow:  # each of its jobs is about a submit's work
             self.cost = max(1, len(msg.jobs))
+        elif type(msg) in _WORKFLOW_READS:
+            self.cost = WORKFLOW_PAGE_COST
+
+
+_WORKFLOW_READS = frozenset({m.WorkflowStatus, m.WorkflowCancel, m.WaitWorkflow})
 
 
 class ClientClosed(Event):

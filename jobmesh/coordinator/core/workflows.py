@@ -61,7 +61,7 @@ class Flow:
     """A workflow as the core holds it: its jobs by their place (submission order)."""
 
     __slots__ = ("workflow_id", "name", "created_at", "submitted_by", "refs", "job_ids", "depends", "states", "at",
-                 "open", "children", "pending", "results", "waiting_children")
+                 "open", "children", "pending", "results", "waiting_children", "version")
 
     def __init__(self, workflow_id: str, name: str | None, created_at: int, submitted_by: str | None,
                  refs: list[str], job_ids: list[str], depends: list[list[int]], states: list[JobState]) -> None:
@@ -84,6 +84,7 @@ class Flow:
         self.pending: dict[int, int] = {}
         self.results: dict[int, Any] = {}
         self.waiting_children: dict[int, int] = {}
+        self.version = 0  # counts its jobs' moves: a page built at the same version is the same
 
     def state(self) -> str:
         """RUNNING until every job is terminal, then COMPLETED, FAILED (any failed) or CANCELLED."""
@@ -153,6 +154,7 @@ class Workflows:
         self._ends: list[tuple[Flow, int]] = []  # jobs that ended with children, for ``release``
         self._new: list[tuple[str, str]] = []  # workflow rows to insert with the batch
         self._listening = False
+        self._last_page: tuple[Flow, int, int, m.Workflow] | None = None  # (flow, version, start, page)
         table.listen_forgets(self._purged)
 
     # ---- the table's listener (while some workflow is live) ------------------------------
@@ -166,6 +168,7 @@ class Workflows:
             return
         i = flow.at[job.ref or ""]
         flow.states[i] = target
+        flow.version += 1
         if source is JobState.WAITING:  # released, cancelled or failed: it needs its parents no more
             flow.pending.pop(i, None)
             for parent in flow.depends[i]:
@@ -218,6 +221,16 @@ class Workflows:
                 workflow_id = self._first_jobs.get(job_id)
                 if workflow_id is not None:
                     self._drop(self.finished.pop(workflow_id))
+
+    def _page(self, flow: Flow, start: int) -> m.Workflow:
+        """``flow.page(start)``, built once while the workflow does not change: a page may
+        hold 10,000 jobs, and readers of a running workflow ask for the same one again and again."""
+        last = self._last_page
+        if last is not None and last[0] is flow and last[1] == flow.version and last[2] == start:
+            return last[3]
+        page = flow.page(start)
+        self._last_page = (flow, flow.version, start, page)
+        return page
 
     def _listen(self) -> None:
         if not self._listening:
@@ -451,7 +464,7 @@ class Workflows:
         flow = self._flow(req.workflow_id)
         if flow is None:
             return _unknown(req.workflow_id)
-        return flow.page(start)
+        return self._page(flow, start)
 
     def cancel(self, now: int, req: m.WorkflowCancel) -> m.Message:
         """Cancel every job of the workflow that has not ended (running ones get TASK_CANCEL)."""
@@ -465,7 +478,7 @@ class Workflows:
                 if job is not None and job.state not in TERMINAL:
                     self.requests.cancel(job, now, "workflow %s cancelled" % flow.workflow_id)
             log.info("cancelled workflow=%s", flow.workflow_id)
-        return flow.page(0)
+        return self._page(flow, 0)
 
     def wait(self, now: int, conn: ReplyConnection, req: m.WaitWorkflow, slot: Slot | None = None) -> m.Message | Slot:
         """WAIT_WORKFLOW: the WORKFLOW reply now if it has ended (or the timeout is 0), else
@@ -477,7 +490,7 @@ class Workflows:
         if flow is None:
             return _unknown(req.workflow_id)
         if not flow.open or timeout == 0 or flow.workflow_id not in self.live:
-            return flow.page(0)
+            return self._page(flow, 0)
         slot = slot or Slot()
         self.waiters.add(FlowWaiter(conn, slot, flow.workflow_id, now + timeout))
         return slot
@@ -487,7 +500,7 @@ class Workflows:
         answers: list[tuple[Waiter, m.Message]] = []
         for waiter in self.waiters.take():
             flow = self.live.get(waiter.job_id) or self.finished.get(waiter.job_id)
-            answers.append((waiter, flow.page(0) if flow is not None else _unknown(waiter.job_id)))
+            answers.append((waiter, self._page(flow, 0) if flow is not None else _unknown(waiter.job_id)))
         return answers
 
     def adopt_waiters(self, waiters: Iterable[Waiter]) -> None:
