@@ -168,7 +168,12 @@ def test_parents_results_past_a_frame_fail_the_job_and_cancel_its_dependents(h):
 
 
 @pytest.mark.parametrize("jobs, words", [
-    ([job("a", "b"), job("b", "a")], "cycle"),
+    ([job("a", "b"), job("b", "a")], "cycle: 'a' depends on 'b', which depends on 'a'"),
+    ([job("x"), job("a", "x", "c"), job("b", "a"), job("c", "b")],
+     "cycle: 'a' depends on 'c', which depends on 'b', which depends on 'a'"),
+    ([job("j%d" % i, "j%d" % ((i + 1) % 20)) for i in range(20)],
+     "cycle: 'j0' depends on 'j1', which depends on 'j2', which depends on 'j3', which depends on 'j4', "
+     "which depends on 'j5', which depends on 'j6', which depends on 'j7', ... (20 jobs in all)"),
     ([job("a"), job("b", "c")], "unknown ref"),
     ([job("a"), job("a")], "appears twice"),
     ([job("a", "a")], "depends on itself"),

@@ -53,6 +53,7 @@ MAX_JOBS = 10_000  # jobs in one workflow
 MAX_NAME_CHARS = 256
 REF = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")
 REF_RULE = "1-128 characters of letters, digits and _ . : -"
+CYCLE_SHOWN = 8  # refs of a cycle an ERROR names
 FINISHED_JOBS_KEPT = 100_000  # jobs of finished workflows kept in memory, in all
 NOT_IN_WORKFLOWS = ("resultTtlMillis",)  # a workflow's jobs are purged together
 
@@ -319,7 +320,7 @@ class Workflows:
             depends.append([at[parent] for parent in named or ()])
         cycle = _cycle(refs, depends)
         if cycle is not None:
-            return m.Error("the dependencies form a cycle through %s" % quote(cycle))
+            return m.Error("the dependencies form a cycle: %s" % cycle)
         prepared: list[Prepared] = []
         for ref, item in zip(refs, items):
             new = self._prepare(now, ref, item, req.submitted_by)
@@ -591,7 +592,8 @@ def _depends_problem(ref: str, named: Any, at: dict[str, int]) -> str | None:
 
 
 def _cycle(refs: list[str], depends: list[list[int]]) -> str | None:
-    """A ref on a cycle of the dependencies (Kahn's algorithm, O(jobs + edges)); None if acyclic."""
+    """A cycle of the dependencies, as ``'a' depends on 'b', which depends on 'a'`` (Kahn's
+    algorithm, then a walk among the jobs it left: O(jobs + edges)); None if acyclic."""
     children: list[list[int]] = [[] for _ in refs]
     indegree = [len(parents) for parents in depends]
     for child, parents in enumerate(depends):
@@ -608,7 +610,16 @@ def _cycle(refs: list[str], depends: list[list[int]]) -> str | None:
                 ready.append(child)
     if done == len(refs):
         return None
-    return refs[next(i for i, n in enumerate(indegree) if n > 0)]
+    # Each job left waits for a parent that is left too: walk up those until a job repeats.
+    at = next(i for i, n in enumerate(indegree) if n > 0)
+    walked: dict[int, int] = {}  # job -> its place on the walk
+    while at not in walked:
+        walked[at] = len(walked)
+        at = next(p for p in depends[at] if indegree[p] > 0)
+    loop = list(walked)[walked[at]:] + [at]
+    shown = [quote(refs[i]) for i in loop[:CYCLE_SHOWN]]
+    more = "" if len(loop) <= CYCLE_SHOWN else ", ... (%d jobs in all)" % (len(loop) - 1)
+    return "%s depends on %s%s" % (shown[0], ", which depends on ".join(shown[1:]), more)
 
 
 def _find_keys(store: Any, keys: list[str]) -> list[Job | None]:
