@@ -168,6 +168,8 @@ def test_parents_results_past_a_frame_fail_the_job_and_cancel_its_dependents(h):
 
 
 @pytest.mark.parametrize("jobs, words", [
+    ([job("a"), {"ref": "b", "taskType": "SLEEP"}], "job 'b' is missing field 'payload'"),
+    ([job("a", maxAttempts="3")], "job 'a': field 'maxAttempts' must be an integer, got a string"),
     ([job("a", "b"), job("b", "a")], "cycle: 'a' depends on 'b', which depends on 'a'"),
     ([job("x"), job("a", "x", "c"), job("b", "a"), job("c", "b")],
      "cycle: 'a' depends on 'c', which depends on 'b', which depends on 'a'"),

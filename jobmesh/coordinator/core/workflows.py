@@ -364,8 +364,9 @@ class Workflows:
                                % (quote(ref), field))
         try:
             req = m.SubmitJob.from_wire(item)
-        except ProtocolError as exc:
-            return m.Error("job %s: %s" % (quote(ref), exc))
+        except ProtocolError as exc:  # "SUBMIT_JOB is missing field 'payload'": the job is what misses it
+            problem = str(exc).removeprefix(m.SubmitJob.TYPE + " ")
+            return m.Error("job %s%s %s" % (quote(ref), "" if problem.startswith("is ") else ":", problem))
         assert isinstance(req, m.SubmitJob)
         if submitted_by is not None:
             req = dataclasses.replace(req, submitted_by=submitted_by)
