@@ -160,6 +160,14 @@ def test_a_list_of_job_objects_goes_as_it_is_and_anything_else_is_a_type_error()
         workflow_request("a workflow")
 
 
+def test_a_job_object_with_a_field_no_job_has_is_refused_before_sending():
+    jobs = [{"ref": "a", "taskType": "A", "payload": {}}, {"ref": "b", "taskType": "A", "payload": {}, "after": ["a"]}]
+    with pytest.raises(CanvasError, match="job 'b': unknown field 'after'; a job has ref, dependsOn and"):
+        workflow_request(jobs)
+    jobs[1] = {"ref": "b", "taskType": "A", "payload": {}, "dependsOn": ["a"], "priority": "HIGH", "delayMillis": 5}
+    assert workflow_request(jobs).jobs == jobs
+
+
 def test_a_task_function_s_s_is_a_step_of_its_type():
     name = "RESIZE-%s" % uuid.uuid4().hex[:8]
     album_name = name + "-album"
