@@ -101,16 +101,20 @@ class Request(Event):
         self.conn = conn
         self.msg = msg
         self.cost = 1
-        if type(msg) is m.ListJobs:
-            rows = 100 if msg.limit is None else min(max(msg.limit, 0), 1000)
-            self.cost += rows // LIST_ROWS_PER_COST
-        elif type(msg) is m.SubmitWorkflow:  # each of its jobs is about a submit's work
-            self.cost = max(1, len(msg.jobs))
-        elif type(msg) in _WORKFLOW_READS:
-            self.cost = WORKFLOW_PAGE_COST
+        kind = type(msg)
+        if kind in _COSTLY:  # one lookup for the common requests
+            if kind is m.ListJobs:
+                assert isinstance(msg, m.ListJobs)
+                rows = 100 if msg.limit is None else min(max(msg.limit, 0), 1000)
+                self.cost += rows // LIST_ROWS_PER_COST
+            elif kind is m.SubmitWorkflow:  # each of its jobs is about a submit's work
+                assert isinstance(msg, m.SubmitWorkflow)
+                self.cost = max(1, len(msg.jobs))
+            else:
+                self.cost = WORKFLOW_PAGE_COST
 
 
-_WORKFLOW_READS = frozenset({m.WorkflowStatus, m.WorkflowCancel, m.WaitWorkflow})
+_COSTLY = frozenset({m.ListJobs, m.SubmitWorkflow, m.WorkflowStatus, m.WorkflowCancel, m.WaitWorkflow})
 
 
 class ClientClosed(Event):
