@@ -242,3 +242,25 @@ def test_a_workflow_past_the_frame_limit_pages_its_jobs_with_cursor_and_next_cur
     # and WORKFLOW_CANCEL's answer, too, is a page that fits a frame
     cancelled = client.request({"type": "WORKFLOW_CANCEL", "workflowId": workflow_id})
     assert cancelled["type"] == "WORKFLOW" and cancelled["state"] == "CANCELLED" and "nextCursor" in cancelled
+
+
+def test_a_step_that_succeeds_on_a_retry_releases_its_dependents_and_priorities_order_released_jobs(
+        shared_coordinator, peers):
+    # Given a step with two attempts, and two dependents of it, the second of higher priority
+    client, worker, workflow_id, ids = started(shared_coordinator, peers, lambda t: [
+        job("flaky", t, maxAttempts=2), job("low", t, "flaky", priority="LOW"),
+        job("high", t, "flaky", priority="HIGH")])
+    # When its first attempt fails and its second completes
+    worker.fail(worker.await_assign(), "passing trouble")
+    retried = worker.await_assign()
+    assert retried["jobId"] == ids["flaky"] and retried["attemptNumber"] == 2, retried
+    assert client.state(ids["low"]) == "WAITING"
+    worker.complete(retried, {"v": 2})
+    # Then both dependents are released with its result, the HIGH one assigned first
+    first, second = worker.await_assign(), worker.await_assign()
+    assert (first["jobId"], second["jobId"]) == (ids["high"], ids["low"])
+    assert first["parents"] == second["parents"] == {"flaky": {"v": 2}}
+    worker.complete(first, {})
+    worker.complete(second, {})
+    reply = client.request({"type": "WAIT_WORKFLOW", "workflowId": workflow_id, "timeoutMillis": 10_000})
+    assert reply["state"] == "COMPLETED", reply
