@@ -220,6 +220,10 @@ def test_a_delay_counts_from_the_submit_and_a_job_released_before_its_time_is_sc
     assert (released["runAtMillis"], released["waitingReason"]) == (submitted["runAtMillis"], "SCHEDULED")
     events = client.request({"type": "GET_JOB_EVENTS", "jobId": ids["later"]})["events"]
     assert [e["event"] for e in events] == ["SUBMITTED", "RELEASED"]
+    # A wait that runs out is answered with the workflow as it stands, as WAIT_JOB's is
+    waited = client.request({"type": "WAIT_WORKFLOW", "workflowId": workflow_id, "timeoutMillis": 50})
+    assert (waited["type"], waited["state"]) == ("WORKFLOW", "RUNNING"), waited
+    assert [j["state"] for j in waited["jobs"]] == ["COMPLETED", "SCHEDULED"]
     client.request({"type": "WORKFLOW_CANCEL", "workflowId": workflow_id})
 
 
