@@ -44,9 +44,11 @@ from jobmesh.protocol.payloads import TASK_NAME_RULE, is_task_type_name
 MAX_WORKFLOW_JOBS = 10_000  # jobs in one workflow, at most (the coordinator's bound too)
 REF_RULE = TASK_NAME_RULE  # refs follow the task-type names' rule
 MAX_REF_CHARS = 128
-# The options of ``client.submit`` a step may carry (its keyword arguments but submit_retries).
+# The options of ``client.submit`` a step may carry (its keyword arguments but submit_retries, and
+# result_ttl_millis: a workflow's jobs are kept and purged together).
 STEP_OPTIONS = ("max_attempts", "priority", "idempotency_key", "delay", "run_at", "timeout_millis",
-                "result_ttl_millis", "concurrency_key", "unique_key")
+                "concurrency_key", "unique_key")
+NOT_IN_WORKFLOWS = {"result_ttl_millis": "a workflow's jobs are kept and purged together"}
 
 
 class CanvasError(JobmeshError, ValueError):
@@ -102,14 +104,14 @@ _NODES = (Step, Chain, Group)
 
 def step(task_type: str, payload: dict[str, Any] | None = None, *, ref: str | None = None,
          max_attempts: int = 0, priority: Any = None, idempotency_key: str | None = None, delay: Any = None,
-         run_at: Any = None, timeout_millis: int | None = None, result_ttl_millis: int | None = None,
-         concurrency_key: str | None = None, unique_key: str | None = None) -> Step:
+         run_at: Any = None, timeout_millis: int | None = None, concurrency_key: str | None = None,
+         unique_key: str | None = None) -> Step:
     """One job: ``task_type`` with ``payload`` (default ``{}``), and ``client.submit``'s options
     (checked when the workflow is sent, as a submit checks them). ``ref``: its name in
     the workflow (default: ``TYPE.N``)."""
     options = {"max_attempts": max_attempts, "priority": priority, "idempotency_key": idempotency_key,
                "delay": delay, "run_at": run_at, "timeout_millis": timeout_millis,
-               "result_ttl_millis": result_ttl_millis, "concurrency_key": concurrency_key, "unique_key": unique_key}
+               "concurrency_key": concurrency_key, "unique_key": unique_key}
     given = tuple((name, value) for name, value in options.items() if value is not None and value != 0)
     return Step(task_type, {} if payload is None else payload, ref, given)
 
@@ -158,6 +160,9 @@ def _members(what: str, given: tuple[Any, ...]) -> tuple[Node, ...]:
 
 
 def _check_options(options: dict[str, Any]) -> None:
+    for name, why in NOT_IN_WORKFLOWS.items():
+        if name in options:
+            raise CanvasError("a step takes no %s: %s" % (name, why))
     unknown = sorted(set(options) - set(STEP_OPTIONS))
     if unknown:
         raise CanvasError("unknown step option%s %s; a step takes ref and %s"

@@ -57,6 +57,7 @@ Snapshots are returned as the wire dicts (``jobId``, ``state``, ``result`` ...).
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import math
 import os
 import random
@@ -364,7 +365,11 @@ class SubmittedWorkflow(NamedTuple):
     job_ids: dict[str, str]
 
 
-WorkflowJobs = Any  # a step or shape of jobmesh.canvas, or a list of job objects in the wire's shape
+# A step or shape of jobmesh.canvas, or a list of job objects in the wire's shape.
+WorkflowJobs = canvas.Node | list[dict[str, Any]] | tuple[dict[str, Any], ...]
+# What a workflow's job object may hold: a submit's fields, its ref and the refs it depends on.
+WORKFLOW_JOB_FIELDS = frozenset(["ref", "dependsOn"] + [field.metadata["wire"] for field in dataclasses.fields(m.SubmitJob)
+                                                         if "wire" in field.metadata])
 
 
 def workflow_request(jobs: WorkflowJobs, name: str | None = None, idempotency_key: str | None = None
@@ -383,6 +388,11 @@ def workflow_request(jobs: WorkflowJobs, name: str | None = None, idempotency_ke
             if not isinstance(job, dict):
                 raise TypeError("a workflow's jobs are dicts (or give a jobmesh.canvas shape), got %s"
                                 % type(job).__name__)
+            unknown = sorted(str(field) for field in set(job) - WORKFLOW_JOB_FIELDS)
+            if unknown:  # a misspelt dependsOn would run the job at once: say so before sending
+                raise canvas.CanvasError("job %s: unknown field%s %s; a job has ref, dependsOn and a submit's fields (%s)"
+                                         % (m.quote(job.get("ref")), "s" if len(unknown) > 1 else "",
+                                            ", ".join(map(m.quote, unknown)), ", ".join(sorted(WORKFLOW_JOB_FIELDS))))
         wire_jobs = [dict(job) for job in jobs]
     else:
         raise TypeError("a workflow is a jobmesh.canvas shape or a list of job dicts, got %s" % type(jobs).__name__)

@@ -42,9 +42,9 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Generic, Iterable, ParamSpec, Protocol, TypeVar, cast
 
-from jobmesh.canvas import signature
+from jobmesh.canvas import Step, signature
 from jobmesh.errors import ConfigError, JobmeshError
 from jobmesh.protocol.payloads import (
     MAX_PROGRESS_MESSAGE_CHARS,
@@ -61,6 +61,17 @@ log = logging.getLogger(__name__)
 MAX_ERROR_CHARS = 2000
 
 TaskFunction = Callable[..., Any]
+P = ParamSpec("P")
+R = TypeVar("R", covariant=True)
+
+
+class Task(Protocol, Generic[P, R]):
+    """What ``@task`` makes of a function, as a type checker sees it: the function itself
+    (called as before) that also has ``.s(...)``, a workflow step of its type."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    def s(self, payload: dict[str, Any] | None = None, **fields: Any) -> Step: ...
 # Where ``ctx.progress`` reports go: (attempt id, fraction, message); the task process
 # coalesces them (``jobmesh.worker.child``).
 ProgressSink = Callable[[str, float, "str | None"], None]
@@ -124,7 +135,7 @@ _defaults: dict[str, dict[str, int | None]] = {}  # name -> its taskDefaults ent
 
 
 def task(name: str, timeout: float | None = None, max_attempts: int | None = None,
-         retry_backoff: tuple[float, float] | None = None) -> Callable[[TaskFunction], TaskFunction]:
+         retry_backoff: tuple[float, float] | None = None) -> Callable[[Callable[P, R]], Task[P, R]]:
     """Register the decorated function as the body of task type ``name``; returns it unchanged.
 
     The options are the defaults of the type's jobs: ``timeout`` each attempt's deadline in
@@ -140,7 +151,7 @@ def task(name: str, timeout: float | None = None, max_attempts: int | None = Non
         raise TaskDefinitionError("task name %r is a built-in task type (%s)" % (name, ", ".join(TASK_TYPES)))
     defaults = _task_defaults(name, timeout, max_attempts, retry_backoff)
 
-    def register(fn: TaskFunction) -> TaskFunction:
+    def register(fn: Callable[P, R]) -> Task[P, R]:
         wants_context = _check_signature(name, fn)
         old = _registry.get(name)
         if old is not None and old is not fn and _origin(old) != _origin(fn):
@@ -153,7 +164,7 @@ def task(name: str, timeout: float | None = None, max_attempts: int | None = Non
             setattr(fn, "s", functools.partial(signature, name))
         except (AttributeError, TypeError):  # a callable that takes no attributes: no .s, still a task
             pass
-        return fn
+        return cast("Task[P, R]", fn)
 
     return register
 

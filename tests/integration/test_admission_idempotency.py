@@ -75,7 +75,13 @@ def test_submit_beyond_the_limit_is_rejected_until_a_job_ends(coordinator_factor
     worker.complete(a, {"sleptMillis": 1})
     client.wait_state(a["jobId"], "COMPLETED")
 
-    # Then a submission is admitted again, and the next one is rejected again
+    # Then a workflow of two jobs, with room for one, is refused whole: nothing is made
+    sleep = {"taskType": "SLEEP", "payload": {"durationMillis": 1}}
+    flow = client.request({"type": "SUBMIT_WORKFLOW", "jobs": [dict(sleep, ref="a"), dict(sleep, ref="b")]})
+    assert_rejected(flow, active=2, limit=3)
+    assert sorted(job_ids(client)) == sorted(admitted)
+
+    # And a submission is admitted again, and the next one is rejected again
     fourth = client.submit_ok("SLEEP", {"durationMillis": 1})
     assert fourth not in admitted
     assert_rejected(client.submit("SLEEP", {"durationMillis": 1}), active=3, limit=3)

@@ -415,7 +415,11 @@ def test_task_type_limits_of_client_and_worker_tokens(authed, opened):
 
 
 def test_a_limited_client_token_submits_a_workflow_only_if_it_may_submit_every_job(authed, opened):
-    # Given a client token limited to GREET and etl.*
+    # Given a client token limited to GREET and etl.*, and a worker that declares etl.load
+    declares = ScriptedWorker(authed.worker_addr, "etl-w-flows")
+    opened.append(declares)
+    assert declares.conn.request({"type": "AUTH", "token": authed.tokens["etl-worker"]})["type"] == "AUTH_OK"
+    declares.register(task_types=["etl.load"])
     etl = connect(authed.client_addr, authed.tokens["etl"], opened)
     before = etl.request({"type": "LIST_JOBS", "limit": 1000})["jobs"]
     # A workflow with one job of another type is forbidden whole, and makes nothing
@@ -431,6 +435,12 @@ def test_a_limited_client_token_submits_a_workflow_only_if_it_may_submit_every_j
     job = etl.request({"type": "GET_JOB_STATUS", "jobId": reply["jobIds"]["a"]})["job"]
     assert (job["submittedBy"], job["workflowId"]) == ("etl", reply["workflowId"])
     assert etl.request({"type": "WORKFLOW_CANCEL", "workflowId": reply["workflowId"]})["state"] == "CANCELLED"
+    # As CANCEL_JOB cancels anyone's job, WORKFLOW_CANCEL cancels anyone's workflow, of any type
+    other = connect(authed.client_addr, authed.tokens["client"], opened)
+    theirs = other.request({"type": "SUBMIT_WORKFLOW", "jobs": [
+        {"ref": "s", "taskType": "SLEEP", "payload": {"durationMillis": 1}, "runAtMillis": 4_000_000_000_000}]})
+    assert theirs["type"] == "WORKFLOW_SUBMITTED", theirs
+    assert etl.request({"type": "WORKFLOW_CANCEL", "workflowId": theirs["workflowId"]})["state"] == "CANCELLED"
 
 
 def test_a_limited_admin_token_limits_only_its_task_types(authed, opened):

@@ -190,3 +190,81 @@ def test_a_restart_keeps_waiting_jobs_and_the_join_still_gets_every_parent(coord
     reply = client.request({"type": "WAIT_WORKFLOW", "workflowId": workflow_id, "timeoutMillis": 10_000})
     assert reply["state"] == "COMPLETED"
 
+
+
+def test_parents_results_past_a_frame_fail_the_join_with_an_error_saying_so(shared_coordinator, peers):
+    # Given a fan-in of 17 parents whose results (63 KB each, within a result's 64 KiB) together pass 1 MiB
+    parents = ["p%d" % i for i in range(17)]
+    client, worker, workflow_id, ids = started(shared_coordinator, peers, lambda t: [
+        job(p, t) for p in parents] + [job("join", t, *parents), job("after", t, "join")])
+    # When every parent completes
+    for _ in parents:
+        worker.complete(worker.await_assign(), {"blob": "x" * 63_000})
+    # Then the join is never assigned: it fails, saying why, and what follows it is cancelled
+    join = client.wait_state(ids["join"], "FAILED")
+    assert "more than fit in a task assignment" in join["error"] and "1 MiB" in join["error"], join
+    after = client.wait_state(ids["after"], "CANCELLED")
+    assert after["error"] == "dependency join (job %s) FAILED" % ids["join"]
+    assert workflow(client, workflow_id)["state"] == "FAILED"
+    assert worker.poll_assign(0) is None
+
+
+def test_a_delay_counts_from_the_submit_and_a_job_released_before_its_time_is_scheduled(shared_coordinator, peers):
+    client, worker, workflow_id, ids = started(shared_coordinator, peers, lambda t: [
+        job("first", t), job("later", t, "first", delayMillis=3_600_000)])
+    submitted = client.status(ids["later"])
+    assert (submitted["state"], submitted["waitingReason"]) == ("WAITING", "DEPENDENCIES")
+    assert submitted["runAtMillis"] == submitted["createdAtMillis"] + 3_600_000
+    worker.complete(worker.await_assign(), {})
+    released = client.wait_state(ids["later"], "SCHEDULED")
+    assert (released["runAtMillis"], released["waitingReason"]) == (submitted["runAtMillis"], "SCHEDULED")
+    events = client.request({"type": "GET_JOB_EVENTS", "jobId": ids["later"]})["events"]
+    assert [e["event"] for e in events] == ["SUBMITTED", "RELEASED"]
+    # A wait that runs out is answered with the workflow as it stands, as WAIT_JOB's is
+    waited = client.request({"type": "WAIT_WORKFLOW", "workflowId": workflow_id, "timeoutMillis": 50})
+    assert (waited["type"], waited["state"]) == ("WORKFLOW", "RUNNING"), waited
+    assert [j["state"] for j in waited["jobs"]] == ["COMPLETED", "SCHEDULED"]
+    client.request({"type": "WORKFLOW_CANCEL", "workflowId": workflow_id})
+
+
+def test_a_workflow_past_the_frame_limit_pages_its_jobs_with_cursor_and_next_cursor(shared_coordinator, peers):
+    # Given 5,000 jobs with long refs: the whole WORKFLOW would pass a frame
+    refs = ["child-%05d-%s" % (i, "r" * 108) for i in range(5_000)]
+    client, worker, workflow_id, ids = started(shared_coordinator, peers, lambda t: [
+        {"ref": "root", "taskType": t, "payload": {}}] + [
+        {"ref": ref, "taskType": t, "payload": {}, "dependsOn": ["root"]} for ref in refs])
+    # When its pages are read, each following the last one's nextCursor
+    pages = [workflow(client, workflow_id)]
+    while "nextCursor" in pages[-1]:
+        pages.append(client.request({"type": "WORKFLOW_STATUS", "workflowId": workflow_id,
+                                     "cursor": pages[-1]["nextCursor"]}))
+    # Then there are several, and together they hold every job once, in the submit's order
+    assert len(pages) > 1 and {p["type"] for p in pages} == {"WORKFLOW"}, [p.get("message") for p in pages]
+    jobs = [j for page in pages for j in page["jobs"]]
+    assert [(j["ref"], j["jobId"]) for j in jobs] == [(ref, ids[ref]) for ref in ["root"] + refs]
+    assert {j["state"] for j in jobs[1:]} == {"WAITING"} and {tuple(j["dependsOn"]) for j in jobs[1:]} == {("root",)}
+    # and WORKFLOW_CANCEL's answer, too, is a page that fits a frame
+    cancelled = client.request({"type": "WORKFLOW_CANCEL", "workflowId": workflow_id})
+    assert cancelled["type"] == "WORKFLOW" and cancelled["state"] == "CANCELLED" and "nextCursor" in cancelled
+
+
+def test_a_step_that_succeeds_on_a_retry_releases_its_dependents_and_priorities_order_released_jobs(
+        shared_coordinator, peers):
+    # Given a step with two attempts, and two dependents of it, the second of higher priority
+    client, worker, workflow_id, ids = started(shared_coordinator, peers, lambda t: [
+        job("flaky", t, maxAttempts=2), job("low", t, "flaky", priority="LOW"),
+        job("high", t, "flaky", priority="HIGH")])
+    # When its first attempt fails and its second completes
+    worker.fail(worker.await_assign(), "passing trouble")
+    retried = worker.await_assign()
+    assert retried["jobId"] == ids["flaky"] and retried["attemptNumber"] == 2, retried
+    assert client.state(ids["low"]) == "WAITING"
+    worker.complete(retried, {"v": 2})
+    # Then both dependents are released with its result, the HIGH one assigned first
+    first, second = worker.await_assign(), worker.await_assign()
+    assert (first["jobId"], second["jobId"]) == (ids["high"], ids["low"])
+    assert first["parents"] == second["parents"] == {"flaky": {"v": 2}}
+    worker.complete(first, {})
+    worker.complete(second, {})
+    reply = client.request({"type": "WAIT_WORKFLOW", "workflowId": workflow_id, "timeoutMillis": 10_000})
+    assert reply["state"] == "COMPLETED", reply

@@ -187,7 +187,17 @@ CLIENT_REQUESTS = {
     "PURGE_JOBS": {"type": "PURGE_JOBS", "olderThanMillis": 10 ** 12, "limit": 1},
     "WAIT_JOB": {"type": "WAIT_JOB", "jobId": "j", "timeoutMillis": 0},
     "GET_STATS": {"type": "GET_STATS"},
+    "SUBMIT_WORKFLOW": {"type": "SUBMIT_WORKFLOW", "name": "fuzzed", "jobs": [
+        {"ref": "a", "taskType": "SLEEP", "payload": {"durationMillis": 1}, "delayMillis": 10 ** 10},
+        {"ref": "b", "taskType": "SLEEP", "payload": {"durationMillis": 1}, "dependsOn": ["a"]}]},
+    "WORKFLOW_STATUS": {"type": "WORKFLOW_STATUS", "workflowId": "w", "cursor": "0"},
+    "WORKFLOW_CANCEL": {"type": "WORKFLOW_CANCEL", "workflowId": "w"},
+    "WAIT_WORKFLOW": {"type": "WAIT_WORKFLOW", "workflowId": "w", "timeoutMillis": 0},
 }
+# A workflow's job, each of whose fields gets mutated (and one it should not have, added).
+WORKFLOW_JOB = {"ref": "b", "taskType": "SLEEP", "payload": {"durationMillis": 1}, "dependsOn": ["a"],
+                "maxAttempts": 2, "priority": "LOW", "delayMillis": 1000, "timeoutMillis": 5000,
+                "idempotencyKey": None, "concurrencyKey": None, "uniqueKey": None, "resultTtlMillis": None}
 WORKER_REQUESTS = {
     "WORKER_REGISTER": {"type": "WORKER_REGISTER", "workerId": "w", "capacity": 1, "taskTypes": ["SLEEP"]},
     "HEARTBEAT": {"type": "HEARTBEAT", "workerId": "w"},
@@ -249,6 +259,17 @@ def test_every_client_request_field_mutated(coord, bystander, case):
     frames = exchange(coord.client_addr, encode(mutated(CLIENT_REQUESTS[kind], field, value)))
     check_frames(frames, m.TO_CLIENT)
     assert len(frames) <= 1, frames  # one request: one reply (or a refusal), never more
+    still_served(coord, bystander)
+
+
+@settings(PROFILE)
+@given(field=st.sampled_from(sorted(WORKFLOW_JOB)), value=mutants, place=st.integers(min_value=0, max_value=2))
+def test_every_field_of_a_workflow_s_job_mutated(coord, bystander, field, value, place):
+    first = dict(CLIENT_REQUESTS["SUBMIT_WORKFLOW"]["jobs"][0])
+    jobs = [first, first, mutated(WORKFLOW_JOB, field, value)][place:]  # after a job, after a duplicate, alone
+    frames = exchange(coord.client_addr, encode(dict(CLIENT_REQUESTS["SUBMIT_WORKFLOW"], jobs=jobs)))
+    check_frames(frames, m.TO_CLIENT)
+    assert len(frames) <= 1, frames
     still_served(coord, bystander)
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from jobmesh.protocol.framing import HEADER, encode_frame
-from tests.support.connections import RawConn
+from tests.support.connections import RawConn, read_until_closed
 from tests.support.waiting import latency_limit, wait_until
 
 BASELINE_REQUESTS = 50
@@ -155,6 +155,30 @@ def test_forged_results_close_the_worker_and_cost_clients_nothing(coordinator, j
                          "leases this worker does not hold")
 
 
+def hammered(probe: Probe, conns: list[RawConn], frame: bytes, per_round: int, served) -> Probe:
+    """Each of ``conns`` sends ``frame`` ``per_round`` times and reads the replies, again and
+    again for three seconds, beside ``probe``; a connection stops at a reply for which
+    ``served(reply)`` is false. Returns the probe, to check."""
+    stop = threading.Event()
+
+    def hammer(conn: RawConn) -> None:
+        while not stop.is_set():
+            conn.send_raw(frame * per_round)
+            for _ in range(per_round):
+                if not served(conn.recv()):
+                    return
+
+    threads = [threading.Thread(target=hammer, args=(c,), daemon=True) for c in conns]
+    with probe:
+        for t in threads:
+            t.start()
+        time.sleep(3.0)  # how long the connections hammer: the load under test, not a synchronisation
+        stop.set()
+        for t in threads:
+            t.join(30)
+    return probe
+
+
 def test_listing_clients_cannot_get_healthy_workers_declared_dead(coordinator_factory, peers):
     # Given a few thousand stored jobs and two healthy workers holding 16 running attempts
     coord = coordinator_factory(heartbeat_timeout_millis=1000)
@@ -169,23 +193,7 @@ def test_listing_clients_cannot_get_healthy_workers_declared_dead(coordinator_fa
     # When eight clients pipeline LIST_JOBS pages of 1000 for three seconds
     listers = [RawConn(coord.client_addr, timeout=30) for _ in range(8)]
     page = encode_frame({"type": "LIST_JOBS", "limit": 1000})
-    stop = threading.Event()
-
-    def hammer(conn: RawConn) -> None:
-        while not stop.is_set():
-            conn.send_raw(page * 16)
-            for _ in range(16):
-                if conn.recv() is None:
-                    return
-
-    threads = [threading.Thread(target=hammer, args=(c,), daemon=True) for c in listers]
-    with Probe(coord, probe_job) as probe:
-        for t in threads:
-            t.start()
-        time.sleep(3.0)  # how long the listers hammer: the load under test, not a synchronisation
-        stop.set()
-        for t in threads:
-            t.join(30)
+    probe = hammered(Probe(coord, probe_job), listers, page, 16, lambda reply: reply is not None)
     # Then no worker was presumed dead and every running attempt is still the first one
     assert "presumed dead" not in coord.stderr()
     client = peers.client(coord)
@@ -336,3 +344,42 @@ def test_strangers_that_never_authenticate_cannot_take_the_slots_of_workers_and_
         for conn in silent:
             conn.close()
         coord.cleanup()
+
+
+def test_readers_of_a_10000_job_workflow_and_a_wait_flood_cost_others_little(coordinator, peers):
+    # Given a workflow of 10,000 jobs (a fan-out waiting on its root: no worker runs SLEEP here)
+    client = peers.client(coordinator)
+    sleep = {"taskType": "SLEEP", "payload": {"durationMillis": 1}}
+    submitted = client.request({"type": "SUBMIT_WORKFLOW", "jobs": [dict(sleep, ref="root")] + [
+        dict(sleep, ref="leaf-%05d" % i, dependsOn=["root"]) for i in range(9_999)]})
+    assert submitted["type"] == "WORKFLOW_SUBMITTED", submitted
+    workflow_id = submitted["workflowId"]
+    status = encode_frame({"type": "WORKFLOW_STATUS", "workflowId": workflow_id})
+    # When four clients ask for its status for three seconds, two at a time (a page is near 1 MiB),
+    # and another pipelines 500 WAIT_WORKFLOWs
+    readers = [RawConn(coordinator.client_addr, timeout=30) for _ in range(4)]
+    waiter = RawConn(coordinator.client_addr, timeout=30)
+    waits = 500
+    waiter.send_raw(encode_frame({"type": "WAIT_WORKFLOW", "workflowId": workflow_id,
+                                  "timeoutMillis": 3_600_000}) * waits)
+    pages: list[int] = []
+
+    def served(reply) -> bool:
+        if reply is None or reply.get("type") != "WORKFLOW":
+            return False
+        pages.append(len(reply["jobs"]))
+        return True
+
+    probe = hammered(Probe(coordinator, submitted["jobIds"]["root"]), readers, status, 2, served)
+    # Then the others were served throughout, each reader got whole pages
+    probe.check()
+    assert pages and all(0 < n < 10_000 for n in pages), pages[:5]
+    # and once the workflow ends, the waits are answered with the ended workflow, until the
+    # waiter, which does not read, holds more unsent replies than a connection may: it alone is closed
+    assert client.request({"type": "WORKFLOW_CANCEL", "workflowId": workflow_id})["state"] == "CANCELLED"
+    answered, closed = read_until_closed(waiter, timeout=30)
+    assert closed and len(answered) < waits, len(answered)
+    assert answered and {(r["type"], r["state"]) for r in answered} == {("WORKFLOW", "CANCELLED")}, answered[-1:]
+    assert client.status(submitted["jobIds"]["root"])["state"] == "CANCELLED"
+    for c in readers + [waiter]:
+        c.close()

@@ -118,11 +118,10 @@ def test_members_that_are_not_shapes_are_refused(bad):
 
 def test_step_options_are_submit_s_and_compile_to_its_wire_fields():
     s = step("RESIZE", {"image": "a.png"}, priority="HIGH", max_attempts=5, delay=timedelta(seconds=2),
-             timeout_millis=30_000, result_ttl_millis=60_000, concurrency_key="acme", unique_key="u",
-             idempotency_key="mine")
+             timeout_millis=30_000, concurrency_key="acme", unique_key="u", idempotency_key="mine")
     (job,) = workflow_request(s).jobs
     assert job == {"ref": "RESIZE.0", "taskType": "RESIZE", "payload": {"image": "a.png"}, "priority": "HIGH",
-                   "maxAttempts": 5, "delayMillis": 2000, "timeoutMillis": 30_000, "resultTtlMillis": 60_000,
+                   "maxAttempts": 5, "delayMillis": 2000, "timeoutMillis": 30_000,
                    "concurrencyKey": "acme", "uniqueKey": "u", "idempotencyKey": "mine"}
     # a plain step carries only what it says: 10,000 of them fit in a frame
     assert workflow_request(step("A")).jobs == [{"ref": "A.0", "taskType": "A", "payload": {}}]
@@ -130,6 +129,14 @@ def test_step_options_are_submit_s_and_compile_to_its_wire_fields():
         step("A").set(retries=3)
     with pytest.raises(TypeError, match="max_attempts"):
         workflow_request(step("A", max_attempts="many"))  # type: ignore[arg-type]
+
+
+def test_a_time_to_live_of_its_own_is_refused_before_sending_since_a_workflow_is_purged_whole():
+    # The coordinator refuses resultTtlMillis in a workflow; the library says so first
+    with pytest.raises(CanvasError, match="a step takes no result_ttl_millis: a workflow's jobs are kept and purged"):
+        step("A").set(result_ttl_millis=60_000)
+    with pytest.raises(TypeError):
+        step("A", result_ttl_millis=60_000)  # type: ignore[call-arg]
 
 
 def test_a_request_s_jobs_get_keys_from_its_idempotency_key_and_only_then_is_it_resent():
@@ -151,6 +158,14 @@ def test_a_list_of_job_objects_goes_as_it_is_and_anything_else_is_a_type_error()
         workflow_request(["a"])
     with pytest.raises(TypeError):
         workflow_request("a workflow")
+
+
+def test_a_job_object_with_a_field_no_job_has_is_refused_before_sending():
+    jobs = [{"ref": "a", "taskType": "A", "payload": {}}, {"ref": "b", "taskType": "A", "payload": {}, "after": ["a"]}]
+    with pytest.raises(CanvasError, match="job 'b': unknown field 'after'; a job has ref, dependsOn and"):
+        workflow_request(jobs)
+    jobs[1] = {"ref": "b", "taskType": "A", "payload": {}, "dependsOn": ["a"], "priority": "HIGH", "delayMillis": 5}
+    assert workflow_request(jobs).jobs == jobs
 
 
 def test_a_task_function_s_s_is_a_step_of_its_type():

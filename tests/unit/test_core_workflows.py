@@ -168,7 +168,14 @@ def test_parents_results_past_a_frame_fail_the_job_and_cancel_its_dependents(h):
 
 
 @pytest.mark.parametrize("jobs, words", [
-    ([job("a", "b"), job("b", "a")], "cycle"),
+    ([job("a"), {"ref": "b", "taskType": "SLEEP"}], "job 'b' is missing field 'payload'"),
+    ([job("a", maxAttempts="3")], "job 'a': field 'maxAttempts' must be an integer, got a string"),
+    ([job("a", "b"), job("b", "a")], "cycle: 'a' depends on 'b', which depends on 'a'"),
+    ([job("x"), job("a", "x", "c"), job("b", "a"), job("c", "b")],
+     "cycle: 'a' depends on 'c', which depends on 'b', which depends on 'a'"),
+    ([job("j%d" % i, "j%d" % ((i + 1) % 20)) for i in range(20)],
+     "cycle: 'j0' depends on 'j1', which depends on 'j2', which depends on 'j3', which depends on 'j4', "
+     "which depends on 'j5', which depends on 'j6', which depends on 'j7', ... (20 jobs in all)"),
     ([job("a"), job("b", "c")], "unknown ref"),
     ([job("a"), job("a")], "appears twice"),
     ([job("a", "a")], "depends on itself"),
@@ -284,6 +291,21 @@ def test_a_large_workflow_pages_its_jobs():
             break
     assert seen == refs and pages > 1
     assert isinstance(h.request(0, m.WorkflowStatus(wf, "bad")), m.Error)
+
+
+def test_a_page_is_built_once_while_its_workflow_does_not_change_and_anew_once_it_does(h):
+    wf, ids = submit_ok(h, 0, job("a"), job("b", "a"))
+    first = flow(h, wf)
+    assert flow(h, wf, 1) is first and h.request(1, m.WaitWorkflow(wf, 0)) is first  # readers share one page
+    assert flow(h, wf, 1, cursor="1") is not first and flow(h, wf, 1) is not first  # another page is another
+    h.register(2, "w1")
+    h.report(3, ids["a"])
+    moved = flow(h, wf, 4)
+    assert [j["state"] for j in moved.jobs] == ["COMPLETED", "RUNNING"] and moved is flow(h, wf, 4)
+    cancelled = h.request(5, m.WorkflowCancel(wf))
+    h.step(5)
+    assert isinstance(cancelled, m.Workflow) and cancelled.state == "CANCELLED"
+    assert [j["state"] for j in cancelled.jobs] == ["COMPLETED", "CANCELLED"] and flow(h, wf, 6) is cancelled
 
 
 def test_recovery_rebuilds_the_index_and_the_join_gets_every_parent(tmp_path):

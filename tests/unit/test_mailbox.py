@@ -115,3 +115,21 @@ def test_a_client_pipelining_large_dumps_leaves_room_for_the_others():
     assert any(any(getattr(e, "conn", None) is other for e in batch) for batch in batches[:2])
     assert port.cost_of(pc.Load(1, ())) == 1 and port.cost_of(pc.Status(2)) == 1
     assert port.cost_of(pc.Load(3, (pc.Job(b"f", b"n", b""),) * 400)) == 101
+
+
+def test_clients_pipelining_reads_of_a_large_workflow_leave_room_for_the_others():
+    from jobmesh.coordinator.core import events as ev
+    from jobmesh.coordinator.shell.loop import MAX_BATCH
+    from jobmesh.protocol import messages as m
+
+    box = Mailbox()
+    readers, other = [Conn("r%d" % i) for i in range(4)], Conn("other")
+    # a WORKFLOW may be a frame's worth of jobs: each of these is answered with one
+    reads = [m.WorkflowStatus("w"), m.WaitWorkflow("w", 0), m.WorkflowCancel("w")]
+    for reader in readers:
+        for i in range(16):
+            box.put(ev.Request(reader, reads[i % 3]))
+    box.put(ev.Request(other, m.GetJobStatus("j")))
+    batch = box.take(MAX_BATCH)  # two of them a batch at most, and the other client's request beside them
+    assert sum(type(e.msg) is not m.GetJobStatus for e in batch) <= 2 and any(e.conn is other for e in batch)
+    assert ev.Request(other, m.GetJobStatus("j")).cost == ev.Request(other, m.SubmitJob("SLEEP", {})).cost == 1

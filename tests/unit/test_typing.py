@@ -1,7 +1,8 @@
 """The whole package is typed: ``python -m mypy jobmesh`` with the configuration in
 setup.cfg (every function annotated; gevent, which has no type information, is the one
 library whose imports are unchecked) reports nothing; and a user's code on the asyncio
-client is checked against its types."""
+client, and a task module with a workflow built from its functions' ``.s``, are checked
+against their types."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ USER_CODE = '''
 import asyncio
 
 from jobmesh.aio import AsyncClient
+from jobmesh.client import CoordinatorClient, chain, chord, group, step
+from jobmesh.worker import TaskContext, task
 
 
 async def main() -> None:
@@ -42,6 +45,34 @@ async def main() -> None:
         await client.submit("SHA256", [1])  # wrong: a payload is a dict
         count: int = await client.status(job_id)  # wrong: a snapshot is a dict
         client.status(job_id).upper()  # wrong: not awaited
+
+
+@task("RESIZE")
+def resize(payload: dict[str, object]) -> dict[str, object]:
+    return payload
+
+
+@task("ALBUM")
+def album(payload: dict[str, object], ctx: TaskContext) -> dict[str, object]:
+    return {"pages": len(ctx.parents)}
+
+
+def workflows(images: list[str]) -> None:
+    with CoordinatorClient("127.0.0.1:7071") as client:
+        shape = chain(group(resize.s(image=i) for i in images), chord(group(resize.s(), resize.s()), album.s()))
+        workflow_id, job_ids = client.submit_workflow(shape | step("ALBUM", {"n": 1}).set(priority="HIGH"))
+        done: dict[str, object] = client.wait_workflow(workflow_id, timeout=5)
+        print(job_ids["ALBUM.0"], done, resize({"image": "a"}), resize.s({"image": "b"}).set(ref="b"))
+        client.submit_workflow({"ref": "a"})  # wrong: a shape, or a list of job objects
+        resize.s(["a.png"])  # wrong: a payload is a dict
+        resize("a.png")  # wrong: the function keeps its own signature
+
+
+async def async_workflows() -> None:
+    async with AsyncClient("127.0.0.1:7071") as client:
+        workflow_id, _ = await client.submit_workflow([{"ref": "a", "taskType": "ALBUM", "payload": {}}], name="x")
+        await client.cancel_workflow(workflow_id)
+        await client.submit_workflow(album)  # wrong: a task function is not a step; album.s() is
 '''
 
 

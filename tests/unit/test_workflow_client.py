@@ -190,6 +190,9 @@ def test_submit_reads_stdin_and_prints_json(jm):
     ('{"jobs": [3]}', "job 1 is not an object"),
     ('{"jobs": [], "name": 5}', "name must be a string"),
     ('{"type": "SUBMIT_JOB", "jobs": []}', "type is 'SUBMIT_JOB'"),
+    # a misspelt dependsOn would make a job that runs at once
+    ('{"jobs": [{"ref": "a", "taskType": "A", "payload": {}}, {"ref": "b", "taskType": "A", "payload": {}, '
+     '"depends_on": ["a"]}]}', "job 'b': unknown field 'depends_on'; a job has ref, dependsOn and a submit's fields"),
 ])
 def test_a_bad_workflow_file_is_a_usage_error_and_sends_nothing(jm, tmp_path, text, message):
     path = tmp_path / "bad.json"

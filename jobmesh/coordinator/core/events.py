@@ -13,6 +13,9 @@ from jobmesh.coordinator.core.peers import Connection, OutboundConnection, Reply
 from jobmesh.protocol import messages as m
 
 LIST_ROWS_PER_COST = 4  # a LIST_JOBS page of 1000 rows costs about as much to build as 250 submits
+# A WORKFLOW reply may hold a frame's worth of jobs (10,000 short ones): it costs at least a
+# LIST_JOBS page of 1000 rows, so a batch holds few of them, whatever a workflow's size.
+WORKFLOW_PAGE_COST = 1 + 1000 // LIST_ROWS_PER_COST
 
 
 class Event:
@@ -88,7 +91,8 @@ class Request(Event):
     """A client request (or a Refusal), answered on ``conn`` in order.
 
     ``cost`` is its share of a batch's budget (``mailbox.py``): 1, except a LIST_JOBS
-    page, which costs by the rows it may read, and a SUBMIT_WORKFLOW, a submit's for each of its jobs."""
+    page, which costs by the rows it may read, a SUBMIT_WORKFLOW, a submit's for each of its
+    jobs, and a request answered with a WORKFLOW, which may be a page of a frame's size."""
 
     __slots__ = ("conn", "msg", "cost")
     conn: ReplyConnection
@@ -97,11 +101,20 @@ class Request(Event):
         self.conn = conn
         self.msg = msg
         self.cost = 1
-        if type(msg) is m.ListJobs:
-            rows = 100 if msg.limit is None else min(max(msg.limit, 0), 1000)
-            self.cost += rows // LIST_ROWS_PER_COST
-        elif type(msg) is m.SubmitWorkflow:  # each of its jobs is about a submit's work
-            self.cost = max(1, len(msg.jobs))
+        kind = type(msg)
+        if kind in _COSTLY:  # one lookup for the common requests
+            if kind is m.ListJobs:
+                assert isinstance(msg, m.ListJobs)
+                rows = 100 if msg.limit is None else min(max(msg.limit, 0), 1000)
+                self.cost += rows // LIST_ROWS_PER_COST
+            elif kind is m.SubmitWorkflow:  # each of its jobs is about a submit's work
+                assert isinstance(msg, m.SubmitWorkflow)
+                self.cost = max(1, len(msg.jobs))
+            else:
+                self.cost = WORKFLOW_PAGE_COST
+
+
+_COSTLY = frozenset({m.ListJobs, m.SubmitWorkflow, m.WorkflowStatus, m.WorkflowCancel, m.WaitWorkflow})
 
 
 class ClientClosed(Event):

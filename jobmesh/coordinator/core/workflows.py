@@ -53,6 +53,7 @@ MAX_JOBS = 10_000  # jobs in one workflow
 MAX_NAME_CHARS = 256
 REF = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")
 REF_RULE = "1-128 characters of letters, digits and _ . : -"
+CYCLE_SHOWN = 8  # refs of a cycle an ERROR names
 FINISHED_JOBS_KEPT = 100_000  # jobs of finished workflows kept in memory, in all
 NOT_IN_WORKFLOWS = ("resultTtlMillis",)  # a workflow's jobs are purged together
 
@@ -61,7 +62,7 @@ class Flow:
     """A workflow as the core holds it: its jobs by their place (submission order)."""
 
     __slots__ = ("workflow_id", "name", "created_at", "submitted_by", "refs", "job_ids", "depends", "states", "at",
-                 "open", "children", "pending", "results", "waiting_children")
+                 "open", "children", "pending", "results", "waiting_children", "version")
 
     def __init__(self, workflow_id: str, name: str | None, created_at: int, submitted_by: str | None,
                  refs: list[str], job_ids: list[str], depends: list[list[int]], states: list[JobState]) -> None:
@@ -84,6 +85,7 @@ class Flow:
         self.pending: dict[int, int] = {}
         self.results: dict[int, Any] = {}
         self.waiting_children: dict[int, int] = {}
+        self.version = 0  # counts its jobs' moves: a page built at the same version is the same
 
     def state(self) -> str:
         """RUNNING until every job is terminal, then COMPLETED, FAILED (any failed) or CANCELLED."""
@@ -153,6 +155,7 @@ class Workflows:
         self._ends: list[tuple[Flow, int]] = []  # jobs that ended with children, for ``release``
         self._new: list[tuple[str, str]] = []  # workflow rows to insert with the batch
         self._listening = False
+        self._last_page: tuple[Flow, int, int, m.Workflow] | None = None  # (flow, version, start, page)
         table.listen_forgets(self._purged)
 
     # ---- the table's listener (while some workflow is live) ------------------------------
@@ -166,6 +169,7 @@ class Workflows:
             return
         i = flow.at[job.ref or ""]
         flow.states[i] = target
+        flow.version += 1
         if source is JobState.WAITING:  # released, cancelled or failed: it needs its parents no more
             flow.pending.pop(i, None)
             for parent in flow.depends[i]:
@@ -218,6 +222,16 @@ class Workflows:
                 workflow_id = self._first_jobs.get(job_id)
                 if workflow_id is not None:
                     self._drop(self.finished.pop(workflow_id))
+
+    def _page(self, flow: Flow, start: int) -> m.Workflow:
+        """``flow.page(start)``, built once while the workflow does not change: a page may
+        hold 10,000 jobs, and readers of a running workflow ask for the same one again and again."""
+        last = self._last_page
+        if last is not None and last[0] is flow and last[1] == flow.version and last[2] == start:
+            return last[3]
+        page = flow.page(start)
+        self._last_page = (flow, flow.version, start, page)
+        return page
 
     def _listen(self) -> None:
         if not self._listening:
@@ -306,7 +320,7 @@ class Workflows:
             depends.append([at[parent] for parent in named or ()])
         cycle = _cycle(refs, depends)
         if cycle is not None:
-            return m.Error("the dependencies form a cycle through %s" % quote(cycle))
+            return m.Error("the dependencies form a cycle: %s" % cycle)
         prepared: list[Prepared] = []
         for ref, item in zip(refs, items):
             new = self._prepare(now, ref, item, req.submitted_by)
@@ -350,8 +364,9 @@ class Workflows:
                                % (quote(ref), field))
         try:
             req = m.SubmitJob.from_wire(item)
-        except ProtocolError as exc:
-            return m.Error("job %s: %s" % (quote(ref), exc))
+        except ProtocolError as exc:  # "SUBMIT_JOB is missing field 'payload'": the job is what misses it
+            problem = str(exc).removeprefix(m.SubmitJob.TYPE + " ")
+            return m.Error("job %s%s %s" % (quote(ref), "" if problem.startswith("is ") else ":", problem))
         assert isinstance(req, m.SubmitJob)
         if submitted_by is not None:
             req = dataclasses.replace(req, submitted_by=submitted_by)
@@ -451,7 +466,7 @@ class Workflows:
         flow = self._flow(req.workflow_id)
         if flow is None:
             return _unknown(req.workflow_id)
-        return flow.page(start)
+        return self._page(flow, start)
 
     def cancel(self, now: int, req: m.WorkflowCancel) -> m.Message:
         """Cancel every job of the workflow that has not ended (running ones get TASK_CANCEL)."""
@@ -465,7 +480,7 @@ class Workflows:
                 if job is not None and job.state not in TERMINAL:
                     self.requests.cancel(job, now, "workflow %s cancelled" % flow.workflow_id)
             log.info("cancelled workflow=%s", flow.workflow_id)
-        return flow.page(0)
+        return self._page(flow, 0)
 
     def wait(self, now: int, conn: ReplyConnection, req: m.WaitWorkflow, slot: Slot | None = None) -> m.Message | Slot:
         """WAIT_WORKFLOW: the WORKFLOW reply now if it has ended (or the timeout is 0), else
@@ -477,7 +492,7 @@ class Workflows:
         if flow is None:
             return _unknown(req.workflow_id)
         if not flow.open or timeout == 0 or flow.workflow_id not in self.live:
-            return flow.page(0)
+            return self._page(flow, 0)
         slot = slot or Slot()
         self.waiters.add(FlowWaiter(conn, slot, flow.workflow_id, now + timeout))
         return slot
@@ -487,7 +502,7 @@ class Workflows:
         answers: list[tuple[Waiter, m.Message]] = []
         for waiter in self.waiters.take():
             flow = self.live.get(waiter.job_id) or self.finished.get(waiter.job_id)
-            answers.append((waiter, flow.page(0) if flow is not None else _unknown(waiter.job_id)))
+            answers.append((waiter, self._page(flow, 0) if flow is not None else _unknown(waiter.job_id)))
         return answers
 
     def adopt_waiters(self, waiters: Iterable[Waiter]) -> None:
@@ -578,7 +593,8 @@ def _depends_problem(ref: str, named: Any, at: dict[str, int]) -> str | None:
 
 
 def _cycle(refs: list[str], depends: list[list[int]]) -> str | None:
-    """A ref on a cycle of the dependencies (Kahn's algorithm, O(jobs + edges)); None if acyclic."""
+    """A cycle of the dependencies, as ``'a' depends on 'b', which depends on 'a'`` (Kahn's
+    algorithm, then a walk among the jobs it left: O(jobs + edges)); None if acyclic."""
     children: list[list[int]] = [[] for _ in refs]
     indegree = [len(parents) for parents in depends]
     for child, parents in enumerate(depends):
@@ -595,7 +611,16 @@ def _cycle(refs: list[str], depends: list[list[int]]) -> str | None:
                 ready.append(child)
     if done == len(refs):
         return None
-    return refs[next(i for i, n in enumerate(indegree) if n > 0)]
+    # Each job left waits for a parent that is left too: walk up those until a job repeats.
+    at = next(i for i, n in enumerate(indegree) if n > 0)
+    walked: dict[int, int] = {}  # job -> its place on the walk
+    while at not in walked:
+        walked[at] = len(walked)
+        at = next(p for p in depends[at] if indegree[p] > 0)
+    loop = list(walked)[walked[at]:] + [at]
+    shown = [quote(refs[i]) for i in loop[:CYCLE_SHOWN]]
+    more = "" if len(loop) <= CYCLE_SHOWN else ", ... (%d jobs in all)" % (len(loop) - 1)
+    return "%s depends on %s%s" % (shown[0], ", which depends on ".join(shown[1:]), more)
 
 
 def _find_keys(store: Any, keys: list[str]) -> list[Job | None]:

@@ -72,6 +72,14 @@ class Replies:
 
     def __init__(self) -> None:
         self._held: dict[ReplyConnection, Held] = {}
+        self._workflow: tuple[m.Message, bytes] | None = None  # the WORKFLOW reply encoded last, and its frame
+
+    def _workflow_frame(self, msg: m.Message) -> bytes:
+        """A WORKFLOW reply's frame: a page the core gave to many readers is encoded once."""
+        last = self._workflow
+        if last is None or last[0] is not msg:
+            last = self._workflow = (msg, encode_reply(msg))
+        return last[1]
 
     def write(self, applied: Applied) -> None:
         """Encode a batch's replies and write each connection's with one write, in order.
@@ -90,7 +98,7 @@ class Replies:
                     if type(msg) is Slot:  # a wait: this connection's replies queue from here on
                         waiting = held[conn] = Held()
                         break
-                    data += encode_reply(msg)
+                    data += encode_reply(msg) if type(msg) is not m.Workflow else self._workflow_frame(msg)
                     close = close or closes
                 else:
                     conn.reply(data, len(replies), close)
@@ -126,7 +134,7 @@ class Replies:
                 assert isinstance(reply, m.Message)
                 msg = reply
             queue.popleft()
-            data += encode_reply(msg)
+            data += encode_reply(msg) if type(msg) is not m.Workflow else self._workflow_frame(msg)
             count += 1
             close = close or closes
         if count:
