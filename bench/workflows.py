@@ -1,6 +1,6 @@
 """Workflows: what a big SUBMIT_WORKFLOW costs, and a wide fan-out/fan-in beside plain jobs.
 
-    python -m bench.workflows [--sizes=1000,10000] [--width=2000] [--rounds=3] [--workers=4]
+    python -m bench.workflows [--sizes=1000,10000] [--width=9999] [--rounds=3] [--workers=4]
                               [--capacity=32] [--clients=100] [--runs=3]
 
 Two parts, each on its own coordinators (SQLite, ``--db-synchronous=FULL`` as the load
@@ -11,6 +11,9 @@ generator's own; an admission limit nothing reaches):
   blocking client: the time from sending the SUBMIT_WORKFLOW to its reply (every job in
   one commit), and the coordinator's RSS (``/proc/PID/status`` VmRSS) before and after.
   The jobs stay QUEUED and WAITING, so the memory is that of the workflow held live.
+  Beside it (``plain``), another fresh coordinator gets N plain SLEEP 0 jobs from one
+  ``jobmesh.aio.AsyncClient`` (all sent at once, the connection pipelined): the time
+  until the last is answered, and the RSS before and after.
 * **e2e**: one coordinator and ``--workers`` worker processes (``--capacity`` slots each)
   for every run; rounds alternate ``workflow``: one workflow of ``--width`` SLEEP 0 jobs and
   a join after them all, waited for (WAIT_WORKFLOW), and ``plain``: as many SLEEP 0 jobs
@@ -26,6 +29,7 @@ unless the set-up fails).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import subprocess
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import procs
+from jobmesh.aio import AsyncClient
 from jobmesh.client import CoordinatorClient
 
 SLEEP0 = {"durationMillis": 0}  # loadgen's default task, sleep0
@@ -70,6 +75,30 @@ def submit_run(run_dir: Path, size: int) -> dict[str, float]:
             after = rss_mb(coordinator.pid)
         if len(job_ids) != size:
             raise procs.Failed("the workflow was answered with %d jobs, not %d" % (len(job_ids), size))
+    finally:
+        coordinator.stop()
+    return {"submit_ms": took * 1000, "rss_before_mb": before, "rss_after_mb": after}
+
+
+def plain_submit_run(run_dir: Path, size: int) -> dict[str, float]:
+    """One fresh coordinator, ``size`` plain jobs pipelined on one AsyncClient: seconds, RSS."""
+    run_dir.mkdir(parents=True)
+    coordinator, _, client_addr = procs.start_coordinator(run_dir, run_dir / "bench.db", "FULL",
+                                                          [NO_LIMIT, "--log-level=WARNING"])
+
+    async def submit_all() -> float:
+        async with AsyncClient("%s:%d" % client_addr, timeout=120) as client:
+            await client.stats()
+            nonlocal before
+            before = rss_mb(coordinator.pid)
+            start = time.perf_counter()
+            await asyncio.gather(*(client.submit("SLEEP", SLEEP0) for _ in range(size)))
+            return time.perf_counter() - start
+
+    before = 0.0
+    try:
+        took = asyncio.run(submit_all())
+        after = rss_mb(coordinator.pid)
     finally:
         coordinator.stop()
     return {"submit_ms": took * 1000, "rss_before_mb": before, "rss_after_mb": after}
@@ -136,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000,10000", help="workflow sizes of the submit part, jobs")
     parser.add_argument("--runs", type=int, default=3, help="submits of each size, each on a fresh coordinator")
-    parser.add_argument("--width", type=int, default=2000, help="parallel jobs of the e2e fan-out (plus its join)")
+    parser.add_argument("--width", type=int, default=9_999, help="parallel jobs of the e2e fan-out (plus its join)")
     parser.add_argument("--rounds", type=int, default=3, help="e2e rounds, each a workflow and a plain run")
     parser.add_argument("--workers", type=int, default=4, help="worker processes of the e2e part")
     parser.add_argument("--capacity", type=int, default=32, help="slots of each worker")
@@ -145,20 +174,21 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in o.sizes.split(",")]
     with tempfile.TemporaryDirectory(prefix="jobmesh-workflows-bench-") as tmp:
         run_dir = Path(tmp)
-        submits: dict[int, list[dict[str, float]]] = {}
+        submits: dict[tuple[int, str], list[dict[str, float]]] = {}
         for size in sizes:
             for n in range(1, o.runs + 1):
-                fig = submit_run(run_dir / ("submit-%d-%d" % (size, n)), size)
-                submits.setdefault(size, []).append(fig)
-                print("submit run %d  %6d jobs  submit_ms=%8.1f  rss_mb before=%6.1f after=%6.1f (+%.1f)" % (
-                    n, size, fig["submit_ms"], fig["rss_before_mb"], fig["rss_after_mb"],
-                    fig["rss_after_mb"] - fig["rss_before_mb"]), flush=True)
+                for kind, run in (("workflow", submit_run), ("plain", plain_submit_run)):
+                    fig = run(run_dir / ("submit-%s-%d-%d" % (kind, size, n)), size)
+                    submits.setdefault((size, kind), []).append(fig)
+                    print("submit run %d %-8s %6d jobs  submit_ms=%8.1f  rss_mb before=%6.1f after=%6.1f (+%.1f)" % (
+                        n, kind, size, fig["submit_ms"], fig["rss_before_mb"], fig["rss_after_mb"],
+                        fig["rss_after_mb"] - fig["rss_before_mb"]), flush=True)
         runs = e2e_rounds(run_dir / "e2e", o)
     print("medians:")
-    for size, figs in submits.items():
+    for (size, kind), figs in submits.items():
         med = {k: statistics.median(f[k] for f in figs) for k in figs[0]}
-        print("  submit %6d jobs  submit_ms=%8.1f  rss_mb before=%6.1f after=%6.1f (+%.1f)" % (
-            size, med["submit_ms"], med["rss_before_mb"], med["rss_after_mb"],
+        print("  submit %-8s %6d jobs  submit_ms=%8.1f  rss_mb before=%6.1f after=%6.1f (+%.1f)" % (
+            kind, size, med["submit_ms"], med["rss_before_mb"], med["rss_after_mb"],
             statistics.median(f["rss_after_mb"] - f["rss_before_mb"] for f in figs)))
     for name, figs in runs.items():
         print("  e2e %-8s %d jobs  jobs/s=%7.0f" % (name, o.width + 1, statistics.median(f["jobs_per_s"]

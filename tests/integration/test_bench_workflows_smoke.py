@@ -14,8 +14,9 @@ def test_workflows_bench_tiny():
                            "--rounds=1", "--workers=1", "--capacity=4", "--clients=4"],
                           cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert re.search(r"^  submit +20 jobs  submit_ms= *[\d.]+  rss_mb before= *[\d.]+ after= *[\d.]+", proc.stdout,
-                     re.M), proc.stdout
+    for kind in ("workflow", "plain"):
+        assert re.search(r"^  submit %s +20 jobs  submit_ms= *[\d.]+  rss_mb before= *[\d.]+ after= *[\d.]+" % kind,
+                         proc.stdout, re.M), proc.stdout
     for name in ("workflow", "plain"):
         rate = re.search(r"^  e2e %s +31 jobs  jobs/s= *(\d+)" % name, proc.stdout, re.M)
         assert rate and int(rate.group(1)) > 0, proc.stdout
