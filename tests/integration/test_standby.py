@@ -554,9 +554,10 @@ def test_takeovers_from_leaders_killed_at_random_points_of_a_fan_out_fan_in_lose
     def crash(n: int) -> None:
         # When the leader is killed, the standby takes over, and the killed one stands by again
         leader, standby = pair[n % 2], pair[(n + 1) % 2]
+        standby.await_standing_by()  # (launched again at the crash before, it is ready by now)
         leader.kill()
         standby.await_listening()
-        leader.launch().await_standing_by()
+        leader.launch()
 
     try:
         # Then the workflow completes with every step once, with all its parents' results

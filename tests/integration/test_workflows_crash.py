@@ -6,9 +6,9 @@ joins over 8 of those, a final join) is submitted while a client submits plain j
 and run by real worker processes whose task (a module this test writes) appends one line
 per start and per end of each run to a file (O_APPEND, one write): job id, ref, attempt,
 a digest of ``ctx.parents`` and, at the end, the nonce it returns in its result. The
-coordinator is killed with SIGKILL at random points (seeded: the seed is printed, and
-JOBMESH_CRASH_SEED replays it) and restarted on the same database, until the workflow
-ends. Then: the workflow is COMPLETED; no job of it is missing; each job was released
+coordinator is killed with SIGKILL at random points (each once a random number of steps
+have ended, after a random delay; seeded: the seed is printed, and JOBMESH_CRASH_SEED
+replays it) and restarted on the same database, until the workflow ends. Then: the workflow is COMPLETED; no job of it is missing; each job was released
 once and completed once; each one's COMPLETED result is from a run that saw exactly the
 results its parents' final snapshots hold; each join's runs ended once (a join is
 started again only if its earlier attempt never ended); every plain job ended.
@@ -102,7 +102,7 @@ def fan_out_fan_in(log: Path, rng: random.Random) -> list[dict[str, Any]]:
     mids = ["mid.%d" % k for k in range(LEAVES // SLICE)]
     uppers = ["upper.%d" % u for u in range(len(mids) // UPPER)]
     jobs = [one("root")]
-    jobs += [one(ref, ["root"], rng.randrange(0, 20)) for ref in leaves]
+    jobs += [one(ref, ["root"], rng.randrange(10, 60)) for ref in leaves]
     jobs += [one(ref, leaves[k * SLICE:(k + 1) * SLICE]) for k, ref in enumerate(mids)]
     jobs += [one(ref, mids[u * UPPER:(u + 1) * UPPER]) for u, ref in enumerate(uppers)]
     jobs.append(one("final", uppers))
@@ -157,21 +157,36 @@ def runs(log: Path) -> dict[str, list[dict[str, Any]]]:
     return by_job
 
 
-def final_ended(log: Path) -> bool:
-    """Whether a run of the final join has ended (read from the log: no coordinator asked)."""
-    return log.exists() and '"ref": "final", "run": "end"' in log.read_text()
+def steps_ended(log: Path) -> tuple[int, bool]:
+    """How many runs of the workflow's jobs have ended, and whether the final join's has
+    (read from the log: no coordinator asked)."""
+    ended, final = 0, False
+    for line in log.read_text().splitlines() if log.exists() else ():
+        if line.endswith('"run": "end"}') and '"ref": "plain-' not in line:
+            ended += 1
+            final = final or '"ref": "final"' in line
+    return ended, final
 
 
 def crash_loop(rng: random.Random, log: Path, crash: Callable[[int], None]) -> int:
-    """``crash(n)`` (kill -9, then a coordinator on the same database leads) after random
-    delays, until the final join has run or KILLS crashes; returns how many were made."""
+    """``crash(n)`` (kill -9, then a coordinator on the same database leads) at random
+    points of the workflow: each once a random number of its steps have ended (so the
+    crashes fall among the leaves' results and the joins' releases alike, however fast
+    the machine), after a random delay; until the final join has run or KILLS crashes.
+    Returns how many were made."""
+    points = sorted(rng.sample(range(1, 500), KILLS))
     made = 0
-    while made < KILLS:
-        time.sleep(rng.uniform(0.05, 0.7))
-        if final_ended(log):
+    for point in points:
+        def reached() -> tuple[int, bool] | None:
+            ended, final = steps_ended(log)
+            return (ended, final) if ended >= point or final else None
+
+        if wait_until(reached, timeout=ENDED, message="%d steps ended" % point)[1]:
             break
+        time.sleep(rng.uniform(0, 0.05))
         crash(made)
         made += 1
+    print("crash points (steps ended): %s" % points[:made])
     return made
 
 
@@ -217,7 +232,7 @@ def run_under_crashes(tmp_path: Path, name: str, client_target: str, worker_targ
     where = write_tasks(tmp_path)
     log = tmp_path / "runs.log"
     for n in (1, 2):
-        started.append(WorkerProc(tmp_path, worker_target, worker_id="wfc-%d" % n, capacity=6,
+        started.append(WorkerProc(tmp_path, worker_target, worker_id="wfc-%d" % n, capacity=4,
                                   tasks=TASKS_MODULE, cwd=where, log_level="INFO").start())
     with CoordinatorClient(client_target, timeout=30, failover_timeout=60) as client:
         wait_registered(client, ["wfc-1", "wfc-2"], timeout=30)
