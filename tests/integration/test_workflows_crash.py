@@ -2,7 +2,8 @@
 real processes.
 
 A 500-job fan-out / fan-in (a root, 480 parallel jobs, 16 joins over slices of 30, two
-joins over 8 of those, a final join) is submitted while a client submits plain jobs,
+joins over 8 of those, a final join) is submitted while a client submits plain jobs
+(and the coordinator is killed around that submit, which the client sends again),
 and run by real worker processes whose task (a module this test writes) appends one line
 per start and per end of each run to a file (O_APPEND, one write): job id, ref, attempt,
 a digest of ``ctx.parents`` and, at the end, the nonce it returns in its result. The
@@ -68,7 +69,7 @@ def step(payload, ctx):
 ''' % TYPE
 
 LEAVES, SLICE, UPPER = 480, 30, 8
-KILLS = 5  # at most, while the workflow runs
+KILLS = 5  # at most, while the workflow runs (after one around its submit)
 ENDED = 60.0  # generous bound on the workflow's end once the kills are over
 
 
@@ -168,14 +169,36 @@ def steps_ended(log: Path) -> tuple[int, bool]:
     return ended, final
 
 
-def crash_loop(rng: random.Random, log: Path, crash: Callable[[int], None]) -> int:
+def submit_across_a_crash(client: CoordinatorClient, jobs: list[dict[str, Any]], rng: random.Random,
+                          crash: Callable[[int], None]) -> tuple[str, dict[str, str]]:
+    """The workflow submitted with every job keyed (so the client sends it again after a
+    lost connection) while the coordinator is killed at a random moment around it: before
+    it arrives, before its commit, or before its reply."""
+    got: list[tuple[str, dict[str, str]]] = []
+    failures: list[BaseException] = []
+
+    def submit() -> None:
+        try:
+            got.append(client.submit_workflow(jobs, "fan", idempotency_key="fan"))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    time.sleep(rng.uniform(0, 0.05))
+    crash(0)
+    thread.join(90)
+    assert not thread.is_alive() and not failures, failures
+    return got[0]
+
+
+def crash_loop(rng: random.Random, log: Path, crash: Callable[[int], None], made: int) -> int:
     """``crash(n)`` (kill -9, then a coordinator on the same database leads) at random
     points of the workflow: each once a random number of its steps have ended (so the
     crashes fall among the leaves' results and the joins' releases alike, however fast
     the machine), after a random delay; until the final join has run or KILLS crashes.
-    Returns how many were made."""
+    ``made``: crashes made before; returns how many were made in all."""
     points = sorted(rng.sample(range(1, 500), KILLS))
-    made = 0
     for point in points:
         def reached() -> tuple[int, bool] | None:
             ended, final = steps_ended(log)
@@ -186,7 +209,7 @@ def crash_loop(rng: random.Random, log: Path, crash: Callable[[int], None]) -> i
         time.sleep(rng.uniform(0, 0.05))
         crash(made)
         made += 1
-    print("crash points (steps ended): %s" % points[:made])
+    print("crash points (steps ended): %s" % [p for p in points if p <= steps_ended(log)[0]])
     return made
 
 
@@ -239,14 +262,16 @@ def run_under_crashes(tmp_path: Path, name: str, client_target: str, worker_targ
         load = PlainLoad(client_target, log)
         wait_until(lambda: len(load.acknowledged) >= 10, timeout=30, message="plain jobs before the workflow")
         jobs = fan_out_fan_in(log, rng)
-        workflow_id, job_ids = client.submit_workflow(jobs, "fan", idempotency_key="fan")
         try:
-            made = crash_loop(rng, log, crash)
+            workflow_id, job_ids = submit_across_a_crash(client, jobs, rng, crash)
+            made = crash_loop(rng, log, crash, 1)
         finally:
             plain = load.stop()
         print("%s: %d crashes, %d plain jobs" % (name, made, len(plain)))
-        assert made >= 2, "the workflow ended before a second crash: this run tests too little"
+        assert made >= 3, "the workflow ended before a third crash: this run tests too little"
         check_outcomes(client, log, workflow_id, job_ids, jobs, plain, seed_note)
+        # one workflow was made of the submit sent again: the same submit now is answered with it
+        assert client.submit_workflow(jobs, "fan", idempotency_key="fan") == (workflow_id, job_ids), seed_note
 
 
 def test_kill_9_of_the_coordinator_at_random_points_of_a_fan_out_fan_in_loses_and_repeats_no_step(
