@@ -4,13 +4,14 @@ real processes.
 A 500-job fan-out / fan-in (a root, 480 parallel jobs, 16 joins over slices of 30, two
 joins over 8 of those, a final join) is submitted while a client submits plain jobs
 (and the coordinator is killed around that submit, which the client sends again),
-and run by real worker processes whose task (a module this test writes) appends one line
+and run by real worker processes (one job in 20 fails its first attempt and is retried)
+whose task (a module this test writes) appends one line
 per start and per end of each run to a file (O_APPEND, one write): job id, ref, attempt,
 a digest of ``ctx.parents`` and, at the end, the nonce it returns in its result. The
 coordinator is killed with SIGKILL at random points (each once a random number of steps
 have ended, after a random delay; seeded: the seed is printed, and JOBMESH_CRASH_SEED
 replays it) and restarted on the same database, until the workflow ends. Then: the workflow is COMPLETED; no job of it is missing; each job was released
-once and completed once; each one's COMPLETED result is from a run that saw exactly the
+once (retries aside) and completed once; each one's COMPLETED result is from a run that saw exactly the
 results its parents' final snapshots hold; each join's runs ended once (a join is
 started again only if its earlier attempt never ended); every plain job ended.
 
@@ -63,6 +64,8 @@ def step(payload, ctx):
     line = {"jobId": ctx.job_id, "ref": payload["ref"], "attempt": ctx.attempt, "parents": digest(ctx.parents)}
     record(payload["log"], dict(line, run="start"))
     time.sleep(payload.get("ms", 0) / 1000)
+    if ctx.attempt == 1 and payload.get("flaky"):
+        raise RuntimeError("a first attempt that fails")
     nonce = os.urandom(8).hex()
     record(payload["log"], dict(line, run="end", nonce=nonce))
     return {"ref": payload["ref"], "nonce": nonce, "parents": line["parents"]}
@@ -92,9 +95,13 @@ def write_tasks(where: Path) -> Path:
 
 def fan_out_fan_in(log: Path, rng: random.Random) -> list[dict[str, Any]]:
     """The 500 jobs: root; leaf.0..479 after it; mid.0..15 each after 30 leaves; upper.0..1
-    each after 8 mids; final after both uppers."""
+    each after 8 mids; final after both uppers. One in 20, chosen at random, fails its
+    first attempt (after its start line: no end line) and completes on its second."""
     def one(ref: str, depends: list[str] | None = None, ms: int = 0) -> dict[str, Any]:
-        item: dict[str, Any] = {"ref": ref, "taskType": TYPE, "payload": {"ref": ref, "log": str(log), "ms": ms}}
+        # one job in 20 fails its first attempt: its retry must get the same parents
+        flaky = rng.random() < 0.05
+        item: dict[str, Any] = {"ref": ref, "taskType": TYPE, "maxAttempts": 3,
+                                "payload": {"ref": ref, "log": str(log), "ms": ms, "flaky": flaky}}
         if depends:
             item["dependsOn"] = list(depends)
         return item
@@ -227,9 +234,10 @@ def check_outcomes(client: CoordinatorClient, log: Path, workflow_id: str, job_i
         snapshot = results[ref]
         assert (snapshot["workflowId"], snapshot["ref"]) == (workflow_id, ref), seed_note
         events = [e["event"] for e in client.events(job_id)]
-        # released once (a QUEUED event; a root is queued by its submit), completed once
-        released = 1 if item.get("dependsOn") else 0
-        assert events.count("QUEUED") == released and events.count("COMPLETED") == 1, (seed_note, ref, events)
+        # released once (a QUEUED event other than a retry's; a root is queued by its submit), completed once
+        releases = [b for a, b in zip(events, events[1:]) if b == "QUEUED" and a != "RETRY_WAIT"]
+        assert len(releases) == (1 if item.get("dependsOn") else 0), (seed_note, ref, events)
+        assert events.count("COMPLETED") == 1, (seed_note, ref, events)
         lines = by_job.get(job_id, [])
         assert {line["ref"] for line in lines} == {ref}, (seed_note, ref, lines)
         ends = [line for line in lines if line["run"] == "end"]
