@@ -2,18 +2,19 @@
 real processes.
 
 A 500-job fan-out / fan-in (a root, 480 parallel jobs, 16 joins over slices of 30, two
-joins over 8 of those, a final join) is submitted while a client submits plain jobs
-(and the coordinator is killed around that submit, which the client sends again),
-and run by real worker processes (one job in 20 fails its first attempt and is retried)
-whose task (a module this test writes) appends one line
-per start and per end of each run to a file (O_APPEND, one write): job id, ref, attempt,
-a digest of ``ctx.parents`` and, at the end, the nonce it returns in its result. The
-coordinator is killed with SIGKILL at random points (each once a random number of steps
-have ended, after a random delay; seeded: the seed is printed, and JOBMESH_CRASH_SEED
-replays it) and restarted on the same database, until the workflow ends. Then: the workflow is COMPLETED; no job of it is missing; each job was released
-once (retries aside) and completed once; each one's COMPLETED result is from a run that saw exactly the
-results its parents' final snapshots hold; each join's runs ended once (a join is
-started again only if its earlier attempt never ended); every plain job ended.
+joins over 8 of those, a final join) is submitted while a client submits plain jobs (and
+the coordinator is killed around that submit, which the client sends again), and run by
+real worker processes (one job in 20 fails its first attempt and is retried) whose task
+(a module this test writes) appends one line per start and per end of each run to a file
+(O_APPEND, one write): job id, ref, attempt, a digest of ``ctx.parents`` and, at the end,
+the nonce it returns in its result. The coordinator is killed with SIGKILL at random
+points (each once a random number of steps have ended, after a random delay; seeded: the
+seed is printed, and JOBMESH_CRASH_SEED replays it) and restarted on the same database,
+until the workflow ends. Then: the workflow is COMPLETED; no job of it is missing; each
+job was released once (retries aside) and completed once; each one's COMPLETED result is
+from a run that saw exactly the results its parents' final snapshots hold; each join's
+runs ended once (a join is started again only if its earlier attempt never ended); every
+plain job ended.
 
 test_standby.py runs the same across takeovers on PostgreSQL, with this module's parts.
 """
