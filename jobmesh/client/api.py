@@ -19,7 +19,8 @@ What each failure means for the caller (the error tree is in jobmesh/errors.py):
   after each loss. A reply that timed out or made no sense sends them again as well when
   the connection was reused or there are several addresses. A coordinator that closes
   fresh connections on the request at once, before answering anything (a TLS port does so
-  to a plaintext client), is sent it ``DROPS_AT_ONCE`` times in all. Other requests (a
+  to a plaintext client), is sent it ``DROPS_AT_ONCE`` times in a row (a moment when no
+  address takes the connection, as while a killed coordinator restarts, starts again). Other requests (a
   submit without a key, cancel, retry, purge, schedule changes) are not repeated; except
   that any request goes on a fresh connection when the coordinator closed the connection
   after refusing the previous request (it reads nothing more there, so this one was never
@@ -274,7 +275,10 @@ class Failover:
     again has had another loss, which opens a window of its own; except that
     ``DROPS_AT_ONCE`` connections in a row that the coordinator closed on the request at
     once, without having answered anything, end it: it will not take this request (a
-    TLS port drops a plaintext client so). ``clock``: monotonic seconds."""
+    TLS port drops a plaintext client so). A round in which no address took the
+    connection starts that count again: the coordinator that dropped the request went
+    away (killed, restarting, a standby taking over) rather than refused it, as a
+    coordinator killed again soon after each restart does. ``clock``: monotonic seconds."""
 
     def __init__(self, lost: CoordinatorUnavailable, timeout: float, clock: Callable[[], float]) -> None:
         self._timeout = timeout
@@ -296,6 +300,8 @@ class Failover:
             else:
                 self._drops = 0
                 self._deadline = self._clock() + self._timeout
+        else:
+            self._drops = 0  # no address took it: gone, not refusing
         self._rounds += 1
         pause = submit_backoff(self._rounds)
         if self._clock() + pause > self._deadline:
