@@ -14,7 +14,7 @@ until the workflow ends. Then: the workflow is COMPLETED; no job of it is missin
 job was released once (retries aside) and completed once; each one's COMPLETED result is
 from a run that saw exactly the results its parents' final snapshots hold; each join's
 runs ended once (a join is started again only if its earlier attempt never ended); every
-plain job ended.
+plain job ended; a WAIT_WORKFLOW sent before the crashes saw the workflow's end.
 
 test_standby.py runs the same across takeovers on PostgreSQL, with this module's parts.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jobmesh.client import CoordinatorClient
-from jobmesh.errors import ClientError
+from jobmesh.errors import ClientError, CoordinatorUnavailable
 from tests.support.peers import wait_registered
 from tests.support.processes import WorkerProc
 from tests.support.waiting import wait_until
@@ -200,6 +200,38 @@ def submit_across_a_crash(client: CoordinatorClient, jobs: list[dict[str, Any]],
     return got[0]
 
 
+class Waited(threading.Thread):
+    """``wait_workflow`` in a thread of its own; ``outcome``: [the state it returned] or [the
+    error]; ``given_up``: how often the client gave the wait up (CoordinatorUnavailable),
+    after which it is called again."""
+
+    def __init__(self, target: str, workflow_id: str) -> None:
+        super().__init__(daemon=True)
+        self.target, self.workflow_id = target, workflow_id
+        self.outcome: list[Any] = []
+        self.given_up = 0
+
+    def run(self) -> None:
+        try:
+            with CoordinatorClient(self.target, timeout=30, failover_timeout=60) as client:
+                while not self.outcome:
+                    try:
+                        self.outcome.append(client.wait_workflow(self.workflow_id, timeout=4 * ENDED)["state"])
+                    except CoordinatorUnavailable:
+                        self.given_up += 1
+                        if self.given_up > 2 * KILLS:
+                            raise
+                        time.sleep(0.2)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            self.outcome.append(exc)
+
+
+def wait_through_crashes(target: str, workflow_id: str) -> Waited:
+    waited = Waited(target, workflow_id)
+    waited.start()
+    return waited
+
+
 def crash_loop(rng: random.Random, log: Path, crash: Callable[[int], None], made: int) -> int:
     """``crash(n)`` (kill -9, then a coordinator on the same database leads) at random
     points of the workflow: each once a random number of its steps have ended (so the
@@ -256,9 +288,12 @@ def check_outcomes(client: CoordinatorClient, log: Path, workflow_id: str, job_i
 
 
 def run_under_crashes(tmp_path: Path, name: str, client_target: str, worker_target: str,
-                      crash: Callable[[int], None], started: list[WorkerProc]) -> None:
+                      crash: Callable[[int], None], started: list[WorkerProc], rides: bool = True) -> None:
     """The whole scenario against coordinators on ``client_target`` / ``worker_target``
-    (one address, or a list), ``crash(n)`` making the n-th crash and takeover."""
+    (one address, or a list), ``crash(n)`` making the n-th crash and takeover. ``rides``:
+    the pending wait must ride through every crash without being given up (with several
+    addresses, new leaders killed each within a second of the wait sent again look to the
+    client like coordinators refusing it, DROPS_AT_ONCE times in a row: it gives up)."""
     rng = seeded(name)
     seed_note = "replay with JOBMESH_CRASH_SEED as printed above"
     where = write_tasks(tmp_path)
@@ -273,12 +308,19 @@ def run_under_crashes(tmp_path: Path, name: str, client_target: str, worker_targ
         jobs = fan_out_fan_in(log, rng)
         try:
             workflow_id, job_ids = submit_across_a_crash(client, jobs, rng, crash)
+            waited = wait_through_crashes(client_target, workflow_id)
             made = crash_loop(rng, log, crash, 1)
         finally:
             plain = load.stop()
         print("%s: %d crashes, %d plain jobs" % (name, made, len(plain)))
         assert made >= 3, "the workflow ended before a third crash: this run tests too little"
         check_outcomes(client, log, workflow_id, job_ids, jobs, plain, seed_note)
+        # a WAIT_WORKFLOW sent before the crashes, sent again after each, saw the workflow's end
+        waited.join(ENDED)
+        print("%s: the wait was given up %d times" % (name, waited.given_up))
+        assert waited.outcome == ["COMPLETED"], (seed_note, waited.outcome)
+        if rides:  # one address: a wait rides through every restart
+            assert waited.given_up == 0, seed_note
         # one workflow was made of the submit sent again: the same submit now is answered with it
         assert client.submit_workflow(jobs, "fan", idempotency_key="fan") == (workflow_id, job_ids), seed_note
 
