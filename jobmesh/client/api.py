@@ -276,15 +276,18 @@ class Failover:
     ``DROPS_AT_ONCE`` connections in a row that the coordinator closed on the request at
     once, without having answered anything, end it: it will not take this request (a
     TLS port drops a plaintext client so). A round in which no address took the
-    connection starts that count again: the coordinator that dropped the request went
-    away (killed, restarting, a standby taking over) rather than refused it, as a
-    coordinator killed again soon after each restart does. ``clock``: monotonic seconds."""
+    connection, or a drop by another address than the last, starts that count again: the
+    coordinator that dropped the request went away (killed, restarting, a standby taking
+    over) rather than refused it, as coordinators killed again soon after each restart
+    or takeover do. ``clock``: monotonic seconds."""
 
     def __init__(self, lost: CoordinatorUnavailable, timeout: float, clock: Callable[[], float]) -> None:
         self._timeout = timeout
         self._clock = clock
         self._deadline = clock() + timeout
-        self._drops = 1 if isinstance(lost, ClosedUnanswered) and lost.at_once else 0
+        dropped = isinstance(lost, ClosedUnanswered) and lost.at_once
+        self._drops = 1 if dropped else 0
+        self._dropped_by = lost.address if isinstance(lost, ClosedUnanswered) else None  # whose drops count
         self._rounds = 0
 
     def pause(self, failure: NotConnected | ClosedUnanswered, ride: bool) -> float:
@@ -294,7 +297,8 @@ class Failover:
             if not ride:
                 raise failure
             if failure.at_once:
-                self._drops += 1
+                self._drops = self._drops + 1 if failure.address == self._dropped_by else 1
+                self._dropped_by = failure.address
                 if self._drops >= DROPS_AT_ONCE:
                     raise failure
             else:
@@ -799,14 +803,14 @@ class CoordinatorClient:
         except (ConnectionResetError, BrokenPipeError) as exc:  # a closed peer, as EOF is
             at_once = self._dropped_at_once(sent_at)
             self._lost()
-            raise ClosedUnanswered("connection to %s lost: %s" % (where, exc), at_once) from exc
+            raise ClosedUnanswered("connection to %s lost: %s" % (where, exc), at_once, where) from exc
         except (OSError, ProtocolError) as exc:
             self._lost()
             raise CoordinatorUnavailable("connection to %s lost: %s" % (where, exc)) from exc
         if obj is None:
             at_once = self._dropped_at_once(sent_at)
             self._lost()
-            raise ClosedUnanswered("%s closed the connection without replying" % where, at_once)
+            raise ClosedUnanswered("%s closed the connection without replying" % where, at_once, where)
         self._answered = True
         return obj
 

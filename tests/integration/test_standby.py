@@ -561,7 +561,7 @@ def test_takeovers_from_leaders_killed_at_random_points_of_a_fan_out_fan_in_lose
 
     try:
         # Then the workflow completes with every step once, with all its parents' results
-        run_under_crashes(tmp_path, "postgres", clients_on, workers_on, crash, started, rides=False)
+        run_under_crashes(tmp_path, "postgres", clients_on, workers_on, crash, started)
     finally:
         for worker in started:
             worker.cleanup()

@@ -220,7 +220,7 @@ def test_submit_backoff_is_capped_and_jittered():
         assert ceiling / 2 <= delay <= ceiling
 
 
-def test_drops_at_once_end_a_request_only_in_a_row_of_connections_taken():
+def test_drops_at_once_end_a_request_only_in_a_row_by_one_address_taking_connections():
     # A coordinator killed again soon after each restart drops a pending request "at once"
     # each time, but between the drops no address takes the connection: it went away, it
     # did not refuse the request, and the request (a wait) rides on.
@@ -231,6 +231,15 @@ def test_drops_at_once_end_a_request_only_in_a_row_of_connections_taken():
     for _ in range(2 * DROPS_AT_ONCE):
         assert restarting.pause(NotConnected("cannot connect"), ride=True) >= 0
         assert restarting.pause(closed(), ride=True) >= 0
+    # ... as are leaders killed one after the other, each soon after it took over: the
+    # drops come from one address, then another
+    def closed_by(address: str) -> ClosedUnanswered:
+        return ClosedUnanswered("closed the connection without replying", True, address)
+
+    taking_over = Failover(closed_by("a"), 30.0, lambda: 0.0)
+    for _ in range(DROPS_AT_ONCE):
+        for address in ("b", "a"):
+            assert taking_over.pause(closed_by(address), ride=True) >= 0
     # while one that takes every connection and drops the request at once is given up
     refusing = Failover(closed(), 30.0, lambda: 0.0)
     for _ in range(DROPS_AT_ONCE - 2):
