@@ -20,7 +20,8 @@ What each failure means for the caller (the error tree is in jobmesh/errors.py):
   the connection was reused or there are several addresses. A coordinator that closes
   fresh connections on the request at once, before answering anything (a TLS port does so
   to a plaintext client), is sent it ``DROPS_AT_ONCE`` times in a row (a moment when no
-  address takes the connection, as while a killed coordinator restarts, starts again). Other requests (a
+  address takes the connection, as while a killed coordinator restarts, or a drop by
+  another address, as after a takeover, starts the count again). Other requests (a
   submit without a key, cancel, retry, purge, schedule changes) are not repeated; except
   that any request goes on a fresh connection when the coordinator closed the connection
   after refusing the previous request (it reads nothing more there, so this one was never
