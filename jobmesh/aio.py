@@ -162,7 +162,7 @@ class _Connection(asyncio.Protocol):
             # At once: a connection that has answered nothing, closed right after the
             # request was sent: a refusal of this client rather than a coordinator going away.
             self._end(lambda sent_at: ClosedUnanswered(
-                message, not self.answered and now - sent_at < self._connect_timeout))
+                message, not self.answered and now - sent_at < self._connect_timeout, self.address))
         else:
             self.close("connection to %s lost: %s" % (self.address, exc))
         self.resume_writing()

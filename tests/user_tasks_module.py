@@ -154,6 +154,13 @@ def addup(payload, ctx):
     return {"sum": total, "parents": sorted(ctx.parents)}
 
 
+@task("TALLY")
+def tally(payload, ctx):
+    """A join of many: how many parents it got, and their sums added (ADDUP's result keeps
+    every parent's ref, too long for a result with thousands of them)."""
+    return {"parents": len(ctx.parents), "sum": sum(parent.get("sum", 0) for parent in ctx.parents.values())}
+
+
 @task("BOOM")
 def boom(payload):
     raise ValueError("bad name")

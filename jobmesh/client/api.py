@@ -19,7 +19,9 @@ What each failure means for the caller (the error tree is in jobmesh/errors.py):
   after each loss. A reply that timed out or made no sense sends them again as well when
   the connection was reused or there are several addresses. A coordinator that closes
   fresh connections on the request at once, before answering anything (a TLS port does so
-  to a plaintext client), is sent it ``DROPS_AT_ONCE`` times in all. Other requests (a
+  to a plaintext client), is sent it ``DROPS_AT_ONCE`` times in a row (a moment when no
+  address takes the connection, as while a killed coordinator restarts, or a drop by
+  another address, as after a takeover, starts the count again). Other requests (a
   submit without a key, cancel, retry, purge, schedule changes) are not repeated; except
   that any request goes on a fresh connection when the coordinator closed the connection
   after refusing the previous request (it reads nothing more there, so this one was never
@@ -275,13 +277,19 @@ class Failover:
     again has had another loss, which opens a window of its own; except that
     ``DROPS_AT_ONCE`` connections in a row that the coordinator closed on the request at
     once, without having answered anything, end it: it will not take this request (a
-    TLS port drops a plaintext client so). ``clock``: monotonic seconds."""
+    TLS port drops a plaintext client so). A round in which no address took the
+    connection, or a drop by another address than the last, starts that count again: the
+    coordinator that dropped the request went away (killed, restarting, a standby taking
+    over) rather than refused it, as coordinators killed again soon after each restart
+    or takeover do. ``clock``: monotonic seconds."""
 
     def __init__(self, lost: CoordinatorUnavailable, timeout: float, clock: Callable[[], float]) -> None:
         self._timeout = timeout
         self._clock = clock
         self._deadline = clock() + timeout
-        self._drops = 1 if isinstance(lost, ClosedUnanswered) and lost.at_once else 0
+        dropped = isinstance(lost, ClosedUnanswered) and lost.at_once
+        self._drops = 1 if dropped else 0
+        self._dropped_by = lost.address if isinstance(lost, ClosedUnanswered) else None  # whose drops count
         self._rounds = 0
 
     def pause(self, failure: NotConnected | ClosedUnanswered, ride: bool) -> float:
@@ -291,12 +299,15 @@ class Failover:
             if not ride:
                 raise failure
             if failure.at_once:
-                self._drops += 1
+                self._drops = self._drops + 1 if failure.address == self._dropped_by else 1
+                self._dropped_by = failure.address
                 if self._drops >= DROPS_AT_ONCE:
                     raise failure
             else:
                 self._drops = 0
                 self._deadline = self._clock() + self._timeout
+        else:
+            self._drops = 0  # no address took it: gone, not refusing
         self._rounds += 1
         pause = submit_backoff(self._rounds)
         if self._clock() + pause > self._deadline:
@@ -803,14 +814,14 @@ class CoordinatorClient:
         except (ConnectionResetError, BrokenPipeError) as exc:  # a closed peer, as EOF is
             at_once = self._dropped_at_once(sent_at)
             self._lost()
-            raise ClosedUnanswered("connection to %s lost: %s" % (where, exc), at_once) from exc
+            raise ClosedUnanswered("connection to %s lost: %s" % (where, exc), at_once, where) from exc
         except (OSError, ProtocolError) as exc:
             self._lost()
             raise CoordinatorUnavailable("connection to %s lost: %s" % (where, exc)) from exc
         if obj is None:
             at_once = self._dropped_at_once(sent_at)
             self._lost()
-            raise ClosedUnanswered("%s closed the connection without replying" % where, at_once)
+            raise ClosedUnanswered("%s closed the connection without replying" % where, at_once, where)
         self._answered = True
         return obj
 

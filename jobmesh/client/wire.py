@@ -25,11 +25,13 @@ from jobmesh.protocol.framing import encode_frame
 class ClosedUnanswered(CoordinatorUnavailable):
     """The coordinator closed the connection without answering the request (EOF, or a
     reset or broken pipe: what a closed peer answers data with). ``at_once``: on a
-    connection that had answered nothing, right after the request was sent."""
+    connection that had answered nothing, right after the request was sent. ``address``:
+    the coordinator's that closed it."""
 
-    def __init__(self, message: str, at_once: bool):
+    def __init__(self, message: str, at_once: bool, address: Any = None):
         super().__init__(message)
         self.at_once = at_once
+        self.address = address
 
 
 class NotConnected(CoordinatorUnavailable):

@@ -31,6 +31,7 @@ from tests.support.peers import ScriptedWorker, wait_registered
 from tests.support.processes import CoordinatorProc, WorkerProc, child_env, unused_port
 from tests.support.waiting import wait_until
 from tests.integration.test_limits_exact import MAX_RUNNING, TYPE, check_timelines, set_limit, submit_load
+from tests.integration.test_workflows_crash import run_under_crashes
 
 STANDING_BY = "jobmesh coordinator standing by"
 EXIT_LEADERSHIP_LOST = 75
@@ -538,6 +539,32 @@ def test_a_standby_taking_over_a_workflow_releases_each_waiting_job_once_with_ev
         assert after.poll_assign(0.3) is None
     finally:
         after.close()
+
+
+def test_takeovers_from_leaders_killed_at_random_points_of_a_fan_out_fan_in_lose_and_repeat_no_step(nodes, tmp_path):
+    # (the workflow, the load and the checks: test_workflows_crash.py)
+    # Given a leader and a standby that let workers keep their attempts at a takeover
+    pair = [nodes(name, lease_grace_millis=10_000) for name in ("a", "b")]
+    pair[0].launch().await_listening()
+    pair[1].launch().await_standing_by()
+    workers_on = ",".join(node.worker_target for node in pair)
+    clients_on = ",".join(node.client_target for node in pair)
+    started: list[WorkerProc] = []
+
+    def crash(n: int) -> None:
+        # When the leader is killed, the standby takes over, and the killed one stands by again
+        leader, standby = pair[n % 2], pair[(n + 1) % 2]
+        standby.await_standing_by()  # (launched again at the crash before, it is ready by now)
+        leader.kill()
+        standby.await_listening()
+        leader.launch()
+
+    try:
+        # Then the workflow completes with every step once, with all its parents' results
+        run_under_crashes(tmp_path, "postgres", clients_on, workers_on, crash, started)
+    finally:
+        for worker in started:
+            worker.cleanup()
 
 
 def tuple_of(target: str) -> tuple[str, int]:

@@ -33,7 +33,7 @@ from tests.support.waiting import wait_until
 
 MODULE_SOURCE = Path(__file__).resolve().parent.parent / "user_tasks_module.py"
 USER_TYPES = sorted(["ADDUP", "BIG", "BOOM", "CHATTY", "COOP", "CPU", "DEAF", "EXIT3", "FLAKY", "GREET", "LISTY", "LOGS",
-                     "NAP", "ORPHAN", "REPORTER", "SPIN", "STUBBORN", "THREADS", "WHOAMI"])
+                     "NAP", "ORPHAN", "REPORTER", "SPIN", "STUBBORN", "TALLY", "THREADS", "WHOAMI"])
 
 
 class Session:

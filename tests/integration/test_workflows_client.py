@@ -1,7 +1,8 @@
 """Workflows from the user's side, end to end: the library, the CLI and a real worker
 process (``tests/user_tasks_module.py``'s ADDUP reads ``ctx.parents``), against one
 coordinator the module's tests share (each test's workflows are its own), and the README's
-"Workflows" example run as written."""
+"Workflows" example run as written. A workflow at the limit (10,000 jobs) is taken in one
+reply and run; one job more is refused whole."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from jobmesh.canvas import CanvasError
 from jobmesh.client import CoordinatorClient, WorkflowWaitTimeout, chain, chord, group, step
+from jobmesh.errors import RequestFailed
+from jobmesh.protocol import messages as m
 from tests.support.cli import run_cli
 from tests.support.peers import wait_registered
 from tests.support.processes import WorkerProcs, child_env
@@ -85,6 +89,29 @@ def test_a_chord_s_callback_reads_every_member_s_result(client):
     done = client.wait_workflow(workflow_id, timeout=30)
     assert done["state"] == "COMPLETED"
     assert result_of(client, done, "total")["result"] == {"sum": 10, "parents": ["ADDUP.%d" % i for i in range(5)]}
+
+
+def test_a_10000_job_fan_out_and_fan_in_is_taken_in_one_reply_and_runs_to_its_join(client):
+    # 9,999 parallel steps and a join: one SUBMIT_WORKFLOW, one reply, run by the real workers
+    album = chord(group(step("ADDUP", {"n": i}) for i in range(9_999)), step("TALLY", ref="total"))
+    workflow_id, job_ids = client.submit_workflow(album, "ten-thousand")
+    assert len(job_ids) == 10_000
+    done = client.wait_workflow(workflow_id, timeout=600)
+    assert done["state"] == "COMPLETED" and len(done["jobs"]) == 10_000
+    assert {j["state"] for j in done["jobs"]} == {"COMPLETED"}
+    assert client.status(job_ids["total"])["result"] == {"parents": 9_999, "sum": sum(range(9_999))}
+
+
+def test_a_workflow_of_10001_jobs_is_refused_whole(client):
+    # the library refuses it before sending; the coordinator, sent it anyway, makes none of it
+    jobs = [{"ref": "j%d" % i, "taskType": "ADDUP", "payload": {"n": i, "tag": "over"}} for i in range(10_001)]
+    with pytest.raises(CanvasError, match="at most 10000 jobs"):
+        client.submit_workflow(jobs)
+    before = client.stats().submitted
+    with pytest.raises(RequestFailed, match="1..10000 jobs"):
+        client.request(m.SubmitWorkflow(jobs, "too-many"), m.WorkflowSubmitted)
+    assert client.stats().submitted == before
+    assert client.list_jobs(state="WAITING", task_type="ADDUP")[0] == []
 
 
 def test_a_failed_step_cancels_its_dependents_and_the_cli_says_so(client, coordinator, tmp_path):

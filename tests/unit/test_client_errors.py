@@ -9,7 +9,8 @@ import socket
 
 import pytest
 
-from jobmesh.client.api import WAIT_CHUNK_MILLIS, CoordinatorClient, WaitTimeout, submit_backoff
+from jobmesh.client.api import DROPS_AT_ONCE, WAIT_CHUNK_MILLIS, CoordinatorClient, Failover, WaitTimeout, submit_backoff
+from jobmesh.client.wire import ClosedUnanswered, NotConnected
 from jobmesh.errors import CoordinatorUnavailable, RequestFailed, SubmitRejected
 from tests.support.scripted_server import CLOSE, Delayed, HANG
 
@@ -217,6 +218,34 @@ def test_submit_backoff_is_capped_and_jittered():
         delay = submit_backoff(retry)
         ceiling = min(2.0, 0.05 * 2 ** (retry - 1))
         assert ceiling / 2 <= delay <= ceiling
+
+
+def test_drops_at_once_end_a_request_only_in_a_row_by_one_address_taking_connections():
+    # A coordinator killed again soon after each restart drops a pending request "at once"
+    # each time, but between the drops no address takes the connection: it went away, it
+    # did not refuse the request, and the request (a wait) rides on.
+    def closed() -> ClosedUnanswered:
+        return ClosedUnanswered("closed the connection without replying", at_once=True)
+
+    restarting = Failover(closed(), 30.0, lambda: 0.0)
+    for _ in range(2 * DROPS_AT_ONCE):
+        assert restarting.pause(NotConnected("cannot connect"), ride=True) >= 0
+        assert restarting.pause(closed(), ride=True) >= 0
+    # ... as are leaders killed one after the other, each soon after it took over: the
+    # drops come from one address, then another
+    def closed_by(address: str) -> ClosedUnanswered:
+        return ClosedUnanswered("closed the connection without replying", True, address)
+
+    taking_over = Failover(closed_by("a"), 30.0, lambda: 0.0)
+    for _ in range(DROPS_AT_ONCE):
+        for address in ("b", "a"):
+            assert taking_over.pause(closed_by(address), ride=True) >= 0
+    # while one that takes every connection and drops the request at once is given up
+    refusing = Failover(closed(), 30.0, lambda: 0.0)
+    for _ in range(DROPS_AT_ONCE - 2):
+        refusing.pause(closed(), ride=True)
+    with pytest.raises(ClosedUnanswered):
+        refusing.pause(closed(), ride=True)
 
 
 def test_a_close_right_after_an_error_sends_the_next_request_again_on_a_fresh_connection(serve):
