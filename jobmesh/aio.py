@@ -47,8 +47,8 @@ from datetime import datetime, timedelta
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, joined
-from jobmesh.client.api import (DEFAULT_PORT, FAILOVER_TIMEOUT, WAITS, Failover, SubmittedWorkflow, WaitChunks,
-                                WaitTimeout, WorkflowJobs, WorkflowPages, WorkflowWaitTimeout, coordinator_addresses,
+from jobmesh.client.api import (DEFAULT_PORT, DROP_AT_ONCE_SECONDS, FAILOVER_TIMEOUT, WAITS, Failover,
+                                SubmittedWorkflow, WaitChunks, WaitTimeout, WorkflowJobs, WorkflowPages, WorkflowWaitTimeout, coordinator_addresses,
                                 fire_times, limit_put_request, may_resend, preview_request, purge_request,
                                 resends_workflow, schedule_put_request, submit_backoff, submit_request, tls_context,
                                 workflow_request)
@@ -162,7 +162,8 @@ class _Connection(asyncio.Protocol):
             # At once: a connection that has answered nothing, closed right after the
             # request was sent: a refusal of this client rather than a coordinator going away.
             self._end(lambda sent_at: ClosedUnanswered(
-                message, not self.answered and now - sent_at < self._connect_timeout, self.address))
+                message, not self.answered and now - sent_at < min(self._connect_timeout, DROP_AT_ONCE_SECONDS),
+                self.address))
         else:
             self.close("connection to %s lost: %s" % (self.address, exc))
         self.resume_writing()

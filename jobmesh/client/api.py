@@ -90,6 +90,11 @@ FAILOVER_TIMEOUT = 30.0
 # Connections in a row closed on a request at once, before any answer, after which it is
 # not sent again: the coordinator will not take it.
 DROPS_AT_ONCE = 3
+# "At once": a connection closed on the request within this many seconds of its sending (and
+# within connect_timeout). A coordinator that refuses a client, or dies of the request, closes
+# in milliseconds; one killed from outside while the request waits rarely does so this soon,
+# and a supervisor or standby bringing it back must not make a pending request give up.
+DROP_AT_ONCE_SECONDS = 0.25
 WAIT_CHUNK_MILLIS = 60_000  # one WAIT_JOB waits at most this long; ``wait`` asks again after it
 WATCH_MILLIS = 1000  # with ``on_snapshot``, ``wait`` shows the job this often (a WAIT_JOB of this long)
 _TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
@@ -827,9 +832,9 @@ class CoordinatorClient:
 
     def _dropped_at_once(self, sent_at: float) -> bool:
         """Whether a connection that has answered nothing was closed on the request sent at
-        ``sent_at`` within ``connect_timeout``: a refusal of this client rather than a
+        ``sent_at`` at once (``DROP_AT_ONCE_SECONDS``, at most ``connect_timeout``): a refusal of this client rather than a
         coordinator going away while the request was pending."""
-        return not self._answered and time.monotonic() - sent_at < self.connect_timeout
+        return not self._answered and time.monotonic() - sent_at < min(self.connect_timeout, DROP_AT_ONCE_SECONDS)
 
     def _peer_closed(self) -> bool:
         """Whether the coordinator has closed the idle connection (seen without blocking;
