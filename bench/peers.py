@@ -60,7 +60,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -78,6 +77,7 @@ from bench import procs  # noqa: E402
 from bench.loadgen import _loadavg, _revision  # noqa: E402
 from bench.peer_apps import SYSTEMS, URL_ENV, System  # noqa: E402
 from bench.periodic import cell, last_json, wait_until  # noqa: E402
+from bench.pgserver import free_port  # noqa: E402
 from bench.scaling import fmt, print_table  # noqa: E402
 
 MODES = ("e2e", "submit")
@@ -126,12 +126,6 @@ def child(name: str, args: list[str], run_dir: Path) -> procs.Child:
 def logged(children: list[procs.Child], text: str) -> int:
     """How many times ``text`` appears in the children's stdout and stderr."""
     return sum(procs.tail(p, 1 << 20).count(text) for c in children for p in (c.out_path, c.err_path))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_redis(s: Settings, run_dir: Path) -> tuple[procs.Child, str]:

@@ -1,8 +1,5 @@
 """Workflows: what a big SUBMIT_WORKFLOW costs, and a wide fan-out/fan-in beside plain jobs.
 
-    python -m bench.workflows [--sizes=1000,10000] [--width=9999] [--rounds=3] [--workers=4]
-                              [--capacity=32] [--clients=100] [--runs=3]
-
 Two parts, each on its own coordinators (SQLite, ``--db-synchronous=FULL`` as the load
 generator's own; an admission limit nothing reaches):
 
@@ -24,11 +21,25 @@ generator's own; an admission limit nothing reaches):
 
 Printed: every run, then the medians. Figures only: nothing is judged (exit status 0
 unless the set-up fails).
+
+Usage:
+  workflows.py [--sizes=SIZES] [--runs=N] [--width=N] [--rounds=N] [--workers=N] [--capacity=N]
+               [--clients=N]
+  workflows.py (-h | --help)
+
+Options:
+  --sizes=SIZES   workflow sizes of the submit part, jobs, comma-separated [default: 1000,10000]
+  --runs=N        submits of each size, each on a fresh coordinator [default: 3]
+  --width=N       parallel jobs of the e2e fan-out (plus its join) [default: 9999]
+  --rounds=N      e2e rounds, each a workflow and a plain run [default: 3]
+  --workers=N     worker processes of the e2e part [default: 4]
+  --capacity=N    slots of each worker [default: 32]
+  --clients=N     the plain runs' loadgen connections [default: 100]
+  -h --help       show this help
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -36,8 +47,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from docopt import docopt
 
 from bench import procs
 from jobmesh.aio import AsyncClient
@@ -45,6 +59,15 @@ from jobmesh.client import CoordinatorClient
 
 SLEEP0 = {"durationMillis": 0}  # loadgen's default task, sleep0
 NO_LIMIT = "--max-active-jobs=100000000"
+
+
+@dataclass(frozen=True)
+class Settings:  # of the e2e part
+    width: int
+    rounds: int
+    workers: int
+    capacity: int
+    clients: int
 
 
 def fan_in(size: int) -> list[dict[str, Any]]:
@@ -131,7 +154,7 @@ def plain_e2e(target: str, worker_addr: tuple[str, int], pid: int, jobs: int, cl
     return {"jobs_per_s": json.loads(out.read_text())["jobs_per_s"]}
 
 
-def e2e_rounds(run_dir: Path, o: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+def e2e_rounds(run_dir: Path, o: Settings) -> dict[str, list[dict[str, float]]]:
     run_dir.mkdir(parents=True)
     coordinator, worker_addr, client_addr = procs.start_coordinator(run_dir, run_dir / "bench.db", "FULL",
                                                                     [NO_LIMIT, "--log-level=WARNING"])
@@ -162,21 +185,15 @@ def e2e_rounds(run_dir: Path, o: argparse.Namespace) -> dict[str, list[dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="1000,10000", help="workflow sizes of the submit part, jobs")
-    parser.add_argument("--runs", type=int, default=3, help="submits of each size, each on a fresh coordinator")
-    parser.add_argument("--width", type=int, default=9_999, help="parallel jobs of the e2e fan-out (plus its join)")
-    parser.add_argument("--rounds", type=int, default=3, help="e2e rounds, each a workflow and a plain run")
-    parser.add_argument("--workers", type=int, default=4, help="worker processes of the e2e part")
-    parser.add_argument("--capacity", type=int, default=32, help="slots of each worker")
-    parser.add_argument("--clients", type=int, default=100, help="the plain runs' loadgen connections")
-    o = parser.parse_args(argv)
-    sizes = [int(s) for s in o.sizes.split(",")]
+    args = docopt(__doc__, argv=argv)
+    sizes = [int(s) for s in args["--sizes"].split(",")]
+    runs_of_size = int(args["--runs"])
+    o = Settings(*(int(args["--" + name]) for name in ("width", "rounds", "workers", "capacity", "clients")))
     with tempfile.TemporaryDirectory(prefix="jobmesh-workflows-bench-") as tmp:
         run_dir = Path(tmp)
         submits: dict[tuple[int, str], list[dict[str, float]]] = {}
         for size in sizes:
-            for n in range(1, o.runs + 1):
+            for n in range(1, runs_of_size + 1):
                 for kind, run in (("workflow", submit_run), ("plain", plain_submit_run)):
                     fig = run(run_dir / ("submit-%s-%d-%d" % (kind, size, n)), size)
                     submits.setdefault((size, kind), []).append(fig)
