@@ -47,10 +47,10 @@ from datetime import datetime, timedelta
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from jobmesh.addresses import CONNECT_TIMEOUT, Address, AllFailed, joined
-from jobmesh.client.api import (DEFAULT_PORT, DROP_AT_ONCE_SECONDS, FAILOVER_TIMEOUT, WAITS, Failover,
+from jobmesh.client.api import (DEFAULT_PORT, FAILOVER_TIMEOUT, WAITS, Failover,
                                 SubmittedWorkflow, WaitChunks, WaitTimeout, WorkflowJobs, WorkflowPages, WorkflowWaitTimeout, coordinator_addresses,
-                                fire_times, limit_put_request, may_resend, preview_request, purge_request,
-                                resends_workflow, schedule_put_request, submit_backoff, submit_request, tls_context,
+                                dropped_at_once, fire_times, limit_put_request, may_resend, preview_request, purge_request,
+                                reply_timeout, resends_workflow, schedule_put_request, submit_backoff, submit_request, tls_context,
                                 workflow_request)
 from jobmesh.client.wire import (BadReply, ClosedUnanswered, NotConnected, TlsFailed, encode_request, read_reply,
                                  tls_reason)
@@ -159,11 +159,8 @@ class _Connection(asyncio.Protocol):
             message = ("%s closed the connection without replying" % self.address if exc is None
                        else "connection to %s lost: %s" % (self.address, exc))
             now = self._loop.time()
-            # At once: a connection that has answered nothing, closed right after the
-            # request was sent: a refusal of this client rather than a coordinator going away.
             self._end(lambda sent_at: ClosedUnanswered(
-                message, not self.answered and now - sent_at < min(self._connect_timeout, DROP_AT_ONCE_SECONDS),
-                self.address))
+                message, dropped_at_once(self.answered, now - sent_at, self._connect_timeout), self.address))
         else:
             self.close("connection to %s lost: %s" % (self.address, exc))
         self.resume_writing()
@@ -490,11 +487,8 @@ class AsyncClient:
         """Send one frame on ``conn`` and return its reply. A WAIT_JOB's reply may take its
         wait plus ``timeout``; its connection is kept for the next wait once it is answered."""
         wait = isinstance(request, WAITS)
-        timeout = self.timeout
-        if isinstance(request, WAITS):
-            timeout += request.timeout_millis / 1000.0
         conn.sent += 1
-        reply = conn.send(frame, timeout)
+        reply = conn.send(frame, reply_timeout(request, self.timeout))
         try:
             await conn.drain()
             obj = await reply

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Iterable, Union
+from typing import Any, Iterable, Union, cast
 
 from jobmesh.errors import JobmeshError
 from jobmesh.protocol.payloads import TASK_NAME_RULE, is_task_type_name
@@ -56,8 +56,15 @@ class CanvasError(JobmeshError, ValueError):
     name, a member that is not a shape. Raised before anything is sent."""
 
 
+class _Shape:
+    """What the shapes have in common: ``a | b`` is ``chain(a, b)``."""
+
+    def __or__(self, other: Node) -> Chain:
+        return chain(cast(Node, self), other)
+
+
 @dataclass(frozen=True)
-class Step:
+class Step(_Shape):
     """One job of a workflow. Made by ``step(...)`` or a task function's ``.s(...)``."""
 
     task_type: str
@@ -74,28 +81,19 @@ class Step:
     def submit_options(self) -> dict[str, Any]:
         return dict(self.options)
 
-    def __or__(self, other: Node) -> Chain:
-        return chain(self, other)
-
 
 @dataclass(frozen=True)
-class Chain:
+class Chain(_Shape):
     """Stages one after another: each starts once every job ending the one before has completed."""
 
     stages: tuple[Node, ...]
 
-    def __or__(self, other: Node) -> Chain:
-        return chain(self, other)
-
 
 @dataclass(frozen=True)
-class Group:
+class Group(_Shape):
     """Members side by side, each after whatever came before the group."""
 
     members: tuple[Node, ...]
-
-    def __or__(self, other: Node) -> Chain:
-        return chain(self, other)
 
 
 Node = Union[Step, Chain, Group]

@@ -275,6 +275,14 @@ def may_resend(failure: CoordinatorUnavailable, idempotent: bool, reused: bool, 
     return idempotent and (reused or several_addresses)
 
 
+def dropped_at_once(answered: bool, seconds: float, connect_timeout: float) -> bool:
+    """Whether a connection closed ``seconds`` after the request was sent on it was closed
+    at once: it has answered nothing, and the close came within ``DROP_AT_ONCE_SECONDS``
+    (at most ``connect_timeout``): a refusal of this client rather than a coordinator
+    going away while the request was pending."""
+    return not answered and seconds < min(connect_timeout, DROP_AT_ONCE_SECONDS)
+
+
 class Failover:
     """The rounds of sending a request again after its connection was ``lost``: while no
     address takes the connection, again after ``submit_backoff``, for up to ``timeout``
@@ -372,6 +380,11 @@ class WaitChunks:
 
 # The requests whose reply may take their wait (``timeoutMillis``) plus the reply timeout.
 WAITS = (m.WaitJob, m.WaitWorkflow)
+
+
+def reply_timeout(request: m.Message, timeout: float) -> float:
+    """Seconds to wait for the reply to ``request``: ``timeout``, plus a wait's own."""
+    return timeout + request.timeout_millis / 1000.0 if isinstance(request, WAITS) else timeout
 
 
 class SubmittedWorkflow(NamedTuple):
@@ -803,9 +816,8 @@ class CoordinatorClient:
             self._connect()
         where = self.address
         assert self._sock is not None and self._reader is not None
-        timeout = self.timeout
-        if isinstance(request, WAITS):
-            timeout += request.timeout_millis / 1000.0
+        timeout = reply_timeout(request, self.timeout)
+        if timeout != self.timeout:
             self._sock.settimeout(timeout)
         sent_at = time.monotonic()
         try:
@@ -817,24 +829,22 @@ class CoordinatorClient:
             self._lost()
             raise CoordinatorUnavailable("no reply from %s within %.3gs" % (where, timeout)) from exc
         except (ConnectionResetError, BrokenPipeError) as exc:  # a closed peer, as EOF is
-            at_once = self._dropped_at_once(sent_at)
-            self._lost()
-            raise ClosedUnanswered("connection to %s lost: %s" % (where, exc), at_once, where) from exc
+            raise self._closed_unanswered("connection to %s lost: %s" % (where, exc), sent_at) from exc
         except (OSError, ProtocolError) as exc:
             self._lost()
             raise CoordinatorUnavailable("connection to %s lost: %s" % (where, exc)) from exc
         if obj is None:
-            at_once = self._dropped_at_once(sent_at)
-            self._lost()
-            raise ClosedUnanswered("%s closed the connection without replying" % where, at_once, where)
+            raise self._closed_unanswered("%s closed the connection without replying" % where, sent_at)
         self._answered = True
         return obj
 
-    def _dropped_at_once(self, sent_at: float) -> bool:
-        """Whether a connection that has answered nothing was closed on the request sent at
-        ``sent_at`` at once (``DROP_AT_ONCE_SECONDS``, at most ``connect_timeout``): a refusal of this client rather than a
-        coordinator going away while the request was pending."""
-        return not self._answered and time.monotonic() - sent_at < min(self.connect_timeout, DROP_AT_ONCE_SECONDS)
+    def _closed_unanswered(self, message: str, sent_at: float) -> ClosedUnanswered:
+        """The coordinator closed the connection on the request sent at ``sent_at`` without
+        answering it: the socket is discarded, and this is the error to raise."""
+        address = self.address
+        at_once = dropped_at_once(self._answered, time.monotonic() - sent_at, self.connect_timeout)
+        self._lost()
+        return ClosedUnanswered(message, at_once, address)
 
     def _peer_closed(self) -> bool:
         """Whether the coordinator has closed the idle connection (seen without blocking;

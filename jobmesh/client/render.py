@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
@@ -557,10 +558,7 @@ def refs(names: Sequence[Any], shown: int) -> str:
 
 def state_counts(jobs: list[dict[str, Any]]) -> str:
     """``12 jobs: 1 RUNNING, 8 WAITING, 3 COMPLETED``."""
-    counts: dict[str, int] = {}
-    for job in jobs:
-        state = str(job.get("state"))
-        counts[state] = counts.get(state, 0) + 1
+    counts = Counter(str(job.get("state")) for job in jobs)
     order = [s for s in STATE_ORDER if s in counts] + sorted(set(counts) - set(STATE_ORDER))
     return "%d job%s%s" % (len(jobs), "" if len(jobs) == 1 else "s",
                            ": " + ", ".join("%d %s" % (counts[s], s) for s in order) if jobs else "")

@@ -85,6 +85,14 @@ def connect(addr, token: str | None, opened: list) -> RawConn:
     return conn
 
 
+def etl_worker(authed, opened: list, worker_id: str) -> ScriptedWorker:
+    """A scripted worker that has authenticated with the "etl-worker" token (not registered yet)."""
+    worker = ScriptedWorker(authed.worker_addr, worker_id)
+    opened.append(worker)
+    assert worker.conn.request({"type": "AUTH", "token": authed.tokens["etl-worker"]})["type"] == "AUTH_OK"
+    return worker
+
+
 @pytest.fixture
 def opened():
     conns: list = []
@@ -389,9 +397,7 @@ def test_snapshots_and_the_submitted_event_name_the_token(authed):
 
 def test_task_type_limits_of_client_and_worker_tokens(authed, opened):
     # Given a worker token limited to GREET and etl.*: it may declare only those
-    refused = ScriptedWorker(authed.worker_addr, "etl-w1")
-    opened.append(refused)
-    assert refused.conn.request({"type": "AUTH", "token": authed.tokens["etl-worker"]})["type"] == "AUTH_OK"
+    refused = etl_worker(authed, opened, "etl-w1")
     reply = refused.conn.request({"type": "WORKER_REGISTER", "workerId": "etl-w1", "capacity": 1})
     assert reply["type"] == "ERROR" and "forbidden" in reply["message"] and "declare" in reply["message"], reply
     reply = refused.conn.request({"type": "WORKER_REGISTER", "workerId": "etl-w1", "capacity": 1,
@@ -416,9 +422,7 @@ def test_task_type_limits_of_client_and_worker_tokens(authed, opened):
 
 def test_a_limited_client_token_submits_a_workflow_only_if_it_may_submit_every_job(authed, opened):
     # Given a client token limited to GREET and etl.*, and a worker that declares etl.load
-    declares = ScriptedWorker(authed.worker_addr, "etl-w-flows")
-    opened.append(declares)
-    assert declares.conn.request({"type": "AUTH", "token": authed.tokens["etl-worker"]})["type"] == "AUTH_OK"
+    declares = etl_worker(authed, opened, "etl-w-flows")
     declares.register(task_types=["etl.load"])
     etl = connect(authed.client_addr, authed.tokens["etl"], opened)
     before = etl.request({"type": "LIST_JOBS", "limit": 1000})["jobs"]
@@ -464,9 +468,7 @@ def test_a_limited_admin_token_schedules_only_its_task_types(authed, opened):
     # Given an admin token limited to GREET and etl.*: a schedule's fires submit its
     # taskType, so a schedule of another type is as forbidden as submitting one (and a
     # worker has declared etl.load)
-    worker = ScriptedWorker(authed.worker_addr, "etl-w2")
-    opened.append(worker)
-    assert worker.conn.request({"type": "AUTH", "token": authed.tokens["etl-worker"]})["type"] == "AUTH_OK"
+    worker = etl_worker(authed, opened, "etl-w2")
     worker.register(task_types=["etl.load"])
     etl = connect(authed.client_addr, authed.tokens["etl-admin"], opened)
     body = {"name": "etl-nightly", "cron": "0 3 * * *", "timezone": "UTC", "payload": {"durationMillis": 1}}

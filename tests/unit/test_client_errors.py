@@ -224,8 +224,8 @@ def test_drops_at_once_end_a_request_only_in_a_row_by_one_address_taking_connect
     # A coordinator killed again soon after each restart drops a pending request "at once"
     # each time, but between the drops no address takes the connection: it went away, it
     # did not refuse the request, and the request (a wait) rides on.
-    def closed() -> ClosedUnanswered:
-        return ClosedUnanswered("closed the connection without replying", at_once=True)
+    def closed(address: str | None = None) -> ClosedUnanswered:
+        return ClosedUnanswered("closed the connection without replying", True, address)
 
     restarting = Failover(closed(), 30.0, lambda: 0.0)
     for _ in range(2 * DROPS_AT_ONCE):
@@ -233,13 +233,10 @@ def test_drops_at_once_end_a_request_only_in_a_row_by_one_address_taking_connect
         assert restarting.pause(closed(), ride=True) >= 0
     # ... as are leaders killed one after the other, each soon after it took over: the
     # drops come from one address, then another
-    def closed_by(address: str) -> ClosedUnanswered:
-        return ClosedUnanswered("closed the connection without replying", True, address)
-
-    taking_over = Failover(closed_by("a"), 30.0, lambda: 0.0)
+    taking_over = Failover(closed("a"), 30.0, lambda: 0.0)
     for _ in range(DROPS_AT_ONCE):
         for address in ("b", "a"):
-            assert taking_over.pause(closed_by(address), ride=True) >= 0
+            assert taking_over.pause(closed(address), ride=True) >= 0
     # while one that takes every connection and drops the request at once is given up
     refusing = Failover(closed(), 30.0, lambda: 0.0)
     for _ in range(DROPS_AT_ONCE - 2):
