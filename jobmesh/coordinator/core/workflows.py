@@ -221,10 +221,10 @@ class Workflows:
         self._finished_jobs -= len(flow.refs)
         self._first_jobs.pop(flow.job_ids[0], None)
 
-    def _purged(self, job_ids: list[str]) -> None:
-        """Finished jobs purged: a workflow goes with its jobs (its first one tells)."""
+    def _purged(self, found: list[tuple[str, str | None]]) -> None:
+        """Finished jobs purged ((job id, key) pairs): a workflow goes with its jobs (its first one tells)."""
         if self._first_jobs:
-            for job_id in job_ids:
+            for job_id, _key in found:
                 workflow_id = self._first_jobs.get(job_id)
                 if workflow_id is not None:
                     self._drop(self.finished.pop(workflow_id))
