@@ -67,6 +67,12 @@ class Prepared(NamedTuple):
     keys: tuple[str | None, str | None]  # concurrencyKey, uniqueKey
 
 
+def rejected(table: JobTable, why: str = "coordinator is at its active-job limit; retry later") -> m.SubmitRejected:
+    """A submit refused at the active-job limit (--max-active-jobs), counted as rejected."""
+    table.counters.rejected += 1
+    return m.SubmitRejected(why, table.active_count, table.config.max_active_jobs, True)
+
+
 Membership = tuple[str, str, list[str]]  # a workflow's job: the workflow id, its ref, the refs it depends on
 
 
@@ -204,11 +210,7 @@ class ClientRequests:
         (task_type, payload, payload_json, max_attempts, priority, key, run_at, submitted_by, timeout, result_ttl,
          keys) = new
         if self.table.active_count >= self.config.max_active_jobs:
-            self.counters.rejected += 1
-            return m.SubmitRejected(
-                "coordinator is at its active-job limit; retry later",
-                self.table.active_count, self.config.max_active_jobs, True,
-            )
+            return rejected(self.table)
         later = run_at is not None and run_at > now_millis + self.table.drift
         state = JobState.SCHEDULED if later else JobState.QUEUED
         if flow is not None and flow[2]:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import ujson
 
 from jobmesh.coordinator.core.limits import Limits
-from jobmesh.coordinator.core.requests import LIST_MAX_BYTES, MAX_PAYLOAD_BYTES, ClientRequests, Prepared
+from jobmesh.coordinator.core.requests import LIST_MAX_BYTES, MAX_PAYLOAD_BYTES, ClientRequests, Prepared, rejected
 from jobmesh.coordinator.core.table import JobTable
 from jobmesh.coordinator.core.waiters import MAX_WAIT_MILLIS, Slot, Waiter, Waiters
 from jobmesh.errors import ProtocolError
@@ -338,9 +338,8 @@ class Workflows:
             return problem_or_reply
         table = self.table
         if table.active_count + len(items) > table.config.max_active_jobs:
-            self.requests.counters.rejected += 1
-            return m.SubmitRejected("coordinator cannot take a workflow of %d jobs within its active-job limit; "
-                                    "retry later" % len(items), table.active_count, table.config.max_active_jobs, True)
+            return rejected(table, "coordinator cannot take a workflow of %d jobs within its active-job limit; "
+                                   "retry later" % len(items))
         if any(new.keys[1] is not None for new in prepared):
             self.limits.listen()  # their ends free their unique keys
         workflow_id = table.new_id()
