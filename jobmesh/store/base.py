@@ -198,8 +198,18 @@ def expired_query(table: str, mark: str) -> str:
         table, EXPIRY_WHERE, EXPIRY_KEY, mark, EXPIRY_KEY, mark)
 
 
+def workflow_queries(jobs: str, workflows: str, mark: str) -> tuple[str, str, str]:
+    """The SELECTs of one workflow (parameter: its id), which SQLite and PostgreSQL spell
+    alike: its jobs as the purge walk weighs them (job id, key, state, updated at), its
+    stored body, and its jobs' whole rows; jobs in sequence order."""
+    where = "FROM %s WHERE workflow_id = %s ORDER BY seq" % (jobs, mark)
+    return ("SELECT job_id, idempotency_key, state, updated_at " + where,
+            "SELECT body FROM %s WHERE workflow_id = %s" % (workflows, mark),
+            "SELECT %s %s" % (", ".join(COLUMN_NAMES), where))
+
+
 def purge_walk(rows: Sequence[tuple[Any, ...]], after: int, cutoff_millis: int, limit: int,
-               own_ttl: bool = True, flow_jobs: Callable[[str], Sequence[tuple[Any, ...]]] | None = None
+               own_ttl: bool, flow_jobs: Callable[[str], Sequence[tuple[Any, ...]]]
                ) -> tuple[list[tuple[str, str | None]], int]:
     """``Store.purgeable``'s answer from the rows its walk read: (seq, job id, key, state,
     updated at, result ttl, workflow id), in sequence order from just past ``after``, at
@@ -218,13 +228,12 @@ def purge_walk(rows: Sequence[tuple[Any, ...]], after: int, cutoff_millis: int, 
                 return found, 0
             if flow is None:
                 found.append((job_id, key))
-            elif flow not in seen and flow_jobs is not None:
+            elif flow not in seen:
                 seen.add(flow)
                 members = flow_jobs(flow)
                 if all(s in TERMINAL_STATES and at < cutoff_millis for _, _, s, at in members):
                     found += [(member, member_key) for member, member_key, _, _ in members]
     return found, (seq if len(rows) == limit else 0)
-
 
 
 class Outcome(Protocol):

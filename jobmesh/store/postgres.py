@@ -76,7 +76,7 @@ from psycopg.types.numeric import Int8Dumper
 
 from jobmesh.store.base import (SCHEMA_VERSION, Batch, Done, LeadershipLost, NewerSchema, Outcome, Read,
                                 StorageFault, expired_query, expiry_index, first_line, lost, outcome_of, page_query,
-                                purge_walk)
+                                purge_walk, workflow_queries)
 from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, Column, Kind, added_in,
                                    column_definition, read_row)
 from jobmesh.store.job import Job
@@ -874,10 +874,7 @@ class PostgresStore:
 
     PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at, result_ttl, workflow_id FROM %s"
                       " WHERE seq > %%s ORDER BY seq LIMIT %%s" % JOBS)
-    FLOW_JOBS_SQL = ("SELECT job_id, idempotency_key, state, updated_at FROM %s WHERE workflow_id = %%s ORDER BY seq"
-                     % JOBS)
-    FLOW_SQL = "SELECT body FROM jobmesh_workflows WHERE workflow_id = %s"
-    FLOW_ROWS_SQL = "SELECT %s FROM %s WHERE workflow_id = %%s ORDER BY seq" % (SELECT_COLUMNS, JOBS)
+    FLOW_JOBS_SQL, FLOW_SQL, FLOW_ROWS_SQL = workflow_queries(JOBS, "jobmesh_workflows", "%s")
 
     def purgeable(self, after: int, cutoff_millis: int, limit: int,
                   own_ttl: bool = True) -> tuple[list[tuple[str, str | None]], int]:

@@ -62,7 +62,8 @@ from typing import Any, Callable, Iterator, TypeVar, cast
 from gevent.threadpool import ThreadPool
 
 from jobmesh.store.base import (SCHEMA_VERSION, Batch, CannotLead, DatabaseInUse, Done, NewerSchema, Outcome, Read,
-                                StorageFault, expired_query, expiry_index, outcome_of, page_query, purge_walk)
+                                StorageFault, expired_query, expiry_index, outcome_of, page_query, purge_walk,
+                                workflow_queries)
 from jobmesh.store.columns import (ACTIVE_STATES, COLUMN_NAMES, COLUMNS, MUTABLE_COLUMNS, Column, Kind, added_in,
                                    column_definition, read_row)
 from jobmesh.store.job import Job
@@ -496,9 +497,7 @@ class SQLiteStore:
     # The walk's SELECT: the seq index gives the rows in order, O(rows examined).
     PURGE_WALK_SQL = ("SELECT seq, job_id, idempotency_key, state, updated_at, result_ttl, workflow_id FROM jobs"
                       " WHERE seq > ? ORDER BY seq LIMIT ?")
-    FLOW_JOBS_SQL = "SELECT job_id, idempotency_key, state, updated_at FROM jobs WHERE workflow_id = ? ORDER BY seq"
-    FLOW_SQL = "SELECT body FROM workflows WHERE workflow_id = ?"
-    FLOW_ROWS_SQL = "SELECT %s FROM jobs WHERE workflow_id = ? ORDER BY seq" % SELECT_COLUMNS
+    FLOW_JOBS_SQL, FLOW_SQL, FLOW_ROWS_SQL = workflow_queries("jobs", "workflows", "?")
 
     def load_workflow(self, workflow_id: str) -> tuple[str, list[Job]] | None:
         """A workflow's body and its jobs, in sequence order (``Store.load_workflow``)."""

@@ -105,14 +105,21 @@ def finished_job(d: CoreDriver, now: int, key: str | None = None) -> str:
     return job_ids[0]
 
 
-def test_a_status_that_needs_a_late_read_is_held_and_answered_once_it_is_done(d):
+def held_status(d: CoreDriver) -> tuple[str, LateStore, Conn, Slot]:
+    """A finished job out of memory, and the GET_JOB_STATUS of it that client "c" sent at
+    20, held for its store read: (job id, the store, the client, the held reply)."""
     job_id = finished_job(d, 10)
     store = d.store
     assert isinstance(store, LateStore)
     client = Conn("c")
-    # The status of a job not in memory waits for the read; a later request is answered now
     held = d.request(20, m.GetJobStatus(job_id), client)
     assert isinstance(held, Slot)
+    return job_id, store, client, held
+
+
+def test_a_status_that_needs_a_late_read_is_held_and_answered_once_it_is_done(d):
+    # The status of a job not in memory waits for the read; a later request is answered now
+    job_id, store, client, held = held_status(d)
     later = d.request(20, m.GetStats(), client)
     assert isinstance(later, m.Stats)
     assert d.end_batch(20) == [] and d.take_answers() == []
@@ -279,12 +286,7 @@ def test_a_damaged_row_ends_alone_and_recovery_serves_the_rest(tmp_path):
 def test_a_row_read_before_its_purge_and_returned_after_it_is_not_kept(d):
     # Given a finished job out of memory, and a status request whose store read saw its
     # row (the read runs on its own connection, so it can see the row the purge deletes)
-    job_id = finished_job(d, 10)
-    store = d.store
-    assert isinstance(store, LateStore)
-    client = Conn("c")
-    held = d.request(20, m.GetJobStatus(job_id), client)
-    assert isinstance(held, Slot)
+    job_id, store, _client, held = held_status(d)
     seen = store.get(job_id)
     assert seen is not None
     status_read = store.reads[-1]

@@ -119,20 +119,27 @@ def test_a_new_database_records_every_migration_and_a_reopen_applies_none(tmp_pa
     s.close()
 
 
-def test_a_database_at_an_earlier_version_gets_only_the_migrations_after_it(tmp_path):
-    # Given a database whose table says migration 10 was the last: as a jobmesh before
-    # limits left it (no limits table, no key columns), a job in it
-    path = str(tmp_path / "v10.db")
+def older_database(tmp_path, last: int, *undo: str) -> str:
+    """A database holding job "old", taken back by the statements ``undo`` to what a
+    jobmesh whose last migration was ``last`` left; its path."""
+    path = str(tmp_path / ("v%d.db" % last))
     s = SQLiteStore(path)
     s.write(Batch([insert_row(make_job("old"))], []))
     s.close()
     conn = sqlite3.connect(path)
-    conn.execute("DROP TABLE limits")
-    conn.execute("ALTER TABLE jobs DROP COLUMN concurrency_key")
-    conn.execute("ALTER TABLE jobs DROP COLUMN unique_key")
-    conn.execute("DELETE FROM schema_migrations WHERE version >= 11")
+    for statement in undo:
+        conn.execute(statement)
+    conn.execute("DELETE FROM schema_migrations WHERE version > ?", (last,))
     conn.commit()
     conn.close()
+    return path
+
+
+def test_a_database_at_an_earlier_version_gets_only_the_migrations_after_it(tmp_path):
+    # Given a database whose table says migration 10 was the last: as a jobmesh before
+    # limits left it (no limits table, no key columns), a job in it
+    path = older_database(tmp_path, 10, "DROP TABLE limits", "ALTER TABLE jobs DROP COLUMN concurrency_key",
+                          "ALTER TABLE jobs DROP COLUMN unique_key")
     # When it is opened, the migrations after 10 alone run: 11's table and columns (12's are there)
     s = SQLiteStore(path)
     assert s.migrations == [11, 12] and s.migrated == ["concurrency_key", "unique_key"]
@@ -143,18 +150,9 @@ def test_a_database_at_an_earlier_version_gets_only_the_migrations_after_it(tmp_
 
 def test_a_database_from_before_workflows_gains_their_table_columns_and_index(tmp_path):
     # Given a database as a jobmesh before workflows left it (migration 11 the last), a job in it
-    path = str(tmp_path / "v11.db")
-    s = SQLiteStore(path)
-    s.write(Batch([insert_row(make_job("old"))], []))
-    s.close()
-    conn = sqlite3.connect(path)
-    conn.execute("DROP TABLE workflows")
-    conn.execute("DROP INDEX jobs_workflow")
-    for column in ("workflow_id", "ref", "depends_on", "parents"):
-        conn.execute("ALTER TABLE jobs DROP COLUMN %s" % column)
-    conn.execute("DELETE FROM schema_migrations WHERE version = 12")
-    conn.commit()
-    conn.close()
+    path = older_database(tmp_path, 11, "DROP TABLE workflows", "DROP INDEX jobs_workflow",
+                          *("ALTER TABLE jobs DROP COLUMN %s" % column
+                            for column in ("workflow_id", "ref", "depends_on", "parents")))
     # When it is opened, migration 12 alone runs, and the old job reads as outside any workflow
     s = SQLiteStore(path)
     assert s.migrations == [12] and s.migrated == ["workflow_id", "ref", "depends_on", "parents"]

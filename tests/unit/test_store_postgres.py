@@ -430,15 +430,22 @@ def test_a_schema_from_a_newer_jobmesh_is_not_opened(stores, admin, url):
         open_store(url)
 
 
-def test_a_schema_from_before_limits_gets_their_table_and_columns_on_opening(stores, admin):
-    # Given a schema as a coordinator before limits left it (a job in it)
+def older_schema(stores, admin, last: int, *undo: str) -> None:
+    """The schema holding job "old", taken back by the statements ``undo`` to what a
+    coordinator whose last migration was ``last`` left."""
     first = stores()
     first.lead(lambda: None)
     first.write(batch(make_job("old", 1)))
     first.close()
-    admin.execute("DROP TABLE jobmesh_limits")
-    admin.execute("ALTER TABLE jobmesh_jobs DROP COLUMN concurrency_key, DROP COLUMN unique_key")
-    admin.execute("DELETE FROM jobmesh_migrations WHERE version >= 11")  # its last migration was 10
+    for statement in undo:
+        admin.execute(statement)
+    admin.execute("DELETE FROM jobmesh_migrations WHERE version > %s", (last,))
+
+
+def test_a_schema_from_before_limits_gets_their_table_and_columns_on_opening(stores, admin):
+    # Given a schema as a coordinator before limits left it (a job in it; its last migration was 10)
+    older_schema(stores, admin, 10, "DROP TABLE jobmesh_limits",
+                 "ALTER TABLE jobmesh_jobs DROP COLUMN concurrency_key, DROP COLUMN unique_key")
     # When a coordinator opens it
     store = stores()
     store.lead(lambda: None)
@@ -453,15 +460,10 @@ def test_a_schema_from_before_limits_gets_their_table_and_columns_on_opening(sto
 
 
 def test_a_schema_from_before_workflows_gains_their_table_and_columns_on_opening(stores, admin):
-    # Given a schema as a coordinator before workflows left it (a job in it)
-    first = stores()
-    first.lead(lambda: None)
-    first.write(batch(make_job("old", 1)))
-    first.close()
-    admin.execute("DROP TABLE jobmesh_workflows")
-    admin.execute("ALTER TABLE jobmesh_jobs DROP COLUMN workflow_id, DROP COLUMN ref, DROP COLUMN depends_on,"
-                  " DROP COLUMN parents")
-    admin.execute("DELETE FROM jobmesh_migrations WHERE version = 12")
+    # Given a schema as a coordinator before workflows left it (a job in it; its last migration was 11)
+    older_schema(stores, admin, 11, "DROP TABLE jobmesh_workflows",
+                 "ALTER TABLE jobmesh_jobs DROP COLUMN workflow_id, DROP COLUMN ref, DROP COLUMN depends_on,"
+                 " DROP COLUMN parents")
     # When a coordinator opens it, migration 12 alone runs
     store = stores()
     store.lead(lambda: None)

@@ -56,7 +56,7 @@ class Prepared(NamedTuple):
 
     task_type: str
     payload: dict[str, Any]
-    payload_json: str
+    payload_json: str | None  # None: encoded when first needed (a retry's)
     max_attempts: int
     priority: Priority
     key: str | None  # idempotencyKey
@@ -65,6 +65,12 @@ class Prepared(NamedTuple):
     timeout: int | None
     result_ttl: int | None
     keys: tuple[str | None, str | None]  # concurrencyKey, uniqueKey
+
+
+def rejected(table: JobTable, why: str = "coordinator is at its active-job limit; retry later") -> m.SubmitRejected:
+    """A submit refused at the active-job limit (--max-active-jobs), counted as rejected."""
+    table.counters.rejected += 1
+    return m.SubmitRejected(why, table.active_count, table.config.max_active_jobs, True)
 
 
 Membership = tuple[str, str, list[str]]  # a workflow's job: the workflow id, its ref, the refs it depends on
@@ -192,30 +198,19 @@ class ClientRequests:
             self.limits.listen()  # the job's end frees its key
         return self.create(now_millis, new)
 
-    def create(self, now_millis: int, new: Prepared, flow: Membership | None = None) -> m.Message:
-        """Admit and create a checked submit's job; the reply to its submit. ``flow``: the
-        job belongs to a workflow (its id, its ref, the refs it depends on: WAITING
-        while there are some)."""
-        return self._create(now_millis, new.task_type, new.payload, new.payload_json, new.max_attempts,
-                            new.priority, new.key, new.run_at, submitted_by=new.submitted_by, timeout=new.timeout,
-                            result_ttl=new.result_ttl, keys=new.keys, flow=flow)
-
-    def _create(self, now_millis: int, task_type: str, payload: dict[str, Any], payload_json: str | None,
-                max_attempts: int, priority: Priority, key: str | None, run_at: int | None,
-                retry_of: str | None = None, submitted_by: str | None = None, timeout: int | None = None,
-                result_ttl: int | None = None, keys: tuple[str | None, str | None] = (None, None),
-                flow: Membership | None = None) -> m.Message:
-        """Admit and create a job (SUBMITTED, then QUEUED or SCHEDULED, or WAITING for its
-        dependencies); the reply to its submit.
-        ``submitted_by`` is the name of the token that asked (auth on), which the SUBMITTED
-        event names too; ``keys`` its concurrencyKey and uniqueKey. ``timeout`` and the retry
-        backoff not given come from the task type's declared defaults (``JobTable.give_defaults``)."""
+    def create(self, now_millis: int, new: Prepared, flow: Membership | None = None,
+               retry_of: str | None = None) -> m.Message:
+        """Admit and create a checked submit's job (SUBMITTED, then QUEUED or SCHEDULED, or
+        WAITING for its dependencies); the reply to its submit. ``flow``: the job belongs to
+        a workflow (its id, its ref, the refs it depends on: WAITING while there are some).
+        ``retry_of``: the finished job it retries. ``new.submitted_by`` is the name of the token
+        that asked (auth on), which the SUBMITTED event names too; ``new.keys`` its
+        concurrencyKey and uniqueKey. ``new.timeout`` and the retry backoff not given come
+        from the task type's declared defaults (``JobTable.give_defaults``)."""
+        (task_type, payload, payload_json, max_attempts, priority, key, run_at, submitted_by, timeout, result_ttl,
+         keys) = new
         if self.table.active_count >= self.config.max_active_jobs:
-            self.counters.rejected += 1
-            return m.SubmitRejected(
-                "coordinator is at its active-job limit; retry later",
-                self.table.active_count, self.config.max_active_jobs, True,
-            )
+            return rejected(self.table)
         later = run_at is not None and run_at > now_millis + self.table.drift
         state = JobState.SCHEDULED if later else JobState.QUEUED
         if flow is not None and flow[2]:
@@ -350,9 +345,9 @@ class ClientRequests:
         problem = self.check_payload(job.task_type, job.payload)
         if problem is not None:
             return m.Error("job %s cannot be retried: %s" % (job_id, problem))
-        reply = self._create(now_millis, job.task_type, job.payload, None, job.max_attempts, job.priority, None,
-                             None, retry_of=job_id, submitted_by=submitted_by, timeout=job.execution_timeout,
-                             result_ttl=job.result_ttl, keys=(job.concurrency_key, None))
+        reply = self.create(now_millis, Prepared(job.task_type, job.payload, None, job.max_attempts, job.priority,
+                                                 None, None, submitted_by, job.execution_timeout, job.result_ttl,
+                                                 (job.concurrency_key, None)), retry_of=job_id)
         if isinstance(reply, m.JobSubmitted):
             log.info("retry submitted job=%s retry_of=%s", reply.job_id, job_id)
         return reply

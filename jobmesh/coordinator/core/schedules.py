@@ -32,7 +32,7 @@ from typing import Any, Callable
 import ujson
 
 from jobmesh.coordinator.core.firetimes import NAME, Rule, RuleError, jitter_delay
-from jobmesh.coordinator.core.requests import MAX_PAYLOAD_BYTES, SCHEDULE_KEYS as KEY_PREFIX
+from jobmesh.coordinator.core.requests import MAX_PAYLOAD_BYTES, SCHEDULE_KEYS as KEY_PREFIX, rejected
 from jobmesh.coordinator.core.table import JobTable
 from jobmesh.auth import type_refusal
 from jobmesh.protocol import messages as m
@@ -492,7 +492,7 @@ class Schedules:
         wall = now + table.drift
         if not schedule.paused and schedule.next_fire is not None and schedule.next_fire <= wall:
             if self.behind or not self._fire(schedule, now, wall, False):
-                return self._rejected()
+                return rejected(self.table)
             self._arm(schedule)
         if schedule.last_fire == wall and schedule.last_job_id is not None:
             return m.JobSubmitted(schedule.last_job_id)
@@ -500,18 +500,13 @@ class Schedules:
         if existing is not None:  # a trigger in the same millisecond
             return m.JobSubmitted(existing)
         if table.active_count >= self.config.max_active_jobs:
-            return self._rejected()
+            return rejected(self.table)
         detail = "triggered from schedule %s" % name
         if submitted_by is not None:
             detail += " by %s" % submitted_by
         job_id = self._make(schedule, now, wall, detail, submitted_by)
         self._touch(schedule)
         return m.JobSubmitted(job_id)
-
-    def _rejected(self) -> m.Message:
-        self.table.counters.rejected += 1
-        return m.SubmitRejected("coordinator is at its active-job limit; retry later", self.table.active_count,
-                                self.config.max_active_jobs, True)
 
     def preview(self, now: int, req: m.SchedulePreview) -> m.Message:
         """The next ``count`` fire times after ``fromMillis`` (default: now) of any rule."""

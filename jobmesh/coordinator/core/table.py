@@ -145,7 +145,7 @@ class JobTable:
         self._json_enter: list[Listener] = []  # told of jobs entering (a subset: some index no new job)
         self._periodic_enter: list[Listener] = []
         self._timed: list[TimeListener] = []  # told of times that change without a move
-        self._forgets: list[Callable[[list[str]], None]] = []  # told of the finished jobs purged
+        self._forgets: list[Callable[[list[tuple[str, str | None]]], None]] = []  # told of the finished jobs purged
         self._dirty: dict[str, Job] = {}
         self._new: set[str] = set()
         self._new_types: list[tuple[str, int]] = []
@@ -181,8 +181,8 @@ class JobTable:
         if periodic:
             self._periodic.append(listener)
 
-    def listen_forgets(self, forgotten: Callable[[list[str]], None]) -> None:
-        """Call ``forgotten(job ids)`` with the finished jobs each purge drops."""
+    def listen_forgets(self, forgotten: Callable[[list[tuple[str, str | None]]], None]) -> None:
+        """Call ``forgotten(found)`` with the finished jobs each purge drops, as ``forget`` takes them."""
         self._forgets.append(forgotten)
 
     def listen_times(self, listener: TimeListener) -> None:
@@ -570,9 +570,8 @@ class JobTable:
         walk met it too) counts once."""
         purging = self._purging
         dropped = 0
-        if self._forgets and found:
-            for forgotten in self._forgets:
-                forgotten([job_id for job_id, _key in found])
+        for forgotten in self._forgets:
+            forgotten(found)
         for job_id, key in found:
             if job_id in purging:
                 continue

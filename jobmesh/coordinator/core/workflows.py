@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import ujson
 
 from jobmesh.coordinator.core.limits import Limits
-from jobmesh.coordinator.core.requests import LIST_MAX_BYTES, MAX_PAYLOAD_BYTES, ClientRequests, Prepared
+from jobmesh.coordinator.core.requests import LIST_MAX_BYTES, MAX_PAYLOAD_BYTES, ClientRequests, Prepared, rejected
 from jobmesh.coordinator.core.table import JobTable
 from jobmesh.coordinator.core.waiters import MAX_WAIT_MILLIS, Slot, Waiter, Waiters
 from jobmesh.errors import ProtocolError
@@ -77,14 +77,20 @@ class Flow:
         self.at = {ref: i for i, ref in enumerate(refs)}
         self.open = sum(1 for state in states if state not in TERMINAL)
         # While live: each job's children; WAITING job -> parents not completed yet;
-        # completed parent -> its result, and -> its children still WAITING.
+        # completed parent -> its result (``recover`` fills those in), and -> its children
+        # still WAITING.
         self.children: list[list[int]] = [[] for _ in refs]
-        for child, parents in enumerate(depends):
-            for parent in parents:
-                self.children[parent].append(child)
         self.pending: dict[int, int] = {}
         self.results: dict[int, Any] = {}
         self.waiting_children: dict[int, int] = {}
+        waiting_children = self.waiting_children
+        for child, parents in enumerate(depends):
+            for parent in parents:
+                self.children[parent].append(child)
+            if states[child] is JobState.WAITING:
+                self.pending[child] = sum(1 for parent in parents if states[parent] is not JobState.COMPLETED)
+                for parent in parents:
+                    waiting_children[parent] = waiting_children.get(parent, 0) + 1
         self.version = 0  # counts its jobs' moves: a page built at the same version is the same
 
     def state(self) -> str:
@@ -215,10 +221,10 @@ class Workflows:
         self._finished_jobs -= len(flow.refs)
         self._first_jobs.pop(flow.job_ids[0], None)
 
-    def _purged(self, job_ids: list[str]) -> None:
-        """Finished jobs purged: a workflow goes with its jobs (its first one tells)."""
+    def _purged(self, found: list[tuple[str, str | None]]) -> None:
+        """Finished jobs purged ((job id, key) pairs): a workflow goes with its jobs (its first one tells)."""
         if self._first_jobs:
-            for job_id in job_ids:
+            for job_id, _key in found:
                 workflow_id = self._first_jobs.get(job_id)
                 if workflow_id is not None:
                     self._drop(self.finished.pop(workflow_id))
@@ -332,9 +338,8 @@ class Workflows:
             return problem_or_reply
         table = self.table
         if table.active_count + len(items) > table.config.max_active_jobs:
-            self.requests.counters.rejected += 1
-            return m.SubmitRejected("coordinator cannot take a workflow of %d jobs within its active-job limit; "
-                                    "retry later" % len(items), table.active_count, table.config.max_active_jobs, True)
+            return rejected(table, "coordinator cannot take a workflow of %d jobs within its active-job limit; "
+                                   "retry later" % len(items))
         if any(new.keys[1] is not None for new in prepared):
             self.limits.listen()  # their ends free their unique keys
         workflow_id = table.new_id()
@@ -345,11 +350,6 @@ class Workflows:
             job_ids.append(reply.job_id)
         states = [JobState.WAITING if parents else table.jobs[job_id].state for job_id, parents in zip(job_ids, depends)]
         flow = Flow(workflow_id, name, now + table.drift, req.submitted_by, refs, job_ids, depends, states)
-        for child, parents in enumerate(depends):
-            if parents:
-                flow.pending[child] = len(parents)
-                for parent in parents:
-                    flow.waiting_children[parent] = flow.waiting_children.get(parent, 0) + 1
         self.live[workflow_id] = flow
         self._new.append((workflow_id, flow.body()))
         self._listen()
@@ -537,16 +537,9 @@ class Workflows:
             flow = flow_of(workflow_id, stored[0], jobs)
             if not flow.open:
                 continue
-            for i, job in enumerate(jobs):
-                if job.state is JobState.WAITING:
-                    left = 0
-                    for parent in flow.depends[i]:
-                        flow.waiting_children[parent] = flow.waiting_children.get(parent, 0) + 1
-                        if flow.states[parent] is JobState.COMPLETED:
-                            flow.results[parent] = jobs[parent].result
-                        else:
-                            left += 1
-                    flow.pending[i] = left
+            for parent in flow.waiting_children:
+                if flow.states[parent] is JobState.COMPLETED:
+                    flow.results[parent] = jobs[parent].result
             self.live[workflow_id] = flow
             recovered.append(flow)
         if not recovered:
